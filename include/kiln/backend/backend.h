@@ -1,0 +1,57 @@
+// Backend: runs a compiled Program on a device. The CPU backend (oneDNN + loops) and the
+// CUDA backend (cuDNN frontend, cuBLASLt, own kernels, CUDA Graphs) implement it; neither
+// includes the other. A backend allocates one buffer per region in compile() and nothing
+// after it.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kiln/graph/program.h"
+
+namespace kiln {
+
+struct BackendCaps {
+  std::string device;          // "cpu (oneDNN 2.6)", "NVIDIA H200"
+  bool fp16 = false;           // AMP with FP16 compute
+  bool bf16 = false;
+  bool fused_cbr = false;      // cbr_fwd / cbr_bwd
+  bool fused_bn_add_relu = false;
+};
+
+// Which list of phases to run.
+enum class Schedule : uint8_t { train, eval, eval_ema, init };
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual const char* name() const = 0;
+  virtual BackendCaps caps() const = 0;
+  // Whether the backend has a kernel for this op at this feature dtype.
+  virtual bool supports(OpKind op, DType feature_dtype) const = 0;
+
+  // Allocates the regions (zero-filled) and prepares every node of every phase. The
+  // program must outlive the backend. Throws Unsupported for an op it cannot run.
+  virtual void compile(const Program& program) = 0;
+
+  // Runs a schedule. For train, `slot` (0 = A, 1 = B) picks the staged batch.
+  virtual void run(Schedule schedule, int slot = 0) = 0;
+
+  // Host access, in the tensor's own dtype and byte size (t.bytes()). Synchronous.
+  virtual void write(const DTensor& t, const void* host) = 0;
+  virtual void read(const DTensor& t, void* host) = 0;
+  // Stages a batch into input slot A/B; may return before the copy ends (the CUDA backend
+  // overlaps it with the running step) — the next run(train, slot) waits for it.
+  virtual void stage_batch(int slot, const float* images, const int32_t* labels) = 0;
+  virtual void synchronize() = 0;
+};
+
+// "cpu" or "cuda"; "auto" = cuda when a GPU is present, else cpu.
+std::unique_ptr<Backend> make_backend(const std::string& device);
+bool cuda_available();
+
+// Float helpers over read()/write() that convert from/to the tensor's dtype (F32/F16/BF16).
+std::vector<float> read_floats(Backend& backend, const DTensor& t);
+void write_floats(Backend& backend, const DTensor& t, const std::vector<float>& values);
+
+}  // namespace kiln

@@ -1,0 +1,87 @@
+// BluePrint: the C++ DSL in which a model is written (SPEC S1). A model is a tree of
+// Layers; names along the tree give torchvision's parameter names ("layer1.0.conv1.weight").
+//
+//   BluePrint net{"tiny", {28, 28, 1}, 10,
+//                 seq(cbr(32, 3, 1, 1), maxpool(2, 2), flatten(), fc(10))};
+//
+// A Seq names each unnamed child by its index, as torch.nn.Sequential does; a child marked
+// transparent() adds no segment to the path (a residual block's main branch).
+#pragma once
+#include <string>
+#include <vector>
+
+namespace kiln {
+
+enum class LayerKind {
+  Conv, BatchNorm, ReLU, MaxPool, AvgPool, AdaptiveAvgPool, GlobalAvgPool, Flatten, FC,
+  Dropout, Identity, Seq, Residual
+};
+const char* layer_kind_name(LayerKind k);
+
+struct Layer {
+  LayerKind kind = LayerKind::Identity;
+  std::string name;          // path segment; empty inside a Seq = its index
+  bool transparent = false;  // adds no path segment
+  // Conv / FC / pooling.
+  int out = 0;               // output channels (conv) or features (fc); adaptive pool output size
+  int k = 1, stride = 1, pad = 0;
+  bool bias = false;
+  // BatchNorm.
+  float eps = 1e-5f, momentum = 0.1f;
+  // Dropout.
+  float p = 0.0f;
+  // Seq: the layers in order. Residual: {main, shortcut}.
+  std::vector<Layer> children;
+
+  Layer named(std::string n) const {
+    Layer l = *this;
+    l.name = std::move(n);
+    return l;
+  }
+  Layer as_transparent() const {
+    Layer l = *this;
+    l.transparent = true;
+    return l;
+  }
+};
+
+Layer conv(int out, int k, int stride = 1, int pad = 0, bool bias = false);
+Layer bn2d(float eps = 1e-5f, float momentum = 0.1f);
+Layer relu();
+// Conv → BatchNorm → ReLU, named "<name>.conv" and "<name>.bn" (SPEC S1's cbr).
+Layer cbr(int out, int k, int stride = 1, int pad = 0);
+Layer maxpool(int k, int stride, int pad = 0);
+Layer avgpool(int k, int stride, int pad = 0);
+Layer adaptive_avgpool(int out_size);  // identity when the map is already that size
+Layer gap();                            // global average pool to [N, C]
+Layer flatten();
+Layer fc(int out, bool bias = true);
+Layer dropout(float p);
+Layer identity();
+Layer seq(std::vector<Layer> layers);
+template <typename... L>
+Layer seq(L... layers) {
+  return seq(std::vector<Layer>{layers...});
+}
+// relu(main(x) + shortcut(x)); the main branch is transparent (torchvision's BasicBlock).
+Layer residual(Layer main, Layer shortcut = identity());
+// n copies made by make(i), in a Seq.
+template <typename F>
+Layer repeat(int n, F make) {
+  std::vector<Layer> ls;
+  for (int i = 0; i < n; ++i) ls.push_back(make(i));
+  return seq(std::move(ls));
+}
+
+struct InputSpec {
+  int height = 28, width = 28, channels = 1;
+};
+
+struct BluePrint {
+  std::string name;
+  InputSpec input;
+  int num_classes = 10;
+  Layer root;
+};
+
+}  // namespace kiln

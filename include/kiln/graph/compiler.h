@@ -1,0 +1,12 @@
+// Compiler: turns an ArchPlan into a Program — parameter slots, tensors, and the nodes of
+// every phase of the training step, evaluation and initialisation (SPEC S4). The memory is
+// placed afterwards by plan_memory (MEMORY_LOCKED) and checked by validate_program.
+#pragma once
+#include "kiln/graph/program.h"
+#include "kiln/plan/arch_plan.h"
+
+namespace kiln {
+
+Program compile_program(const ArchPlan& plan, const CompileOptions& options);
+
+}  // namespace kiln

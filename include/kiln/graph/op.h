@@ -1,0 +1,59 @@
+// OpKind and the attributes a node carries. The enum, names and categories come from the
+// X-macro in ops.def, so the list exists once.
+#pragma once
+#include <cstdint>
+#include <string>
+
+namespace kiln {
+
+enum class OpCategory : uint8_t { Layer, Region, Fused };
+
+enum class OpKind : uint16_t {
+#define KILN_OP(name, category, doc) name,
+#include "kiln/graph/ops.def"
+#undef KILN_OP
+};
+
+inline constexpr int kOpCount = 0
+#define KILN_OP(name, category, doc) +1
+#include "kiln/graph/ops.def"
+#undef KILN_OP
+    ;
+
+const char* op_name(OpKind op);
+OpCategory op_category(OpKind op);
+const char* op_signature(OpKind op);  // the "inputs -> outputs" text of ops.def
+
+// Attributes of a node; each op reads the fields its comment names. One flat struct keeps
+// nodes copyable and printable; the fields are grouped by the ops that use them.
+struct Attrs {
+  // conv_*, maxpool_*, avgpool_*: kernel, stride, padding.
+  int kh = 1, kw = 1, sh = 1, sw = 1, ph = 0, pw = 0;
+  bool count_include_pad = true;  // avgpool (PyTorch's default)
+  // bn_*: epsilon and running-statistics momentum (PyTorch convention: new = (1-m)*old + m*batch).
+  float eps = 1e-5f;
+  float bn_momentum = 0.1f;
+  // dropout_*: drop probability; seed mixes with the step counter and element index.
+  float p = 0.0f;
+  uint64_t seed = 0;
+  // fill: the value.
+  float value = 0.0f;
+  // check_clip: clamp |g| of the *unscaled* gradient to clip (0 = off).
+  float clip = 0.0f;
+  // loss_scale_update: double after this many clean steps (0 = never grow); floor 1.
+  int64_t growth_interval = 0;
+  // sgd / lars / adamw / ema hyperparameters that do not change during a run (the learning
+  // rate does and is a device scalar, so captured graphs never need re-capture).
+  float momentum = 0.0f;
+  float weight_decay = 0.0f;
+  bool nesterov = false;
+  float beta1 = 0.9f, beta2 = 0.999f, adam_eps = 1e-8f;
+  float lars_eta = 0.001f;
+  float ema_decay = 0.9999f;
+  // Whether the op accumulates into its output (y += ...) rather than overwriting it.
+  bool accumulate = false;
+  // cbr_bwd: the first layer computes no input gradient.
+  bool first_layer = false;
+};
+
+}  // namespace kiln

@@ -1,0 +1,72 @@
+// ArchPlan: the BluePrint flattened into a DAG of layers with inferred shapes, then
+// rewritten by passes (SPEC S3): drop identities, append the softmax-cross-entropy head,
+// mark the first layer, and — on a backend that has them, under AMP — merge Conv→BN→ReLU
+// into CBR and BN→add→ReLU of residual blocks. `kiln plan MODEL` prints it.
+#pragma once
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "kiln/blueprint/blueprint.h"
+#include "kiln/core/shape.h"
+
+namespace kiln {
+
+enum class PlanOp {
+  Input, Conv, BatchNorm, ReLU, MaxPool, AvgPool, GlobalAvgPool, Flatten, FC, Dropout, Add,
+  SoftmaxCE, Identity,
+  CBR,        // fused Conv → BatchNorm → ReLU (merge pass)
+  BnAddReLU,  // fused BatchNorm → add → ReLU (merge pass)
+};
+const char* plan_op_name(PlanOp op);
+
+struct PlanNode {
+  int id = 0;
+  PlanOp op = PlanOp::Identity;
+  std::string name;         // path: "layer1.0.conv1"; fused nodes keep each part's name below
+  std::vector<int> inputs;  // node ids
+  Shape shape;              // output without the batch: {H, W, C} or {F}
+  int out = 0, k = 1, stride = 1, pad = 0;
+  bool bias = false;
+  float eps = 1e-5f, momentum = 0.1f, p = 0.0f;
+  bool first_layer = false;   // consumes the input: its backward computes no input gradient
+  bool requires_grad = true;  // some parameter lies upstream: a gradient must reach it
+  // For merged nodes: the BatchNorm's name (the conv's is `name`).
+  std::string bn_name;
+  bool removed = false;  // dropped by a pass (kept so ids stay stable)
+};
+
+struct PlanOptions {
+  bool fusion = true;          // KILN_FUSION=0 turns the merge passes off
+  bool amp = false;
+  bool backend_fuses_cbr = false;
+  bool backend_fuses_bn_add_relu = false;
+};
+
+struct ArchPlan {
+  std::string model;
+  Shape input;  // {H, W, C}
+  int num_classes = 0;
+  std::vector<PlanNode> nodes;  // topological order; removed nodes stay with removed = true
+  std::vector<std::string> notes;  // what each pass did (printed by `kiln plan`)
+
+  std::vector<const PlanNode*> live() const;
+  std::vector<int> consumers(int id) const;
+};
+
+// Builds the plan and runs every pass. Throws kiln::Error(Shape or Model) naming the layer.
+ArchPlan make_plan(const BluePrint& blueprint, const PlanOptions& options = {});
+
+// One pass: a name and a function that rewrites the plan (tested one by one).
+struct PlanPass {
+  std::string name;
+  std::function<void(ArchPlan&, const PlanOptions&)> run;
+};
+std::vector<PlanPass> default_passes();
+
+// Number of trainable parameters (torchvision's sum of numel over parameters()).
+int64_t count_parameters(const ArchPlan& plan);
+
+std::string describe_plan(const ArchPlan& plan);
+
+}  // namespace kiln

@@ -1,0 +1,90 @@
+// Engine: the lifecycle PLANNING → MEMORY_LOCKED → COMPILED (SPEC S6) around one model on
+// one backend, and the step-level API the Trainer, the CLI, the tests and the C++ users
+// call. Calling a step out of order is a kiln::Error(State) that says which step is next.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kiln/backend/backend.h"
+#include "kiln/blueprint/blueprint.h"
+#include "kiln/graph/program.h"
+#include "kiln/plan/arch_plan.h"
+
+namespace kiln {
+
+enum class Lifecycle { PLANNING, MEMORY_LOCKED, COMPILED };
+const char* lifecycle_name(Lifecycle s);
+
+struct EngineOptions {
+  CompileOptions compile;
+  bool fusion = true;         // KILN_FUSION=0 turns it off
+  std::string device = "auto";  // auto, cpu, cuda
+};
+
+struct StepStats {
+  float loss = 0;          // mean cross-entropy of the batch
+  int64_t top1 = 0, top5 = 0;  // hits in the batch
+  bool overflow = false;   // AMP: the step was skipped on the device
+  float loss_scale = 1;
+};
+
+class Engine {
+ public:
+  // PLANNING: the backend is chosen (its capabilities steer the fusion passes) and the
+  // ArchPlan is built.
+  Engine(const BluePrint& blueprint, EngineOptions options);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  Lifecycle state() const { return state_; }
+  const ArchPlan& plan() const { return plan_; }
+  const EngineOptions& options() const { return options_; }
+  const BluePrint& blueprint() const { return blueprint_; }
+
+  // PLANNING → MEMORY_LOCKED: compile the Program, place its memory, validate it.
+  void lock_memory();
+  const Program& program() const;
+
+  // MEMORY_LOCKED → COMPILED: the backend allocates its regions and prepares every node;
+  // the weights get torchvision's initialisation from `seed`.
+  void compile(uint64_t seed = 0);
+  Backend& backend();
+
+  // COMPILED. One training step on a batch of program().options.batch samples (NHWC float
+  // images, int32 labels). `read_stats` = false skips the host read of loss and accuracy
+  // (no synchronisation; the returned stats are then empty).
+  StepStats train_step(const float* images, const int32_t* labels, float lr, bool read_stats = true);
+  // Evaluation of one batch; `valid` < batch marks the rest as padding (not counted).
+  StepStats eval_batch(const float* images, const int32_t* labels, int64_t valid, bool ema = false);
+  int64_t steps_done() const { return steps_; }
+  void set_steps_done(int64_t steps) { steps_ = steps; }
+
+  // Parameters and buffers by name, in kiln's layout, FP32 (master weights).
+  std::vector<float> read_param(const std::string& name, Region region = Region::params_f32);
+  void write_param(const std::string& name, const std::vector<float>& values,
+                   Region region = Region::params_f32);
+  // After writing master weights by hand: refresh the FP16 copies and restart the EMA.
+  void refresh_derived_weights();
+
+ private:
+  void require(Lifecycle s, const char* what) const;
+
+  BluePrint blueprint_;
+  EngineOptions options_;
+  std::unique_ptr<Backend> backend_;
+  ArchPlan plan_;
+  std::unique_ptr<Program> program_;
+  Lifecycle state_ = Lifecycle::PLANNING;
+  int64_t steps_ = 0;
+  int slot_ = 0;
+  std::vector<float> pad_images_;
+  std::vector<int32_t> pad_labels_;
+};
+
+// torchvision's initialisation: conv kaiming-normal (fan_out, ReLU), BatchNorm 1/0, fc as
+// nn.Linear (uniform ±1/sqrt(fan_in)) — VGG's fc normal(0, 0.01) with zero bias.
+void init_weights(Engine& engine, uint64_t seed);
+
+}  // namespace kiln

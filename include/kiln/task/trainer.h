@@ -1,0 +1,68 @@
+// Trainer (SPEC S24): epochs over a dataset with a learning-rate schedule, evaluation every
+// N epochs (top-1/top-5, and the EMA weights when on), a progress line with images/s and
+// ETA, metrics to CSV and JSON lines, checkpoints, early stop, deterministic seeds.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kiln/algo/lr_schedule.h"
+#include "kiln/task/engine.h"
+
+namespace kiln {
+
+struct TrainConfig {
+  std::string model = "cnn";
+  std::string data = "fashion-mnist";  // fashion-mnist, mnist, cifar10, cifar100, folder, synthetic
+  std::string data_dir;                // empty: the dataset's default location
+  int64_t epochs = 5;
+  int64_t batch_size = 128;
+  LrSchedule lr;
+  std::string optimizer = "sgd";
+  float momentum = 0.9f;
+  float weight_decay = 5e-4f;
+  bool nesterov = true;
+  bool amp = false;
+  bool ema = false;
+  float ema_decay = 0.999f;
+  int64_t eval_every = 1;             // epochs
+  int64_t early_stop = 0;             // epochs without a better top-1 before stopping; 0 = never
+  std::string output = "runs/default";
+  std::string resume;                 // checkpoint to continue from
+  std::string init_from;              // torchvision-named weights to start from
+  uint64_t seed = 0;
+  int workers = 2;
+  std::string device = "auto";
+  bool hflip = true;                  // random horizontal flip
+  int crop_padding = 0;               // random crop with this padding (0 = off)
+  bool random_resized_crop = false;   // ImageNet-style training crop
+  int64_t image_size = 0;             // 0 = the model's default
+  int64_t num_classes = 0;            // 0 = the dataset's
+  int64_t max_steps_per_epoch = 0;    // 0 = the whole epoch (for quick runs and tests)
+  int64_t synthetic_size = 0;         // synthetic dataset length (0 = 50 batches)
+  std::string progress = "auto";      // auto, bar, plain, none
+  bool fusion = true;
+  float clip_grad = 0.0f;
+  bool profile = false;
+};
+
+struct TrainSummary {
+  double final_top1 = 0, final_top5 = 0, best_top1 = 0, final_loss = 0;
+  double ema_top1 = -1;
+  int64_t epochs_run = 0, steps = 0;
+  double train_seconds = 0;           // wall time of the training epochs (without evaluation)
+  std::vector<double> epoch_seconds;  // per epoch, training only
+  double images_per_second = 0;
+  std::string metrics_csv, metrics_jsonl, checkpoint;
+};
+
+// Validates the configuration (clear errors naming the flag) and runs it.
+TrainSummary train(const TrainConfig& config);
+
+// Evaluates the weights given by config.init_from on the test split (no training).
+TrainSummary evaluate(const TrainConfig& config);
+
+// The run's options as JSON (stored in checkpoints and the summary).
+std::string config_json(const TrainConfig& config);
+
+}  // namespace kiln

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Installs and stages what kiln's build needs. Safe to run again: it does only what is missing.
+#  - Debian packages (when apt-get is there and we are root): oneDNN 2.6, zlib, libjpeg-turbo,
+#    libpng, yaml-cpp, GoogleTest, OpenMPI, clang (fuzzers), Fashion-MNIST.
+#  - .deps/ (git-ignored), so that a machine without those packages (the GPU machine, which
+#    cannot install anything) builds from the same files when `.deps` is carried there:
+#    oneDNN's headers and library, GoogleTest's sources, the pinned cuDNN frontend headers.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DEPS=.deps
+CUDNN_FRONTEND_VERSION=1.16.0   # pinned; header-only
+mkdir -p "$DEPS"
+
+need_pkgs=()
+want=(libdnnl-dev zlib1g-dev libjpeg62-turbo-dev libpng-dev libyaml-cpp-dev libgtest-dev
+      libopenmpi-dev openmpi-bin clang libclang-rt-14-dev dataset-fashion-mnist ninja-build cmake g++)
+if command -v apt-get >/dev/null 2>&1 && command -v dpkg >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+  for p in "${want[@]}"; do
+    dpkg -s "$p" >/dev/null 2>&1 || need_pkgs+=("$p")
+  done
+  if [ ${#need_pkgs[@]} -gt 0 ]; then
+    echo "setup: installing ${need_pkgs[*]}"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need_pkgs[@]}" >/dev/null
+  fi
+fi
+
+# oneDNN, staged (about 40 MB) so the GPU machine can build the CPU backend it tests against.
+if [ ! -f "$DEPS/dnnl/lib/libdnnl.so.2" ] && [ -f /usr/include/oneapi/dnnl/dnnl.hpp ]; then
+  mkdir -p "$DEPS/dnnl/include/oneapi" "$DEPS/dnnl/lib"
+  cp -r /usr/include/oneapi/dnnl "$DEPS/dnnl/include/oneapi/"
+  cp /usr/include/dnnl*.h /usr/include/dnnl*.hpp "$DEPS/dnnl/include/" 2>/dev/null || true
+  lib=$(readlink -f /usr/lib/x86_64-linux-gnu/libdnnl.so.2)
+  cp "$lib" "$DEPS/dnnl/lib/libdnnl.so.2"
+  ln -sf libdnnl.so.2 "$DEPS/dnnl/lib/libdnnl.so"
+fi
+
+# GoogleTest sources, for machines that have only its headers.
+if [ ! -f "$DEPS/googletest/CMakeLists.txt" ] && [ -d /usr/src/googletest ]; then
+  cp -r /usr/src/googletest "$DEPS/googletest"
+fi
+
+# cuDNN frontend headers from the pinned wheel (never committed).
+if [ ! -f "$DEPS/cudnn-frontend/include/cudnn_frontend.h" ]; then
+  tmp=$(mktemp -d)
+  if python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.11 \
+      --platform manylinux_2_28_x86_64 -d "$tmp" "nvidia-cudnn-frontend==${CUDNN_FRONTEND_VERSION}" 2>/dev/null; then
+    mkdir -p "$DEPS/cudnn-frontend"
+    python3 - "$tmp" "$DEPS/cudnn-frontend" <<'PY'
+import sys, zipfile, glob, os
+whl = glob.glob(os.path.join(sys.argv[1], "*.whl"))[0]
+with zipfile.ZipFile(whl) as z:
+    for n in z.namelist():
+        if n.startswith("include/") and not n.endswith("/"):
+            z.extract(n, sys.argv[2])
+PY
+    echo "setup: cuDNN frontend ${CUDNN_FRONTEND_VERSION} headers in $DEPS/cudnn-frontend"
+  else
+    echo "setup: could not download nvidia-cudnn-frontend; the CUDA backend will not be built"
+  fi
+  rm -rf "$tmp"
+fi
+echo "setup: done"

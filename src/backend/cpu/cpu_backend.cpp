@@ -1,0 +1,134 @@
+// CpuBackend: one aligned buffer per region, one prepared kernel per node, phases run in
+// order on the calling thread (oneDNN uses its own threads inside a primitive).
+#include <cstdlib>
+#include <cstring>
+
+#include "backend/cpu/cpu_kernel.h"
+#include "kiln/backend/backend.h"
+#include "kiln/core/error.h"
+
+namespace kiln {
+
+namespace {
+
+using KernelFactory = cpu::KernelPtr (*)(const Node&, cpu::Context&);
+constexpr KernelFactory kFactories[] = {
+#define KILN_OP(name, category, doc) &cpu::make_##name,
+#include "kiln/graph/ops.def"
+#undef KILN_OP
+};
+static_assert(sizeof(kFactories) / sizeof(kFactories[0]) == kOpCount,
+              "every op of ops.def needs a CPU factory");
+
+struct AlignedFree {
+  void operator()(uint8_t* p) const { std::free(p); }
+};
+
+class CpuBackend final : public Backend {
+ public:
+  const char* name() const override { return "cpu"; }
+  BackendCaps caps() const override {
+    BackendCaps c;
+    c.device = "cpu (oneDNN)";
+    return c;
+  }
+  bool supports(OpKind op, DType feature_dtype) const override {
+    return feature_dtype == DType::F32 && cpu::cpu_supports(op);
+  }
+
+  void compile(const Program& program) override {
+    KILN_CHECK(program.memory.locked, State, "cpu backend: compile() needs a locked memory plan; ",
+               "run plan_memory (the lifecycle's MEMORY_LOCKED step) first");
+    KILN_CHECK(!program.options.amp, Unsupported, "the CPU backend runs FP32 only; drop --amp ",
+               "or use --device cuda");
+    ctx_.program = &program;
+    for (int r = 0; r < kRegionCount; ++r) {
+      const int64_t bytes = program.memory.region_bytes[static_cast<size_t>(r)];
+      if (bytes == 0) continue;
+      const size_t size = static_cast<size_t>(align_up(bytes, kAlignment));
+      auto* p = static_cast<uint8_t*>(std::aligned_alloc(kAlignment, size));
+      KILN_CHECK(p != nullptr, Backend, "cpu backend: cannot allocate ", size, " bytes for region ",
+                 region_name(static_cast<Region>(r)));
+      std::memset(p, 0, size);
+      regions_[static_cast<size_t>(r)].reset(p);
+      ctx_.base[static_cast<size_t>(r)] = p;
+    }
+    auto build = [&](const std::vector<Phase>& phases, std::vector<std::vector<cpu::KernelPtr>>& out) {
+      out.clear();
+      for (const Phase& ph : phases) {
+        std::vector<cpu::KernelPtr> ks;
+        for (const Node& n : ph.nodes) {
+          KILN_CHECK(cpu::cpu_supports(n.op), Unsupported, "the CPU backend has no kernel for ",
+                     op_name(n.op), " (node '", n.label, "'); turn fusion off (KILN_FUSION=0) ",
+                     "or use --device cuda");
+          ks.push_back(kFactories[static_cast<int>(n.op)](n, ctx_));
+        }
+        out.push_back(std::move(ks));
+      }
+    };
+    build(program.train, train_);
+    build(program.eval, eval_);
+    build(program.eval_ema, eval_ema_);
+    build(program.init, init_);
+  }
+
+  void run(Schedule schedule, int slot) override {
+    KILN_CHECK(ctx_.program != nullptr, State, "cpu backend: run() before compile()");
+    const Program& p = *ctx_.program;
+    switch (schedule) {
+      case Schedule::train:
+        for (size_t i = 0; i < p.train.size(); ++i) {
+          const Phase& ph = p.train[i];
+          // Of the two transfer phases, run the one for the slot that holds this batch.
+          if (ph.kind == PhaseKind::transfer && ph.name != (slot == 0 ? "transfer_a" : "transfer_b")) continue;
+          run_list(train_[i]);
+        }
+        break;
+      case Schedule::eval:
+        for (auto& ks : eval_) run_list(ks);
+        break;
+      case Schedule::eval_ema:
+        for (auto& ks : eval_ema_) run_list(ks);
+        break;
+      case Schedule::init:
+        for (auto& ks : init_) run_list(ks);
+        break;
+    }
+  }
+
+  void write(const DTensor& t, const void* host) override {
+    std::memcpy(address(t), host, static_cast<size_t>(t.bytes()));
+  }
+  void read(const DTensor& t, void* host) override {
+    std::memcpy(host, address(t), static_cast<size_t>(t.bytes()));
+  }
+  void stage_batch(int slot, const float* images, const int32_t* labels) override {
+    const Program& p = *ctx_.program;
+    KILN_CHECK(slot == 0 || slot == 1, InvalidArgument, "stage_batch: slot must be 0 or 1");
+    write(p.tensor(p.io.staged_images[static_cast<size_t>(slot)]), images);
+    write(p.tensor(p.io.staged_labels[static_cast<size_t>(slot)]), labels);
+  }
+  void synchronize() override {}
+
+ private:
+  uint8_t* address(const DTensor& t) {
+    KILN_CHECK(ctx_.program != nullptr, State, "cpu backend: tensor access before compile()");
+    uint8_t* base = ctx_.base[static_cast<size_t>(t.region)];
+    KILN_CHECK(base != nullptr && t.offset >= 0, Internal, "tensor '", t.name, "' is not placed");
+    return base + t.offset;
+  }
+  void run_list(std::vector<cpu::KernelPtr>& ks) {
+    for (auto& k : ks) k->run(ctx_);
+    ctx_.stream.wait();
+  }
+
+  cpu::Context ctx_;
+  std::array<std::unique_ptr<uint8_t, AlignedFree>, kRegionCount> regions_;
+  std::vector<std::vector<cpu::KernelPtr>> train_, eval_, eval_ema_, init_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cpu_backend() { return std::make_unique<CpuBackend>(); }
+
+}  // namespace kiln

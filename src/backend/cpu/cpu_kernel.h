@@ -1,0 +1,44 @@
+// The CPU backend's kernel interface. One factory per op of ops.def, named make_<op>;
+// each builds its oneDNN primitives (or loop state) once, at compile time, and run()
+// executes it with no allocation.
+#pragma once
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <oneapi/dnnl/dnnl.hpp>
+
+#include "kiln/graph/program.h"
+
+namespace kiln::cpu {
+
+struct Context {
+  dnnl::engine engine{dnnl::engine::kind::cpu, 0};
+  dnnl::stream stream{engine};
+  const Program* program = nullptr;
+  std::array<uint8_t*, kRegionCount> base{};
+
+  const DTensor& tensor(TensorId id) const { return program->tensor(id); }
+  template <typename T = float>
+  T* ptr(TensorId id) const {
+    const DTensor& t = program->tensor(id);
+    return reinterpret_cast<T*>(base[static_cast<size_t>(t.region)] + t.offset);
+  }
+};
+
+class Kernel {
+ public:
+  virtual ~Kernel() = default;
+  virtual void run(Context& ctx) = 0;
+};
+using KernelPtr = std::unique_ptr<Kernel>;
+
+// Factories, one per op (defined across src/backend/cpu/*.cpp). A fused op the CPU does
+// not run throws kiln::Error(Unsupported).
+#define KILN_OP(name, category, doc) KernelPtr make_##name(const Node& node, Context& ctx);
+#include "kiln/graph/ops.def"
+#undef KILN_OP
+
+// Whether the CPU backend runs the op (FP32 only).
+bool cpu_supports(OpKind op);
+
+}  // namespace kiln::cpu

@@ -1,0 +1,173 @@
+// The ArchPlan's rewrite passes, in the order make_plan runs them.
+#include <string>
+
+#include "kiln/core/error.h"
+#include "kiln/core/log.h"
+#include "kiln/plan/arch_plan.h"
+
+namespace kiln {
+
+namespace {
+
+PlanNode& node(ArchPlan& p, int id) { return p.nodes[static_cast<size_t>(id)]; }
+
+// Points every consumer of `from` at `to`.
+void rewire(ArchPlan& p, int from, int to) {
+  for (PlanNode& n : p.nodes) {
+    if (n.removed) continue;
+    for (int& i : n.inputs) {
+      if (i == from) i = to;
+    }
+  }
+}
+
+bool has_params(PlanOp op) {
+  return op == PlanOp::Conv || op == PlanOp::BatchNorm || op == PlanOp::FC || op == PlanOp::CBR ||
+         op == PlanOp::BnAddReLU;
+}
+
+void drop_identities(ArchPlan& p, const PlanOptions&) {
+  int dropped = 0;
+  for (PlanNode& n : p.nodes) {
+    if (n.removed || n.op == PlanOp::Input) continue;
+    const bool identity = n.op == PlanOp::Identity || (n.op == PlanOp::Dropout && n.p == 0.0f) ||
+                          (n.op == PlanOp::Flatten && node(p, n.inputs[0]).shape.rank() == 1);
+    if (!identity) continue;
+    n.removed = true;
+    rewire(p, n.id, n.inputs[0]);
+    ++dropped;
+  }
+  p.notes.push_back("drop_identities: removed " + std::to_string(dropped) + " layer(s)");
+}
+
+void append_loss_head(ArchPlan& p, const PlanOptions&) {
+  int last = -1;
+  for (const PlanNode& n : p.nodes) {
+    if (!n.removed) last = n.id;
+  }
+  const PlanNode& out = node(p, last);
+  KILN_CHECK(out.shape.rank() == 1 && out.shape[0] == p.num_classes, Shape, "model '", p.model,
+             "' ends in layer '", out.name, "' with output ", out.shape.str(), " but the loss needs [",
+             p.num_classes, "] (one logit per class); end the model with fc(", p.num_classes, ")");
+  PlanNode head;
+  head.id = static_cast<int>(p.nodes.size());
+  head.op = PlanOp::SoftmaxCE;
+  head.name = "loss";
+  head.inputs = {last};
+  head.shape = Shape{1};
+  p.nodes.push_back(head);
+  p.notes.push_back("append_loss_head: softmax cross-entropy with top-1/top-5 after '" + out.name + "'");
+}
+
+void mark_first_layer(ArchPlan& p, const PlanOptions&) {
+  std::string first;
+  for (PlanNode& n : p.nodes) {
+    if (n.removed) continue;
+    if (n.op == PlanOp::Input) {
+      n.requires_grad = false;
+      continue;
+    }
+    bool upstream = false;
+    for (int i : n.inputs) upstream = upstream || node(p, i).requires_grad;
+    n.requires_grad = upstream || has_params(n.op);
+    n.first_layer = has_params(n.op) && !upstream;
+    if (n.first_layer && first.empty()) first = n.name;
+  }
+  p.notes.push_back("mark_first_layer: '" + first + "' computes no input gradient");
+}
+
+// Why a Conv→BN→ReLU chain cannot take the fused path, or "" when it can.
+std::string cbr_refusal(const ArchPlan& p, const PlanNode& conv) {
+  const int64_t cin = p.nodes[static_cast<size_t>(conv.inputs[0])].shape[2];
+  if (conv.bias) return "the convolution has a bias (BatchNorm cancels it; build it with bias=false)";
+  if (cin % 8 != 0 || conv.out % 8 != 0) {
+    return "channels " + std::to_string(cin) + "->" + std::to_string(conv.out) +
+           " are not multiples of 8 (the fused engines need them; pad the input channels)";
+  }
+  if (conv.k == 7) return "the fused engines have no 7x7 form";
+  return "";
+}
+
+void merge_cbr(ArchPlan& p, const PlanOptions& o) {
+  if (!o.fusion || !o.amp || !o.backend_fuses_cbr) {
+    p.notes.push_back(std::string("merge_cbr: off (") +
+                      (!o.fusion ? "fusion disabled" : !o.amp ? "needs AMP" : "backend has no fused CBR") + ")");
+    return;
+  }
+  int merged = 0;
+  for (PlanNode& conv : p.nodes) {
+    if (conv.removed || conv.op != PlanOp::Conv) continue;
+    const auto c1 = p.consumers(conv.id);
+    if (c1.size() != 1 || node(p, c1[0]).op != PlanOp::BatchNorm) continue;
+    PlanNode& bn = node(p, c1[0]);
+    const auto c2 = p.consumers(bn.id);
+    if (c2.size() != 1 || node(p, c2[0]).op != PlanOp::ReLU) continue;
+    PlanNode& relu = node(p, c2[0]);
+    const std::string why = cbr_refusal(p, conv);
+    if (!why.empty()) {
+      log_info("layer '", conv.name, "' keeps Conv, BN, ReLU unfused: ", why);
+      p.notes.push_back("merge_cbr: '" + conv.name + "' unfused: " + why);
+      continue;
+    }
+    conv.op = PlanOp::CBR;
+    conv.bn_name = bn.name;
+    conv.eps = bn.eps;
+    conv.momentum = bn.momentum;
+    bn.removed = relu.removed = true;
+    rewire(p, relu.id, conv.id);
+    ++merged;
+  }
+  p.notes.push_back("merge_cbr: " + std::to_string(merged) + " Conv+BN+ReLU chain(s) fused");
+}
+
+void merge_bn_add_relu(ArchPlan& p, const PlanOptions& o) {
+  if (!o.fusion || !o.amp || !o.backend_fuses_bn_add_relu) {
+    p.notes.push_back(std::string("merge_bn_add_relu: off (") +
+                      (!o.fusion ? "fusion disabled" : !o.amp ? "needs AMP" : "backend has no fused BN+add+ReLU") + ")");
+    return;
+  }
+  int merged = 0;
+  for (PlanNode& add : p.nodes) {
+    if (add.removed || add.op != PlanOp::Add) continue;
+    const auto out = p.consumers(add.id);
+    if (out.size() != 1 || node(p, out[0]).op != PlanOp::ReLU) continue;
+    // The main branch ends in a BatchNorm that feeds only this add.
+    int bn_slot = -1;
+    for (int s = 0; s < 2; ++s) {
+      const PlanNode& in = node(p, add.inputs[static_cast<size_t>(s)]);
+      if (in.op == PlanOp::BatchNorm && p.consumers(in.id).size() == 1) {
+        bn_slot = s;
+        break;
+      }
+    }
+    if (bn_slot < 0) continue;
+    PlanNode& bn = node(p, add.inputs[static_cast<size_t>(bn_slot)]);
+    if (bn.shape[2] % 8 != 0) {
+      p.notes.push_back("merge_bn_add_relu: '" + bn.name + "' unfused: channels not a multiple of 8");
+      continue;
+    }
+    const int residual = add.inputs[static_cast<size_t>(1 - bn_slot)];
+    PlanNode& relu = node(p, out[0]);
+    add.op = PlanOp::BnAddReLU;
+    add.bn_name = bn.name;
+    add.inputs = {bn.inputs[0], residual};
+    add.eps = bn.eps;
+    add.momentum = bn.momentum;
+    bn.removed = relu.removed = true;
+    rewire(p, relu.id, add.id);
+    ++merged;
+  }
+  p.notes.push_back("merge_bn_add_relu: " + std::to_string(merged) + " BN+add+ReLU tail(s) fused");
+}
+
+}  // namespace
+
+std::vector<PlanPass> default_passes() {
+  return {{"drop_identities", drop_identities},
+          {"append_loss_head", append_loss_head},
+          {"mark_first_layer", mark_first_layer},
+          {"merge_cbr", merge_cbr},
+          {"merge_bn_add_relu", merge_bn_add_relu}};
+}
+
+}  // namespace kiln

@@ -1,0 +1,237 @@
+#include "kiln/task/checkpoint.h"
+
+#include <cstring>
+#include <set>
+
+#include "kiln/core/error.h"
+
+namespace kiln {
+
+namespace {
+
+constexpr const char* kFormat = "kiln-checkpoint-1";
+
+StTensor f32_tensor(const std::vector<int64_t>& shape, const std::vector<float>& v) {
+  StTensor t;
+  t.dtype = DType::F32;
+  t.shape = shape;
+  t.data.resize(v.size() * 4);
+  std::memcpy(t.data.data(), v.data(), t.data.size());
+  return t;
+}
+
+template <typename T>
+StTensor scalar_tensor(DType dtype, T value) {
+  StTensor t;
+  t.dtype = dtype;
+  t.shape = {};
+  t.data.resize(sizeof(T));
+  std::memcpy(t.data.data(), &value, sizeof(T));
+  return t;
+}
+
+std::vector<float> as_floats(const StTensor& t, const std::string& name, const std::string& file) {
+  int64_t n = 1;
+  for (int64_t d : t.shape) n *= d;
+  std::vector<float> v(static_cast<size_t>(n));
+  if (t.dtype == DType::F32) {
+    std::memcpy(v.data(), t.data.data(), v.size() * 4);
+  } else if (t.dtype == DType::F16 || t.dtype == DType::BF16) {
+    for (size_t i = 0; i < v.size(); ++i) {
+      uint16_t h;
+      std::memcpy(&h, t.data.data() + 2 * i, 2);
+      v[i] = t.dtype == DType::F16 ? half_to_float(h) : bf16_to_float(h);
+    }
+  } else {
+    KILN_FAIL(Checkpoint, file, ": tensor '", name, "' is ", dtype_name(t.dtype), "; expected F32, F16 or BF16");
+  }
+  return v;
+}
+
+const StTensor& need(const StFile& f, const std::string& name, const std::vector<int64_t>& shape,
+                     const std::string& file) {
+  auto it = f.tensors.find(name);
+  KILN_CHECK(it != f.tensors.end(), Checkpoint, file, ": tensor '", name,
+             "' is missing; the file was not made for this model (or is damaged)");
+  KILN_CHECK(it->second.shape == shape, Checkpoint, file, ": tensor '", name, "' has shape ",
+             Shape(it->second.shape).str(), " but the model needs ", Shape(shape).str());
+  return it->second;
+}
+
+std::string meta(const StFile& f, const std::string& key, const std::string& file) {
+  auto it = f.metadata.find(key);
+  KILN_CHECK(it != f.metadata.end(), Checkpoint, file, ": metadata '", key, "' is missing; not a kiln checkpoint");
+  return it->second;
+}
+
+int64_t meta_int(const StFile& f, const std::string& key, const std::string& file) {
+  const std::string s = meta(f, key, file);
+  try {
+    size_t used = 0;
+    const long long v = std::stoll(s, &used);
+    KILN_CHECK(used == s.size(), Checkpoint, file, ": metadata '", key, "' = '", s, "' is not an integer");
+    return v;
+  } catch (const std::logic_error&) {
+    KILN_FAIL(Checkpoint, file, ": metadata '", key, "' = '", s, "' is not an integer");
+  }
+}
+
+std::string bn_of(const std::string& buffer) { return buffer.substr(0, buffer.rfind('.')); }
+
+}  // namespace
+
+std::vector<float> to_torch_layout(const ParamDesc& p, const std::vector<float>& v) {
+  std::vector<float> out(v.size());
+  if (p.kind == ParamKind::ConvWeight) {
+    const int64_t K = p.shape[0], R = p.shape[1], S = p.shape[2], C = p.shape[3];
+    for (int64_t k = 0; k < K; ++k)
+      for (int64_t r = 0; r < R; ++r)
+        for (int64_t s = 0; s < S; ++s)
+          for (int64_t c = 0; c < C; ++c)
+            out[static_cast<size_t>(((k * C + c) * R + r) * S + s)] = v[static_cast<size_t>(((k * R + r) * S + s) * C + c)];
+    return out;
+  }
+  if (p.kind == ParamKind::FcWeight && p.fc_input_chw[0] > 0) {
+    const int64_t O = p.shape[0], C = p.fc_input_chw[0], H = p.fc_input_chw[1], W = p.fc_input_chw[2];
+    for (int64_t o = 0; o < O; ++o)
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t w = 0; w < W; ++w)
+          for (int64_t c = 0; c < C; ++c)
+            out[static_cast<size_t>(o * C * H * W + (c * H + h) * W + w)] =
+                v[static_cast<size_t>(o * C * H * W + (h * W + w) * C + c)];
+    return out;
+  }
+  return v;
+}
+
+std::vector<float> from_torch_layout(const ParamDesc& p, const std::vector<float>& v) {
+  std::vector<float> out(v.size());
+  if (p.kind == ParamKind::ConvWeight) {
+    const int64_t K = p.shape[0], R = p.shape[1], S = p.shape[2], C = p.shape[3];
+    for (int64_t k = 0; k < K; ++k)
+      for (int64_t r = 0; r < R; ++r)
+        for (int64_t s = 0; s < S; ++s)
+          for (int64_t c = 0; c < C; ++c)
+            out[static_cast<size_t>(((k * R + r) * S + s) * C + c)] = v[static_cast<size_t>(((k * C + c) * R + r) * S + s)];
+    return out;
+  }
+  if (p.kind == ParamKind::FcWeight && p.fc_input_chw[0] > 0) {
+    const int64_t O = p.shape[0], C = p.fc_input_chw[0], H = p.fc_input_chw[1], W = p.fc_input_chw[2];
+    for (int64_t o = 0; o < O; ++o)
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t w = 0; w < W; ++w)
+          for (int64_t c = 0; c < C; ++c)
+            out[static_cast<size_t>(o * C * H * W + (h * W + w) * C + c)] =
+                v[static_cast<size_t>(o * C * H * W + (c * H + h) * W + w)];
+    return out;
+  }
+  return v;
+}
+
+StFile export_state_dict(Engine& engine) {
+  const Program& p = engine.program();
+  StFile f;
+  for (const ParamDesc& d : p.params) {
+    f.tensors[d.name] = f32_tensor(d.torch_shape.dims, to_torch_layout(d, engine.read_param(d.name)));
+  }
+  std::set<std::string> bns;
+  for (const BufferDesc& b : p.buffers) {
+    f.tensors[b.name] = f32_tensor(p.tensor(b.tensor).shape.dims, engine.read_param(b.name));
+    bns.insert(bn_of(b.name));
+  }
+  for (const std::string& bn : bns) {
+    f.tensors[bn + ".num_batches_tracked"] = scalar_tensor<int64_t>(DType::I64, engine.steps_done());
+  }
+  f.metadata["format"] = "pt";
+  f.metadata["model"] = p.model;
+  return f;
+}
+
+void export_weights(Engine& engine, const std::string& path) { write_safetensors(path, export_state_dict(engine)); }
+
+void import_weights(Engine& engine, const std::string& path) {
+  const StFile f = read_safetensors(path);
+  const Program& p = engine.program();
+  for (const ParamDesc& d : p.params) {
+    const StTensor& t = need(f, d.name, d.torch_shape.dims, path);
+    engine.write_param(d.name, from_torch_layout(d, as_floats(t, d.name, path)));
+  }
+  for (const BufferDesc& b : p.buffers) {
+    const StTensor& t = need(f, b.name, p.tensor(b.tensor).shape.dims, path);
+    engine.write_param(b.name, as_floats(t, b.name, path));
+  }
+  engine.refresh_derived_weights();
+}
+
+void save_checkpoint(Engine& engine, const std::string& path, const TrainState& state) {
+  const Program& p = engine.program();
+  StFile f = export_state_dict(engine);
+  for (Region r : {Region::moment1, Region::moment2, Region::ema_f32}) {
+    for (const ParamDesc& d : p.params) {
+      if (d.tensor[static_cast<size_t>(r)] == kNoTensor) continue;
+      const std::string prefix = r == Region::ema_f32 ? "ema." : std::string("optimizer.") + region_name(r) + ".";
+      f.tensors[prefix + d.name] = f32_tensor(d.torch_shape.dims, to_torch_layout(d, engine.read_param(d.name, r)));
+    }
+  }
+  float scale = 1;
+  int32_t good = 0;
+  engine.backend().read(p.tensor(p.io.loss_scale), &scale);
+  engine.backend().read(p.tensor(p.io.good_steps), &good);
+  f.tensors["kiln.loss_scale"] = scalar_tensor<float>(DType::F32, scale);
+  f.tensors["kiln.good_steps"] = scalar_tensor<int32_t>(DType::I32, good);
+  f.metadata["format"] = kFormat;
+  f.metadata["model"] = p.model;
+  f.metadata["optimizer"] = p.options.optimizer;
+  f.metadata["amp"] = p.options.amp ? "1" : "0";
+  f.metadata["ema"] = p.options.ema ? "1" : "0";
+  f.metadata["epoch"] = std::to_string(state.epoch);
+  f.metadata["step"] = std::to_string(state.step);
+  f.metadata["seed"] = std::to_string(state.seed);
+  f.metadata["best_top1"] = std::to_string(state.best_top1);
+  f.metadata["config"] = state.config;
+  write_safetensors(path, f);
+}
+
+TrainState load_checkpoint(Engine& engine, const std::string& path) {
+  const StFile f = read_safetensors(path);
+  const Program& p = engine.program();
+  KILN_CHECK(meta(f, "format", path) == kFormat, Checkpoint, path, ": format '", meta(f, "format", path),
+             "' is not ", kFormat, "; to start from plain weights use --init-from");
+  KILN_CHECK(meta(f, "model", path) == p.model, Checkpoint, path, ": made for model '", meta(f, "model", path),
+             "', not '", p.model, "'; pass --model ", meta(f, "model", path));
+  KILN_CHECK(meta(f, "optimizer", path) == p.options.optimizer, Checkpoint, path, ": made with optimizer '",
+             meta(f, "optimizer", path), "'; resume with --opt ", meta(f, "optimizer", path));
+  import_weights(engine, path);  // parameters and running statistics
+  for (Region r : {Region::moment1, Region::moment2, Region::ema_f32}) {
+    for (const ParamDesc& d : p.params) {
+      if (d.tensor[static_cast<size_t>(r)] == kNoTensor) continue;
+      const std::string name =
+          (r == Region::ema_f32 ? "ema." : std::string("optimizer.") + region_name(r) + ".") + d.name;
+      if (r == Region::ema_f32 && !f.tensors.count(name)) continue;  // EMA switched on at resume: starts at the weights
+      const StTensor& t = need(f, name, d.torch_shape.dims, path);
+      const std::vector<float> v = from_torch_layout(d, as_floats(t, name, path));
+      engine.write_param(d.name, v, r);
+      // The EMA's FP16 copy: the host's round-to-nearest-even cast equals the device's.
+      if (r == Region::ema_f32 && d.compute_copy && d.tensor[static_cast<size_t>(Region::ema_f16)] != kNoTensor) {
+        engine.write_param(d.name, v, Region::ema_f16);
+      }
+    }
+  }
+  const StTensor& scale = need(f, "kiln.loss_scale", {}, path);
+  const StTensor& good = need(f, "kiln.good_steps", {}, path);
+  KILN_CHECK(scale.dtype == DType::F32 && good.dtype == DType::I32, Checkpoint, path,
+             ": loss-scale state has the wrong dtype");
+  engine.backend().write(p.tensor(p.io.loss_scale), scale.data.data());
+  engine.backend().write(p.tensor(p.io.good_steps), good.data.data());
+  TrainState s;
+  s.epoch = meta_int(f, "epoch", path);
+  s.step = meta_int(f, "step", path);
+  s.seed = static_cast<uint64_t>(meta_int(f, "seed", path));
+  s.best_top1 = std::atof(meta(f, "best_top1", path).c_str());
+  s.config = meta(f, "config", path);
+  KILN_CHECK(s.epoch >= 0 && s.step >= 0, Checkpoint, path, ": negative epoch or step in the metadata");
+  engine.set_steps_done(s.step);
+  return s;
+}
+
+}  // namespace kiln

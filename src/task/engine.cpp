@@ -1,0 +1,209 @@
+#include "kiln/task/engine.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "kiln/core/env.h"
+#include "kiln/core/error.h"
+#include "kiln/core/rng.h"
+#include "kiln/graph/compiler.h"
+#include "kiln/graph/memory_plan.h"
+
+namespace kiln {
+
+const char* lifecycle_name(Lifecycle s) {
+  switch (s) {
+    case Lifecycle::PLANNING: return "PLANNING";
+    case Lifecycle::MEMORY_LOCKED: return "MEMORY_LOCKED";
+    case Lifecycle::COMPILED: return "COMPILED";
+  }
+  return "?";
+}
+
+Engine::Engine(const BluePrint& blueprint, EngineOptions options)
+    : blueprint_(blueprint), options_(std::move(options)) {
+  options_.fusion = options_.fusion && env_flag("KILN_FUSION", true);
+  options_.compile.memory_reuse = options_.compile.memory_reuse && env_flag("KILN_MEMORY_REUSE", true);
+  backend_ = make_backend(options_.device);
+  const BackendCaps caps = backend_->caps();
+  if (options_.compile.amp) {
+    const bool ok = options_.compile.amp_dtype == DType::BF16 ? caps.bf16 : caps.fp16;
+    KILN_CHECK(ok, Unsupported, "--amp: the ", backend_->name(), " backend has no ",
+               dtype_name(options_.compile.amp_dtype), " compute; train without --amp or use --device cuda");
+  }
+  PlanOptions po;
+  po.fusion = options_.fusion;
+  po.amp = options_.compile.amp;
+  po.backend_fuses_cbr = caps.fused_cbr;
+  po.backend_fuses_bn_add_relu = caps.fused_bn_add_relu;
+  plan_ = make_plan(blueprint_, po);
+}
+
+Engine::~Engine() = default;
+
+void Engine::require(Lifecycle s, const char* what) const {
+  if (state_ == s) return;
+  const char* next = state_ == Lifecycle::PLANNING ? "lock_memory()"
+                     : state_ == Lifecycle::MEMORY_LOCKED ? "compile()" : "nothing: it is compiled";
+  KILN_FAIL(State, what, " needs the engine in state ", lifecycle_name(s), " but it is ",
+            lifecycle_name(state_), "; the next step is ", next);
+}
+
+void Engine::lock_memory() {
+  require(Lifecycle::PLANNING, "lock_memory()");
+  program_ = std::make_unique<Program>(compile_program(plan_, options_.compile));
+  program_->model = blueprint_.name;
+  plan_memory(*program_);
+  validate_program(*program_);
+  state_ = Lifecycle::MEMORY_LOCKED;
+}
+
+const Program& Engine::program() const {
+  KILN_CHECK(program_ != nullptr, State, "program() needs lock_memory() first (state ", lifecycle_name(state_), ")");
+  return *program_;
+}
+
+Backend& Engine::backend() { return *backend_; }
+
+void Engine::compile(uint64_t seed) {
+  require(Lifecycle::MEMORY_LOCKED, "compile()");
+  backend_->compile(*program_);
+  state_ = Lifecycle::COMPILED;
+  init_weights(*this, seed);
+}
+
+StepStats Engine::train_step(const float* images, const int32_t* labels, float lr, bool read_stats) {
+  require(Lifecycle::COMPILED, "train_step()");
+  const Program& p = *program_;
+  backend_->stage_batch(slot_, images, labels);
+  backend_->write(p.tensor(p.io.lr), &lr);
+  const int32_t step = static_cast<int32_t>(steps_);
+  backend_->write(p.tensor(p.io.step), &step);
+  backend_->run(Schedule::train, slot_);
+  slot_ ^= 1;
+  ++steps_;
+  StepStats s;
+  if (!read_stats) return s;
+  backend_->read(p.tensor(p.io.loss), &s.loss);
+  int32_t correct[2];
+  backend_->read(p.tensor(p.io.correct), correct);
+  s.top1 = correct[0];
+  s.top5 = correct[1];
+  int32_t overflow = 0;
+  backend_->read(p.tensor(p.io.overflow), &overflow);
+  s.overflow = overflow != 0;
+  backend_->read(p.tensor(p.io.loss_scale), &s.loss_scale);
+  return s;
+}
+
+StepStats Engine::eval_batch(const float* images, const int32_t* labels, int64_t valid, bool ema) {
+  require(Lifecycle::COMPILED, "eval_batch()");
+  const Program& p = *program_;
+  KILN_CHECK(!ema || !p.eval_ema.empty(), InvalidArgument, "EMA evaluation needs EMA on (--ema)");
+  const int64_t n = p.options.batch;
+  KILN_CHECK(valid > 0 && valid <= n, InvalidArgument, "eval_batch: ", valid, " valid samples for batch ", n);
+  if (valid < n) {
+    // A last partial batch: pad with zeros and label -1, which the loss ignores.
+    const int64_t per = p.tensor(p.io.staged_images[0]).numel() / n;
+    pad_images_.assign(static_cast<size_t>(n * per), 0.0f);
+    pad_labels_.assign(static_cast<size_t>(n), -1);
+    std::memcpy(pad_images_.data(), images, static_cast<size_t>(valid * per) * sizeof(float));
+    std::memcpy(pad_labels_.data(), labels, static_cast<size_t>(valid) * sizeof(int32_t));
+    images = pad_images_.data();
+    labels = pad_labels_.data();
+  }
+  // Evaluation always reads slot A; a training step staged there has already run.
+  backend_->synchronize();
+  backend_->stage_batch(0, images, labels);
+  backend_->run(ema ? Schedule::eval_ema : Schedule::eval, 0);
+  StepStats s;
+  backend_->read(p.tensor(p.io.loss), &s.loss);
+  int32_t correct[2];
+  backend_->read(p.tensor(p.io.correct), correct);
+  s.top1 = correct[0];
+  s.top5 = correct[1];
+  return s;
+}
+
+std::vector<float> Engine::read_param(const std::string& name, Region region) {
+  require(Lifecycle::COMPILED, "read_param()");
+  const Program& p = *program_;
+  if (const ParamDesc* d = p.find_param(name)) {
+    const TensorId id = d->tensor[static_cast<size_t>(region)];
+    KILN_CHECK(id != kNoTensor, InvalidArgument, "parameter '", name, "' has no tensor in region ", region_name(region));
+    return read_floats(*backend_, p.tensor(id));
+  }
+  for (const BufferDesc& b : p.buffers) {
+    if (b.name == name) return read_floats(*backend_, p.tensor(b.tensor));
+  }
+  KILN_FAIL(InvalidArgument, "model '", p.model, "' has no parameter or buffer named '", name, "'");
+}
+
+void Engine::write_param(const std::string& name, const std::vector<float>& values, Region region) {
+  require(Lifecycle::COMPILED, "write_param()");
+  const Program& p = *program_;
+  if (const ParamDesc* d = p.find_param(name)) {
+    const TensorId id = d->tensor[static_cast<size_t>(region)];
+    KILN_CHECK(id != kNoTensor, InvalidArgument, "parameter '", name, "' has no tensor in region ", region_name(region));
+    write_floats(*backend_, p.tensor(id), values);
+    return;
+  }
+  for (const BufferDesc& b : p.buffers) {
+    if (b.name == name) {
+      write_floats(*backend_, p.tensor(b.tensor), values);
+      return;
+    }
+  }
+  KILN_FAIL(InvalidArgument, "model '", p.model, "' has no parameter or buffer named '", name, "'");
+}
+
+void Engine::refresh_derived_weights() {
+  require(Lifecycle::COMPILED, "refresh_derived_weights()");
+  backend_->run(Schedule::init, 0);
+  backend_->synchronize();
+}
+
+void init_weights(Engine& engine, uint64_t seed) {
+  const Program& p = engine.program();
+  const bool vgg = engine.blueprint().name.rfind("vgg", 0) == 0;
+  Rng rng(seed);
+  for (const ParamDesc& d : p.params) {
+    std::vector<float> v(static_cast<size_t>(d.shape.numel()));
+    switch (d.kind) {
+      case ParamKind::ConvWeight: {
+        const double fan_out = static_cast<double>(d.shape[0]) * d.shape[1] * d.shape[2];
+        const double std = std::sqrt(2.0 / fan_out);
+        for (float& x : v) x = static_cast<float>(rng.normal() * std);
+        break;
+      }
+      case ParamKind::FcWeight: {
+        const double bound = 1.0 / std::sqrt(static_cast<double>(d.shape[1]));
+        for (float& x : v) x = vgg ? static_cast<float>(rng.normal() * 0.01) : rng.uniform(-bound, bound);
+        break;
+      }
+      case ParamKind::BnWeight:
+        for (float& x : v) x = 1.0f;
+        break;
+      case ParamKind::BnBias:
+        break;
+      case ParamKind::Bias: {
+        // nn.Linear's bias: uniform ±1/sqrt(fan_in); conv biases (VGG) and VGG's fc: zero.
+        const ParamDesc* w = p.find_param(d.name.substr(0, d.name.size() - 4) + "weight");
+        if (w && w->kind == ParamKind::FcWeight && !vgg) {
+          const double bound = 1.0 / std::sqrt(static_cast<double>(w->shape[1]));
+          for (float& x : v) x = rng.uniform(-bound, bound);
+        }
+        break;
+      }
+    }
+    engine.write_param(d.name, v);
+  }
+  for (const BufferDesc& b : p.buffers) {
+    const int64_t n = p.tensor(b.tensor).numel();
+    const bool var = b.name.size() >= 3 && b.name.compare(b.name.size() - 3, 3, "var") == 0;
+    engine.write_param(b.name, std::vector<float>(static_cast<size_t>(n), var ? 1.0f : 0.0f));
+  }
+  engine.refresh_derived_weights();
+}
+
+}  // namespace kiln

@@ -1,0 +1,25 @@
+// Progress display for the Trainer: a bar redrawn in place on a terminal, plain lines
+// (every ~10% of an epoch) when stdout is a file or a pipe, or nothing.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "kiln/io/metrics.h"
+
+namespace kiln {
+
+class Progress {
+ public:
+  explicit Progress(const std::string& mode);
+  void update(int64_t epoch, int64_t epochs, int64_t step, int64_t steps, double loss, double images_per_second,
+              float lr, double elapsed_seconds);
+  void finish();
+  void line(int64_t epoch, int64_t epochs, double seconds, const MetricsRow& row);
+
+ private:
+  bool bar_ = false, plain_ = false;
+  int64_t last_decile_ = -1;
+  bool drawn_ = false;
+};
+
+}  // namespace kiln

@@ -1,0 +1,312 @@
+#include "kiln/task/trainer.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <sstream>
+
+#include "kiln/blueprint/zoo.h"
+#include "kiln/core/error.h"
+#include "kiln/core/log.h"
+#include "kiln/data/dataset.h"
+#include "kiln/data/loader.h"
+#include "kiln/data/transforms.h"
+#include "kiln/io/json.h"
+#include "kiln/io/metrics.h"
+#include "kiln/io/file.h"
+#include "kiln/task/checkpoint.h"
+#include "task/progress.h"
+
+namespace kiln {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+void check_config(const TrainConfig& c) {
+  KILN_CHECK(c.epochs > 0, InvalidArgument, "--epochs must be > 0, got ", c.epochs);
+  KILN_CHECK(c.batch_size > 0, InvalidArgument, "--batch-size must be > 0, got ", c.batch_size);
+  KILN_CHECK(c.workers >= 0, InvalidArgument, "--workers must be >= 0");
+  KILN_CHECK(c.eval_every > 0, InvalidArgument, "--eval-every must be > 0 epochs");
+  KILN_CHECK(c.momentum >= 0 && c.momentum < 1, InvalidArgument, "--momentum must be in [0, 1)");
+  KILN_CHECK(c.weight_decay >= 0, InvalidArgument, "--weight-decay must be >= 0");
+  KILN_CHECK(c.ema_decay > 0 && c.ema_decay < 1, InvalidArgument, "--ema-decay must be in (0, 1)");
+  KILN_CHECK(c.progress == "auto" || c.progress == "bar" || c.progress == "plain" || c.progress == "none",
+             InvalidArgument, "--progress must be auto, bar, plain or none");
+  KILN_CHECK(!c.output.empty(), InvalidArgument, "--output must name a folder");
+  check_schedule(c.lr);
+}
+
+DatasetSpec dataset_spec(const TrainConfig& c, bool train, int64_t h, int64_t w, int64_t ch, int64_t classes) {
+  DatasetSpec s;
+  s.kind = c.data;
+  s.root = c.data_dir;
+  s.split = train ? "train" : "test";
+  s.synthetic_size = c.synthetic_size > 0 ? c.synthetic_size : 50 * c.batch_size;
+  s.synthetic_height = static_cast<int>(h);
+  s.synthetic_width = static_cast<int>(w);
+  s.synthetic_channels = static_cast<int>(ch);
+  s.synthetic_classes = static_cast<int>(classes);
+  s.seed = c.seed + (train ? 0 : 1);
+  return s;
+}
+
+Pipeline make_pipeline(const TrainConfig& c, bool train, int64_t size, int64_t channels) {
+  Pipeline p;
+  p.add(std::make_unique<ToFloat>());
+  if (c.data == "folder") {
+    if (train && c.random_resized_crop) {
+      p.add(std::make_unique<RandomResizedCrop>(static_cast<int>(size)));
+    } else {
+      p.add(std::make_unique<Resize>(static_cast<int>(size * 8 / 7)));
+      p.add(std::make_unique<CenterCrop>(static_cast<int>(size)));
+    }
+  }
+  if (train && c.crop_padding > 0) p.add(std::make_unique<RandomCrop>(static_cast<int>(size), c.crop_padding));
+  if (train && c.hflip) p.add(std::make_unique<RandomHorizontalFlip>(0.5f));
+  const auto [mean, std] = normalization_for(c.data, static_cast<int>(channels));
+  p.add(std::make_unique<Normalize>(mean, std));
+  return p;
+}
+
+}  // namespace
+
+std::string config_json(const TrainConfig& c) {
+  std::ostringstream os;
+  os << "{\"model\":" << json_string(c.model) << ",\"data\":" << json_string(c.data)
+     << ",\"epochs\":" << c.epochs << ",\"batch_size\":" << c.batch_size << ",\"lr\":" << json_number(c.lr.base_lr)
+     << ",\"sched\":" << json_string(c.lr.kind) << ",\"opt\":" << json_string(c.optimizer)
+     << ",\"momentum\":" << json_number(c.momentum) << ",\"weight_decay\":" << json_number(c.weight_decay)
+     << ",\"nesterov\":" << (c.nesterov ? "true" : "false") << ",\"amp\":" << (c.amp ? "true" : "false")
+     << ",\"ema\":" << (c.ema ? "true" : "false") << ",\"seed\":" << c.seed << ",\"device\":" << json_string(c.device)
+     << "}";
+  return os.str();
+}
+
+namespace {
+
+struct RunSetup {
+  std::shared_ptr<Dataset> train_set, test_set;
+  std::unique_ptr<Loader> train_loader, test_loader;
+  std::unique_ptr<Engine> engine;
+  std::array<int64_t, 3> hwc{};
+};
+
+// Datasets, loaders and the compiled engine for a run. The model's input follows the data.
+RunSetup setup_run(const TrainConfig& c) {
+  check_config(c);
+  RunSetup r;
+  ZooOptions zo;
+  zo.num_classes = static_cast<int>(c.num_classes);
+  zo.image_size = static_cast<int>(c.image_size);
+  const BluePrint probe = make_model(c.model, zo);
+  r.train_set = open_dataset(dataset_spec(c, true, probe.input.height, probe.input.width, probe.input.channels,
+                                          probe.num_classes));
+  r.test_set = open_dataset(dataset_spec(c, false, probe.input.height, probe.input.width, probe.input.channels,
+                                         probe.num_classes));
+  if (zo.num_classes == 0) zo.num_classes = static_cast<int>(r.train_set->num_classes());
+  const int64_t size = probe.input.height;
+  LoaderOptions lo;
+  lo.batch_size = c.batch_size;
+  lo.workers = c.workers;
+  lo.seed = c.seed;
+  r.train_loader = std::make_unique<Loader>(r.train_set, make_pipeline(c, true, size, probe.input.channels), lo);
+  LoaderOptions eo = lo;
+  eo.shuffle = false;
+  eo.drop_last = false;
+  r.test_loader = std::make_unique<Loader>(r.test_set, make_pipeline(c, false, size, probe.input.channels), eo);
+  r.hwc = r.train_loader->sample_hwc();
+  zo.in_channels = static_cast<int>(r.hwc[2]);
+  zo.image_size = static_cast<int>(r.hwc[0]);
+  const BluePrint bp = make_model(c.model, zo);
+  KILN_CHECK(r.hwc[0] == bp.input.height && r.hwc[1] == bp.input.width && r.hwc[2] == bp.input.channels, Data,
+             "the dataset gives ", r.hwc[0], "x", r.hwc[1], "x", r.hwc[2], " samples but model '", c.model,
+             "' takes ", bp.input.height, "x", bp.input.width, "x", bp.input.channels,
+             "; pass --image-size or another --model");
+  EngineOptions eopt;
+  eopt.device = c.device;
+  eopt.fusion = c.fusion;
+  CompileOptions& co = eopt.compile;
+  co.batch = c.batch_size;
+  co.amp = c.amp;
+  co.ema = c.ema;
+  co.ema_decay = c.ema_decay;
+  co.optimizer = c.optimizer;
+  co.momentum = c.momentum;
+  co.weight_decay = c.weight_decay;
+  co.nesterov = c.nesterov;
+  co.clip_grad = c.clip_grad;
+  co.dropout_seed = c.seed;
+  r.engine = std::make_unique<Engine>(bp, eopt);
+  r.engine->lock_memory();
+  r.engine->compile(c.seed);
+  log_info("model ", c.model, " on ", r.engine->backend().caps().device, ": ", r.train_set->size(), " training and ",
+           r.test_set->size(), " test samples, batch ", c.batch_size);
+  return r;
+}
+
+struct EvalResult {
+  double loss = 0, top1 = 0, top5 = 0;
+};
+
+EvalResult run_eval(Engine& engine, Loader& loader, bool ema, std::vector<float>& images,
+                    std::vector<int32_t>& labels) {
+  loader.start_epoch(0);
+  double loss = 0;
+  int64_t t1 = 0, t5 = 0, count = 0;
+  while (true) {
+    const int64_t got = loader.next(images.data(), labels.data());
+    if (got == 0) break;
+    const StepStats s = engine.eval_batch(images.data(), labels.data(), got, ema);
+    loss += static_cast<double>(s.loss) * static_cast<double>(got);
+    t1 += s.top1;
+    t5 += s.top5;
+    count += got;
+  }
+  const double n = static_cast<double>(std::max<int64_t>(count, 1));
+  return {loss / n, 100.0 * static_cast<double>(t1) / n, 100.0 * static_cast<double>(t5) / n};
+}
+
+}  // namespace
+
+TrainSummary evaluate(const TrainConfig& c) {
+  RunSetup r = setup_run(c);
+  if (!c.init_from.empty()) import_weights(*r.engine, c.init_from);
+  std::vector<float> images(static_cast<size_t>(c.batch_size * r.hwc[0] * r.hwc[1] * r.hwc[2]));
+  std::vector<int32_t> labels(static_cast<size_t>(c.batch_size));
+  const EvalResult e = run_eval(*r.engine, *r.test_loader, false, images, labels);
+  TrainSummary s;
+  s.final_loss = e.loss;
+  s.final_top1 = s.best_top1 = e.top1;
+  s.final_top5 = e.top5;
+  return s;
+}
+
+TrainSummary train(const TrainConfig& c) {
+  namespace fs = std::filesystem;
+  RunSetup r = setup_run(c);
+  Engine& engine = *r.engine;
+  Loader& train_loader = *r.train_loader;
+  Loader& test_loader = *r.test_loader;
+  const auto hwc = r.hwc;
+  const auto& train_set = r.train_set;
+  TrainState state;
+  state.seed = c.seed;
+  state.config = config_json(c);
+  if (!c.init_from.empty()) import_weights(engine, c.init_from);
+  if (!c.resume.empty()) {
+    state = load_checkpoint(engine, c.resume);
+    state.config = config_json(c);
+    log_info("resumed from ", c.resume, " after epoch ", state.epoch, " (step ", state.step, ")");
+  }
+
+  fs::create_directories(c.output);
+  TrainSummary sum;
+  sum.metrics_csv = (fs::path(c.output) / "metrics.csv").string();
+  sum.metrics_jsonl = (fs::path(c.output) / "metrics.jsonl").string();
+  sum.checkpoint = (fs::path(c.output) / "last.safetensors").string();
+  MetricsWriter metrics(sum.metrics_csv, sum.metrics_jsonl,
+                        c.resume.empty() ? MetricsWriter::Mode::Truncate : MetricsWriter::Mode::Append);
+
+  const int64_t full = train_loader.batches_per_epoch();
+  const int64_t steps_per_epoch = c.max_steps_per_epoch > 0 ? std::min(full, c.max_steps_per_epoch) : full;
+  KILN_CHECK(steps_per_epoch > 0, Data, "the training set has ", train_set->size(), " samples, fewer than one batch of ",
+             c.batch_size, "; use a smaller --batch-size");
+  const int64_t total_steps = steps_per_epoch * c.epochs;
+  const int64_t n = c.batch_size;
+  std::vector<float> images(static_cast<size_t>(n * hwc[0] * hwc[1] * hwc[2]));
+  std::vector<int32_t> labels(static_cast<size_t>(n));
+  Progress progress(c.progress);
+  int64_t stale = 0;
+
+  for (int64_t epoch = state.epoch; epoch < c.epochs; ++epoch) {
+    train_loader.start_epoch(epoch);
+    const auto t0 = Clock::now();
+    double loss_sum = 0;
+    int64_t seen = 0, hits = 0, overflows = 0, loss_count = 0;
+    for (int64_t i = 0; i < steps_per_epoch; ++i) {
+      const int64_t got = train_loader.next(images.data(), labels.data());
+      if (got < n) break;
+      const float lr = lr_at(c.lr, state.step, total_steps, steps_per_epoch);
+      const StepStats s = engine.train_step(images.data(), labels.data(), lr);
+      ++state.step;
+      seen += n;
+      hits += s.top1;
+      overflows += s.overflow ? 1 : 0;
+      if (std::isfinite(s.loss)) {
+        loss_sum += s.loss;
+        ++loss_count;
+      }
+      progress.update(epoch + 1, c.epochs, i + 1, steps_per_epoch, loss_count ? loss_sum / loss_count : 0,
+                      static_cast<double>(seen) / std::max(seconds_since(t0), 1e-9), lr, seconds_since(t0));
+    }
+    engine.backend().synchronize();
+    const double secs = seconds_since(t0);
+    progress.finish();
+    sum.epoch_seconds.push_back(secs);
+    sum.train_seconds += secs;
+    sum.steps = state.step;
+    MetricsRow row{{"epoch", epoch + 1},
+                   {"step", state.step},
+                   {"lr", static_cast<double>(lr_at(c.lr, std::max<int64_t>(state.step - 1, 0), total_steps, steps_per_epoch))},
+                   {"train_loss", loss_count ? loss_sum / loss_count : NAN},
+                   {"train_top1", seen ? 100.0 * static_cast<double>(hits) / static_cast<double>(seen) : 0.0},
+                   {"epoch_seconds", secs},
+                   {"images_per_second", static_cast<double>(seen) / secs},
+                   {"overflow_steps", overflows}};
+    const bool last = epoch + 1 == c.epochs;
+    if ((epoch + 1) % c.eval_every == 0 || last) {
+      for (int pass = 0; pass < (c.ema ? 2 : 1); ++pass) {
+        const EvalResult e = run_eval(engine, test_loader, pass == 1, images, labels);
+        if (pass == 0) {
+          row.push_back({"test_loss", e.loss});
+          row.push_back({"test_top1", e.top1});
+          row.push_back({"test_top5", e.top5});
+          sum.final_top1 = e.top1;
+          sum.final_top5 = e.top5;
+          sum.final_loss = e.loss;
+          if (e.top1 > state.best_top1) {
+            state.best_top1 = e.top1;
+            stale = 0;
+          } else {
+            stale += c.eval_every;
+          }
+        } else {
+          row.push_back({"ema_test_top1", e.top1});
+          row.push_back({"ema_test_top5", e.top5});
+          sum.ema_top1 = e.top1;
+        }
+      }
+      progress.line(epoch + 1, c.epochs, secs, row);
+    }
+    metrics.write(row);
+    state.epoch = epoch + 1;
+    save_checkpoint(engine, sum.checkpoint, state);
+    ++sum.epochs_run;
+    if (c.early_stop > 0 && stale >= c.early_stop) {
+      log_info("early stop: no better test top-1 for ", stale, " epochs");
+      break;
+    }
+  }
+  sum.best_top1 = state.best_top1;
+  double imgs = 0;
+  for (size_t i = 0; i < sum.epoch_seconds.size(); ++i) imgs += static_cast<double>(steps_per_epoch * n);
+  sum.images_per_second = sum.train_seconds > 0 ? imgs / sum.train_seconds : 0;
+  std::ostringstream js;
+  js << "{\"final_top1\":" << json_number(sum.final_top1) << ",\"final_top5\":" << json_number(sum.final_top5)
+     << ",\"best_top1\":" << json_number(sum.best_top1) << ",\"epochs\":" << sum.epochs_run
+     << ",\"steps\":" << sum.steps << ",\"train_seconds\":" << json_number(sum.train_seconds)
+     << ",\"images_per_second\":" << json_number(sum.images_per_second) << ",\"checkpoint\":" << json_string(sum.checkpoint)
+     << ",\"config\":" << config_json(c) << "}\n";
+  write_text_atomic((fs::path(c.output) / "summary.json").string(), js.str());
+  return sum;
+}
+
+}  // namespace kiln

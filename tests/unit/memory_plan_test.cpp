@@ -1,0 +1,230 @@
+// MemoryPlan and Program invariants (SPEC S4, S5): alignment, contiguity, the 2:1 slot rule,
+// AMP gating, and liveness reuse that never lets two live tensors share bytes.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <map>
+
+#include "kiln/blueprint/zoo.h"
+#include "kiln/core/error.h"
+#include "kiln/graph/compiler.h"
+#include "kiln/graph/memory_plan.h"
+#include "kiln/plan/arch_plan.h"
+
+namespace kiln {
+namespace {
+
+Program compiled(const std::string& model, bool amp, bool reuse = true, int64_t batch = 4, bool ema = false,
+                 const std::string& opt = "sgd") {
+  CompileOptions o;
+  o.batch = batch;
+  o.amp = amp;
+  o.memory_reuse = reuse;
+  o.ema = ema;
+  o.optimizer = opt;
+  PlanOptions po;
+  po.amp = amp;
+  Program p = compile_program(make_plan(make_model(model), po), o);
+  plan_memory(p);
+  validate_program(p);
+  return p;
+}
+
+TEST(MemoryPlan, EveryTensorIsAlignedAndInsideItsRegion) {
+  for (bool amp : {false, true}) {
+    const Program p = compiled("resnet18_small", amp);
+    for (const DTensor& t : p.tensors) {
+      EXPECT_EQ(t.offset % kAlignment, 0) << t.name;
+      EXPECT_LE(t.offset + t.bytes(), p.memory.region_bytes[static_cast<int>(t.region)]) << t.name;
+    }
+  }
+}
+
+TEST(MemoryPlan, ParametersAreContiguousByKindWithTwoToOneSlots) {
+  const Program p = compiled("resnet50", true, true, 2, true, "adamw");
+  int64_t cursor = 0;
+  ParamKind last = ParamKind::ConvWeight;
+  for (const ParamDesc& d : p.params) {
+    EXPECT_EQ(d.slot, cursor) << d.name;
+    EXPECT_EQ(d.slot_elems % 128, 0) << d.name;
+    EXPECT_GE(d.slot_elems, d.shape.numel());
+    EXPECT_GE(static_cast<int>(d.kind), static_cast<int>(last)) << "kinds out of order at " << d.name;
+    last = d.kind;
+    cursor += d.slot_elems;
+    // The same slot in every region; FP32 slot bytes exactly twice the FP16 slot's.
+    const DTensor& f32 = p.tensor(d.tensor[static_cast<int>(Region::params_f32)]);
+    const DTensor& f16 = p.tensor(d.tensor[static_cast<int>(Region::params_f16)]);
+    EXPECT_EQ(f32.offset, 2 * f16.offset) << d.name;
+    for (Region r : {Region::grads_f32, Region::moment1, Region::moment2, Region::ema_f32}) {
+      EXPECT_EQ(p.tensor(d.tensor[static_cast<int>(r)]).offset, f32.offset) << d.name << " in " << region_name(r);
+    }
+    EXPECT_EQ(p.tensor(d.tensor[static_cast<int>(Region::grads_f16)]).offset, f16.offset);
+    EXPECT_EQ(p.tensor(d.tensor[static_cast<int>(Region::ema_f16)]).offset, f16.offset);
+    EXPECT_EQ(d.decay, d.kind == ParamKind::ConvWeight || d.kind == ParamKind::FcWeight) << d.name;
+  }
+  EXPECT_EQ(cursor, p.param_elems);
+  EXPECT_EQ(p.memory.region_bytes[static_cast<int>(Region::params_f32)],
+            2 * p.memory.region_bytes[static_cast<int>(Region::params_f16)]);
+}
+
+TEST(MemoryPlan, AmpRegionsExistOnlyWithAmp) {
+  const Program fp32 = compiled("resnet18_small", false, true, 4, true);
+  for (Region r : {Region::params_f16, Region::grads_f16, Region::ema_f16}) {
+    EXPECT_EQ(fp32.memory.region_bytes[static_cast<int>(r)], 0) << region_name(r);
+  }
+  const Program amp = compiled("resnet18_small", true, true, 4, true);
+  for (Region r : {Region::params_f16, Region::grads_f16, Region::ema_f16}) {
+    EXPECT_GT(amp.memory.region_bytes[static_cast<int>(r)], 0) << region_name(r);
+  }
+  for (const DTensor& t : amp.tensors) {
+    if (t.region == Region::features) EXPECT_EQ(t.dtype, DType::F16) << t.name;
+  }
+}
+
+TEST(MemoryPlan, AnFp16FeatureWithAmpOffIsAnError) {
+  Program p = compiled("cnn", false);
+  Program bad = p;
+  // Turn the step's input (and its views) FP16.
+  for (DTensor& t : bad.tensors) {
+    if (t.id == bad.io.input || t.view_of == bad.io.input) t.dtype = DType::F16;
+  }
+  EXPECT_THROW(validate_program(bad), Error);
+  try {
+    validate_program(bad);
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::Memory);
+    EXPECT_NE(std::string(e.what()).find("AMP"), std::string::npos) << e.what();
+  }
+  // And the reverse: an FP32 feature under AMP.
+  Program amp = compiled("cnn", true);
+  for (DTensor& t : amp.tensors) {
+    if (t.id == amp.io.input || t.view_of == amp.io.input) t.dtype = DType::F32;
+  }
+  EXPECT_THROW(validate_program(amp), Error);
+}
+
+TEST(MemoryPlan, MisalignedTensorIsAnError) {
+  Program p = compiled("cnn", false);
+  for (DTensor& t : p.tensors) {
+    if (t.region == Region::bn_running) {
+      t.offset += 4;
+      break;
+    }
+  }
+  EXPECT_THROW(validate_program(p), Error);
+}
+
+// Reference liveness, computed here independently of the planner.
+std::map<TensorId, std::pair<int64_t, int64_t>> lifetimes(const Program& p) {
+  std::map<TensorId, std::pair<int64_t, int64_t>> live;
+  int64_t t = 0;
+  for (const auto* list : {&p.train, &p.eval, &p.eval_ema, &p.init}) {
+    for (const Phase& ph : *list) {
+      for (const Node& n : ph.nodes) {
+        for (const auto* ids : {&n.in, &n.out}) {
+          for (TensorId id : *ids) {
+            if (id == kNoTensor) continue;
+            TensorId root = id;
+            while (p.tensor(root).view_of != kNoTensor) root = p.tensor(root).view_of;
+            auto it = live.find(root);
+            if (it == live.end()) live[root] = {t, t};
+            else it->second = {std::min(it->second.first, t), std::max(it->second.second, t)};
+          }
+        }
+        ++t;
+      }
+    }
+  }
+  return live;
+}
+
+TEST(MemoryPlan, ReuseNeverAliasesTwoLiveTensors) {
+  for (const std::string model : {"resnet18_small", "vgg11_bn_small", "lenet"}) {
+    const Program p = compiled(model, false);
+    const auto live = lifetimes(p);
+    std::vector<TensorId> feats;
+    for (const auto& [id, iv] : live) {
+      const Region r = p.tensor(id).region;
+      if (r == Region::features || r == Region::aux) feats.push_back(id);
+    }
+    int shared = 0;
+    for (size_t i = 0; i < feats.size(); ++i) {
+      for (size_t j = i + 1; j < feats.size(); ++j) {
+        const DTensor& a = p.tensor(feats[i]);
+        const DTensor& b = p.tensor(feats[j]);
+        if (a.region != b.region) continue;
+        const bool bytes_overlap = a.offset < b.offset + b.bytes() && b.offset < a.offset + a.bytes();
+        if (!bytes_overlap) continue;
+        ++shared;
+        const auto& ia = live.at(feats[i]);
+        const auto& ib = live.at(feats[j]);
+        EXPECT_TRUE(ia.second < ib.first || ib.second < ia.first)
+            << model << ": " << a.name << " and " << b.name << " share bytes while both live";
+      }
+    }
+    EXPECT_GT(shared, 0) << model << ": reuse should share some bytes";
+  }
+}
+
+TEST(MemoryPlan, ReuseShrinksActivationsAndCanBeSwitchedOff) {
+  const Program on = compiled("resnet50", true, true, 32);
+  const Program off = compiled("resnet50", true, false, 32);
+  const auto feat = [](const Program& p) { return p.memory.region_bytes[static_cast<int>(Region::features)]; };
+  EXPECT_LT(feat(on), feat(off) / 2) << "liveness reuse should more than halve ResNet-50's activations";
+  EXPECT_EQ(feat(off), off.memory.features_without_reuse);
+  EXPECT_EQ(on.memory.features_without_reuse, off.memory.features_without_reuse);
+  EXPECT_NE(describe_memory(on).find("with reuse"), std::string::npos);
+}
+
+TEST(MemoryPlan, LockingTwiceIsALifecycleError) {
+  Program p = compiled("cnn", false);
+  try {
+    plan_memory(p);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::State);
+  }
+}
+
+TEST(Program, PhasesComeInScheduleOrder) {
+  const Program p = compiled("resnet18_small", true, true, 4, true);
+  std::vector<PhaseKind> kinds;
+  for (const Phase& ph : p.train) kinds.push_back(ph.kind);
+  const std::vector<PhaseKind> expected{PhaseKind::transfer,   PhaseKind::transfer,    PhaseKind::forward_first,
+                                        PhaseKind::forward_backward, PhaseKind::backward_first, PhaseKind::grad_cast,
+                                        PhaseKind::check_scale, PhaseKind::optimizer, PhaseKind::ema,
+                                        PhaseKind::weight_cast};
+  EXPECT_EQ(kinds, expected);
+  // The first layer's backward has no data gradient.
+  for (const Node& n : p.train[4].nodes) EXPECT_NE(n.op, OpKind::conv_bwd_data) << n.label;
+  // FP32 has no casts, no loss-scale phase.
+  const Program fp32 = compiled("resnet18_small", false);
+  for (const Phase& ph : fp32.train) {
+    EXPECT_NE(ph.kind, PhaseKind::grad_cast);
+    EXPECT_NE(ph.kind, PhaseKind::check_scale);
+    EXPECT_NE(ph.kind, PhaseKind::weight_cast);
+  }
+  EXPECT_FALSE(p.eval.empty());
+  EXPECT_FALSE(p.eval_ema.empty());
+  EXPECT_NE(describe_program(p, true).find("phase optimizer"), std::string::npos);
+}
+
+TEST(Program, OptimizerSkipsDecayForBatchNormAndBiases) {
+  CompileOptions o;
+  o.batch = 2;
+  o.weight_decay = 1e-4f;
+  Program p = compile_program(make_plan(make_model("vgg11_bn_small")), o);
+  int decayed = 0, plain = 0;
+  for (const Phase& ph : p.train) {
+    if (ph.kind != PhaseKind::optimizer) continue;
+    for (const Node& n : ph.nodes) {
+      ASSERT_EQ(n.op, OpKind::sgd);
+      (n.attrs.weight_decay > 0 ? decayed : plain)++;
+    }
+  }
+  EXPECT_EQ(decayed, 1);
+  EXPECT_EQ(plain, 1);
+}
+
+}  // namespace
+}  // namespace kiln

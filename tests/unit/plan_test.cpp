@@ -1,0 +1,126 @@
+// ArchPlan: shape inference, its errors, and each pass.
+#include <gtest/gtest.h>
+
+#include "kiln/blueprint/zoo.h"
+#include "kiln/core/error.h"
+#include "kiln/plan/arch_plan.h"
+
+namespace kiln {
+namespace {
+
+BluePrint tiny(Layer root, InputSpec in = {8, 8, 3}, int classes = 4) { return BluePrint{"tiny", in, classes, root}; }
+
+template <typename F>
+std::string error_of(F f, ErrorKind kind) {
+  try {
+    f();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), kind) << e.what();
+    return e.what();
+  }
+  ADD_FAILURE() << "no error";
+  return "";
+}
+
+TEST(Plan, ShapesFollowTheLayers) {
+  const ArchPlan p = make_plan(tiny(seq(conv(16, 3, 2, 1), bn2d(), relu(), maxpool(2, 2), gap(), fc(4))));
+  std::vector<Shape> shapes;
+  for (const PlanNode* n : p.live()) shapes.push_back(n->shape);
+  ASSERT_EQ(shapes.size(), 8u);  // input, conv, bn, relu, pool, gap, fc, loss
+  EXPECT_EQ(shapes[1], (Shape{4, 4, 16}));
+  EXPECT_EQ(shapes[4], (Shape{2, 2, 16}));
+  EXPECT_EQ(shapes[5], (Shape{16}));
+  EXPECT_EQ(shapes[6], (Shape{4}));
+}
+
+TEST(Plan, KernelLargerThanInputNamesTheLayer) {
+  const std::string msg = error_of([] { make_plan(tiny(seq(conv(8, 3).named("stem"), gap(), fc(4)), {2, 2, 3})); },
+                                   ErrorKind::Shape);
+  EXPECT_NE(msg.find("'stem'"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("larger than the padded input"), std::string::npos) << msg;
+}
+
+TEST(Plan, ZeroChannelsIsAnError) {
+  error_of([] { make_plan(tiny(seq(conv(0, 3, 1, 1), gap(), fc(4)))); }, ErrorKind::Shape);
+  error_of([] { make_plan(tiny(seq(conv(8, 3, 1, 1), gap(), fc(4)), {8, 8, 0})); }, ErrorKind::Shape);
+}
+
+TEST(Plan, FcNeedsAFlatInput) {
+  const std::string msg = error_of([] { make_plan(tiny(seq(conv(8, 3, 1, 1), fc(4).named("head")))); }, ErrorKind::Shape);
+  EXPECT_NE(msg.find("flatten"), std::string::npos);
+}
+
+TEST(Plan, TheModelMustEndInOneLogitPerClass) {
+  const std::string msg = error_of([] { make_plan(tiny(seq(gap(), fc(5)))); }, ErrorKind::Shape);
+  EXPECT_NE(msg.find("fc(4)"), std::string::npos) << msg;
+}
+
+TEST(Plan, ResidualShapesMustAgree) {
+  const std::string msg =
+      error_of([] { make_plan(tiny(seq(residual(seq(conv(8, 3, 2, 1)), identity()), gap(), fc(4)))); }, ErrorKind::Shape);
+  EXPECT_NE(msg.find("downsample"), std::string::npos);
+}
+
+TEST(Plan, DropIdentitiesRemovesNoOps) {
+  const ArchPlan p = make_plan(tiny(seq(conv(8, 3, 1, 1), identity(), dropout(0.0f), gap(), flatten(), fc(4))));
+  for (const PlanNode* n : p.live()) {
+    EXPECT_NE(n->op, PlanOp::Identity);
+    EXPECT_NE(n->op, PlanOp::Dropout);
+    EXPECT_NE(n->op, PlanOp::Flatten);  // flatten of an already flat [C] is a no-op
+  }
+  // The fc now reads the gap directly.
+  const auto live = p.live();
+  EXPECT_EQ(live[live.size() - 2]->op, PlanOp::FC);
+  EXPECT_EQ(p.nodes[static_cast<size_t>(live[live.size() - 2]->inputs[0])].op, PlanOp::GlobalAvgPool);
+}
+
+TEST(Plan, AdaptivePoolIsIdentityAtSevenBySeven) {
+  const ArchPlan p = make_plan(make_model("vgg16_bn"));
+  for (const PlanNode* n : p.live()) EXPECT_NE(n->name, "avgpool");
+}
+
+TEST(Plan, FirstLayerComputesNoInputGradient) {
+  const ArchPlan p = make_plan(make_model("resnet18"));
+  int firsts = 0;
+  for (const PlanNode* n : p.live()) {
+    if (n->first_layer) {
+      ++firsts;
+      EXPECT_EQ(n->name, "conv1");
+    }
+  }
+  EXPECT_EQ(firsts, 1);
+  EXPECT_FALSE(p.nodes[0].requires_grad);  // the input
+}
+
+TEST(Plan, MergePassesRunOnlyWhenTheBackendFuses) {
+  PlanOptions off;
+  off.amp = true;
+  const ArchPlan a = make_plan(make_model("resnet50"), off);
+  for (const PlanNode* n : a.live()) EXPECT_NE(n->op, PlanOp::CBR);
+  PlanOptions on = off;
+  on.backend_fuses_cbr = on.backend_fuses_bn_add_relu = true;
+  const ArchPlan b = make_plan(make_model("resnet50"), on);
+  int cbr = 0, bar = 0;
+  for (const PlanNode* n : b.live()) {
+    cbr += n->op == PlanOp::CBR;
+    bar += n->op == PlanOp::BnAddReLU;
+    EXPECT_FALSE(n->op == PlanOp::CBR && n->name == "conv1") << "the 7x7 stem with 3 channels falls back";
+  }
+  // ResNet-50: 16 blocks x 2 inner Conv+BN+ReLU; every block's tail is BN+add+ReLU.
+  EXPECT_EQ(cbr, 32);
+  EXPECT_EQ(bar, 16);
+  EXPECT_EQ(count_parameters(a), count_parameters(b));
+  PlanOptions nofuse = on;
+  nofuse.fusion = false;
+  for (const PlanNode* n : make_plan(make_model("resnet50"), nofuse).live()) EXPECT_NE(n->op, PlanOp::CBR);
+}
+
+TEST(Plan, DescribeListsLayersAndPasses) {
+  const std::string s = describe_plan(make_plan(make_model("resnet50")));
+  EXPECT_NE(s.find("layer4.2.conv3"), std::string::npos);
+  EXPECT_NE(s.find("25557032 parameters"), std::string::npos);
+  EXPECT_NE(s.find("pass: mark_first_layer"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace kiln

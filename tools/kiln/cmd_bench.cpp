@@ -1,0 +1,95 @@
+// kiln bench: training steps per second on synthetic data (SPEC Q3). Warm-up steps are not
+// timed; the figure is the median over repeats of `steps` timed steps; the last line is JSON
+// for scripts (bench/compare.sh reads it).
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <vector>
+
+#include "cli.h"
+#include "flags.h"
+#include "kiln/blueprint/zoo.h"
+#include "kiln/core/error.h"
+#include "kiln/core/rng.h"
+#include "kiln/task/engine.h"
+
+namespace kiln::cli {
+
+int cmd_bench(int argc, char** argv) {
+  Flags f("bench", "--model NAME [--batch N] [--amp] [flags]",
+          {{"model", "model from the zoo", "resnet50", false},
+           {"batch", "batch size", "256", false},
+           {"batch-size", "same as --batch", "", false},
+           {"amp", "FP16 mixed precision", "off", true},
+           {"device", "auto, cpu or cuda", "auto", false},
+           {"steps", "timed steps per repeat", "50", false},
+           {"warmup", "untimed steps first", "10", false},
+           {"repeats", "repeats (the median is reported)", "3", false},
+           {"fusion", "fused ops where the device has them", "on", true},
+           {"num-classes", "classes (0 = the form's default)", "0", false},
+           {"image-size", "input size (0 = the form's default)", "0", false},
+           {"opt", "optimizer", "sgd", false}});
+  if (!f.parse(argc, argv, 2)) return 0;
+  std::string model = f.str("model", "resnet50");
+  if (!f.has("model") && !f.positional().empty()) model = f.positional()[0];
+  ZooOptions zo;
+  zo.num_classes = static_cast<int>(f.i64("num-classes", 0));
+  zo.image_size = static_cast<int>(f.i64("image-size", 0));
+  const BluePrint bp = make_model(model, zo);
+  EngineOptions eo;
+  eo.device = f.str("device", "auto");
+  eo.fusion = f.on("fusion", true);
+  eo.compile.batch = f.i64("batch", f.i64("batch-size", 256));
+  eo.compile.amp = f.on("amp", false);
+  eo.compile.optimizer = f.str("opt", "sgd");
+  eo.compile.weight_decay = 5e-5f;
+  const int64_t steps = f.i64("steps", 50), warmup = f.i64("warmup", 10), repeats = f.i64("repeats", 3);
+  KILN_CHECK(steps > 0 && warmup >= 0 && repeats > 0, InvalidArgument, "--steps and --repeats must be > 0");
+
+  const auto t_compile = std::chrono::steady_clock::now();
+  Engine engine(bp, eo);
+  engine.lock_memory();
+  engine.compile(1);
+  const double compile_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_compile).count();
+
+  // One learnable synthetic batch (random images, random labels), staged every step as a
+  // real loader would.
+  const int64_t n = eo.compile.batch;
+  const int64_t per = int64_t{bp.input.height} * bp.input.width * bp.input.channels;
+  std::vector<float> images(static_cast<size_t>(n * per));
+  std::vector<int32_t> labels(static_cast<size_t>(n));
+  Rng rng(7);
+  for (float& x : images) x = static_cast<float>(rng.normal());
+  for (int32_t& l : labels) l = static_cast<int32_t>(rng.below(static_cast<uint64_t>(bp.num_classes)));
+
+  StepStats first{}, last{};
+  for (int64_t i = 0; i < warmup; ++i) {
+    const StepStats s = engine.train_step(images.data(), labels.data(), 0.01f, i == 0);
+    if (i == 0) first = s;
+  }
+  std::vector<double> rates;
+  for (int64_t r = 0; r < repeats; ++r) {
+    engine.backend().synchronize();
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int64_t i = 0; i < steps; ++i) engine.train_step(images.data(), labels.data(), 0.01f, false);
+    engine.backend().synchronize();
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    rates.push_back(static_cast<double>(steps * n) / secs);
+    std::printf("repeat %lld: %.1f images/s (%.2f ms/step)\n", static_cast<long long>(r + 1), rates.back(),
+                1e3 * secs / static_cast<double>(steps));
+  }
+  last = engine.train_step(images.data(), labels.data(), 0.01f, true);
+  std::sort(rates.begin(), rates.end());
+  const double median = rates[rates.size() / 2];
+  std::printf("%s batch %lld %s on %s: %.1f images/s (median of %lld), compile %.1fs, loss %.4f -> %.4f\n",
+              model.c_str(), static_cast<long long>(n), eo.compile.amp ? "AMP" : "FP32",
+              engine.backend().caps().device.c_str(), median, static_cast<long long>(repeats), compile_s,
+              static_cast<double>(first.loss), static_cast<double>(last.loss));
+  std::printf("{\"bench\":\"kiln\",\"model\":\"%s\",\"batch\":%lld,\"amp\":%s,\"images_per_second\":%.1f,"
+              "\"compile_seconds\":%.2f,\"first_loss\":%.5f,\"last_loss\":%.5f}\n",
+              model.c_str(), static_cast<long long>(n), eo.compile.amp ? "true" : "false", median, compile_s,
+              static_cast<double>(first.loss), static_cast<double>(last.loss));
+  return 0;
+}
+
+}  // namespace kiln::cli

@@ -1,0 +1,99 @@
+// kiln plan / program / memory: print what the compiler decided, without running anything.
+#include <cstdio>
+
+#include "cli.h"
+#include "flags.h"
+#include "kiln/backend/backend.h"
+#include "kiln/blueprint/zoo.h"
+#include "kiln/core/env.h"
+#include "kiln/core/error.h"
+#include "kiln/graph/compiler.h"
+#include "kiln/graph/memory_plan.h"
+#include "kiln/plan/arch_plan.h"
+
+namespace kiln::cli {
+
+namespace {
+
+std::vector<FlagSpec> common_flags() {
+  return {{"model", "model name (or the first positional argument)", "", false},
+          {"batch", "batch size", "256", false},
+          {"batch-size", "same as --batch", "", false},
+          {"amp", "FP16 mixed precision", "off", true},
+          {"fusion", "fused CBR / BN+add+ReLU where the device has them (KILN_FUSION=0 turns off)", "on", true},
+          {"memory-reuse", "activation memory reuse by liveness (KILN_MEMORY_REUSE=0 turns off)", "on", true},
+          {"device", "whose capabilities steer the passes: auto, cpu, cuda", "auto", false},
+          {"num-classes", "classes (0 = the form's default)", "0", false},
+          {"image-size", "input height and width (0 = the form's default)", "0", false},
+          {"optimizer", "sgd, adamw or lars", "sgd", false},
+          {"ema", "keep an EMA of the weights", "off", true},
+          {"tensors", "program: show every tensor's region, offset and shape", "off", true}};
+}
+
+struct Inspect {
+  ArchPlan plan;
+  Program program;
+};
+
+Inspect build(const Flags& f) {
+  std::string model = f.str("model");
+  if (model.empty() && !f.positional().empty()) model = f.positional()[0];
+  KILN_CHECK(!model.empty(), InvalidArgument, "name a model, e.g. kiln plan resnet50");
+  ZooOptions zo;
+  zo.num_classes = static_cast<int>(f.i64("num-classes", 0));
+  zo.image_size = static_cast<int>(f.i64("image-size", 0));
+  const BluePrint bp = make_model(model, zo);
+  PlanOptions po;
+  po.amp = f.on("amp", false);
+  po.fusion = f.on("fusion", true) && env_flag("KILN_FUSION", true);
+  const std::string device = f.str("device", "auto");
+  KILN_CHECK(device == "auto" || device == "cpu" || device == "cuda", InvalidArgument,
+             "--device must be auto, cpu or cuda, got '", device, "'");
+  if (device == "cuda" || (device == "auto" && cuda_available())) {
+    if (cuda_available()) {
+      const BackendCaps caps = make_backend("cuda")->caps();
+      po.backend_fuses_cbr = caps.fused_cbr;
+      po.backend_fuses_bn_add_relu = caps.fused_bn_add_relu;
+    }
+  }
+  Inspect r{make_plan(bp, po), {}};
+  CompileOptions co;
+  co.batch = f.i64("batch", f.i64("batch-size", 256));
+  co.amp = po.amp;
+  co.memory_reuse = f.on("memory-reuse", true) && env_flag("KILN_MEMORY_REUSE", true);
+  co.optimizer = f.str("optimizer", "sgd");
+  co.ema = f.on("ema", false);
+  r.program = compile_program(r.plan, co);
+  r.program.model = model;
+  plan_memory(r.program);
+  validate_program(r.program);
+  return r;
+}
+
+}  // namespace
+
+int cmd_plan(int argc, char** argv) {
+  Flags f("plan", "MODEL [flags]", common_flags());
+  if (!f.parse(argc, argv, 2)) return 0;
+  const Inspect r = build(f);
+  std::printf("%s", describe_plan(r.plan).c_str());
+  return 0;
+}
+
+int cmd_program(int argc, char** argv) {
+  Flags f("program", "MODEL [flags]", common_flags());
+  if (!f.parse(argc, argv, 2)) return 0;
+  const Inspect r = build(f);
+  std::printf("%s", describe_program(r.program, f.on("tensors", false)).c_str());
+  return 0;
+}
+
+int cmd_memory(int argc, char** argv) {
+  Flags f("memory", "MODEL [--batch N] [--amp] [flags]", common_flags());
+  if (!f.parse(argc, argv, 2)) return 0;
+  const Inspect r = build(f);
+  std::printf("%s", describe_memory(r.program).c_str());
+  return 0;
+}
+
+}  // namespace kiln::cli
