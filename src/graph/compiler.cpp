@@ -354,7 +354,7 @@ class Compiler {
         const TensorId y = feature(name + ":y" + tag, n.shape);
         std::vector<TensorId> outs{y};
         if (train) {
-          const TensorId idx = aux(name + ":argmax", p_.tensor(y).numel(), DType::I32);
+          const TensorId idx = tensor(name + ":argmax", Region::aux, p_.tensor(y).shape, DType::I32, Layout::NHWC);
           outs.push_back(idx);
           f.saved[n.id] = {idx};
         }
@@ -392,7 +392,7 @@ class Compiler {
           break;
         }
         const TensorId y = feature(name + ":y" + tag, n.shape);
-        const TensorId mask = aux(name + ":mask", p_.tensor(y).numel(), DType::U8);
+        const TensorId mask = tensor(name + ":mask", Region::aux, p_.tensor(y).shape, DType::U8, p_.tensor(y).layout);
         Attrs a;
         a.p = n.p;
         a.seed = p_.options.dropout_seed ^ (0x9e3779b97f4a7c15ull * static_cast<uint64_t>(n.id + 1));

@@ -49,30 +49,31 @@ DatasetSpec dataset_spec(const TrainConfig& c, bool train, int64_t h, int64_t w,
   s.kind = c.data;
   s.root = c.data_dir;
   s.split = train ? "train" : "test";
-  s.synthetic_size = c.synthetic_size > 0 ? c.synthetic_size : 50 * c.batch_size;
-  s.synthetic_height = static_cast<int>(h);
-  s.synthetic_width = static_cast<int>(w);
-  s.synthetic_channels = static_cast<int>(ch);
-  s.synthetic_classes = static_cast<int>(classes);
+  s.samples = c.synthetic_size > 0 ? c.synthetic_size : 50 * c.batch_size;
+  if (!train) s.samples = std::max<int64_t>(s.samples / 5, 1);
+  s.height = h;
+  s.width = w;
+  s.channels = ch;
+  s.classes = classes;
   s.seed = c.seed + (train ? 0 : 1);
   return s;
 }
 
 Pipeline make_pipeline(const TrainConfig& c, bool train, int64_t size, int64_t channels) {
   Pipeline p;
-  p.add(std::make_unique<ToFloat>());
+  p.add<ToFloat>();
   if (c.data == "folder") {
     if (train && c.random_resized_crop) {
-      p.add(std::make_unique<RandomResizedCrop>(static_cast<int>(size)));
+      p.add<RandomResizedCrop>(size);
     } else {
-      p.add(std::make_unique<Resize>(static_cast<int>(size * 8 / 7)));
-      p.add(std::make_unique<CenterCrop>(static_cast<int>(size)));
+      p.add<Resize>(size * 8 / 7);  // 256 for 224, as torchvision's evaluation
+      p.add<CenterCrop>(size);
     }
   }
-  if (train && c.crop_padding > 0) p.add(std::make_unique<RandomCrop>(static_cast<int>(size), c.crop_padding));
-  if (train && c.hflip) p.add(std::make_unique<RandomHorizontalFlip>(0.5f));
-  const auto [mean, std] = normalization_for(c.data, static_cast<int>(channels));
-  p.add(std::make_unique<Normalize>(mean, std));
+  if (train && c.crop_padding > 0) p.add<RandomCrop>(size, static_cast<int64_t>(c.crop_padding));
+  if (train && c.hflip) p.add<RandomHorizontalFlip>(0.5f);
+  const Normalization norm = normalization_for(c.data, channels);
+  p.add<Normalize>(norm.mean, norm.std);
   return p;
 }
 

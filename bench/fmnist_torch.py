@@ -1,0 +1,101 @@
+#!/usr/bin/env python3
+"""PyTorch's side of the Fashion-MNIST comparison (issue 3's anchor): the same CNN as kiln's
+`cnn` (four 3x3 Conv+BN+ReLU with 32, 32, 64, 64 channels, two 2x2 max-pools, one fc), batch
+128, SGD with Nesterov momentum 0.9, weight decay 5e-4 on conv/fc weights, a one-cycle
+schedule peaking at 0.1, random horizontal flips, Normalize(0.2860, 0.3530).
+
+Prints one line per epoch and a JSON line last. Runs on the CPU (Debian's python3-torch, with
+--threads) or on a GPU (--device cuda).
+"""
+import argparse
+import gzip
+import json
+import struct
+import time
+from collections import OrderedDict
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+p = argparse.ArgumentParser()
+p.add_argument("--data-dir", default="/usr/share/datasets/fashion-mnist")
+p.add_argument("--epochs", type=int, default=5)
+p.add_argument("--batch-size", type=int, default=128)
+p.add_argument("--lr", type=float, default=0.1)
+p.add_argument("--threads", type=int, default=2)
+p.add_argument("--device", default="cpu")
+p.add_argument("--max-steps", type=int, default=0, help="steps per epoch (0 = all)")
+p.add_argument("--seed", type=int, default=0)
+args = p.parse_args()
+torch.set_num_threads(args.threads)
+torch.manual_seed(args.seed)
+dev = torch.device(args.device)
+
+
+def idx(path):
+    with gzip.open(path, "rb") as f:
+        data = f.read()
+    magic, n = struct.unpack(">II", data[:8])
+    if magic == 2051:
+        rows, cols = struct.unpack(">II", data[8:16])
+        return np.frombuffer(data, np.uint8, offset=16).reshape(n, 1, rows, cols)
+    return np.frombuffer(data, np.uint8, offset=8).astype(np.int64)
+
+
+d = args.data_dir
+xtr = torch.tensor(idx(f"{d}/train-images-idx3-ubyte.gz"), dtype=torch.float32).div_(255).sub_(0.2860).div_(0.3530)
+ytr = torch.tensor(idx(f"{d}/train-labels-idx1-ubyte.gz"))
+xte = torch.tensor(idx(f"{d}/t10k-images-idx3-ubyte.gz"), dtype=torch.float32).div_(255).sub_(0.2860).div_(0.3530)
+yte = torch.tensor(idx(f"{d}/t10k-labels-idx1-ubyte.gz"))
+xtr, ytr, xte, yte = xtr.to(dev), ytr.to(dev), xte.to(dev), yte.to(dev)
+
+
+def cbr(i, o):
+    return nn.Sequential(OrderedDict(conv=nn.Conv2d(i, o, 3, 1, 1, bias=False), bn=nn.BatchNorm2d(o), relu=nn.ReLU()))
+
+
+net = nn.Sequential(OrderedDict(block1=cbr(1, 32), block2=cbr(32, 32), pool1=nn.MaxPool2d(2), block3=cbr(32, 64),
+                                block4=cbr(64, 64), pool2=nn.MaxPool2d(2), flatten=nn.Flatten(),
+                                fc=nn.Linear(64 * 7 * 7, 10))).to(dev)
+decay = [p_ for n, p_ in net.named_parameters() if n.endswith("weight") and ("conv" in n or n.startswith("fc"))]
+rest = [p_ for n, p_ in net.named_parameters() if not (n.endswith("weight") and ("conv" in n or n.startswith("fc")))]
+opt = torch.optim.SGD([{"params": decay, "weight_decay": 5e-4}, {"params": rest, "weight_decay": 0}],
+                      lr=args.lr, momentum=0.9, nesterov=True)
+bs = args.batch_size
+steps = len(xtr) // bs
+if args.max_steps:
+    steps = min(steps, args.max_steps)
+sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=args.lr, total_steps=steps * args.epochs)
+loss_fn = nn.CrossEntropyLoss()
+epoch_times, acc = [], 0.0
+for epoch in range(args.epochs):
+    net.train()
+    perm = torch.randperm(len(xtr), device=dev)
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for i in range(steps):
+        idx_ = perm[i * bs:(i + 1) * bs]
+        x, y = xtr[idx_], ytr[idx_]
+        flip = torch.rand(bs, device=dev) < 0.5
+        x = torch.where(flip[:, None, None, None], x.flip(3), x)
+        loss = loss_fn(net(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        sched.step()
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+    epoch_times.append(time.perf_counter() - t0)
+    net.eval()
+    correct = 0
+    with torch.no_grad():
+        for i in range(0, len(xte), 1000):
+            correct += (net(xte[i:i + 1000]).argmax(1) == yte[i:i + 1000]).sum().item()
+    acc = 100.0 * correct / len(xte)
+    print(f"torch epoch {epoch + 1}: {epoch_times[-1]:.1f}s, {steps * bs / epoch_times[-1]:.0f} img/s, test top-1 {acc:.2f}%",
+          flush=True)
+print(json.dumps({"bench": "torch", "device": args.device, "threads": args.threads, "torch": torch.__version__,
+                  "epoch_seconds": epoch_times, "images_per_second": steps * bs * len(epoch_times) / sum(epoch_times),
+                  "test_top1": acc}))

@@ -1,0 +1,93 @@
+// Softmax cross-entropy on the CPU, one loop over the batch:
+//   loss     = mean_n (logsumexp(z_n) - z_n[label_n])    (unscaled; max-subtracted, sums in double)
+//   dlogits  = (softmax(z_n) - onehot(label_n)) * loss_scale / N   (when the output is present:
+//              the loss scale is folded into the loss backward, SPEC S8)
+//   correct  = {top-1 hits, top-5 hits} over the batch (i32[2]).
+// A label < 0 marks padding (the last partial batch of an evaluation): its row counts in
+// neither loss, hits nor gradient, and N above is the number V of valid rows.
+// Ranking (shared with the CUDA kernel): the label's rank is the number of classes with a
+// larger logit plus the number with an equal logit and a smaller index -- the order of a
+// stable descending sort, where argmax picks the first maximum (torch.argmax's documented
+// rule). A hit at k means rank < k. A NaN logit compares false, so a row of NaNs counts as a
+// hit; its loss is NaN, which the overflow check catches.
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "backend/cpu/cpu_util.h"
+
+namespace kiln::cpu {
+
+// "logits, labels (i32), loss_scale -> loss (f32), correct (i32 2: top1, top5), [dlogits]"
+KernelPtr make_softmax_ce(const Node& n, Context& ctx) {
+  reject_accumulate(n);
+  const TensorId z = need_in(n, 0, "logits"), labels = need_in(n, 1, "labels"), scale = in_at(n, 2);
+  const TensorId loss = need_out(n, 0, "loss"), correct = need_out(n, 1, "correct"),
+                 dz = out_at(n, 2);
+  expect_dtype(ctx, n, z, DType::F32, "logits");
+  expect_rank(ctx, n, z, 2, "logits [N, classes]");
+  expect_dtype(ctx, n, labels, DType::I32, "labels");
+  const int64_t N = ctx.tensor(z).shape[0], K = ctx.tensor(z).shape[1];
+  KILN_CHECK(N > 0 && K > 0, Shape, "softmax_ce node '", n.label, "': logits ",
+             ctx.tensor(z).shape.str(), " are empty");
+  expect_numel(ctx, n, labels, N, "labels [N]");
+  expect_scalar(ctx, n, scale, "loss_scale");
+  expect_dtype(ctx, n, loss, DType::F32, "loss");
+  expect_dtype(ctx, n, correct, DType::I32, "correct");
+  expect_numel(ctx, n, correct, 2, "correct (top-1, top-5)");
+  if (dz != kNoTensor) {
+    expect_dtype(ctx, n, dz, DType::F32, "dlogits");
+    expect_numel(ctx, n, dz, N * K, "dlogits");
+  }
+  const float* zp = ctx.ptr<float>(z);
+  const int32_t* lp = ctx.ptr<int32_t>(labels);
+  float* lossp = ctx.ptr<float>(loss);
+  int32_t* cp = ctx.ptr<int32_t>(correct);
+  float* dzp = dz != kNoTensor ? ctx.ptr<float>(dz) : nullptr;
+  const std::string label = n.label;
+  return make_loop([=, e = std::vector<double>(static_cast<size_t>(K))](Context& c) mutable {
+    int64_t valid = 0;
+    for (int64_t b = 0; b < N; ++b) valid += lp[b] >= 0;
+    const double grad_scale = read_scalar(c, scale, 1.0) / static_cast<double>(std::max<int64_t>(valid, 1));
+    double total = 0.0;
+    int32_t top1 = 0, top5 = 0;
+    for (int64_t b = 0; b < N; ++b) {
+      const float* row = zp + b * K;
+      const int32_t y = lp[b];
+      if (y < 0) {
+        if (dzp) std::fill(dzp + b * K, dzp + (b + 1) * K, 0.0f);
+        continue;
+      }
+      KILN_CHECK(y < K, Data, "softmax_ce node '", label, "': label ", y, " of sample ",
+                 b, " is outside [0, ", K,
+                 "); check the dataset's class count against the model's");
+      float mx = row[0];
+      for (int64_t j = 1; j < K; ++j) mx = std::max(mx, row[j]);
+      double sum = 0.0;
+      for (int64_t j = 0; j < K; ++j) {
+        e[static_cast<size_t>(j)] = std::exp(static_cast<double>(row[j]) - mx);
+        sum += e[static_cast<size_t>(j)];
+      }
+      const double lse = static_cast<double>(mx) + std::log(sum);
+      total += lse - static_cast<double>(row[y]);
+      const float zy = row[y];
+      int64_t rank = 0;
+      for (int64_t j = 0; j < K; ++j) rank += (row[j] > zy) || (row[j] == zy && j < y);
+      top1 += rank < 1;
+      top5 += rank < 5;
+      if (dzp) {
+        float* d = dzp + b * K;
+        const double inv = 1.0 / sum;
+        for (int64_t j = 0; j < K; ++j) {
+          const double p = e[static_cast<size_t>(j)] * inv - (j == y ? 1.0 : 0.0);
+          d[j] = static_cast<float>(p * grad_scale);
+        }
+      }
+    }
+    *lossp = static_cast<float>(total / static_cast<double>(std::max<int64_t>(valid, 1)));
+    cp[0] = top1;
+    cp[1] = top5;
+  });
+}
+
+}  // namespace kiln::cpu

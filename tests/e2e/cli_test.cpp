@@ -1,0 +1,119 @@
+// The kiln command line as a user meets it: the inspection commands print what they promise,
+// and bad input (an unknown model, flag or dataset, a missing file, an impossible shape)
+// gets one clear error and a non-zero exit, with no partial output left behind.
+#include <gtest/gtest.h>
+
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+namespace {
+
+struct Result {
+  int code = -1;
+  std::string out;  // stdout and stderr together
+};
+
+Result kiln(const std::string& args) {
+  const std::string cmd = std::string(KILN_CLI_PATH) + " " + args + " 2>&1";
+  Result r;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return r;
+  std::array<char, 4096> buf{};
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+  const int status = pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+TEST(Cli, PlanProgramAndMemoryOfResNet50) {
+  const Result plan = kiln("plan resnet50");
+  EXPECT_EQ(plan.code, 0) << plan.out;
+  EXPECT_NE(plan.out.find("25557032 parameters"), std::string::npos);
+  EXPECT_NE(plan.out.find("layer4.2.conv3"), std::string::npos);
+  const Result program = kiln("program resnet50");
+  EXPECT_EQ(program.code, 0) << program.out;
+  EXPECT_NE(program.out.find("phase forward_backward"), std::string::npos);
+  EXPECT_NE(program.out.find("phase optimizer"), std::string::npos);
+  const Result memory = kiln("memory resnet50 --batch 256 --amp");
+  EXPECT_EQ(memory.code, 0) << memory.out;
+  EXPECT_NE(memory.out.find("params_f16"), std::string::npos);
+  EXPECT_NE(memory.out.find("with reuse"), std::string::npos);
+}
+
+TEST(Cli, HelpListsCommandsAndFlags) {
+  const Result top = kiln("--help");
+  EXPECT_EQ(top.code, 0);
+  EXPECT_NE(top.out.find("train"), std::string::npos);
+  const Result train = kiln("train --help");
+  EXPECT_EQ(train.code, 0);
+  EXPECT_NE(train.out.find("--batch-size"), std::string::npos);
+  EXPECT_NE(train.out.find("--weight-decay"), std::string::npos);
+}
+
+TEST(Cli, UnknownModelIsOneClearError) {
+  const Result r = kiln("plan resnet51");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("unknown model 'resnet51'"), std::string::npos) << r.out;
+}
+
+TEST(Cli, UnknownFlagNamesTheFlag) {
+  const Result r = kiln("train --batchsize 64");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("--batchsize"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("--batch-size"), std::string::npos) << "the error should list the real flags";
+}
+
+TEST(Cli, UnknownCommand) {
+  const Result r = kiln("trian");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("unknown command 'trian'"), std::string::npos) << r.out;
+}
+
+TEST(Cli, ImpossibleShapeNamesTheLayer) {
+  const Result r = kiln("plan resnet18 --image-size 3");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("shape error"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("layer '"), std::string::npos) << r.out;
+}
+
+TEST(Cli, BadFlagValues) {
+  EXPECT_NE(kiln("memory cnn --batch abc").code, 0);
+  const Result r = kiln("train --epochs 0 --output /tmp/kiln-cli-never");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("--epochs"), std::string::npos) << r.out;
+  EXPECT_FALSE(std::filesystem::exists("/tmp/kiln-cli-never")) << "nothing may be written for a bad run";
+}
+
+TEST(Cli, MissingDataPathSaysWhatWasExpected) {
+  const std::string out = testing::TempDir() + "/cli_missing_data";
+  const Result r = kiln("train --data mnist --data-dir /nonexistent/mnist --output " + out);
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("/nonexistent/mnist"), std::string::npos) << r.out;
+  EXPECT_FALSE(std::filesystem::exists(out + "/last.safetensors"));
+}
+
+TEST(Cli, RunFileWithUnknownKeyIsRefused) {
+  const std::string path = testing::TempDir() + "/bad_run.yaml";
+  std::ofstream(path) << "model: cnn\nbatch_sise: 12\n";
+  const Result r = kiln("train --config " + path);
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("batch-sise"), std::string::npos) << r.out;
+}
+
+TEST(Cli, CorruptCheckpointIsRefused) {
+  const std::string path = testing::TempDir() + "/corrupt.safetensors";
+  std::ofstream(path, std::ios::binary) << "not a safetensors file at all";
+  const std::string out = testing::TempDir() + "/cli_corrupt_export.safetensors";
+  const Result r = kiln("export --model cnn --checkpoint " + path + " --output " + out);
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("corrupt.safetensors"), std::string::npos) << r.out;
+  EXPECT_FALSE(std::filesystem::exists(out));
+}
+
+}  // namespace

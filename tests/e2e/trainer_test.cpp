@@ -1,0 +1,198 @@
+// The training task end to end on the CPU with synthetic data: metrics and checkpoints are
+// written, a resumed run equals an uninterrupted one, and damaged checkpoints are refused.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "kiln/blueprint/zoo.h"
+#include "kiln/core/error.h"
+#include "kiln/io/safetensors.h"
+#include "kiln/task/checkpoint.h"
+#include "kiln/task/trainer.h"
+
+namespace kiln {
+namespace {
+
+namespace fs = std::filesystem;
+
+TrainConfig small_run(const std::string& out, int64_t epochs) {
+  TrainConfig c;
+  c.model = "cnn";
+  c.data = "synthetic";
+  c.synthetic_size = 96;
+  c.batch_size = 16;
+  c.epochs = epochs;
+  c.lr.kind = "cosine";
+  c.lr.base_lr = 0.05f;
+  c.workers = 2;
+  c.device = "cpu";
+  c.progress = "none";
+  c.ema = true;
+  c.output = out;
+  return c;
+}
+
+std::string fresh_dir(const std::string& name) {
+  const std::string d = testing::TempDir() + "/kiln_trainer_" + name;
+  fs::remove_all(d);
+  return d;
+}
+
+int count_lines(const std::string& path) {
+  std::ifstream in(path);
+  int n = 0;
+  std::string line;
+  while (std::getline(in, line)) ++n;
+  return n;
+}
+
+TEST(Trainer, WritesMetricsCheckpointAndSummary) {
+  const std::string out = fresh_dir("outputs");
+  const TrainSummary s = train(small_run(out, 2));
+  EXPECT_EQ(s.epochs_run, 2);
+  EXPECT_EQ(s.steps, 2 * (96 / 16));
+  EXPECT_EQ(count_lines(out + "/metrics.csv"), 3);  // header + 2 epochs
+  EXPECT_EQ(count_lines(out + "/metrics.jsonl"), 2);
+  EXPECT_TRUE(fs::exists(out + "/last.safetensors"));
+  EXPECT_TRUE(fs::exists(out + "/summary.json"));
+  EXPECT_GE(s.final_top1, 0.0);
+  EXPECT_GE(s.ema_top1, 0.0);
+  std::ifstream csv(out + "/metrics.csv");
+  std::string header;
+  std::getline(csv, header);
+  EXPECT_NE(header.find("test_top1"), std::string::npos) << header;
+  EXPECT_NE(header.find("ema_test_top1"), std::string::npos) << header;
+  for (const auto& e : fs::directory_iterator(out)) {
+    EXPECT_EQ(e.path().string().find(".tmp"), std::string::npos) << "temporary file left: " << e.path();
+  }
+}
+
+// S25: stop after 2 of 4 epochs, resume, and the weights, moments, EMA and statistics equal
+// those of 4 straight epochs, bit for bit (the CPU path is deterministic for a fixed seed).
+TEST(Trainer, ResumeEqualsAnUninterruptedRun) {
+  const std::string straight = fresh_dir("straight");
+  train(small_run(straight, 4));
+  const std::string split = fresh_dir("split");
+  train(small_run(split, 2));
+  TrainConfig resumed = small_run(split, 4);
+  resumed.resume = split + "/last.safetensors";
+  const TrainSummary s = train(resumed);
+  EXPECT_EQ(s.epochs_run, 2);
+  const StFile a = read_safetensors(straight + "/last.safetensors");
+  const StFile b = read_safetensors(split + "/last.safetensors");
+  ASSERT_EQ(a.tensors.size(), b.tensors.size());
+  for (const auto& [name, t] : a.tensors) {
+    ASSERT_TRUE(b.tensors.count(name)) << name;
+    EXPECT_EQ(t.data, b.tensors.at(name).data) << name << " differs after resuming";
+  }
+  EXPECT_EQ(a.metadata.at("step"), b.metadata.at("step"));
+  EXPECT_EQ(count_lines(split + "/metrics.csv"), 5);  // the resumed run appends
+}
+
+TEST(Checkpoint, RoundTripRestoresEveryTensor) {
+  const std::string out = fresh_dir("roundtrip");
+  fs::create_directories(out);
+  EngineOptions o;
+  o.device = "cpu";
+  o.compile.batch = 4;
+  o.compile.ema = true;
+  Engine a(make_model("cnn"), o);
+  a.lock_memory();
+  a.compile(1);
+  std::vector<float> img(4 * 28 * 28, 0.3f);
+  std::vector<int32_t> lab{1, 2, 3, 4};
+  a.train_step(img.data(), lab.data(), 0.1f);
+  TrainState st;
+  st.epoch = 3;
+  st.step = 1;
+  save_checkpoint(a, out + "/ck.safetensors", st);
+  Engine b(make_model("cnn"), o);
+  b.lock_memory();
+  b.compile(99);
+  const TrainState got = load_checkpoint(b, out + "/ck.safetensors");
+  EXPECT_EQ(got.epoch, 3);
+  EXPECT_EQ(got.step, 1);
+  for (const ParamDesc& d : a.program().params) {
+    EXPECT_EQ(a.read_param(d.name), b.read_param(d.name)) << d.name;
+    EXPECT_EQ(a.read_param(d.name, Region::moment1), b.read_param(d.name, Region::moment1)) << d.name;
+    EXPECT_EQ(a.read_param(d.name, Region::ema_f32), b.read_param(d.name, Region::ema_f32)) << d.name;
+  }
+  for (const BufferDesc& buf : a.program().buffers) EXPECT_EQ(a.read_param(buf.name), b.read_param(buf.name));
+}
+
+TEST(Checkpoint, DamagedOrForeignFilesAreRefused) {
+  const std::string out = fresh_dir("damaged");
+  fs::create_directories(out);
+  EngineOptions o;
+  o.device = "cpu";
+  o.compile.batch = 2;
+  Engine e(make_model("cnn"), o);
+  e.lock_memory();
+  e.compile(1);
+  save_checkpoint(e, out + "/good.safetensors", TrainState{});
+  // A damaged header: flip bytes inside the JSON.
+  {
+    std::fstream f(out + "/good.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    std::string bytes = ss.str();
+    std::string bad = bytes;
+    bad[12] = '}';
+    bad[13] = '{';
+    std::ofstream(out + "/bad_header.safetensors", std::ios::binary) << bad;
+    std::ofstream(out + "/truncated.safetensors", std::ios::binary) << bytes.substr(0, bytes.size() / 2);
+  }
+  for (const std::string name : {"bad_header", "truncated"}) {
+    try {
+      load_checkpoint(e, out + "/" + name + ".safetensors");
+      FAIL() << name;
+    } catch (const Error& err) {
+      EXPECT_EQ(err.kind(), ErrorKind::Checkpoint) << err.what();
+      EXPECT_NE(std::string(err.what()).find(name), std::string::npos) << err.what();
+    }
+  }
+  // A missing tensor.
+  StFile f = read_safetensors(out + "/good.safetensors");
+  f.tensors.erase("block3.bn.running_var");
+  write_safetensors(out + "/missing.safetensors", f);
+  try {
+    load_checkpoint(e, out + "/missing.safetensors");
+    FAIL();
+  } catch (const Error& err) {
+    EXPECT_EQ(err.kind(), ErrorKind::Checkpoint);
+    EXPECT_NE(std::string(err.what()).find("block3.bn.running_var"), std::string::npos) << err.what();
+  }
+  // Another model's checkpoint.
+  Engine other(make_model("lenet"), o);
+  other.lock_memory();
+  other.compile(1);
+  try {
+    load_checkpoint(other, out + "/good.safetensors");
+    FAIL();
+  } catch (const Error& err) {
+    EXPECT_EQ(err.kind(), ErrorKind::Checkpoint);
+    EXPECT_NE(std::string(err.what()).find("--model cnn"), std::string::npos) << err.what();
+  }
+}
+
+TEST(Checkpoint, ExportHasTorchvisionNamesAndLayouts) {
+  EngineOptions o;
+  o.device = "cpu";
+  o.compile.batch = 1;
+  Engine e(make_model("resnet18"), o);
+  e.lock_memory();
+  e.compile(1);
+  const StFile f = export_state_dict(e);
+  EXPECT_EQ(f.tensors.size(), 122u);  // torchvision's resnet18 state_dict has 122 entries
+  EXPECT_EQ(f.tensors.at("conv1.weight").shape, (std::vector<int64_t>{64, 3, 7, 7}));
+  EXPECT_EQ(f.tensors.at("layer1.0.bn1.num_batches_tracked").dtype, DType::I64);
+  // The layout round trip is exact.
+  const ParamDesc* d = e.program().find_param("layer2.0.conv1.weight");
+  const std::vector<float> w = e.read_param(d->name);
+  EXPECT_EQ(from_torch_layout(*d, to_torch_layout(*d, w)), w);
+}
+
+}  // namespace
+}  // namespace kiln

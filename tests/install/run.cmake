@@ -1,0 +1,22 @@
+# ctest driver: install kiln from the build tree into a scratch prefix, then configure,
+# build and run tests/install/consumer against it with find_package(kiln).
+set(prefix ${KILN_BINARY_DIR}/install-test/prefix)
+set(build ${KILN_BINARY_DIR}/install-test/consumer)
+file(REMOVE_RECURSE ${KILN_BINARY_DIR}/install-test)
+execute_process(COMMAND ${CMAKE_COMMAND} --install ${KILN_BINARY_DIR} --prefix ${prefix} RESULT_VARIABLE rc OUTPUT_QUIET)
+if(rc)
+  message(FATAL_ERROR "cmake --install failed: ${rc}")
+endif()
+execute_process(COMMAND ${CMAKE_COMMAND} -S ${KILN_SOURCE_DIR}/tests/install/consumer -B ${build}
+                        -DCMAKE_PREFIX_PATH=${prefix} -DCMAKE_BUILD_TYPE=Release RESULT_VARIABLE rc)
+if(rc)
+  message(FATAL_ERROR "configuring the consumer with find_package(kiln) failed: ${rc}")
+endif()
+execute_process(COMMAND ${CMAKE_COMMAND} --build ${build} RESULT_VARIABLE rc)
+if(rc)
+  message(FATAL_ERROR "building the consumer failed: ${rc}")
+endif()
+execute_process(COMMAND ${build}/consumer RESULT_VARIABLE rc)
+if(rc)
+  message(FATAL_ERROR "the consumer failed: ${rc}")
+endif()

@@ -1,0 +1,184 @@
+// CPU softmax cross-entropy against the float64 reference: loss, dlogits with the loss scale
+// folded in, top-1/top-5 counts including ties, large logits, bad labels; finite differences.
+#include <gtest/gtest.h>
+
+#include "op/cpu_op_test_util.h"
+
+namespace kiln::test {
+namespace {
+
+struct CeProgram {
+  OpHarness h;
+  int64_t n, k;
+  TensorId z, labels, scale, loss, correct, dz = kNoTensor;
+  CeProgram(int64_t n_, int64_t k_, bool with_grad = true) : n(n_), k(k_) {
+    z = h.tensor("logits", {n, k});
+    labels = h.tensor("labels", {n}, Region::input_a, DType::I32);
+    scale = h.tensor("loss_scale", {1}, Region::scalars);
+    loss = h.tensor("loss", {1}, Region::scalars);
+    correct = h.tensor("correct", {2}, Region::scalars, DType::I32);
+    std::vector<TensorId> out{loss, correct};
+    if (with_grad) {
+      dz = h.tensor("dlogits", {n, k});
+      out.push_back(dz);
+    }
+    h.node(OpKind::softmax_ce, {z, labels, scale}, out);
+    compile_cpu(h);
+  }
+  void run(const std::vector<float>& zv, const std::vector<int32_t>& lv, float s) {
+    h.write(z, zv);
+    h.write_i32(labels, lv);
+    h.write(scale, {s});
+    h.run();
+  }
+};
+
+struct CeCase {
+  const char* name;
+  int64_t n, k;
+  float spread, offset, scale;
+};
+
+const CeCase kCases[] = {
+    {"n1_k1", 1, 1, 1.0f, 0.0f, 1.0f},
+    {"n4_k10", 4, 10, 3.0f, 0.0f, 1.0f},
+    {"n7_k1000_scaled8192", 7, 1000, 5.0f, 0.0f, 8192.0f},
+    {"n3_k17_large_logits", 3, 17, 50.0f, 1000.0f, 128.0f},  // exp would overflow without the max
+    {"n32_k100", 32, 100, 10.0f, -20.0f, 65536.0f},
+};
+
+class CpuOpSoftmaxCe : public ::testing::TestWithParam<CeCase> {};
+
+// The loss is computed in double from FP32 logits and rounded once: 1e-6 relative (a few
+// ulp, well inside SPEC Q2's 1e-5). dlogits: (p - onehot) * scale / N in double, rounded
+// once; its error scales with (p + onehot) * scale / N: 1e-5 of that (SPEC Q2). The counts
+// are exact.
+TEST_P(CpuOpSoftmaxCe, LossGradientAndTopKMatchReference) {
+  const CeCase& c = GetParam();
+  CeProgram p(c.n, c.k);
+  const auto zv = rand_vec(c.n * c.k, 111, c.offset - c.spread, c.offset + c.spread);
+  const auto lv = rand_labels(c.n, c.k, 112);
+  p.run(zv, lv, c.scale);
+  const ref::SoftmaxCe r = ref::softmax_ce(ref::to_double(zv), lv, c.n, c.k, c.scale);
+  KILN_EXPECT_REL(p.h.read(p.loss), ref::Vec{r.loss}, 1e-6, 1e-6, "loss");
+  ref::Vec mag(r.dlogits.size());
+  for (int64_t b = 0; b < c.n; ++b)
+    for (int64_t j = 0; j < c.k; ++j) {
+      const size_t i = static_cast<size_t>(b * c.k + j);
+      const double onehot = j == lv[b] ? 1.0 : 0.0;
+      mag[i] = (std::fabs(r.dlogits[i] / c.scale * c.n + onehot) + onehot) * c.scale / c.n;
+    }
+  KILN_EXPECT_SCALED(p.h.read(p.dz), r.dlogits, mag, kFp32Tol, "dlogits");
+  const auto counts = p.h.read_i32(p.correct);
+  EXPECT_EQ(counts[0], r.top1);
+  EXPECT_EQ(counts[1], r.top5);
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, CpuOpSoftmaxCe, ::testing::ValuesIn(kCases),
+                         [](const auto& info) { return std::string(info.param.name); });
+
+// Ties: the label's rank counts larger logits plus equal logits at smaller indices (a stable
+// descending sort; argmax's first maximum). Rows (label in brackets):
+//  0: [5] ties class 2 (earlier): rank 1 -> top-1 miss, top-5 hit
+//  1: [2] ties class 5 (later):   rank 0 -> top-1 hit
+//  2: label has 4 larger logits:  rank 4 -> top-5 hit
+//  3: 4 larger + 1 equal earlier: rank 5 -> top-5 miss
+//  4: all logits equal, label 0:  rank 0 -> hit; label 7 would be rank 7 (row 5) -> miss
+TEST(CpuOpSoftmaxCeTopK, TiesFollowTheStableOrder) {
+  const int64_t k = 8;
+  std::vector<std::vector<float>> rows = {{0, 0, 3, 0, 0, 3, 0, 0}, {0, 0, 3, 0, 0, 3, 0, 0},
+                                          {9, 8, 7, 6, 1, 0, 0, 0}, {9, 8, 7, 6, 1, 1, 0, 0},
+                                          {2, 2, 2, 2, 2, 2, 2, 2}, {2, 2, 2, 2, 2, 2, 2, 2}};
+  const std::vector<int32_t> labels = {5, 2, 4, 5, 0, 7};
+  std::vector<float> z;
+  for (const auto& r : rows) z.insert(z.end(), r.begin(), r.end());
+  const int64_t n = static_cast<int64_t>(rows.size());
+  CeProgram p(n, k, false);  // the evaluation form: no dlogits
+  p.run(z, labels, 1.0f);
+  const auto counts = p.h.read_i32(p.correct);
+  EXPECT_EQ(counts[0], 2);  // rows 1, 4
+  EXPECT_EQ(counts[1], 4);  // rows 0, 1, 2, 4
+  const ref::SoftmaxCe r = ref::softmax_ce(ref::to_double(z), labels, n, k, 1.0);
+  EXPECT_EQ(r.top1, 2);
+  EXPECT_EQ(r.top5, 4);
+}
+
+// A label outside [0, classes) is a data error naming the sample, not a wild read.
+TEST(CpuOpSoftmaxCeErrors, LabelOutOfRangeIsADataError) {
+  CeProgram p(2, 5);
+  try {
+    p.run(rand_vec(10, 113), {1, 5}, 1.0f);
+    FAIL() << "expected kiln::Error(Data)";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::Data);
+    EXPECT_NE(std::string(e.what()).find("sample 1"), std::string::npos) << e.what();
+  }
+}
+
+// Padding (label < 0, the last partial batch of an evaluation): the padded rows count in
+// neither loss, hits nor gradient; the result equals running the valid rows alone.
+TEST(CpuOpSoftmaxCePadding, PaddedRowsAreIgnored) {
+  const int64_t k = 7;
+  const auto z = rand_vec(5 * k, 116, -2.0f, 2.0f);
+  CeProgram padded(5, k);
+  padded.run(z, {3, 1, -1, 6, -1}, 256.0f);
+  CeProgram alone(3, k);
+  std::vector<float> zv;
+  for (int64_t row : {0, 1, 3}) zv.insert(zv.end(), z.begin() + row * k, z.begin() + (row + 1) * k);
+  alone.run(zv, {3, 1, 6}, 256.0f);
+  // Same rows, same double sums in the same order: equal to the last bit.
+  EXPECT_EQ(padded.h.read(padded.loss), alone.h.read(alone.loss));
+  EXPECT_EQ(padded.h.read_i32(padded.correct), alone.h.read_i32(alone.correct));
+  const auto dp = padded.h.read(padded.dz), da = alone.h.read(alone.dz);
+  for (int64_t j = 0; j < k; ++j) {
+    EXPECT_EQ(dp[static_cast<size_t>(j)], da[static_cast<size_t>(j)]);
+    EXPECT_EQ(dp[static_cast<size_t>(2 * k + j)], 0.0f) << "padded row 2";
+    EXPECT_EQ(dp[static_cast<size_t>(3 * k + j)], da[static_cast<size_t>(2 * k + j)]);
+    EXPECT_EQ(dp[static_cast<size_t>(4 * k + j)], 0.0f) << "padded row 4";
+  }
+}
+
+// Reference: dlogits / (scale) is the gradient of the mean loss (central differences in
+// double, h = 1e-5: truncation ~h^2 ~ 1e-10, rounding ~1e-16 / h ~ 1e-11, against
+// gradients ~0.01..0.5): 1e-6 relative (floor 1e-3).
+TEST(CpuOpSoftmaxCeGrad, ReferenceGradientIsTheDerivativeOfTheLoss) {
+  const int64_t n = 3, k = 6;
+  const ref::Vec z = ref::to_double(rand_vec(n * k, 114, -3.0f, 3.0f));
+  const auto lv = rand_labels(n, k, 115);
+  const double scale = 1024;
+  auto loss = [&](const ref::Vec& v) { return ref::softmax_ce(v, lv, n, k, scale).loss; };
+  ref::Vec g = ref::softmax_ce(z, lv, n, k, scale).dlogits;
+  for (double& v : g) v /= scale;
+  KILN_EXPECT_REL(ref::numeric_grad(loss, z), g, 1e-3, 1e-6, "fd dlogits");
+}
+
+// Kernel: its dlogits / scale against central differences of its own FP32 loss. h = 1e-2:
+// truncation h^2 |f'''| / 6 ~ 2e-5; the FP32 loss (~1.5) carries ~1e-7 of rounding, / 2h ->
+// 1e-5. Gradients are <= 0.5 in magnitude: 2e-4 absolute.
+TEST(CpuOpSoftmaxCeGrad, KernelGradientMatchesFiniteDifferencesOfKernelLoss) {
+  const int64_t n = 2, k = 5;
+  const float scale = 4096.0f;
+  CeProgram p(n, k);
+  auto z = rand_vec(n * k, 116, -2.0f, 2.0f);
+  const auto lv = rand_labels(n, k, 117);
+  p.run(z, lv, scale);
+  ref::Vec g = ref::to_double(p.h.read(p.dz));
+  for (double& v : g) v /= scale;
+  ref::Vec fd(z.size());
+  const float h = 1e-2f;
+  for (size_t i = 0; i < z.size(); ++i) {
+    const float z0 = z[i];
+    z[i] = z0 + h;
+    p.run(z, lv, scale);
+    const double lp = p.h.read(p.loss)[0];
+    z[i] = z0 - h;
+    p.run(z, lv, scale);
+    const double lm = p.h.read(p.loss)[0];
+    z[i] = z0;
+    fd[i] = (lp - lm) / (static_cast<double>(z0 + h) - static_cast<double>(z0 - h));
+  }
+  KILN_EXPECT_REL(g, fd, 1.0, 2e-4, "kernel dlogits vs fd");
+}
+
+}  // namespace
+}  // namespace kiln::test
