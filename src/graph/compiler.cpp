@@ -666,15 +666,26 @@ class Compiler {
       }
     };
     if (o.optimizer == "lars") {
-      // LARS's trust ratio is per parameter: one node per parameter tensor.
+      // LARS's trust ratio is per parameter: one node per conv/fc weight. BatchNorm
+      // parameters and biases are not adapted (as in the MLPerf ResNet recipe): plain
+      // momentum SGD over their range, without weight decay.
       for (const ParamDesc& d : p_.params) {
+        if (!d.decay) continue;
         Attrs a = base;
-        a.weight_decay = d.decay ? o.weight_decay : 0.0f;
+        a.weight_decay = o.weight_decay;
         const Region regions[3] = {Region::params_f32, Region::grads_f32, Region::moment1};
         TensorId t[3];
         for (int i = 0; i < 3; ++i) t[i] = d.tensor[static_cast<size_t>(regions[i])];
         ph.nodes.push_back(make_node(OpKind::lars, {t[0], t[1], t[2], io.lr, io.loss_scale, io.overflow}, {t[0], t[2]},
                                      a, "lars " + d.name));
+      }
+      if (!no_decay_range_.empty()) {
+        const TensorId w = range_tensor(Region::params_f32, no_decay_range_, "no_decay");
+        const TensorId g = range_tensor(Region::grads_f32, no_decay_range_, "no_decay");
+        const TensorId m = range_tensor(Region::moment1, no_decay_range_, "no_decay");
+        Attrs a = base;
+        a.weight_decay = 0.0f;
+        ph.nodes.push_back(make_node(OpKind::sgd, {w, g, m, io.lr, io.loss_scale, io.overflow}, {w, m}, a, "sgd no_decay"));
       }
     } else {
       emit(decay_range_, o.weight_decay, "decay");

@@ -1,10 +1,15 @@
 // CpuBackend: one aligned buffer per region, one prepared kernel per node, phases run in
 // order on the calling thread (oneDNN uses its own threads inside a primitive).
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <algorithm>
+#include <map>
 
 #include "backend/cpu/cpu_kernel.h"
 #include "kiln/backend/backend.h"
+#include "kiln/core/env.h"
 #include "kiln/core/error.h"
 
 namespace kiln {
@@ -36,7 +41,22 @@ class CpuBackend final : public Backend {
     return feature_dtype == DType::F32 && cpu::cpu_supports(op);
   }
 
+  ~CpuBackend() override {
+    if (profile_.empty()) return;
+    // KILN_PROFILE=1: time per op kind over the run, largest first.
+    std::vector<std::pair<double, std::string>> rows;
+    double total = 0;
+    for (const auto& [op, s] : profile_) {
+      rows.push_back({s, op});
+      total += s;
+    }
+    std::sort(rows.rbegin(), rows.rend());
+    std::fprintf(stderr, "kiln cpu profile (KILN_PROFILE=1): %.3f s in kernels\n", total);
+    for (const auto& [s, op] : rows) std::fprintf(stderr, "  %-18s %9.3f s  %5.1f%%\n", op.c_str(), s, 100 * s / total);
+  }
+
   void compile(const Program& program) override {
+    profiling_ = env_flag("KILN_PROFILE", false);
     KILN_CHECK(program.memory.locked, State, "cpu backend: compile() needs a locked memory plan; ",
                "run plan_memory (the lifecycle's MEMORY_LOCKED step) first");
     KILN_CHECK(!program.options.amp, Unsupported, "the CPU backend runs FP32 only; drop --amp ",
@@ -62,6 +82,7 @@ class CpuBackend final : public Backend {
                      op_name(n.op), " (node '", n.label, "'); turn fusion off (KILN_FUSION=0) ",
                      "or use --device cuda");
           ks.push_back(kFactories[static_cast<int>(n.op)](n, ctx_));
+          ops_.push_back(op_name(n.op));
         }
         out.push_back(std::move(ks));
       }
@@ -70,6 +91,12 @@ class CpuBackend final : public Backend {
     build(program.eval, eval_);
     build(program.eval_ema, eval_ema_);
     build(program.init, init_);
+    size_t i = 0;
+    for (auto* lists : {&train_, &eval_, &eval_ema_, &init_}) {
+      for (auto& ks : *lists) {
+        for (auto& k : ks) kernel_op_[k.get()] = ops_[i++];
+      }
+    }
   }
 
   void run(Schedule schedule, int slot) override {
@@ -118,6 +145,15 @@ class CpuBackend final : public Backend {
     return base + t.offset;
   }
   void run_list(std::vector<cpu::KernelPtr>& ks) {
+    if (profiling_) {
+      for (auto& k : ks) {
+        const auto t0 = std::chrono::steady_clock::now();
+        k->run(ctx_);
+        ctx_.stream.wait();
+        profile_[kernel_op_.at(k.get())] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      }
+      return;
+    }
     for (auto& k : ks) k->run(ctx_);
     ctx_.stream.wait();
   }
@@ -125,6 +161,10 @@ class CpuBackend final : public Backend {
   cpu::Context ctx_;
   std::array<std::unique_ptr<uint8_t, AlignedFree>, kRegionCount> regions_;
   std::vector<std::vector<cpu::KernelPtr>> train_, eval_, eval_ema_, init_;
+  bool profiling_ = false;
+  std::vector<std::string> ops_;
+  std::map<const cpu::Kernel*, std::string> kernel_op_;
+  std::map<std::string, double> profile_;
 };
 
 }  // namespace

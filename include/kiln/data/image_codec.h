@@ -1,0 +1,45 @@
+// JPEG (libjpeg's jpeglib API, which libjpeg-turbo implements; not the TurboJPEG API, which
+// some machines lack) and PNG (libpng) decoding from memory into 8-bit HWC images, plus the
+// matching encoders (tests write fixture trees with them; tools can dump images).
+//
+// Decoding never aborts the process: libjpeg's and libpng's fatal errors are caught with
+// setjmp/longjmp and become Error(Data) naming `what`. A JPEG that ends early (libjpeg's
+// "premature end of data" warning, which would otherwise fill the rest with grey) counts as
+// corrupt too; libjpeg's other warnings (e.g. extraneous bytes before a marker, common in
+// ImageNet) are tolerated, as PIL tolerates them.
+//
+// Channel conversion follows PIL's convert(): to 3 channels, grey is replicated; to 1 channel,
+// colour becomes luma 0.299 R + 0.587 G + 0.114 B; alpha is dropped without compositing;
+// CMYK/YCCK JPEGs are converted (Adobe's inverted CMYK convention); 16-bit PNGs are scaled to 8.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kiln/data/dataset.h"
+
+namespace kiln {
+
+enum class ImageFormat { Unknown, Jpeg, Png };
+
+// By magic bytes (FF D8 FF for JPEG, the 8-byte PNG signature), not by file name.
+ImageFormat sniff_image_format(const uint8_t* bytes, size_t size);
+
+// channels: 1 or 3. Images of more than max_pixels are refused as corrupt before any pixel
+// memory is allocated, so that a forged header cannot make a worker allocate gigabytes.
+inline constexpr int64_t kMaxDecodePixels = int64_t{1} << 28;
+Image decode_jpeg(const uint8_t* bytes, size_t size, int64_t channels, const std::string& what,
+                  int64_t max_pixels = kMaxDecodePixels);
+Image decode_png(const uint8_t* bytes, size_t size, int64_t channels, const std::string& what,
+                 int64_t max_pixels = kMaxDecodePixels);
+Image decode_image(const uint8_t* bytes, size_t size, int64_t channels, const std::string& what,
+                   int64_t max_pixels = kMaxDecodePixels);
+
+// quality 1..100; images of 1 (grey), 3 (RGB) or 4 channels. Four channels are written as CMYK
+// with an Adobe marker, which readers take as Adobe's inverted CMYK: store 255 - ink.
+std::vector<uint8_t> encode_jpeg(const Image& image, int quality);
+// 1, 2 (grey+alpha), 3 or 4 (RGBA) channels, 8-bit, lossless.
+std::vector<uint8_t> encode_png(const Image& image);
+
+}  // namespace kiln

@@ -1,0 +1,104 @@
+// Loader (SPEC S23): worker threads turn dataset samples into batches of transformed float
+// images, a few batches ahead of the trainer, into a ring of batch buffers.
+//
+// Determinism: the epoch's order is a Fisher-Yates shuffle drawn from Rng::derive(seed, epoch),
+// and the transforms of dataset sample i in epoch e draw from Rng::derive(seed, e, i + 1) (+1 so
+// that sample 0 does not share the shuffle's stream). Workers only choose *who* computes a
+// sample, never *what* it is, so batches are identical for any worker count, and a sample's
+// augmentation does not depend on rank, world or batch size.
+//
+// Sharding (data parallel): the epoch's permutation is cut to a multiple of world and rank r
+// takes positions r, r + world, r + 2 world, ... (torch's DistributedSampler order), so ranks
+// are disjoint and have the same number of samples and batches; the remainder is dropped.
+//
+// Threads: start_epoch() and next() are called from one thread (the trainer's); the workers
+// are the Loader's own. workers = 0 makes each batch inside next(), for debugging.
+//
+// Errors: an exception thrown while making sample k of batch b (a corrupt file with skipping
+// off, a transform whose output has the wrong shape) is rethrown, unchanged, by the next() call
+// that would have returned batch b. The epoch is then over; start_epoch() begins a fresh one.
+#pragma once
+#include <array>
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "kiln/data/dataset.h"
+#include "kiln/data/transforms.h"
+
+namespace kiln {
+
+struct LoaderOptions {
+  int64_t batch_size = 128;
+  int workers = 2;  // 0: next() makes each batch itself, on the caller's thread
+  bool shuffle = true;
+  bool drop_last = true;  // drop the last partial batch (the compiled step has a fixed batch)
+  uint64_t seed = 0;
+  int rank = 0;
+  int world = 1;
+  int prefetch = 2;  // batches made ahead of the one next() is waiting for, at most
+};
+
+class Loader {
+ public:
+  Loader(std::shared_ptr<const Dataset> dataset, Pipeline transforms, LoaderOptions options);
+  ~Loader();  // joins workers
+  Loader(const Loader&) = delete;
+  Loader& operator=(const Loader&) = delete;
+
+  void start_epoch(int64_t epoch);  // resets and starts prefetching that epoch
+  // Copies the next batch into images (NHWC float32, batch_size*H*W*C) and labels (int32);
+  // returns the number of samples written (< batch_size only for a last partial batch when
+  // drop_last is false), 0 when the epoch is done.
+  int64_t next(float* images, int32_t* labels);
+  int64_t batches_per_epoch() const { return batches_; }
+  int64_t samples_per_epoch() const { return samples_; }
+  std::array<int64_t, 3> sample_hwc() const { return hwc_; }  // shape of one transformed sample
+  int64_t skipped_samples() const { return dataset_->corrupt_skipped(); }
+
+ private:
+  struct Slot {
+    int64_t batch = -1;     // which batch of the epoch it holds
+    int64_t remaining = 0;  // samples still being made
+    int64_t error_at = -1;  // the lowest sample position that failed, -1 if none
+    std::exception_ptr error;
+    std::vector<float> images;
+    std::vector<int32_t> labels;
+  };
+
+  void worker_loop();
+  // Claims up to `max` consecutive sample positions of one batch; false when none is claimable.
+  bool claim(int64_t max, int64_t& first, int64_t& count, uint64_t& generation);
+  // Makes the samples at positions [first, first + count) of the epoch into their slot.
+  void make_samples(int64_t first, int64_t count, uint64_t generation);
+  void make_one(int64_t position, Slot& slot, int64_t& error_at, std::exception_ptr& error);
+  int64_t batch_samples(int64_t batch) const;
+  int64_t sample_floats() const { return hwc_[0] * hwc_[1] * hwc_[2]; }
+
+  std::shared_ptr<const Dataset> dataset_;
+  Pipeline pipeline_;
+  LoaderOptions options_;
+  std::array<int64_t, 3> hwc_{};
+  int64_t per_rank_ = 0, samples_ = 0, batches_ = 0;
+
+  // Epoch state, all under mutex_.
+  std::mutex mutex_;
+  std::condition_variable work_cv_;   // workers: something to claim, or stop
+  std::condition_variable ready_cv_;  // next(): a slot finished; start_epoch: work drained
+  uint64_t generation_ = 0;           // bumped by start_epoch; stale work is discarded
+  bool active_ = false;
+  bool stop_ = false;
+  int64_t epoch_ = 0;
+  std::vector<int64_t> order_;  // this rank's dataset indices for the epoch
+  int64_t next_position_ = 0;   // next sample position to claim
+  int64_t consumed_ = 0;        // batches returned by next()
+  int64_t in_flight_ = 0;       // claims being worked on
+  std::vector<Slot> slots_;
+  std::vector<std::thread> threads_;
+};
+
+}  // namespace kiln

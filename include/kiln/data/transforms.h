@@ -1,0 +1,177 @@
+// Transforms on float HWC images (SPEC S23), each a small class composed in a Pipeline.
+// Random transforms draw only from the Rng they are given; the Loader gives sample i of epoch e
+// its own Rng, so augmentation does not depend on worker count or timing.
+//
+// Semantics follow torchvision.transforms on tensors where it matters:
+//  - ToFloat is ToTensor's ÷255 (the pipeline converts bytes to floats 0..255 first);
+//  - RandomResizedCrop draws the box exactly as torchvision's get_params (10 tries, then the
+//    centre fallback) and resizes with bilinear interpolation, half-pixel centres
+//    (align_corners=False). Difference: no antialiasing when shrinking (torchvision's default
+//    antialias=True, and PIL, low-pass filter first); kiln matches F.interpolate(bilinear,
+//    antialias=False). Resize has the same difference;
+//  - RandomCrop pads with zeros on all four sides, then picks the corner uniformly;
+//  - ColorJitter applies brightness, contrast, saturation and hue in a random order with
+//    factors drawn as torchvision does, clamping to [0,1] after each, so it needs ToFloat
+//    before it (Pipeline::add checks); saturation and hue leave 1-channel images unchanged;
+//  - Resize(s) scales the shorter side to s and the longer to int(s * long / short);
+//  - CenterCrop rounds the offset as Python's round() (half to even) and pads with zeros when
+//    the crop is larger than the image.
+#pragma once
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "kiln/core/rng.h"
+#include "kiln/data/dataset.h"
+
+namespace kiln {
+
+struct FloatImage {
+  int64_t height = 0;
+  int64_t width = 0;
+  int64_t channels = 0;
+  std::vector<float> data;  // HWC
+
+  FloatImage() = default;
+  FloatImage(int64_t h, int64_t w, int64_t c)
+      : height(h), width(w), channels(c), data(static_cast<size_t>(h * w * c), 0.0f) {}
+  float& at(int64_t y, int64_t x, int64_t c) {
+    return data[static_cast<size_t>((y * width + x) * channels + c)];
+  }
+  float at(int64_t y, int64_t x, int64_t c) const {
+    return data[static_cast<size_t>((y * width + x) * channels + c)];
+  }
+};
+
+// Bytes to floats with the same values (0..255).
+FloatImage to_float_image(const Image& image);
+// The h x w window whose top-left corner is (top, left); pixels outside the image are zero.
+FloatImage crop_image(const FloatImage& image, int64_t top, int64_t left, int64_t h, int64_t w);
+// Bilinear, half-pixel centres, edge pixels clamped (F.interpolate, align_corners=False).
+FloatImage resize_bilinear(const FloatImage& image, int64_t h, int64_t w);
+
+class Transform {
+ public:
+  virtual ~Transform() = default;
+  virtual void apply(FloatImage& image, Rng& rng) const = 0;
+  virtual std::string describe() const = 0;
+  virtual bool needs_unit_range() const { return false; }  // expects values in [0,1]
+  virtual bool makes_unit_range() const { return false; }  // maps 0..255 to [0,1]
+};
+
+class ToFloat : public Transform {
+ public:
+  void apply(FloatImage& image, Rng& rng) const override;
+  std::string describe() const override { return "ToFloat(/255)"; }
+  bool makes_unit_range() const override { return true; }
+};
+
+struct CropBox {
+  int64_t top = 0, left = 0, height = 0, width = 0;
+};
+
+class RandomResizedCrop : public Transform {
+ public:
+  explicit RandomResizedCrop(int64_t size, std::array<float, 2> scale = {0.08f, 1.0f},
+                             std::array<float, 2> ratio = {3.0f / 4.0f, 4.0f / 3.0f});
+  RandomResizedCrop(int64_t height, int64_t width, std::array<float, 2> scale,
+                    std::array<float, 2> ratio);
+  void apply(FloatImage& image, Rng& rng) const override;
+  std::string describe() const override;
+  // torchvision's RandomResizedCrop.get_params for an image of h x w.
+  CropBox sample_box(int64_t h, int64_t w, Rng& rng) const;
+
+ private:
+  int64_t height_, width_;
+  std::array<float, 2> scale_, ratio_;
+};
+
+class RandomCrop : public Transform {
+ public:
+  explicit RandomCrop(int64_t size, int64_t padding = 0) : RandomCrop(size, size, padding) {}
+  RandomCrop(int64_t height, int64_t width, int64_t padding);
+  void apply(FloatImage& image, Rng& rng) const override;
+  std::string describe() const override;
+
+ private:
+  int64_t height_, width_, padding_;
+};
+
+class RandomHorizontalFlip : public Transform {
+ public:
+  explicit RandomHorizontalFlip(float p = 0.5f);
+  void apply(FloatImage& image, Rng& rng) const override;
+  std::string describe() const override;
+
+ private:
+  float p_;
+};
+
+class ColorJitter : public Transform {
+ public:
+  // Each factor f > 0 draws from [max(0, 1-f), 1+f]; hue h in [0, 0.5] draws a shift from [-h, h].
+  ColorJitter(float brightness, float contrast, float saturation, float hue = 0.0f);
+  void apply(FloatImage& image, Rng& rng) const override;
+  std::string describe() const override;
+  bool needs_unit_range() const override { return true; }
+
+ private:
+  float brightness_, contrast_, saturation_, hue_;
+};
+
+class Normalize : public Transform {
+ public:
+  Normalize(std::vector<float> mean, std::vector<float> std);
+  void apply(FloatImage& image, Rng& rng) const override;
+  std::string describe() const override;
+
+ private:
+  std::vector<float> mean_, inv_std_;
+};
+
+class Resize : public Transform {
+ public:
+  explicit Resize(int64_t shorter_side);
+  void apply(FloatImage& image, Rng& rng) const override;
+  std::string describe() const override;
+
+ private:
+  int64_t shorter_;
+};
+
+class CenterCrop : public Transform {
+ public:
+  explicit CenterCrop(int64_t size) : CenterCrop(size, size) {}
+  CenterCrop(int64_t height, int64_t width);
+  void apply(FloatImage& image, Rng& rng) const override;
+  std::string describe() const override;
+
+ private:
+  int64_t height_, width_;
+};
+
+// An ordered list of transforms, shared read-only by the Loader's workers.
+class Pipeline {
+ public:
+  Pipeline() = default;
+  Pipeline& add(std::shared_ptr<const Transform> transform);
+  template <typename T, typename... Args>
+  Pipeline& add(Args&&... args) {
+    return add(std::make_shared<const T>(std::forward<Args>(args)...));
+  }
+
+  // Bytes to floats (0..255), then every transform in order.
+  FloatImage operator()(const Image& image, Rng& rng) const;
+  void apply(FloatImage& image, Rng& rng) const;
+  std::string describe() const;  // "ToFloat(/255) -> RandomCrop(32, pad 4) -> ..."
+  size_t size() const { return transforms_.size(); }
+
+ private:
+  std::vector<std::shared_ptr<const Transform>> transforms_;
+  bool unit_range_ = false;  // a ToFloat has been added
+};
+
+}  // namespace kiln

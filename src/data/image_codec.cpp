@@ -1,0 +1,437 @@
+// JPEG and PNG codecs over memory buffers. libjpeg and libpng report fatal errors by calling
+// a handler that must not return; ours longjmp back to the setjmp in the decode function. Only
+// plain data lives in those functions' frames: everything written after setjmp sits in a struct
+// owned by the caller (a longjmp must not skip a destructor, and locals changed after setjmp are
+// indeterminate after it), and the C++ exception is thrown only after the library is cleaned up.
+#include "kiln/data/image_codec.h"
+
+// Order matters: jpeglib.h needs FILE and size_t declared first, jerror.h needs jpeglib.h.
+// clang-format off
+#include <png.h>
+#include <setjmp.h>
+#include <stdio.h>
+#include <jpeglib.h>
+#include <jerror.h>
+// clang-format on
+
+#include <cstring>
+#include <memory>
+
+#include "kiln/core/error.h"
+
+namespace kiln {
+namespace {
+
+// PIL's luma: L = (19595 R + 38470 G + 7471 B + 0x8000) >> 16 (0.299, 0.587, 0.114).
+uint8_t luma(uint8_t r, uint8_t g, uint8_t b) {
+  return static_cast<uint8_t>((19595u * r + 38470u * g + 7471u * b + 0x8000u) >> 16);
+}
+
+// Converts 1, 3 or 4 (CMYK) decoded channels to the requested 1 or 3.
+void convert_channels(const uint8_t* src, int64_t pixels, int64_t src_channels, bool adobe_cmyk,
+                      int64_t channels, uint8_t* dst) {
+  for (int64_t p = 0; p < pixels; ++p) {
+    const uint8_t* s = src + p * src_channels;
+    uint8_t rgb[3];
+    if (src_channels == 1) {
+      rgb[0] = rgb[1] = rgb[2] = s[0];
+    } else if (src_channels == 3) {
+      rgb[0] = s[0], rgb[1] = s[1], rgb[2] = s[2];
+    } else {  // CMYK as PIL converts it; Adobe writes it inverted
+      for (int c = 0; c < 3; ++c) {
+        const unsigned v = adobe_cmyk ? s[c] * unsigned{s[3]} : (255u - s[c]) * (255u - s[3]);
+        rgb[c] = static_cast<uint8_t>((v + 127) / 255);
+      }
+    }
+    if (channels == 1) {
+      dst[p] = src_channels == 1 ? s[0] : luma(rgb[0], rgb[1], rgb[2]);
+    } else {
+      std::memcpy(dst + 3 * p, rgb, 3);
+    }
+  }
+}
+
+void check_channels(int64_t channels) {
+  KILN_CHECK(channels == 1 || channels == 3, InvalidArgument,
+             "images can be decoded to 1 or 3 channels, not ", channels);
+}
+
+// ---- JPEG ---------------------------------------------------------------------------------
+
+struct JpegErrorMgr {
+  jpeg_error_mgr mgr;
+  jmp_buf jump;
+  bool truncated;
+  char message[JMSG_LENGTH_MAX];
+};
+
+void jpeg_on_error(j_common_ptr cinfo) {
+  auto* err = reinterpret_cast<JpegErrorMgr*>(cinfo->err);
+  (*cinfo->err->format_message)(cinfo, err->message);
+  longjmp(err->jump, 1);
+}
+
+void jpeg_on_message(j_common_ptr cinfo, int level) {
+  if (level >= 0) return;  // trace messages
+  auto* err = reinterpret_cast<JpegErrorMgr*>(cinfo->err);
+  if (cinfo->err->msg_code == JWRN_JPEG_EOF) err->truncated = true;
+  cinfo->err->num_warnings++;
+}
+
+// A memory source written here rather than jpeg_mem_src, which libjpeg 6b builds lack.
+void src_init(j_decompress_ptr) {}
+boolean src_fill(j_decompress_ptr cinfo) {
+  // Out of data: warn (we mark the image truncated) and feed a fake end-of-image marker, as
+  // libjpeg's own sources do, so the decoder stops cleanly.
+  static const JOCTET kEoi[2] = {0xFF, JPEG_EOI};
+  cinfo->err->msg_code = JWRN_JPEG_EOF;
+  (*cinfo->err->emit_message)(reinterpret_cast<j_common_ptr>(cinfo), -1);
+  cinfo->src->next_input_byte = kEoi;
+  cinfo->src->bytes_in_buffer = 2;
+  return TRUE;
+}
+void src_skip(j_decompress_ptr cinfo, long n) {
+  if (n <= 0) return;
+  while (static_cast<size_t>(n) > cinfo->src->bytes_in_buffer) {
+    n -= static_cast<long>(cinfo->src->bytes_in_buffer);
+    src_fill(cinfo);
+  }
+  cinfo->src->next_input_byte += n;
+  cinfo->src->bytes_in_buffer -= static_cast<size_t>(n);
+}
+void src_term(j_decompress_ptr) {}
+
+struct JpegDecodeState {
+  jpeg_decompress_struct cinfo;
+  JpegErrorMgr err;
+  jpeg_source_mgr src;
+  std::vector<uint8_t> raw;  // as decoded: 1, 3 or 4 channels
+  int64_t height = 0, width = 0, raw_channels = 0;
+  bool adobe = false;
+  bool too_large = false;
+};
+
+// Returns false with st.err.message set on failure.
+bool jpeg_decode_raw(const uint8_t* bytes, size_t size, int64_t max_pixels, JpegDecodeState& st) {
+  st.cinfo.err = jpeg_std_error(&st.err.mgr);
+  st.err.mgr.error_exit = jpeg_on_error;
+  st.err.mgr.emit_message = jpeg_on_message;
+  st.err.truncated = false;
+  st.err.message[0] = '\0';
+  if (setjmp(st.err.jump)) {
+    jpeg_destroy_decompress(&st.cinfo);
+    return false;
+  }
+  jpeg_create_decompress(&st.cinfo);
+  st.src.init_source = src_init;
+  st.src.fill_input_buffer = src_fill;
+  st.src.skip_input_data = src_skip;
+  st.src.resync_to_restart = jpeg_resync_to_restart;
+  st.src.term_source = src_term;
+  st.src.next_input_byte = bytes;
+  st.src.bytes_in_buffer = size;
+  st.cinfo.src = &st.src;
+  jpeg_read_header(&st.cinfo, TRUE);
+  const J_COLOR_SPACE in = st.cinfo.jpeg_color_space;
+  // Grey stays grey and CMYK/YCCK come out as CMYK: we convert those ourselves because not every
+  // libjpeg can (6b has no grey->RGB, none has CMYK->RGB).
+  st.cinfo.out_color_space = in == JCS_GRAYSCALE                  ? JCS_GRAYSCALE
+                             : (in == JCS_CMYK || in == JCS_YCCK) ? JCS_CMYK
+                                                                  : JCS_RGB;
+  st.adobe = st.cinfo.saw_Adobe_marker;
+  if (int64_t{st.cinfo.image_width} * st.cinfo.image_height > max_pixels) {
+    st.too_large = true;
+    st.width = st.cinfo.image_width;
+    st.height = st.cinfo.image_height;
+    jpeg_destroy_decompress(&st.cinfo);
+    return false;
+  }
+  jpeg_start_decompress(&st.cinfo);
+  st.height = st.cinfo.output_height;
+  st.width = st.cinfo.output_width;
+  st.raw_channels = st.cinfo.output_components;
+  const size_t stride = static_cast<size_t>(st.width * st.raw_channels);
+  st.raw.resize(stride * static_cast<size_t>(st.height));
+  while (st.cinfo.output_scanline < st.cinfo.output_height) {
+    JSAMPROW row = st.raw.data() + stride * st.cinfo.output_scanline;
+    jpeg_read_scanlines(&st.cinfo, &row, 1);
+  }
+  jpeg_finish_decompress(&st.cinfo);
+  jpeg_destroy_decompress(&st.cinfo);
+  return true;
+}
+
+struct JpegDest {
+  jpeg_destination_mgr mgr;
+  std::vector<uint8_t>* out;
+};
+void dest_init(j_compress_ptr cinfo) {
+  auto* d = reinterpret_cast<JpegDest*>(cinfo->dest);
+  d->out->resize(1 << 16);
+  d->mgr.next_output_byte = d->out->data();
+  d->mgr.free_in_buffer = d->out->size();
+}
+boolean dest_empty(j_compress_ptr cinfo) {
+  auto* d = reinterpret_cast<JpegDest*>(cinfo->dest);
+  const size_t used = d->out->size();  // the whole buffer is full when this is called
+  d->out->resize(used * 2);
+  d->mgr.next_output_byte = d->out->data() + used;
+  d->mgr.free_in_buffer = d->out->size() - used;
+  return TRUE;
+}
+void dest_term(j_compress_ptr cinfo) {
+  auto* d = reinterpret_cast<JpegDest*>(cinfo->dest);
+  d->out->resize(d->out->size() - d->mgr.free_in_buffer);
+}
+
+struct JpegEncodeState {
+  jpeg_compress_struct cinfo;
+  JpegErrorMgr err;
+  JpegDest dest;
+  std::vector<uint8_t> out;
+};
+
+bool jpeg_encode_raw(const Image& image, int quality, JpegEncodeState& st) {
+  st.cinfo.err = jpeg_std_error(&st.err.mgr);
+  st.err.mgr.error_exit = jpeg_on_error;
+  st.err.mgr.emit_message = jpeg_on_message;
+  st.err.message[0] = '\0';
+  if (setjmp(st.err.jump)) {
+    jpeg_destroy_compress(&st.cinfo);
+    return false;
+  }
+  jpeg_create_compress(&st.cinfo);
+  st.dest.mgr.init_destination = dest_init;
+  st.dest.mgr.empty_output_buffer = dest_empty;
+  st.dest.mgr.term_destination = dest_term;
+  st.dest.out = &st.out;
+  st.cinfo.dest = &st.dest.mgr;
+  st.cinfo.image_width = static_cast<JDIMENSION>(image.width);
+  st.cinfo.image_height = static_cast<JDIMENSION>(image.height);
+  st.cinfo.input_components = static_cast<int>(image.channels);
+  st.cinfo.in_color_space = image.channels == 1   ? JCS_GRAYSCALE
+                            : image.channels == 3 ? JCS_RGB
+                                                  : JCS_CMYK;
+  jpeg_set_defaults(&st.cinfo);
+  jpeg_set_quality(&st.cinfo, quality, TRUE);
+  jpeg_start_compress(&st.cinfo, TRUE);
+  const size_t stride = static_cast<size_t>(image.width * image.channels);
+  while (st.cinfo.next_scanline < st.cinfo.image_height) {
+    JSAMPROW row = const_cast<uint8_t*>(image.pixels.data()) + stride * st.cinfo.next_scanline;
+    jpeg_write_scanlines(&st.cinfo, &row, 1);
+  }
+  jpeg_finish_compress(&st.cinfo);
+  jpeg_destroy_compress(&st.cinfo);
+  return true;
+}
+
+// ---- PNG ----------------------------------------------------------------------------------
+
+struct PngReader {
+  const uint8_t* bytes;
+  size_t size;
+  size_t pos;
+};
+
+struct PngDecodeState {
+  std::vector<uint8_t> raw;
+  std::vector<png_bytep> rows;
+  int64_t height = 0, width = 0, raw_channels = 0;
+  bool too_large = false;
+  char message[256] = {0};
+};
+
+void png_on_error(png_structp png, png_const_charp msg) {
+  auto* message = static_cast<char*>(png_get_error_ptr(png));
+  std::snprintf(message, 256, "%s", msg);
+  png_longjmp(png, 1);
+}
+void png_on_warning(png_structp, png_const_charp) {}  // e.g. "known incorrect sRGB profile"
+
+void png_read_mem(png_structp png, png_bytep out, png_size_t n) {
+  auto* r = static_cast<PngReader*>(png_get_io_ptr(png));
+  if (n > r->size - r->pos) png_error(png, "file truncated (read past the end of the data)");
+  std::memcpy(out, r->bytes + r->pos, n);
+  r->pos += n;
+}
+
+bool png_decode_raw(const uint8_t* bytes, size_t size, int64_t max_pixels, PngDecodeState& st) {
+  PngReader reader{bytes, size, 0};
+  png_structp png =
+      png_create_read_struct(PNG_LIBPNG_VER_STRING, st.message, png_on_error, png_on_warning);
+  if (!png) return false;
+  png_infop info = png_create_info_struct(png);
+  if (!info || setjmp(png_jmpbuf(png))) {
+    png_destroy_read_struct(&png, &info, nullptr);
+    return false;
+  }
+  png_set_read_fn(png, &reader, png_read_mem);
+  png_read_info(png, info);
+  const png_uint_32 w = png_get_image_width(png, info);
+  const png_uint_32 h = png_get_image_height(png, info);
+  if (int64_t{w} * h > max_pixels) {
+    st.too_large = true;
+    st.width = w;
+    st.height = h;
+    png_destroy_read_struct(&png, &info, nullptr);
+    return false;
+  }
+  const int color = png_get_color_type(png, info);
+  const int depth = png_get_bit_depth(png, info);
+  if (color == PNG_COLOR_TYPE_PALETTE) png_set_palette_to_rgb(png);
+  if (color == PNG_COLOR_TYPE_GRAY && depth < 8) png_set_expand_gray_1_2_4_to_8(png);
+  if (depth == 16) png_set_scale_16(png);
+  // Alpha is dropped, including the one that palette expansion makes from a tRNS chunk.
+  if ((color & PNG_COLOR_MASK_ALPHA) || png_get_valid(png, info, PNG_INFO_tRNS)) {
+    png_set_strip_alpha(png);
+  }
+  png_set_interlace_handling(png);
+  png_read_update_info(png, info);
+  st.height = h;
+  st.width = w;
+  st.raw_channels = png_get_channels(png, info);
+  const size_t stride = png_get_rowbytes(png, info);
+  if (stride != static_cast<size_t>(st.width * st.raw_channels) ||
+      (st.raw_channels != 1 && st.raw_channels != 3)) {
+    std::snprintf(st.message, sizeof st.message, "unexpected PNG layout");
+    png_destroy_read_struct(&png, &info, nullptr);
+    return false;
+  }
+  st.raw.resize(stride * h);
+  st.rows.resize(h);
+  for (png_uint_32 y = 0; y < h; ++y) st.rows[y] = st.raw.data() + stride * y;
+  png_read_image(png, st.rows.data());
+  png_destroy_read_struct(&png, &info, nullptr);
+  return true;
+}
+
+struct PngEncodeState {
+  std::vector<uint8_t> out;
+  std::vector<png_bytep> rows;
+  char message[256] = {0};
+};
+
+void png_write_mem(png_structp png, png_bytep data, png_size_t n) {
+  auto* out = static_cast<std::vector<uint8_t>*>(png_get_io_ptr(png));
+  out->insert(out->end(), data, data + n);
+}
+void png_flush_mem(png_structp) {}
+
+bool png_encode_raw(const Image& image, PngEncodeState& st) {
+  png_structp png =
+      png_create_write_struct(PNG_LIBPNG_VER_STRING, st.message, png_on_error, png_on_warning);
+  if (!png) return false;
+  png_infop info = png_create_info_struct(png);
+  if (!info || setjmp(png_jmpbuf(png))) {
+    png_destroy_write_struct(&png, &info);
+    return false;
+  }
+  static const int kColor[5] = {0, PNG_COLOR_TYPE_GRAY, PNG_COLOR_TYPE_GRAY_ALPHA,
+                                PNG_COLOR_TYPE_RGB, PNG_COLOR_TYPE_RGB_ALPHA};
+  png_set_write_fn(png, &st.out, png_write_mem, png_flush_mem);
+  png_set_IHDR(png, info, static_cast<png_uint_32>(image.width),
+               static_cast<png_uint_32>(image.height), 8, kColor[image.channels],
+               PNG_INTERLACE_NONE, PNG_COMPRESSION_TYPE_DEFAULT, PNG_FILTER_TYPE_DEFAULT);
+  const size_t stride = static_cast<size_t>(image.width * image.channels);
+  st.rows.resize(static_cast<size_t>(image.height));
+  for (size_t y = 0; y < st.rows.size(); ++y) {
+    st.rows[y] = const_cast<uint8_t*>(image.pixels.data()) + stride * y;
+  }
+  png_set_rows(png, info, st.rows.data());
+  png_write_png(png, info, PNG_TRANSFORM_IDENTITY, nullptr);
+  png_destroy_write_struct(&png, &info);
+  return true;
+}
+
+Image finish(const std::vector<uint8_t>& raw, int64_t h, int64_t w, int64_t raw_channels,
+             bool adobe, int64_t channels) {
+  Image img;
+  img.height = h;
+  img.width = w;
+  img.channels = channels;
+  img.pixels.resize(static_cast<size_t>(h * w * channels));
+  if (raw_channels == channels) {
+    std::memcpy(img.pixels.data(), raw.data(), img.pixels.size());
+  } else {
+    convert_channels(raw.data(), h * w, raw_channels, adobe, channels, img.pixels.data());
+  }
+  return img;
+}
+
+const char* kTooLarge = " pixels, more than the decoding limit of ";
+
+}  // namespace
+
+ImageFormat sniff_image_format(const uint8_t* bytes, size_t size) {
+  static const uint8_t kPng[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
+  if (size >= 3 && bytes[0] == 0xFF && bytes[1] == 0xD8 && bytes[2] == 0xFF) {
+    return ImageFormat::Jpeg;
+  }
+  if (size >= 8 && std::memcmp(bytes, kPng, 8) == 0) return ImageFormat::Png;
+  return ImageFormat::Unknown;
+}
+
+Image decode_jpeg(const uint8_t* bytes, size_t size, int64_t channels, const std::string& what,
+                  int64_t max_pixels) {
+  check_channels(channels);
+  auto st = std::make_unique<JpegDecodeState>();
+  const bool ok = jpeg_decode_raw(bytes, size, max_pixels, *st);
+  KILN_CHECK(!st->too_large, Data, what, ": JPEG of ", st->width, "x", st->height, kTooLarge,
+             max_pixels, "; treating the file as corrupt");
+  KILN_CHECK(ok, Data, what, ": corrupt JPEG (libjpeg: ", st->err.message, ")");
+  KILN_CHECK(!st->err.truncated, Data, what,
+             ": truncated JPEG (the data ends before the image does)");
+  return finish(st->raw, st->height, st->width, st->raw_channels, st->adobe, channels);
+}
+
+Image decode_png(const uint8_t* bytes, size_t size, int64_t channels, const std::string& what,
+                 int64_t max_pixels) {
+  check_channels(channels);
+  PngDecodeState st;
+  const bool ok = png_decode_raw(bytes, size, max_pixels, st);
+  KILN_CHECK(!st.too_large, Data, what, ": PNG of ", st.width, "x", st.height, kTooLarge,
+             max_pixels, "; treating the file as corrupt");
+  KILN_CHECK(ok, Data, what, ": corrupt PNG (libpng: ", st.message, ")");
+  return finish(st.raw, st.height, st.width, st.raw_channels, false, channels);
+}
+
+Image decode_image(const uint8_t* bytes, size_t size, int64_t channels, const std::string& what,
+                   int64_t max_pixels) {
+  switch (sniff_image_format(bytes, size)) {
+    case ImageFormat::Jpeg:
+      return decode_jpeg(bytes, size, channels, what, max_pixels);
+    case ImageFormat::Png:
+      return decode_png(bytes, size, channels, what, max_pixels);
+    case ImageFormat::Unknown:
+      break;
+  }
+  KILN_FAIL(Data, what, ": neither JPEG nor PNG (", size,
+            " bytes, unknown magic); the file is corrupt or has the wrong extension");
+}
+
+std::vector<uint8_t> encode_jpeg(const Image& image, int quality) {
+  KILN_CHECK(image.channels == 1 || image.channels == 3 || image.channels == 4, InvalidArgument,
+             "JPEG encoding takes 1, 3 or 4 (CMYK) channels, not ", image.channels);
+  KILN_CHECK(quality >= 1 && quality <= 100, InvalidArgument, "JPEG quality ", quality,
+             " is outside 1..100");
+  KILN_CHECK(image.height > 0 && image.width > 0 &&
+                 image.pixels.size() == static_cast<size_t>(image.numel()),
+             InvalidArgument, "cannot encode an empty or inconsistent image");
+  auto st = std::make_unique<JpegEncodeState>();
+  KILN_CHECK(jpeg_encode_raw(image, quality, *st), Internal,
+             "JPEG encoding failed (libjpeg: ", st->err.message, ")");
+  return std::move(st->out);
+}
+
+std::vector<uint8_t> encode_png(const Image& image) {
+  KILN_CHECK(image.channels >= 1 && image.channels <= 4, InvalidArgument,
+             "PNG encoding takes 1 to 4 channels, not ", image.channels);
+  KILN_CHECK(image.height > 0 && image.width > 0 &&
+                 image.pixels.size() == static_cast<size_t>(image.numel()),
+             InvalidArgument, "cannot encode an empty or inconsistent image");
+  PngEncodeState st;
+  KILN_CHECK(png_encode_raw(image, st), Internal, "PNG encoding failed (libpng: ", st.message, ")");
+  return std::move(st.out);
+}
+
+}  // namespace kiln

@@ -1,0 +1,229 @@
+#include "kiln/data/loader.h"
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+
+#include "kiln/core/error.h"
+#include "kiln/core/rng.h"
+
+namespace kiln {
+
+Loader::Loader(std::shared_ptr<const Dataset> dataset, Pipeline transforms, LoaderOptions options)
+    : dataset_(std::move(dataset)), pipeline_(std::move(transforms)), options_(options) {
+  const LoaderOptions& o = options_;
+  KILN_CHECK(dataset_ != nullptr, InvalidArgument, "Loader needs a dataset, got null");
+  KILN_CHECK(o.batch_size > 0, InvalidArgument, "batch size must be > 0, got ", o.batch_size);
+  KILN_CHECK(o.workers >= 0, InvalidArgument, "loader workers must be >= 0, got ", o.workers);
+  KILN_CHECK(o.prefetch >= 1, InvalidArgument, "loader prefetch must be >= 1, got ", o.prefetch);
+  KILN_CHECK(o.world >= 1 && o.rank >= 0 && o.rank < o.world, InvalidArgument, "rank ", o.rank,
+             " is outside [0, world = ", o.world, ")");
+  const int64_t n = dataset_->size();
+  per_rank_ = n / o.world;
+  if (o.drop_last) {
+    batches_ = per_rank_ / o.batch_size;
+    samples_ = batches_ * o.batch_size;
+  } else {
+    batches_ = (per_rank_ + o.batch_size - 1) / o.batch_size;
+    samples_ = per_rank_;
+  }
+  KILN_CHECK(batches_ > 0, InvalidArgument, dataset_->describe(), " gives each of the ", o.world,
+             " rank(s) ", per_rank_, " samples, fewer than one batch of ", o.batch_size,
+             "; lower the batch size or turn drop_last off");
+
+  // Every batch has a fixed shape; take it from sample 0 (the Pipeline's output size does not
+  // depend on the random draws, only on the input size, and workers check each sample).
+  Rng rng = Rng::derive(o.seed, 0, 1);
+  const FloatImage first = pipeline_(dataset_->sample(0).image, rng);
+  hwc_ = {first.height, first.width, first.channels};
+  KILN_CHECK(sample_floats() > 0, InvalidArgument, "the transforms made an empty image");
+
+  // One slot being copied out by next() plus `prefetch` being made ahead; with no workers the
+  // caller makes one batch at a time.
+  const int slots = o.workers == 0 ? 1 : o.prefetch + 1;
+  slots_.resize(static_cast<size_t>(slots));
+  for (Slot& s : slots_) {
+    s.images.resize(static_cast<size_t>(o.batch_size * sample_floats()));
+    s.labels.resize(static_cast<size_t>(o.batch_size));
+  }
+  for (int w = 0; w < o.workers; ++w) threads_.emplace_back([this] { worker_loop(); });
+}
+
+Loader::~Loader() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stop_ = true;
+  }
+  work_cv_.notify_all();
+  for (std::thread& t : threads_) t.join();
+}
+
+int64_t Loader::batch_samples(int64_t batch) const {
+  return std::min(options_.batch_size, samples_ - batch * options_.batch_size);
+}
+
+void Loader::start_epoch(int64_t epoch) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  // Retire the old epoch: nothing new is claimed, and what is being made is waited for, because
+  // it writes into the slots we are about to reuse.
+  ++generation_;
+  active_ = false;
+  ready_cv_.wait(lock, [this] { return in_flight_ == 0; });
+
+  const int64_t n = dataset_->size();
+  std::vector<int64_t> perm(static_cast<size_t>(n));
+  std::iota(perm.begin(), perm.end(), int64_t{0});
+  if (options_.shuffle) {
+    Rng rng = Rng::derive(options_.seed, static_cast<uint64_t>(epoch));
+    for (int64_t i = n - 1; i > 0; --i) {
+      std::swap(perm[static_cast<size_t>(i)],
+                perm[static_cast<size_t>(rng.below(static_cast<uint64_t>(i + 1)))]);
+    }
+  }
+  order_.resize(static_cast<size_t>(samples_));
+  for (int64_t k = 0; k < samples_; ++k) {
+    order_[static_cast<size_t>(k)] = perm[static_cast<size_t>(options_.rank + k * options_.world)];
+  }
+  epoch_ = epoch;
+  next_position_ = 0;
+  consumed_ = 0;
+  for (Slot& s : slots_) {
+    s.batch = -1;
+    s.remaining = 0;
+    s.error_at = -1;
+    s.error = nullptr;
+  }
+  active_ = true;
+  lock.unlock();
+  work_cv_.notify_all();
+}
+
+bool Loader::claim(int64_t max, int64_t& first, int64_t& count, uint64_t& generation) {
+  // Called with mutex_ held.
+  if (!active_ || next_position_ >= samples_) return false;
+  const int64_t batch = next_position_ / options_.batch_size;
+  if (batch >= consumed_ + static_cast<int64_t>(slots_.size())) return false;  // ring is full
+  Slot& slot = slots_[static_cast<size_t>(batch) % slots_.size()];
+  if (slot.batch != batch) {  // first claim in this batch: the slot held batch - slots, consumed
+    slot.batch = batch;
+    slot.remaining = batch_samples(batch);
+    slot.error_at = -1;
+    slot.error = nullptr;
+  }
+  const int64_t batch_end = batch * options_.batch_size + batch_samples(batch);
+  first = next_position_;
+  count = std::min(max, batch_end - first);
+  next_position_ += count;
+  generation = generation_;
+  ++in_flight_;
+  return true;
+}
+
+void Loader::make_one(int64_t position, Slot& slot, int64_t& error_at, std::exception_ptr& error) {
+  const int64_t index = order_[static_cast<size_t>(position)];
+  const int64_t k = position % options_.batch_size;
+  try {
+    Sample s = dataset_->sample(index);
+    Rng rng =
+        Rng::derive(options_.seed, static_cast<uint64_t>(epoch_), static_cast<uint64_t>(index) + 1);
+    const FloatImage img = pipeline_(s.image, rng);
+    KILN_CHECK(img.height == hwc_[0] && img.width == hwc_[1] && img.channels == hwc_[2],
+               InvalidArgument, "the transforms made a ", img.height, "x", img.width, "x",
+               img.channels, " image from sample ", index, " but batches hold ", hwc_[0], "x",
+               hwc_[1], "x", hwc_[2],
+               " (the shape made from sample 0); end the pipeline with a "
+               "fixed-size crop (RandomResizedCrop, CenterCrop, RandomCrop) so that every sample "
+               "has the same shape");
+    std::memcpy(slot.images.data() + k * sample_floats(), img.data.data(),
+                static_cast<size_t>(sample_floats()) * sizeof(float));
+    slot.labels[static_cast<size_t>(k)] = s.label;
+  } catch (...) {
+    if (error_at < 0) {  // positions rise, so the first failure is the lowest
+      error_at = position;
+      error = std::current_exception();
+    }
+  }
+}
+
+void Loader::make_samples(int64_t first, int64_t count, uint64_t generation) {
+  // No lock while making samples: the claimed positions are ours alone, and order_, epoch_ and
+  // the slot buffers do not change until in_flight_ drops back to zero.
+  const int64_t batch = first / options_.batch_size;
+  Slot& slot = slots_[static_cast<size_t>(batch) % slots_.size()];
+  int64_t error_at = -1;
+  std::exception_ptr error;
+  for (int64_t p = first; p < first + count; ++p) make_one(p, slot, error_at, error);
+
+  std::lock_guard<std::mutex> lock(mutex_);
+  --in_flight_;
+  if (generation == generation_) {
+    slot.remaining -= count;
+    if (error && (slot.error_at < 0 || error_at < slot.error_at)) {
+      slot.error_at = error_at;
+      slot.error = std::move(error);
+    }
+  }
+  // Drop our reference under the lock: the exception must not be freed by this thread after
+  // start_epoch() has already let go of it (the refcount would be the only ordering).
+  error = nullptr;
+  ready_cv_.notify_all();
+}
+
+void Loader::worker_loop() {
+  // Claim a few samples at a time: enough to keep lock traffic low for tiny images (MNIST),
+  // few enough that all workers share even a small batch.
+  const int64_t chunk = std::clamp<int64_t>(options_.batch_size / (4 * options_.workers), 1, 16);
+  std::unique_lock<std::mutex> lock(mutex_);
+  for (;;) {
+    int64_t first = 0, count = 0;
+    uint64_t generation = 0;
+    work_cv_.wait(lock, [&] { return stop_ || claim(chunk, first, count, generation); });
+    if (stop_) return;  // stop_ is tested first, so nothing was claimed
+    lock.unlock();
+    make_samples(first, count, generation);
+    lock.lock();
+  }
+}
+
+int64_t Loader::next(float* images, int32_t* labels) {
+  KILN_CHECK(images != nullptr && labels != nullptr, InvalidArgument,
+             "Loader::next needs image and label buffers, got null");
+  std::unique_lock<std::mutex> lock(mutex_);
+  KILN_CHECK(active_, State,
+             "Loader::next called with no epoch running; call start_epoch(e) "
+             "first (also after an error, which ends the epoch)");
+  if (consumed_ >= batches_) return 0;
+  const int64_t batch = consumed_;
+  Slot& slot = slots_[static_cast<size_t>(batch) % slots_.size()];
+  auto ready = [&] { return slot.batch == batch && slot.remaining == 0; };
+  if (threads_.empty()) {
+    // No workers: make the batch here, through the same claim path.
+    int64_t first = 0, count = 0;
+    uint64_t generation = 0;
+    while (!ready() && claim(options_.batch_size, first, count, generation)) {
+      lock.unlock();
+      make_samples(first, count, generation);
+      lock.lock();
+    }
+  } else {
+    ready_cv_.wait(lock, ready);
+  }
+  if (slot.error) {
+    active_ = false;
+    std::exception_ptr e = slot.error;
+    lock.unlock();
+    std::rethrow_exception(e);
+  }
+  lock.unlock();
+  // The slot is ours until consumed_ moves on: workers only claim batches < consumed_ + slots.
+  const int64_t n = batch_samples(batch);
+  std::memcpy(images, slot.images.data(), static_cast<size_t>(n * sample_floats()) * sizeof(float));
+  std::memcpy(labels, slot.labels.data(), static_cast<size_t>(n) * sizeof(int32_t));
+  lock.lock();
+  ++consumed_;
+  lock.unlock();
+  work_cv_.notify_all();
+  return n;
+}
+
+}  // namespace kiln

@@ -1,0 +1,425 @@
+#include "kiln/data/transforms.h"
+
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+
+#include "kiln/core/error.h"
+
+namespace kiln {
+namespace {
+
+// Python's round(): half to even, which std::nearbyint does in the default rounding mode.
+int64_t py_round(double v) {
+  return static_cast<int64_t>(std::nearbyint(v));
+}
+
+// One axis of a bilinear resize: output o reads inputs i0 and i1 with weights (1-l, l).
+struct Tap {
+  int64_t i0, i1;
+  float l;
+};
+
+// Half-pixel centres (align_corners=False), as ATen's area_pixel_compute_source_index for
+// linear modes: src = (o + 0.5) * in / out - 0.5, clamped below at 0.
+std::vector<Tap> taps(int64_t in, int64_t out) {
+  std::vector<Tap> t(static_cast<size_t>(out));
+  const double scale = static_cast<double>(in) / static_cast<double>(out);
+  for (int64_t o = 0; o < out; ++o) {
+    const double src = std::max(0.0, (static_cast<double>(o) + 0.5) * scale - 0.5);
+    const int64_t i0 = std::min(static_cast<int64_t>(src), in - 1);
+    t[static_cast<size_t>(o)] = {i0, std::min(i0 + 1, in - 1),
+                                 static_cast<float>(src - static_cast<double>(i0))};
+  }
+  return t;
+}
+
+// One output row: each output pixel blends two columns of two source rows. C is the channel
+// count when known at compile time (1 or 3, the common cases, unrolled), 0 otherwise.
+template <int C>
+void resize_row(const float* r0, const float* r1, float wy, const std::vector<Tap>& tx,
+                int64_t channels, float* out) {
+  const int64_t c = C > 0 ? C : channels;
+  for (const Tap& b : tx) {
+    const float* a0 = r0 + b.i0 * c;
+    const float* a1 = r0 + b.i1 * c;
+    const float* b0 = r1 + b.i0 * c;
+    const float* b1 = r1 + b.i1 * c;
+    for (int64_t k = 0; k < c; ++k) {
+      const float top = a0[k] + (a1[k] - a0[k]) * b.l;
+      const float bot = b0[k] + (b1[k] - b0[k]) * b.l;
+      out[k] = top + (bot - top) * wy;
+    }
+    out += c;
+  }
+}
+
+// Bilinear resize of the box (inside the image) to h x w; crop-then-resize in one pass.
+FloatImage resize_box(const FloatImage& img, const CropBox& box, int64_t h, int64_t w) {
+  FloatImage out(h, w, img.channels);
+  const std::vector<Tap> ty = taps(box.height, h);
+  const std::vector<Tap> tx = taps(box.width, w);
+  const int64_t c = img.channels;
+  for (int64_t y = 0; y < h; ++y) {
+    const Tap& a = ty[static_cast<size_t>(y)];
+    const float* r0 = &img.data[static_cast<size_t>(((box.top + a.i0) * img.width + box.left) * c)];
+    const float* r1 = &img.data[static_cast<size_t>(((box.top + a.i1) * img.width + box.left) * c)];
+    float* o = &out.data[static_cast<size_t>(y * w * c)];
+    if (c == 3) {
+      resize_row<3>(r0, r1, a.l, tx, c, o);
+    } else if (c == 1) {
+      resize_row<1>(r0, r1, a.l, tx, c, o);
+    } else {
+      resize_row<0>(r0, r1, a.l, tx, c, o);
+    }
+  }
+  return out;
+}
+
+void check_size(const char* what, int64_t h, int64_t w) {
+  KILN_CHECK(h > 0 && w > 0, InvalidArgument, what, " needs a positive size, got ", h, "x", w);
+}
+
+void clamp01(float& v) {
+  v = std::min(1.0f, std::max(0.0f, v));
+}
+
+float gray_of(const float* p) {
+  return 0.2989f * p[0] + 0.587f * p[1] + 0.114f * p[2];
+}
+
+void adjust_brightness(FloatImage& img, float f) {
+  for (float& v : img.data) {
+    v *= f;
+    clamp01(v);
+  }
+}
+
+void adjust_contrast(FloatImage& img, float f) {
+  // Blend with the mean grey level of the whole image (torchvision's adjust_contrast).
+  const int64_t pixels = img.height * img.width;
+  double sum = 0.0;
+  for (int64_t p = 0; p < pixels; ++p) {
+    const float* px = &img.data[static_cast<size_t>(p * img.channels)];
+    sum += img.channels == 3 ? gray_of(px) : px[0];
+  }
+  const float mean = static_cast<float>(sum / static_cast<double>(pixels));
+  for (float& v : img.data) {
+    v = f * v + (1.0f - f) * mean;
+    clamp01(v);
+  }
+}
+
+void adjust_saturation(FloatImage& img, float f) {
+  if (img.channels == 1) return;  // nothing to saturate, as torchvision
+  for (int64_t p = 0; p < img.height * img.width; ++p) {
+    float* px = &img.data[static_cast<size_t>(p * 3)];
+    const float g = gray_of(px);
+    for (int k = 0; k < 3; ++k) {
+      px[k] = f * px[k] + (1.0f - f) * g;
+      clamp01(px[k]);
+    }
+  }
+}
+
+// torchvision's _rgb2hsv / _hsv2rgb, pixel by pixel.
+void adjust_hue(FloatImage& img, float shift) {
+  if (img.channels == 1) return;
+  for (int64_t p = 0; p < img.height * img.width; ++p) {
+    float* px = &img.data[static_cast<size_t>(p * 3)];
+    const float r = px[0], g = px[1], b = px[2];
+    const float maxc = std::max(r, std::max(g, b));
+    const float minc = std::min(r, std::min(g, b));
+    const bool eq = maxc == minc;
+    const float cr = maxc - minc;
+    const float s = cr / (eq ? 1.0f : maxc);
+    const float div = eq ? 1.0f : cr;
+    const float rc = (maxc - r) / div, gc = (maxc - g) / div, bc = (maxc - b) / div;
+    float h = 0.0f;
+    if (maxc == r) {
+      h = bc - gc;
+    } else if (maxc == g) {
+      h = 2.0f + rc - bc;
+    } else {
+      h = 4.0f + gc - rc;
+    }
+    h = std::fmod(h / 6.0f + 1.0f, 1.0f);
+    h = h + shift;
+    h -= std::floor(h);  // Python's % 1.0: into [0, 1)
+    const float v = maxc;
+    const float i_f = std::floor(h * 6.0f);
+    const float fr = h * 6.0f - i_f;
+    const int i = static_cast<int>(i_f) % 6;
+    float pp = v * (1.0f - s), q = v * (1.0f - s * fr), t = v * (1.0f - s * (1.0f - fr));
+    clamp01(pp), clamp01(q), clamp01(t);
+    const float rgb[6][3] = {{v, t, pp}, {q, v, pp}, {pp, v, t},
+                             {pp, q, v}, {t, pp, v}, {v, pp, q}};
+    px[0] = rgb[i][0], px[1] = rgb[i][1], px[2] = rgb[i][2];
+  }
+}
+
+}  // namespace
+
+FloatImage to_float_image(const Image& image) {
+  FloatImage out(image.height, image.width, image.channels);
+  for (size_t i = 0; i < out.data.size(); ++i) out.data[i] = image.pixels[i];
+  return out;
+}
+
+FloatImage crop_image(const FloatImage& img, int64_t top, int64_t left, int64_t h, int64_t w) {
+  FloatImage out(h, w, img.channels);
+  const int64_t c = img.channels;
+  // Copy the rows and columns where the window and the image overlap; the rest stays zero.
+  const int64_t x0 = std::max<int64_t>(0, -left), x1 = std::min(w, img.width - left);
+  if (x1 <= x0) return out;
+  for (int64_t y = std::max<int64_t>(0, -top); y < std::min(h, img.height - top); ++y) {
+    const float* src = &img.data[static_cast<size_t>(((top + y) * img.width + left + x0) * c)];
+    std::copy(src, src + (x1 - x0) * c, &out.data[static_cast<size_t>((y * w + x0) * c)]);
+  }
+  return out;
+}
+
+FloatImage resize_bilinear(const FloatImage& image, int64_t h, int64_t w) {
+  check_size("resize", h, w);
+  return resize_box(image, {0, 0, image.height, image.width}, h, w);
+}
+
+void ToFloat::apply(FloatImage& image, Rng&) const {
+  for (float& v : image.data) v *= 1.0f / 255.0f;
+}
+
+RandomResizedCrop::RandomResizedCrop(int64_t size, std::array<float, 2> scale,
+                                     std::array<float, 2> ratio)
+    : RandomResizedCrop(size, size, scale, ratio) {}
+
+RandomResizedCrop::RandomResizedCrop(int64_t height, int64_t width, std::array<float, 2> scale,
+                                     std::array<float, 2> ratio)
+    : height_(height), width_(width), scale_(scale), ratio_(ratio) {
+  check_size("RandomResizedCrop", height, width);
+  KILN_CHECK(scale[0] > 0 && scale[0] <= scale[1] && scale[1] <= 1, InvalidArgument,
+             "RandomResizedCrop scale must satisfy 0 < lo <= hi <= 1, got (", scale[0], ", ",
+             scale[1], ")");
+  KILN_CHECK(ratio[0] > 0 && ratio[0] <= ratio[1], InvalidArgument,
+             "RandomResizedCrop ratio must satisfy 0 < lo <= hi, got (", ratio[0], ", ", ratio[1],
+             ")");
+}
+
+CropBox RandomResizedCrop::sample_box(int64_t h, int64_t w, Rng& rng) const {
+  const double area = static_cast<double>(h) * static_cast<double>(w);
+  const double log_lo = std::log(ratio_[0]), log_hi = std::log(ratio_[1]);
+  for (int attempt = 0; attempt < 10; ++attempt) {
+    const double target = area * (scale_[0] + rng.uniform() * (scale_[1] - scale_[0]));
+    const double aspect = std::exp(log_lo + rng.uniform() * (log_hi - log_lo));
+    const int64_t cw = py_round(std::sqrt(target * aspect));
+    const int64_t ch = py_round(std::sqrt(target / aspect));
+    if (cw > 0 && cw <= w && ch > 0 && ch <= h) {
+      const int64_t top = static_cast<int64_t>(rng.below(static_cast<uint64_t>(h - ch + 1)));
+      const int64_t left = static_cast<int64_t>(rng.below(static_cast<uint64_t>(w - cw + 1)));
+      return {top, left, ch, cw};
+    }
+  }
+  // Fallback: the largest centred box within the ratio range.
+  const double in_ratio = static_cast<double>(w) / static_cast<double>(h);
+  int64_t cw = w, ch = h;
+  if (in_ratio < ratio_[0]) {
+    ch = py_round(static_cast<double>(cw) / ratio_[0]);
+  } else if (in_ratio > ratio_[1]) {
+    cw = py_round(static_cast<double>(ch) * ratio_[1]);
+  }
+  return {(h - ch) / 2, (w - cw) / 2, ch, cw};
+}
+
+void RandomResizedCrop::apply(FloatImage& image, Rng& rng) const {
+  const CropBox box = sample_box(image.height, image.width, rng);
+  image = resize_box(image, box, height_, width_);
+}
+
+std::string RandomResizedCrop::describe() const {
+  std::ostringstream os;
+  os << "RandomResizedCrop(" << height_ << "x" << width_ << ", scale " << scale_[0] << ".."
+     << scale_[1] << ", ratio " << ratio_[0] << ".." << ratio_[1] << ")";
+  return os.str();
+}
+
+RandomCrop::RandomCrop(int64_t height, int64_t width, int64_t padding)
+    : height_(height), width_(width), padding_(padding) {
+  check_size("RandomCrop", height, width);
+  KILN_CHECK(padding >= 0, InvalidArgument, "RandomCrop padding must be >= 0, got ", padding);
+}
+
+void RandomCrop::apply(FloatImage& image, Rng& rng) const {
+  const int64_t ph = image.height + 2 * padding_, pw = image.width + 2 * padding_;
+  KILN_CHECK(ph >= height_ && pw >= width_, InvalidArgument, "RandomCrop(", height_, "x", width_,
+             ", padding ", padding_, ") on a ", image.height, "x", image.width,
+             " image: the crop is larger than the padded image; add padding or a Resize first");
+  const int64_t top = static_cast<int64_t>(rng.below(static_cast<uint64_t>(ph - height_ + 1)));
+  const int64_t left = static_cast<int64_t>(rng.below(static_cast<uint64_t>(pw - width_ + 1)));
+  image = crop_image(image, top - padding_, left - padding_, height_, width_);
+}
+
+std::string RandomCrop::describe() const {
+  return "RandomCrop(" + std::to_string(height_) + "x" + std::to_string(width_) + ", pad " +
+         std::to_string(padding_) + ")";
+}
+
+RandomHorizontalFlip::RandomHorizontalFlip(float p) : p_(p) {
+  KILN_CHECK(p >= 0.0f && p <= 1.0f, InvalidArgument, "flip probability ", p, " is outside [0, 1]");
+}
+
+void RandomHorizontalFlip::apply(FloatImage& image, Rng& rng) const {
+  if (!(rng.uniform() < p_)) return;
+  const int64_t c = image.channels;
+  for (int64_t y = 0; y < image.height; ++y) {
+    float* row = &image.data[static_cast<size_t>(y * image.width * c)];
+    for (int64_t a = 0, b = image.width - 1; a < b; ++a, --b) {
+      std::swap_ranges(row + a * c, row + (a + 1) * c, row + b * c);
+    }
+  }
+}
+
+std::string RandomHorizontalFlip::describe() const {
+  std::ostringstream os;
+  os << "RandomHorizontalFlip(p " << p_ << ")";
+  return os.str();
+}
+
+ColorJitter::ColorJitter(float brightness, float contrast, float saturation, float hue)
+    : brightness_(brightness), contrast_(contrast), saturation_(saturation), hue_(hue) {
+  KILN_CHECK(brightness >= 0 && contrast >= 0 && saturation >= 0, InvalidArgument,
+             "ColorJitter brightness, contrast and saturation must be >= 0, got ", brightness, ", ",
+             contrast, ", ", saturation);
+  KILN_CHECK(hue >= 0 && hue <= 0.5f, InvalidArgument, "ColorJitter hue must be in [0, 0.5], got ",
+             hue);
+}
+
+void ColorJitter::apply(FloatImage& image, Rng& rng) const {
+  KILN_CHECK(image.channels == 1 || image.channels == 3, InvalidArgument,
+             "ColorJitter takes 1- or 3-channel images, not ", image.channels);
+  // A random order of the four adjustments (torch.randperm(4)), then the factors; a zero
+  // strength draws nothing, as torchvision's None parameters.
+  int order[4] = {0, 1, 2, 3};
+  for (int i = 3; i > 0; --i) std::swap(order[i], order[rng.below(static_cast<uint64_t>(i + 1))]);
+  auto factor = [&](float strength) {
+    const float lo = std::max(0.0f, 1.0f - strength), hi = 1.0f + strength;
+    return lo + static_cast<float>(rng.uniform()) * (hi - lo);
+  };
+  const float b = brightness_ > 0 ? factor(brightness_) : 1.0f;
+  const float c = contrast_ > 0 ? factor(contrast_) : 1.0f;
+  const float s = saturation_ > 0 ? factor(saturation_) : 1.0f;
+  const float h = hue_ > 0 ? -hue_ + static_cast<float>(rng.uniform()) * 2.0f * hue_ : 0.0f;
+  for (int op : order) {
+    if (op == 0 && brightness_ > 0) adjust_brightness(image, b);
+    if (op == 1 && contrast_ > 0) adjust_contrast(image, c);
+    if (op == 2 && saturation_ > 0) adjust_saturation(image, s);
+    if (op == 3 && hue_ > 0) adjust_hue(image, h);
+  }
+}
+
+std::string ColorJitter::describe() const {
+  std::ostringstream os;
+  os << "ColorJitter(brightness " << brightness_ << ", contrast " << contrast_ << ", saturation "
+     << saturation_ << ", hue " << hue_ << ")";
+  return os.str();
+}
+
+Normalize::Normalize(std::vector<float> mean, std::vector<float> std) : mean_(std::move(mean)) {
+  KILN_CHECK(!mean_.empty() && mean_.size() == std.size(), InvalidArgument,
+             "Normalize needs one mean and one std per channel, got ", mean_.size(), " and ",
+             std.size());
+  for (float s : std) {
+    KILN_CHECK(s > 0, InvalidArgument, "Normalize std must be > 0, got ", s);
+    inv_std_.push_back(1.0f / s);
+  }
+}
+
+void Normalize::apply(FloatImage& image, Rng&) const {
+  const int64_t c = image.channels;
+  KILN_CHECK(static_cast<size_t>(c) == mean_.size(), InvalidArgument, "Normalize has ",
+             mean_.size(), " channel statistics but the image has ", c,
+             " channels; give one mean and std per channel");
+  float* p = image.data.data();
+  for (int64_t i = 0; i < image.height * image.width; ++i, p += c) {
+    for (int64_t k = 0; k < c; ++k)
+      p[k] = (p[k] - mean_[static_cast<size_t>(k)]) * inv_std_[static_cast<size_t>(k)];
+  }
+}
+
+std::string Normalize::describe() const {
+  std::ostringstream os;
+  os << "Normalize(mean";
+  for (float m : mean_) os << " " << m;
+  os << ", std";
+  for (float s : inv_std_) os << " " << 1.0f / s;
+  os << ")";
+  return os.str();
+}
+
+Resize::Resize(int64_t shorter_side) : shorter_(shorter_side) {
+  check_size("Resize", shorter_side, shorter_side);
+}
+
+void Resize::apply(FloatImage& image, Rng&) const {
+  const int64_t h = image.height, w = image.width;
+  // torchvision: the long side is int(size * long / short), truncated.
+  int64_t nh = shorter_, nw = shorter_;
+  if (w <= h) {
+    nh = static_cast<int64_t>(static_cast<double>(shorter_) * static_cast<double>(h) /
+                              static_cast<double>(w));
+  } else {
+    nw = static_cast<int64_t>(static_cast<double>(shorter_) * static_cast<double>(w) /
+                              static_cast<double>(h));
+  }
+  if (nh == h && nw == w) return;
+  image = resize_box(image, {0, 0, h, w}, nh, nw);
+}
+
+std::string Resize::describe() const {
+  return "Resize(shorter side " + std::to_string(shorter_) + ")";
+}
+
+CenterCrop::CenterCrop(int64_t height, int64_t width) : height_(height), width_(width) {
+  check_size("CenterCrop", height, width);
+}
+
+void CenterCrop::apply(FloatImage& image, Rng&) const {
+  // Larger than the image: zero padding split as torchvision does ((d)//2 before); otherwise
+  // the offset is round((size - crop) / 2), half to even.
+  auto offset = [](int64_t size, int64_t crop) {
+    return crop > size ? -((crop - size) / 2) : py_round(static_cast<double>(size - crop) / 2.0);
+  };
+  if (image.height == height_ && image.width == width_) return;
+  image = crop_image(image, offset(image.height, height_), offset(image.width, width_), height_,
+                     width_);
+}
+
+std::string CenterCrop::describe() const {
+  return "CenterCrop(" + std::to_string(height_) + "x" + std::to_string(width_) + ")";
+}
+
+Pipeline& Pipeline::add(std::shared_ptr<const Transform> transform) {
+  KILN_CHECK(transform != nullptr, InvalidArgument, "Pipeline::add got a null transform");
+  KILN_CHECK(!transform->needs_unit_range() || unit_range_, InvalidArgument, transform->describe(),
+             " works on values in [0,1]; add ToFloat before it in the pipeline");
+  unit_range_ = unit_range_ || transform->makes_unit_range();
+  transforms_.push_back(std::move(transform));
+  return *this;
+}
+
+FloatImage Pipeline::operator()(const Image& image, Rng& rng) const {
+  FloatImage out = to_float_image(image);
+  apply(out, rng);
+  return out;
+}
+
+void Pipeline::apply(FloatImage& image, Rng& rng) const {
+  for (const auto& t : transforms_) t->apply(image, rng);
+}
+
+std::string Pipeline::describe() const {
+  if (transforms_.empty()) return "(no transforms)";
+  std::string s;
+  for (const auto& t : transforms_) s += (s.empty() ? "" : " -> ") + t->describe();
+  return s;
+}
+
+}  // namespace kiln
