@@ -6,6 +6,8 @@ find_package(ZLIB REQUIRED)
 find_package(JPEG REQUIRED)
 find_package(PNG REQUIRED)
 find_package(yaml-cpp REQUIRED)
+# OpenMP: the CPU backend's own loops run on the same GNU OpenMP pool as oneDNN's primitives.
+find_package(OpenMP REQUIRED COMPONENTS CXX)
 
 # oneDNN 2.6 (Debian's libdnnl-dev); staged copy first.
 find_path(KILN_DNNL_INCLUDE oneapi/dnnl/dnnl.hpp HINTS ${KILN_DEPS_DIR}/dnnl/include NO_DEFAULT_PATH)
@@ -31,6 +33,12 @@ if(NOT KILN_CUDA STREQUAL "OFF")
       set(CMAKE_CUDA_ARCHITECTURES 90)  # Hopper (H100/H200)
     endif()
     enable_language(CUDA)
+    # CMake before 3.26 knows no C++20 flag for nvcc (which has taken -std=c++20 since 12.0).
+    if(NOT CMAKE_CUDA20_STANDARD_COMPILE_OPTION)
+      set(CMAKE_CUDA20_STANDARD_COMPILE_OPTION "-std=c++20")
+      set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION "-std=c++20")
+      list(APPEND CMAKE_CUDA_COMPILE_FEATURES cuda_std_20)
+    endif()
     set(CMAKE_CUDA_STANDARD 20)
     find_package(CUDAToolkit REQUIRED)
     find_library(KILN_CUDNN_LIB cudnn HINTS ${CUDAToolkit_LIBRARY_DIR} /usr/lib/x86_64-linux-gnu)

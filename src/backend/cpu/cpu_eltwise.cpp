@@ -65,6 +65,7 @@ KernelPtr make_relu_fwd(const Node& n, Context& ctx) {
   float* yp = ctx.ptr<float>(y);
   const int64_t count = ctx.tensor(x).numel();
   return make_loop([=](Context&) {
+#pragma omp parallel for simd schedule(static)
     for (int64_t i = 0; i < count; ++i) yp[i] = !(xp[i] <= 0.0f) ? xp[i] : 0.0f;
   });
 }
@@ -108,10 +109,13 @@ KernelPtr make_add(const Node& n, Context& ctx) {
   const bool acc = n.attrs.accumulate;
   return make_loop([=](Context&) {
     if (bp && acc) {
+#pragma omp parallel for simd schedule(static)
       for (int64_t i = 0; i < count; ++i) yp[i] += ap[i] + bp[i];
     } else if (bp) {
+#pragma omp parallel for simd schedule(static)
       for (int64_t i = 0; i < count; ++i) yp[i] = ap[i] + bp[i];
     } else if (acc) {
+#pragma omp parallel for simd schedule(static)
       for (int64_t i = 0; i < count; ++i) yp[i] += ap[i];
     } else if (yp != ap) {
       std::memmove(yp, ap, static_cast<size_t>(count) * sizeof(float));
