@@ -194,6 +194,7 @@ TrainSummary train(const TrainConfig& c) {
   namespace fs = std::filesystem;
   RunSetup r = setup_run(c);
   Engine& engine = *r.engine;
+  engine.backend().set_profiling(c.profile);
   Loader& train_loader = *r.train_loader;
   Loader& test_loader = *r.test_loader;
   const auto hwc = r.hwc;
@@ -251,6 +252,7 @@ TrainSummary train(const TrainConfig& c) {
     engine.backend().synchronize();
     const double secs = seconds_since(t0);
     progress.finish();
+    if (c.profile) std::printf("%s", engine.backend().profile_report().c_str());
     sum.epoch_seconds.push_back(secs);
     sum.train_seconds += secs;
     sum.steps = state.step;

@@ -44,6 +44,12 @@ class Backend {
   // overlaps it with the running step) — the next run(train, slot) waits for it.
   virtual void stage_batch(int slot, const float* images, const int32_t* labels) = 0;
   virtual void synchronize() = 0;
+
+  // Timings for `kiln train --profile` / KILN_PROFILE=1: from the next run() on, the backend
+  // records where the time goes (CPU: per op kind; CUDA: per phase, from CUDA events), and
+  // profile_report() prints it (empty when profiling is off).
+  virtual void set_profiling(bool on) { (void)on; }
+  virtual std::string profile_report() { return {}; }
 };
 
 // "cpu" or "cuda"; "auto" = cuda when a GPU is present, else cpu.

@@ -42,8 +42,14 @@ class CpuBackend final : public Backend {
   }
 
   ~CpuBackend() override {
-    if (profile_.empty()) return;
-    // KILN_PROFILE=1: time per op kind over the run, largest first.
+    if (profiling_ && env_flag("KILN_PROFILE", false)) std::fputs(profile_report().c_str(), stderr);
+  }
+
+  void set_profiling(bool on) override { profiling_ = on; }
+
+  // Time per op kind since profiling started, largest first.
+  std::string profile_report() override {
+    if (profile_.empty()) return {};
     std::vector<std::pair<double, std::string>> rows;
     double total = 0;
     for (const auto& [op, s] : profile_) {
@@ -51,12 +57,19 @@ class CpuBackend final : public Backend {
       total += s;
     }
     std::sort(rows.rbegin(), rows.rend());
-    std::fprintf(stderr, "kiln cpu profile (KILN_PROFILE=1): %.3f s in kernels\n", total);
-    for (const auto& [s, op] : rows) std::fprintf(stderr, "  %-18s %9.3f s  %5.1f%%\n", op.c_str(), s, 100 * s / total);
+    std::string out;
+    char line[160];
+    std::snprintf(line, sizeof line, "cpu profile: %.3f s in kernels\n", total);
+    out += line;
+    for (const auto& [s, op] : rows) {
+      std::snprintf(line, sizeof line, "  %-18s %9.3f s  %5.1f%%\n", op.c_str(), s, 100 * s / total);
+      out += line;
+    }
+    return out;
   }
 
   void compile(const Program& program) override {
-    profiling_ = env_flag("KILN_PROFILE", false);
+    profiling_ = profiling_ || env_flag("KILN_PROFILE", false);
     KILN_CHECK(program.memory.locked, State, "cpu backend: compile() needs a locked memory plan; ",
                "run plan_memory (the lifecycle's MEMORY_LOCKED step) first");
     KILN_CHECK(!program.options.amp, Unsupported, "the CPU backend runs FP32 only; drop --amp ",

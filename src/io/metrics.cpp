@@ -1,0 +1,220 @@
+#include "kiln/io/metrics.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <set>
+
+#include "kiln/core/error.h"
+#include "kiln/io/file.h"
+#include "kiln/io/json.h"
+
+namespace kiln {
+namespace {
+
+std::string csv_field(const std::string& s) {
+  if (s.find_first_of(",\"\r\n") == std::string::npos) return s;
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"') out += '"';  // RFC 4180: a quote inside a quoted field is doubled
+    out += c;
+  }
+  return out + "\"";
+}
+
+// The fields of the first record of a CSV text (RFC 4180 quoting).
+std::vector<std::string> csv_first_record(const std::string& text) {
+  std::vector<std::string> fields(1);
+  bool quoted = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (quoted) {
+      if (c == '"' && i + 1 < text.size() && text[i + 1] == '"') {
+        fields.back() += '"';
+        ++i;
+      } else if (c == '"') {
+        quoted = false;
+      } else {
+        fields.back() += c;
+      }
+    } else if (c == '"') {
+      quoted = true;
+    } else if (c == ',') {
+      fields.emplace_back();
+    } else if (c == '\n' || c == '\r') {
+      break;
+    } else {
+      fields.back() += c;
+    }
+  }
+  return fields;
+}
+
+void write_all(int fd, const std::string& text, const std::string& path) {
+  const char* p = text.data();
+  size_t left = text.size();
+  while (left > 0) {
+    const ssize_t n = ::write(fd, p, left);
+    if (n < 0 && errno == EINTR) continue;
+    KILN_CHECK(n >= 0, Io, "writing metrics to '", path, "' failed: ", std::strerror(errno),
+               "; check free disk space");
+    p += n;
+    left -= static_cast<size_t>(n);
+  }
+}
+
+int open_output(const std::string& path, MetricsWriter::Mode mode) {
+  const int flags = O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC |
+                    (mode == MetricsWriter::Mode::Truncate ? O_TRUNC : 0);
+  const int fd = ::open(path.c_str(), flags, 0666);
+  KILN_CHECK(fd >= 0, Io, "cannot open metrics file '", path, "': ", std::strerror(errno),
+             "; check that the output folder exists and is writable");
+  return fd;
+}
+
+// A file cut short mid-row (a full disk, a crash) would glue the next row onto the broken one;
+// start the next row on a line of its own instead.
+void end_partial_line(int fd, const std::string& path) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || st.st_size == 0) return;
+  char last = '\n';
+  const int rfd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (rfd < 0) return;
+  if (::pread(rfd, &last, 1, st.st_size - 1) == 1 && last != '\n') write_all(fd, "\n", path);
+  ::close(rfd);
+}
+
+}  // namespace
+
+std::string MetricValue::csv() const {
+  switch (kind_) {
+    case Kind::Int:
+      return std::to_string(int_);
+    case Kind::Number:
+      return format_number(number_);
+    case Kind::Text:
+      return csv_field(text_);
+  }
+  return "";
+}
+
+std::string MetricValue::json() const {
+  switch (kind_) {
+    case Kind::Int:
+      return std::to_string(int_);
+    case Kind::Number:
+      return json_number(number_);
+    case Kind::Text:
+      return json_string(text_);
+  }
+  return "null";
+}
+
+MetricsWriter::MetricsWriter(const std::string& csv_path, const std::string& jsonl_path, Mode mode)
+    : csv_path_(csv_path), jsonl_path_(jsonl_path) {
+  try {
+    if (!csv_path_.empty()) {
+      if (mode == Mode::Append && ::access(csv_path_.c_str(), F_OK) == 0) {
+        const std::string existing = read_file_text(csv_path_);
+        if (!existing.empty()) columns_ = csv_first_record(existing);
+      }
+      csv_fd_ = open_output(csv_path_, mode);
+      if (mode == Mode::Append) end_partial_line(csv_fd_, csv_path_);
+    }
+    if (!jsonl_path_.empty()) {
+      jsonl_fd_ = open_output(jsonl_path_, mode);
+      if (mode == Mode::Append) end_partial_line(jsonl_fd_, jsonl_path_);
+    }
+  } catch (...) {
+    close_files();
+    throw;
+  }
+}
+
+MetricsWriter::~MetricsWriter() {
+  close_files();
+}
+
+MetricsWriter::MetricsWriter(MetricsWriter&& other) noexcept
+    : csv_path_(std::move(other.csv_path_)),
+      jsonl_path_(std::move(other.jsonl_path_)),
+      csv_fd_(std::exchange(other.csv_fd_, -1)),
+      jsonl_fd_(std::exchange(other.jsonl_fd_, -1)),
+      columns_(std::move(other.columns_)) {}
+
+MetricsWriter& MetricsWriter::operator=(MetricsWriter&& other) noexcept {
+  if (this != &other) {
+    close_files();
+    csv_path_ = std::move(other.csv_path_);
+    jsonl_path_ = std::move(other.jsonl_path_);
+    csv_fd_ = std::exchange(other.csv_fd_, -1);
+    jsonl_fd_ = std::exchange(other.jsonl_fd_, -1);
+    columns_ = std::move(other.columns_);
+  }
+  return *this;
+}
+
+void MetricsWriter::close_files() {
+  if (csv_fd_ >= 0) ::close(csv_fd_);
+  if (jsonl_fd_ >= 0) ::close(jsonl_fd_);
+  csv_fd_ = jsonl_fd_ = -1;
+}
+
+void MetricsWriter::write(const MetricsRow& row) {
+  KILN_CHECK(!row.empty(), InvalidArgument, "a metrics row needs at least one value");
+  std::set<std::string> keys;
+  for (const auto& [key, value] : row) {
+    KILN_CHECK(!key.empty(), InvalidArgument, "a metrics column needs a name");
+    KILN_CHECK(keys.insert(key).second, InvalidArgument, "metric '", key,
+               "' appears twice in one row; give each metric once");
+  }
+
+  // Check everything before writing anything, so a bad row reaches neither file; the columns
+  // are kept only once the header that fixes them is written.
+  std::vector<std::string> columns = columns_;
+  std::string csv;
+  if (csv_fd_ >= 0) {
+    if (columns.empty()) {
+      for (const auto& kv : row) columns.push_back(kv.first);
+      for (size_t i = 0; i < columns.size(); ++i) {
+        if (i) csv += ',';
+        csv += csv_field(columns[i]);
+      }
+      csv += '\n';
+    }
+    for (const auto& kv : row) {
+      KILN_CHECK(std::find(columns.begin(), columns.end(), kv.first) != columns.end(),
+                 InvalidArgument, "metric '", kv.first, "' is not a column of '", csv_path_,
+                 "' (a CSV's columns are fixed by its first row); include '", kv.first,
+                 "' in the first row written");
+    }
+    for (size_t i = 0; i < columns.size(); ++i) {
+      if (i) csv += ',';
+      for (const auto& kv : row) {
+        if (kv.first == columns[i]) csv += kv.second.csv();
+      }
+    }
+    csv += '\n';
+  }
+  std::string json = "{";
+  for (size_t i = 0; i < row.size(); ++i) {
+    if (i) json += ',';
+    json += json_string(row[i].first);
+    json += ':';
+    json += row[i].second.json();
+  }
+  json += "}\n";
+
+  // One write() per line: the kernel has the whole row at once (no stdio buffer to flush).
+  if (csv_fd_ >= 0) {
+    write_all(csv_fd_, csv, csv_path_);
+    columns_ = std::move(columns);
+  }
+  if (jsonl_fd_ >= 0) write_all(jsonl_fd_, json, jsonl_path_);
+}
+
+}  // namespace kiln
