@@ -35,6 +35,7 @@ void check_config(const TrainConfig& c) {
   KILN_CHECK(c.batch_size > 0, InvalidArgument, "--batch-size must be > 0, got ", c.batch_size);
   KILN_CHECK(c.workers >= 0, InvalidArgument, "--workers must be >= 0");
   KILN_CHECK(c.eval_every > 0, InvalidArgument, "--eval-every must be > 0 epochs");
+  KILN_CHECK(c.stop_after_epochs >= 0, InvalidArgument, "--stop-after-epochs must be >= 0");
   KILN_CHECK(c.momentum >= 0 && c.momentum < 1, InvalidArgument, "--momentum must be in [0, 1)");
   KILN_CHECK(c.weight_decay >= 0, InvalidArgument, "--weight-decay must be >= 0");
   KILN_CHECK(c.ema_decay > 0 && c.ema_decay < 1, InvalidArgument, "--ema-decay must be in (0, 1)");
@@ -293,6 +294,10 @@ TrainSummary train(const TrainConfig& c) {
     state.epoch = epoch + 1;
     save_checkpoint(engine, sum.checkpoint, state);
     ++sum.epochs_run;
+    if (c.stop_after_epochs > 0 && sum.epochs_run >= c.stop_after_epochs && epoch + 1 < c.epochs) {
+      log_info("stopping after ", sum.epochs_run, " epoch(s) as asked; continue with --resume ", sum.checkpoint);
+      break;
+    }
     if (c.early_stop > 0 && stale >= c.early_stop) {
       log_info("early stop: no better test top-1 for ", stale, " epochs");
       break;

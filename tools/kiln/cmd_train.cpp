@@ -36,6 +36,7 @@ std::vector<FlagSpec> train_flags() {
       {"ema-decay", "EMA decay per step", "0.999", false},
       {"eval-every", "evaluate every N epochs", "1", false},
       {"early-stop", "stop after N epochs without a better test top-1 (0 = never)", "0", false},
+      {"stop-after-epochs", "end this run after N epochs, leaving a checkpoint to --resume (0 = never)", "0", false},
       {"output", "folder for metrics.csv, metrics.jsonl, last.safetensors, summary.json", "runs/default", false},
       {"resume", "continue from this checkpoint", "", false},
       {"init-from", "start from torchvision-named weights (safetensors)", "", false},
@@ -79,6 +80,7 @@ TrainConfig to_config(const Flags& f) {
   c.ema_decay = static_cast<float>(f.f64("ema-decay", c.ema_decay));
   c.eval_every = f.i64("eval-every", 1);
   c.early_stop = f.i64("early-stop", 0);
+  c.stop_after_epochs = f.i64("stop-after-epochs", 0);
   c.output = f.str("output", c.output);
   c.resume = f.str("resume");
   c.init_from = f.str("init-from");

@@ -27,6 +27,8 @@ struct TrainConfig {
   float ema_decay = 0.999f;
   int64_t eval_every = 1;             // epochs
   int64_t early_stop = 0;             // epochs without a better top-1 before stopping; 0 = never
+  int64_t stop_after_epochs = 0;      // end after this many epochs of this run, as if interrupted
+                                      // (the schedule still spans `epochs`); 0 = run to the end
   std::string output = "runs/default";
   std::string resume;                 // checkpoint to continue from
   std::string init_from;              // torchvision-named weights to start from

@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# Builds kiln with the CUDA backend and runs its checks on a GPU machine (the H200 that the
+# device tool lends: the working tree is copied there with `.deps` carried, see
+# scripts/setup.sh). Prints a short table last.
+#
+#   bash scripts/gpu-check.sh [gpu|all|bench]     (default: all)
+#     gpu    configure, build, ctest -L gpu
+#     all    gpu, then the CPU tests (ctest -LE gpu)
+#     bench  gpu, then `kiln bench` over a few models (KILN_BENCH, BENCH_TORCH=1 adds PyTorch)
+# Logs go to $OUT (the device tool's output folder) or /tmp/kiln-gpu-check.
+# Environment: KILN_GPU_BUILD (build dir, default build-gpu), KILN_JOBS (default nproc).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+MODE=${1:-all}
+BUILD=${KILN_GPU_BUILD:-build-gpu}
+JOBS=${KILN_JOBS:-$(nproc)}
+LOGS=${OUT:-/tmp/kiln-gpu-check}
+mkdir -p "$LOGS"
+SUMMARY=()
+note() { SUMMARY+=("$(printf '%-14s %s' "$1" "$2")"); echo "== $1: $2"; }
+t0=$(date +%s)
+since() { echo "$(( $(date +%s) - t0 ))s"; }
+
+echo "== machine"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | head -2
+nvcc --version 2>&1 | tail -1
+cmake --version | head -1
+echo "commit ${KILN_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo '? (pass KILN_COMMIT=...)')}"
+
+# cuDNN: a system library normally; else the one in PyTorch's Python packages.
+extra=()
+if ! ldconfig -p 2>/dev/null | grep -q 'libcudnn\.so'; then
+  lib=$(find / -xdev -name 'libcudnn.so.9*' -path '*nvidia/cudnn*' 2>/dev/null | head -1)
+  if [ -n "$lib" ]; then
+    dir=$(dirname "$lib")
+    [ -e "$dir/libcudnn.so" ] || ln -sf "$(basename "$lib")" "$dir/libcudnn.so" 2>/dev/null || true
+    extra+=("-DKILN_CUDNN_LIB=$lib" "-DKILN_CUDNN_INCLUDE=$(dirname "$dir")/include")
+    export LD_LIBRARY_PATH="$dir:${LD_LIBRARY_PATH:-}"
+    echo "cuDNN from $dir"
+  fi
+fi
+grep -h '#define CUDNN_M[AI]' /usr/include/cudnn_version.h /usr/local/cuda/include/cudnn_version.h 2>/dev/null | head -2
+
+echo "== configure"
+if ! cmake -S . -B "$BUILD" -G Ninja -DKILN_CUDA=ON -DCMAKE_BUILD_TYPE=Release "${extra[@]}" >"$LOGS/configure.log" 2>&1; then
+  tail -30 "$LOGS/configure.log"
+  note configure "FAILED ($(since))"
+  printf '%s\n' "${SUMMARY[@]}"
+  exit 1
+fi
+note configure "ok ($(since))"
+
+echo "== build"
+targets=()  # all: everything
+[ "$MODE" = gpu ] && targets=(kiln kiln_gpu_tests)
+[ "$MODE" = bench ] && targets=(kiln kiln_cli kiln_gpu_tests)
+if ! cmake --build "$BUILD" -j "$JOBS" ${targets[@]:+--target "${targets[@]}"} >"$LOGS/build.log" 2>&1; then
+  grep -E 'error|FAILED' "$LOGS/build.log" | head -40
+  note build "FAILED ($(since))"
+  printf '%s\n' "${SUMMARY[@]}"
+  exit 1
+fi
+note build "ok ($(since))"
+
+status=0
+ctest_line() { grep -E 'tests passed|No tests were found' "$1" | tail -1; }
+
+echo "== GPU tests"
+ctest --test-dir "$BUILD" -L gpu -j 8 --timeout 300 --output-on-failure >"$LOGS/ctest-gpu.log" 2>&1 || status=1
+grep -E 'Failed|\*\*\*|Exception|Timeout' "$LOGS/ctest-gpu.log" | head -40
+grep -E 'error|Failure|Expected|Which is|differ|> ' "$LOGS/ctest-gpu.log" | head -60
+note "gpu tests" "$(ctest_line "$LOGS/ctest-gpu.log") ($(since))"
+
+if [ "$MODE" = all ]; then
+  echo "== CPU tests"
+  ctest --test-dir "$BUILD" -LE gpu -j "$JOBS" --timeout 300 >"$LOGS/ctest-cpu.log" 2>&1 || status=1
+  grep -E '\*\*\*Failed|Timeout' "$LOGS/ctest-cpu.log" | head -20
+  note "cpu tests" "$(ctest_line "$LOGS/ctest-cpu.log") ($(since))"
+fi
+
+if [ "$MODE" = bench ]; then
+  echo "== bench"
+  # KILN_BENCH="model:batch:amp ..." overrides the list; BENCH_TORCH=1 adds PyTorch's side
+  # (bench/torch_reference.py, eager and torch.compile) for the same configurations.
+  cli="$BUILD/kiln"
+  # FP32 (TF32 off) is slow: ResNet-50 ~0.54 s a step, VGG16-BN several times that on an H200.
+  list=${KILN_BENCH:-"cnn:128:0 resnet50:256:1 vgg16_bn:256:1 resnet50:256:0"}
+  if "$cli" bench --help >/dev/null 2>&1; then
+    for cfg in $list; do
+      IFS=: read -r m b a <<<"$cfg"
+      amp=(); [ "$a" = 1 ] && amp=(--amp)
+      name="$m-b$b${amp:+-amp}"
+      "$cli" bench --device cuda --model "$m" --batch "$b" "${amp[@]}" --steps "${BENCH_STEPS:-10}" --warmup 3 \
+        >"$LOGS/bench-$name.log" 2>&1 || status=1
+      ips=$(grep -o '"images_per_second":[0-9.]*' "$LOGS/bench-$name.log" | cut -d: -f2)
+      note "kiln $name" "${ips:-FAILED: $(tail -1 "$LOGS/bench-$name.log" | cut -c1-150)} img/s"
+      if [ "${BENCH_TORCH:-0}" = 1 ] && [ -f bench/torch_reference.py ] && [ "$m" != cnn ]; then
+        python3 bench/torch_reference.py --model "$m" --batch "$b" "${amp[@]}" --steps "${BENCH_STEPS:-10}" \
+          --warmup 5 >"$LOGS/torch-$name.log" 2>&1 || true
+        note "torch $name" "$(grep -o '"mode": *"[a-z]*"\|"images_per_second": *[0-9.]*' "$LOGS/torch-$name.log" | tr '\n' ' ')"
+      fi
+    done
+  else
+    note bench "skipped: this kiln has no 'bench' command yet"
+  fi
+fi
+
+echo
+echo "== summary (logs in $LOGS)"
+printf '%s\n' "${SUMMARY[@]}"
+exit $status

@@ -1,0 +1,262 @@
+// Convolution on the GPU through the cuDNN frontend graph API (conv_fprop, conv_dgrad,
+// conv_wgrad) over kiln's layouts: features NHWC and weights KRSC, given to cuDNN as NCHW
+// dims with NHWC strides. One graph per distinct shape, built and its plan chosen at
+// compile time (cached by shape in the Context), executed at run time with the stream's
+// handle and workspace. The bias (conv_fwd) and its gradient (conv_bwd_weight) are separate
+// per-channel kernels (channel_ops.h).
+//
+// Numerics: FP32 graphs refuse engines that use tensor cores (TF32), down-convert inputs,
+// reduce in lower precision, or use FFT / Winograd, unless KILN_TF32=1 allows TF32; FP16
+// graphs compute in FP32 (compute_data_type FLOAT).
+#include <cudnn_frontend.h>
+
+#include <sstream>
+
+#include "backend/cuda/channel_ops.h"
+#include "backend/cuda/cuda_common.h"
+
+namespace kiln::cuda {
+
+namespace {
+
+namespace fe = cudnn_frontend;
+
+enum class ConvKind { fprop, dgrad, wgrad };
+enum : int64_t { kUidX = 1, kUidW = 2, kUidY = 3 };
+
+struct ConvGeom {
+  Nhwc x, y;
+  int64_t k = 0, r = 0, s = 0;
+  int64_t sh = 1, sw = 1, ph = 0, pw = 0;
+};
+
+ConvGeom conv_geom(const Context& ctx, const Node& n, TensorId x, TensorId w, TensorId y) {
+  expect_rank(ctx, n, x, 4, "input");
+  expect_rank(ctx, n, y, 4, "output");
+  expect_rank(ctx, n, w, 4, "weight (KRSC)");
+  ConvGeom g;
+  g.x = nhwc_of(ctx, n, x, "input");
+  g.y = nhwc_of(ctx, n, y, "output");
+  const Shape& ws = ctx.tensor(w).shape;
+  g.k = ws[0];
+  g.r = ws[1];
+  g.s = ws[2];
+  const Attrs& a = n.attrs;
+  KILN_CHECK(a.kh == g.r && a.kw == g.s, Shape, op_name(n.op), " node '", n.label, "': attrs kernel ", a.kh, "x", a.kw,
+             " but the weight is ", ws.str(), " (KRSC)");
+  KILN_CHECK(ws[3] == g.x.c && g.y.c == g.k && g.y.n == g.x.n, Shape, op_name(n.op), " node '", n.label, "': input ",
+             ctx.tensor(x).shape.str(), ", weight ", ws.str(), " (KRSC) and output ", ctx.tensor(y).shape.str(),
+             " do not agree (C_in, K_out or N)");
+  KILN_CHECK(a.sh >= 1 && a.sw >= 1 && a.ph >= 0 && a.pw >= 0, Shape, op_name(n.op), " node '", n.label,
+             "': stride must be >= 1 and padding >= 0");
+  const int64_t p = (g.x.h + 2 * a.ph - g.r) / a.sh + 1, q = (g.x.w + 2 * a.pw - g.s) / a.sw + 1;
+  KILN_CHECK(g.x.h + 2 * a.ph >= g.r && g.x.w + 2 * a.pw >= g.s && p == g.y.h && q == g.y.w, Shape, op_name(n.op),
+             " node '", n.label, "': a ", g.r, "x", g.s, " kernel, stride ", a.sh, "x", a.sw, ", padding ", a.ph, "x",
+             a.pw, " over ", g.x.h, "x", g.x.w, " gives ", p, "x", q, ", but the output is ", g.y.h, "x", g.y.w);
+  g.sh = a.sh;
+  g.sw = a.sw;
+  g.ph = a.ph;
+  g.pw = a.pw;
+  return g;
+}
+
+fe::DataType_t fe_type(DType d) {
+  switch (d) {
+    case DType::F32: return fe::DataType_t::FLOAT;
+    case DType::F16: return fe::DataType_t::HALF;
+    case DType::BF16: return fe::DataType_t::BFLOAT16;
+    default: KILN_FAIL(Unsupported, "cuDNN convolution: dtype ", dtype_name(d), " is not a float type");
+  }
+}
+
+// NCHW dims with NHWC strides (cuDNN's way of saying channels-last).
+std::vector<int64_t> nchw_dims(const Nhwc& t) { return {t.n, t.c, t.h, t.w}; }
+std::vector<int64_t> nhwc_strides(const Nhwc& t) { return {t.h * t.w * t.c, 1, t.w * t.c, t.c}; }
+
+struct ConvPlan {
+  std::shared_ptr<fe::graph::Graph> graph;
+  int64_t workspace = 0;
+};
+
+#define FE_CHECK(expr, what)                                                                       \
+  do {                                                                                             \
+    auto kiln_fe_ = (expr);                                                                        \
+    if (kiln_fe_.is_bad()) {                                                                       \
+      KILN_FAIL(Backend, what, ": cuDNN frontend ", #expr, " failed: ", kiln_fe_.get_message(),     \
+                " at ", __FILE__, ":", __LINE__);                                                  \
+    }                                                                                              \
+  } while (0)
+
+std::shared_ptr<ConvPlan> build_plan(Context& ctx, const Node& n, int stream, ConvKind kind, const ConvGeom& g,
+                                     DType x_dt, DType w_dt, DType y_dt) {
+  const bool fp32 = x_dt == DType::F32 && w_dt == DType::F32 && y_dt == DType::F32;
+  const bool tf32 = fp32 && ctx.opts.tf32;
+  std::ostringstream key;
+  key << "conv" << static_cast<int>(kind) << ":" << g.x.n << "," << g.x.h << "," << g.x.w << "," << g.x.c << ":"
+      << g.k << "," << g.r << "," << g.s << ":" << g.sh << "," << g.sw << "," << g.ph << "," << g.pw << ":"
+      << static_cast<int>(x_dt) << static_cast<int>(w_dt) << static_cast<int>(y_dt) << ":" << tf32 << ":s" << stream;
+  auto& slot = ctx.plan_cache[key.str()];
+  if (slot) return std::static_pointer_cast<ConvPlan>(slot);
+
+  const std::string what = std::string(op_name(n.op)) + " node '" + n.label + "'";
+  auto graph = std::make_shared<fe::graph::Graph>();
+  graph->set_io_data_type(fe_type(y_dt)).set_intermediate_data_type(fe::DataType_t::FLOAT)
+      .set_compute_data_type(fe::DataType_t::FLOAT);
+  const std::vector<int64_t> w_dims{g.k, g.x.c, g.r, g.s}, w_strides{g.r * g.s * g.x.c, 1, g.s * g.x.c, g.x.c};
+  const std::vector<int64_t> pad{g.ph, g.pw}, stride{g.sh, g.sw}, dil{1, 1};
+  auto X = fe::graph::Tensor_attributes().set_name("X").set_dim(nchw_dims(g.x)).set_stride(nhwc_strides(g.x))
+               .set_data_type(fe_type(x_dt));
+  auto W = fe::graph::Tensor_attributes().set_name("W").set_dim(w_dims).set_stride(w_strides)
+               .set_data_type(fe_type(w_dt));
+  auto Y = fe::graph::Tensor_attributes().set_name("Y").set_dim(nchw_dims(g.y)).set_stride(nhwc_strides(g.y))
+               .set_data_type(fe_type(y_dt));
+  switch (kind) {
+    case ConvKind::fprop: {
+      auto x = graph->tensor(X.set_uid(kUidX));
+      auto w = graph->tensor(W.set_uid(kUidW));
+      auto y = graph->conv_fprop(x, w, fe::graph::Conv_fprop_attributes().set_padding(pad).set_stride(stride)
+                                           .set_dilation(dil));
+      y->set_output(true).set_uid(kUidY).set_dim(nchw_dims(g.y)).set_stride(nhwc_strides(g.y))
+          .set_data_type(fe_type(y_dt));
+      break;
+    }
+    case ConvKind::dgrad: {  // Y is dy, X is dx
+      auto dy = graph->tensor(Y.set_uid(kUidY));
+      auto w = graph->tensor(W.set_uid(kUidW));
+      auto dx = graph->conv_dgrad(dy, w, fe::graph::Conv_dgrad_attributes().set_padding(pad).set_stride(stride)
+                                             .set_dilation(dil));
+      dx->set_output(true).set_uid(kUidX).set_dim(nchw_dims(g.x)).set_stride(nhwc_strides(g.x))
+          .set_data_type(fe_type(x_dt));
+      break;
+    }
+    case ConvKind::wgrad: {  // Y is dy, W is dw
+      auto dy = graph->tensor(Y.set_uid(kUidY));
+      auto x = graph->tensor(X.set_uid(kUidX));
+      auto dw = graph->conv_wgrad(dy, x, fe::graph::Conv_wgrad_attributes().set_padding(pad).set_stride(stride)
+                                             .set_dilation(dil));
+      dw->set_output(true).set_uid(kUidW).set_dim(w_dims).set_stride(w_strides).set_data_type(fe_type(w_dt));
+      break;
+    }
+  }
+  cudnnHandle_t handle = ctx.streams[static_cast<size_t>(stream)].cudnn;
+  FE_CHECK(graph->validate(), what);
+  FE_CHECK(graph->build_operation_graph(handle), what);
+  FE_CHECK(graph->create_execution_plans({fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK}), what);
+  if (fp32) {
+    std::vector<fe::NumericalNote_t> bad{fe::NumericalNote_t::DOWN_CONVERT_INPUTS,
+                                         fe::NumericalNote_t::REDUCED_PRECISION_REDUCTION, fe::NumericalNote_t::FFT,
+                                         fe::NumericalNote_t::WINOGRAD};
+    if (!tf32) bad.push_back(fe::NumericalNote_t::TENSOR_CORE);
+    graph->deselect_numeric_notes(bad);
+  }
+  graph->deselect_workspace_greater_than(int64_t{1} << 30);
+  FE_CHECK(graph->check_support(handle), what);
+  FE_CHECK(graph->build_plans(handle, fe::BuildPlanPolicy_t::HEURISTICS_CHOICE), what);
+  auto plan = std::make_shared<ConvPlan>();
+  plan->graph = graph;
+  FE_CHECK(graph->get_workspace_size(plan->workspace), what);
+  slot = plan;
+  return plan;
+}
+
+class ConvKernel final : public Kernel {
+ public:
+  ConvKernel(int stream, std::shared_ptr<ConvPlan> plan, void* x, void* w, void* y, std::string what)
+      : Kernel(stream), plan_(std::move(plan)), pack_{{kUidX, x}, {kUidW, w}, {kUidY, y}}, what_(std::move(what)) {}
+  // Optional per-channel step after the convolution: bias add (fwd) or bias gradient (wgrad).
+  void set_bias_add(void* y, DType dt, const float* b, int64_t rows, int64_t c) {
+    bias_ = {true, false, y, dt, const_cast<float*>(b), rows, c};
+  }
+  void set_bias_grad(const void* dy, DType dt, float* db, int64_t rows, int64_t c) {
+    bias_ = {false, true, const_cast<void*>(dy), dt, db, rows, c};
+  }
+
+  void run(Context& ctx) override {
+    const StreamRes& r = res(ctx);
+    auto status = plan_->graph->execute(r.cudnn, pack_, r.workspace);
+    if (status.is_bad()) KILN_FAIL(Backend, what_, ": cuDNN execute failed: ", status.get_message());
+    KILN_LAUNCH_CHECK(what_.c_str());
+    if (bias_.add) launch_bias_add(bias_.t, bias_.dt, bias_.b, bias_.rows, bias_.c, ctx.sm_count, r.stream);
+    if (bias_.grad) {
+      launch_channel_sum(bias_.t, bias_.dt, bias_.b, bias_.rows, bias_.c, r.workspace, ctx.sm_count, r.stream);
+    }
+  }
+
+ private:
+  struct Bias {
+    bool add = false, grad = false;
+    void* t = nullptr;
+    DType dt = DType::F32;
+    float* b = nullptr;
+    int64_t rows = 0, c = 0;
+  };
+  std::shared_ptr<ConvPlan> plan_;
+  std::unordered_map<int64_t, void*> pack_;
+  std::string what_;
+  Bias bias_;
+};
+
+std::string describe(const Node& n) { return std::string(op_name(n.op)) + " node '" + n.label + "'"; }
+
+void expect_weight_dtype(const Context& ctx, const Node& n, TensorId feature, TensorId w) {
+  // AMP: f16 features with f16 compute weights; FP32: both f32.
+  expect_same_dtype(ctx, n, feature, w);
+}
+
+}  // namespace
+
+// "x, w, [b] -> y"
+KernelPtr make_conv_fwd(const Node& n, Context& ctx, int stream) {
+  reject_accumulate(n);
+  const TensorId x = need_in(n, 0, "x"), w = need_in(n, 1, "w"), b = in_at(n, 2), y = need_out(n, 0, "y");
+  const DType dt = expect_float(ctx, n, x, "x");
+  expect_same_dtype(ctx, n, x, y);
+  expect_weight_dtype(ctx, n, x, w);
+  const ConvGeom g = conv_geom(ctx, n, x, w, y);
+  auto plan = build_plan(ctx, n, stream, ConvKind::fprop, g, dt, ctx.tensor(w).dtype, dt);
+  ctx.need_workspace(stream, static_cast<size_t>(plan->workspace));
+  auto k = std::make_unique<ConvKernel>(stream, plan, ctx.ptr(x), ctx.ptr(w), ctx.ptr(y), describe(n));
+  if (b != kNoTensor) {
+    expect_dtype(ctx, n, b, DType::F32, "bias");
+    expect_numel(ctx, n, b, g.k, "bias");
+    k->set_bias_add(ctx.ptr(y), dt, ctx.ptr<float>(b), g.y.n * g.y.h * g.y.w, g.k);
+  }
+  return k;
+}
+
+// "dy, w -> dx"
+KernelPtr make_conv_bwd_data(const Node& n, Context& ctx, int stream) {
+  reject_accumulate(n);
+  const TensorId dy = need_in(n, 0, "dy"), w = need_in(n, 1, "w"), dx = need_out(n, 0, "dx");
+  const DType dt = expect_float(ctx, n, dy, "dy");
+  expect_same_dtype(ctx, n, dy, dx);
+  expect_weight_dtype(ctx, n, dy, w);
+  const ConvGeom g = conv_geom(ctx, n, dx, w, dy);
+  auto plan = build_plan(ctx, n, stream, ConvKind::dgrad, g, dt, ctx.tensor(w).dtype, dt);
+  ctx.need_workspace(stream, static_cast<size_t>(plan->workspace));
+  return std::make_unique<ConvKernel>(stream, plan, ctx.ptr(dx), ctx.ptr(w), ctx.ptr(dy), describe(n));
+}
+
+// "x, dy -> dw, [db]": dw in the weight gradient's dtype (f16 under AMP, cast to f32 by the
+// grad_cast phase, SPEC S10); db f32.
+KernelPtr make_conv_bwd_weight(const Node& n, Context& ctx, int stream) {
+  reject_accumulate(n);
+  const TensorId x = need_in(n, 0, "x"), dy = need_in(n, 1, "dy"), dw = need_out(n, 0, "dw"), db = out_at(n, 1);
+  const DType dt = expect_float(ctx, n, x, "x");
+  expect_same_dtype(ctx, n, x, dy);
+  const DType wdt = expect_float(ctx, n, dw, "dw");
+  const ConvGeom g = conv_geom(ctx, n, x, dw, dy);
+  auto plan = build_plan(ctx, n, stream, ConvKind::wgrad, g, dt, wdt, dt);
+  ctx.need_workspace(stream, static_cast<size_t>(plan->workspace));
+  auto k = std::make_unique<ConvKernel>(stream, plan, ctx.ptr(x), ctx.ptr(dw), ctx.ptr(dy), describe(n));
+  if (db != kNoTensor) {
+    expect_dtype(ctx, n, db, DType::F32, "db");
+    expect_numel(ctx, n, db, g.k, "db");
+    const int64_t rows = g.y.n * g.y.h * g.y.w;
+    ctx.need_workspace(stream, channel_sum_workspace(rows, g.k, ctx.sm_count));
+    k->set_bias_grad(ctx.ptr(dy), dt, ctx.ptr<float>(db), rows, g.k);
+  }
+  return k;
+}
+
+}  // namespace kiln::cuda

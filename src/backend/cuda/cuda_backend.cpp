@@ -1,0 +1,461 @@
+// CudaBackend: one cudaMalloc per region at compile() (zero-filled), every node prepared
+// there (cuDNN graphs, cuBLASLt algorithms, launch geometry), per-stream handles and
+// workspaces; nothing allocated afterwards. run() enqueues each phase on its stream (compute,
+// update, transfer), joined by events where consecutive phases change streams, and returns
+// without waiting: the caller's one read() per step is the only host synchronisation.
+//
+// CUDA Graphs: a phase's first run is launched node by node (it loads modules and lets the
+// libraries finish their lazy set-up); its second run is captured once and every later run
+// replays the graph. KILN_CUDA_GRAPHS=0 keeps the node-by-node launches, KILN_STREAMS=1 puts
+// every phase on one stream, KILN_TF32=1 allows TF32, KILN_PROFILE=1 times every phase.
+//
+// Staging (S19): stage_batch() copies into a pinned host buffer and from there, on the
+// transfer stream, into input slot A or B, so the copy overlaps the step in flight; the copy
+// waits for the last phase that read the slot, and phases that read the slot wait for it.
+#include "backend/cuda/cuda_backend.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <map>
+
+#include "backend/cuda/cuda_common.h"
+#include "backend/cuda/graph_capture.h"
+#include "kiln/core/env.h"
+
+namespace kiln {
+
+namespace cuda {
+namespace {
+
+using Factory = KernelPtr (*)(const Node&, Context&, int);
+constexpr Factory kFactories[] = {
+#define KILN_OP(name, category, doc) &make_##name,
+#include "kiln/graph/ops.def"
+#undef KILN_OP
+};
+static_assert(sizeof(kFactories) / sizeof(kFactories[0]) == kOpCount, "every op of ops.def needs a CUDA factory");
+
+void warn(const char* what, cudaError_t e) {
+  if (e != cudaSuccess) std::fprintf(stderr, "kiln: %s failed: %s\n", what, cudaGetErrorString(e));
+}
+
+struct PhaseExec {
+  std::string name;
+  PhaseKind kind = PhaseKind::forward_backward;
+  int stream = 0;
+  std::array<bool, 2> reads_slot{false, false};  // reads staged input A / B
+  std::vector<KernelPtr> kernels;
+  std::vector<OpKind> ops;                // per kernel, for the per-op profile
+  std::vector<cudaEvent_t> node_events;   // KILN_PROFILE_OPS=1: one before each node, one after the last
+  GraphExec graph;
+  int runs = 0;
+  cudaEvent_t done = nullptr;           // joins
+  cudaEvent_t t0 = nullptr, t1 = nullptr;  // profiling
+};
+
+class CudaBackend final : public CudaBackendApi {
+ public:
+  CudaBackend() {
+    ctx_.opts = options_from_env();
+    profile_ = ctx_.opts.profile;
+    profile_ops_ = env_flag("KILN_PROFILE_OPS", false);
+  }
+  ~CudaBackend() override { release(); }
+
+  const char* name() const override { return "cuda"; }
+  BackendCaps caps() const override {
+    BackendCaps c;
+    cudaDeviceProp prop{};
+    c.device = cudaGetDeviceProperties(&prop, 0) == cudaSuccess ? prop.name : "cuda";
+    c.fp16 = true;
+    return c;
+  }
+  bool supports(OpKind op, DType feature_dtype) const override { return cuda_supports(op, feature_dtype); }
+
+  void compile(const Program& program) override {
+    KILN_CHECK(program.memory.locked, State, "cuda backend: compile() needs a locked memory plan; ",
+               "run plan_memory (the lifecycle's MEMORY_LOCKED step) first");
+    KILN_CHECK(program.feature_dtype == DType::F32 || program.feature_dtype == DType::F16, Unsupported,
+               "cuda backend: features in ", dtype_name(program.feature_dtype), " are not supported yet; use ",
+               "--amp (FP16) or FP32");
+    release();
+    ctx_.program = &program;
+    cudaDeviceProp prop{};
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+    ctx_.sm_count = prop.multiProcessorCount;
+    create_streams();
+    for (int r = 0; r < kRegionCount; ++r) {
+      const int64_t bytes = program.memory.region_bytes[static_cast<size_t>(r)];
+      if (bytes == 0) continue;
+      const auto size = static_cast<size_t>(align_up(bytes, kAlignment));
+      void* p = nullptr;
+      CUDA_CHECK(cudaMalloc(&p, size));
+      ctx_.base[static_cast<size_t>(r)] = static_cast<uint8_t*>(p);
+      CUDA_CHECK(cudaMemset(p, 0, size));
+    }
+    build(program.train, train_);
+    build(program.eval, eval_);
+    build(program.eval_ema, eval_ema_);
+    build(program.init, init_);
+    for (StreamRes& s : unique_streams()) {
+      if (s.workspace_bytes > 0) CUDA_CHECK(cudaMalloc(&s.workspace, s.workspace_bytes));
+    }
+    share_aliases();
+    // Pinned staging buffers for A and B.
+    for (int slot = 0; slot < 2; ++slot) {
+      const TensorId img = program.io.staged_images[static_cast<size_t>(slot)];
+      const TensorId lab = program.io.staged_labels[static_cast<size_t>(slot)];
+      if (img == kNoTensor || lab == kNoTensor) continue;
+      Staging& st = staging_[static_cast<size_t>(slot)];
+      st.img_bytes = static_cast<size_t>(program.tensor(img).bytes());
+      st.lab_bytes = static_cast<size_t>(program.tensor(lab).bytes());
+      CUDA_CHECK(cudaHostAlloc(&st.host, st.img_bytes + st.lab_bytes, cudaHostAllocDefault));
+      CUDA_CHECK(cudaEventCreateWithFlags(&st.copied, cudaEventDisableTiming));
+      CUDA_CHECK(cudaEventCreateWithFlags(&st.read, cudaEventDisableTiming));
+    }
+    CUDA_CHECK(cudaHostAlloc(&small_.host, kSmallSlots * kSmallWrite, cudaHostAllocDefault));
+    for (cudaEvent_t& e : small_.done) CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    CUDA_CHECK(cudaDeviceSynchronize());
+  }
+
+  void run(Schedule schedule, int slot) override {
+    KILN_CHECK(ctx_.program != nullptr, State, "cuda backend: run() before compile()");
+    KILN_CHECK(slot == 0 || slot == 1, InvalidArgument, "cuda backend: slot must be 0 (A) or 1 (B), is ", slot);
+    std::vector<PhaseExec>* phases = nullptr;
+    switch (schedule) {
+      case Schedule::train: phases = &train_; break;
+      case Schedule::eval: phases = &eval_; break;
+      case Schedule::eval_ema: phases = &eval_ema_; break;
+      case Schedule::init: phases = &init_; break;
+    }
+    if (profile_) collect_profile();
+    last_run_.clear();
+    for (PhaseExec& ph : *phases) {
+      if (ph.kind == PhaseKind::transfer && ph.name != (slot == 0 ? "transfer_a" : "transfer_b")) continue;
+      launch_phase(ph);
+      last_run_.push_back(&ph);
+    }
+    profile_pending_ = profile_;
+  }
+
+  // Synchronous, on the compute stream after every stream has drained: a plain cudaMemcpy
+  // runs on the legacy stream, which does not order with kiln's non-blocking streams (and a
+  // pageable host-to-device copy may return before it lands).
+  void write(const DTensor& t, const void* host) override {
+    if (t.bytes() <= kSmallWrite && small_.host) {
+      write_small(t, host);
+      return;
+    }
+    synchronize();
+    cudaStream_t s = ctx_.streams[0].stream;
+    CUDA_CHECK(cudaMemcpyAsync(address(t), host, static_cast<size_t>(t.bytes()), cudaMemcpyHostToDevice, s));
+    CUDA_CHECK(cudaStreamSynchronize(s));
+  }
+  void read(const DTensor& t, void* host) override {
+    synchronize();
+    cudaStream_t s = ctx_.streams[0].stream;
+    CUDA_CHECK(cudaMemcpyAsync(host, address(t), static_cast<size_t>(t.bytes()), cudaMemcpyDeviceToHost, s));
+    CUDA_CHECK(cudaStreamSynchronize(s));
+  }
+
+  void stage_batch(int slot, const float* images, const int32_t* labels) override {
+    KILN_CHECK(ctx_.program != nullptr, State, "cuda backend: stage_batch() before compile()");
+    KILN_CHECK(slot == 0 || slot == 1, InvalidArgument, "stage_batch: slot must be 0 or 1");
+    const Program& p = *ctx_.program;
+    Staging& st = staging_[static_cast<size_t>(slot)];
+    KILN_CHECK(st.host != nullptr, State, "stage_batch: the program has no staged input slot ", slot);
+    // The pinned buffer is free once its previous copy ended (normally long ago).
+    CUDA_CHECK(cudaEventSynchronize(st.copied));
+    std::memcpy(st.host, images, st.img_bytes);
+    std::memcpy(static_cast<uint8_t*>(st.host) + st.img_bytes, labels, st.lab_bytes);
+    cudaStream_t s = ctx_.streams[2].stream;
+    if (st.read_recorded) CUDA_CHECK(cudaStreamWaitEvent(s, st.read, 0));
+    CUDA_CHECK(cudaMemcpyAsync(address(p.tensor(p.io.staged_images[static_cast<size_t>(slot)])), st.host, st.img_bytes,
+                               cudaMemcpyHostToDevice, s));
+    CUDA_CHECK(cudaMemcpyAsync(address(p.tensor(p.io.staged_labels[static_cast<size_t>(slot)])),
+                               static_cast<uint8_t*>(st.host) + st.img_bytes, st.lab_bytes, cudaMemcpyHostToDevice, s));
+    CUDA_CHECK(cudaEventRecord(st.copied, s));
+    st.copy_pending = true;
+  }
+
+  void synchronize() override {
+    for (StreamRes& s : unique_streams()) CUDA_CHECK(cudaStreamSynchronize(s.stream));
+  }
+
+  void set_profiling(bool on) override {
+    if (profile_ && !on) collect_profile();
+    profile_ = on;
+  }
+
+  // GPU time per phase (and, with KILN_PROFILE_OPS=1, per op kind: nodes then launch one by
+  // one between events) since profiling started, largest first.
+  std::string profile_report() override {
+    collect_profile();
+    std::string out;
+    char line[256];
+    for (const auto* table : {&phase_ms_, &op_ms_}) {
+      if (table->empty()) continue;
+      std::vector<std::pair<double, std::string>> rows;
+      double total = 0;
+      for (const auto& [k, ms] : *table) {
+        rows.push_back({ms, k});
+        total += ms;
+      }
+      std::sort(rows.rbegin(), rows.rend());
+      std::snprintf(line, sizeof line, "cuda profile (%s): %.3f ms of GPU time over %lld runs\n",
+                    table == &phase_ms_ ? "phases" : "ops", total, static_cast<long long>(profiled_runs_));
+      out += line;
+      for (const auto& [ms, k] : rows) {
+        std::snprintf(line, sizeof line, "  %-20s %10.3f ms  %5.1f%%\n", k.c_str(), ms, total > 0 ? 100 * ms / total : 0.0);
+        out += line;
+      }
+    }
+    return out;
+  }
+
+  // A small write (a scalar: the learning rate, the step counter) does not stop the device:
+  // the value goes through a pinned ring slot and is copied on the compute stream after every
+  // phase enqueued so far, and before any phase enqueued later. To the caller it behaves as
+  // a synchronous write (the host buffer may be reused at once; run() and read() see it).
+  void write_small(const DTensor& t, const void* host) {
+    const size_t i = small_.next++ % kSmallSlots;
+    CUDA_CHECK(cudaEventSynchronize(small_.done[i]));  // the slot's previous copy (long done)
+    uint8_t* slot = static_cast<uint8_t*>(small_.host) + i * kSmallWrite;
+    std::memcpy(slot, host, static_cast<size_t>(t.bytes()));
+    cudaStream_t s = ctx_.streams[0].stream;
+    if (last_done_ && last_stream_ != 0) CUDA_CHECK(cudaStreamWaitEvent(s, last_done_, 0));
+    CUDA_CHECK(cudaMemcpyAsync(address(t), slot, static_cast<size_t>(t.bytes()), cudaMemcpyHostToDevice, s));
+    CUDA_CHECK(cudaEventRecord(small_.done[i], s));
+    last_done_ = small_.done[i];
+    last_stream_ = 0;
+  }
+
+  std::vector<std::pair<std::string, float>> phase_times() override {
+    std::vector<std::pair<std::string, float>> out;
+    if (!profile_) return out;
+    for (PhaseExec* ph : last_run_) {
+      if (!ph->t0) continue;
+      CUDA_CHECK(cudaEventSynchronize(ph->t1));
+      float ms = 0.0f;
+      CUDA_CHECK(cudaEventElapsedTime(&ms, ph->t0, ph->t1));
+      out.emplace_back(ph->name, ms);
+    }
+    return out;
+  }
+
+ private:
+  static constexpr int64_t kSmallWrite = 64;
+  static constexpr size_t kSmallSlots = 64;
+  struct SmallWrites {
+    void* host = nullptr;
+    std::array<cudaEvent_t, kSmallSlots> done{};
+    size_t next = 0;
+  };
+
+  struct Staging {
+    void* host = nullptr;
+    size_t img_bytes = 0, lab_bytes = 0;
+    cudaEvent_t copied = nullptr;  // the H2D copy into the slot ended
+    cudaEvent_t read = nullptr;    // the last phase that reads the slot ended
+    bool copy_pending = false, read_recorded = false;
+  };
+
+  int stream_of(const Phase& ph) const {
+    if (!ctx_.opts.streams) return 0;
+    return ph.stream >= 0 && ph.stream < kStreams ? ph.stream : 0;
+  }
+
+  void create_streams() {
+    const int n = ctx_.opts.streams ? kStreams : 1;
+    for (int i = 0; i < n; ++i) {
+      StreamRes& s = ctx_.streams[static_cast<size_t>(i)];
+      CUDA_CHECK(cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking));
+      CUDNN_CHECK(cudnnCreate(&s.cudnn));
+      CUDNN_CHECK(cudnnSetStream(s.cudnn, s.stream));
+      CUBLAS_CHECK(cublasLtCreate(&s.lt));
+    }
+    owned_streams_ = n;
+    share_aliases();
+  }
+  // With one stream, indices 1 and 2 alias stream 0 (its handles and workspace too).
+  void share_aliases() {
+    for (int i = owned_streams_; i < kStreams; ++i) ctx_.streams[static_cast<size_t>(i)] = ctx_.streams[0];
+  }
+  std::vector<std::reference_wrapper<StreamRes>> unique_streams() {
+    std::vector<std::reference_wrapper<StreamRes>> v;
+    for (int i = 0; i < owned_streams_; ++i) v.emplace_back(ctx_.streams[static_cast<size_t>(i)]);
+    return v;
+  }
+
+  void build(const std::vector<Phase>& phases, std::vector<PhaseExec>& out) {
+    out.clear();
+    out.reserve(phases.size());
+    for (const Phase& ph : phases) {
+      PhaseExec& e = out.emplace_back();
+      e.name = ph.name;
+      e.kind = ph.kind;
+      e.stream = stream_of(ph);
+      for (const Node& n : ph.nodes) {
+        KILN_CHECK(cuda_supports(n.op, ctx_.program->feature_dtype), Unsupported, "the CUDA backend has no kernel for ",
+                   op_name(n.op), " (node '", n.label, "'); turn fusion off (KILN_FUSION=0)");
+        for (TensorId id : n.in) note_slot_read(e, id);
+        e.kernels.push_back(kFactories[static_cast<int>(n.op)](n, ctx_, e.stream));
+        e.ops.push_back(n.op);
+      }
+      if (profile_ops_) {
+        e.node_events.resize(e.kernels.size() + 1);
+        for (cudaEvent_t& ev : e.node_events) CUDA_CHECK(cudaEventCreate(&ev));
+      }
+      CUDA_CHECK(cudaEventCreateWithFlags(&e.done, cudaEventDisableTiming));
+      CUDA_CHECK(cudaEventCreate(&e.t0));
+      CUDA_CHECK(cudaEventCreate(&e.t1));
+    }
+  }
+  void note_slot_read(PhaseExec& e, TensorId id) {
+    if (id == kNoTensor) return;
+    const Region r = ctx_.program->storage(id).region;
+    if (r == Region::input_a) e.reads_slot[0] = true;
+    if (r == Region::input_b) e.reads_slot[1] = true;
+  }
+
+  void launch_phase(PhaseExec& ph) {
+    cudaStream_t s = ctx_.streams[static_cast<size_t>(ph.stream)].stream;
+    // Join: wait for the phase enqueued before this one when it ran on another stream (the
+    // schedule's order is the order of the CPU executor; same-stream order is implicit).
+    if (last_done_ && last_stream_ != ph.stream) CUDA_CHECK(cudaStreamWaitEvent(s, last_done_, 0));
+    for (int slot = 0; slot < 2; ++slot) {
+      Staging& st = staging_[static_cast<size_t>(slot)];
+      if (ph.reads_slot[static_cast<size_t>(slot)] && st.copy_pending) CUDA_CHECK(cudaStreamWaitEvent(s, st.copied, 0));
+    }
+    if (profile_) CUDA_CHECK(cudaEventRecord(ph.t0, s));
+    if (!ph.kernels.empty()) {
+      if (profile_ && !ph.node_events.empty()) {
+        for (size_t i = 0; i < ph.kernels.size(); ++i) {
+          CUDA_CHECK(cudaEventRecord(ph.node_events[i], s));
+          ph.kernels[i]->run(ctx_);
+        }
+        CUDA_CHECK(cudaEventRecord(ph.node_events.back(), s));
+      } else if (ctx_.opts.graphs && ph.runs >= 1) {
+        if (!ph.graph.ready()) {
+          CaptureGuard guard(s);
+          for (auto& k : ph.kernels) k->run(ctx_);
+          ph.graph.instantiate(guard.end());
+        }
+        ph.graph.launch(s);
+      } else {
+        for (auto& k : ph.kernels) k->run(ctx_);
+      }
+    }
+    ++ph.runs;
+    if (profile_) CUDA_CHECK(cudaEventRecord(ph.t1, s));
+    CUDA_CHECK(cudaEventRecord(ph.done, s));
+    for (int slot = 0; slot < 2; ++slot) {
+      Staging& st = staging_[static_cast<size_t>(slot)];
+      if (ph.reads_slot[static_cast<size_t>(slot)] && st.read) {
+        CUDA_CHECK(cudaEventRecord(st.read, s));
+        st.read_recorded = true;
+      }
+    }
+    last_done_ = ph.done;
+    last_stream_ = ph.stream;
+  }
+
+  // Adds the last run's event timings to the totals (waits for that run to finish).
+  void collect_profile() {
+    if (!profile_pending_) return;
+    profile_pending_ = false;
+    ++profiled_runs_;
+    for (PhaseExec* ph : last_run_) {
+      CUDA_CHECK(cudaEventSynchronize(ph->t1));
+      float ms = 0.0f;
+      CUDA_CHECK(cudaEventElapsedTime(&ms, ph->t0, ph->t1));
+      phase_ms_[ph->name] += ms;
+      if (ph->node_events.empty() || ph->kernels.empty()) continue;
+      for (size_t i = 0; i < ph->kernels.size(); ++i) {
+        CUDA_CHECK(cudaEventElapsedTime(&ms, ph->node_events[i], ph->node_events[i + 1]));
+        op_ms_[op_name(ph->ops[i])] += ms;
+      }
+    }
+  }
+
+  uint8_t* address(const DTensor& t) {
+    KILN_CHECK(ctx_.program != nullptr, State, "cuda backend: tensor access before compile()");
+    uint8_t* base = ctx_.base[static_cast<size_t>(t.region)];
+    KILN_CHECK(base != nullptr && t.offset >= 0, Internal, "tensor '", t.name, "' is not placed");
+    return base + t.offset;
+  }
+
+  void release() {
+    if (owned_streams_ > 0) {
+      for (int i = 0; i < owned_streams_; ++i) warn("cudaStreamSynchronize", cudaStreamSynchronize(ctx_.streams[static_cast<size_t>(i)].stream));
+    }
+    last_run_.clear();
+    last_done_ = nullptr;
+    for (auto* list : {&train_, &eval_, &eval_ema_, &init_}) {
+      for (PhaseExec& e : *list) {
+        for (cudaEvent_t ev : {e.done, e.t0, e.t1}) {
+          if (ev) warn("cudaEventDestroy", cudaEventDestroy(ev));
+        }
+        for (cudaEvent_t ev : e.node_events) warn("cudaEventDestroy", cudaEventDestroy(ev));
+      }
+      list->clear();  // kernels and graphs go before the handles and buffers they use
+    }
+    for (Staging& st : staging_) {
+      if (st.host) warn("cudaFreeHost", cudaFreeHost(st.host));
+      for (cudaEvent_t ev : {st.copied, st.read}) {
+        if (ev) warn("cudaEventDestroy", cudaEventDestroy(ev));
+      }
+      st = Staging{};
+    }
+    if (small_.host) warn("cudaFreeHost", cudaFreeHost(small_.host));
+    for (cudaEvent_t ev : small_.done) {
+      if (ev) warn("cudaEventDestroy", cudaEventDestroy(ev));
+    }
+    small_ = SmallWrites{};
+    for (int i = 0; i < owned_streams_; ++i) {
+      StreamRes& s = ctx_.streams[static_cast<size_t>(i)];
+      if (s.workspace) warn("cudaFree", cudaFree(s.workspace));
+      if (s.lt) cublasLtDestroy(s.lt);
+      if (s.cudnn) cudnnDestroy(s.cudnn);
+      if (s.stream) warn("cudaStreamDestroy", cudaStreamDestroy(s.stream));
+    }
+    ctx_.streams = {};
+    owned_streams_ = 0;
+    ctx_.plan_cache.clear();
+    for (auto& b : ctx_.base) {
+      if (b) warn("cudaFree", cudaFree(b));
+      b = nullptr;
+    }
+    ctx_.program = nullptr;
+  }
+
+  Context ctx_;
+  int owned_streams_ = 0;
+  bool profile_ = false, profile_ops_ = false, profile_pending_ = false;
+  std::map<std::string, double> phase_ms_, op_ms_;
+  int64_t profiled_runs_ = 0;
+  std::vector<PhaseExec> train_, eval_, eval_ema_, init_;
+  std::vector<PhaseExec*> last_run_;
+  cudaEvent_t last_done_ = nullptr;
+  int last_stream_ = 0;
+  std::array<Staging, 2> staging_{};
+  SmallWrites small_;
+};
+
+}  // namespace
+}  // namespace cuda
+
+bool cuda_device_present() {
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return n > 0;
+}
+
+std::unique_ptr<Backend> make_cuda_backend() { return std::make_unique<cuda::CudaBackend>(); }
+
+}  // namespace kiln

@@ -1,0 +1,22 @@
+// What the CUDA backend offers beyond the Backend interface, with no CUDA header in sight
+// (so the trainer and the CLI can use it in any build). Profiling itself goes through
+// Backend::set_profiling / profile_report (GPU time per phase; with KILN_PROFILE_OPS=1 also
+// per op kind, nodes then launching one by one between events). Get at this with
+// dynamic_cast<CudaBackendApi*>(backend) when the backend's name() is "cuda".
+#pragma once
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "kiln/backend/backend.h"
+
+namespace kiln {
+
+class CudaBackendApi : public Backend {
+ public:
+  // Milliseconds of GPU time per phase of the last run(), in schedule order; waits for that
+  // run to finish. Empty when profiling is off.
+  virtual std::vector<std::pair<std::string, float>> phase_times() = 0;
+};
+
+}  // namespace kiln

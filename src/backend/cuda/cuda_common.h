@@ -1,0 +1,165 @@
+// What every CUDA kernel file shares: the check macros (a failed call or launch throws
+// kiln::Error(Backend) naming the call, the file and the line), the execution Context
+// (region base pointers, streams with their cuDNN / cuBLASLt handles and workspaces), the
+// Kernel interface and one factory per op of ops.def (mirroring src/backend/cpu/cpu_kernel.h).
+//
+// Lifetime: factories run in compile(); they check the node, build plans and record how
+// much per-stream workspace they need. The workspaces and region buffers are allocated once,
+// after every factory ran; Kernel::run() only enqueues work on its stream (no allocation, no
+// host synchronisation), so it can be captured into a CUDA Graph.
+#pragma once
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+#include <cudnn.h>
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <unordered_map>
+
+#include "kiln/core/error.h"
+#include "kiln/graph/program.h"
+
+namespace kiln::cuda {
+
+[[noreturn]] void throw_cuda(const char* call, cudaError_t e, const char* file, int line);
+[[noreturn]] void throw_cudnn(const char* call, cudnnStatus_t e, const char* file, int line);
+[[noreturn]] void throw_cublas(const char* call, cublasStatus_t e, const char* file, int line);
+
+}  // namespace kiln::cuda
+
+#define CUDA_CHECK(call)                                                            \
+  do {                                                                              \
+    const cudaError_t kiln_e_ = (call);                                             \
+    if (kiln_e_ != cudaSuccess) ::kiln::cuda::throw_cuda(#call, kiln_e_, __FILE__, __LINE__); \
+  } while (0)
+#define CUDNN_CHECK(call)                                                           \
+  do {                                                                              \
+    const cudnnStatus_t kiln_e_ = (call);                                           \
+    if (kiln_e_ != CUDNN_STATUS_SUCCESS) ::kiln::cuda::throw_cudnn(#call, kiln_e_, __FILE__, __LINE__); \
+  } while (0)
+#define CUBLAS_CHECK(call)                                                          \
+  do {                                                                              \
+    const cublasStatus_t kiln_e_ = (call);                                          \
+    if (kiln_e_ != CUBLAS_STATUS_SUCCESS) ::kiln::cuda::throw_cublas(#call, kiln_e_, __FILE__, __LINE__); \
+  } while (0)
+// After every kernel launch: a bad configuration shows up here, not three launches later.
+#define KILN_LAUNCH_CHECK(what) CUDA_CHECK((static_cast<void>(what), cudaGetLastError()))
+
+namespace kiln::cuda {
+
+inline constexpr int kStreams = 3;  // Phase::stream: 0 compute, 1 update, 2 transfer
+
+// Switches read once from the environment (STYLE.md: every optimisation can be turned off).
+struct Options {
+  bool graphs = true;   // KILN_CUDA_GRAPHS=0: launch node by node
+  bool streams = true;  // KILN_STREAMS=1 (or 0): everything on one stream
+  bool tf32 = false;    // KILN_TF32=1: allow TF32 in FP32 convolutions and matmuls
+  bool profile = false; // KILN_PROFILE=1: per-phase event timings
+  bool vector_kernels = true;  // KILN_VECTOR_KERNELS=0: one element per thread, no 16-byte paths
+};
+Options options_from_env();
+
+struct StreamRes {
+  cudaStream_t stream = nullptr;
+  cudnnHandle_t cudnn = nullptr;
+  cublasLtHandle_t lt = nullptr;
+  void* workspace = nullptr;    // shared by the nodes of this stream (they run in order)
+  size_t workspace_bytes = 0;   // what the factories asked for (max over nodes)
+};
+
+struct Context {
+  const Program* program = nullptr;
+  Options opts;
+  int sm_count = 132;
+  std::array<uint8_t*, kRegionCount> base{};
+  std::array<StreamRes, kStreams> streams{};
+  // Plans shared by nodes of the same shape (cuDNN graphs, cuBLASLt algorithms), by key.
+  std::unordered_map<std::string, std::shared_ptr<void>> plan_cache;
+
+  const DTensor& tensor(TensorId id) const { return program->tensor(id); }
+  // Device address of a tensor; valid once the regions are allocated (run time). Factories
+  // call it too: regions are allocated before the factories run.
+  template <typename T = void>
+  T* ptr(TensorId id) const {
+    if (id == kNoTensor) return nullptr;
+    const DTensor& t = program->tensor(id);
+    return reinterpret_cast<T*>(base[static_cast<size_t>(t.region)] + t.offset);
+  }
+  void need_workspace(int stream, size_t bytes) {
+    StreamRes& s = streams[static_cast<size_t>(stream)];
+    if (bytes > s.workspace_bytes) s.workspace_bytes = bytes;
+  }
+};
+
+class Kernel {
+ public:
+  explicit Kernel(int stream) : stream_(stream) {}
+  virtual ~Kernel() = default;
+  virtual void run(Context& ctx) = 0;
+
+ protected:
+  cudaStream_t stream(const Context& ctx) const { return ctx.streams[static_cast<size_t>(stream_)].stream; }
+  const StreamRes& res(const Context& ctx) const { return ctx.streams[static_cast<size_t>(stream_)]; }
+  int stream_;
+};
+using KernelPtr = std::unique_ptr<Kernel>;
+
+// A kernel that is one lambda: make_fn(stream, [=](Context& ctx, cudaStream_t s) {...}).
+template <typename F>
+class FnKernel final : public Kernel {
+ public:
+  FnKernel(int stream, F f) : Kernel(stream), f_(std::move(f)) {}
+  void run(Context& ctx) override { f_(ctx, stream(ctx)); }
+
+ private:
+  F f_;
+};
+template <typename F>
+KernelPtr make_fn(int stream, F f) {
+  return std::make_unique<FnKernel<F>>(stream, std::move(f));
+}
+
+// Factories, one per op (defined across src/backend/cuda/*). `stream` is the index of the
+// stream the node runs on.
+#define KILN_OP(name, category, doc) KernelPtr make_##name(const Node& node, Context& ctx, int stream);
+#include "kiln/graph/ops.def"
+#undef KILN_OP
+
+bool cuda_supports(OpKind op, DType feature_dtype);
+
+// ---- node checks (messages name the node, as the CPU backend's do) ----------------------
+inline TensorId in_at(const Node& n, size_t i) { return i < n.in.size() ? n.in[i] : kNoTensor; }
+inline TensorId out_at(const Node& n, size_t i) { return i < n.out.size() ? n.out[i] : kNoTensor; }
+TensorId need_in(const Node& n, size_t i, const char* role);
+TensorId need_out(const Node& n, size_t i, const char* role);
+void expect_dtype(const Context& ctx, const Node& n, TensorId id, DType dtype, const char* role);
+// f32 / f16 / bf16 (a feature tensor); returns its dtype.
+DType expect_float(const Context& ctx, const Node& n, TensorId id, const char* role);
+void expect_same_dtype(const Context& ctx, const Node& n, TensorId a, TensorId b);
+void expect_numel(const Context& ctx, const Node& n, TensorId id, int64_t numel, const char* role);
+void expect_rank(const Context& ctx, const Node& n, TensorId id, int rank, const char* role);
+void reject_accumulate(const Node& n);
+
+struct Nhwc {
+  int64_t n = 0, h = 1, w = 1, c = 0;
+  int64_t numel() const { return n * h * w * c; }
+};
+Nhwc nhwc_of(const Context& ctx, const Node& n, TensorId id, const char* role);
+
+// A device scalar as kernels see it: a pointer and a dtype code (absent = nullptr).
+struct DevScalar {
+  void* p = nullptr;
+  int kind = 0;  // 0 absent, 1 f32, 2 i32, 3 i64
+};
+DevScalar dev_scalar(const Context& ctx, const Node& n, TensorId id, const char* role);
+
+// Grid for a grid-stride loop over `count` items.
+inline unsigned grid_for(const Context& ctx, int64_t count, int threads) {
+  const int64_t want = (count + threads - 1) / threads;
+  const int64_t cap = static_cast<int64_t>(ctx.sm_count) * 16;
+  return static_cast<unsigned>(want < 1 ? 1 : (want > cap ? cap : want));
+}
+
+}  // namespace kiln::cuda

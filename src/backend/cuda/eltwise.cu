@@ -1,0 +1,298 @@
+// Elementwise layer ops on the GPU: ReLU (backward from the output, as PyTorch's
+// threshold_backward), the residual / gradient add, and dropout. FP16/BF16 values are
+// computed in FP32 and rounded once.
+//
+// Dropout's mask is the CPU kernel's (src/backend/cpu/cpu_eltwise.cpp), a pure function of
+// (attrs.seed, the step scalar, the element index), so both backends drop the same elements:
+//   k = fmix(seed ^ fmix(uint64(uint32(step)) + 0x9E3779B97F4A7C15))
+//   h = fmix(k + (index + 1) * 0x9E3779B97F4A7C15);  u = float(h >> 40) * 2^-24
+//   keep = !(u < p);  y = keep ? x * (1 / (1 - p)) : 0
+// with SplitMix64's finaliser fmix. Any change must be made in both files at once.
+#include "backend/cuda/device_util.cuh"
+
+namespace kiln::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr uint64_t kGolden = 0x9E3779B97F4A7C15ull;
+
+__host__ __device__ __forceinline__ uint64_t fmix(uint64_t z) {
+  z ^= z >> 30;
+  z *= 0xBF58476D1CE4E5B9ull;
+  z ^= z >> 27;
+  z *= 0x94D049BB133111EBull;
+  z ^= z >> 31;
+  return z;
+}
+
+template <typename T>
+__global__ void relu_fwd_kernel(const T* x, T* y, int64_t count) {
+  KILN_GRID_STRIDE(i, count) {
+    const float v = to_f(x[i]);
+    y[i] = from_f<T>(v > 0.0f ? v : (isnan(v) ? v : 0.0f));
+  }
+}
+
+// f16 fast path: 8 values per thread through 16-byte accesses.
+__global__ void relu_fwd_h8(const uint4* x, uint4* y, int64_t count8) {
+  const __half2 zero = __float2half2_rn(0.0f);
+  KILN_GRID_STRIDE(i, count8) {
+    uint4 v = x[i];
+    __half2* h = reinterpret_cast<__half2*>(&v);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) h[j] = __hmax2_nan(h[j], zero);
+    y[i] = v;
+  }
+}
+
+template <typename T>
+__global__ void relu_bwd_kernel(const T* y, const T* dy, T* dx, int64_t count) {
+  KILN_GRID_STRIDE(i, count) dx[i] = to_f(y[i]) > 0.0f ? dy[i] : from_f<T>(0.0f);
+}
+
+// 16-byte paths (KILN_VECTOR_KERNELS): V elements per access.
+template <typename T>
+__global__ void relu_bwd_vec(const T* y, const T* dy, T* dx, int nvec) {
+  constexpr int V = kVec<T>;
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < nvec; i += gridDim.x * blockDim.x) {
+    const uint4 ry = reinterpret_cast<const uint4*>(y)[i], rg = reinterpret_cast<const uint4*>(dy)[i];
+    const T* ye = reinterpret_cast<const T*>(&ry);
+    const T* ge = reinterpret_cast<const T*>(&rg);
+    uint4 out;
+    T* o = reinterpret_cast<T*>(&out);
+#pragma unroll
+    for (int j = 0; j < V; ++j) o[j] = to_f(ye[j]) > 0.0f ? ge[j] : from_f<T>(0.0f);
+    reinterpret_cast<uint4*>(dx)[i] = out;
+  }
+}
+
+template <typename T>
+__global__ void add_vec(const T* a, const T* b, T* y, int nvec, bool acc) {
+  constexpr int V = kVec<T>;
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < nvec; i += gridDim.x * blockDim.x) {
+    const uint4 ra = reinterpret_cast<const uint4*>(a)[i];
+    const uint4 rb = b ? reinterpret_cast<const uint4*>(b)[i] : make_uint4(0, 0, 0, 0);
+    const uint4 ry = acc ? reinterpret_cast<const uint4*>(y)[i] : make_uint4(0, 0, 0, 0);
+    const T* ae = reinterpret_cast<const T*>(&ra);
+    const T* be = reinterpret_cast<const T*>(&rb);
+    const T* ye = reinterpret_cast<const T*>(&ry);
+    uint4 out;
+    T* o = reinterpret_cast<T*>(&out);
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      float v = b ? to_f(ae[j]) + to_f(be[j]) : to_f(ae[j]);
+      if (acc) v = to_f(ye[j]) + v;
+      o[j] = from_f<T>(v);
+    }
+    reinterpret_cast<uint4*>(y)[i] = out;
+  }
+}
+
+template <typename T>
+__global__ void add_kernel(const T* a, const T* b, T* y, int64_t count, bool acc) {
+  KILN_GRID_STRIDE(i, count) {
+    float v = b ? to_f(a[i]) + to_f(b[i]) : to_f(a[i]);
+    if (acc) v = to_f(y[i]) + v;
+    y[i] = from_f<T>(v);
+  }
+}
+
+template <typename T>
+__global__ void dropout_fwd_kernel(const T* x, T* y, uint8_t* mask, int64_t count, float p, float scale,
+                                   uint64_t seed, DevScalar step) {
+  const auto s = static_cast<uint32_t>(static_cast<int64_t>(load_scalar(step, 0.0)));
+  const uint64_t k = fmix(seed ^ fmix(static_cast<uint64_t>(s) + kGolden));
+  KILN_GRID_STRIDE(i, count) {
+    bool keep = false;
+    if (p < 1.0f) {
+      const uint64_t h = fmix(k + (static_cast<uint64_t>(i) + 1) * kGolden);
+      const float u = static_cast<float>(h >> 40) * 0x1p-24f;
+      keep = !(u < p);
+    }
+    mask[i] = keep ? 1 : 0;
+    y[i] = from_f<T>(keep ? fmul(to_f(x[i]), scale) : 0.0f);
+  }
+}
+
+template <typename T>
+__global__ void dropout_bwd_kernel(const T* dy, const uint8_t* mask, T* dx, int64_t count, float scale) {
+  KILN_GRID_STRIDE(i, count) dx[i] = from_f<T>(mask[i] ? fmul(to_f(dy[i]), scale) : 0.0f);
+}
+
+void expect_same_size(const Context& ctx, const Node& n, TensorId a, TensorId b) {
+  KILN_CHECK(ctx.tensor(a).numel() == ctx.tensor(b).numel(), Shape, op_name(n.op), " node '", n.label, "': '",
+             ctx.tensor(a).name, "' ", ctx.tensor(a).shape.str(), " and '", ctx.tensor(b).name, "' ",
+             ctx.tensor(b).shape.str(), " differ in size");
+}
+
+}  // namespace
+
+// "x -> y"
+KernelPtr make_relu_fwd(const Node& n, Context& ctx, int stream) {
+  reject_accumulate(n);
+  const TensorId x = need_in(n, 0, "x"), y = need_out(n, 0, "y");
+  const DType dt = expect_float(ctx, n, x, "x");
+  expect_same_dtype(ctx, n, x, y);
+  expect_same_size(ctx, n, x, y);
+  const int64_t count = ctx.tensor(x).numel();
+  const void* xp = ctx.ptr(x);
+  void* yp = ctx.ptr(y);
+  if (dt == DType::F16 && count % 8 == 0 && (reinterpret_cast<uintptr_t>(xp) % 16) == 0 &&
+      (reinterpret_cast<uintptr_t>(yp) % 16) == 0) {
+    const unsigned grid = grid_for(ctx, count / 8, kThreads);
+    return make_fn(stream, [=](Context&, cudaStream_t s) {
+      relu_fwd_h8<<<grid, kThreads, 0, s>>>(static_cast<const uint4*>(xp), static_cast<uint4*>(yp), count / 8);
+      KILN_LAUNCH_CHECK("relu_fwd");
+    });
+  }
+  const unsigned grid = grid_for(ctx, count, kThreads);
+  KernelPtr k;
+  KILN_DISPATCH_FLOAT(dt, T, {
+    k = make_fn(stream, [=](Context&, cudaStream_t s) {
+      relu_fwd_kernel<T><<<grid, kThreads, 0, s>>>(static_cast<const T*>(xp), static_cast<T*>(yp), count);
+      KILN_LAUNCH_CHECK("relu_fwd");
+    });
+  });
+  return k;
+}
+
+// "y, dy -> dx": dx = y > 0 ? dy : 0.
+KernelPtr make_relu_bwd(const Node& n, Context& ctx, int stream) {
+  reject_accumulate(n);
+  const TensorId y = need_in(n, 0, "y"), dy = need_in(n, 1, "dy"), dx = need_out(n, 0, "dx");
+  const DType dt = expect_float(ctx, n, y, "y");
+  expect_same_dtype(ctx, n, y, dy);
+  expect_same_dtype(ctx, n, y, dx);
+  expect_same_size(ctx, n, y, dy);
+  expect_same_size(ctx, n, y, dx);
+  const int64_t count = ctx.tensor(y).numel();
+  const void *yp = ctx.ptr(y), *dyp = ctx.ptr(dy);
+  void* dxp = ctx.ptr(dx);
+  KernelPtr k;
+  const int width = dt == DType::F32 ? 4 : 8;
+  if (vec_fits(ctx.opts, count, width, {yp, dyp, dxp})) {
+    const auto nvec = static_cast<int>(count / width);
+    const unsigned vgrid = grid_for(ctx, nvec, kThreads);
+    KILN_DISPATCH_FLOAT(dt, T, {
+      k = make_fn(stream, [=](Context&, cudaStream_t s) {
+        relu_bwd_vec<T><<<vgrid, kThreads, 0, s>>>(static_cast<const T*>(yp), static_cast<const T*>(dyp),
+                                                   static_cast<T*>(dxp), nvec);
+        KILN_LAUNCH_CHECK("relu_bwd (vec)");
+      });
+    });
+    return k;
+  }
+  const unsigned grid = grid_for(ctx, count, kThreads);
+  KILN_DISPATCH_FLOAT(dt, T, {
+    k = make_fn(stream, [=](Context&, cudaStream_t s) {
+      relu_bwd_kernel<T><<<grid, kThreads, 0, s>>>(static_cast<const T*>(yp), static_cast<const T*>(dyp),
+                                                   static_cast<T*>(dxp), count);
+      KILN_LAUNCH_CHECK("relu_bwd");
+    });
+  });
+  return k;
+}
+
+// "a, b -> y = a + b"; attrs.accumulate: y += a + b. b may be absent; any may alias.
+KernelPtr make_add(const Node& n, Context& ctx, int stream) {
+  const TensorId a = need_in(n, 0, "a"), b = in_at(n, 1), y = need_out(n, 0, "y");
+  const DType dt = expect_float(ctx, n, a, "a");
+  for (TensorId id : {b, y}) {
+    if (id == kNoTensor) continue;
+    expect_same_dtype(ctx, n, a, id);
+    expect_same_size(ctx, n, a, id);
+  }
+  const int64_t count = ctx.tensor(a).numel();
+  const void* ap = ctx.ptr(a);
+  const void* bp = ctx.ptr(b);
+  void* yp = ctx.ptr(y);
+  const bool acc = n.attrs.accumulate;
+  const unsigned grid = grid_for(ctx, count, kThreads);
+  const size_t bytes = static_cast<size_t>(ctx.tensor(a).bytes());
+  KernelPtr k;
+  const int width = dt == DType::F32 ? 4 : 8;
+  if ((bp || acc) && vec_fits(ctx.opts, count, width, {ap, bp, yp})) {
+    const auto nvec = static_cast<int>(count / width);
+    const unsigned vgrid = grid_for(ctx, nvec, kThreads);
+    KILN_DISPATCH_FLOAT(dt, T, {
+      k = make_fn(stream, [=](Context&, cudaStream_t s) {
+        add_vec<T><<<vgrid, kThreads, 0, s>>>(static_cast<const T*>(ap), static_cast<const T*>(bp), static_cast<T*>(yp),
+                                              nvec, acc);
+        KILN_LAUNCH_CHECK("add (vec)");
+      });
+    });
+    return k;
+  }
+  KILN_DISPATCH_FLOAT(dt, T, {
+    k = make_fn(stream, [=](Context&, cudaStream_t s) {
+      if (!bp && !acc) {
+        if (yp != ap) CUDA_CHECK(cudaMemcpyAsync(yp, ap, bytes, cudaMemcpyDeviceToDevice, s));
+        return;
+      }
+      add_kernel<T><<<grid, kThreads, 0, s>>>(static_cast<const T*>(ap), static_cast<const T*>(bp),
+                                              static_cast<T*>(yp), count, acc);
+      KILN_LAUNCH_CHECK("add");
+    });
+  });
+  return k;
+}
+
+// "x, step (i32 scalar) -> y, mask (u8)"
+KernelPtr make_dropout_fwd(const Node& n, Context& ctx, int stream) {
+  reject_accumulate(n);
+  const TensorId x = need_in(n, 0, "x"), step = need_in(n, 1, "step");
+  const TensorId y = need_out(n, 0, "y"), mask = need_out(n, 1, "mask");
+  const DType dt = expect_float(ctx, n, x, "x");
+  expect_same_dtype(ctx, n, x, y);
+  expect_dtype(ctx, n, mask, DType::U8, "mask");
+  expect_same_size(ctx, n, x, y);
+  expect_same_size(ctx, n, x, mask);
+  const DevScalar st = dev_scalar(ctx, n, step, "step");
+  const int64_t count = ctx.tensor(x).numel();
+  const void* xp = ctx.ptr(x);
+  void* yp = ctx.ptr(y);
+  auto* mp = ctx.ptr<uint8_t>(mask);
+  const float p = n.attrs.p;
+  const float scale = p >= 1.0f ? 0.0f : 1.0f / (1.0f - p);
+  const uint64_t seed = n.attrs.seed;
+  const unsigned grid = grid_for(ctx, count, kThreads);
+  KernelPtr k;
+  KILN_DISPATCH_FLOAT(dt, T, {
+    k = make_fn(stream, [=](Context&, cudaStream_t s) {
+      dropout_fwd_kernel<T><<<grid, kThreads, 0, s>>>(static_cast<const T*>(xp), static_cast<T*>(yp), mp, count, p,
+                                                      scale, seed, st);
+      KILN_LAUNCH_CHECK("dropout_fwd");
+    });
+  });
+  return k;
+}
+
+// "dy, mask -> dx": dx = mask ? dy / (1 - p) : 0.
+KernelPtr make_dropout_bwd(const Node& n, Context& ctx, int stream) {
+  reject_accumulate(n);
+  const TensorId dy = need_in(n, 0, "dy"), mask = need_in(n, 1, "mask"), dx = need_out(n, 0, "dx");
+  const DType dt = expect_float(ctx, n, dy, "dy");
+  expect_same_dtype(ctx, n, dy, dx);
+  expect_dtype(ctx, n, mask, DType::U8, "mask");
+  expect_same_size(ctx, n, dy, dx);
+  expect_same_size(ctx, n, dy, mask);
+  const int64_t count = ctx.tensor(dy).numel();
+  const void* dyp = ctx.ptr(dy);
+  const auto* mp = ctx.ptr<uint8_t>(mask);
+  void* dxp = ctx.ptr(dx);
+  const float p = n.attrs.p;
+  const float scale = p >= 1.0f ? 0.0f : 1.0f / (1.0f - p);
+  const unsigned grid = grid_for(ctx, count, kThreads);
+  KernelPtr k;
+  KILN_DISPATCH_FLOAT(dt, T, {
+    k = make_fn(stream, [=](Context&, cudaStream_t s) {
+      dropout_bwd_kernel<T><<<grid, kThreads, 0, s>>>(static_cast<const T*>(dyp), mp, static_cast<T*>(dxp), count,
+                                                      scale);
+      KILN_LAUNCH_CHECK("dropout_bwd");
+    });
+  });
+  return k;
+}
+
+}  // namespace kiln::cuda

@@ -1,0 +1,239 @@
+// Fused optimizers and the EMA over whole ranges of the parameter regions (SPEC S21, S22),
+// the GPU twins of src/backend/cpu/cpu_optim.cpp: the same formulas, operation for
+// operation, in FP32 without FMA contraction, so the two agree to the bit (AdamW's bias
+// corrections use the device's double pow, which may differ from glibc's in the last bit of
+// a double, hence "within 1 ulp"). Every kernel reads lr, loss scale and overflow from
+// their device scalars and returns at once when overflow != 0: a skipped step is decided on
+// the device (SPEC S9), so a captured graph never changes.
+#include "backend/cuda/device_util.cuh"
+
+namespace kiln::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+
+struct StepScalars {
+  DevScalar lr, scale, overflow;
+  float average = 1.0f;  // attrs.grad_average: 1/world after a summing all-reduce (S27)
+};
+
+__device__ __forceinline__ bool skipped(const StepScalars& s) { return load_scalar(s.overflow, 0.0) != 0.0; }
+__device__ __forceinline__ float inv_scale(const StepScalars& s) {
+  return fmul(fdiv(1.0f, static_cast<float>(load_scalar(s.scale, 1.0))), s.average);
+}
+
+__global__ void sgd_kernel(const float* w, const float* g, const float* m, float* wo, float* mo, int64_t count,
+                           float mom, float wd, bool nesterov, StepScalars sc) {
+  if (skipped(sc)) return;
+  const float lr = static_cast<float>(load_scalar(sc.lr, 0.0));
+  const float inv = inv_scale(sc);
+  KILN_GRID_STRIDE(i, count) {
+    const float wi = w[i];
+    const float gi = fadd(fmul(g[i], inv), fmul(wd, wi));
+    float u = gi;
+    if (m) {
+      const float mi = fadd(fmul(mom, m[i]), gi);
+      mo[i] = mi;
+      u = nesterov ? fadd(gi, fmul(mom, mi)) : mi;
+    }
+    wo[i] = fsub(wi, fmul(lr, u));
+  }
+}
+
+struct AdamAttrs {
+  float beta1, beta2, eps, wd;
+};
+
+__global__ void adamw_kernel(const float* w, const float* g, const float* m, const float* v, float* wo, float* mo,
+                             float* vo, int64_t count, AdamAttrs a, StepScalars sc, DevScalar step) {
+  if (skipped(sc)) return;
+  const float lr = static_cast<float>(load_scalar(sc.lr, 0.0));
+  const float inv = inv_scale(sc);
+  const double t = load_scalar(step, 0.0) + 1.0;
+  const auto step_size = static_cast<float>(static_cast<double>(lr) / (1.0 - pow(static_cast<double>(a.beta1), t)));
+  const auto bc2_sqrt = static_cast<float>(sqrt(1.0 - pow(static_cast<double>(a.beta2), t)));
+  const float decay = fsub(1.0f, fmul(lr, a.wd));
+  const float b1c = fsub(1.0f, a.beta1), b2c = fsub(1.0f, a.beta2);
+  KILN_GRID_STRIDE(i, count) {
+    const float gi = fmul(g[i], inv);
+    const float wi = fmul(w[i], decay);
+    const float mp = m[i];
+    const float mi = fadd(mp, fmul(b1c, fsub(gi, mp)));
+    const float vi = fadd(fmul(a.beta2, v[i]), fmul(fmul(b2c, gi), gi));
+    const float denom = fadd(fdiv(__fsqrt_rn(vi), bc2_sqrt), a.eps);
+    mo[i] = mi;
+    vo[i] = vi;
+    wo[i] = fsub(wi, fmul(step_size, fdiv(mi, denom)));
+  }
+}
+
+// LARS pass 1: per-block partial sums of ||w||^2 and ||g / scale||^2, in double.
+__global__ void lars_norms_kernel(const float* w, const float* g, int64_t count, StepScalars sc, double2* partial) {
+  const double inv = static_cast<double>(inv_scale(sc));
+  double ww = 0.0, gg = 0.0;
+  KILN_GRID_STRIDE(i, count) {
+    const double wi = w[i], gi = static_cast<double>(g[i]) * inv;
+    ww += wi * wi;
+    gg += gi * gi;
+  }
+  for (int o = 16; o > 0; o >>= 1) {
+    ww += __shfl_down_sync(0xffffffffu, ww, o);
+    gg += __shfl_down_sync(0xffffffffu, gg, o);
+  }
+  __shared__ double sw[kThreads / 32], sg[kThreads / 32];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) {
+    sw[warp] = ww;
+    sg[warp] = gg;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double a = 0.0, b = 0.0;
+    for (int i = 0; i < kThreads / 32; ++i) {
+      a += sw[i];
+      b += sg[i];
+    }
+    partial[blockIdx.x] = make_double2(a, b);
+  }
+}
+
+__global__ void lars_update_kernel(const float* w, const float* g, const float* m, float* wo, float* mo,
+                                   int64_t count, float mom, float wd, float eta, bool nesterov, StepScalars sc,
+                                   const double2* partial, int blocks) {
+  if (skipped(sc)) return;
+  __shared__ float trust_s;
+  if (threadIdx.x == 0) {
+    double ww = 0.0, gg = 0.0;
+    for (int b = 0; b < blocks; ++b) {
+      ww += partial[b].x;
+      gg += partial[b].y;
+    }
+    const double wn = sqrt(ww), gn = sqrt(gg);
+    trust_s = static_cast<float>(wn > 0.0 && gn > 0.0 ? static_cast<double>(eta) * wn / (gn + static_cast<double>(wd) * wn)
+                                                      : 1.0);
+  }
+  __syncthreads();
+  const float trust = trust_s;
+  const float lr = static_cast<float>(load_scalar(sc.lr, 0.0));
+  const float inv = inv_scale(sc);
+  KILN_GRID_STRIDE(i, count) {
+    const float wi = w[i];
+    const float d = fmul(trust, fadd(fmul(g[i], inv), fmul(wd, wi)));
+    const float mi = fadd(fmul(mom, m[i]), d);
+    mo[i] = mi;
+    const float u = nesterov ? fadd(d, fmul(mom, mi)) : mi;
+    wo[i] = fsub(wi, fmul(lr, u));
+  }
+}
+
+__global__ void ema_kernel(const float* w, float* e, int64_t count, float d, float one_minus_d, DevScalar overflow) {
+  if (load_scalar(overflow, 0.0) != 0.0) return;
+  KILN_GRID_STRIDE(i, count) e[i] = fadd(fmul(d, e[i]), fmul(one_minus_d, w[i]));
+}
+
+float* region_f32(Context& ctx, const Node& n, TensorId id, int64_t count, const char* role) {
+  expect_dtype(ctx, n, id, DType::F32, role);
+  expect_numel(ctx, n, id, count, role);
+  return ctx.ptr<float>(id);
+}
+
+TensorId out_or(const Node& n, size_t i, TensorId fallback) {
+  const TensorId id = out_at(n, i);
+  return id != kNoTensor ? id : fallback;
+}
+
+StepScalars step_scalars(Context& ctx, const Node& n, TensorId lr, TensorId scale, TensorId overflow) {
+  return {dev_scalar(ctx, n, lr, "lr"), dev_scalar(ctx, n, scale, "loss_scale"), dev_scalar(ctx, n, overflow, "overflow"),
+          n.attrs.grad_average};
+}
+
+}  // namespace
+
+// "w, g, m, lr, loss_scale, overflow -> w, m"
+KernelPtr make_sgd(const Node& n, Context& ctx, int stream) {
+  reject_accumulate(n);
+  const TensorId w = need_in(n, 0, "w"), g = need_in(n, 1, "g"), m = in_at(n, 2), lr = need_in(n, 3, "lr");
+  const int64_t count = ctx.tensor(w).numel();
+  const Attrs& a = n.attrs;
+  KILN_CHECK(m != kNoTensor || a.momentum == 0.0f, InvalidArgument, "sgd node '", n.label, "': momentum ", a.momentum,
+             " needs the moment tensor (input 2)");
+  const float* wp = region_f32(ctx, n, w, count, "w");
+  const float* gp = region_f32(ctx, n, g, count, "g");
+  const float* mp = m != kNoTensor ? region_f32(ctx, n, m, count, "m") : nullptr;
+  float* wo = region_f32(ctx, n, out_or(n, 0, w), count, "w (out)");
+  float* mo = m != kNoTensor ? region_f32(ctx, n, out_or(n, 1, m), count, "m (out)") : nullptr;
+  const StepScalars sc = step_scalars(ctx, n, lr, in_at(n, 4), in_at(n, 5));
+  const float mom = a.momentum, wd = a.weight_decay;
+  const bool nesterov = a.nesterov;
+  const unsigned grid = grid_for(ctx, count, kThreads);
+  return make_fn(stream, [=](Context&, cudaStream_t s) {
+    sgd_kernel<<<grid, kThreads, 0, s>>>(wp, gp, mp, wo, mo, count, mom, wd, nesterov, sc);
+    KILN_LAUNCH_CHECK("sgd");
+  });
+}
+
+// "w, g, m, v, lr, loss_scale, overflow, step -> w, m, v"
+KernelPtr make_adamw(const Node& n, Context& ctx, int stream) {
+  reject_accumulate(n);
+  const TensorId w = need_in(n, 0, "w"), g = need_in(n, 1, "g"), m = need_in(n, 2, "m"), v = need_in(n, 3, "v"),
+                 lr = need_in(n, 4, "lr"), step = need_in(n, 7, "step");
+  const int64_t count = ctx.tensor(w).numel();
+  const float* wp = region_f32(ctx, n, w, count, "w");
+  const float* gp = region_f32(ctx, n, g, count, "g");
+  const float* mp = region_f32(ctx, n, m, count, "m");
+  const float* vp = region_f32(ctx, n, v, count, "v");
+  float* wo = region_f32(ctx, n, out_or(n, 0, w), count, "w (out)");
+  float* mo = region_f32(ctx, n, out_or(n, 1, m), count, "m (out)");
+  float* vo = region_f32(ctx, n, out_or(n, 2, v), count, "v (out)");
+  const StepScalars sc = step_scalars(ctx, n, lr, in_at(n, 5), in_at(n, 6));
+  const DevScalar st = dev_scalar(ctx, n, step, "step");
+  const AdamAttrs a{n.attrs.beta1, n.attrs.beta2, n.attrs.adam_eps, n.attrs.weight_decay};
+  const unsigned grid = grid_for(ctx, count, kThreads);
+  return make_fn(stream, [=](Context&, cudaStream_t s) {
+    adamw_kernel<<<grid, kThreads, 0, s>>>(wp, gp, mp, vp, wo, mo, vo, count, a, sc, st);
+    KILN_LAUNCH_CHECK("adamw");
+  });
+}
+
+// "w, g, m, lr, loss_scale, overflow -> w, m": one parameter per node (see cpu_optim.cpp).
+KernelPtr make_lars(const Node& n, Context& ctx, int stream) {
+  reject_accumulate(n);
+  const TensorId w = need_in(n, 0, "w"), g = need_in(n, 1, "g"), m = need_in(n, 2, "m"), lr = need_in(n, 3, "lr");
+  const int64_t count = ctx.tensor(w).numel();
+  const float* wp = region_f32(ctx, n, w, count, "w");
+  const float* gp = region_f32(ctx, n, g, count, "g");
+  const float* mp = region_f32(ctx, n, m, count, "m");
+  float* wo = region_f32(ctx, n, out_or(n, 0, w), count, "w (out)");
+  float* mo = region_f32(ctx, n, out_or(n, 1, m), count, "m (out)");
+  const StepScalars sc = step_scalars(ctx, n, lr, in_at(n, 4), in_at(n, 5));
+  const Attrs a = n.attrs;
+  const unsigned grid = std::min<unsigned>(grid_for(ctx, count, kThreads), 1024u);
+  ctx.need_workspace(stream, sizeof(double2) * grid);
+  return make_fn(stream, [=](Context& c, cudaStream_t s) {
+    auto* partial = static_cast<double2*>(c.streams[static_cast<size_t>(stream)].workspace);
+    lars_norms_kernel<<<grid, kThreads, 0, s>>>(wp, gp, count, sc, partial);
+    KILN_LAUNCH_CHECK("lars norms");
+    lars_update_kernel<<<grid, kThreads, 0, s>>>(wp, gp, mp, wo, mo, count, a.momentum, a.weight_decay, a.lars_eta,
+                                                 a.nesterov, sc, partial, static_cast<int>(grid));
+    KILN_LAUNCH_CHECK("lars update");
+  });
+}
+
+// "w, overflow -> ema"
+KernelPtr make_ema(const Node& n, Context& ctx, int stream) {
+  reject_accumulate(n);
+  const TensorId w = need_in(n, 0, "w"), e = need_out(n, 0, "ema");
+  const int64_t count = ctx.tensor(w).numel();
+  const float* wp = region_f32(ctx, n, w, count, "w");
+  float* ep = region_f32(ctx, n, e, count, "ema");
+  const DevScalar ov = dev_scalar(ctx, n, in_at(n, 1), "overflow");
+  const float d = n.attrs.ema_decay, one_minus_d = 1.0f - n.attrs.ema_decay;
+  const unsigned grid = grid_for(ctx, count, kThreads);
+  return make_fn(stream, [=](Context&, cudaStream_t s) {
+    ema_kernel<<<grid, kThreads, 0, s>>>(wp, ep, count, d, one_minus_d, ov);
+    KILN_LAUNCH_CHECK("ema");
+  });
+}
+
+}  // namespace kiln::cuda

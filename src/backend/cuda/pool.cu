@@ -1,0 +1,284 @@
+// Pooling on the GPU, NHWC, one thread per output (forward) or per input element (backward:
+// a gather over the windows that cover it, so there are no atomics and the sums come out in
+// the CPU loop's order).
+//
+// Max pooling writes the argmax as an explicit i32 tensor (index ih * W + iw in the input
+// HxW plane, PyTorch's `indices`), ties to the first element in window order, NaN wins: the
+// rules of src/backend/cpu/cpu_pool.cpp. Average pooling divides by kh*kw with
+// count_include_pad (symmetric padding with the floor rule never reaches past H + pad), else
+// by the number of elements inside the image.
+#include <cfloat>
+
+#include "backend/cuda/device_util.cuh"
+
+namespace kiln::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+
+__device__ __forceinline__ int64_t imax(int64_t a, int64_t b) { return a > b ? a : b; }
+__device__ __forceinline__ int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
+
+struct PoolDims {
+  int64_t n, h, w, c;  // input
+  int64_t p, q;        // output
+  int kh, kw, sh, sw, ph, pw;
+  bool include_pad;
+};
+
+template <typename T>
+__global__ void maxpool_fwd_kernel(const T* x, T* y, int32_t* argmax, PoolDims d) {
+  const int64_t total = d.n * d.p * d.q * d.c;
+  KILN_GRID_STRIDE(o, total) {
+    const int64_t c = o % d.c;
+    int64_t r = o / d.c;
+    const int64_t ow = r % d.q;
+    r /= d.q;
+    const int64_t oh = r % d.p;
+    const int64_t b = r / d.p;
+    const int64_t h0 = oh * d.sh - d.ph, w0 = ow * d.sw - d.pw;
+    const int64_t hs = imax(h0, 0), he = imin(h0 + d.kh, d.h);
+    const int64_t ws = imax(w0, 0), we = imin(w0 + d.kw, d.w);
+    float best = -INFINITY;
+    int32_t idx = static_cast<int32_t>(hs * d.w + ws);
+    const T* xb = x + b * d.h * d.w * d.c + c;
+    for (int64_t ih = hs; ih < he; ++ih) {
+      for (int64_t iw = ws; iw < we; ++iw) {
+        const float v = to_f(xb[(ih * d.w + iw) * d.c]);
+        if (v > best || isnan(v)) {
+          best = v;
+          idx = static_cast<int32_t>(ih * d.w + iw);
+        }
+      }
+    }
+    y[o] = from_f<T>(best);
+    if (argmax) argmax[o] = idx;
+  }
+}
+
+// Output rows / columns whose window covers input row i: oh with oh*s - p <= i < oh*s - p + k.
+__device__ __forceinline__ void covering(int64_t i, int k, int s, int p, int64_t out, int64_t* lo, int64_t* hi) {
+  const int64_t num = i + p - k + 1;
+  *lo = num <= 0 ? 0 : (num + s - 1) / s;
+  *hi = imin((i + p) / s, out - 1);
+}
+
+template <typename T>
+__global__ void maxpool_bwd_kernel(const T* dy, const int32_t* argmax, T* dx, PoolDims d) {
+  const int64_t total = d.n * d.h * d.w * d.c;
+  KILN_GRID_STRIDE(i, total) {
+    const int64_t c = i % d.c;
+    int64_t r = i / d.c;
+    const int64_t iw = r % d.w;
+    r /= d.w;
+    const int64_t ih = r % d.h;
+    const int64_t b = r / d.h;
+    int64_t oh0, oh1, ow0, ow1;
+    covering(ih, d.kh, d.sh, d.ph, d.p, &oh0, &oh1);
+    covering(iw, d.kw, d.sw, d.pw, d.q, &ow0, &ow1);
+    const auto self = static_cast<int32_t>(ih * d.w + iw);
+    float sum = 0.0f;
+    for (int64_t oh = oh0; oh <= oh1; ++oh) {
+      for (int64_t ow = ow0; ow <= ow1; ++ow) {
+        const int64_t o = ((b * d.p + oh) * d.q + ow) * d.c + c;
+        if (argmax[o] == self) sum += to_f(dy[o]);
+      }
+    }
+    dx[i] = from_f<T>(sum);
+  }
+}
+
+__device__ __forceinline__ int avg_divisor(const PoolDims& d, int64_t oh, int64_t ow) {
+  if (d.include_pad) return d.kh * d.kw;
+  const int64_t h0 = oh * d.sh - d.ph, w0 = ow * d.sw - d.pw;
+  const int64_t hn = imin(h0 + d.kh, d.h) - imax(h0, 0);
+  const int64_t wn = imin(w0 + d.kw, d.w) - imax(w0, 0);
+  return static_cast<int>(hn * wn);
+}
+
+template <typename T>
+__global__ void avgpool_fwd_kernel(const T* x, T* y, PoolDims d) {
+  const int64_t total = d.n * d.p * d.q * d.c;
+  KILN_GRID_STRIDE(o, total) {
+    const int64_t c = o % d.c;
+    int64_t r = o / d.c;
+    const int64_t ow = r % d.q;
+    r /= d.q;
+    const int64_t oh = r % d.p;
+    const int64_t b = r / d.p;
+    const int64_t h0 = oh * d.sh - d.ph, w0 = ow * d.sw - d.pw;
+    const int64_t hs = imax(h0, 0), he = imin(h0 + d.kh, d.h);
+    const int64_t ws = imax(w0, 0), we = imin(w0 + d.kw, d.w);
+    const T* xb = x + b * d.h * d.w * d.c + c;
+    float sum = 0.0f;
+    for (int64_t ih = hs; ih < he; ++ih) {
+      for (int64_t iw = ws; iw < we; ++iw) sum += to_f(xb[(ih * d.w + iw) * d.c]);
+    }
+    y[o] = from_f<T>(sum / static_cast<float>(avg_divisor(d, oh, ow)));
+  }
+}
+
+template <typename T>
+__global__ void avgpool_bwd_kernel(const T* dy, T* dx, PoolDims d) {
+  const int64_t total = d.n * d.h * d.w * d.c;
+  KILN_GRID_STRIDE(i, total) {
+    const int64_t c = i % d.c;
+    int64_t r = i / d.c;
+    const int64_t iw = r % d.w;
+    r /= d.w;
+    const int64_t ih = r % d.h;
+    const int64_t b = r / d.h;
+    int64_t oh0, oh1, ow0, ow1;
+    covering(ih, d.kh, d.sh, d.ph, d.p, &oh0, &oh1);
+    covering(iw, d.kw, d.sw, d.pw, d.q, &ow0, &ow1);
+    float sum = 0.0f;
+    for (int64_t oh = oh0; oh <= oh1; ++oh) {
+      for (int64_t ow = ow0; ow <= ow1; ++ow) {
+        const int64_t o = ((b * d.p + oh) * d.q + ow) * d.c + c;
+        sum += to_f(dy[o]) / static_cast<float>(avg_divisor(d, oh, ow));
+      }
+    }
+    dx[i] = from_f<T>(sum);
+  }
+}
+
+// Global average pooling: one thread per (n, c), a coalesced walk over H x W.
+template <typename T>
+__global__ void gap_fwd_kernel(const T* x, T* y, int64_t n, int64_t hw, int64_t c) {
+  KILN_GRID_STRIDE(i, n * c) {
+    const int64_t b = i / c, ch = i % c;
+    const T* xb = x + b * hw * c + ch;
+    double acc = 0.0;
+    for (int64_t k = 0; k < hw; ++k) acc += to_f(xb[k * c]);
+    y[i] = from_f<T>(static_cast<float>(acc / static_cast<double>(hw)));
+  }
+}
+
+template <typename T>
+__global__ void gap_bwd_kernel(const T* dy, T* dx, int64_t n, int64_t hw, int64_t c) {
+  const float count = static_cast<float>(hw);
+  KILN_GRID_STRIDE(i, n * hw * c) {
+    const int64_t ch = i % c, b = i / (hw * c);
+    dx[i] = from_f<T>(fdiv(to_f(dy[b * c + ch]), count));
+  }
+}
+
+PoolDims pool_dims(const Context& ctx, const Node& n, TensorId x, TensorId y) {
+  expect_rank(ctx, n, x, 4, "x");
+  expect_rank(ctx, n, y, 4, "y");
+  expect_float(ctx, n, x, "x");
+  expect_same_dtype(ctx, n, x, y);
+  const Nhwc xs = nhwc_of(ctx, n, x, "x"), ys = nhwc_of(ctx, n, y, "y");
+  const Attrs& a = n.attrs;
+  KILN_CHECK(a.kh >= 1 && a.kw >= 1 && a.sh >= 1 && a.sw >= 1 && a.ph >= 0 && a.pw >= 0 && 2 * a.ph <= a.kh &&
+                 2 * a.pw <= a.kw,
+             Shape, op_name(n.op), " node '", n.label, "': kernel ", a.kh, "x", a.kw, ", stride ", a.sh, "x", a.sw,
+             ", padding ", a.ph, "x", a.pw, " is not a valid pooling (padding at most half the kernel, as PyTorch)");
+  const int64_t p = (xs.h + 2 * a.ph - a.kh) / a.sh + 1, q = (xs.w + 2 * a.pw - a.kw) / a.sw + 1;
+  KILN_CHECK(xs.h + 2 * a.ph >= a.kh && xs.w + 2 * a.pw >= a.kw && p == ys.h && q == ys.w && xs.n == ys.n &&
+                 xs.c == ys.c,
+             Shape, op_name(n.op), " node '", n.label, "': pooling ", a.kh, "x", a.kw, "/", a.sh, " pad ", a.ph,
+             " over ", ctx.tensor(x).shape.str(), " gives [", xs.n, ", ", p, ", ", q, ", ", xs.c, "], but the output is ",
+             ctx.tensor(y).shape.str());
+  return {xs.n, xs.h, xs.w, xs.c, p, q, a.kh, a.kw, a.sh, a.sw, a.ph, a.pw, a.count_include_pad};
+}
+
+void expect_argmax(const Context& ctx, const Node& n, TensorId idx, TensorId y) {
+  expect_dtype(ctx, n, idx, DType::I32, "argmax");
+  KILN_CHECK(ctx.tensor(idx).shape == ctx.tensor(y).shape, Shape, op_name(n.op), " node '", n.label,
+             "': argmax has shape ", ctx.tensor(idx).shape.str(), ", the pooled map ", ctx.tensor(y).shape.str());
+}
+
+}  // namespace
+
+#define KILN_POOL_LAUNCH(kernel, count, ...)                                   \
+  KernelPtr k;                                                                 \
+  const unsigned grid = grid_for(ctx, (count), kThreads);                      \
+  KILN_DISPATCH_FLOAT(dt, T, {                                                 \
+    k = make_fn(stream, [=](Context&, cudaStream_t s) {                        \
+      kernel<T><<<grid, kThreads, 0, s>>>(__VA_ARGS__);                        \
+      KILN_LAUNCH_CHECK(#kernel);                                              \
+    });                                                                        \
+  });                                                                          \
+  return k
+
+// "x -> y, [argmax]"
+KernelPtr make_maxpool_fwd(const Node& n, Context& ctx, int stream) {
+  reject_accumulate(n);
+  const TensorId x = need_in(n, 0, "x"), y = need_out(n, 0, "y"), am = out_at(n, 1);
+  const PoolDims d = pool_dims(ctx, n, x, y);
+  if (am != kNoTensor) expect_argmax(ctx, n, am, y);
+  const DType dt = ctx.tensor(x).dtype;
+  const void* xp = ctx.ptr(x);
+  void* yp = ctx.ptr(y);
+  int32_t* ap = ctx.ptr<int32_t>(am);
+  KILN_POOL_LAUNCH(maxpool_fwd_kernel, d.n * d.p * d.q * d.c, static_cast<const T*>(xp), static_cast<T*>(yp), ap, d);
+}
+
+// "dy, argmax -> dx"
+KernelPtr make_maxpool_bwd(const Node& n, Context& ctx, int stream) {
+  reject_accumulate(n);
+  const TensorId dy = need_in(n, 0, "dy"), am = need_in(n, 1, "argmax"), dx = need_out(n, 0, "dx");
+  const PoolDims d = pool_dims(ctx, n, dx, dy);
+  expect_argmax(ctx, n, am, dy);
+  const DType dt = ctx.tensor(dy).dtype;
+  const void* dyp = ctx.ptr(dy);
+  const int32_t* ap = ctx.ptr<int32_t>(am);
+  void* dxp = ctx.ptr(dx);
+  KILN_POOL_LAUNCH(maxpool_bwd_kernel, d.n * d.h * d.w * d.c, static_cast<const T*>(dyp), ap, static_cast<T*>(dxp), d);
+}
+
+// "x -> y"
+KernelPtr make_avgpool_fwd(const Node& n, Context& ctx, int stream) {
+  reject_accumulate(n);
+  const TensorId x = need_in(n, 0, "x"), y = need_out(n, 0, "y");
+  const PoolDims d = pool_dims(ctx, n, x, y);
+  const DType dt = ctx.tensor(x).dtype;
+  const void* xp = ctx.ptr(x);
+  void* yp = ctx.ptr(y);
+  KILN_POOL_LAUNCH(avgpool_fwd_kernel, d.n * d.p * d.q * d.c, static_cast<const T*>(xp), static_cast<T*>(yp), d);
+}
+
+// "dy -> dx"
+KernelPtr make_avgpool_bwd(const Node& n, Context& ctx, int stream) {
+  reject_accumulate(n);
+  const TensorId dy = need_in(n, 0, "dy"), dx = need_out(n, 0, "dx");
+  const PoolDims d = pool_dims(ctx, n, dx, dy);
+  const DType dt = ctx.tensor(dy).dtype;
+  const void* dyp = ctx.ptr(dy);
+  void* dxp = ctx.ptr(dx);
+  KILN_POOL_LAUNCH(avgpool_bwd_kernel, d.n * d.h * d.w * d.c, static_cast<const T*>(dyp), static_cast<T*>(dxp), d);
+}
+
+// "x [N,H,W,C] -> y [N,C]"
+KernelPtr make_gap_fwd(const Node& n, Context& ctx, int stream) {
+  reject_accumulate(n);
+  const TensorId x = need_in(n, 0, "x"), y = need_out(n, 0, "y");
+  const DType dt = expect_float(ctx, n, x, "x");
+  expect_same_dtype(ctx, n, x, y);
+  expect_rank(ctx, n, x, 4, "x");
+  const Nhwc s = nhwc_of(ctx, n, x, "x");
+  expect_numel(ctx, n, y, s.n * s.c, "y [N, C]");
+  const void* xp = ctx.ptr(x);
+  void* yp = ctx.ptr(y);
+  const int64_t nn = s.n, hw = s.h * s.w, c = s.c;
+  KILN_POOL_LAUNCH(gap_fwd_kernel, nn * c, static_cast<const T*>(xp), static_cast<T*>(yp), nn, hw, c);
+}
+
+// "dy [N,C] -> dx [N,H,W,C]"
+KernelPtr make_gap_bwd(const Node& n, Context& ctx, int stream) {
+  reject_accumulate(n);
+  const TensorId dy = need_in(n, 0, "dy"), dx = need_out(n, 0, "dx");
+  const DType dt = expect_float(ctx, n, dy, "dy");
+  expect_same_dtype(ctx, n, dy, dx);
+  expect_rank(ctx, n, dx, 4, "dx");
+  const Nhwc s = nhwc_of(ctx, n, dx, "dx");
+  expect_numel(ctx, n, dy, s.n * s.c, "dy [N, C]");
+  const void* dyp = ctx.ptr(dy);
+  void* dxp = ctx.ptr(dx);
+  const int64_t nn = s.n, hw = s.h * s.w, c = s.c;
+  KILN_POOL_LAUNCH(gap_bwd_kernel, nn * hw * c, static_cast<const T*>(dyp), static_cast<T*>(dxp), nn, hw, c);
+}
+
+}  // namespace kiln::cuda
