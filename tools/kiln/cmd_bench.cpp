@@ -28,7 +28,8 @@ int cmd_bench(int argc, char** argv) {
            {"fusion", "fused ops where the device has them", "on", true},
            {"num-classes", "classes (0 = the form's default)", "0", false},
            {"image-size", "input size (0 = the form's default)", "0", false},
-           {"opt", "optimizer", "sgd", false}});
+           {"opt", "optimizer", "sgd", false},
+           {"profile", "print where the time goes (CPU: per op kind; CUDA: per phase)", "off", true}});
   if (!f.parse(argc, argv, 2)) return 0;
   std::string model = f.str("model", "resnet50");
   if (!f.has("model") && !f.positional().empty()) model = f.positional()[0];
@@ -72,6 +73,7 @@ int cmd_bench(int argc, char** argv) {
     }
   }
 
+  engine.backend().set_profiling(f.on("profile", false));
   StepStats first{}, last{};
   for (int64_t i = 0; i < warmup; ++i) {
     const StepStats s = engine.train_step(images.data(), labels.data(), 0.01f, i == 0);
@@ -89,6 +91,7 @@ int cmd_bench(int argc, char** argv) {
                 1e3 * secs / static_cast<double>(steps));
   }
   last = engine.train_step(images.data(), labels.data(), 0.01f, true);
+  if (f.on("profile", false)) std::printf("%s", engine.backend().profile_report().c_str());
   std::sort(rates.begin(), rates.end());
   const double median = rates[rates.size() / 2];
   std::printf("%s batch %lld %s on %s: %.1f images/s (median of %lld), compile %.1fs, loss %.4f -> %.4f\n",
