@@ -23,7 +23,8 @@ for m in $MODELS; do
     [ -z "$k" ] && { echo "kiln bench $m $prec failed:"; tail -5 "$log/kiln_${m}_${prec}.txt"; }
     python3 bench/torch_reference.py --model "$m" --batch "$BATCH" $flag --modes "$TORCH_MODES" \
       --steps "$STEPS" >"$log/torch_${m}_${prec}.txt" 2>&1
-    rows+=("$m|$prec|$k|$(grep '^{"bench":"torch"' "$log/torch_${m}_${prec}.txt" | tr '\n' '#')")
+    cat "$log/torch_${m}_${prec}.txt" | grep -E "images_per_second|Error" | tail -3
+    rows+=("$m|$prec|$k|$(grep -E '^\{"bench": ?"torch"' "$log/torch_${m}_${prec}.txt" | tr '\n' '#')")
   done
 done
 python3 - "${rows[@]}" <<'PY'
