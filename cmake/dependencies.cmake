@@ -57,6 +57,34 @@ if(NOT KILN_CUDA STREQUAL "OFF")
 endif()
 message(STATUS "kiln: CUDA backend ${KILN_WITH_CUDA}")
 
+# Data parallel (S27): MPI starts the processes (mpirun, srun) and carries the CPU
+# collectives; NCCL the GPU ones. Both optional: without MPI kiln runs one process and says
+# so when asked for more; without NCCL the CUDA backend trains on one GPU only.
+add_library(kiln_dist INTERFACE)
+set(MPI_CXX_SKIP_MPICXX ON)  # the C API only, not the deprecated C++ bindings
+find_package(MPI COMPONENTS CXX QUIET)
+if(MPI_CXX_FOUND)
+  target_link_libraries(kiln_dist INTERFACE MPI::MPI_CXX)
+  target_compile_definitions(kiln_dist INTERFACE KILN_HAVE_MPI=1)
+  message(STATUS "kiln: MPI ${MPI_CXX_VERSION} (${MPIEXEC_EXECUTABLE})")
+else()
+  message(STATUS "kiln: MPI not found: data-parallel training is off (install libopenmpi-dev and "
+                 "openmpi-bin, as scripts/setup.sh does, and configure again)")
+endif()
+if(KILN_WITH_CUDA)
+  find_path(KILN_NCCL_INCLUDE nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS} ${CUDAToolkit_LIBRARY_ROOT}/include)
+  find_library(KILN_NCCL_LIB nccl HINTS ${CUDAToolkit_LIBRARY_DIR} ${CUDAToolkit_LIBRARY_ROOT}/lib
+               ${CUDAToolkit_LIBRARY_ROOT}/lib64)
+  if(KILN_NCCL_INCLUDE AND KILN_NCCL_LIB)
+    target_include_directories(kiln_dist SYSTEM INTERFACE ${KILN_NCCL_INCLUDE})
+    target_link_libraries(kiln_dist INTERFACE ${KILN_NCCL_LIB})
+    target_compile_definitions(kiln_dist INTERFACE KILN_HAVE_NCCL=1)
+    message(STATUS "kiln: NCCL ${KILN_NCCL_LIB}")
+  else()
+    message(STATUS "kiln: NCCL not found: the CUDA backend trains on one GPU per run")
+  endif()
+endif()
+
 # GoogleTest: the system's libraries where present, else the sources staged in .deps.
 if(KILN_BUILD_TESTS)
   find_package(GTest QUIET)

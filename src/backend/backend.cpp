@@ -8,6 +8,7 @@ std::unique_ptr<Backend> make_cpu_backend();
 #if defined(KILN_HAVE_CUDA)
 std::unique_ptr<Backend> make_cuda_backend();
 bool cuda_device_present();
+void cuda_bind_rank_device();  // src/backend/cuda/dist.cu: one GPU per process (S27)
 #endif
 
 bool cuda_available() {
@@ -24,6 +25,7 @@ std::unique_ptr<Backend> make_backend(const std::string& device) {
 #if defined(KILN_HAVE_CUDA)
     KILN_CHECK(cuda_device_present(), InvalidArgument,
                "--device cuda: no CUDA GPU is visible; use --device cpu");
+    cuda_bind_rank_device();
     return make_cuda_backend();
 #else
     KILN_FAIL(InvalidArgument, "--device cuda: this kiln was built without the CUDA backend ",

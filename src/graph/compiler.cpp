@@ -9,6 +9,7 @@
 #include <map>
 
 #include "kiln/core/error.h"
+#include "kiln/graph/data_parallel.h"
 
 namespace kiln {
 
@@ -609,15 +610,19 @@ class Compiler {
       a.clip = o.clip_grad;
       const TensorId g = range_tensor(Region::grads_f32, all, "all");
       ph.nodes.push_back(make_node(OpKind::check_clip, {g, p_.io.loss_scale}, {p_.io.overflow, g}, a, "grads"));
-      if (o.amp) {
-        Attrs s;
-        s.growth_interval = o.loss_scale_growth_interval;
-        ph.nodes.push_back(make_node(OpKind::loss_scale_update, {p_.io.overflow, p_.io.loss_scale, p_.io.good_steps},
-                                     {p_.io.loss_scale, p_.io.good_steps}, s, "loss scale"));
-      }
       p_.train.push_back(std::move(ph));
     }
     build_optimizer();
+    // The loss scale changes only after the optimizer has unscaled this step's gradients with
+    // the scale they were made with (as GradScaler.update() follows step()): a growth step
+    // must not apply half an update.
+    if (o.amp) {
+      Attrs s;
+      s.growth_interval = o.loss_scale_growth_interval;
+      p_.train.back().nodes.push_back(make_node(OpKind::loss_scale_update,
+                                                {p_.io.overflow, p_.io.loss_scale, p_.io.good_steps},
+                                                {p_.io.loss_scale, p_.io.good_steps}, s, "loss scale"));
+    }
     if (o.ema) {
       Phase ph{PhaseKind::ema, "ema", 1, {}};
       Attrs a;
@@ -775,7 +780,9 @@ class Compiler {
 }  // namespace
 
 Program compile_program(const ArchPlan& plan, const CompileOptions& options) {
-  return Compiler(plan, options).run();
+  Program p = Compiler(plan, options).run();
+  add_data_parallel(p);  // S27: nothing when options.world == 1
+  return p;
 }
 
 }  // namespace kiln

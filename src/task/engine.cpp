@@ -6,6 +6,7 @@
 #include "kiln/core/env.h"
 #include "kiln/core/error.h"
 #include "kiln/core/rng.h"
+#include "kiln/dist/dist.h"
 #include "kiln/graph/compiler.h"
 #include "kiln/graph/memory_plan.h"
 
@@ -34,8 +35,10 @@ Engine::Engine(const BluePrint& blueprint, EngineOptions options)
   PlanOptions po;
   po.fusion = options_.fusion;
   po.amp = options_.compile.amp;
-  po.backend_fuses_cbr = caps.fused_cbr;
-  po.backend_fuses_bn_add_relu = caps.fused_bn_add_relu;
+  // SyncBN (S27) splits BatchNorm into ops that the fused CBR / BN+add+ReLU kernels lack.
+  const bool sync_bn = options_.compile.world > 1 && options_.compile.sync_bn;
+  po.backend_fuses_cbr = caps.fused_cbr && !sync_bn;
+  po.backend_fuses_bn_add_relu = caps.fused_bn_add_relu && !sync_bn;
   plan_ = make_plan(blueprint_, po);
 }
 
@@ -74,6 +77,7 @@ void Engine::compile(uint64_t seed) {
 
 StepStats Engine::train_step(const float* images, const int32_t* labels, float lr, bool read_stats) {
   require(Lifecycle::COMPILED, "train_step()");
+  const dist::Watch watch("a training step");  // S27: a rank gone mid-step must not hang this one
   const Program& p = *program_;
   backend_->stage_batch(slot_, images, labels);
   backend_->write(p.tensor(p.io.lr), &lr);

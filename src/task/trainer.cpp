@@ -12,12 +12,14 @@
 #include "kiln/core/error.h"
 #include "kiln/core/log.h"
 #include "kiln/data/dataset.h"
+#include "kiln/dist/dist.h"
 #include "kiln/data/loader.h"
 #include "kiln/data/transforms.h"
 #include "kiln/io/json.h"
 #include "kiln/io/metrics.h"
 #include "kiln/io/file.h"
 #include "kiln/task/checkpoint.h"
+#include "kiln/task/distributed.h"
 #include "task/progress.h"
 
 namespace kiln {
@@ -104,6 +106,7 @@ struct RunSetup {
 // Datasets, loaders and the compiled engine for a run. The model's input follows the data.
 RunSetup setup_run(const TrainConfig& c) {
   check_config(c);
+  dist::init(c.distributed);  // S27: MPI when started as several processes (mpirun, srun)
   RunSetup r;
   ZooOptions zo;
   zo.num_classes = static_cast<int>(c.num_classes);
@@ -116,9 +119,11 @@ RunSetup setup_run(const TrainConfig& c) {
   if (zo.num_classes == 0) zo.num_classes = static_cast<int>(r.train_set->num_classes());
   const int64_t size = probe.input.height;
   LoaderOptions lo;
-  lo.batch_size = c.batch_size;
+  lo.batch_size = dist::split_batch(c.batch_size);  // this rank's share of the global batch (S27)
   lo.workers = c.workers;
   lo.seed = c.seed;
+  lo.rank = dist::rank();
+  lo.world = dist::world();
   r.train_loader = std::make_unique<Loader>(r.train_set, make_pipeline(c, true, size, probe.input.channels), lo);
   LoaderOptions eo = lo;
   eo.shuffle = false;
@@ -136,7 +141,7 @@ RunSetup setup_run(const TrainConfig& c) {
   eopt.device = c.device;
   eopt.fusion = c.fusion;
   CompileOptions& co = eopt.compile;
-  co.batch = c.batch_size;
+  co.batch = lo.batch_size;
   co.amp = c.amp;
   co.ema = c.ema;
   co.ema_decay = c.ema_decay;
@@ -145,7 +150,9 @@ RunSetup setup_run(const TrainConfig& c) {
   co.weight_decay = c.weight_decay;
   co.nesterov = c.nesterov;
   co.clip_grad = c.clip_grad;
-  co.dropout_seed = c.seed;
+  co.dropout_seed = c.seed + static_cast<uint64_t>(dist::rank());  // each rank its own masks
+  co.world = dist::world();
+  co.sync_bn = c.sync_bn;
   r.engine = std::make_unique<Engine>(bp, eopt);
   r.engine->lock_memory();
   r.engine->compile(c.seed);
@@ -172,6 +179,7 @@ EvalResult run_eval(Engine& engine, Loader& loader, bool ema, std::vector<float>
     t5 += s.top5;
     count += got;
   }
+  reduce_eval_sums(loss, t1, t5, count);  // over the ranks' shards (S27)
   const double n = static_cast<double>(std::max<int64_t>(count, 1));
   return {loss / n, 100.0 * static_cast<double>(t1) / n, 100.0 * static_cast<double>(t5) / n};
 }
@@ -179,6 +187,7 @@ EvalResult run_eval(Engine& engine, Loader& loader, bool ema, std::vector<float>
 }  // namespace
 
 TrainSummary evaluate(const TrainConfig& c) {
+  const dist::FailureGuard failure_guard;  // S27: an error on one rank stops every rank
   RunSetup r = setup_run(c);
   if (!c.init_from.empty()) import_weights(*r.engine, c.init_from);
   std::vector<float> images(static_cast<size_t>(c.batch_size * r.hwc[0] * r.hwc[1] * r.hwc[2]));
@@ -193,6 +202,7 @@ TrainSummary evaluate(const TrainConfig& c) {
 
 TrainSummary train(const TrainConfig& c) {
   namespace fs = std::filesystem;
+  const dist::FailureGuard failure_guard;  // S27: an error on one rank stops every rank
   RunSetup r = setup_run(c);
   Engine& engine = *r.engine;
   engine.backend().set_profiling(c.profile);
@@ -209,13 +219,14 @@ TrainSummary train(const TrainConfig& c) {
     state.config = config_json(c);
     log_info("resumed from ", c.resume, " after epoch ", state.epoch, " (step ", state.step, ")");
   }
+  check_replicas_agree(engine, state.step, c.resume.empty() ? "initialisation" : "resuming");  // S27
 
   fs::create_directories(c.output);
   TrainSummary sum;
   sum.metrics_csv = (fs::path(c.output) / "metrics.csv").string();
   sum.metrics_jsonl = (fs::path(c.output) / "metrics.jsonl").string();
   sum.checkpoint = (fs::path(c.output) / "last.safetensors").string();
-  MetricsWriter metrics(sum.metrics_csv, sum.metrics_jsonl,
+  MetricsWriter metrics(dist::is_root() ? sum.metrics_csv : "", dist::is_root() ? sum.metrics_jsonl : "",  // S27
                         c.resume.empty() ? MetricsWriter::Mode::Truncate : MetricsWriter::Mode::Append);
 
   const int64_t full = train_loader.batches_per_epoch();
@@ -223,10 +234,10 @@ TrainSummary train(const TrainConfig& c) {
   KILN_CHECK(steps_per_epoch > 0, Data, "the training set has ", train_set->size(), " samples, fewer than one batch of ",
              c.batch_size, "; use a smaller --batch-size");
   const int64_t total_steps = steps_per_epoch * c.epochs;
-  const int64_t n = c.batch_size;
+  const int64_t n = dist::split_batch(c.batch_size);  // per rank (S27)
   std::vector<float> images(static_cast<size_t>(n * hwc[0] * hwc[1] * hwc[2]));
   std::vector<int32_t> labels(static_cast<size_t>(n));
-  Progress progress(c.progress);
+  Progress progress(dist::is_root() ? c.progress : "none");
   int64_t stale = 0;
 
   for (int64_t epoch = state.epoch; epoch < c.epochs; ++epoch) {
@@ -251,6 +262,8 @@ TrainSummary train(const TrainConfig& c) {
                       static_cast<double>(seen) / std::max(seconds_since(t0), 1e-9), lr, seconds_since(t0));
     }
     engine.backend().synchronize();
+    reduce_train_sums(loss_sum, loss_count, seen, hits);  // S27: the epoch over every rank
+    if (!c.sync_bn) average_bn_running_stats(engine);    // S27: per-rank BN, before eval and save
     const double secs = seconds_since(t0);
     progress.finish();
     if (c.profile) std::printf("%s", engine.backend().profile_report().c_str());
@@ -292,7 +305,7 @@ TrainSummary train(const TrainConfig& c) {
     }
     metrics.write(row);
     state.epoch = epoch + 1;
-    save_checkpoint(engine, sum.checkpoint, state);
+    if (dist::is_root()) save_checkpoint(engine, sum.checkpoint, state);  // rank 0 writes (S27)
     ++sum.epochs_run;
     if (c.stop_after_epochs > 0 && sum.epochs_run >= c.stop_after_epochs && epoch + 1 < c.epochs) {
       log_info("stopping after ", sum.epochs_run, " epoch(s) as asked; continue with --resume ", sum.checkpoint);
@@ -305,7 +318,7 @@ TrainSummary train(const TrainConfig& c) {
   }
   sum.best_top1 = state.best_top1;
   double imgs = 0;
-  for (size_t i = 0; i < sum.epoch_seconds.size(); ++i) imgs += static_cast<double>(steps_per_epoch * n);
+  for (size_t i = 0; i < sum.epoch_seconds.size(); ++i) imgs += static_cast<double>(steps_per_epoch * n * dist::world());
   sum.images_per_second = sum.train_seconds > 0 ? imgs / sum.train_seconds : 0;
   std::ostringstream js;
   js << "{\"final_top1\":" << json_number(sum.final_top1) << ",\"final_top5\":" << json_number(sum.final_top5)
@@ -313,7 +326,7 @@ TrainSummary train(const TrainConfig& c) {
      << ",\"steps\":" << sum.steps << ",\"train_seconds\":" << json_number(sum.train_seconds)
      << ",\"images_per_second\":" << json_number(sum.images_per_second) << ",\"checkpoint\":" << json_string(sum.checkpoint)
      << ",\"config\":" << config_json(c) << "}\n";
-  write_text_atomic((fs::path(c.output) / "summary.json").string(), js.str());
+  if (dist::is_root()) write_text_atomic((fs::path(c.output) / "summary.json").string(), js.str());
   return sum;
 }
 

@@ -195,6 +195,15 @@ TEST(Program, PhasesComeInScheduleOrder) {
                                         PhaseKind::check_scale, PhaseKind::optimizer, PhaseKind::ema,
                                         PhaseKind::weight_cast};
   EXPECT_EQ(kinds, expected);
+  // The loss scale changes after the optimizer has unscaled with the step's own scale.
+  const Phase& opt = p.train[7];
+  ASSERT_EQ(opt.kind, PhaseKind::optimizer);
+  EXPECT_EQ(opt.nodes.back().op, OpKind::loss_scale_update);
+  for (const Phase& ph : p.train) {
+    for (size_t i = 0; i < ph.nodes.size(); ++i) {
+      if (ph.nodes[i].op == OpKind::loss_scale_update) EXPECT_EQ(&ph, &opt);
+    }
+  }
   // The first layer's backward has no data gradient.
   for (const Node& n : p.train[4].nodes) EXPECT_NE(n.op, OpKind::conv_bwd_data) << n.label;
   // FP32 has no casts, no loss-scale phase.

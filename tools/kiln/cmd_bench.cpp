@@ -11,6 +11,7 @@
 #include "kiln/blueprint/zoo.h"
 #include "kiln/core/error.h"
 #include "kiln/core/rng.h"
+#include "kiln/dist/dist.h"
 #include "kiln/task/engine.h"
 
 namespace kiln::cli {
@@ -31,6 +32,8 @@ int cmd_bench(int argc, char** argv) {
            {"opt", "optimizer", "sgd", false},
            {"profile", "print where the time goes (CPU: per op kind; CUDA: per phase)", "off", true}});
   if (!f.parse(argc, argv, 2)) return 0;
+  // S27: under mpirun or srun, one process per GPU, each with --batch; the figure is the sum.
+  dist::init();
   std::string model = f.str("model", "resnet50");
   if (!f.has("model") && !f.positional().empty()) model = f.positional()[0];
   ZooOptions zo;
@@ -44,6 +47,7 @@ int cmd_bench(int argc, char** argv) {
   eo.compile.amp = f.on("amp", false);
   eo.compile.optimizer = f.str("opt", "sgd");
   eo.compile.weight_decay = 5e-5f;
+  eo.compile.world = dist::world();
   const int64_t steps = f.i64("steps", 50), warmup = f.i64("warmup", 10), repeats = f.i64("repeats", 3);
   KILN_CHECK(steps > 0 && warmup >= 0 && repeats > 0, InvalidArgument, "--steps and --repeats must be > 0");
 
@@ -86,11 +90,12 @@ int cmd_bench(int argc, char** argv) {
     for (int64_t i = 0; i < steps; ++i) engine.train_step(images.data(), labels.data(), 0.01f, false);
     engine.backend().synchronize();
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    rates.push_back(static_cast<double>(steps * n) / secs);
-    std::printf("repeat %lld: %.1f images/s (%.2f ms/step)\n", static_cast<long long>(r + 1), rates.back(),
+    rates.push_back(static_cast<double>(steps * n * dist::world()) / secs);
+    if (dist::is_root()) std::printf("repeat %lld: %.1f images/s (%.2f ms/step)\n", static_cast<long long>(r + 1), rates.back(),
                 1e3 * secs / static_cast<double>(steps));
   }
   last = engine.train_step(images.data(), labels.data(), 0.01f, true);
+  if (!dist::is_root()) return 0;
   if (f.on("profile", false)) std::printf("%s", engine.backend().profile_report().c_str());
   std::sort(rates.begin(), rates.end());
   const double median = rates[rates.size() / 2];
@@ -99,9 +104,9 @@ int cmd_bench(int argc, char** argv) {
               engine.backend().caps().device.c_str(), median, static_cast<long long>(repeats), compile_s,
               static_cast<double>(first.loss), static_cast<double>(last.loss));
   std::printf("{\"bench\":\"kiln\",\"model\":\"%s\",\"batch\":%lld,\"amp\":%s,\"images_per_second\":%.1f,"
-              "\"compile_seconds\":%.2f,\"first_loss\":%.5f,\"last_loss\":%.5f}\n",
+              "\"compile_seconds\":%.2f,\"first_loss\":%.5f,\"last_loss\":%.5f,\"world\":%d}\n",
               model.c_str(), static_cast<long long>(n), eo.compile.amp ? "true" : "false", median, compile_s,
-              static_cast<double>(first.loss), static_cast<double>(last.loss));
+              static_cast<double>(first.loss), static_cast<double>(last.loss), dist::world());
   return 0;
 }
 

@@ -5,6 +5,7 @@
 #include "flags.h"
 #include "kiln/blueprint/zoo.h"
 #include "kiln/core/error.h"
+#include "kiln/dist/dist.h"
 #include "kiln/task/checkpoint.h"
 #include "kiln/task/trainer.h"
 
@@ -53,6 +54,8 @@ std::vector<FlagSpec> train_flags() {
       {"progress", "auto, bar, plain or none", "auto", false},
       {"fusion", "fused ops where the device has them", "on", true},
       {"profile", "print time per phase (GPU)", "off", true},
+      {"distributed", "data parallel over MPI even when no launcher variables say so (mpirun and srun are detected)", "off", true},
+      {"sync-bn", "with several processes, BatchNorm statistics over the global batch (--no-sync-bn: per process)", "on", true},
   };
 }
 
@@ -97,6 +100,8 @@ TrainConfig to_config(const Flags& f) {
   c.progress = f.str("progress", c.progress);
   c.fusion = f.on("fusion", true);
   c.profile = f.on("profile", false);
+  c.distributed = f.on("distributed", false);
+  c.sync_bn = f.on("sync-bn", true);
   if (c.optimizer == "sgd" && c.momentum == 0.0f) c.nesterov = false;
   return c;
 }
@@ -110,6 +115,8 @@ int cmd_train(int argc, char** argv) {
              f.positional().empty() ? "" : f.positional()[0], "'); use --model NAME");
   const TrainConfig c = to_config(f);
   const TrainSummary s = train(c);
+  dist::finalize();  // S27: every process ends together; one prints the summary
+  if (!dist::is_root()) return 0;
   std::printf("done: %lld epochs, %lld steps, test top-1 %.2f%% (best %.2f%%), top-5 %.2f%%", static_cast<long long>(s.epochs_run),
               static_cast<long long>(s.steps), s.final_top1, s.best_top1, s.final_top5);
   if (s.ema_top1 >= 0) std::printf(", EMA top-1 %.2f%%", s.ema_top1);
@@ -131,6 +138,8 @@ int cmd_eval(int argc, char** argv) {
   c.epochs = 1;
   c.max_steps_per_epoch = 0;
   const TrainSummary s = evaluate(c);
+  dist::finalize();
+  if (!dist::is_root()) return 0;
   std::printf("test top-1 %.2f%%, top-5 %.2f%%, loss %.4f\n", s.final_top1, s.final_top5, s.final_loss);
   return 0;
 }

@@ -54,6 +54,13 @@ struct Attrs {
   bool accumulate = false;
   // cbr_bwd: the first layer computes no input gradient.
   bool first_layer = false;
+  // Data parallel (S27). allreduce: max instead of sum (the overflow flag). allreduce,
+  // allgather, bn_*: the ranks the node was compiled for.
+  bool reduce_max = false;
+  int world = 1;
+  // sgd / adamw / lars: factor on the unscaled gradient, 1/world when the gradients were
+  // summed over the ranks (folded into the 1/loss_scale multiply; 1 = no change).
+  float grad_average = 1.0f;
 };
 
 }  // namespace kiln

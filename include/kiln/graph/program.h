@@ -30,9 +30,9 @@ struct Node {
   X(backward_first, "the first layer's backward (no input gradient)")                 \
   X(grad_cast, "FP16 convolution weight gradients to FP32, one range op")             \
   X(communicate, "gradient all-reduce buckets")                                       \
-  X(check_scale, "NaN/Inf check (with clipping) and the loss-scale update")           \
+  X(check_scale, "NaN/Inf check of the gradients (with clipping)")                    \
   X(bn_stats, "BatchNorm statistics synchronisation")                                 \
-  X(optimizer, "the fused optimizer over whole regions")                              \
+  X(optimizer, "the fused optimizer over whole regions, then the loss-scale update")   \
   X(ema, "EMA of the weights")                                                        \
   X(weight_cast, "FP32 master weights to the FP16 compute copy, one range op")        \
   X(eval_forward, "evaluation forward and loss/accuracy")                             \
@@ -108,6 +108,10 @@ struct CompileOptions {
   int64_t loss_scale_growth_interval = 2000;  // 0 = the scale only falls, as in the source
   float clip_grad = 0.0f;                    // |unscaled gradient| cap; 0 = off
   uint64_t dropout_seed = 0;
+  // Data parallel (S27): processes that train this program together, each on `batch`
+  // samples (see data_parallel.h); 1 = no communication at all.
+  int world = 1;
+  bool sync_bn = true;  // BatchNorm statistics over the global batch (SyncBN) when world > 1
 };
 
 struct Program {

@@ -46,6 +46,10 @@ struct TrainConfig {
   bool fusion = true;
   float clip_grad = 0.0f;
   bool profile = false;
+  // Data parallel (S27): several processes (mpirun, srun) are detected from the launcher's
+  // environment; `distributed` starts MPI even without it. batch_size is the global batch.
+  bool distributed = false;
+  bool sync_bn = true;                // BatchNorm statistics over every rank's batch (SyncBN)
 };
 
 struct TrainSummary {

@@ -29,12 +29,15 @@ TensorId out_or(const Node& n, size_t i, TensorId fallback) {
 struct StepScalars {
   float lr = 0, inv_scale = 1;
 };
+// `average` is attrs.grad_average (1/world after a summing all-reduce, else 1): folded into
+// the unscale factor, so averaging over the ranks costs no pass of its own.
 bool step_scalars(const Context& c, TensorId lr, TensorId scale, TensorId overflow,
-                  StepScalars* s) {
+                  float average, StepScalars* s) {
   if (read_scalar(c, overflow, 0.0) != 0.0) return false;
   s->lr = static_cast<float>(read_scalar(c, lr, 0.0));
   s->inv_scale =
       1.0f / static_cast<float>(read_scalar(c, scale, 1.0));  // exact: scales are powers of two
+  s->inv_scale *= average;  // exact for average 1 (one process) and for a power-of-two world
   return true;
 }
 
@@ -63,7 +66,7 @@ KernelPtr make_sgd(const Node& n, Context& ctx) {
   const bool nesterov = a.nesterov;
   return make_loop([=](Context& c) {
     StepScalars s;
-    if (!step_scalars(c, lr, scale, overflow, &s)) return;
+    if (!step_scalars(c, lr, scale, overflow, a.grad_average, &s)) return;
     for (int64_t i = 0; i < count; ++i) {
       const float gi = gp[i] * s.inv_scale + wd * wp[i];
       float u = gi;
@@ -101,7 +104,7 @@ KernelPtr make_adamw(const Node& n, Context& ctx) {
   const Attrs a = n.attrs;
   return make_loop([=](Context& c) {
     StepScalars s;
-    if (!step_scalars(c, lr, scale, overflow, &s)) return;
+    if (!step_scalars(c, lr, scale, overflow, a.grad_average, &s)) return;
     const double t = read_scalar(c, step, 0.0) + 1.0;
     // Bias corrections in double, as PyTorch computes them in Python floats.
     const auto step_size =
@@ -146,7 +149,7 @@ KernelPtr make_lars(const Node& n, Context& ctx) {
   const Attrs a = n.attrs;
   return make_loop([=](Context& c) {
     StepScalars s;
-    if (!step_scalars(c, lr, scale, overflow, &s)) return;
+    if (!step_scalars(c, lr, scale, overflow, a.grad_average, &s)) return;
     double ww = 0.0, gg = 0.0;
     for (int64_t i = 0; i < count; ++i) {
       const double gi = static_cast<double>(gp[i]) * s.inv_scale;

@@ -15,7 +15,7 @@ constexpr int kThreads = 256;
 
 struct StepScalars {
   DevScalar lr, scale, overflow;
-  float average = 1.0f;  // 1/world after a summing all-reduce (S27); 1 on one process
+  float average = 1.0f;  // attrs.grad_average: 1/world after a summing all-reduce (S27)
 };
 
 __device__ __forceinline__ bool skipped(const StepScalars& s) { return load_scalar(s.overflow, 0.0) != 0.0; }
@@ -145,7 +145,7 @@ TensorId out_or(const Node& n, size_t i, TensorId fallback) {
 
 StepScalars step_scalars(Context& ctx, const Node& n, TensorId lr, TensorId scale, TensorId overflow) {
   return {dev_scalar(ctx, n, lr, "lr"), dev_scalar(ctx, n, scale, "loss_scale"), dev_scalar(ctx, n, overflow, "overflow"),
-          1.0f};
+          n.attrs.grad_average};
 }
 
 }  // namespace

@@ -1,0 +1,25 @@
+// main() of the data-parallel tests. Run directly it is one process (world 1: the tests that
+// need more ranks skip); under `mpirun -np 2` the launcher's variables start the process group
+// before the tests, and every rank runs every test in the same order, so the collectives
+// inside them meet. A failed expectation on one rank must not skip a collective on it: the
+// tests use EXPECT (not ASSERT) between collectives.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <cstring>
+
+#include "kiln/dist/dist.h"
+
+int main(int argc, char** argv) {
+  if (!std::getenv("KILN_LOG")) setenv("KILN_LOG", "warn", 0);
+  ::testing::InitGoogleTest(&argc, argv);
+  // The fault case "a rank fails to start": rank 1 leaves before the process group exists.
+  const char* fault = std::getenv("KILN_TEST_FAULT");
+  const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
+  if (fault && rank && std::strcmp(fault, "start") == 0 && std::strcmp(rank, "1") == 0)
+    std::_Exit(6);
+  kiln::dist::init();
+  const int rc = RUN_ALL_TESTS();
+  kiln::dist::finalize();
+  return rc;
+}
