@@ -1,0 +1,129 @@
+// Whole training steps on the GPU (issue 4): the CUDA backend's step equals the CPU
+// executor's over several steps (FP32, TF32 off), and one step of the `cnn` model equals
+// PyTorch's float64 reference (tests/data/golden_cnn.safetensors), in FP32 and under AMP.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "gpu/gpu_test_util.h"
+#include "kiln/blueprint/zoo.h"
+#include "kiln/io/safetensors.h"
+#include "kiln/task/checkpoint.h"
+#include "kiln/task/engine.h"
+
+namespace kiln::test {
+namespace {
+
+std::vector<float> floats(const StTensor& t) {
+  std::vector<float> v(t.data.size() / 4);
+  std::memcpy(v.data(), t.data.data(), t.data.size());
+  return v;
+}
+
+// Largest error relative to the tensor's own largest magnitude.
+double scaled_error(const std::vector<float>& got, const std::vector<float>& want, double factor = 1.0) {
+  double scale = 1e-12, worst = 0;
+  for (float w : want) scale = std::max(scale, static_cast<double>(std::fabs(w)));
+  for (size_t i = 0; i < got.size(); ++i) {
+    worst = std::max(worst, std::fabs(static_cast<double>(got[i]) * factor - want[i]));
+  }
+  return worst / scale;
+}
+
+// A batch the network can learn: each class adds a fixed pattern to the noise.
+void learnable(const BluePrint& bp, int64_t n, std::vector<float>& img, std::vector<int32_t>& lab) {
+  const int64_t per = int64_t{bp.input.height} * bp.input.width * bp.input.channels;
+  Rng rng(17);
+  std::vector<float> pattern(static_cast<size_t>(bp.num_classes * per));
+  for (float& x : pattern) x = static_cast<float>(rng.normal());
+  img.resize(static_cast<size_t>(n * per));
+  lab.resize(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    lab[static_cast<size_t>(i)] = static_cast<int32_t>(i % bp.num_classes);
+    for (int64_t j = 0; j < per; ++j) {
+      img[static_cast<size_t>(i * per + j)] =
+          pattern[static_cast<size_t>(lab[static_cast<size_t>(i)] * per + j)] + 0.5f * static_cast<float>(rng.normal());
+    }
+  }
+}
+
+// Five steps of resnet18_small on the CUDA backend (FP32, TF32 off, graphs and streams on)
+// and on the CPU executor, from the same initial weights: the losses agree within 1e-4
+// relative (issue 4). Both sum in different orders, and a training step amplifies
+// differences step by step; 1e-4 leaves ~10x room over what FP32 reorderings give here.
+TEST(GpuStep, ResNet18SmallFiveStepsMatchTheCpu) {
+  KILN_REQUIRE_GPU();
+  const BluePrint bp = make_model("resnet18_small");
+  std::vector<float> img;
+  std::vector<int32_t> lab;
+  learnable(bp, 8, img, lab);
+  std::vector<std::vector<float>> losses(2);
+  int which = 0;
+  for (const char* device : {"cpu", "cuda"}) {
+    EngineOptions o;
+    o.device = device;
+    o.compile.batch = 8;
+    o.compile.momentum = 0.9f;
+    o.compile.weight_decay = 5e-4f;
+    Engine e(bp, o);
+    e.lock_memory();
+    e.compile(21);  // host-side initialisation: identical weights on both backends
+    for (int s = 0; s < 5; ++s) losses[static_cast<size_t>(which)].push_back(e.train_step(img.data(), lab.data(), 0.02f).loss);
+    ++which;
+  }
+  for (int s = 0; s < 5; ++s) {
+    const double cpu = losses[0][static_cast<size_t>(s)], gpu = losses[1][static_cast<size_t>(s)];
+    EXPECT_LT(std::fabs(gpu - cpu) / std::fabs(cpu), 1e-4) << "step " << s << ": cpu " << cpu << " gpu " << gpu;
+  }
+  EXPECT_LT(losses[1][4], losses[1][0]) << "the loss falls on the GPU";
+}
+
+// One step of `cnn` against PyTorch (float64): FP32 to the CPU test's tolerances; AMP within
+// SPEC Q2's 1e-2 (FP16 activations and weights carry ~1e-3 relative error per layer).
+void golden(bool amp) {
+  const std::string path = std::string(KILN_SOURCE_DIR) + "/tests/data/golden_cnn.safetensors";
+  const StFile g = read_safetensors(path);
+  EngineOptions o;
+  o.device = "cuda";
+  o.compile.batch = 8;
+  o.compile.amp = amp;
+  o.compile.momentum = 0.9f;
+  o.compile.nesterov = true;
+  o.compile.weight_decay = 5e-4f;
+  Engine e(make_model("cnn"), o);
+  e.lock_memory();
+  e.compile();
+  import_weights(e, path);
+  const std::vector<float> images = floats(g.tensors.at("input.nhwc"));
+  std::vector<int32_t> labels(8);
+  std::memcpy(labels.data(), g.tensors.at("labels").data.data(), 32);
+  const StepStats s = e.train_step(images.data(), labels.data(), 0.1f);
+  ASSERT_FALSE(s.overflow) << "the first step overflowed at scale " << s.loss_scale;
+  const double tol_loss = amp ? 1e-2 : 1e-5, tol_grad = amp ? 1e-2 : 1e-4, tol_w = amp ? 1e-3 : 1e-5;
+  const float want_loss = floats(g.tensors.at("loss"))[0];
+  EXPECT_NEAR(s.loss, want_loss, tol_loss * std::fabs(want_loss));
+  // Gradients in grads_f32 still carry the loss scale (undone inside the optimizer, S8).
+  float scale = 1.0f;
+  e.backend().read(e.program().tensor(e.program().io.loss_scale), &scale);
+  for (const ParamDesc& d : e.program().params) {
+    const auto grad = to_torch_layout(d, e.read_param(d.name, Region::grads_f32));
+    EXPECT_LT(scaled_error(grad, floats(g.tensors.at("grad." + d.name)), 1.0 / scale), tol_grad) << d.name;
+    const auto after = to_torch_layout(d, e.read_param(d.name));
+    // The update moves weights by ~1e-2 of their scale: a 1e-2 gradient error is ~1e-4 of it.
+    EXPECT_LT(scaled_error(after, floats(g.tensors.at("after." + d.name))), tol_w) << d.name;
+  }
+}
+
+TEST(GpuStep, CnnStepMatchesPyTorchFp32) {
+  KILN_REQUIRE_GPU();
+  golden(false);
+}
+
+TEST(GpuStep, CnnStepMatchesPyTorchAmp) {
+  KILN_REQUIRE_GPU();
+  golden(true);
+}
+
+}  // namespace
+}  // namespace kiln::test
