@@ -6,61 +6,14 @@
 //    computed in double from the FP32-rounded batch mean and variance, as the CPU kernel.
 // Per-channel sums are taken in double (block partials in the stream's workspace, then one
 // finalize pass), so the statistics do not depend on the batch size's rounding.
+#include "backend/cuda/channel_sums.cuh"
 #include "backend/cuda/device_util.cuh"
 
 namespace kiln::cuda {
 
 namespace {
 
-constexpr int kCx = 32, kCy = 8;  // block: 32 channels x 8 rows
 
-struct BnDims {
-  int64_t rows = 0, c = 0;  // rows = N*H*W
-  int gy = 1;               // row chunks (grid.y)
-};
-
-BnDims bn_dims(const Context& ctx, const Nhwc& s) {
-  BnDims d;
-  d.rows = s.n * s.h * s.w;
-  d.c = s.c;
-  const int64_t gx = (d.c + kCx - 1) / kCx;
-  int64_t gy = (static_cast<int64_t>(ctx.sm_count) * 4 + gx - 1) / gx;
-  gy = std::min<int64_t>(gy, (d.rows + 8 * kCy - 1) / (8 * kCy));
-  d.gy = static_cast<int>(std::max<int64_t>(gy, 1));
-  return d;
-}
-
-size_t partial_bytes(const BnDims& d) { return sizeof(double2) * static_cast<size_t>(d.gy * d.c); }
-
-__device__ __forceinline__ void block_reduce_store(double a, double b, double2* partial, int64_t c, int64_t C) {
-  __shared__ double sa[kCy][kCx], sb[kCy][kCx];
-  sa[threadIdx.y][threadIdx.x] = a;
-  sb[threadIdx.y][threadIdx.x] = b;
-  __syncthreads();
-  if (threadIdx.y == 0 && c < C) {
-    for (int j = 1; j < kCy; ++j) {
-      a += sa[j][threadIdx.x];
-      b += sb[j][threadIdx.x];
-    }
-    partial[static_cast<int64_t>(blockIdx.y) * C + c] = make_double2(a, b);
-  }
-}
-
-// sum x and sum x^2 per channel, per row chunk.
-template <typename T>
-__global__ void stats_partial_kernel(const T* x, int64_t rows, int64_t C, double2* partial) {
-  const int64_t c = static_cast<int64_t>(blockIdx.x) * kCx + threadIdx.x;
-  double s = 0.0, ss = 0.0;
-  if (c < C) {
-    for (int64_t r = static_cast<int64_t>(blockIdx.y) * kCy + threadIdx.y; r < rows;
-         r += static_cast<int64_t>(gridDim.y) * kCy) {
-      const double v = to_f(x[r * C + c]);
-      s += v;
-      ss += v * v;
-    }
-  }
-  block_reduce_store(s, ss, partial, c, C);
-}
 
 __global__ void stats_finalize_kernel(const double2* partial, int gy, int64_t rows, int64_t C, float eps,
                                       float momentum, float* saved, float* running_mean, float* running_var) {
@@ -103,23 +56,6 @@ __global__ void infer_kernel(const T* x, T* y, int64_t count, int64_t C, const f
   }
 }
 
-// sum dy and sum dy * (x - mean) per channel, per row chunk.
-template <typename T>
-__global__ void bwd_partial_kernel(const T* x, const T* dy, const float* mean, int64_t rows, int64_t C,
-                                   double2* partial) {
-  const int64_t c = static_cast<int64_t>(blockIdx.x) * kCx + threadIdx.x;
-  double s = 0.0, sx = 0.0;
-  if (c < C) {
-    const double mu = mean[c];
-    for (int64_t r = static_cast<int64_t>(blockIdx.y) * kCy + threadIdx.y; r < rows;
-         r += static_cast<int64_t>(gridDim.y) * kCy) {
-      const double g = to_f(dy[r * C + c]);
-      s += g;
-      sx += g * (static_cast<double>(to_f(x[r * C + c])) - mu);
-    }
-  }
-  block_reduce_store(s, sx, partial, c, C);
-}
 
 // dgamma = sum dy xhat, dbeta = sum dy; coefficients of dx = k1 (dy - mdy - (x - mean) k3).
 __global__ void bwd_finalize_kernel(const double2* partial, int gy, int64_t rows, int64_t C, const float* saved,
@@ -344,7 +280,7 @@ KernelPtr make_bn_fwd_train(const Node& n, Context& ctx, int stream) {
   const Nhwc s = bn_check(ctx, n, x, {y}, {gamma, beta, rm, rv});
   expect_dtype(ctx, n, saved, DType::F32, "saved");
   expect_numel(ctx, n, saved, 2 * s.c, "saved (2 x C)");
-  const BnDims d = bn_dims(ctx, s);
+  const ChannelDims d = channel_dims(ctx, s);
   ctx.need_workspace(stream, partial_bytes(d));
   const DType dt = ctx.tensor(x).dtype;
   const void* xp = ctx.ptr(x);
@@ -429,7 +365,7 @@ KernelPtr make_bn_bwd(const Node& n, Context& ctx, int stream) {
   const Nhwc s = bn_check(ctx, n, x, {dy, dx}, {gamma, dgamma, dbeta});
   expect_dtype(ctx, n, saved, DType::F32, "saved");
   expect_numel(ctx, n, saved, 2 * s.c, "saved (2 x C)");
-  const BnDims d = bn_dims(ctx, s);
+  const ChannelDims d = channel_dims(ctx, s);
   const size_t coef_off = (partial_bytes(d) + 255) / 256 * 256;
   ctx.need_workspace(stream, coef_off + sizeof(float4) * static_cast<size_t>(d.c));
   const DType dt = ctx.tensor(x).dtype;

@@ -10,6 +10,7 @@
 //  - cuda_bind_rank_device(): one GPU per process, by local rank, before the backend starts.
 #include <mutex>
 
+#include "backend/cuda/channel_sums.cuh"
 #include "backend/cuda/device_util.cuh"
 #include "kiln/dist/dist.h"
 
@@ -114,58 +115,10 @@ ncclDataType_t nccl_type(const Context& ctx, const Node& n, TensorId id) {
 #endif
 
 // ---- SyncBN kernels ------------------------------------------------------------------
-constexpr int kCx = 32, kCy = 8;  // block: 32 channels x 8 rows (as bn.cu)
 constexpr int kThreads = 256;
 
-struct Dims {
-  int64_t rows = 0, c = 0;
-  int gy = 1;
-};
 
-Dims dims_of(const Context& ctx, const Nhwc& s) {
-  Dims d;
-  d.rows = s.n * s.h * s.w;
-  d.c = s.c;
-  const int64_t gx = (d.c + kCx - 1) / kCx;
-  int64_t gy = (static_cast<int64_t>(ctx.sm_count) * 4 + gx - 1) / gx;
-  gy = std::min<int64_t>(gy, (d.rows + 8 * kCy - 1) / (8 * kCy));
-  d.gy = static_cast<int>(std::max<int64_t>(gy, 1));
-  return d;
-}
 
-size_t partial_bytes(const Dims& d) {
-  return sizeof(double2) * static_cast<size_t>(d.gy * d.c);
-}
-
-__device__ __forceinline__ void block_store(double a, double b, double2* partial, int64_t c,
-                                            int64_t C) {
-  __shared__ double sa[kCy][kCx], sb[kCy][kCx];
-  sa[threadIdx.y][threadIdx.x] = a;
-  sb[threadIdx.y][threadIdx.x] = b;
-  __syncthreads();
-  if (threadIdx.y == 0 && c < C) {
-    for (int j = 1; j < kCy; ++j) {
-      a += sa[j][threadIdx.x];
-      b += sb[j][threadIdx.x];
-    }
-    partial[static_cast<int64_t>(blockIdx.y) * C + c] = make_double2(a, b);
-  }
-}
-
-template <typename T>
-__global__ void sums_kernel(const T* x, int64_t rows, int64_t C, double2* partial) {
-  const int64_t c = static_cast<int64_t>(blockIdx.x) * kCx + threadIdx.x;
-  double s = 0.0, ss = 0.0;
-  if (c < C) {
-    for (int64_t r = static_cast<int64_t>(blockIdx.y) * kCy + threadIdx.y; r < rows;
-         r += static_cast<int64_t>(gridDim.y) * kCy) {
-      const double v = to_f(x[r * C + c]);
-      s += v;
-      ss += v * v;
-    }
-  }
-  block_store(s, ss, partial, c, C);
-}
 
 __global__ void local_stats_kernel(const double2* partial, int gy, int64_t rows, int64_t C,
                                    float* stats) {
@@ -213,22 +166,6 @@ __global__ void apply_kernel(const T* x, T* y, int64_t count, int64_t C, const f
   }
 }
 
-template <typename T>
-__global__ void bwd_sums_kernel(const T* x, const T* dy, const float* mean, int64_t rows, int64_t C,
-                                double2* partial) {
-  const int64_t c = static_cast<int64_t>(blockIdx.x) * kCx + threadIdx.x;
-  double s = 0.0, sx = 0.0;
-  if (c < C) {
-    const double mu = mean[c];
-    for (int64_t r = static_cast<int64_t>(blockIdx.y) * kCy + threadIdx.y; r < rows;
-         r += static_cast<int64_t>(gridDim.y) * kCy) {
-      const double g = to_f(dy[r * C + c]);
-      s += g;
-      sx += g * (static_cast<double>(to_f(x[r * C + c])) - mu);
-    }
-  }
-  block_store(s, sx, partial, c, C);
-}
 
 __global__ void bwd_local_kernel(const double2* partial, int gy, int64_t C, const float* saved,
                                  float* dgamma, float* dbeta, float* sums) {
@@ -340,7 +277,7 @@ KernelPtr make_bn_stats(const Node& n, Context& ctx, int stream) {
   const TensorId x = need_in(n, 0, "x"), stats = need_out(n, 0, "stats");
   const Nhwc s = feature_check(ctx, n, x, {}, {});
   expect_f32(ctx, n, stats, 2 * s.c, "stats (2 x C)");
-  const Dims d = dims_of(ctx, s);
+  const ChannelDims d = channel_dims(ctx, s);
   ctx.need_workspace(stream, partial_bytes(d));
   const void* xp = ctx.ptr(x);
   float* sp = ctx.ptr<float>(stats);
@@ -350,7 +287,7 @@ KernelPtr make_bn_stats(const Node& n, Context& ctx, int stream) {
   KILN_DISPATCH_FLOAT(ctx.tensor(x).dtype, T, {
     k = make_fn(stream, [=](Context& c, cudaStream_t st) {
       auto* partial = static_cast<double2*>(c.streams[static_cast<size_t>(stream)].workspace);
-      sums_kernel<T>
+      stats_partial_kernel<T>
           <<<rgrid, dim3(kCx, kCy), 0, st>>>(static_cast<const T*>(xp), d.rows, d.c, partial);
       KILN_LAUNCH_CHECK("bn_stats sums");
       local_stats_kernel<<<cgrid, kThreads, 0, st>>>(partial, d.gy, d.rows, d.c, sp);
@@ -403,7 +340,7 @@ KernelPtr make_bn_bwd_reduce(const Node& n, Context& ctx, int stream) {
   const Nhwc s = feature_check(ctx, n, x, {dy}, {dgamma, dbeta});
   expect_f32(ctx, n, saved, 2 * s.c, "saved (2 x C)");
   expect_f32(ctx, n, sums, 2 * s.c, "sums (2 x C)");
-  const Dims d = dims_of(ctx, s);
+  const ChannelDims d = channel_dims(ctx, s);
   ctx.need_workspace(stream, partial_bytes(d));
   const void *xp = ctx.ptr(x), *dyp = ctx.ptr(dy);
   const float* sp = ctx.ptr<float>(saved);
@@ -414,7 +351,7 @@ KernelPtr make_bn_bwd_reduce(const Node& n, Context& ctx, int stream) {
   KILN_DISPATCH_FLOAT(ctx.tensor(x).dtype, T, {
     k = make_fn(stream, [=](Context& c, cudaStream_t st) {
       auto* partial = static_cast<double2*>(c.streams[static_cast<size_t>(stream)].workspace);
-      bwd_sums_kernel<T><<<rgrid, dim3(kCx, kCy), 0, st>>>(
+      bwd_partial_kernel<T><<<rgrid, dim3(kCx, kCy), 0, st>>>(
           static_cast<const T*>(xp), static_cast<const T*>(dyp), sp, d.rows, d.c, partial);
       KILN_LAUNCH_CHECK("bn_bwd_reduce sums");
       bwd_local_kernel<<<cgrid, kThreads, 0, st>>>(partial, d.gy, d.c, sp, dgp, dbp, sump);

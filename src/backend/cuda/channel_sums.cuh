@@ -1,0 +1,79 @@
+// Per-channel sums over an NHWC map, in double: the reductions that BatchNorm (bn.cu) and
+// SyncBN (dist.cu) share. Blocks of 32 channels x 8 rows; each block writes one double2
+// partial per channel and row chunk into the stream's workspace, and a finalize pass (in the
+// caller) adds the chunks up.
+#pragma once
+#include "backend/cuda/device_util.cuh"
+
+namespace kiln::cuda {
+
+constexpr int kCx = 32, kCy = 8;  // block: 32 channels x 8 rows
+
+struct ChannelDims {
+  int64_t rows = 0, c = 0;  // rows = N*H*W
+  int gy = 1;               // row chunks (grid.y)
+};
+
+// Enough row chunks to fill the GPU (4 blocks per SM), each at least 8 block-rows long.
+inline ChannelDims channel_dims(const Context& ctx, const Nhwc& s) {
+  ChannelDims d;
+  d.rows = s.n * s.h * s.w;
+  d.c = s.c;
+  const int64_t gx = (d.c + kCx - 1) / kCx;
+  int64_t gy = (static_cast<int64_t>(ctx.sm_count) * 4 + gx - 1) / gx;
+  gy = std::min<int64_t>(gy, (d.rows + 8 * kCy - 1) / (8 * kCy));
+  d.gy = static_cast<int>(std::max<int64_t>(gy, 1));
+  return d;
+}
+
+inline size_t partial_bytes(const ChannelDims& d) { return sizeof(double2) * static_cast<size_t>(d.gy * d.c); }
+
+__device__ __forceinline__ void block_reduce_store(double a, double b, double2* partial, int64_t c, int64_t C) {
+  __shared__ double sa[kCy][kCx], sb[kCy][kCx];
+  sa[threadIdx.y][threadIdx.x] = a;
+  sb[threadIdx.y][threadIdx.x] = b;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < C) {
+    for (int j = 1; j < kCy; ++j) {
+      a += sa[j][threadIdx.x];
+      b += sb[j][threadIdx.x];
+    }
+    partial[static_cast<int64_t>(blockIdx.y) * C + c] = make_double2(a, b);
+  }
+}
+
+// sum x and sum x^2 per channel, per row chunk.
+template <typename T>
+__global__ void stats_partial_kernel(const T* x, int64_t rows, int64_t C, double2* partial) {
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * kCx + threadIdx.x;
+  double s = 0.0, ss = 0.0;
+  if (c < C) {
+    for (int64_t r = static_cast<int64_t>(blockIdx.y) * kCy + threadIdx.y; r < rows;
+         r += static_cast<int64_t>(gridDim.y) * kCy) {
+      const double v = to_f(x[r * C + c]);
+      s += v;
+      ss += v * v;
+    }
+  }
+  block_reduce_store(s, ss, partial, c, C);
+}
+
+// sum dy and sum dy * (x - mean) per channel, per row chunk.
+template <typename T>
+__global__ void bwd_partial_kernel(const T* x, const T* dy, const float* mean, int64_t rows, int64_t C,
+                                   double2* partial) {
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * kCx + threadIdx.x;
+  double s = 0.0, sx = 0.0;
+  if (c < C) {
+    const double mu = mean[c];
+    for (int64_t r = static_cast<int64_t>(blockIdx.y) * kCy + threadIdx.y; r < rows;
+         r += static_cast<int64_t>(gridDim.y) * kCy) {
+      const double g = to_f(dy[r * C + c]);
+      s += g;
+      sx += g * (static_cast<double>(to_f(x[r * C + c])) - mu);
+    }
+  }
+  block_reduce_store(s, sx, partial, c, C);
+}
+
+}  // namespace kiln::cuda
