@@ -3,6 +3,7 @@
 // PyTorch's float64 reference (tests/data/golden_cnn.safetensors), in FP32 and under AMP.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -81,6 +82,51 @@ TEST(GpuStep, ResNet18SmallFiveStepsMatchTheCpu) {
   EXPECT_LT(losses[1][4], losses[1][0]) << "the loss falls on the GPU";
 }
 
+// For the first tensor that disagrees: where its node's tensors live (and any other tensor
+// sharing those bytes), and at the worst few elements the node's same-sized inputs on both
+// backends, so a stale input (ordering) can be told from a wrong kernel or an overlap.
+void explain_mismatch(const Program& p, const Node& n, TensorId bad, std::vector<std::unique_ptr<Engine>>& e) {
+  auto fetch = [&](int which, TensorId id) {
+    const DTensor& t = e[static_cast<size_t>(which)]->program().tensor(id);
+    std::vector<float> v(static_cast<size_t>(t.numel()));
+    e[static_cast<size_t>(which)]->backend().read(t, v.data());
+    return v;
+  };
+  std::vector<TensorId> ids = n.in;
+  ids.insert(ids.end(), n.out.begin(), n.out.end());
+  for (TensorId id : ids) {
+    if (id == kNoTensor) continue;
+    const DTensor& t = p.tensor(id);
+    const DTensor& root = p.storage(id);
+    std::printf("    %-34s region %d offset %lld bytes %lld%s\n", t.name.c_str(), static_cast<int>(root.region),
+                static_cast<long long>(t.offset), static_cast<long long>(t.bytes()), t.view_of != kNoTensor ? " (view)" : "");
+    for (const DTensor& o : p.tensors) {
+      if (o.id == id || o.offset < 0 || p.storage(o.id).region != root.region || o.view_of != kNoTensor) continue;
+      if (o.offset < t.offset + t.bytes() && t.offset < o.offset + o.bytes() && root.id != o.id) {
+        std::printf("      overlaps %s (offset %lld bytes %lld)\n", o.name.c_str(), static_cast<long long>(o.offset),
+                    static_cast<long long>(o.bytes()));
+      }
+    }
+  }
+  const auto a = fetch(0, bad), b = fetch(1, bad);
+  std::vector<size_t> order(a.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::partial_sort(order.begin(), order.begin() + std::min<size_t>(8, order.size()), order.end(),
+                    [&](size_t x, size_t y) { return std::fabs(a[x] - b[x]) > std::fabs(a[y] - b[y]); });
+  size_t differing = 0;
+  for (size_t i = 0; i < a.size(); ++i) differing += std::fabs(a[i] - b[i]) > 1e-4 * (std::fabs(a[i]) + 1e-3);
+  std::printf("    %zu of %zu elements differ; worst (index: cpu gpu | same-size inputs cpu gpu):\n", differing, a.size());
+  for (size_t k = 0; k < std::min<size_t>(8, order.size()); ++k) {
+    const size_t i = order[k];
+    std::printf("      %zu: %.6g %.6g |", i, a[i], b[i]);
+    for (TensorId in : n.in) {
+      if (in == kNoTensor || p.tensor(in).numel() != p.tensor(bad).numel() || p.tensor(in).dtype != DType::F32) continue;
+      std::printf(" %.6g %.6g", fetch(0, in)[i], fetch(1, in)[i]);
+    }
+    std::printf("\n");
+  }
+}
+
 // One step of a model on both backends with memory reuse off (so every tensor keeps its
 // last value), then every float tensor a node of the step wrote, compared in program order:
 // the first node whose output differs names the kernel that disagrees (a whole-step
@@ -108,6 +154,7 @@ void every_tensor_matches(const std::string& model) {
   const Program& p = engines[0]->program();
   std::vector<bool> seen(p.tensors.size(), false);
   int reported = 0;
+  bool explained = false;
   for (const Phase& ph : p.train) {
     for (const Node& n : ph.nodes) {
       for (TensorId id : n.out) {
@@ -126,6 +173,10 @@ void every_tensor_matches(const std::string& model) {
                       t.name.c_str(), t.shape.str().c_str(), err);
         }
         EXPECT_LT(err, tol) << ph.name << " / " << n.label << " / " << t.name << " " << t.shape.str();
+        if (err >= tol && !explained) {
+          explained = true;
+          explain_mismatch(p, n, id, engines);
+        }
       }
     }
   }
