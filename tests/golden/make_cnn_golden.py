@@ -15,7 +15,6 @@ from collections import OrderedDict
 import torch
 import torch.nn as nn
 
-torch.manual_seed(1234)
 torch.set_default_dtype(torch.float64)
 
 
@@ -39,15 +38,62 @@ class CNN(nn.Module):
         return self.fc(torch.flatten(x, 1))
 
 
-net = CNN()
-# Non-trivial BN affine parameters, so their gradients are tested too.
-for m in net.modules():
-    if isinstance(m, nn.BatchNorm2d):
-        m.weight.data.uniform_(0.5, 1.5)
-        m.bias.data.uniform_(-0.2, 0.2)
+# A ReLU's backward and a max-pool's argmax are discontinuous: where a ReLU input lies within
+# FP32 rounding of zero, or two values of a pooling window within rounding of each other, an
+# FP32 implementation may take the other side and pass one element's whole gradient where the
+# reference passes none (or to another element). The reference is only comparable where the
+# step is continuous, so the seed is drawn until no ReLU input lies within MARGIN of zero and
+# no pooling window's two largest values (the largest positive) lie within MARGIN of each other.
+# FP32 implementations differ from float64 by ~1e-6 here (measured on the CPU and the GPU);
+# MARGIN leaves 10x room.
+MARGIN = 1e-5
+
+
+def margin_of(net, x):
+    """Smallest distance of any ReLU input from 0 and of any pooling window's top two."""
+    worst = [float("inf")]
+
+    def relu_in(_, inp, __):
+        worst[0] = min(worst[0], inp[0].abs().min().item())
+
+    def pool_in(_, inp, __):
+        t = inp[0]
+        n, c, h, w = t.shape
+        win = t.reshape(n, c, h // 2, 2, w // 2, 2).permute(0, 1, 2, 4, 3, 5).reshape(-1, 4)
+        top2 = win.topk(2, dim=1).values
+        gap = (top2[:, 0] - top2[:, 1])[top2[:, 0] > 0]
+        if gap.numel():
+            worst[0] = min(worst[0], gap.min().item())
+
+    hooks = [m.register_forward_hook(relu_in) for m in net.modules() if isinstance(m, nn.ReLU)]
+    hooks += [m.register_forward_hook(pool_in) for m in net.modules() if isinstance(m, nn.MaxPool2d)]
+    with torch.no_grad():
+        net.train()
+        state = {k: v.clone() for k, v in net.state_dict().items()}
+        net(x)
+        net.load_state_dict(state)  # undo the running-statistics update of this probe
+    for h in hooks:
+        h.remove()
+    return worst[0]
+
+
 N = 8
-x = torch.randn(N, 1, 28, 28)
 y = torch.tensor([0, 1, 2, 3, 4, 5, 6, 9])
+for seed in range(1234, 1234 + 5000):
+    torch.manual_seed(seed)
+    net = CNN()
+    # Non-trivial BN affine parameters, so their gradients are tested too.
+    for m in net.modules():
+        if isinstance(m, nn.BatchNorm2d):
+            m.weight.data.uniform_(0.5, 1.5)
+            m.bias.data.uniform_(-0.2, 0.2)
+    x = torch.randn(N, 1, 28, 28)
+    margin = margin_of(net, x)
+    if margin >= MARGIN:
+        break
+else:
+    raise SystemExit("no seed in 5000 keeps every ReLU input and pooling tie %g away" % MARGIN)
+print("seed", seed, "margin", margin)
 lr, momentum, wd = 0.1, 0.9, 5e-4
 
 out = {}
@@ -88,7 +134,8 @@ for name in sorted(out):
                     "shape": list(t.shape), "data_offsets": [offset, offset + len(raw)]}
     blobs.append(raw)
     offset += len(raw)
-header["__metadata__"] = {"made_by": "tests/golden/make_cnn_golden.py", "torch": torch.__version__}
+header["__metadata__"] = {"made_by": "tests/golden/make_cnn_golden.py", "torch": torch.__version__,
+                          "seed": str(seed), "margin": "%.3g" % margin}
 h = json.dumps(header, separators=(",", ":")).encode()
 h += b" " * ((8 - len(h) % 8) % 8)
 with open("tests/data/golden_cnn.safetensors", "wb") as f:

@@ -7,7 +7,8 @@
 //
 // Numerics: FP32 graphs refuse engines that use tensor cores (TF32), down-convert inputs,
 // reduce in lower precision, or use FFT / Winograd, unless KILN_TF32=1 allows TF32; FP16
-// graphs compute in FP32 (compute_data_type FLOAT).
+// graphs compute in FP32 (compute_data_type FLOAT). KILN_DETERMINISTIC=1 refuses engines
+// noted NONDETERMINISTIC in every dtype.
 #include <cudnn_frontend.h>
 
 #include <sstream>
@@ -142,13 +143,14 @@ std::shared_ptr<ConvPlan> build_plan(Context& ctx, const Node& n, int stream, Co
   FE_CHECK(graph->validate(), what);
   FE_CHECK(graph->build_operation_graph(handle), what);
   FE_CHECK(graph->create_execution_plans({fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK}), what);
+  std::vector<fe::NumericalNote_t> bad;
   if (fp32) {
-    std::vector<fe::NumericalNote_t> bad{fe::NumericalNote_t::DOWN_CONVERT_INPUTS,
-                                         fe::NumericalNote_t::REDUCED_PRECISION_REDUCTION, fe::NumericalNote_t::FFT,
-                                         fe::NumericalNote_t::WINOGRAD};
+    bad = {fe::NumericalNote_t::DOWN_CONVERT_INPUTS, fe::NumericalNote_t::REDUCED_PRECISION_REDUCTION,
+           fe::NumericalNote_t::FFT, fe::NumericalNote_t::WINOGRAD};
     if (!tf32) bad.push_back(fe::NumericalNote_t::TENSOR_CORE);
-    graph->deselect_numeric_notes(bad);
   }
+  if (ctx.opts.deterministic) bad.push_back(fe::NumericalNote_t::NONDETERMINISTIC);
+  if (!bad.empty()) graph->deselect_numeric_notes(bad);
   graph->deselect_workspace_greater_than(int64_t{1} << 30);
   FE_CHECK(graph->check_support(handle), what);
   FE_CHECK(graph->build_plans(handle, fe::BuildPlanPolicy_t::HEURISTICS_CHOICE), what);

@@ -25,6 +25,7 @@ Options options_from_env() {
   o.tf32 = env_flag("KILN_TF32", false);
   o.profile = env_flag("KILN_PROFILE", false);
   o.vector_kernels = env_flag("KILN_VECTOR_KERNELS", true);
+  o.deterministic = env_flag("KILN_DETERMINISTIC", false);
   return o;
 }
 
