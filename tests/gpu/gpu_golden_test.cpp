@@ -49,6 +49,14 @@ GoldenStep amp(const std::string& model) {
   return g;
 }
 
+// The Fashion-MNIST default under AMP (its FP32 step is checked against the committed
+// golden file in gpu_step_test.cpp).
+TEST(GpuGolden, CnnStepMatchesPyTorchAmp) {
+  KILN_REQUIRE_GPU();
+  KILN_REQUIRE_TORCH(python);
+  run_golden_step(python, amp("cnn"));
+}
+
 TEST(GpuGolden, ResNet18SmallStepMatchesPyTorchFp32) {
   KILN_REQUIRE_GPU();
   KILN_REQUIRE_TORCH(python);
