@@ -18,7 +18,8 @@ static const char* kUsage =
     "  plan      print a model's ArchPlan: layers, shapes, passes\n"
     "  program   print the compiled phases and their nodes\n"
     "  memory    print the memory plan: regions and their sizes\n"
-    "  bench     time training steps on synthetic data (images/s)\n";
+    "  bench     time training steps on synthetic data (images/s)\n"
+    "  tune      measure cuDNN's engines for a model's convolutions (the engine table, GPU)\n";
 
 int run(int argc, char** argv) {
   if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h") || !std::strcmp(argv[1], "help")) {
@@ -33,6 +34,7 @@ int run(int argc, char** argv) {
   if (cmd == "memory") return cmd_memory(argc, argv);
   if (cmd == "program") return cmd_program(argc, argv);
   if (cmd == "bench") return cmd_bench(argc, argv);
+  if (cmd == "tune") return cmd_tune(argc, argv);
   KILN_FAIL(InvalidArgument, "unknown command '", cmd, "'; run kiln --help for the list");
 }
 

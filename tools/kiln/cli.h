@@ -12,5 +12,6 @@ int cmd_plan(int argc, char** argv);
 int cmd_memory(int argc, char** argv);
 int cmd_program(int argc, char** argv);
 int cmd_bench(int argc, char** argv);
+int cmd_tune(int argc, char** argv);
 
 }  // namespace kiln::cli

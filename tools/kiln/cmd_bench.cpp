@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <vector>
 
+#include "backend/cuda/cuda_backend.h"
 #include "cli.h"
 #include "flags.h"
 #include "kiln/blueprint/zoo.h"
@@ -56,6 +57,11 @@ int cmd_bench(int argc, char** argv) {
   engine.lock_memory();
   engine.compile(1);
   const double compile_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_compile).count();
+  if (auto* api = dynamic_cast<CudaBackendApi*>(&engine.backend()); api && dist::is_root()) {
+    const CudaBackendApi::EngineTableUse use = api->engine_table_use();
+    std::printf("convolution engines: %d from the engine table%s%s, %d from cuDNN's heuristics\n", use.from_table,
+                use.table.empty() ? "" : " ", use.table.c_str(), use.heuristics);
+  }
 
   // One learnable synthetic batch, staged every step as a real loader would: each of 16
   // classes adds its own fixed pattern to the noise, so the loss must fall (the first and

@@ -11,10 +11,13 @@
 // noted NONDETERMINISTIC in every dtype.
 #include <cudnn_frontend.h>
 
+#include <algorithm>
 #include <sstream>
 
 #include "backend/cuda/channel_ops.h"
 #include "backend/cuda/cuda_common.h"
+#include "kiln/backend/engine_table.h"
+#include "kiln/core/log.h"
 
 namespace kiln::cuda {
 
@@ -77,6 +80,7 @@ std::vector<int64_t> nhwc_strides(const Nhwc& t) { return {t.h * t.w * t.c, 1, t
 struct ConvPlan {
   std::shared_ptr<fe::graph::Graph> graph;
   int64_t workspace = 0;
+  int64_t index = -1;  // the engine config chosen from the table or by tuning; -1: heuristics' choice
 };
 
 #define FE_CHECK(expr, what)                                                                       \
@@ -88,15 +92,103 @@ struct ConvPlan {
     }                                                                                              \
   } while (0)
 
+std::string graph_first_name(fe::graph::Graph& graph) {
+  std::string name;
+  return graph.get_execution_plan_count() > 0 && graph.get_plan_name_at_index(0, name).is_good() ? name : "none";
+}
+
+struct ConvPointers {
+  void *x, *w, *y;
+};
+
+constexpr const char* kConvKindName[] = {"fprop", "dgrad", "wgrad"};
+
+// The first of the table's engines (winner, backup 1, backup 2) that exists among this
+// graph's candidates and builds; -1 when none does.
+int64_t pick_from_table(fe::graph::Graph& graph, const EngineEntry& entry) {
+  const int64_t count = graph.get_execution_plan_count();
+  for (const EngineChoice& choice : entry.choices) {
+    for (int64_t i = 0; i < count; ++i) {
+      std::string name;
+      if (graph.get_plan_name_at_index(i, name).is_bad() || name != choice.engine) continue;
+      if (graph.build_plan_at_index(i).is_good()) return i;
+      break;
+    }
+  }
+  return -1;
+}
+
+// `kiln tune` (KILN_TUNE=<table file>): builds every candidate engine of the graph, runs each
+// on the node's own buffers (2 untimed, then the median of 5 timed runs), records the three
+// fastest in ctx.tuned and returns the fastest one's index. Candidates that do not build, need
+// more than 1 GiB of workspace or fail to run are skipped. Tuning allocates a workspace per
+// candidate: it is a tool run, not a training step.
+int64_t tune_engines(Context& ctx, fe::graph::Graph& graph, cudnnHandle_t handle, cudaStream_t stream,
+                     std::unordered_map<int64_t, void*>& pack, const std::string& key) {
+  if (const EngineEntry* done = ctx.tuned.find(key)) {  // the same graph on another stream
+    const int64_t i = pick_from_table(graph, *done);
+    if (i >= 0) return i;
+  }
+  const int64_t count = graph.get_execution_plan_count();
+  std::vector<std::pair<EngineChoice, int64_t>> measured;
+  cudaEvent_t t0 = nullptr, t1 = nullptr;
+  CUDA_CHECK(cudaEventCreate(&t0));
+  CUDA_CHECK(cudaEventCreate(&t1));
+  for (int64_t i = 0; i < count; ++i) {
+    std::string name;
+    int64_t ws = 0;
+    if (graph.get_plan_name_at_index(i, name).is_bad() || graph.build_plan_at_index(i).is_bad()) continue;
+    if (graph.get_workspace_size_plan_at_index(i, ws).is_bad() || ws > (int64_t{1} << 30)) continue;
+    void* wsp = nullptr;
+    if (ws > 0 && cudaMalloc(&wsp, static_cast<size_t>(ws)) != cudaSuccess) {
+      cudaGetLastError();
+      continue;
+    }
+    bool ok = true;
+    std::vector<float> times;
+    for (int r = 0; r < 7 && ok; ++r) {
+      CUDA_CHECK(cudaEventRecord(t0, stream));
+      ok = graph.execute_plan_at_index(handle, pack, wsp, i).is_good();
+      CUDA_CHECK(cudaEventRecord(t1, stream));
+      CUDA_CHECK(cudaEventSynchronize(t1));
+      float ms = 0.0f;
+      CUDA_CHECK(cudaEventElapsedTime(&ms, t0, t1));
+      if (r >= 2) times.push_back(ms);
+    }
+    if (cudaGetLastError() != cudaSuccess) ok = false;
+    if (wsp) CUDA_CHECK(cudaFree(wsp));
+    if (!ok) continue;
+    std::sort(times.begin(), times.end());
+    measured.push_back({EngineChoice{name, ws, times[times.size() / 2]}, i});
+  }
+  CUDA_CHECK(cudaEventDestroy(t0));
+  CUDA_CHECK(cudaEventDestroy(t1));
+  if (measured.empty()) return -1;
+  std::sort(measured.begin(), measured.end(), [](const auto& a, const auto& b) { return a.first.ms < b.first.ms; });
+  EngineEntry entry;
+  entry.key = key;
+  for (const auto& m : measured) entry.choices.push_back(m.first);
+  ctx.tuned.put(entry);
+  log_info("tuned ", key, ": ", measured.size(), " engines, fastest ", measured[0].first.engine, " ",
+           measured[0].first.ms, " ms (heuristics' first: ", graph_first_name(graph), ")");
+  // The winner must be the built plan left for execution: build it again last.
+  FE_CHECK(graph.build_plan_at_index(measured[0].second), "tuned engine " + measured[0].first.engine);
+  return measured[0].second;
+}
+
 std::shared_ptr<ConvPlan> build_plan(Context& ctx, const Node& n, int stream, ConvKind kind, const ConvGeom& g,
-                                     DType x_dt, DType w_dt, DType y_dt) {
+                                     DType x_dt, DType w_dt, DType y_dt, ConvPointers ptrs) {
   const bool fp32 = x_dt == DType::F32 && w_dt == DType::F32 && y_dt == DType::F32;
   const bool tf32 = fp32 && ctx.opts.tf32;
+  // The experience-table key: op kind, shape, geometry, dtypes and the numerics switches that
+  // change which engines are allowed (the same key on every stream).
   std::ostringstream key;
-  key << "conv" << static_cast<int>(kind) << ":" << g.x.n << "," << g.x.h << "," << g.x.w << "," << g.x.c << ":"
+  key << kConvKindName[static_cast<int>(kind)] << ":" << g.x.n << "," << g.x.h << "," << g.x.w << "," << g.x.c << ":"
       << g.k << "," << g.r << "," << g.s << ":" << g.sh << "," << g.sw << "," << g.ph << "," << g.pw << ":"
-      << static_cast<int>(x_dt) << static_cast<int>(w_dt) << static_cast<int>(y_dt) << ":" << tf32 << ":s" << stream;
-  auto& slot = ctx.plan_cache[key.str()];
+      << dtype_name(x_dt) << "," << dtype_name(w_dt) << "," << dtype_name(y_dt) << (tf32 ? ":tf32" : "")
+      << (ctx.opts.deterministic ? ":det" : "");
+  const std::string table_key = key.str();
+  auto& slot = ctx.plan_cache[table_key + ":s" + std::to_string(stream)];
   if (slot) return std::static_pointer_cast<ConvPlan>(slot);
 
   const std::string what = std::string(op_name(n.op)) + " node '" + n.label + "'";
@@ -152,11 +244,30 @@ std::shared_ptr<ConvPlan> build_plan(Context& ctx, const Node& n, int stream, Co
   if (ctx.opts.deterministic) bad.push_back(fe::NumericalNote_t::NONDETERMINISTIC);
   if (!bad.empty()) graph->deselect_numeric_notes(bad);
   graph->deselect_workspace_greater_than(int64_t{1} << 30);
+  // Tuning times precompiled engines only: a runtime-compiled one takes ~1 s of NVRTC to
+  // build, and a model has ~100 convolution graphs.
+  if (!ctx.opts.tune_path.empty()) graph->deselect_behavior_notes({fe::BehaviorNote_t::RUNTIME_COMPILATION});
   FE_CHECK(graph->check_support(handle), what);
-  FE_CHECK(graph->build_plans(handle, fe::BuildPlanPolicy_t::HEURISTICS_CHOICE), what);
   auto plan = std::make_shared<ConvPlan>();
   plan->graph = graph;
-  FE_CHECK(graph->get_workspace_size(plan->workspace), what);
+  std::unordered_map<int64_t, void*> pack{{kUidX, ptrs.x}, {kUidW, ptrs.w}, {kUidY, ptrs.y}};
+  if (!ctx.opts.tune_path.empty()) {
+    plan->index = tune_engines(ctx, *graph, handle, ctx.streams[static_cast<size_t>(stream)].stream, pack, table_key);
+  } else if (const EngineEntry* entry = ctx.opts.engine_table ? ctx.engine_table.find(table_key) : nullptr) {
+    plan->index = pick_from_table(*graph, *entry);
+    if (plan->index < 0) {
+      log_warn("engine table: none of the ", entry->choices.size(), " engines listed for ", table_key,
+               " builds here; using cuDNN's heuristics (re-run kiln tune)");
+    }
+  }
+  if (plan->index >= 0) {
+    ++ctx.table_hits;
+    FE_CHECK(graph->get_workspace_size_plan_at_index(plan->index, plan->workspace), what);
+  } else {
+    ++ctx.table_misses;
+    FE_CHECK(graph->build_plans(handle, fe::BuildPlanPolicy_t::HEURISTICS_CHOICE), what);
+    FE_CHECK(graph->get_workspace_size(plan->workspace), what);
+  }
   slot = plan;
   return plan;
 }
@@ -175,7 +286,8 @@ class ConvKernel final : public Kernel {
 
   void run(Context& ctx) override {
     const StreamRes& r = res(ctx);
-    auto status = plan_->graph->execute(r.cudnn, pack_, r.workspace);
+    auto status = plan_->index >= 0 ? plan_->graph->execute_plan_at_index(r.cudnn, pack_, r.workspace, plan_->index)
+                                    : plan_->graph->execute(r.cudnn, pack_, r.workspace);
     if (status.is_bad()) KILN_FAIL(Backend, what_, ": cuDNN execute failed: ", status.get_message());
     KILN_LAUNCH_CHECK(what_.c_str());
     if (bias_.add) launch_bias_add(bias_.t, bias_.dt, bias_.b, bias_.rows, bias_.c, ctx.sm_count, r.stream);
@@ -215,7 +327,8 @@ KernelPtr make_conv_fwd(const Node& n, Context& ctx, int stream) {
   expect_same_dtype(ctx, n, x, y);
   expect_weight_dtype(ctx, n, x, w);
   const ConvGeom g = conv_geom(ctx, n, x, w, y);
-  auto plan = build_plan(ctx, n, stream, ConvKind::fprop, g, dt, ctx.tensor(w).dtype, dt);
+  auto plan = build_plan(ctx, n, stream, ConvKind::fprop, g, dt, ctx.tensor(w).dtype, dt,
+                         {ctx.ptr(x), ctx.ptr(w), ctx.ptr(y)});
   ctx.need_workspace(stream, static_cast<size_t>(plan->workspace));
   auto k = std::make_unique<ConvKernel>(stream, plan, ctx.ptr(x), ctx.ptr(w), ctx.ptr(y), describe(n));
   if (b != kNoTensor) {
@@ -234,7 +347,8 @@ KernelPtr make_conv_bwd_data(const Node& n, Context& ctx, int stream) {
   expect_same_dtype(ctx, n, dy, dx);
   expect_weight_dtype(ctx, n, dy, w);
   const ConvGeom g = conv_geom(ctx, n, dx, w, dy);
-  auto plan = build_plan(ctx, n, stream, ConvKind::dgrad, g, dt, ctx.tensor(w).dtype, dt);
+  auto plan = build_plan(ctx, n, stream, ConvKind::dgrad, g, dt, ctx.tensor(w).dtype, dt,
+                         {ctx.ptr(dx), ctx.ptr(w), ctx.ptr(dy)});
   ctx.need_workspace(stream, static_cast<size_t>(plan->workspace));
   return std::make_unique<ConvKernel>(stream, plan, ctx.ptr(dx), ctx.ptr(w), ctx.ptr(dy), describe(n));
 }
@@ -248,7 +362,7 @@ KernelPtr make_conv_bwd_weight(const Node& n, Context& ctx, int stream) {
   expect_same_dtype(ctx, n, x, dy);
   const DType wdt = expect_float(ctx, n, dw, "dw");
   const ConvGeom g = conv_geom(ctx, n, x, dw, dy);
-  auto plan = build_plan(ctx, n, stream, ConvKind::wgrad, g, dt, wdt, dt);
+  auto plan = build_plan(ctx, n, stream, ConvKind::wgrad, g, dt, wdt, dt, {ctx.ptr(x), ctx.ptr(dw), ctx.ptr(dy)});
   ctx.need_workspace(stream, static_cast<size_t>(plan->workspace));
   auto k = std::make_unique<ConvKernel>(stream, plan, ctx.ptr(x), ctx.ptr(dw), ctx.ptr(dy), describe(n));
   if (db != kNoTensor) {

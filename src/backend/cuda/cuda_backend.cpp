@@ -17,11 +17,13 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <map>
 
 #include "backend/cuda/cuda_common.h"
 #include "backend/cuda/graph_capture.h"
 #include "kiln/core/env.h"
+#include "kiln/core/log.h"
 
 namespace kiln {
 
@@ -94,10 +96,12 @@ class CudaBackend final : public CudaBackendApi {
       ctx_.base[static_cast<size_t>(r)] = static_cast<uint8_t*>(p);
       CUDA_CHECK(cudaMemset(p, 0, size));
     }
+    load_engine_table(prop.name);
     build(program.train, train_);
     build(program.eval, eval_);
     build(program.eval_ema, eval_ema_);
     build(program.init, init_);
+    finish_engine_table(prop.name);
     for (StreamRes& s : unique_streams()) {
       if (s.workspace_bytes > 0) CUDA_CHECK(cudaMalloc(&s.workspace, s.workspace_bytes));
     }
@@ -260,6 +264,59 @@ class CudaBackend final : public CudaBackendApi {
     cudaEvent_t read = nullptr;    // the last phase that reads the slot ended
     bool copy_pending = false, read_recorded = false;
   };
+
+  EngineTableUse engine_table_use() const override {
+    return {ctx_.table_hits, ctx_.table_misses, ctx_.opts.tune_path.empty() ? table_path_ : tune_path()};
+  }
+  std::string tune_path() const {
+    if (ctx_.opts.tune_path != "auto") return ctx_.opts.tune_path;
+    cudaDeviceProp prop{};
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+    return engine_table_file(KILN_ENGINE_TABLE_DIR, prop.name, static_cast<int64_t>(cudnnGetVersion()));
+  }
+
+  // S16: the experience table for this GPU and cuDNN version (see engine_table.h).
+  void load_engine_table(const std::string& gpu) {
+    ctx_.engine_table = EngineTable{};
+    ctx_.tuned = EngineTable{};
+    ctx_.table_hits = ctx_.table_misses = 0;
+    table_path_.clear();
+    if (!ctx_.opts.engine_table || !ctx_.opts.tune_path.empty()) return;
+    const auto cudnn = static_cast<int64_t>(cudnnGetVersion());
+    std::string path = ctx_.opts.engine_table_path;
+    if (path.empty()) {
+      path = engine_table_file(KILN_ENGINE_TABLE_DIR, gpu, cudnn);
+      if (!std::ifstream(path).good()) {
+        log_info("engine table: none for ", gpu, " with cuDNN ", cudnn, " (", path,
+                 "); convolutions take cuDNN's heuristic choice. `kiln tune` writes one.");
+        return;
+      }
+    }
+    ctx_.engine_table = EngineTable::load(path);
+    if (ctx_.engine_table.gpu != gpu || ctx_.engine_table.cudnn != cudnn) {
+      log_warn("engine table ", path, " was tuned on ", ctx_.engine_table.gpu, " with cuDNN ",
+               ctx_.engine_table.cudnn, ", this is ", gpu, " with cuDNN ", cudnn,
+               "; its engines are tried anyway (each falls back to the heuristics if it does not build)");
+    }
+    table_path_ = path;
+  }
+  void finish_engine_table(const std::string& gpu) {
+    const int plans = ctx_.table_hits + ctx_.table_misses;
+    if (!ctx_.opts.tune_path.empty()) {
+      // Merge into what the file holds (other models' shapes), newest measurement winning.
+      const std::string path = tune_path();
+      EngineTable merged;
+      if (std::ifstream(path).good()) merged = EngineTable::load(path);
+      merged.gpu = gpu;
+      merged.cudnn = static_cast<int64_t>(cudnnGetVersion());
+      merged.merge(ctx_.tuned);
+      merged.save(path);
+      log_info("engine table: tuned ", ctx_.tuned.entries().size(), " convolution graphs into ", path, " (",
+               merged.entries().size(), " entries in all)");
+    } else if (!table_path_.empty()) {
+      log_info("engine table: ", ctx_.table_hits, " of ", plans, " convolution plans from ", table_path_);
+    }
+  }
 
   int stream_of(const Phase& ph) const {
     if (!ctx_.opts.streams) return 0;
@@ -432,6 +489,7 @@ class CudaBackend final : public CudaBackendApi {
 
   Context ctx_;
   int owned_streams_ = 0;
+  std::string table_path_;  // the experience table this compile() used, if any
   bool profile_ = false, profile_ops_ = false, profile_pending_ = false;
   std::map<std::string, double> phase_ms_, op_ms_;
   int64_t profiled_runs_ = 0;

@@ -17,6 +17,13 @@ class CudaBackendApi : public Backend {
   // Milliseconds of GPU time per phase of the last run(), in schedule order; waits for that
   // run to finish. Empty when profiling is off.
   virtual std::vector<std::pair<std::string, float>> phase_times() = 0;
+  // How the last compile() chose its convolution engines (SPEC S16): plans from the
+  // experience table (or measured, under KILN_TUNE) and plans left to cuDNN's heuristics.
+  struct EngineTableUse {
+    int from_table = 0, heuristics = 0;
+    std::string table;  // the file consulted or written; empty when none
+  };
+  virtual EngineTableUse engine_table_use() const = 0;
 };
 
 }  // namespace kiln

@@ -18,6 +18,8 @@
 #include <string>
 #include <unordered_map>
 
+#include "kiln/backend/engine_table.h"
+
 #include "kiln/core/error.h"
 #include "kiln/graph/program.h"
 
@@ -62,6 +64,14 @@ struct Options {
   // gradients), so a step gives the same bits every run. kiln's own kernels and cuBLASLt are
   // deterministic already (fixed-order partial sums; one algorithm chosen at compile time).
   bool deterministic = false;
+  // KILN_ENGINE_TABLE: the engine experience table (S16). Unset: the file for this GPU and
+  // cuDNN version under configs/engines, used when it exists; a path: that file (it must
+  // exist); 0: off, every convolution takes cuDNN's heuristic choice.
+  bool engine_table = true;
+  std::string engine_table_path;
+  // KILN_TUNE=<file>: measure every engine of every convolution graph while compiling and
+  // merge the three fastest of each into <file> (what `kiln tune` does).
+  std::string tune_path;
 };
 Options options_from_env();
 
@@ -81,6 +91,11 @@ struct Context {
   std::array<StreamRes, kStreams> streams{};
   // Plans shared by nodes of the same shape (cuDNN graphs, cuBLASLt algorithms), by key.
   std::unordered_map<std::string, std::shared_ptr<void>> plan_cache;
+  // The experience table consulted while compiling (empty when off or absent), what tuning
+  // measured, and how many convolution plans came from a table (or tuning) vs heuristics.
+  EngineTable engine_table;
+  EngineTable tuned;
+  int table_hits = 0, table_misses = 0;
 
   const DTensor& tensor(TensorId id) const { return program->tensor(id); }
   // Device address of a tensor; valid once the regions are allocated (run time). Factories

@@ -26,6 +26,10 @@ Options options_from_env() {
   o.profile = env_flag("KILN_PROFILE", false);
   o.vector_kernels = env_flag("KILN_VECTOR_KERNELS", true);
   o.deterministic = env_flag("KILN_DETERMINISTIC", false);
+  const std::string table = env_string("KILN_ENGINE_TABLE", "");
+  o.engine_table = table != "0" && table != "off" && table != "false";
+  if (o.engine_table) o.engine_table_path = table;
+  o.tune_path = env_string("KILN_TUNE", "");
   return o;
 }
 

@@ -1,0 +1,122 @@
+// The engine experience table on the GPU (SPEC S16, issue 5): KILN_TUNE measures every
+// engine of every convolution graph of a model and writes the table; a compile with the table
+// takes every convolution engine from it; a winner that no longer builds falls back to the
+// backups, and a table of which nothing builds falls back to cuDNN's heuristics. The steps
+// all train the same: the engines differ only in summation order (AMP tolerance, 1e-2).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <string>
+
+#include "backend/cuda/cuda_backend.h"
+#include "gpu/gpu_test_util.h"
+#include "kiln/backend/engine_table.h"
+#include "kiln/blueprint/zoo.h"
+#include "kiln/task/engine.h"
+
+namespace kiln::test {
+namespace {
+
+struct Outcome {
+  CudaBackendApi::EngineTableUse use;
+  float loss = 0.0f;
+};
+
+Outcome compile_and_step() {
+  const BluePrint bp = make_model("resnet18_small");
+  EngineOptions o;
+  o.device = "cuda";
+  o.compile.batch = 8;
+  o.compile.amp = true;
+  Engine e(bp, o);
+  e.lock_memory();
+  e.compile(5);
+  Outcome r;
+  auto* api = dynamic_cast<CudaBackendApi*>(&e.backend());
+  EXPECT_NE(api, nullptr);
+  if (api) r.use = api->engine_table_use();
+  const int64_t per = int64_t{bp.input.height} * bp.input.width * bp.input.channels;
+  const std::vector<float> img = rand_floats(8 * per, 3);
+  std::vector<int32_t> lab(8);
+  for (int i = 0; i < 8; ++i) lab[static_cast<size_t>(i)] = i;
+  r.loss = e.train_step(img.data(), lab.data(), 0.01f).loss;
+  return r;
+}
+
+// The table with some choices renamed to an engine no cuDNN has.
+void spoil(const std::string& path, bool every_choice) {
+  EngineTable t = EngineTable::load(path);
+  EngineTable out;
+  out.gpu = t.gpu;
+  out.cudnn = t.cudnn;
+  for (EngineEntry e : t.entries()) {
+    for (size_t i = 0; i < e.choices.size(); ++i) {
+      if (every_choice || i == 0) e.choices[i].engine = "eng_missing_" + std::to_string(i);
+    }
+    out.put(e);
+  }
+  out.save(path);
+}
+
+TEST(GpuEngineTable, TuneLookUpAndFallBack) {
+  KILN_REQUIRE_GPU();
+  const std::string path = ::testing::TempDir() + "/kiln_gpu_engine_table.tsv";
+  std::remove(path.c_str());
+  Outcome tuned;
+  {
+    ScopedEnv tune("KILN_TUNE", path.c_str());
+    tuned = compile_and_step();
+  }
+  const int plans = tuned.use.from_table + tuned.use.heuristics;
+  EXPECT_GT(plans, 0);
+  EXPECT_EQ(tuned.use.heuristics, 0) << "every convolution graph has at least one engine that runs";
+  const EngineTable table = EngineTable::load(path);
+  EXPECT_FALSE(table.gpu.empty());
+  EXPECT_GT(table.cudnn, 0);
+  ASSERT_GT(table.entries().size(), 0u);
+  for (const EngineEntry& e : table.entries()) {
+    ASSERT_GE(e.choices.size(), 1u);
+    ASSERT_LE(e.choices.size(), 3u);
+    for (size_t i = 1; i < e.choices.size(); ++i) EXPECT_LE(e.choices[i - 1].ms, e.choices[i].ms) << e.key;
+    std::printf("  %-60s %s %.4f ms (%zu choices)\n", e.key.c_str(), e.choices[0].engine.c_str(), e.choices[0].ms,
+                e.choices.size());
+  }
+
+  Outcome from_table, heuristics, backups, nothing;
+  {
+    ScopedEnv use("KILN_ENGINE_TABLE", path.c_str());
+    from_table = compile_and_step();
+  }
+  EXPECT_EQ(from_table.use.from_table, plans);
+  EXPECT_EQ(from_table.use.heuristics, 0);
+  {
+    ScopedEnv off("KILN_ENGINE_TABLE", "0");
+    heuristics = compile_and_step();
+  }
+  EXPECT_EQ(heuristics.use.from_table, 0);
+  EXPECT_EQ(heuristics.use.heuristics, plans);
+  int with_backup = 0;
+  for (const EngineEntry& e : table.entries()) with_backup += e.choices.size() > 1;
+  spoil(path, false);
+  {
+    ScopedEnv use("KILN_ENGINE_TABLE", path.c_str());
+    backups = compile_and_step();
+  }
+  EXPECT_EQ(backups.use.from_table + backups.use.heuristics, plans);
+  if (with_backup > 0) EXPECT_GT(backups.use.from_table, 0) << "backups are tried when the winner is missing";
+  spoil(path, true);
+  {
+    ScopedEnv use("KILN_ENGINE_TABLE", path.c_str());
+    nothing = compile_and_step();
+  }
+  EXPECT_EQ(nothing.use.from_table, 0);
+  EXPECT_EQ(nothing.use.heuristics, plans);
+  for (const Outcome* o : {&from_table, &heuristics, &backups, &nothing}) {
+    EXPECT_NEAR(o->loss, tuned.loss, 1e-2 * std::fabs(tuned.loss));
+  }
+  std::remove(path.c_str());
+}
+
+}  // namespace
+}  // namespace kiln::test

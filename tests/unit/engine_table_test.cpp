@@ -1,0 +1,134 @@
+// The engine experience table's file format and lookup (SPEC S16): written and read back
+// unchanged, entries found by binary search, at most three choices kept fastest first, a
+// newer measurement replacing an older one, and every malformed file refused with its name,
+// the line and the fix.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <string>
+
+#include "kiln/backend/engine_table.h"
+#include "kiln/core/error.h"
+#include "kiln/io/file.h"
+
+namespace kiln {
+namespace {
+
+EngineEntry entry(const std::string& key, std::initializer_list<EngineChoice> choices) {
+  EngineEntry e;
+  e.key = key;
+  e.choices = choices;
+  return e;
+}
+
+EngineTable sample() {
+  EngineTable t;
+  t.gpu = "NVIDIA H200";
+  t.cudnn = 91400;
+  t.put(entry("fprop:256,56,56,64:64,1,1:1,1,0,0:f16,f16,f16", {{"eng0_k2=1", 0, 0.25}, {"eng3", 4096, 0.31}}));
+  t.put(entry("dgrad:256,56,56,64:64,3,3:1,1,1,1:f16,f16,f16", {{"eng7_k5=2", 1 << 20, 0.5}}));
+  t.put(entry("wgrad:256,7,7,512:2048,1,1:1,1,0,0:f16,f16,f16",
+              {{"b", 0, 0.9}, {"a", 0, 0.7}, {"d", 0, 1.5}, {"c", 0, 1.1}}));
+  return t;
+}
+
+TEST(EngineTable, RoundTripsThroughItsText) {
+  const EngineTable t = sample();
+  const EngineTable u = EngineTable::parse(t.to_text(), "memory");
+  EXPECT_EQ(u.gpu, "NVIDIA H200");
+  EXPECT_EQ(u.cudnn, 91400);
+  ASSERT_EQ(u.entries().size(), 3u);
+  EXPECT_EQ(u.to_text(), t.to_text());
+  const EngineEntry* e = u.find("fprop:256,56,56,64:64,1,1:1,1,0,0:f16,f16,f16");
+  ASSERT_NE(e, nullptr);
+  ASSERT_EQ(e->choices.size(), 2u);
+  EXPECT_EQ(e->choices[1].engine, "eng3");
+  EXPECT_EQ(e->choices[1].workspace, 4096);
+  EXPECT_NEAR(e->choices[1].ms, 0.31, 1e-9);
+}
+
+TEST(EngineTable, KeepsTheThreeFastestInOrder) {
+  const EngineTable t = sample();
+  const EngineEntry* e = t.find("wgrad:256,7,7,512:2048,1,1:1,1,0,0:f16,f16,f16");
+  ASSERT_NE(e, nullptr);
+  ASSERT_EQ(e->choices.size(), 3u);
+  EXPECT_EQ(e->choices[0].engine, "a");
+  EXPECT_EQ(e->choices[1].engine, "b");
+  EXPECT_EQ(e->choices[2].engine, "c");
+}
+
+TEST(EngineTable, BinarySearchFindsEveryKeyAndOnlyThose) {
+  EngineTable t;
+  for (int i = 999; i >= 0; --i) t.put(entry("k" + std::to_string(i), {{"e" + std::to_string(i), 0, 1.0}}));
+  ASSERT_EQ(t.entries().size(), 1000u);
+  for (size_t i = 1; i < t.entries().size(); ++i) EXPECT_LT(t.entries()[i - 1].key, t.entries()[i].key);
+  for (int i = 0; i < 1000; ++i) {
+    const EngineEntry* e = t.find("k" + std::to_string(i));
+    ASSERT_NE(e, nullptr) << i;
+    EXPECT_EQ(e->choices[0].engine, "e" + std::to_string(i));
+  }
+  EXPECT_EQ(t.find("k1000"), nullptr);
+  EXPECT_EQ(t.find(""), nullptr);
+  EXPECT_EQ(t.find("k"), nullptr);
+}
+
+TEST(EngineTable, NewerMeasurementsReplaceOlderOnes) {
+  EngineTable t = sample();
+  EngineTable newer;
+  newer.put(entry("dgrad:256,56,56,64:64,3,3:1,1,1,1:f16,f16,f16", {{"eng1", 0, 0.4}}));
+  newer.put(entry("fprop:1,2,3,4:5,1,1:1,1,0,0:f32,f32,f32", {{"eng2", 0, 0.1}}));
+  t.merge(newer);
+  EXPECT_EQ(t.entries().size(), 4u);
+  EXPECT_EQ(t.find("dgrad:256,56,56,64:64,3,3:1,1,1,1:f16,f16,f16")->choices[0].engine, "eng1");
+}
+
+TEST(EngineTable, SavesAtomicallyAndLoads) {
+  const std::string path = ::testing::TempDir() + "/kiln_engine_table_test.tsv";
+  sample().save(path);
+  EXPECT_FALSE(std::filesystem::exists(atomic_temp_path(path)));
+  EXPECT_EQ(EngineTable::load(path).to_text(), sample().to_text());
+  std::remove(path.c_str());
+}
+
+TEST(EngineTable, FileNameSaysGpuAndCudnn) {
+  EXPECT_EQ(engine_table_file("configs/engines", "NVIDIA H200", 91400), "configs/engines/nvidia-h200_cudnn91400.tsv");
+  EXPECT_EQ(engine_table_file("d", "NVIDIA GeForce RTX 4090 ", 90100), "d/nvidia-geforce-rtx-4090_cudnn90100.tsv");
+  EXPECT_EQ(engine_table_file("d", "", 1), "d/gpu_cudnn1.tsv");
+}
+
+void expect_refused(const std::string& text, const std::string& needle) {
+  try {
+    EngineTable::parse(text, "t.tsv");
+    ADD_FAILURE() << "accepted: " << text;
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("t.tsv"), std::string::npos) << what;
+    EXPECT_NE(what.find(needle), std::string::npos) << what;
+    EXPECT_NE(what.find("kiln tune"), std::string::npos) << what;
+  }
+}
+
+TEST(EngineTable, MalformedFilesAreRefusedWithTheLine) {
+  expect_refused("", "no 'kiln-engine-table' header");
+  expect_refused("# only a comment\n", "no 'kiln-engine-table' header");
+  expect_refused("gpu\tx\n", "line 1");
+  expect_refused("kiln-engine-table\t2\n", "version 2");
+  expect_refused("kiln-engine-table\t1\ncudnn\tnine\n", "line 2");
+  expect_refused("kiln-engine-table\t1\nkey\teng\t0\n", "line 2");
+  expect_refused("kiln-engine-table\t1\nkey\teng\t-1\t0.5\n", "workspace >= 0");
+  expect_refused("kiln-engine-table\t1\nkey\teng\t0\tfast\n", "line 2");
+  expect_refused("kiln-engine-table\t1\nkey\ta\t0\t1\tb\t0\t1\tc\t0\t1\td\t0\t1\n", "one to three");
+  expect_refused("kiln-engine-table\t1\nk\ta\t0\t1\nk\tb\t0\t1\n", "appears twice");
+  expect_refused("kiln-engine-table\t1\n\ta\t0\t1\n", "empty key");
+}
+
+TEST(EngineTable, RefusesNamesThatWouldBreakTheFormat) {
+  EngineTable t;
+  EXPECT_THROW(t.put(entry("k", {{"a\tb", 0, 1.0}})), Error);
+  EXPECT_THROW(t.put(entry("k\n", {{"a", 0, 1.0}})), Error);
+  EXPECT_THROW(t.put(entry("k", {})), Error);
+}
+
+}  // namespace
+}  // namespace kiln
