@@ -327,11 +327,12 @@ class Compiler {
         }
         const TensorId saved = tensor(bn + ":saved", Region::bn_saved, Shape{2, n.shape[2]}, DType::F32, Layout::Flat);
         if (fused_conv) {
+          const TensorId z = feature(name + ":z" + tag, n.shape);  // the convolution's output
           const TensorId mask = aux(name + ":mask", (p_.tensor(y).numel() + 7) / 8, DType::U8);
           nodes.push_back(make_node(OpKind::cbr_fwd, {x(), compute_weight(name + ".weight", master), params[0],
                                                       params[1], rm, rv},
-                                    {y, saved, mask}, a, name + " cbr fwd"));
-          f.saved[n.id] = {saved, mask};
+                                    {z, y, saved, mask}, a, name + " cbr fwd"));
+          f.saved[n.id] = {saved, mask, z};
         } else if (fused_add) {
           const TensorId mask = aux(name + ":mask", (p_.tensor(y).numel() + 7) / 8, DType::U8);
           nodes.push_back(make_node(OpKind::bn_add_relu_fwd, {x(0), params[0], params[1], rm, rv, x(1)},
@@ -493,7 +494,8 @@ class Compiler {
         const auto& saved = f.saved.at(n.id);
         nodes.push_back(make_node(
             OpKind::cbr_bwd,
-            {xin, compute_weight(name + ".weight"), dy, saved[1], param_in(n.bn_name + ".weight", Region::params_f32), saved[0]},
+            {xin, compute_weight(name + ".weight"), saved[2], dy, saved[1],
+             param_in(n.bn_name + ".weight", Region::params_f32), saved[0]},
             {needs(0) ? new_grad(0) : kNoTensor, grad_out(amp ? Region::grads_f16 : Region::grads_f32, name + ".weight"),
              grad_out(Region::grads_f32, n.bn_name + ".weight"), grad_out(Region::grads_f32, n.bn_name + ".bias")},
             a, name + " cbr bwd"));

@@ -15,7 +15,7 @@ namespace kiln {
 namespace {
 
 Program compiled(const std::string& model, bool amp, bool reuse = true, int64_t batch = 4, bool ema = false,
-                 const std::string& opt = "sgd") {
+                 const std::string& opt = "sgd", bool fuse = false) {
   CompileOptions o;
   o.batch = batch;
   o.amp = amp;
@@ -24,6 +24,7 @@ Program compiled(const std::string& model, bool amp, bool reuse = true, int64_t 
   o.optimizer = opt;
   PlanOptions po;
   po.amp = amp;
+  po.backend_fuses_cbr = po.backend_fuses_bn_add_relu = fuse;  // as a backend with fused kernels says
   Program p = compile_program(make_plan(make_model(model), po), o);
   plan_memory(p);
   validate_program(p);
@@ -139,8 +140,11 @@ std::map<TensorId, std::pair<int64_t, int64_t>> lifetimes(const Program& p) {
 }
 
 TEST(MemoryPlan, ReuseNeverAliasesTwoLiveTensors) {
-  for (const std::string model : {"resnet18_small", "vgg11_bn_small", "lenet"}) {
-    const Program p = compiled(model, false);
+  for (const std::string model : {"resnet18_small", "vgg11_bn_small", "lenet", "resnet18_small+fused",
+                                  "vgg11_bn_small+fused"}) {
+    const bool fused = model.find("+fused") != std::string::npos;
+    const Program p = fused ? compiled(model.substr(0, model.find('+')), true, true, 4, false, "sgd", true)
+                            : compiled(model, false);
     const auto live = lifetimes(p);
     std::vector<TensorId> feats;
     for (const auto& [id, iv] : live) {
@@ -164,6 +168,48 @@ TEST(MemoryPlan, ReuseNeverAliasesTwoLiveTensors) {
     }
     EXPECT_GT(shared, 0) << model << ": reuse should share some bytes";
   }
+}
+
+// Fused CBR (issue 5): each cbr_bwd reads the convolution output (z), the bit mask and the
+// saved statistics that its cbr_fwd wrote - BatchNorm's backward needs the normalised input at
+// every element, not only where ReLU passed it - and the first layer computes no input
+// gradient. BN+add+ReLU's backward reads the mask and statistics of its forward.
+TEST(Program, FusedBackwardsReadWhatTheirForwardsWrote) {
+  const Program p = compiled("resnet50", true, true, 2, false, "sgd", true);
+  std::map<std::string, const Node*> fwd;
+  int cbr = 0, bar = 0;
+  for (const Phase& ph : p.train) {
+    for (const Node& n : ph.nodes) {
+      if (n.op == OpKind::cbr_fwd || n.op == OpKind::bn_add_relu_fwd) {
+        fwd[n.label.substr(0, n.label.find(' '))] = &n;
+        if (n.op == OpKind::cbr_fwd) {
+          ASSERT_EQ(n.out.size(), 4u) << n.label;
+          EXPECT_EQ(p.tensor(n.out[0]).shape, p.tensor(n.out[1]).shape) << n.label << ": z and y";
+          EXPECT_EQ(p.tensor(n.out[3]).numel(), (p.tensor(n.out[1]).numel() + 7) / 8) << n.label << ": one bit each";
+        }
+      }
+      if (n.op == OpKind::cbr_bwd) {
+        ++cbr;
+        const Node* f = fwd.at(n.label.substr(0, n.label.find(' ')));
+        ASSERT_EQ(f->op, OpKind::cbr_fwd);
+        EXPECT_EQ(n.in[0], f->in[0]) << n.label << ": x";
+        EXPECT_EQ(n.in[2], f->out[0]) << n.label << ": z, the convolution's output";
+        EXPECT_EQ(n.in[4], f->out[3]) << n.label << ": mask";
+        EXPECT_EQ(n.in[6], f->out[2]) << n.label << ": saved statistics";
+        EXPECT_NE(n.out[0], kNoTensor) << n.label << ": only the first layer skips dx, and the stem is not fused";
+      }
+      if (n.op == OpKind::bn_add_relu_bwd) {
+        ++bar;
+        const Node* f = fwd.at(n.label.substr(0, n.label.find(' ')));
+        ASSERT_EQ(f->op, OpKind::bn_add_relu_fwd);
+        EXPECT_EQ(n.in[0], f->in[0]) << n.label;
+        EXPECT_EQ(n.in[2], f->out[2]) << n.label << ": mask";
+        EXPECT_EQ(n.in[4], f->out[1]) << n.label << ": saved statistics";
+      }
+    }
+  }
+  EXPECT_EQ(cbr, 32);
+  EXPECT_EQ(bar, 16);
 }
 
 TEST(MemoryPlan, ReuseShrinksActivationsAndCanBeSwitchedOff) {
