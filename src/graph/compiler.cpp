@@ -497,7 +497,8 @@ class Compiler {
             {xin, compute_weight(name + ".weight"), saved[2], dy, saved[1],
              param_in(n.bn_name + ".weight", Region::params_f32), saved[0]},
             {needs(0) ? new_grad(0) : kNoTensor, grad_out(amp ? Region::grads_f16 : Region::grads_f32, name + ".weight"),
-             grad_out(Region::grads_f32, n.bn_name + ".weight"), grad_out(Region::grads_f32, n.bn_name + ".bias")},
+             grad_out(Region::grads_f32, n.bn_name + ".weight"), grad_out(Region::grads_f32, n.bn_name + ".bias"),
+             feature(name + ":dz", n.shape)},
             a, name + " cbr bwd"));
         break;
       }

@@ -89,9 +89,12 @@ std::string cbr_refusal(const ArchPlan& p, const PlanNode& conv) {
 }
 
 void merge_cbr(ArchPlan& p, const PlanOptions& o) {
-  if (!o.fusion || !o.amp || !o.backend_fuses_cbr) {
+  if (!o.fusion || (!o.amp && !o.backend_fuses_fp32) || !o.backend_fuses_cbr) {
     p.notes.push_back(std::string("merge_cbr: off (") +
-                      (!o.fusion ? "fusion disabled" : !o.amp ? "needs AMP" : "backend has no fused CBR") + ")");
+                      (!o.fusion                               ? "fusion disabled"
+                       : !o.amp && !o.backend_fuses_fp32 ? "the backend fuses only under AMP"
+                                                                 : "backend has no fused CBR") +
+                      ")");
     return;
   }
   int merged = 0;
@@ -121,9 +124,12 @@ void merge_cbr(ArchPlan& p, const PlanOptions& o) {
 }
 
 void merge_bn_add_relu(ArchPlan& p, const PlanOptions& o) {
-  if (!o.fusion || !o.amp || !o.backend_fuses_bn_add_relu) {
+  if (!o.fusion || (!o.amp && !o.backend_fuses_fp32) || !o.backend_fuses_bn_add_relu) {
     p.notes.push_back(std::string("merge_bn_add_relu: off (") +
-                      (!o.fusion ? "fusion disabled" : !o.amp ? "needs AMP" : "backend has no fused BN+add+ReLU") + ")");
+                      (!o.fusion                               ? "fusion disabled"
+                       : !o.amp && !o.backend_fuses_fp32 ? "the backend fuses only under AMP"
+                                                                 : "backend has no fused BN+add+ReLU") +
+                      ")");
     return;
   }
   int merged = 0;

@@ -235,6 +235,7 @@ void every_tensor_matches(const std::string& model) {
     o.compile.momentum = 0.9f;
     o.compile.weight_decay = 5e-4f;
     o.compile.memory_reuse = false;
+    o.fusion = false;  // one program for both: the CPU fuses in FP32, CUDA only under AMP
     engines.push_back(std::make_unique<Engine>(bp, o));
     engines.back()->lock_memory();
     engines.back()->compile(21);

@@ -17,6 +17,7 @@ struct BackendCaps {
   bool bf16 = false;
   bool fused_cbr = false;      // cbr_fwd / cbr_bwd
   bool fused_bn_add_relu = false;
+  bool fused_fp32 = false;     // the fused kernels run in FP32 too (not only under AMP)
 };
 
 // Which list of phases to run.

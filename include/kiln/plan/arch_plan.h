@@ -41,6 +41,7 @@ struct PlanOptions {
   bool amp = false;
   bool backend_fuses_cbr = false;
   bool backend_fuses_bn_add_relu = false;
+  bool backend_fuses_fp32 = false;  // merge in FP32 too (the CPU's fused kernels); else AMP only
 };
 
 struct ArchPlan {

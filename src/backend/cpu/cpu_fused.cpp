@@ -1,29 +1,174 @@
-// Fused ops (CBR, BN+add+ReLU) are CUDA-only, under AMP (SPEC S12-S15). The CPU backend
-// runs their unfused equivalents instead: cpu_supports() says no, so the plan never merges
-// them on the CPU, and a factory called anyway throws rather than silently doing nothing.
+// Fused ops on the CPU (SPEC S12-S15 in FP32): each is its unfused chain's own kernels run in
+// sequence on the fused node's tensors, with the ReLU folded into one pass that also writes
+// the bit mask, and the ReLU backward folded into the pass that applies the mask. The
+// arithmetic is the unfused chain's, operation for operation, so a fused step equals the
+// unfused one bit for bit (tests/e2e: FusedStepEqualsUnfused); what fusion saves here is the
+// BatchNorm output map and the ReLU passes. These kernels are also the reference the CUDA
+// fused kernels are tested against.
+//
+// Mask layout (ops.def): bit (i % 8) of byte i / 8 is set where y[i] > 0.
+#include <algorithm>
+#include <vector>
+
 #include "backend/cpu/cpu_util.h"
 
 namespace kiln::cpu {
 
 namespace {
-[[noreturn]] void unsupported(const Node& n) {
-  KILN_FAIL(Unsupported, "the CPU backend has no fused ", op_name(n.op), " kernel (node '", n.label,
-            "'); fused ops run on CUDA under AMP. Plan the model without fusion (KILN_FUSION=0) ",
-            "so it uses conv, bn and relu ops, or use --device cuda");
+
+// Runs its parts in order.
+class Sequence final : public Kernel {
+ public:
+  explicit Sequence(std::vector<KernelPtr> parts) : parts_(std::move(parts)) {}
+  void run(Context& ctx) override {
+    for (auto& k : parts_) k->run(ctx);
+  }
+
+ private:
+  std::vector<KernelPtr> parts_;
+};
+
+Node part(OpKind op, std::vector<TensorId> in, std::vector<TensorId> out, const Node& fused, const char* what) {
+  Node n;
+  n.op = op;
+  n.in = std::move(in);
+  n.out = std::move(out);
+  n.attrs = fused.attrs;
+  n.attrs.accumulate = false;
+  n.label = fused.label + " (" + what + ")";
+  return n;
 }
+
+void expect_same_size(const Context& ctx, const Node& n, TensorId a, TensorId b) {
+  KILN_CHECK(ctx.tensor(a).numel() == ctx.tensor(b).numel(), Shape, op_name(n.op), " node '", n.label, "': '",
+             ctx.tensor(a).name, "' ", ctx.tensor(a).shape.str(), " and '", ctx.tensor(b).name, "' ",
+             ctx.tensor(b).shape.str(), " differ in size");
+}
+
+void expect_mask(const Context& ctx, const Node& n, TensorId mask, TensorId y) {
+  expect_dtype(ctx, n, mask, DType::U8, "mask");
+  expect_numel(ctx, n, mask, (ctx.tensor(y).numel() + 7) / 8, "mask (one bit per element of y)");
+}
+
+// y = relu(y + residual) in place (residual may be absent), mask bit = y > 0. ReLU as
+// make_relu_fwd: NaN passes (and its mask bit is 0, as relu_bwd's y > 0 test says).
+KernelPtr relu_with_mask(float* y, const float* residual, uint8_t* mask, int64_t count) {
+  return make_loop([=](Context&) {
+    // The ReLU as relu_fwd's vectorised loop, then the mask from its output (y > 0 exactly
+    // where the input was > 0; NaN stays NaN with bit 0).
+    if (residual) {
+#pragma omp parallel for simd schedule(static)
+      for (int64_t i = 0; i < count; ++i) {
+        const float v = y[i] + residual[i];
+        y[i] = !(v <= 0.0f) ? v : 0.0f;
+      }
+    } else {
+#pragma omp parallel for simd schedule(static)
+      for (int64_t i = 0; i < count; ++i) y[i] = !(y[i] <= 0.0f) ? y[i] : 0.0f;
+    }
+    const int64_t bytes = (count + 7) / 8, full = count / 8;
+#pragma omp parallel for schedule(static)
+    for (int64_t b = 0; b < full; ++b) {
+      const float* v = y + 8 * b;
+      unsigned bits = 0;
+#pragma omp simd reduction(| : bits)
+      for (int j = 0; j < 8; ++j) bits |= (v[j] > 0.0f ? 1u : 0u) << j;
+      mask[b] = static_cast<uint8_t>(bits);
+    }
+    if (full < bytes) {
+      unsigned bits = 0;
+      for (int64_t i = 8 * full; i < count; ++i) bits |= (y[i] > 0.0f ? 1u : 0u) << (i - 8 * full);
+      mask[full] = static_cast<uint8_t>(bits);
+    }
+  });
+}
+
+// g = mask ? dy : 0 (relu_bwd from the mask).
+KernelPtr apply_mask(const float* dy, const uint8_t* mask, float* g, int64_t count) {
+  return make_loop([=](Context&) {
+    const int64_t full = count / 8;
+    // Eight elements per mask byte, the byte loaded once (a per-element shift of a gathered
+    // byte does not vectorise).
+#pragma omp parallel for schedule(static)
+    for (int64_t b = 0; b < full; ++b) {
+      const unsigned m = mask[b];
+      const float* d = dy + 8 * b;
+      float* o = g + 8 * b;
+#pragma omp simd
+      for (int j = 0; j < 8; ++j) o[j] = (m >> j) & 1u ? d[j] : 0.0f;
+    }
+    for (int64_t i = 8 * full; i < count; ++i) g[i] = (mask[i >> 3] >> (i & 7)) & 1u ? dy[i] : 0.0f;
+  });
+}
+
 }  // namespace
 
-KernelPtr make_cbr_fwd(const Node& n, Context&) {
-  unsupported(n);
+// "x, w, gamma, beta, running_mean, running_var -> z, y, saved, mask"
+KernelPtr make_cbr_fwd(const Node& n, Context& ctx) {
+  reject_accumulate(n);
+  const TensorId x = need_in(n, 0, "x"), w = need_in(n, 1, "w"), gamma = need_in(n, 2, "gamma"),
+                 beta = need_in(n, 3, "beta"), rm = need_in(n, 4, "running_mean"), rv = need_in(n, 5, "running_var");
+  const TensorId z = need_out(n, 0, "z"), y = need_out(n, 1, "y"), saved = need_out(n, 2, "saved"),
+                 mask = need_out(n, 3, "mask");
+  expect_mask(ctx, n, mask, y);
+  std::vector<KernelPtr> parts;
+  parts.push_back(make_conv_fwd(part(OpKind::conv_fwd, {x, w}, {z}, n, "conv"), ctx));
+  parts.push_back(make_bn_fwd_train(part(OpKind::bn_fwd_train, {z, gamma, beta, rm, rv}, {y, saved}, n, "bn"), ctx));
+  parts.push_back(relu_with_mask(ctx.ptr<float>(y), nullptr, ctx.ptr<uint8_t>(mask), ctx.tensor(y).numel()));
+  return std::make_unique<Sequence>(std::move(parts));
 }
-KernelPtr make_cbr_bwd(const Node& n, Context&) {
-  unsupported(n);
+
+// "x, w, z, dy, mask, gamma, saved -> [dx], dw, dgamma, dbeta, dz"
+KernelPtr make_cbr_bwd(const Node& n, Context& ctx) {
+  reject_accumulate(n);
+  const TensorId x = need_in(n, 0, "x"), w = need_in(n, 1, "w"), z = need_in(n, 2, "z"), dy = need_in(n, 3, "dy"),
+                 mask = need_in(n, 4, "mask"), gamma = need_in(n, 5, "gamma"), saved = need_in(n, 6, "saved");
+  const TensorId dx = out_at(n, 0), dw = need_out(n, 1, "dw"), dgamma = need_out(n, 2, "dgamma"),
+                 dbeta = need_out(n, 3, "dbeta"), dz = need_out(n, 4, "dz");
+  expect_same_size(ctx, n, z, dy);
+  expect_same_size(ctx, n, z, dz);
+  expect_mask(ctx, n, mask, dy);
+  std::vector<KernelPtr> parts;
+  // The ReLU's backward into dz, then BatchNorm's backward in place there (oneDNN's BN
+  // backward reads each diff_dst element before writing the same diff_src element).
+  parts.push_back(apply_mask(ctx.ptr<float>(dy), ctx.ptr<uint8_t>(mask), ctx.ptr<float>(dz), ctx.tensor(dy).numel()));
+  parts.push_back(make_bn_bwd(part(OpKind::bn_bwd, {z, dz, gamma, saved}, {dz, dgamma, dbeta}, n, "bn"), ctx));
+  parts.push_back(make_conv_bwd_weight(part(OpKind::conv_bwd_weight, {x, dz}, {dw}, n, "wgrad"), ctx));
+  if (dx != kNoTensor) parts.push_back(make_conv_bwd_data(part(OpKind::conv_bwd_data, {dz, w}, {dx}, n, "dgrad"), ctx));
+  return std::make_unique<Sequence>(std::move(parts));
 }
-KernelPtr make_bn_add_relu_fwd(const Node& n, Context&) {
-  unsupported(n);
+
+// "x, gamma, beta, running_mean, running_var, residual -> y, saved, mask"
+KernelPtr make_bn_add_relu_fwd(const Node& n, Context& ctx) {
+  reject_accumulate(n);
+  const TensorId x = need_in(n, 0, "x"), gamma = need_in(n, 1, "gamma"), beta = need_in(n, 2, "beta"),
+                 rm = need_in(n, 3, "running_mean"), rv = need_in(n, 4, "running_var"),
+                 residual = need_in(n, 5, "residual");
+  const TensorId y = need_out(n, 0, "y"), saved = need_out(n, 1, "saved"), mask = need_out(n, 2, "mask");
+  expect_same_size(ctx, n, y, residual);
+  expect_dtype(ctx, n, residual, DType::F32, "residual");
+  expect_mask(ctx, n, mask, y);
+  std::vector<KernelPtr> parts;
+  parts.push_back(make_bn_fwd_train(part(OpKind::bn_fwd_train, {x, gamma, beta, rm, rv}, {y, saved}, n, "bn"), ctx));
+  parts.push_back(
+      relu_with_mask(ctx.ptr<float>(y), ctx.ptr<float>(residual), ctx.ptr<uint8_t>(mask), ctx.tensor(y).numel()));
+  return std::make_unique<Sequence>(std::move(parts));
 }
-KernelPtr make_bn_add_relu_bwd(const Node& n, Context&) {
-  unsupported(n);
+
+// "x, dy, mask, gamma, saved -> dx, dresidual, dgamma, dbeta": the add passes the masked
+// gradient to both branches; BatchNorm's backward reads it from dresidual.
+KernelPtr make_bn_add_relu_bwd(const Node& n, Context& ctx) {
+  reject_accumulate(n);
+  const TensorId x = need_in(n, 0, "x"), dy = need_in(n, 1, "dy"), mask = need_in(n, 2, "mask"),
+                 gamma = need_in(n, 3, "gamma"), saved = need_in(n, 4, "saved");
+  const TensorId dx = need_out(n, 0, "dx"), dres = need_out(n, 1, "dresidual"), dgamma = need_out(n, 2, "dgamma"),
+                 dbeta = need_out(n, 3, "dbeta");
+  expect_same_size(ctx, n, dy, dres);
+  expect_mask(ctx, n, mask, dy);
+  std::vector<KernelPtr> parts;
+  parts.push_back(apply_mask(ctx.ptr<float>(dy), ctx.ptr<uint8_t>(mask), ctx.ptr<float>(dres), ctx.tensor(dy).numel()));
+  parts.push_back(make_bn_bwd(part(OpKind::bn_bwd, {x, dres, gamma, saved}, {dx, dgamma, dbeta}, n, "bn"), ctx));
+  return std::make_unique<Sequence>(std::move(parts));
 }
 
 }  // namespace kiln::cpu
