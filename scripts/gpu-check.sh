@@ -7,6 +7,10 @@
 #     gpu    configure, build, ctest -L gpu
 #     all    gpu, then the CPU tests (ctest -LE gpu)
 #     bench  gpu, then `kiln bench` over a few models (KILN_BENCH, BENCH_TORCH=1 adds PyTorch)
+#     tune   build, then `kiln tune` (the engine table, SPEC S16) for KILN_TUNE_LIST
+#            ("model:batch:amp ...", default ResNet-50 and VGG16-BN at 256 in AMP) into
+#            configs/engines/<gpu>_cudnn<version>.tsv (a copy lands in the logs), then
+#            `kiln bench` of each with the table and with KILN_ENGINE_TABLE=0
 # Logs go to $OUT (the device tool's output folder) or /tmp/kiln-gpu-check.
 # Environment: KILN_GPU_BUILD (build dir, default build-gpu), KILN_JOBS (default nproc).
 set -uo pipefail
@@ -54,6 +58,7 @@ echo "== build"
 targets=()  # all: everything
 [ "$MODE" = gpu ] && targets=(kiln kiln_gpu_tests)
 [ "$MODE" = bench ] && targets=(kiln kiln_cli kiln_gpu_tests)
+[ "$MODE" = tune ] && targets=(kiln kiln_cli)
 if ! cmake --build "$BUILD" -j "$JOBS" ${targets[@]:+--target "${targets[@]}"} >"$LOGS/build.log" 2>&1; then
   grep -E 'error|FAILED' "$LOGS/build.log" | head -40
   note build "FAILED ($(since))"
@@ -64,6 +69,30 @@ note build "ok ($(since))"
 
 status=0
 ctest_line() { grep -E 'tests passed|No tests were found' "$1" | tail -1; }
+
+if [ "$MODE" = tune ]; then
+  # VGG16-BN's large convolutions take ~10 ms a run per engine: give each model minutes.
+  for cfg in ${KILN_TUNE_LIST:-"resnet50:256:1 vgg16_bn:256:1"}; do
+    IFS=: read -r m b a <<<"$cfg"
+    amp=(); [ "$a" = 1 ] && amp=(--amp)
+    name="$m-b$b${amp:+-amp}"
+    KILN_LOG=info timeout "${TUNE_TIMEOUT:-300}" "$BUILD/kiln" tune "$m" --batch "$b" "${amp[@]}" \
+      >"$LOGS/tune-$name.log" 2>&1 || status=1
+    note "tune $name" "$(tail -1 "$LOGS/tune-$name.log" | cut -c1-160) ($(since))"
+    for table in on off; do
+      env_table=(); [ "$table" = off ] && env_table=(KILN_ENGINE_TABLE=0)
+      env "${env_table[@]}" "$BUILD/kiln" bench --device cuda --model "$m" --batch "$b" "${amp[@]}" --steps 20 \
+        --warmup 5 --repeats 3 >"$LOGS/bench-$name-table-$table.log" 2>&1 || status=1
+      ips=$(grep -o '"images_per_second":[0-9.]*' "$LOGS/bench-$name-table-$table.log" | cut -d: -f2)
+      note "table $table" "$name ${ips:-FAILED} img/s"
+    done
+  done
+  cp configs/engines/*.tsv "$LOGS/" 2>/dev/null || true
+  echo
+  echo "== summary (logs in $LOGS)"
+  printf '%s\n' "${SUMMARY[@]}"
+  exit $status
+fi
 
 echo "== GPU tests"
 ctest --test-dir "$BUILD" -L gpu -j 8 --timeout 300 --output-on-failure >"$LOGS/ctest-gpu.log" 2>&1 || status=1
