@@ -36,12 +36,6 @@ inline uint64_t fmix(uint64_t z) {
 
 constexpr uint64_t kGolden = 0x9E3779B97F4A7C15ull;
 
-void expect_same_shape(const Context& ctx, const Node& n, TensorId a, TensorId b) {
-  KILN_CHECK(ctx.tensor(a).numel() == ctx.tensor(b).numel(), Shape, op_name(n.op), " node '",
-             n.label, "': '", ctx.tensor(a).name, "' ", ctx.tensor(a).shape.str(), " and '",
-             ctx.tensor(b).name, "' ", ctx.tensor(b).shape.str(), " differ in size");
-}
-
 memory::desc flat_md(const Context& ctx, TensorId id) {
   return {{ctx.tensor(id).numel()}, dt::f32, tag::a};
 }
@@ -60,7 +54,7 @@ KernelPtr make_relu_fwd(const Node& n, Context& ctx) {
   const TensorId x = need_in(n, 0, "x"), y = need_out(n, 0, "y");
   expect_dtype(ctx, n, x, DType::F32, "x");
   expect_dtype(ctx, n, y, DType::F32, "y");
-  expect_same_shape(ctx, n, x, y);
+  expect_same_size(ctx, n, x, y);
   const float* xp = ctx.ptr<float>(x);
   float* yp = ctx.ptr<float>(y);
   const int64_t count = ctx.tensor(x).numel();
@@ -75,8 +69,8 @@ KernelPtr make_relu_bwd(const Node& n, Context& ctx) {
   reject_accumulate(n);
   const TensorId y = need_in(n, 0, "y"), dy = need_in(n, 1, "dy"), dx = need_out(n, 0, "dx");
   for (TensorId id : {y, dy, dx}) expect_dtype(ctx, n, id, DType::F32, "tensor");
-  expect_same_shape(ctx, n, y, dy);
-  expect_same_shape(ctx, n, y, dx);
+  expect_same_size(ctx, n, y, dy);
+  expect_same_size(ctx, n, y, dx);
   try {
     auto hint = relu_pd(ctx, y, algorithm::eltwise_relu_use_dst_for_bwd, primitive_attr());
     eltwise_backward::desc d(algorithm::eltwise_relu_use_dst_for_bwd, flat_md(ctx, dy),
@@ -100,7 +94,7 @@ KernelPtr make_add(const Node& n, Context& ctx) {
   for (TensorId id : {a, b, y}) {
     if (id == kNoTensor) continue;
     expect_dtype(ctx, n, id, DType::F32, "tensor");
-    expect_same_shape(ctx, n, a, id);
+    expect_same_size(ctx, n, a, id);
   }
   const float* ap = ctx.ptr<float>(a);
   const float* bp = b != kNoTensor ? ctx.ptr<float>(b) : nullptr;
@@ -131,8 +125,8 @@ KernelPtr make_dropout_fwd(const Node& n, Context& ctx) {
   expect_dtype(ctx, n, x, DType::F32, "x");
   expect_dtype(ctx, n, y, DType::F32, "y");
   expect_dtype(ctx, n, mask, DType::U8, "mask");
-  expect_same_shape(ctx, n, x, y);
-  expect_same_shape(ctx, n, x, mask);
+  expect_same_size(ctx, n, x, y);
+  expect_same_size(ctx, n, x, mask);
   expect_scalar(ctx, n, step, "step");
   const float* xp = ctx.ptr<float>(x);
   float* yp = ctx.ptr<float>(y);
@@ -166,8 +160,8 @@ KernelPtr make_dropout_bwd(const Node& n, Context& ctx) {
   expect_dtype(ctx, n, dy, DType::F32, "dy");
   expect_dtype(ctx, n, dx, DType::F32, "dx");
   expect_dtype(ctx, n, mask, DType::U8, "mask");
-  expect_same_shape(ctx, n, dy, dx);
-  expect_same_shape(ctx, n, dy, mask);
+  expect_same_size(ctx, n, dy, dx);
+  expect_same_size(ctx, n, dy, mask);
   const float* dyp = ctx.ptr<float>(dy);
   const uint8_t* mp = ctx.ptr<uint8_t>(mask);
   float* dxp = ctx.ptr<float>(dx);

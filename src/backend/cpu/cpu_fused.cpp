@@ -39,12 +39,6 @@ Node part(OpKind op, std::vector<TensorId> in, std::vector<TensorId> out, const 
   return n;
 }
 
-void expect_same_size(const Context& ctx, const Node& n, TensorId a, TensorId b) {
-  KILN_CHECK(ctx.tensor(a).numel() == ctx.tensor(b).numel(), Shape, op_name(n.op), " node '", n.label, "': '",
-             ctx.tensor(a).name, "' ", ctx.tensor(a).shape.str(), " and '", ctx.tensor(b).name, "' ",
-             ctx.tensor(b).shape.str(), " differ in size");
-}
-
 void expect_mask(const Context& ctx, const Node& n, TensorId mask, TensorId y) {
   expect_dtype(ctx, n, mask, DType::U8, "mask");
   expect_numel(ctx, n, mask, (ctx.tensor(y).numel() + 7) / 8, "mask (one bit per element of y)");

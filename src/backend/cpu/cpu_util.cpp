@@ -38,6 +38,12 @@ void expect_rank(const Context& ctx, const Node& n, TensorId id, int rank, const
              t.name, "' has shape ", t.shape.str(), ", expected rank ", rank);
 }
 
+void expect_same_size(const Context& ctx, const Node& n, TensorId a, TensorId b) {
+  KILN_CHECK(ctx.tensor(a).numel() == ctx.tensor(b).numel(), Shape, op_name(n.op), " node '", n.label, "': '",
+             ctx.tensor(a).name, "' ", ctx.tensor(a).shape.str(), " and '", ctx.tensor(b).name, "' ",
+             ctx.tensor(b).shape.str(), " differ in size");
+}
+
 void expect_numel(const Context& ctx, const Node& n, TensorId id, int64_t numel, const char* role) {
   const DTensor& t = ctx.tensor(id);
   KILN_CHECK(t.numel() == numel, Shape, op_name(n.op), " node '", n.label, "': ", role, " '",

@@ -33,6 +33,8 @@ TensorId need_out(const Node& n, size_t i, const char* role);
 void expect_dtype(const Context& ctx, const Node& n, TensorId id, DType dtype, const char* role);
 void expect_rank(const Context& ctx, const Node& n, TensorId id, int rank, const char* role);
 void expect_numel(const Context& ctx, const Node& n, TensorId id, int64_t numel, const char* role);
+// Two tensors of the same element count (elementwise ops read them as flat arrays).
+void expect_same_size(const Context& ctx, const Node& n, TensorId a, TensorId b);
 // Only `add` accumulates; any other op with attrs.accumulate is a compiler bug, not a no-op.
 void reject_accumulate(const Node& n);
 
