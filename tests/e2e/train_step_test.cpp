@@ -11,35 +11,13 @@
 #include "kiln/core/rng.h"
 #include "kiln/graph/op.h"
 #include "kiln/task/engine.h"
+#include "support/learnable_batch.h"
 
 namespace kiln {
 namespace {
 
-// A batch a network can learn: each class adds its own fixed pattern to the noise.
-struct Batch {
-  std::vector<float> images;
-  std::vector<int32_t> labels;
-};
-
-Batch learnable_batch(const BluePrint& bp, int64_t n, uint64_t seed) {
-  const int64_t per = int64_t{bp.input.height} * bp.input.width * bp.input.channels;
-  Rng rng(seed);
-  std::vector<std::vector<float>> pattern(static_cast<size_t>(bp.num_classes), std::vector<float>(static_cast<size_t>(per)));
-  for (auto& p : pattern)
-    for (float& x : p) x = static_cast<float>(rng.normal());
-  Batch b;
-  b.images.resize(static_cast<size_t>(n * per));
-  b.labels.resize(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) {
-    const int32_t l = static_cast<int32_t>(i % bp.num_classes);
-    b.labels[static_cast<size_t>(i)] = l;
-    for (int64_t j = 0; j < per; ++j) {
-      b.images[static_cast<size_t>(i * per + j)] =
-          pattern[static_cast<size_t>(l)][static_cast<size_t>(j)] + 0.5f * static_cast<float>(rng.normal());
-    }
-  }
-  return b;
-}
+using Batch = test::LearnableBatch;
+using test::learnable_batch;
 
 EngineOptions cpu_options(int64_t batch) {
   EngineOptions o;

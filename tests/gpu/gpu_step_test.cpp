@@ -10,6 +10,7 @@
 #include <memory>
 
 #include "gpu/gpu_test_util.h"
+#include "support/learnable_batch.h"
 #include "kiln/blueprint/zoo.h"
 #include "kiln/io/safetensors.h"
 #include "kiln/task/checkpoint.h"
@@ -34,21 +35,11 @@ double scaled_error(const std::vector<float>& got, const std::vector<float>& wan
   return worst / scale;
 }
 
-// A batch the network can learn: each class adds a fixed pattern to the noise.
+// The batch the GPU figures in bench/RESULTS.md were measured on (seed 17).
 void learnable(const BluePrint& bp, int64_t n, std::vector<float>& img, std::vector<int32_t>& lab) {
-  const int64_t per = int64_t{bp.input.height} * bp.input.width * bp.input.channels;
-  Rng rng(17);
-  std::vector<float> pattern(static_cast<size_t>(bp.num_classes * per));
-  for (float& x : pattern) x = static_cast<float>(rng.normal());
-  img.resize(static_cast<size_t>(n * per));
-  lab.resize(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) {
-    lab[static_cast<size_t>(i)] = static_cast<int32_t>(i % bp.num_classes);
-    for (int64_t j = 0; j < per; ++j) {
-      img[static_cast<size_t>(i * per + j)] =
-          pattern[static_cast<size_t>(lab[static_cast<size_t>(i)] * per + j)] + 0.5f * static_cast<float>(rng.normal());
-    }
-  }
+  LearnableBatch b = learnable_batch(bp, n, 17);
+  img = std::move(b.images);
+  lab = std::move(b.labels);
 }
 
 // Five steps of resnet18_small on the CUDA backend (FP32, TF32 off, graphs and streams on)

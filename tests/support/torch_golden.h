@@ -42,6 +42,7 @@
 #include "kiln/plan/arch_plan.h"
 #include "kiln/task/checkpoint.h"
 #include "kiln/task/engine.h"
+#include "support/learnable_batch.h"
 
 namespace kiln::test {
 
@@ -135,26 +136,6 @@ inline double scaled_error(const std::vector<float>& got, const std::vector<floa
     worst = std::max(worst, e);
   }
   return worst / scale;
-}
-
-// A batch the network can learn (each class adds a fixed pattern to unit noise), so that the
-// logits are not all alike and the loss gradient is not dominated by one class.
-inline void learnable_batch(const BluePrint& bp, int64_t n, uint64_t seed, std::vector<float>& img,
-                            std::vector<int32_t>& lab) {
-  const int64_t per = int64_t{bp.input.height} * bp.input.width * bp.input.channels;
-  Rng rng(seed);
-  std::vector<float> pattern(static_cast<size_t>(bp.num_classes * per));
-  for (float& x : pattern) x = static_cast<float>(rng.normal());
-  img.resize(static_cast<size_t>(n * per));
-  lab.resize(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) {
-    const int32_t c = static_cast<int32_t>((i * 3) % bp.num_classes);
-    lab[static_cast<size_t>(i)] = c;
-    for (int64_t j = 0; j < per; ++j) {
-      img[static_cast<size_t>(i * per + j)] =
-          pattern[static_cast<size_t>(c * per + j)] + 0.5f * static_cast<float>(rng.normal());
-    }
-  }
 }
 
 // A fresh folder under the system's temporary directory, removed with the object unless the
@@ -292,7 +273,10 @@ inline GoldenErrors run_golden_step(const std::string& python, const GoldenStep&
   }
   std::vector<float> images;
   std::vector<int32_t> labels;
-  learnable_batch(bp, g.batch, g.seed, images, labels);
+  // Classes 3 apart, so a batch of 4 spans the range of 10 classes.
+  LearnableBatch batch = learnable_batch(bp, g.batch, g.seed, 3);
+  images = std::move(batch.images);
+  labels = std::move(batch.labels);
   in.tensors["input.nhwc"] = f32({g.batch, bp.input.height, bp.input.width, bp.input.channels}, images);
   StTensor lt;
   lt.dtype = DType::I32;
