@@ -20,8 +20,8 @@ struct EngineOptions {
   CompileOptions compile;
   bool fusion = true;         // KILN_FUSION=0 turns it off
   // Fusion in FP32 too, on a backend whose fused kernels run in FP32 (the CPU's). Off by
-  // default: on the CPU the fused program gives the same bits but measured 8% slower on the
-  // cnn (oneDNN's separate passes are already vectorised); the tests turn it on.
+  // default: on the CPU the fused program gives the same bits at the same speed (measured on
+  // the cnn, bench/RESULTS.md), so it is the tests' tool for checking fused programs.
   bool fuse_fp32 = false;
   std::string device = "auto";  // auto, cpu, cuda
 };

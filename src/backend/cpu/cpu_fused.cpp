@@ -8,6 +8,8 @@
 //
 // Mask layout (ops.def): bit (i % 8) of byte i / 8 is set where y[i] > 0.
 #include <algorithm>
+#include <array>
+#include <cstdint>
 #include <vector>
 
 #include "backend/cpu/cpu_util.h"
@@ -77,19 +79,34 @@ KernelPtr relu_with_mask(float* y, const float* residual, uint8_t* mask, int64_t
   });
 }
 
-// g = mask ? dy : 0 (relu_bwd from the mask).
+// g = mask ? dy : 0 (relu_bwd from the mask). Each mask byte selects one row of a 256 x 8
+// table of all-ones / all-zeros words that is ANDed onto eight gradients' bits: exactly the
+// select (dy where the bit is set, +0 elsewhere) in a form the compiler vectorises; a
+// per-element shift of a gathered byte ran at ~0.6 G elements/s here.
+using AliasU32 = uint32_t __attribute__((may_alias));
+
+const std::array<std::array<uint32_t, 8>, 256>& byte_to_lanes() {
+  static const auto table = [] {
+    std::array<std::array<uint32_t, 8>, 256> t{};
+    for (unsigned m = 0; m < 256; ++m) {
+      for (unsigned j = 0; j < 8; ++j) t[m][j] = (m >> j) & 1u ? 0xFFFFFFFFu : 0u;
+    }
+    return t;
+  }();
+  return table;
+}
+
 KernelPtr apply_mask(const float* dy, const uint8_t* mask, float* g, int64_t count) {
+  const auto* lanes = &byte_to_lanes();
   return make_loop([=](Context&) {
+    const auto* d = reinterpret_cast<const AliasU32*>(dy);
+    auto* o = reinterpret_cast<AliasU32*>(g);
     const int64_t full = count / 8;
-    // Eight elements per mask byte, the byte loaded once (a per-element shift of a gathered
-    // byte does not vectorise).
 #pragma omp parallel for schedule(static)
     for (int64_t b = 0; b < full; ++b) {
-      const unsigned m = mask[b];
-      const float* d = dy + 8 * b;
-      float* o = g + 8 * b;
+      const uint32_t* e = (*lanes)[mask[b]].data();
 #pragma omp simd
-      for (int j = 0; j < 8; ++j) o[j] = (m >> j) & 1u ? d[j] : 0.0f;
+      for (int j = 0; j < 8; ++j) o[8 * b + j] = d[8 * b + j] & e[j];
     }
     for (int64_t i = 8 * full; i < count; ++i) g[i] = (mask[i >> 3] >> (i & 7)) & 1u ? dy[i] : 0.0f;
   });
