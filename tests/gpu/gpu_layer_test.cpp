@@ -156,8 +156,11 @@ TEST_P(GpuLayer, Pooling) {
     bool include_pad;
   };
   const PoolCase cases[] = {{3, 2, 1, true}, {2, 2, 0, true}, {3, 1, 1, false}, {3, 2, 1, false}};
+  // Max pooling has 16-byte kernels (channels in vectors of 8 f16 / 4 f32) and scalar ones.
+  for (const char* vec : {"1", "0"})
   for (const PoolCase& c : cases) {
-    SCOPED_TRACE(::testing::Message() << "pool " << c.k << "/" << c.st << " pad " << c.pad);
+    ScopedEnv env("KILN_VECTOR_KERNELS", vec);
+    SCOPED_TRACE(::testing::Message() << "pool " << c.k << "/" << c.st << " pad " << c.pad << ", vector kernels " << vec);
     const int64_t n = 2, h = 11, w = 10, ch = 16;
     const int64_t p = (h + 2 * c.pad - c.k) / c.st + 1, q = (w + 2 * c.pad - c.k) / c.st + 1;
     Pair t(amp);
