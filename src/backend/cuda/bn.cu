@@ -6,6 +6,7 @@
 //    computed in double from the FP32-rounded batch mean and variance, as the CPU kernel.
 // Per-channel sums are taken in double (block partials in the stream's workspace, then one
 // finalize pass), so the statistics do not depend on the batch size's rounding.
+#include "backend/cuda/bn_parts.h"
 #include "backend/cuda/channel_sums.cuh"
 #include "backend/cuda/device_util.cuh"
 
@@ -13,36 +14,85 @@ namespace kiln::cuda {
 
 namespace {
 
+constexpr int kVecThreads = 256;  // threads of the 16-byte reduction and group kernels
 
+// ---- finalize passes ---------------------------------------------------------------------
+// The reductions leave one double2 partial per channel and row chunk ([chunks][C]); a block of
+// 32 channels x 16 slices adds them up (slice j takes chunks j, j + 16, ...; then the slices in
+// order), so the sums are deterministic and ~gy/16 loads deep rather than gy.
+constexpr int kFinC = 32, kFinS = 16;
 
-__global__ void stats_finalize_kernel(const double2* partial, int gy, int64_t rows, int64_t C, float eps,
-                                      float momentum, float* saved, float* running_mean, float* running_var) {
-  KILN_GRID_STRIDE(c, C) {
-    double s = 0.0, ss = 0.0;
-    for (int j = 0; j < gy; ++j) {
-      s += partial[j * C + c].x;
-      ss += partial[j * C + c].y;
+// Valid in the threads with threadIdx.y == 0.
+__device__ __forceinline__ double2 sum_partials(const double2* __restrict__ partial, int gy, int64_t C, int64_t c) {
+  __shared__ double2 sm[kFinS][kFinC];
+  double2 acc = make_double2(0.0, 0.0);
+  if (c < C) {
+    for (int j = threadIdx.y; j < gy; j += kFinS) {
+      const double2 p = partial[j * C + c];
+      acc.x += p.x;
+      acc.y += p.y;
     }
-    const double n = static_cast<double>(rows);
-    const double mean = s / n;
-    const double var = fmax(ss / n - mean * mean, 0.0);
-    const auto mean_f = static_cast<float>(mean), var_f = static_cast<float>(var);
-    saved[c] = mean_f;
-    saved[C + c] = static_cast<float>(1.0 / sqrt(static_cast<double>(var_f) + eps));
-    const double unbias = rows > 1 ? n / (n - 1.0) : 1.0;
-    const double m = momentum;
-    running_mean[c] = static_cast<float>((1.0 - m) * running_mean[c] + m * mean_f);
-    running_var[c] = static_cast<float>((1.0 - m) * running_var[c] + m * unbias * var_f);
   }
+  sm[threadIdx.y][threadIdx.x] = acc;
+  __syncthreads();
+  if (threadIdx.y == 0) {
+    for (int j = 1; j < kFinS; ++j) {
+      acc.x += sm[j][threadIdx.x].x;
+      acc.y += sm[j][threadIdx.x].y;
+    }
+  }
+  return acc;
 }
 
+// saved = [mean; invstd], the running statistics, and the apply pass's coefficients
+// coef[c] = (mean, gamma * invstd, beta).
+__global__ void __launch_bounds__(kFinC * kFinS) stats_finalize_kernel(const double2* partial, int gy, int64_t rows,
+                                                                       int64_t C, float eps, float momentum,
+                                                                       float* saved, float* running_mean,
+                                                                       float* running_var, const float* gamma,
+                                                                       const float* beta, float4* coef) {
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * kFinC + threadIdx.x;
+  const double2 sums = sum_partials(partial, gy, C, c);
+  if (threadIdx.y != 0 || c >= C) return;
+  const double n = static_cast<double>(rows);
+  const double mean = sums.x / n;
+  const double var = fmax(sums.y / n - mean * mean, 0.0);
+  const auto mean_f = static_cast<float>(mean), var_f = static_cast<float>(var);
+  const auto invstd_f = static_cast<float>(1.0 / sqrt(static_cast<double>(var_f) + eps));
+  saved[c] = mean_f;
+  saved[C + c] = invstd_f;
+  const double unbias = rows > 1 ? n / (n - 1.0) : 1.0;
+  const double m = momentum;
+  running_mean[c] = static_cast<float>((1.0 - m) * running_mean[c] + m * mean_f);
+  running_var[c] = static_cast<float>((1.0 - m) * running_var[c] + m * unbias * var_f);
+  coef[c] = make_float4(mean_f, gamma[c] * invstd_f, beta[c], 0.0f);
+}
+
+// dgamma = sum g xhat, dbeta = sum g; coefficients of dx = k1 (g - mg - (x - mean) k3).
+__global__ void __launch_bounds__(kFinC * kFinS) bwd_finalize_kernel(const double2* partial, int gy, int64_t rows,
+                                                                     int64_t C, const float* saved,
+                                                                     const float* gamma, float* dgamma, float* dbeta,
+                                                                     float4* coef) {
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * kFinC + threadIdx.x;
+  const double2 sums = sum_partials(partial, gy, C, c);
+  if (threadIdx.y != 0 || c >= C) return;
+  const double s = sums.x, sx = sums.y;
+  const double invstd = saved[C + c], n = static_cast<double>(rows);
+  dbeta[c] = static_cast<float>(s);
+  dgamma[c] = static_cast<float>(sx * invstd);
+  coef[c] = make_float4(saved[c], static_cast<float>(gamma[c] * invstd), static_cast<float>(s / n),
+                        static_cast<float>(sx * invstd * invstd / n));
+}
+
+inline unsigned finalize_grid(int64_t C) { return static_cast<unsigned>((C + kFinC - 1) / kFinC); }
+
+// ---- plain elementwise kernels (any C, any alignment) ----------------------------------
+
 template <typename T>
-__global__ void apply_kernel(const T* x, T* y, int64_t count, int64_t C, const float* mean, const float* invstd,
-                             const float* gamma, const float* beta) {
+__global__ void apply_kernel(const T* x, T* y, int64_t count, int64_t C, const float4* coef) {
   KILN_GRID_STRIDE(i, count) {
-    const int64_t c = i % C;
-    const float v = (to_f(x[i]) - mean[c]) * (gamma[c] * invstd[c]) + beta[c];
-    y[i] = from_f<T>(v);
+    const float4 k = coef[i % C];
+    y[i] = from_f<T>((to_f(x[i]) - k.x) * k.y + k.z);
   }
 }
 
@@ -56,39 +106,52 @@ __global__ void infer_kernel(const T* x, T* y, int64_t count, int64_t C, const f
   }
 }
 
-
-// dgamma = sum dy xhat, dbeta = sum dy; coefficients of dx = k1 (dy - mdy - (x - mean) k3).
-__global__ void bwd_finalize_kernel(const double2* partial, int gy, int64_t rows, int64_t C, const float* saved,
-                                    const float* gamma, float* dgamma, float* dbeta, float4* coef) {
-  KILN_GRID_STRIDE(c, C) {
-    double s = 0.0, sx = 0.0;
-    for (int j = 0; j < gy; ++j) {
-      s += partial[j * C + c].x;
-      sx += partial[j * C + c].y;
-    }
-    const double invstd = saved[C + c], n = static_cast<double>(rows);
-    dbeta[c] = static_cast<float>(s);
-    dgamma[c] = static_cast<float>(sx * invstd);
-    coef[c] = make_float4(saved[c], static_cast<float>(gamma[c] * invstd), static_cast<float>(s / n),
-                          static_cast<float>(sx * invstd * invstd / n));
-  }
-}
-
+// g = dy where the mask passes it (fused ops; a null mask passes all), written to dres when
+// asked (BN+add+ReLU's residual gradient); dx from g. Any of dy, dres, dx may alias.
 template <typename T>
-__global__ void bwd_dx_kernel(const T* x, const T* dy, T* dx, int64_t count, int64_t C, const float4* coef) {
+__global__ void bwd_dx_kernel(const T* x, const T* dy, const uint8_t* mask, T* dx, T* dres, int64_t count, int64_t C,
+                              const float4* coef) {
   KILN_GRID_STRIDE(i, count) {
     const float4 k = coef[i % C];
-    const float v = k.y * (to_f(dy[i]) - k.z - (to_f(x[i]) - k.x) * k.w);
+    const T g = mask_bit(mask, i) ? dy[i] : from_f<T>(0.0f);
+    const float v = k.y * (to_f(g) - k.z - (to_f(x[i]) - k.x) * k.w);
+    if (dres) dres[i] = g;
     dx[i] = from_f<T>(v);
   }
 }
 
-// ---- 16-byte paths (KILN_VECTOR_KERNELS, on by default) ------------------------------
-// Each thread owns one vector of V channels (cv = C / V vectors per row; 256 % cv == 0) and
-// walks rows four at a time with independent 16-byte loads in flight; the block combines the
-// threads of each channel vector in shared memory and writes the same [blocks][C] double
-// partials as the plain kernels, so the finalize passes are shared.
-constexpr int kVecThreads = 256;
+// The forward epilogue of the fused ops, any C: y = relu(bn(x) [+ residual]) with its bit
+// mask, one thread per mask byte (eight elements) so that no two threads share a byte. The
+// arithmetic and its roundings are the unfused chain's (apply, add, relu_fwd), so the fused
+// forward gives the same bits: the BN output is rounded to T before the residual is added,
+// the sum rounded again.
+template <typename T>
+__device__ __forceinline__ T bn_relu_one(float x, const T* res, float4 k, unsigned& bits, int j) {
+  T v = from_f<T>((x - k.x) * k.y + k.z);
+  if (res) v = from_f<T>(to_f(v) + to_f(*res));
+  const float f = to_f(v);
+  bits |= (f > 0.0f ? 1u : 0u) << j;
+  return f > 0.0f || isnan(f) ? v : from_f<T>(0.0f);  // relu_fwd: NaN passes, its bit is 0
+}
+
+template <typename T>
+__global__ void apply_relu_mask_kernel(const T* x, const T* residual, T* y, uint8_t* mask, int64_t count, int64_t C,
+                                       const float4* coef) {
+  KILN_GRID_STRIDE(g, (count + 7) / 8) {
+    unsigned bits = 0;
+    for (int j = 0; j < 8 && g * 8 + j < count; ++j) {
+      const int64_t e = g * 8 + j;
+      y[e] = bn_relu_one(to_f(x[e]), residual ? residual + e : nullptr, coef[e % C], bits, j);
+    }
+    mask[g] = static_cast<uint8_t>(bits);
+  }
+}
+
+// ---- 16-byte kernels (KILN_VECTOR_KERNELS, on by default) ------------------------------
+// Reductions: each thread owns one vector of V channels (cv = C / V vectors per row;
+// 256 % cv == 0) and walks rows with several independent 16-byte loads in flight; the block
+// combines the threads of each channel vector in shared memory and writes the same
+// [blocks][C] double partials as the plain kernels, so the finalize passes are shared.
 
 template <typename T>
 __device__ __forceinline__ uint4 load_row(const uint4* v, int r, int rows, int cv, int cvec) {
@@ -150,10 +213,23 @@ __global__ void __launch_bounds__(kVecThreads) stats_partial_vec(const T* x, int
   combine_store<V>(s, ss, cv, cvec, C, partial);
 }
 
+// The mask bits of 16-byte vector vi (V elements from element vi * V): a whole byte for f16,
+// half of one for f32.
+template <int V>
+__device__ __forceinline__ unsigned vec_mask_bits(const uint8_t* mask, int64_t vi) {
+  static_assert(V == 8 || V == 4, "16-byte vectors of f16 or f32");
+  if (mask == nullptr) return 0xFFu;
+  if constexpr (V == 8) {
+    return mask[vi];
+  } else {
+    return (mask[vi >> 1] >> ((vi & 1) * 4)) & 0xFu;
+  }
+}
+
 template <typename T>
-__global__ void __launch_bounds__(kVecThreads) bwd_partial_vec(const T* x, const T* dy, const float* mean, int rows,
-                                                                int C, double2* partial) {
-  constexpr int V = kVec<T>;
+__global__ void __launch_bounds__(kVecThreads) bwd_partial_vec(const T* x, const T* dy, const uint8_t* mask,
+                                                                const float* mean, int rows, int C, double2* partial) {
+  constexpr int V = kVec<T>, U = 4;  // U rows (2U loads) in flight
   const int cv = C / V, cvec = threadIdx.x % cv, rpb = kVecThreads / cv, rstride = gridDim.x * rpb;
   const auto* xv = reinterpret_cast<const uint4*>(x);
   const auto* gv = reinterpret_cast<const uint4*>(dy);
@@ -163,20 +239,23 @@ __global__ void __launch_bounds__(kVecThreads) bwd_partial_vec(const T* x, const
     s[j] = sx[j] = 0.0;
     mu[j] = mean[cvec * V + j];
   }
-  for (int r = blockIdx.x * rpb + threadIdx.x / cv; r < rows; r += 2 * rstride) {
-    uint4 a[2], g[2];
+  for (int r = blockIdx.x * rpb + threadIdx.x / cv; r < rows; r += U * rstride) {
+    uint4 a[U], g[U];
+    unsigned m[U];
 #pragma unroll
-    for (int u = 0; u < 2; ++u) {
-      a[u] = load_row<T>(xv, r + u * rstride, rows, cv, cvec);
-      g[u] = load_row<T>(gv, r + u * rstride, rows, cv, cvec);  // a zero dy adds nothing
+    for (int u = 0; u < U; ++u) {
+      const int ru = r + u * rstride;
+      a[u] = load_row<T>(xv, ru, rows, cv, cvec);
+      g[u] = load_row<T>(gv, ru, rows, cv, cvec);  // a zero dy adds nothing
+      m[u] = ru < rows ? vec_mask_bits<V>(mask, static_cast<int64_t>(ru) * cv + cvec) : 0u;
     }
 #pragma unroll
-    for (int u = 0; u < 2; ++u) {
+    for (int u = 0; u < U; ++u) {
       const T* xe = reinterpret_cast<const T*>(&a[u]);
       const T* ge = reinterpret_cast<const T*>(&g[u]);
 #pragma unroll
       for (int j = 0; j < V; ++j) {
-        const double gj = to_f(ge[j]);
+        const double gj = (m[u] >> j) & 1u ? static_cast<double>(to_f(ge[j])) : 0.0;
         s[j] += gj;
         sx[j] += gj * (static_cast<double>(to_f(xe[j])) - mu[j]);
       }
@@ -185,52 +264,105 @@ __global__ void __launch_bounds__(kVecThreads) bwd_partial_vec(const T* x, const
   combine_store<V>(s, sx, cv, cvec, C, partial);
 }
 
-// coef[c] = (mean, gamma * invstd, beta): the plain apply kernel's factors, formed once.
-__global__ void fwd_coef_kernel(const float* saved, const float* gamma, const float* beta, int64_t C, float4* coef) {
-  KILN_GRID_STRIDE(c, C) coef[c] = make_float4(saved[c], gamma[c] * saved[C + c], beta[c], 0.0f);
-}
+// Elementwise passes over groups of eight channels (one 16-byte vector of f16, two of f32;
+// one mask byte). Each thread keeps one group's channels - and so their coefficients, in
+// registers - and walks rows, two groups in flight: a pass reads each coefficient once per
+// thread instead of once per element (the first version read a float4 per element and ran
+// at ~0.9-1.4 TB/s). cg = C / 8 groups per row, 256 % cg == 0; the arithmetic is the plain
+// kernels', expression for expression.
+template <typename T>
+inline constexpr int kWords8 = 8 * static_cast<int>(sizeof(T)) / 16;
 
 template <typename T>
-__global__ void apply_vec(const T* x, T* y, int nvec, int cv, const float4* coef) {
-  constexpr int V = kVec<T>;
-  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < nvec; i += gridDim.x * blockDim.x) {
-    const uint4 raw = reinterpret_cast<const uint4*>(x)[i];
-    const T* e = reinterpret_cast<const T*>(&raw);
-    const int c0 = (i % cv) * V;
-    uint4 out;
-    T* o = reinterpret_cast<T*>(&out);
+__device__ __forceinline__ void load8(const T* p, T (&v)[8]) {
 #pragma unroll
-    for (int j = 0; j < V; ++j) {
-      const float4 k = coef[c0 + j];
-      o[j] = from_f<T>((to_f(e[j]) - k.x) * k.y + k.z);
+  for (int w = 0; w < kWords8<T>; ++w) reinterpret_cast<uint4*>(v)[w] = reinterpret_cast<const uint4*>(p)[w];
+}
+template <typename T>
+__device__ __forceinline__ void store8(T* p, const T (&v)[8]) {
+#pragma unroll
+  for (int w = 0; w < kWords8<T>; ++w) reinterpret_cast<uint4*>(p)[w] = reinterpret_cast<const uint4*>(v)[w];
+}
+
+// Relu: the fused epilogue (mask non-null; residual optional), else BatchNorm's apply.
+template <typename T, bool Relu>
+__global__ void __launch_bounds__(kVecThreads) apply_group(const T* x, const T* residual, T* y, uint8_t* mask,
+                                                            int rows, int cg, const float4* coef) {
+  const int gi = threadIdx.x % cg, rpb = kVecThreads / cg, rstride = gridDim.x * rpb;
+  float4 k[8];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) k[j] = coef[gi * 8 + j];
+  for (int r = blockIdx.x * rpb + threadIdx.x / cg; r < rows; r += 2 * rstride) {
+    alignas(16) T a[2][8], b[2][8];
+    int64_t g[2];
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      g[u] = static_cast<int64_t>(r + u * rstride) * cg + gi;
+      if (u == 0 || r + rstride < rows) {
+        load8(x + g[u] * 8, a[u]);
+        if (Relu && residual) load8(residual + g[u] * 8, b[u]);
+      }
     }
-    reinterpret_cast<uint4*>(y)[i] = out;
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      if (u == 1 && r + rstride >= rows) break;
+      alignas(16) T o[8];
+      if constexpr (Relu) {
+        unsigned bits = 0;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) o[j] = bn_relu_one(to_f(a[u][j]), residual ? &b[u][j] : nullptr, k[j], bits, j);
+        mask[g[u]] = static_cast<uint8_t>(bits);
+      } else {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) o[j] = from_f<T>((to_f(a[u][j]) - k[j].x) * k[j].y + k[j].z);
+      }
+      store8(y + g[u] * 8, o);
+    }
   }
 }
 
 template <typename T>
-__global__ void bwd_dx_vec(const T* x, const T* dy, T* dx, int nvec, int cv, const float4* coef) {
-  constexpr int V = kVec<T>;
-  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < nvec; i += gridDim.x * blockDim.x) {
-    const uint4 rx = reinterpret_cast<const uint4*>(x)[i], rg = reinterpret_cast<const uint4*>(dy)[i];
-    const T* xe = reinterpret_cast<const T*>(&rx);
-    const T* ge = reinterpret_cast<const T*>(&rg);
-    const int c0 = (i % cv) * V;
-    uint4 out;
-    T* o = reinterpret_cast<T*>(&out);
+__global__ void __launch_bounds__(kVecThreads) bwd_dx_group(const T* x, const T* dy, const uint8_t* mask, T* dx,
+                                                             T* dres, int rows, int cg, const float4* coef) {
+  const int gi = threadIdx.x % cg, rpb = kVecThreads / cg, rstride = gridDim.x * rpb;
+  float4 k[8];
 #pragma unroll
-    for (int j = 0; j < V; ++j) {
-      const float4 k = coef[c0 + j];
-      o[j] = from_f<T>(k.y * (to_f(ge[j]) - k.z - (to_f(xe[j]) - k.x) * k.w));
+  for (int j = 0; j < 8; ++j) k[j] = coef[gi * 8 + j];
+  for (int r = blockIdx.x * rpb + threadIdx.x / cg; r < rows; r += 2 * rstride) {
+    alignas(16) T a[2][8], d[2][8];
+    unsigned m[2] = {0xFFu, 0xFFu};
+    int64_t g[2];
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      g[u] = static_cast<int64_t>(r + u * rstride) * cg + gi;
+      if (u == 0 || r + rstride < rows) {
+        load8(x + g[u] * 8, a[u]);
+        load8(dy + g[u] * 8, d[u]);
+        if (mask) m[u] = mask[g[u]];
+      }
     }
-    reinterpret_cast<uint4*>(dx)[i] = out;
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      if (u == 1 && r + rstride >= rows) break;
+      alignas(16) T o[8];
+      if (mask) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) d[u][j] = (m[u] >> j) & 1u ? d[u][j] : from_f<T>(0.0f);
+        if (dres) store8(dres + g[u] * 8, d[u]);
+      }
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        o[j] = from_f<T>(k[j].y * (to_f(d[u][j]) - k[j].z - (to_f(a[u][j]) - k[j].x) * k[j].w));
+      }
+      store8(dx + g[u] * 8, o);
+    }
   }
 }
 
-// The vector plan of one BN node, or none.
+// The 16-byte plan of a reduction over one BN node's map (vectors of V channels), or none.
 struct BnVec {
   bool on = false;
-  int cv = 0, blocks = 0, nvec = 0;
+  int cv = 0, blocks = 0;
 };
 
 BnVec bn_vec(const Context& ctx, DType dt, int64_t rows, int64_t C, std::initializer_list<const void*> ptrs) {
@@ -243,8 +375,26 @@ BnVec bn_vec(const Context& ctx, DType dt, int64_t rows, int64_t C, std::initial
   v.on = true;
   v.cv = static_cast<int>(cv);
   v.blocks = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>((rows + rpb - 1) / rpb, ctx.sm_count * 4)));
-  v.nvec = static_cast<int>(rows * C / width);
   return v;
+}
+
+// The plan of an elementwise pass over groups of eight channels, or none.
+struct GroupPlan {
+  bool on = false;
+  int cg = 0, blocks = 0;
+};
+
+GroupPlan group_plan(const Context& ctx, int64_t rows, int64_t C, std::initializer_list<const void*> ptrs) {
+  GroupPlan p;
+  if (C % 8 != 0 || !vec_fits(ctx.opts, rows * C, 8, ptrs) || rows >= (int64_t{1} << 31)) return p;
+  const int64_t cg = C / 8;
+  if (cg > kVecThreads || kVecThreads % cg != 0) return p;
+  const int64_t rpb = kVecThreads / cg;
+  p.on = true;
+  p.cg = static_cast<int>(cg);
+  // Two rows per thread per trip; up to 8 blocks of 256 per multiprocessor.
+  p.blocks = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>((rows + 2 * rpb - 1) / (2 * rpb), ctx.sm_count * 8)));
+  return p;
 }
 
 size_t align256(size_t b) { return (b + 255) / 256 * 256; }
@@ -267,7 +417,132 @@ Nhwc bn_check(const Context& ctx, const Node& n, TensorId x, std::initializer_li
   return s;
 }
 
+
 constexpr int kThreads = 256;
+
+// What one BatchNorm training forward reads and writes. residual and mask are the fused
+// BN+ReLU epilogue's (mask non-null: y = relu(bn(x) [+ residual]) with its bit mask).
+struct BnFwd {
+  const void* x = nullptr;
+  const void* residual = nullptr;
+  void* y = nullptr;
+  uint8_t* mask = nullptr;
+  float *saved = nullptr, *rm = nullptr, *rv = nullptr;
+  const float *gamma = nullptr, *beta = nullptr;
+  float eps = 0.0f, momentum = 0.0f;
+};
+
+// What one BatchNorm backward reads and writes. mask non-null: the gradient at BN's output is
+// dy where the mask passes it (the fused ReLU backward), written to dres when that is given.
+struct BnBwd {
+  const void* x = nullptr;
+  const void* dy = nullptr;
+  const uint8_t* mask = nullptr;
+  void *dx = nullptr, *dres = nullptr;
+  const float *saved = nullptr, *gamma = nullptr;
+  float *dgamma = nullptr, *dbeta = nullptr;
+};
+
+// Statistics (per-channel double sums, then the finalize pass, which also forms the apply
+// coefficients), then the apply pass (with the fused ReLU and mask when a.mask is set): the
+// 16-byte kernels where the shape and pointers allow, else the plain ones.
+KernelPtr bn_forward(Context& ctx, int stream, const Nhwc& s, DType dt, const BnFwd& a) {
+  const ChannelDims d = channel_dims(ctx, s);
+  const auto C = d.c;
+  const BnVec v = bn_vec(ctx, dt, d.rows, C, {a.x});
+  const GroupPlan gp = group_plan(ctx, d.rows, C, {a.x, a.residual, a.y});
+  const int chunks = v.on ? v.blocks : d.gy;
+  const size_t coef_off = align256(sizeof(double2) * static_cast<size_t>(chunks) * static_cast<size_t>(C));
+  ctx.need_workspace(stream, coef_off + sizeof(float4) * static_cast<size_t>(C));
+  const dim3 rgrid(static_cast<unsigned>((C + kCx - 1) / kCx), static_cast<unsigned>(d.gy));
+  const int64_t count = d.rows * C;
+  const unsigned egrid = grid_for(ctx, a.mask ? (count + 7) / 8 : count, kThreads);
+  KernelPtr k;
+  KILN_DISPATCH_FLOAT(dt, T, {
+    k = make_fn(stream, [=](Context& c, cudaStream_t st) {
+      auto* ws = static_cast<uint8_t*>(c.streams[static_cast<size_t>(stream)].workspace);
+      auto* partial = reinterpret_cast<double2*>(ws);
+      auto* coef = reinterpret_cast<float4*>(ws + coef_off);
+      const T* x = static_cast<const T*>(a.x);
+      const T* res = static_cast<const T*>(a.residual);
+      T* y = static_cast<T*>(a.y);
+      if (v.on) {
+        stats_partial_vec<T><<<v.blocks, kVecThreads, 0, st>>>(x, static_cast<int>(d.rows), static_cast<int>(C), partial);
+        KILN_LAUNCH_CHECK("bn stats (vec)");
+      } else {
+        stats_partial_kernel<T><<<rgrid, dim3(kCx, kCy), 0, st>>>(x, d.rows, C, partial);
+        KILN_LAUNCH_CHECK("bn stats");
+      }
+      stats_finalize_kernel<<<finalize_grid(C), dim3(kFinC, kFinS), 0, st>>>(
+          partial, chunks, d.rows, C, a.eps, a.momentum, a.saved, a.rm, a.rv, a.gamma, a.beta, coef);
+      KILN_LAUNCH_CHECK("bn stats finalize");
+      if (gp.on && a.mask) {
+        apply_group<T, true><<<gp.blocks, kVecThreads, 0, st>>>(x, res, y, a.mask, static_cast<int>(d.rows), gp.cg, coef);
+        KILN_LAUNCH_CHECK("bn apply + relu + mask (vec)");
+      } else if (gp.on) {
+        apply_group<T, false><<<gp.blocks, kVecThreads, 0, st>>>(x, nullptr, y, nullptr, static_cast<int>(d.rows), gp.cg,
+                                                                 coef);
+        KILN_LAUNCH_CHECK("bn apply (vec)");
+      } else if (a.mask) {
+        apply_relu_mask_kernel<T><<<egrid, kThreads, 0, st>>>(x, res, y, a.mask, count, C, coef);
+        KILN_LAUNCH_CHECK("bn apply + relu + mask");
+      } else {
+        apply_kernel<T><<<egrid, kThreads, 0, st>>>(x, y, count, C, coef);
+        KILN_LAUNCH_CHECK("bn apply");
+      }
+    });
+  });
+  return k;
+}
+
+// The two reductions (sum g, sum g (x - mean)), their finalize (dgamma, dbeta and the dx
+// coefficients), then dx: the 16-byte kernels where the shape and pointers allow.
+KernelPtr bn_backward(Context& ctx, int stream, const Nhwc& s, DType dt, const BnBwd& a) {
+  const ChannelDims d = channel_dims(ctx, s);
+  const auto C = d.c;
+  const BnVec v = bn_vec(ctx, dt, d.rows, C, {a.x, a.dy});
+  const GroupPlan gp = group_plan(ctx, d.rows, C, {a.x, a.dy, a.dx, a.dres});
+  const int chunks = v.on ? v.blocks : d.gy;
+  const size_t coef_off = align256(sizeof(double2) * static_cast<size_t>(chunks) * static_cast<size_t>(C));
+  ctx.need_workspace(stream, coef_off + sizeof(float4) * static_cast<size_t>(C));
+  const dim3 rgrid(static_cast<unsigned>((C + kCx - 1) / kCx), static_cast<unsigned>(d.gy));
+  const int64_t count = d.rows * C;
+  const unsigned egrid = grid_for(ctx, count, kThreads);
+  KernelPtr k;
+  KILN_DISPATCH_FLOAT(dt, T, {
+    k = make_fn(stream, [=](Context& c, cudaStream_t st) {
+      auto* ws = static_cast<uint8_t*>(c.streams[static_cast<size_t>(stream)].workspace);
+      auto* partial = reinterpret_cast<double2*>(ws);
+      auto* coef = reinterpret_cast<float4*>(ws + coef_off);
+      const T *x = static_cast<const T*>(a.x), *dy = static_cast<const T*>(a.dy);
+      T *dx = static_cast<T*>(a.dx), *dres = static_cast<T*>(a.dres);
+      if (v.on) {
+        bwd_partial_vec<T><<<v.blocks, kVecThreads, 0, st>>>(x, dy, a.mask, a.saved, static_cast<int>(d.rows),
+                                                             static_cast<int>(C), partial);
+        KILN_LAUNCH_CHECK("bn bwd sums (vec)");
+      } else {
+        bwd_partial_kernel<T><<<rgrid, dim3(kCx, kCy), 0, st>>>(x, dy, a.mask, a.saved, d.rows, C, partial);
+        KILN_LAUNCH_CHECK("bn bwd sums");
+      }
+      bwd_finalize_kernel<<<finalize_grid(C), dim3(kFinC, kFinS), 0, st>>>(partial, chunks, d.rows, C, a.saved,
+                                                                           a.gamma, a.dgamma, a.dbeta, coef);
+      KILN_LAUNCH_CHECK("bn bwd finalize");
+      if (gp.on) {
+        bwd_dx_group<T><<<gp.blocks, kVecThreads, 0, st>>>(x, dy, a.mask, dx, dres, static_cast<int>(d.rows), gp.cg, coef);
+        KILN_LAUNCH_CHECK("bn bwd dx (vec)");
+      } else {
+        bwd_dx_kernel<T><<<egrid, kThreads, 0, st>>>(x, dy, a.mask, dx, dres, count, C, coef);
+        KILN_LAUNCH_CHECK("bn bwd dx");
+      }
+    });
+  });
+  return k;
+}
+
+void expect_mask(const Context& ctx, const Node& n, TensorId mask, TensorId of) {
+  expect_dtype(ctx, n, mask, DType::U8, "mask");
+  expect_numel(ctx, n, mask, (ctx.tensor(of).numel() + 7) / 8, "mask (one bit per element)");
+}
 
 }  // namespace
 
@@ -280,54 +555,71 @@ KernelPtr make_bn_fwd_train(const Node& n, Context& ctx, int stream) {
   const Nhwc s = bn_check(ctx, n, x, {y}, {gamma, beta, rm, rv});
   expect_dtype(ctx, n, saved, DType::F32, "saved");
   expect_numel(ctx, n, saved, 2 * s.c, "saved (2 x C)");
-  const ChannelDims d = channel_dims(ctx, s);
-  ctx.need_workspace(stream, partial_bytes(d));
-  const DType dt = ctx.tensor(x).dtype;
-  const void* xp = ctx.ptr(x);
-  void* yp = ctx.ptr(y);
-  float *sp = ctx.ptr<float>(saved), *rmp = ctx.ptr<float>(rm), *rvp = ctx.ptr<float>(rv);
-  const float *gp = ctx.ptr<float>(gamma), *bp = ctx.ptr<float>(beta);
-  const float eps = n.attrs.eps, mom = n.attrs.bn_momentum;
-  const BnVec v = bn_vec(ctx, dt, d.rows, d.c, {xp, yp});
-  if (v.on) {
-    const size_t coef_off = align256(sizeof(double2) * static_cast<size_t>(v.blocks) * static_cast<size_t>(d.c));
-    ctx.need_workspace(stream, coef_off + sizeof(float4) * static_cast<size_t>(d.c));
-    const unsigned cgrid = grid_for(ctx, d.c, kThreads), egrid = grid_for(ctx, v.nvec, kThreads);
-    const auto rows = static_cast<int>(d.rows), C = static_cast<int>(d.c);
-    KernelPtr k;
-    KILN_DISPATCH_FLOAT(dt, T, {
-      k = make_fn(stream, [=](Context& c, cudaStream_t st) {
-        auto* ws = static_cast<uint8_t*>(c.streams[static_cast<size_t>(stream)].workspace);
-        auto* partial = reinterpret_cast<double2*>(ws);
-        auto* coef = reinterpret_cast<float4*>(ws + coef_off);
-        stats_partial_vec<T><<<v.blocks, kVecThreads, 0, st>>>(static_cast<const T*>(xp), rows, C, partial);
-        KILN_LAUNCH_CHECK("bn stats (vec)");
-        stats_finalize_kernel<<<cgrid, kThreads, 0, st>>>(partial, v.blocks, d.rows, d.c, eps, mom, sp, rmp, rvp);
-        KILN_LAUNCH_CHECK("bn stats finalize");
-        fwd_coef_kernel<<<cgrid, kThreads, 0, st>>>(sp, gp, bp, d.c, coef);
-        KILN_LAUNCH_CHECK("bn coefficients");
-        apply_vec<T><<<egrid, kThreads, 0, st>>>(static_cast<const T*>(xp), static_cast<T*>(yp), v.nvec, v.cv, coef);
-        KILN_LAUNCH_CHECK("bn apply (vec)");
-      });
-    });
-    return k;
+  BnFwd a;
+  a.x = ctx.ptr(x);
+  a.y = ctx.ptr(y);
+  a.saved = ctx.ptr<float>(saved);
+  a.rm = ctx.ptr<float>(rm);
+  a.rv = ctx.ptr<float>(rv);
+  a.gamma = ctx.ptr<float>(gamma);
+  a.beta = ctx.ptr<float>(beta);
+  a.eps = n.attrs.eps;
+  a.momentum = n.attrs.bn_momentum;
+  return bn_forward(ctx, stream, s, ctx.tensor(x).dtype, a);
+}
+
+// The BatchNorm + ReLU part of cbr_fwd (z -> y, saved, mask) and all of bn_add_relu_fwd
+// (fused.cpp): "x, gamma, beta, running_mean, running_var, [residual] -> y, saved, mask".
+KernelPtr make_bn_relu_mask_fwd(const Node& n, Context& ctx, int stream, TensorId x, TensorId gamma, TensorId beta,
+                                TensorId rm, TensorId rv, TensorId residual, TensorId y, TensorId saved,
+                                TensorId mask) {
+  const Nhwc s = bn_check(ctx, n, x, {y}, {gamma, beta, rm, rv});
+  if (residual != kNoTensor) {
+    expect_same_dtype(ctx, n, x, residual);
+    expect_numel(ctx, n, residual, s.numel(), "residual");
   }
-  const dim3 rgrid(static_cast<unsigned>((d.c + kCx - 1) / kCx), static_cast<unsigned>(d.gy));
-  const unsigned cgrid = grid_for(ctx, d.c, kThreads), egrid = grid_for(ctx, d.rows * d.c, kThreads);
-  KernelPtr k;
-  KILN_DISPATCH_FLOAT(dt, T, {
-    k = make_fn(stream, [=](Context& c, cudaStream_t st) {
-      auto* partial = static_cast<double2*>(c.streams[static_cast<size_t>(stream)].workspace);
-      stats_partial_kernel<T><<<rgrid, dim3(kCx, kCy), 0, st>>>(static_cast<const T*>(xp), d.rows, d.c, partial);
-      KILN_LAUNCH_CHECK("bn stats");
-      stats_finalize_kernel<<<cgrid, kThreads, 0, st>>>(partial, d.gy, d.rows, d.c, eps, mom, sp, rmp, rvp);
-      KILN_LAUNCH_CHECK("bn stats finalize");
-      apply_kernel<T><<<egrid, kThreads, 0, st>>>(static_cast<const T*>(xp), static_cast<T*>(yp), d.rows * d.c, d.c,
-                                                  sp, sp + d.c, gp, bp);
-      KILN_LAUNCH_CHECK("bn apply");
-    });
-  });
-  return k;
+  expect_dtype(ctx, n, saved, DType::F32, "saved");
+  expect_numel(ctx, n, saved, 2 * s.c, "saved (2 x C)");
+  expect_mask(ctx, n, mask, y);
+  BnFwd a;
+  a.x = ctx.ptr(x);
+  a.residual = ctx.ptr(residual);
+  a.y = ctx.ptr(y);
+  a.mask = ctx.ptr<uint8_t>(mask);
+  a.saved = ctx.ptr<float>(saved);
+  a.rm = ctx.ptr<float>(rm);
+  a.rv = ctx.ptr<float>(rv);
+  a.gamma = ctx.ptr<float>(gamma);
+  a.beta = ctx.ptr<float>(beta);
+  a.eps = n.attrs.eps;
+  a.momentum = n.attrs.bn_momentum;
+  return bn_forward(ctx, stream, s, ctx.tensor(x).dtype, a);
+}
+
+// The BatchNorm backward of cbr_bwd (z, dy, mask -> dz) and of bn_add_relu_bwd (x, dy, mask
+// -> dx, dresidual) (fused.cpp), with the ReLU backward taken from the mask.
+KernelPtr make_bn_relu_mask_bwd(const Node& n, Context& ctx, int stream, TensorId x, TensorId dy, TensorId mask,
+                                TensorId gamma, TensorId saved, TensorId dx, TensorId dres, TensorId dgamma,
+                                TensorId dbeta) {
+  const Nhwc s = bn_check(ctx, n, x, {dy, dx}, {gamma, dgamma, dbeta});
+  if (dres != kNoTensor) {
+    expect_same_dtype(ctx, n, x, dres);
+    expect_numel(ctx, n, dres, s.numel(), "dresidual");
+  }
+  expect_dtype(ctx, n, saved, DType::F32, "saved");
+  expect_numel(ctx, n, saved, 2 * s.c, "saved (2 x C)");
+  expect_mask(ctx, n, mask, dy);
+  BnBwd a;
+  a.x = ctx.ptr(x);
+  a.dy = ctx.ptr(dy);
+  a.mask = ctx.ptr<uint8_t>(mask);
+  a.dx = ctx.ptr(dx);
+  a.dres = ctx.ptr(dres);
+  a.saved = ctx.ptr<float>(saved);
+  a.gamma = ctx.ptr<float>(gamma);
+  a.dgamma = ctx.ptr<float>(dgamma);
+  a.dbeta = ctx.ptr<float>(dbeta);
+  return bn_backward(ctx, stream, s, ctx.tensor(x).dtype, a);
 }
 
 // "x, gamma, beta, running_mean, running_var -> y"
@@ -365,57 +657,15 @@ KernelPtr make_bn_bwd(const Node& n, Context& ctx, int stream) {
   const Nhwc s = bn_check(ctx, n, x, {dy, dx}, {gamma, dgamma, dbeta});
   expect_dtype(ctx, n, saved, DType::F32, "saved");
   expect_numel(ctx, n, saved, 2 * s.c, "saved (2 x C)");
-  const ChannelDims d = channel_dims(ctx, s);
-  const size_t coef_off = (partial_bytes(d) + 255) / 256 * 256;
-  ctx.need_workspace(stream, coef_off + sizeof(float4) * static_cast<size_t>(d.c));
-  const DType dt = ctx.tensor(x).dtype;
-  const void *xp = ctx.ptr(x), *dyp = ctx.ptr(dy);
-  void* dxp = ctx.ptr(dx);
-  const float *sp = ctx.ptr<float>(saved), *gp = ctx.ptr<float>(gamma);
-  float *dgp = ctx.ptr<float>(dgamma), *dbp = ctx.ptr<float>(dbeta);
-  const BnVec v = bn_vec(ctx, dt, d.rows, d.c, {xp, dyp, dxp});
-  if (v.on) {
-    const size_t vcoef_off = align256(sizeof(double2) * static_cast<size_t>(v.blocks) * static_cast<size_t>(d.c));
-    ctx.need_workspace(stream, vcoef_off + sizeof(float4) * static_cast<size_t>(d.c));
-    const unsigned cgrid = grid_for(ctx, d.c, kThreads), egrid = grid_for(ctx, v.nvec, kThreads);
-    const auto rows = static_cast<int>(d.rows), C = static_cast<int>(d.c);
-    KernelPtr k;
-    KILN_DISPATCH_FLOAT(dt, T, {
-      k = make_fn(stream, [=](Context& c, cudaStream_t st) {
-        auto* ws = static_cast<uint8_t*>(c.streams[static_cast<size_t>(stream)].workspace);
-        auto* partial = reinterpret_cast<double2*>(ws);
-        auto* coef = reinterpret_cast<float4*>(ws + vcoef_off);
-        bwd_partial_vec<T><<<v.blocks, kVecThreads, 0, st>>>(static_cast<const T*>(xp), static_cast<const T*>(dyp), sp,
-                                                             rows, C, partial);
-        KILN_LAUNCH_CHECK("bn bwd sums (vec)");
-        bwd_finalize_kernel<<<cgrid, kThreads, 0, st>>>(partial, v.blocks, d.rows, d.c, sp, gp, dgp, dbp, coef);
-        KILN_LAUNCH_CHECK("bn bwd finalize");
-        bwd_dx_vec<T><<<egrid, kThreads, 0, st>>>(static_cast<const T*>(xp), static_cast<const T*>(dyp),
-                                                  static_cast<T*>(dxp), v.nvec, v.cv, coef);
-        KILN_LAUNCH_CHECK("bn bwd dx (vec)");
-      });
-    });
-    return k;
-  }
-  const dim3 rgrid(static_cast<unsigned>((d.c + kCx - 1) / kCx), static_cast<unsigned>(d.gy));
-  const unsigned cgrid = grid_for(ctx, d.c, kThreads), egrid = grid_for(ctx, d.rows * d.c, kThreads);
-  KernelPtr k;
-  KILN_DISPATCH_FLOAT(dt, T, {
-    k = make_fn(stream, [=](Context& c, cudaStream_t st) {
-      auto* ws = static_cast<uint8_t*>(c.streams[static_cast<size_t>(stream)].workspace);
-      auto* partial = reinterpret_cast<double2*>(ws);
-      auto* coef = reinterpret_cast<float4*>(ws + coef_off);
-      bwd_partial_kernel<T><<<rgrid, dim3(kCx, kCy), 0, st>>>(static_cast<const T*>(xp), static_cast<const T*>(dyp),
-                                                              sp, d.rows, d.c, partial);
-      KILN_LAUNCH_CHECK("bn bwd sums");
-      bwd_finalize_kernel<<<cgrid, kThreads, 0, st>>>(partial, d.gy, d.rows, d.c, sp, gp, dgp, dbp, coef);
-      KILN_LAUNCH_CHECK("bn bwd finalize");
-      bwd_dx_kernel<T><<<egrid, kThreads, 0, st>>>(static_cast<const T*>(xp), static_cast<const T*>(dyp),
-                                                   static_cast<T*>(dxp), d.rows * d.c, d.c, coef);
-      KILN_LAUNCH_CHECK("bn bwd dx");
-    });
-  });
-  return k;
+  BnBwd a;
+  a.x = ctx.ptr(x);
+  a.dy = ctx.ptr(dy);
+  a.dx = ctx.ptr(dx);
+  a.saved = ctx.ptr<float>(saved);
+  a.gamma = ctx.ptr<float>(gamma);
+  a.dgamma = ctx.ptr<float>(dgamma);
+  a.dbeta = ctx.ptr<float>(dbeta);
+  return bn_backward(ctx, stream, s, ctx.tensor(x).dtype, a);
 }
 
 }  // namespace kiln::cuda

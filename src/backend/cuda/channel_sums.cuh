@@ -58,17 +58,24 @@ __global__ void stats_partial_kernel(const T* x, int64_t rows, int64_t C, double
   block_reduce_store(s, ss, partial, c, C);
 }
 
-// sum dy and sum dy * (x - mean) per channel, per row chunk.
+// The ReLU mask of a fused op (ops.def): bit (i % 8) of byte i / 8 set where the ReLU passed
+// element i; a null mask passes everything.
+__device__ __forceinline__ bool mask_bit(const uint8_t* mask, int64_t i) {
+  return mask == nullptr || ((mask[i >> 3] >> (i & 7)) & 1u) != 0;
+}
+
+// sum g and sum g * (x - mean) per channel, per row chunk, with g = dy where the mask passes
+// it (the ReLU backward of a fused op) and 0 elsewhere.
 template <typename T>
-__global__ void bwd_partial_kernel(const T* x, const T* dy, const float* mean, int64_t rows, int64_t C,
-                                   double2* partial) {
+__global__ void bwd_partial_kernel(const T* x, const T* dy, const uint8_t* mask, const float* mean, int64_t rows,
+                                   int64_t C, double2* partial) {
   const int64_t c = static_cast<int64_t>(blockIdx.x) * kCx + threadIdx.x;
   double s = 0.0, sx = 0.0;
   if (c < C) {
     const double mu = mean[c];
     for (int64_t r = static_cast<int64_t>(blockIdx.y) * kCy + threadIdx.y; r < rows;
          r += static_cast<int64_t>(gridDim.y) * kCy) {
-      const double g = to_f(dy[r * C + c]);
+      const double g = mask_bit(mask, r * C + c) ? to_f(dy[r * C + c]) : 0.0;
       s += g;
       sx += g * (static_cast<double>(to_f(x[r * C + c])) - mu);
     }

@@ -71,6 +71,8 @@ class CudaBackend final : public CudaBackendApi {
     cudaDeviceProp prop{};
     c.device = cudaGetDeviceProperties(&prop, 0) == cudaSuccess ? prop.name : "cuda";
     c.fp16 = true;
+    // Fused CBR and BN+add+ReLU (fused.cpp); in FP32 only where EngineOptions::fuse_fp32 asks.
+    c.fused_cbr = c.fused_bn_add_relu = c.fused_fp32 = true;
     return c;
   }
   bool supports(OpKind op, DType feature_dtype) const override { return cuda_supports(op, feature_dtype); }

@@ -1,20 +1,98 @@
-// Fused ops (CBR, BN+add+ReLU; SPEC S12-S15) are not implemented on CUDA yet:
-// cuda_supports() says no, so the plan keeps the unfused conv / bn / relu / add ops, and a
-// factory called anyway throws rather than silently doing nothing.
+// Fused ops on the GPU (SPEC S12-S15): CBR and BN+add+ReLU as kiln's own kernels around
+// cuDNN's convolutions. What fusion saves here, against the unfused chain:
+//  - forward: the ReLU pass (a read and a write of the map) becomes part of BatchNorm's
+//    apply pass, which also writes the one-bit mask (1/16 of an FP16 map);
+//  - backward: the ReLU backward pass (two reads and a write) disappears: BatchNorm's two
+//    passes read dy and the mask instead of a masked copy of dy;
+//  - BN+add+ReLU: the add's pass too (the residual is read in the apply pass), and in the
+//    backward the residual's gradient is written by BatchNorm's dx pass.
+// The arithmetic is the unfused chain's, rounding for rounding, so fused and unfused programs
+// give the same bits (tests/gpu/gpu_fused_test.cpp). The parts run in order on the node's
+// stream; the cuDNN-graph forms of the seed article (conv+genstats, dgrad+drelu+dbn) are the
+// next step.
+#include "backend/cuda/bn_parts.h"
 #include "backend/cuda/cuda_common.h"
 
 namespace kiln::cuda {
 
 namespace {
-[[noreturn]] void unsupported(const Node& n) {
-  KILN_FAIL(Unsupported, "the CUDA backend has no fused ", op_name(n.op), " kernel yet (node '", n.label,
-            "'); plan the model without fusion (KILN_FUSION=0) so it uses conv, bn, relu and add ops");
+
+// Runs its parts in order on one stream.
+class Sequence final : public Kernel {
+ public:
+  Sequence(int stream, std::vector<KernelPtr> parts) : Kernel(stream), parts_(std::move(parts)) {}
+  void run(Context& ctx) override {
+    for (auto& k : parts_) k->run(ctx);
+  }
+
+ private:
+  std::vector<KernelPtr> parts_;
+};
+
+// A node for one unfused part of a fused node: the fused node's attributes (the convolution's
+// geometry; BatchNorm's eps and momentum), its label with the part named.
+Node part(OpKind op, std::vector<TensorId> in, std::vector<TensorId> out, const Node& fused, const char* what) {
+  Node n;
+  n.op = op;
+  n.in = std::move(in);
+  n.out = std::move(out);
+  n.attrs = fused.attrs;
+  n.attrs.accumulate = false;
+  n.label = fused.label + " (" + what + ")";
+  return n;
 }
+
 }  // namespace
 
-KernelPtr make_cbr_fwd(const Node& n, Context&, int) { unsupported(n); }
-KernelPtr make_cbr_bwd(const Node& n, Context&, int) { unsupported(n); }
-KernelPtr make_bn_add_relu_fwd(const Node& n, Context&, int) { unsupported(n); }
-KernelPtr make_bn_add_relu_bwd(const Node& n, Context&, int) { unsupported(n); }
+// "x, w, gamma, beta, running_mean, running_var -> z, y, saved, mask"
+KernelPtr make_cbr_fwd(const Node& n, Context& ctx, int stream) {
+  reject_accumulate(n);
+  const TensorId x = need_in(n, 0, "x"), w = need_in(n, 1, "w"), gamma = need_in(n, 2, "gamma"),
+                 beta = need_in(n, 3, "beta"), rm = need_in(n, 4, "running_mean"), rv = need_in(n, 5, "running_var");
+  const TensorId z = need_out(n, 0, "z"), y = need_out(n, 1, "y"), saved = need_out(n, 2, "saved"),
+                 mask = need_out(n, 3, "mask");
+  std::vector<KernelPtr> parts;
+  parts.push_back(make_conv_fwd(part(OpKind::conv_fwd, {x, w}, {z}, n, "conv"), ctx, stream));
+  parts.push_back(make_bn_relu_mask_fwd(n, ctx, stream, z, gamma, beta, rm, rv, kNoTensor, y, saved, mask));
+  return std::make_unique<Sequence>(stream, std::move(parts));
+}
+
+// "x, w, z, dy, mask, gamma, saved -> [dx], dw, dgamma, dbeta, dz"
+KernelPtr make_cbr_bwd(const Node& n, Context& ctx, int stream) {
+  reject_accumulate(n);
+  const TensorId x = need_in(n, 0, "x"), w = need_in(n, 1, "w"), z = need_in(n, 2, "z"), dy = need_in(n, 3, "dy"),
+                 mask = need_in(n, 4, "mask"), gamma = need_in(n, 5, "gamma"), saved = need_in(n, 6, "saved");
+  const TensorId dx = out_at(n, 0), dw = need_out(n, 1, "dw"), dgamma = need_out(n, 2, "dgamma"),
+                 dbeta = need_out(n, 3, "dbeta"), dz = need_out(n, 4, "dz");
+  std::vector<KernelPtr> parts;
+  parts.push_back(make_bn_relu_mask_bwd(n, ctx, stream, z, dy, mask, gamma, saved, dz, kNoTensor, dgamma, dbeta));
+  parts.push_back(make_conv_bwd_weight(part(OpKind::conv_bwd_weight, {x, dz}, {dw}, n, "wgrad"), ctx, stream));
+  // The first layer's form has no dx: its input is the data.
+  if (dx != kNoTensor) {
+    parts.push_back(make_conv_bwd_data(part(OpKind::conv_bwd_data, {dz, w}, {dx}, n, "dgrad"), ctx, stream));
+  }
+  return std::make_unique<Sequence>(stream, std::move(parts));
+}
+
+// "x, gamma, beta, running_mean, running_var, residual -> y, saved, mask"
+KernelPtr make_bn_add_relu_fwd(const Node& n, Context& ctx, int stream) {
+  reject_accumulate(n);
+  const TensorId x = need_in(n, 0, "x"), gamma = need_in(n, 1, "gamma"), beta = need_in(n, 2, "beta"),
+                 rm = need_in(n, 3, "running_mean"), rv = need_in(n, 4, "running_var"),
+                 residual = need_in(n, 5, "residual");
+  const TensorId y = need_out(n, 0, "y"), saved = need_out(n, 1, "saved"), mask = need_out(n, 2, "mask");
+  return make_bn_relu_mask_fwd(n, ctx, stream, x, gamma, beta, rm, rv, residual, y, saved, mask);
+}
+
+// "x, dy, mask, gamma, saved -> dx, dresidual, dgamma, dbeta": the add passes the masked
+// gradient to both branches; BatchNorm's dx pass writes the residual's copy.
+KernelPtr make_bn_add_relu_bwd(const Node& n, Context& ctx, int stream) {
+  reject_accumulate(n);
+  const TensorId x = need_in(n, 0, "x"), dy = need_in(n, 1, "dy"), mask = need_in(n, 2, "mask"),
+                 gamma = need_in(n, 3, "gamma"), saved = need_in(n, 4, "saved");
+  const TensorId dx = need_out(n, 0, "dx"), dres = need_out(n, 1, "dresidual"), dgamma = need_out(n, 2, "dgamma"),
+                 dbeta = need_out(n, 3, "dbeta");
+  return make_bn_relu_mask_bwd(n, ctx, stream, x, dy, mask, gamma, saved, dx, dres, dgamma, dbeta);
+}
 
 }  // namespace kiln::cuda

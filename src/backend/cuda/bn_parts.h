@@ -1,0 +1,21 @@
+// The BatchNorm pieces that the fused ops (fused.cpp) build on; defined in bn.cu beside the
+// unfused BatchNorm kernels, whose passes they share.
+#pragma once
+#include "backend/cuda/cuda_common.h"
+
+namespace kiln::cuda {
+
+// Training BatchNorm then ReLU, with the ReLU's bit mask (ops.def's layout):
+// y = relu(bn(x) [+ residual]), saved = [mean; invstd], running statistics updated.
+// residual may be kNoTensor. n names the fused node in errors and supplies eps and momentum.
+KernelPtr make_bn_relu_mask_fwd(const Node& n, Context& ctx, int stream, TensorId x, TensorId gamma, TensorId beta,
+                                TensorId rm, TensorId rv, TensorId residual, TensorId y, TensorId saved,
+                                TensorId mask);
+
+// BatchNorm's backward with the ReLU's backward taken from the mask: g = mask ? dy : 0 (also
+// written to dres unless that is kNoTensor), dx, dgamma, dbeta from g.
+KernelPtr make_bn_relu_mask_bwd(const Node& n, Context& ctx, int stream, TensorId x, TensorId dy, TensorId mask,
+                                TensorId gamma, TensorId saved, TensorId dx, TensorId dres, TensorId dgamma,
+                                TensorId dbeta);
+
+}  // namespace kiln::cuda
