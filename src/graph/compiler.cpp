@@ -329,9 +329,9 @@ class Compiler {
         if (fused_conv) {
           const TensorId z = feature(name + ":z" + tag, n.shape);  // the convolution's output
           const TensorId mask = aux(name + ":mask", (p_.tensor(y).numel() + 7) / 8, DType::U8);
-          nodes.push_back(make_node(OpKind::cbr_fwd, {x(), compute_weight(name + ".weight", master), params[0],
-                                                      params[1], rm, rv},
-                                    {z, y, saved, mask}, a, name + " cbr fwd"));
+          std::vector<TensorId> in{x(), compute_weight(name + ".weight", master), params[0], params[1], rm, rv};
+          if (n.bias) in.push_back(param_in(name + ".bias", master));  // folded into the running mean (ops.def)
+          nodes.push_back(make_node(OpKind::cbr_fwd, in, {z, y, saved, mask}, a, name + " cbr fwd"));
           f.saved[n.id] = {saved, mask, z};
         } else if (fused_add) {
           const TensorId mask = aux(name + ":mask", (p_.tensor(y).numel() + 7) / 8, DType::U8);
@@ -492,14 +492,15 @@ class Compiler {
         a.eps = n.eps;
         a.first_layer = !needs(0);
         const auto& saved = f.saved.at(n.id);
-        nodes.push_back(make_node(
-            OpKind::cbr_bwd,
-            {xin, compute_weight(name + ".weight"), saved[2], dy, saved[1],
-             param_in(n.bn_name + ".weight", Region::params_f32), saved[0]},
-            {needs(0) ? new_grad(0) : kNoTensor, grad_out(amp ? Region::grads_f16 : Region::grads_f32, name + ".weight"),
-             grad_out(Region::grads_f32, n.bn_name + ".weight"), grad_out(Region::grads_f32, n.bn_name + ".bias"),
-             feature(name + ":dz", n.shape)},
-            a, name + " cbr bwd"));
+        std::vector<TensorId> outs{needs(0) ? new_grad(0) : kNoTensor,
+                                   grad_out(amp ? Region::grads_f16 : Region::grads_f32, name + ".weight"),
+                                   grad_out(Region::grads_f32, n.bn_name + ".weight"),
+                                   grad_out(Region::grads_f32, n.bn_name + ".bias"), feature(name + ":dz", n.shape)};
+        if (n.bias) outs.push_back(grad_out(Region::grads_f32, name + ".bias"));
+        nodes.push_back(make_node(OpKind::cbr_bwd,
+                                  {xin, compute_weight(name + ".weight"), saved[2], dy, saved[1],
+                                   param_in(n.bn_name + ".weight", Region::params_f32), saved[0]},
+                                  outs, a, name + " cbr bwd"));
         break;
       }
       case PlanOp::BnAddReLU: {

@@ -79,7 +79,6 @@ void mark_first_layer(ArchPlan& p, const PlanOptions&) {
 // Why a Conv→BN→ReLU chain cannot take the fused path, or "" when it can.
 std::string cbr_refusal(const ArchPlan& p, const PlanNode& conv) {
   const int64_t cin = p.nodes[static_cast<size_t>(conv.inputs[0])].shape[2];
-  if (conv.bias) return "the convolution has a bias (BatchNorm cancels it; build it with bias=false)";
   if (cin % 8 != 0 || conv.out % 8 != 0) {
     return "channels " + std::to_string(cin) + "->" + std::to_string(conv.out) +
            " are not multiples of 8 (the fused engines need them; pad the input channels)";

@@ -3,6 +3,8 @@
 // switch (memory reuse, fusion) gives the same numbers off and on.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include <cmath>
 #include <map>
 
@@ -128,9 +130,14 @@ TEST(Switches, MemoryReuseOffAndOnAgree) {
 // EngineOptions::fuse_fp32): the programs differ
 // - CBR and BN+add+ReLU nodes, a bit mask instead of the ReLU output, no BN-output map - and
 // three steps give the same losses, every weight and BN running statistic bit for bit, since
-// the fused kernels are compositions of the unfused ones. Also checks the plan did fuse.
+// the fused kernels are compositions of the unfused ones. VGG's convolutions carry biases,
+// which the fused CBR folds away (ops.def: BN's statistics are taken without the bias, which
+// moves only the running mean, and its gradient is exactly 0 where the unfused chain sums
+// rounding noise), so there the two agree to rounding: within 1e-5 of each tensor's scale.
+// Also checks the plan did fuse.
 TEST(Switches, FusionOffAndOnAgree) {
   for (const std::string model : {"resnet18_small", "vgg11_bn_small", "cnn"}) {
+    const bool exact = model != "vgg11_bn_small";
     const BluePrint bp = make_model(model);
     const Batch b = learnable_batch(bp, 4, 9);
     // By name: fusion changes the order in which BN parameters and buffers are declared.
@@ -160,16 +167,27 @@ TEST(Switches, FusionOffAndOnAgree) {
       }
     }
     EXPECT_EQ(fused_nodes[0], 0) << model;
-    // VGG's convolutions carry biases, which the fused forms refuse (passes.cpp): none fuse.
-    if (model != "vgg11_bn_small") EXPECT_GT(fused_nodes[1], 0) << model << ": the CPU backend fuses in FP32";
+    EXPECT_GT(fused_nodes[1], 0) << model << ": the CPU backend fuses in FP32";
     ASSERT_EQ(results[0].size(), results[1].size()) << model;
     for (const auto& [name, want] : results[0]) {
       ASSERT_TRUE(results[1].count(name)) << model << ": " << name;
       const std::vector<float>& got = results[1].at(name);
       ASSERT_EQ(got.size(), want.size()) << name;
-      size_t differ = 0;
-      for (size_t i = 0; i < got.size(); ++i) differ += got[i] != want[i];
-      EXPECT_EQ(differ, 0u) << model << ": " << name << ": " << differ << " of " << got.size() << " values differ";
+      if (exact) {
+        size_t differ = 0;
+        for (size_t i = 0; i < got.size(); ++i) differ += got[i] != want[i];
+        EXPECT_EQ(differ, 0u) << model << ": " << name << ": " << differ << " of " << got.size() << " values differ";
+      } else if (name.size() > 5 && name.compare(name.size() - 5, 5, ".bias") == 0 &&
+                 std::all_of(want.begin(), want.end(), [](float v) { return std::fabs(v) <= 1e-6f; })) {
+        // A convolution bias in front of BN (zero-initialised): its gradient is rounding noise
+        // (exactly 0 in the fused CBR), so both runs hold noise-sized values, compared absolutely.
+        for (float v : got) EXPECT_LE(std::fabs(v), 1e-6f) << model << ": " << name << " (a bias BN cancels)";
+      } else {
+        double scale = 0.0, worst = 0.0;
+        for (float v : want) scale = std::max(scale, std::fabs(static_cast<double>(v)));
+        for (size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::fabs(static_cast<double>(got[i]) - want[i]));
+        EXPECT_LE(worst, 1e-5 * std::max(scale, 1e-30)) << model << ": " << name << " (scale " << scale << ")";
+      }
     }
   }
 }

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <tuple>
 
 #include "op/cpu_op_test_util.h"
 
@@ -126,6 +127,90 @@ INSTANTIATE_TEST_SUITE_P(Shapes, CpuFusedCbr,
                                            CbrCase{"n1_5x5_c3_k8_first_layer", 1, 5, 5, 3, 8, 3, 1, 1, true},
                                            CbrCase{"n4_3x3_c8_k5_odd_mask", 4, 3, 3, 8, 5, 1, 1, 0, false}),
                          [](const auto& info) { return std::string(info.param.name); });
+
+// cbr_fwd / cbr_bwd with a convolution bias (VGG's), which BatchNorm cancels (ops.def): the
+// same op without the bias on the same inputs gives the same z, y, mask, statistics and
+// gradients bit for bit; the bias moves only the running mean, by momentum * b; db is 0.
+TEST(CpuFusedCbrBias, BiasMovesOnlyTheRunningMean) {
+  const int64_t n = 2, h = 6, w = 5, c = 8, k = 16;
+  const Shape xs{n, h, w, c}, ys{n, h, w, k}, ws{k, 3, 3, c};
+  OpHarness hs;
+  auto feat = [&](const std::string& name, const Shape& s) {
+    return hs.tensor(name, s, Region::features, DType::F32, kNhwc);
+  };
+  auto chan = [&](const std::string& name, Region r) { return hs.tensor(name, {k}, r); };
+  const TensorId x = feat("x", xs), dy = feat("dy", ys);
+  const TensorId wt = hs.tensor("w", ws, Region::params_f32, DType::F32, Layout::KRSC);
+  const TensorId gamma = chan("gamma", Region::params_f32), beta = chan("beta", Region::params_f32);
+  const TensorId b = chan("b", Region::params_f32);
+  struct Side {
+    TensorId rm, rv, saved, z, y, mask, dz, dx, dw, dg, db, dbias;
+  };
+  Side side[2];
+  for (int i = 0; i < 2; ++i) {
+    const std::string t = i ? "_bias" : "_plain";
+    Side& e = side[i];
+    e.rm = chan("rm" + t, Region::bn_running);
+    e.rv = chan("rv" + t, Region::bn_running);
+    e.saved = hs.tensor("saved" + t, {2, k}, Region::bn_saved);
+    e.z = feat("z" + t, ys);
+    e.y = feat("y" + t, ys);
+    e.dz = feat("dz" + t, ys);
+    e.dx = feat("dx" + t, xs);
+    e.mask = hs.tensor("mask" + t, {(ys.numel() + 7) / 8}, Region::aux, DType::U8);
+    e.dw = hs.tensor("dw" + t, ws, Region::grads_f32, DType::F32, Layout::KRSC);
+    e.dg = chan("dg" + t, Region::grads_f32);
+    e.db = chan("dbeta" + t, Region::grads_f32);
+    e.dbias = i ? chan("dbias", Region::grads_f32) : kNoTensor;
+  }
+  Attrs a;
+  a.kh = a.kw = 3;
+  a.sh = a.sw = 1;
+  a.ph = a.pw = 1;
+  a.eps = 1e-5f;
+  a.bn_momentum = 0.1f;
+  for (int i = 0; i < 2; ++i) {
+    const Side& e = side[i];
+    std::vector<TensorId> in{x, wt, gamma, beta, e.rm, e.rv};
+    std::vector<TensorId> out{e.dx, e.dw, e.dg, e.db, e.dz};
+    if (i) {
+      in.push_back(b);
+      out.push_back(e.dbias);
+    }
+    hs.node(OpKind::cbr_fwd, in, {e.z, e.y, e.saved, e.mask}, a);
+    hs.node(OpKind::cbr_bwd, {x, wt, e.z, dy, e.mask, gamma, e.saved}, out, a);
+  }
+  compile_cpu(hs);
+  hs.write(x, rand_vec(xs.numel(), 31));
+  hs.write(wt, rand_vec(ws.numel(), 32, -0.5f, 0.5f));
+  hs.write(dy, rand_vec(ys.numel(), 33));
+  hs.write(gamma, rand_vec(k, 34, 0.5f, 1.5f));
+  hs.write(beta, rand_vec(k, 35, -0.3f, 0.3f));
+  const std::vector<float> bias = rand_vec(k, 36, -2.0f, 2.0f), rm0 = rand_vec(k, 37);
+  hs.write(b, bias);
+  hs.write(side[1].dbias, std::vector<float>(static_cast<size_t>(k), 7.0f));  // must be overwritten
+  for (const Side& e : side) {
+    hs.write(e.rm, rm0);
+    hs.write(e.rv, rand_vec(k, 38, 0.5f, 1.5f));
+  }
+  hs.run();
+  const Side &p = side[0], &q = side[1];
+  expect_bitwise(hs, q.z, p.z, "z");
+  expect_bitwise(hs, q.y, p.y, "y");
+  EXPECT_EQ(hs.read_u8(q.mask), hs.read_u8(p.mask)) << "mask";
+  expect_bitwise(hs, q.saved, p.saved, "saved statistics");
+  expect_bitwise(hs, q.rv, p.rv, "running variance");
+  for (auto [got, want, what] : {std::tuple{q.dz, p.dz, "dz"}, {q.dx, p.dx, "dx"}, {q.dw, p.dw, "dw"},
+                                 {q.dg, p.dg, "dgamma"}, {q.db, p.db, "dbeta"}}) {
+    expect_bitwise(hs, got, want, what);
+  }
+  const std::vector<float> rm_plain = hs.read(p.rm), rm_bias = hs.read(q.rm);
+  for (int64_t i = 0; i < k; ++i) {
+    const auto j = static_cast<size_t>(i);
+    EXPECT_EQ(rm_bias[j], rm_plain[j] + a.bn_momentum * bias[j]) << "running mean, channel " << i;
+  }
+  for (float v : hs.read(q.dbias)) EXPECT_EQ(v, 0.0f) << "the cancelled bias's gradient";
+}
 
 struct BarCase {
   const char* name;

@@ -114,11 +114,12 @@ KernelPtr apply_mask(const float* dy, const uint8_t* mask, float* g, int64_t cou
 
 }  // namespace
 
-// "x, w, gamma, beta, running_mean, running_var -> z, y, saved, mask"
+// "x, w, gamma, beta, running_mean, running_var, [b] -> z, y, saved, mask"
 KernelPtr make_cbr_fwd(const Node& n, Context& ctx) {
   reject_accumulate(n);
   const TensorId x = need_in(n, 0, "x"), w = need_in(n, 1, "w"), gamma = need_in(n, 2, "gamma"),
-                 beta = need_in(n, 3, "beta"), rm = need_in(n, 4, "running_mean"), rv = need_in(n, 5, "running_var");
+                 beta = need_in(n, 3, "beta"), rm = need_in(n, 4, "running_mean"), rv = need_in(n, 5, "running_var"),
+                 b = in_at(n, 6);
   const TensorId z = need_out(n, 0, "z"), y = need_out(n, 1, "y"), saved = need_out(n, 2, "saved"),
                  mask = need_out(n, 3, "mask");
   expect_mask(ctx, n, mask, y);
@@ -126,16 +127,28 @@ KernelPtr make_cbr_fwd(const Node& n, Context& ctx) {
   parts.push_back(make_conv_fwd(part(OpKind::conv_fwd, {x, w}, {z}, n, "conv"), ctx));
   parts.push_back(make_bn_fwd_train(part(OpKind::bn_fwd_train, {z, gamma, beta, rm, rv}, {y, saved}, n, "bn"), ctx));
   parts.push_back(relu_with_mask(ctx.ptr<float>(y), nullptr, ctx.ptr<uint8_t>(mask), ctx.tensor(y).numel()));
+  if (b != kNoTensor) {
+    // The bias BatchNorm cancels (ops.def): the running mean tracks z + b, i.e. gains m * b.
+    expect_dtype(ctx, n, b, DType::F32, "b");
+    expect_numel(ctx, n, b, ctx.tensor(rm).numel(), "b (one per output channel)");
+    float* rmp = ctx.ptr<float>(rm);
+    const float* bp = ctx.ptr<float>(b);
+    const float m = n.attrs.bn_momentum;
+    const int64_t c = ctx.tensor(rm).numel();
+    parts.push_back(make_loop([=](Context&) {
+      for (int64_t i = 0; i < c; ++i) rmp[i] += m * bp[i];
+    }));
+  }
   return std::make_unique<Sequence>(std::move(parts));
 }
 
-// "x, w, z, dy, mask, gamma, saved -> [dx], dw, dgamma, dbeta, dz"
+// "x, w, z, dy, mask, gamma, saved -> [dx], dw, dgamma, dbeta, dz, [db]"
 KernelPtr make_cbr_bwd(const Node& n, Context& ctx) {
   reject_accumulate(n);
   const TensorId x = need_in(n, 0, "x"), w = need_in(n, 1, "w"), z = need_in(n, 2, "z"), dy = need_in(n, 3, "dy"),
                  mask = need_in(n, 4, "mask"), gamma = need_in(n, 5, "gamma"), saved = need_in(n, 6, "saved");
   const TensorId dx = out_at(n, 0), dw = need_out(n, 1, "dw"), dgamma = need_out(n, 2, "dgamma"),
-                 dbeta = need_out(n, 3, "dbeta"), dz = need_out(n, 4, "dz");
+                 dbeta = need_out(n, 3, "dbeta"), dz = need_out(n, 4, "dz"), db = out_at(n, 5);
   expect_same_size(ctx, n, z, dy);
   expect_same_size(ctx, n, z, dz);
   expect_mask(ctx, n, mask, dy);
@@ -146,6 +159,13 @@ KernelPtr make_cbr_bwd(const Node& n, Context& ctx) {
   parts.push_back(make_bn_bwd(part(OpKind::bn_bwd, {z, dz, gamma, saved}, {dz, dgamma, dbeta}, n, "bn"), ctx));
   parts.push_back(make_conv_bwd_weight(part(OpKind::conv_bwd_weight, {x, dz}, {dw}, n, "wgrad"), ctx));
   if (dx != kNoTensor) parts.push_back(make_conv_bwd_data(part(OpKind::conv_bwd_data, {dz, w}, {dx}, n, "dgrad"), ctx));
+  if (db != kNoTensor) {
+    // The cancelled bias's gradient: sum of dz per channel, exactly 0 (ops.def).
+    expect_dtype(ctx, n, db, DType::F32, "db");
+    float* dbp = ctx.ptr<float>(db);
+    const int64_t c = ctx.tensor(db).numel();
+    parts.push_back(make_loop([=](Context&) { std::fill(dbp, dbp + c, 0.0f); }));
+  }
   return std::make_unique<Sequence>(std::move(parts));
 }
 

@@ -50,7 +50,8 @@ __global__ void __launch_bounds__(kFinC * kFinS) stats_finalize_kernel(const dou
                                                                        int64_t C, float eps, float momentum,
                                                                        float* saved, float* running_mean,
                                                                        float* running_var, const float* gamma,
-                                                                       const float* beta, float4* coef) {
+                                                                       const float* beta, const float* conv_bias,
+                                                                       float4* coef) {
   const int64_t c = static_cast<int64_t>(blockIdx.x) * kFinC + threadIdx.x;
   const double2 sums = sum_partials(partial, gy, C, c);
   if (threadIdx.y != 0 || c >= C) return;
@@ -63,7 +64,9 @@ __global__ void __launch_bounds__(kFinC * kFinS) stats_finalize_kernel(const dou
   saved[C + c] = invstd_f;
   const double unbias = rows > 1 ? n / (n - 1.0) : 1.0;
   const double m = momentum;
-  running_mean[c] = static_cast<float>((1.0 - m) * running_mean[c] + m * mean_f);
+  // A fused convolution's bias, which BN cancels, still moves the running mean (ops.def).
+  const double batch_mean = conv_bias ? static_cast<double>(mean_f) + conv_bias[c] : static_cast<double>(mean_f);
+  running_mean[c] = static_cast<float>((1.0 - m) * running_mean[c] + m * batch_mean);
   running_var[c] = static_cast<float>((1.0 - m) * running_var[c] + m * unbias * var_f);
   coef[c] = make_float4(mean_f, gamma[c] * invstd_f, beta[c], 0.0f);
 }
@@ -429,6 +432,7 @@ struct BnFwd {
   uint8_t* mask = nullptr;
   float *saved = nullptr, *rm = nullptr, *rv = nullptr;
   const float *gamma = nullptr, *beta = nullptr;
+  const float* conv_bias = nullptr;  // cbr_fwd's optional b (ops.def)
   float eps = 0.0f, momentum = 0.0f;
 };
 
@@ -474,7 +478,7 @@ KernelPtr bn_forward(Context& ctx, int stream, const Nhwc& s, DType dt, const Bn
         KILN_LAUNCH_CHECK("bn stats");
       }
       stats_finalize_kernel<<<finalize_grid(C), dim3(kFinC, kFinS), 0, st>>>(
-          partial, chunks, d.rows, C, a.eps, a.momentum, a.saved, a.rm, a.rv, a.gamma, a.beta, coef);
+          partial, chunks, d.rows, C, a.eps, a.momentum, a.saved, a.rm, a.rv, a.gamma, a.beta, a.conv_bias, coef);
       KILN_LAUNCH_CHECK("bn stats finalize");
       if (gp.on && a.mask) {
         apply_group<T, true><<<gp.blocks, kVecThreads, 0, st>>>(x, res, y, a.mask, static_cast<int>(d.rows), gp.cg, coef);
@@ -571,9 +575,13 @@ KernelPtr make_bn_fwd_train(const Node& n, Context& ctx, int stream) {
 // The BatchNorm + ReLU part of cbr_fwd (z -> y, saved, mask) and all of bn_add_relu_fwd
 // (fused.cpp): "x, gamma, beta, running_mean, running_var, [residual] -> y, saved, mask".
 KernelPtr make_bn_relu_mask_fwd(const Node& n, Context& ctx, int stream, TensorId x, TensorId gamma, TensorId beta,
-                                TensorId rm, TensorId rv, TensorId residual, TensorId y, TensorId saved,
-                                TensorId mask) {
+                                TensorId rm, TensorId rv, TensorId residual, TensorId conv_bias, TensorId y,
+                                TensorId saved, TensorId mask) {
   const Nhwc s = bn_check(ctx, n, x, {y}, {gamma, beta, rm, rv});
+  if (conv_bias != kNoTensor) {
+    expect_dtype(ctx, n, conv_bias, DType::F32, "b");
+    expect_numel(ctx, n, conv_bias, s.c, "b (one per output channel)");
+  }
   if (residual != kNoTensor) {
     expect_same_dtype(ctx, n, x, residual);
     expect_numel(ctx, n, residual, s.numel(), "residual");
@@ -584,6 +592,7 @@ KernelPtr make_bn_relu_mask_fwd(const Node& n, Context& ctx, int stream, TensorI
   BnFwd a;
   a.x = ctx.ptr(x);
   a.residual = ctx.ptr(residual);
+  a.conv_bias = ctx.ptr<float>(conv_bias);
   a.y = ctx.ptr(y);
   a.mask = ctx.ptr<uint8_t>(mask);
   a.saved = ctx.ptr<float>(saved);

@@ -7,10 +7,11 @@ namespace kiln::cuda {
 
 // Training BatchNorm then ReLU, with the ReLU's bit mask (ops.def's layout):
 // y = relu(bn(x) [+ residual]), saved = [mean; invstd], running statistics updated.
-// residual may be kNoTensor. n names the fused node in errors and supplies eps and momentum.
+// residual may be kNoTensor; so may conv_bias, cbr_fwd's b, which moves only the running mean
+// (ops.def). n names the fused node in errors and supplies eps and momentum.
 KernelPtr make_bn_relu_mask_fwd(const Node& n, Context& ctx, int stream, TensorId x, TensorId gamma, TensorId beta,
-                                TensorId rm, TensorId rv, TensorId residual, TensorId y, TensorId saved,
-                                TensorId mask);
+                                TensorId rm, TensorId rv, TensorId residual, TensorId conv_bias, TensorId y,
+                                TensorId saved, TensorId mask);
 
 // BatchNorm's backward with the ReLU's backward taken from the mask: g = mask ? dy : 0 (also
 // written to dres unless that is kNoTensor), dx, dgamma, dbeta from g.

@@ -44,32 +44,42 @@ Node part(OpKind op, std::vector<TensorId> in, std::vector<TensorId> out, const 
 
 }  // namespace
 
-// "x, w, gamma, beta, running_mean, running_var -> z, y, saved, mask"
+// "x, w, gamma, beta, running_mean, running_var, [b] -> z, y, saved, mask"
 KernelPtr make_cbr_fwd(const Node& n, Context& ctx, int stream) {
   reject_accumulate(n);
   const TensorId x = need_in(n, 0, "x"), w = need_in(n, 1, "w"), gamma = need_in(n, 2, "gamma"),
-                 beta = need_in(n, 3, "beta"), rm = need_in(n, 4, "running_mean"), rv = need_in(n, 5, "running_var");
+                 beta = need_in(n, 3, "beta"), rm = need_in(n, 4, "running_mean"), rv = need_in(n, 5, "running_var"),
+                 b = in_at(n, 6);
   const TensorId z = need_out(n, 0, "z"), y = need_out(n, 1, "y"), saved = need_out(n, 2, "saved"),
                  mask = need_out(n, 3, "mask");
   std::vector<KernelPtr> parts;
   parts.push_back(make_conv_fwd(part(OpKind::conv_fwd, {x, w}, {z}, n, "conv"), ctx, stream));
-  parts.push_back(make_bn_relu_mask_fwd(n, ctx, stream, z, gamma, beta, rm, rv, kNoTensor, y, saved, mask));
+  parts.push_back(make_bn_relu_mask_fwd(n, ctx, stream, z, gamma, beta, rm, rv, kNoTensor, b, y, saved, mask));
   return std::make_unique<Sequence>(stream, std::move(parts));
 }
 
-// "x, w, z, dy, mask, gamma, saved -> [dx], dw, dgamma, dbeta, dz"
+// "x, w, z, dy, mask, gamma, saved -> [dx], dw, dgamma, dbeta, dz, [db]"
 KernelPtr make_cbr_bwd(const Node& n, Context& ctx, int stream) {
   reject_accumulate(n);
   const TensorId x = need_in(n, 0, "x"), w = need_in(n, 1, "w"), z = need_in(n, 2, "z"), dy = need_in(n, 3, "dy"),
                  mask = need_in(n, 4, "mask"), gamma = need_in(n, 5, "gamma"), saved = need_in(n, 6, "saved");
   const TensorId dx = out_at(n, 0), dw = need_out(n, 1, "dw"), dgamma = need_out(n, 2, "dgamma"),
-                 dbeta = need_out(n, 3, "dbeta"), dz = need_out(n, 4, "dz");
+                 dbeta = need_out(n, 3, "dbeta"), dz = need_out(n, 4, "dz"), db = out_at(n, 5);
   std::vector<KernelPtr> parts;
   parts.push_back(make_bn_relu_mask_bwd(n, ctx, stream, z, dy, mask, gamma, saved, dz, kNoTensor, dgamma, dbeta));
   parts.push_back(make_conv_bwd_weight(part(OpKind::conv_bwd_weight, {x, dz}, {dw}, n, "wgrad"), ctx, stream));
   // The first layer's form has no dx: its input is the data.
   if (dx != kNoTensor) {
     parts.push_back(make_conv_bwd_data(part(OpKind::conv_bwd_data, {dz, w}, {dx}, n, "dgrad"), ctx, stream));
+  }
+  if (db != kNoTensor) {
+    // The cancelled bias's gradient: sum of dz per channel, exactly 0 (ops.def).
+    expect_dtype(ctx, n, db, DType::F32, "db");
+    void* dbp = ctx.ptr(db);
+    const auto bytes = static_cast<size_t>(ctx.tensor(db).bytes());
+    parts.push_back(make_fn(stream, [=](Context&, cudaStream_t st) {
+      CUDA_CHECK(cudaMemsetAsync(dbp, 0, bytes, st));
+    }));
   }
   return std::make_unique<Sequence>(stream, std::move(parts));
 }
@@ -81,7 +91,7 @@ KernelPtr make_bn_add_relu_fwd(const Node& n, Context& ctx, int stream) {
                  rm = need_in(n, 3, "running_mean"), rv = need_in(n, 4, "running_var"),
                  residual = need_in(n, 5, "residual");
   const TensorId y = need_out(n, 0, "y"), saved = need_out(n, 1, "saved"), mask = need_out(n, 2, "mask");
-  return make_bn_relu_mask_fwd(n, ctx, stream, x, gamma, beta, rm, rv, residual, y, saved, mask);
+  return make_bn_relu_mask_fwd(n, ctx, stream, x, gamma, beta, rm, rv, residual, kNoTensor, y, saved, mask);
 }
 
 // "x, dy, mask, gamma, saved -> dx, dresidual, dgamma, dbeta": the add passes the masked
