@@ -306,19 +306,26 @@ INSTANTIATE_TEST_SUITE_P(Shapes, GpuFusedBnAddRelu,
                                   "_c" + std::to_string(s[3]) + (std::get<1>(info.param) ? "_amp" : "_fp32");
                          });
 
-// Whole AMP training steps, fusion on (the default under AMP on CUDA) against KILN_FUSION off:
-// three steps' losses and then every weight and BN running statistic (VGG's CBR folds its
-// convolution biases away, ops.def). The fused kernels give
-// the unfused chain's bits op by op, so with deterministic convolution engines the two agree
-// far inside the AMP tolerance (1e-2 of each tensor's scale); the test prints how far.
-TEST(GpuFusedStep, ResNetsFusedMatchUnfusedAmp) {
+// Whole AMP training steps, fusion on (the default under AMP on CUDA) against KILN_FUSION off,
+// with deterministic convolution engines: the fused kernels give the unfused chain's bits op
+// by op, so the losses, every weight, momentum-updated parameter and BN running statistic must
+// be equal bit for bit (measured on the H200: 0 of 103 / 268 tensors differ after three steps
+// of resnet18_small / resnet50). VGG's CBR folds its convolution biases away (ops.def), so
+// its unfused chain trains those zero-initialised biases on rounding noise; from the second
+// step on the two programs then differ at rounding level, which this model's 2x2 maps
+// (16 values per channel at batch 4) amplify through ReLU decisions (measured: BN biases
+// 2-14% apart after three steps). So VGG is compared after its first step, where everything
+// but those biases must be equal bit for bit, and the biases are 0 fused, noise unfused.
+TEST(GpuFusedStep, FusedStepsEqualUnfusedBitForBitAmp) {
   KILN_REQUIRE_GPU();
   ScopedEnv det("KILN_DETERMINISTIC", "1");
   for (const std::string model : {"resnet18_small", "resnet50", "vgg11_bn_small"}) {
     SCOPED_TRACE(model);
+    const int steps = model == "vgg11_bn_small" ? 1 : 3;
     const BluePrint bp = make_model(model);
     const LearnableBatch b = learnable_batch(bp, 4, 9);
     std::vector<std::map<std::string, std::vector<float>>> results(2);  // by name: fusion reorders declarations
+    std::map<std::string, ParamKind> kinds;
     std::vector<int> fused_nodes;
     for (const bool fusion : {false, true}) {
       EngineOptions o;
@@ -336,8 +343,11 @@ TEST(GpuFusedStep, ResNetsFusedMatchUnfusedAmp) {
       }
       fused_nodes.push_back(fused);
       auto& r = results[fusion ? 1 : 0];
-      for (int i = 0; i < 3; ++i) r["loss"].push_back(e.train_step(b.images.data(), b.labels.data(), 0.05f).loss);
-      for (const ParamDesc& d : e.program().params) r[d.name] = e.read_param(d.name);
+      for (int i = 0; i < steps; ++i) r["loss"].push_back(e.train_step(b.images.data(), b.labels.data(), 0.05f).loss);
+      for (const ParamDesc& d : e.program().params) {
+        r[d.name] = e.read_param(d.name);
+        kinds[d.name] = d.kind;
+      }
       for (const BufferDesc& buf : e.program().buffers) {
         const DTensor& t = e.program().tensor(buf.tensor);
         if (t.dtype != DType::F32) continue;
@@ -349,29 +359,28 @@ TEST(GpuFusedStep, ResNetsFusedMatchUnfusedAmp) {
     EXPECT_EQ(fused_nodes[0], 0);
     EXPECT_GT(fused_nodes[1], 0) << "CUDA fuses under AMP";
     ASSERT_EQ(results[0].size(), results[1].size());
-    double worst = 0.0;
-    std::string worst_name;
-    size_t differing_tensors = 0;
+    size_t differing = 0, cancelled = 0;
     for (const auto& [name, want] : results[0]) {
       ASSERT_TRUE(results[1].count(name)) << name;
       const std::vector<float>& got = results[1].at(name);
-      if (name.size() > 5 && name.compare(name.size() - 5, 5, ".bias") == 0 &&
-          std::all_of(want.begin(), want.end(), [](float v) { return std::fabs(v) <= 1e-4f; })) {
-        // A convolution bias in front of BN (zero-initialised, VGG's): its gradient is rounding
-        // noise unfused and exactly 0 fused (ops.def), so both hold noise-sized values.
-        for (float v : got) EXPECT_LE(std::fabs(v), 1e-4f) << name << " (a bias BN cancels)";
+      ASSERT_EQ(got.size(), want.size()) << name;
+      const auto kind = kinds.count(name) ? kinds.at(name) : ParamKind::ConvWeight;
+      if (kind == ParamKind::Bias && std::all_of(got.begin(), got.end(), [](float v) { return v == 0.0f; })) {
+        // A convolution bias the fused CBR cancels: gradient exactly 0 there (it keeps its zero
+        // initialisation); the unfused chain's is rounding noise.
+        ++cancelled;
+        for (float v : want) EXPECT_LE(std::fabs(v), 1e-4f) << name << " (a bias BN cancels, unfused)";
         continue;
       }
-      const double err = rel_error(got, want, kSumFloor);
-      EXPECT_LE(err, kGpuAmpTol) << name;
-      differing_tensors += got != want;
-      if (err > worst) {
-        worst = err;
-        worst_name = name;
-      }
+      size_t n = 0;
+      for (size_t i = 0; i < got.size(); ++i) n += bits_of(got[i]) != bits_of(want[i]);
+      EXPECT_EQ(n, 0u) << name << ": " << n << " of " << got.size() << " values differ (error "
+                       << rel_error(got, want, kSumFloor) << " of its scale)";
+      differing += n > 0;
     }
-    std::printf("  %s: %d fused nodes; %zu of %zu tensors not bit-equal; worst error %.3g (%s)\n", model.c_str(),
-                fused_nodes[1], differing_tensors, results[0].size(), worst, worst_name.c_str());
+    if (model == "vgg11_bn_small") EXPECT_GT(cancelled, 0u) << "VGG's convolution biases are folded";
+    std::printf("  %s: %d fused nodes, %d step(s); %zu of %zu tensors differ; %zu cancelled biases\n", model.c_str(),
+                fused_nodes[1], steps, differing, results[0].size(), cancelled);
   }
 }
 
