@@ -249,14 +249,9 @@ std::shared_ptr<ConvPlan> build_plan(Context& ctx, const Node& n, int stream, Co
   if (ctx.opts.deterministic) bad.push_back(fe::NumericalNote_t::NONDETERMINISTIC);
   if (!bad.empty()) graph->deselect_numeric_notes(bad);
   graph->deselect_workspace_greater_than(int64_t{1} << 30);
-  // Runtime-compiled engines are refused
-  //  - when tuning, which times precompiled engines only: a runtime-compiled one takes ~1 s of
-  //    NVRTC to build, and a model has ~100 convolution graphs;
-  //  - in FP32: there cuDNN's heuristics ranked them first for every VGG16-BN convolution, and
-  //    they ran ~20x slower than the best precompiled engine (H200, cuDNN 9.14: VGG16-BN FP32
-  //    at batch 256 took 10.5 s a step; `kiln tune` at batch 32 timed the precompiled ones at
-  //    ~60 ms a step in all, bench/RESULTS.md).
-  if (!ctx.opts.tune_path.empty() || fp32) graph->deselect_behavior_notes({fe::BehaviorNote_t::RUNTIME_COMPILATION});
+  // Tuning times precompiled engines only: a runtime-compiled one takes ~1 s of NVRTC to
+  // build, and a model has ~100 convolution graphs.
+  if (!ctx.opts.tune_path.empty()) graph->deselect_behavior_notes({fe::BehaviorNote_t::RUNTIME_COMPILATION});
   FE_CHECK(graph->check_support(handle), what);
   auto plan = std::make_shared<ConvPlan>();
   plan->graph = graph;
