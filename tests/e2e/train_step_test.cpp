@@ -4,7 +4,6 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-
 #include <cmath>
 #include <map>
 
@@ -13,6 +12,7 @@
 #include "kiln/core/rng.h"
 #include "kiln/graph/op.h"
 #include "kiln/task/engine.h"
+#include "support/engine_state.h"
 #include "support/learnable_batch.h"
 
 namespace kiln {
@@ -20,6 +20,8 @@ namespace {
 
 using Batch = test::LearnableBatch;
 using test::learnable_batch;
+using test::fused_node_count;
+using test::params_and_buffers;
 
 EngineOptions cpu_options(int64_t batch) {
   EngineOptions o;
@@ -150,21 +152,12 @@ TEST(Switches, FusionOffAndOnAgree) {
       Engine e(bp, o);
       e.lock_memory();
       e.compile(5);
-      int fused = 0;
-      for (const Phase& ph : e.program().train) {
-        for (const Node& n : ph.nodes) fused += op_category(n.op) == OpCategory::Fused;
-      }
-      fused_nodes.push_back(fused);
+      fused_nodes.push_back(fused_node_count(e));
+      std::vector<float> losses;
+      for (int i = 0; i < 3; ++i) losses.push_back(e.train_step(b.images.data(), b.labels.data(), 0.05f).loss);
       auto& r = results[fusion ? 1 : 0];
-      for (int i = 0; i < 3; ++i) r["loss"].push_back(e.train_step(b.images.data(), b.labels.data(), 0.05f).loss);
-      for (const ParamDesc& d : e.program().params) r[d.name] = e.read_param(d.name);
-      for (const BufferDesc& buf : e.program().buffers) {
-        const DTensor& t = e.program().tensor(buf.tensor);
-        if (t.dtype != DType::F32) continue;
-        std::vector<float> v(static_cast<size_t>(t.numel()));
-        e.backend().read(t, v.data());
-        r[buf.name] = std::move(v);
-      }
+      r = params_and_buffers(e);
+      r["loss"] = losses;
     }
     EXPECT_EQ(fused_nodes[0], 0) << model;
     EXPECT_GT(fused_nodes[1], 0) << model << ": the CPU backend fuses in FP32";

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "backend/cpu/cpu_util.h"
+#include "backend/fused_part.h"
 
 namespace kiln::cpu {
 
@@ -29,17 +30,6 @@ class Sequence final : public Kernel {
  private:
   std::vector<KernelPtr> parts_;
 };
-
-Node part(OpKind op, std::vector<TensorId> in, std::vector<TensorId> out, const Node& fused, const char* what) {
-  Node n;
-  n.op = op;
-  n.in = std::move(in);
-  n.out = std::move(out);
-  n.attrs = fused.attrs;
-  n.attrs.accumulate = false;
-  n.label = fused.label + " (" + what + ")";
-  return n;
-}
 
 void expect_mask(const Context& ctx, const Node& n, TensorId mask, TensorId y) {
   expect_dtype(ctx, n, mask, DType::U8, "mask");
@@ -124,8 +114,9 @@ KernelPtr make_cbr_fwd(const Node& n, Context& ctx) {
                  mask = need_out(n, 3, "mask");
   expect_mask(ctx, n, mask, y);
   std::vector<KernelPtr> parts;
-  parts.push_back(make_conv_fwd(part(OpKind::conv_fwd, {x, w}, {z}, n, "conv"), ctx));
-  parts.push_back(make_bn_fwd_train(part(OpKind::bn_fwd_train, {z, gamma, beta, rm, rv}, {y, saved}, n, "bn"), ctx));
+  parts.push_back(make_conv_fwd(fused_part(OpKind::conv_fwd, {x, w}, {z}, n, "conv"), ctx));
+  parts.push_back(
+      make_bn_fwd_train(fused_part(OpKind::bn_fwd_train, {z, gamma, beta, rm, rv}, {y, saved}, n, "bn"), ctx));
   parts.push_back(relu_with_mask(ctx.ptr<float>(y), nullptr, ctx.ptr<uint8_t>(mask), ctx.tensor(y).numel()));
   if (b != kNoTensor) {
     // The bias BatchNorm cancels (ops.def): the running mean tracks z + b, i.e. gains m * b.
@@ -156,9 +147,11 @@ KernelPtr make_cbr_bwd(const Node& n, Context& ctx) {
   // The ReLU's backward into dz, then BatchNorm's backward in place there (oneDNN's BN
   // backward reads each diff_dst element before writing the same diff_src element).
   parts.push_back(apply_mask(ctx.ptr<float>(dy), ctx.ptr<uint8_t>(mask), ctx.ptr<float>(dz), ctx.tensor(dy).numel()));
-  parts.push_back(make_bn_bwd(part(OpKind::bn_bwd, {z, dz, gamma, saved}, {dz, dgamma, dbeta}, n, "bn"), ctx));
-  parts.push_back(make_conv_bwd_weight(part(OpKind::conv_bwd_weight, {x, dz}, {dw}, n, "wgrad"), ctx));
-  if (dx != kNoTensor) parts.push_back(make_conv_bwd_data(part(OpKind::conv_bwd_data, {dz, w}, {dx}, n, "dgrad"), ctx));
+  parts.push_back(make_bn_bwd(fused_part(OpKind::bn_bwd, {z, dz, gamma, saved}, {dz, dgamma, dbeta}, n, "bn"), ctx));
+  parts.push_back(make_conv_bwd_weight(fused_part(OpKind::conv_bwd_weight, {x, dz}, {dw}, n, "wgrad"), ctx));
+  if (dx != kNoTensor) {
+    parts.push_back(make_conv_bwd_data(fused_part(OpKind::conv_bwd_data, {dz, w}, {dx}, n, "dgrad"), ctx));
+  }
   if (db != kNoTensor) {
     // The cancelled bias's gradient: sum of dz per channel, exactly 0 (ops.def).
     expect_dtype(ctx, n, db, DType::F32, "db");
@@ -180,7 +173,8 @@ KernelPtr make_bn_add_relu_fwd(const Node& n, Context& ctx) {
   expect_dtype(ctx, n, residual, DType::F32, "residual");
   expect_mask(ctx, n, mask, y);
   std::vector<KernelPtr> parts;
-  parts.push_back(make_bn_fwd_train(part(OpKind::bn_fwd_train, {x, gamma, beta, rm, rv}, {y, saved}, n, "bn"), ctx));
+  parts.push_back(
+      make_bn_fwd_train(fused_part(OpKind::bn_fwd_train, {x, gamma, beta, rm, rv}, {y, saved}, n, "bn"), ctx));
   parts.push_back(
       relu_with_mask(ctx.ptr<float>(y), ctx.ptr<float>(residual), ctx.ptr<uint8_t>(mask), ctx.tensor(y).numel()));
   return std::make_unique<Sequence>(std::move(parts));
@@ -198,7 +192,7 @@ KernelPtr make_bn_add_relu_bwd(const Node& n, Context& ctx) {
   expect_mask(ctx, n, mask, dy);
   std::vector<KernelPtr> parts;
   parts.push_back(apply_mask(ctx.ptr<float>(dy), ctx.ptr<uint8_t>(mask), ctx.ptr<float>(dres), ctx.tensor(dy).numel()));
-  parts.push_back(make_bn_bwd(part(OpKind::bn_bwd, {x, dres, gamma, saved}, {dx, dgamma, dbeta}, n, "bn"), ctx));
+  parts.push_back(make_bn_bwd(fused_part(OpKind::bn_bwd, {x, dres, gamma, saved}, {dx, dgamma, dbeta}, n, "bn"), ctx));
   return std::make_unique<Sequence>(std::move(parts));
 }
 

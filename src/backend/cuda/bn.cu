@@ -548,6 +548,41 @@ void expect_mask(const Context& ctx, const Node& n, TensorId mask, TensorId of) 
   expect_numel(ctx, n, mask, (ctx.tensor(of).numel() + 7) / 8, "mask (one bit per element)");
 }
 
+// The checks and pointers shared by the unfused BatchNorm passes and the fused ones.
+BnFwd bn_fwd_args(const Context& ctx, const Node& n, TensorId x, TensorId gamma, TensorId beta, TensorId rm,
+                  TensorId rv, TensorId y, TensorId saved, Nhwc* shape) {
+  *shape = bn_check(ctx, n, x, {y}, {gamma, beta, rm, rv});
+  expect_dtype(ctx, n, saved, DType::F32, "saved");
+  expect_numel(ctx, n, saved, 2 * shape->c, "saved (2 x C)");
+  BnFwd a;
+  a.x = ctx.ptr(x);
+  a.y = ctx.ptr(y);
+  a.saved = ctx.ptr<float>(saved);
+  a.rm = ctx.ptr<float>(rm);
+  a.rv = ctx.ptr<float>(rv);
+  a.gamma = ctx.ptr<float>(gamma);
+  a.beta = ctx.ptr<float>(beta);
+  a.eps = n.attrs.eps;
+  a.momentum = n.attrs.bn_momentum;
+  return a;
+}
+
+BnBwd bn_bwd_args(const Context& ctx, const Node& n, TensorId x, TensorId dy, TensorId gamma, TensorId saved,
+                  TensorId dx, TensorId dgamma, TensorId dbeta, Nhwc* shape) {
+  *shape = bn_check(ctx, n, x, {dy, dx}, {gamma, dgamma, dbeta});
+  expect_dtype(ctx, n, saved, DType::F32, "saved");
+  expect_numel(ctx, n, saved, 2 * shape->c, "saved (2 x C)");
+  BnBwd a;
+  a.x = ctx.ptr(x);
+  a.dy = ctx.ptr(dy);
+  a.dx = ctx.ptr(dx);
+  a.saved = ctx.ptr<float>(saved);
+  a.gamma = ctx.ptr<float>(gamma);
+  a.dgamma = ctx.ptr<float>(dgamma);
+  a.dbeta = ctx.ptr<float>(dbeta);
+  return a;
+}
+
 }  // namespace
 
 // "x, gamma, beta, running_mean, running_var -> y, saved (2xC: mean, invstd)"
@@ -556,52 +591,30 @@ KernelPtr make_bn_fwd_train(const Node& n, Context& ctx, int stream) {
   const TensorId x = need_in(n, 0, "x"), gamma = need_in(n, 1, "gamma"), beta = need_in(n, 2, "beta"),
                  rm = need_in(n, 3, "running_mean"), rv = need_in(n, 4, "running_var");
   const TensorId y = need_out(n, 0, "y"), saved = need_out(n, 1, "saved");
-  const Nhwc s = bn_check(ctx, n, x, {y}, {gamma, beta, rm, rv});
-  expect_dtype(ctx, n, saved, DType::F32, "saved");
-  expect_numel(ctx, n, saved, 2 * s.c, "saved (2 x C)");
-  BnFwd a;
-  a.x = ctx.ptr(x);
-  a.y = ctx.ptr(y);
-  a.saved = ctx.ptr<float>(saved);
-  a.rm = ctx.ptr<float>(rm);
-  a.rv = ctx.ptr<float>(rv);
-  a.gamma = ctx.ptr<float>(gamma);
-  a.beta = ctx.ptr<float>(beta);
-  a.eps = n.attrs.eps;
-  a.momentum = n.attrs.bn_momentum;
+  Nhwc s;
+  const BnFwd a = bn_fwd_args(ctx, n, x, gamma, beta, rm, rv, y, saved, &s);
   return bn_forward(ctx, stream, s, ctx.tensor(x).dtype, a);
 }
 
 // The BatchNorm + ReLU part of cbr_fwd (z -> y, saved, mask) and all of bn_add_relu_fwd
-// (fused.cpp): "x, gamma, beta, running_mean, running_var, [residual] -> y, saved, mask".
+// (fused.cpp): "x, gamma, beta, running_mean, running_var, [residual], [b] -> y, saved, mask".
 KernelPtr make_bn_relu_mask_fwd(const Node& n, Context& ctx, int stream, TensorId x, TensorId gamma, TensorId beta,
                                 TensorId rm, TensorId rv, TensorId residual, TensorId conv_bias, TensorId y,
                                 TensorId saved, TensorId mask) {
-  const Nhwc s = bn_check(ctx, n, x, {y}, {gamma, beta, rm, rv});
-  if (conv_bias != kNoTensor) {
-    expect_dtype(ctx, n, conv_bias, DType::F32, "b");
-    expect_numel(ctx, n, conv_bias, s.c, "b (one per output channel)");
-  }
+  Nhwc s;
+  BnFwd a = bn_fwd_args(ctx, n, x, gamma, beta, rm, rv, y, saved, &s);
   if (residual != kNoTensor) {
     expect_same_dtype(ctx, n, x, residual);
     expect_numel(ctx, n, residual, s.numel(), "residual");
   }
-  expect_dtype(ctx, n, saved, DType::F32, "saved");
-  expect_numel(ctx, n, saved, 2 * s.c, "saved (2 x C)");
+  if (conv_bias != kNoTensor) {
+    expect_dtype(ctx, n, conv_bias, DType::F32, "b");
+    expect_numel(ctx, n, conv_bias, s.c, "b (one per output channel)");
+  }
   expect_mask(ctx, n, mask, y);
-  BnFwd a;
-  a.x = ctx.ptr(x);
   a.residual = ctx.ptr(residual);
   a.conv_bias = ctx.ptr<float>(conv_bias);
-  a.y = ctx.ptr(y);
   a.mask = ctx.ptr<uint8_t>(mask);
-  a.saved = ctx.ptr<float>(saved);
-  a.rm = ctx.ptr<float>(rm);
-  a.rv = ctx.ptr<float>(rv);
-  a.gamma = ctx.ptr<float>(gamma);
-  a.beta = ctx.ptr<float>(beta);
-  a.eps = n.attrs.eps;
-  a.momentum = n.attrs.bn_momentum;
   return bn_forward(ctx, stream, s, ctx.tensor(x).dtype, a);
 }
 
@@ -610,24 +623,15 @@ KernelPtr make_bn_relu_mask_fwd(const Node& n, Context& ctx, int stream, TensorI
 KernelPtr make_bn_relu_mask_bwd(const Node& n, Context& ctx, int stream, TensorId x, TensorId dy, TensorId mask,
                                 TensorId gamma, TensorId saved, TensorId dx, TensorId dres, TensorId dgamma,
                                 TensorId dbeta) {
-  const Nhwc s = bn_check(ctx, n, x, {dy, dx}, {gamma, dgamma, dbeta});
+  Nhwc s;
+  BnBwd a = bn_bwd_args(ctx, n, x, dy, gamma, saved, dx, dgamma, dbeta, &s);
   if (dres != kNoTensor) {
     expect_same_dtype(ctx, n, x, dres);
     expect_numel(ctx, n, dres, s.numel(), "dresidual");
   }
-  expect_dtype(ctx, n, saved, DType::F32, "saved");
-  expect_numel(ctx, n, saved, 2 * s.c, "saved (2 x C)");
   expect_mask(ctx, n, mask, dy);
-  BnBwd a;
-  a.x = ctx.ptr(x);
-  a.dy = ctx.ptr(dy);
   a.mask = ctx.ptr<uint8_t>(mask);
-  a.dx = ctx.ptr(dx);
   a.dres = ctx.ptr(dres);
-  a.saved = ctx.ptr<float>(saved);
-  a.gamma = ctx.ptr<float>(gamma);
-  a.dgamma = ctx.ptr<float>(dgamma);
-  a.dbeta = ctx.ptr<float>(dbeta);
   return bn_backward(ctx, stream, s, ctx.tensor(x).dtype, a);
 }
 
@@ -663,17 +667,8 @@ KernelPtr make_bn_bwd(const Node& n, Context& ctx, int stream) {
   const TensorId x = need_in(n, 0, "x"), dy = need_in(n, 1, "dy"), gamma = need_in(n, 2, "gamma"),
                  saved = need_in(n, 3, "saved");
   const TensorId dx = need_out(n, 0, "dx"), dgamma = need_out(n, 1, "dgamma"), dbeta = need_out(n, 2, "dbeta");
-  const Nhwc s = bn_check(ctx, n, x, {dy, dx}, {gamma, dgamma, dbeta});
-  expect_dtype(ctx, n, saved, DType::F32, "saved");
-  expect_numel(ctx, n, saved, 2 * s.c, "saved (2 x C)");
-  BnBwd a;
-  a.x = ctx.ptr(x);
-  a.dy = ctx.ptr(dy);
-  a.dx = ctx.ptr(dx);
-  a.saved = ctx.ptr<float>(saved);
-  a.gamma = ctx.ptr<float>(gamma);
-  a.dgamma = ctx.ptr<float>(dgamma);
-  a.dbeta = ctx.ptr<float>(dbeta);
+  Nhwc s;
+  const BnBwd a = bn_bwd_args(ctx, n, x, dy, gamma, saved, dx, dgamma, dbeta, &s);
   return bn_backward(ctx, stream, s, ctx.tensor(x).dtype, a);
 }
 

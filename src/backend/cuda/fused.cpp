@@ -12,6 +12,7 @@
 // next step.
 #include "backend/cuda/bn_parts.h"
 #include "backend/cuda/cuda_common.h"
+#include "backend/fused_part.h"
 
 namespace kiln::cuda {
 
@@ -29,19 +30,6 @@ class Sequence final : public Kernel {
   std::vector<KernelPtr> parts_;
 };
 
-// A node for one unfused part of a fused node: the fused node's attributes (the convolution's
-// geometry; BatchNorm's eps and momentum), its label with the part named.
-Node part(OpKind op, std::vector<TensorId> in, std::vector<TensorId> out, const Node& fused, const char* what) {
-  Node n;
-  n.op = op;
-  n.in = std::move(in);
-  n.out = std::move(out);
-  n.attrs = fused.attrs;
-  n.attrs.accumulate = false;
-  n.label = fused.label + " (" + what + ")";
-  return n;
-}
-
 }  // namespace
 
 // "x, w, gamma, beta, running_mean, running_var, [b] -> z, y, saved, mask"
@@ -53,7 +41,7 @@ KernelPtr make_cbr_fwd(const Node& n, Context& ctx, int stream) {
   const TensorId z = need_out(n, 0, "z"), y = need_out(n, 1, "y"), saved = need_out(n, 2, "saved"),
                  mask = need_out(n, 3, "mask");
   std::vector<KernelPtr> parts;
-  parts.push_back(make_conv_fwd(part(OpKind::conv_fwd, {x, w}, {z}, n, "conv"), ctx, stream));
+  parts.push_back(make_conv_fwd(fused_part(OpKind::conv_fwd, {x, w}, {z}, n, "conv"), ctx, stream));
   parts.push_back(make_bn_relu_mask_fwd(n, ctx, stream, z, gamma, beta, rm, rv, kNoTensor, b, y, saved, mask));
   return std::make_unique<Sequence>(stream, std::move(parts));
 }
@@ -67,10 +55,10 @@ KernelPtr make_cbr_bwd(const Node& n, Context& ctx, int stream) {
                  dbeta = need_out(n, 3, "dbeta"), dz = need_out(n, 4, "dz"), db = out_at(n, 5);
   std::vector<KernelPtr> parts;
   parts.push_back(make_bn_relu_mask_bwd(n, ctx, stream, z, dy, mask, gamma, saved, dz, kNoTensor, dgamma, dbeta));
-  parts.push_back(make_conv_bwd_weight(part(OpKind::conv_bwd_weight, {x, dz}, {dw}, n, "wgrad"), ctx, stream));
+  parts.push_back(make_conv_bwd_weight(fused_part(OpKind::conv_bwd_weight, {x, dz}, {dw}, n, "wgrad"), ctx, stream));
   // The first layer's form has no dx: its input is the data.
   if (dx != kNoTensor) {
-    parts.push_back(make_conv_bwd_data(part(OpKind::conv_bwd_data, {dz, w}, {dx}, n, "dgrad"), ctx, stream));
+    parts.push_back(make_conv_bwd_data(fused_part(OpKind::conv_bwd_data, {dz, w}, {dx}, n, "dgrad"), ctx, stream));
   }
   if (db != kNoTensor) {
     // The cancelled bias's gradient: sum of dz per channel, exactly 0 (ops.def).

@@ -1,0 +1,35 @@
+// What a trained Engine holds, by name, for comparing two runs whose programs differ (fusion
+// reorders declarations): every parameter (its FP32 master) and every FP32 buffer (BatchNorm's
+// running statistics).
+#pragma once
+#include <map>
+#include <string>
+#include <vector>
+
+#include "kiln/task/engine.h"
+
+namespace kiln::test {
+
+inline std::map<std::string, std::vector<float>> params_and_buffers(Engine& e) {
+  std::map<std::string, std::vector<float>> r;
+  for (const ParamDesc& d : e.program().params) r[d.name] = e.read_param(d.name);
+  for (const BufferDesc& buf : e.program().buffers) {
+    const DTensor& t = e.program().tensor(buf.tensor);
+    if (t.dtype != DType::F32) continue;
+    std::vector<float> v(static_cast<size_t>(t.numel()));
+    e.backend().read(t, v.data());
+    r[buf.name] = std::move(v);
+  }
+  return r;
+}
+
+// The number of fused nodes (CBR, BN+add+ReLU) in the training phases.
+inline int fused_node_count(const Engine& e) {
+  int fused = 0;
+  for (const Phase& ph : e.program().train) {
+    for (const Node& n : ph.nodes) fused += op_category(n.op) == OpCategory::Fused;
+  }
+  return fused;
+}
+
+}  // namespace kiln::test

@@ -1,0 +1,289 @@
+// The fused ops (CBR, BN+add+ReLU) against their unfused chains, run side by side in one program
+// on one backend on the same inputs: Conv -> BN -> ReLU against cbr_fwd / cbr_bwd (also the
+// first-layer form without dx), BN -> add -> ReLU against bn_add_relu_fwd / _bwd, and cbr with
+// a convolution bias against cbr without one. Each backend's fused ops do their unfused chain's
+// arithmetic rounding for rounding, so every output must be equal bit for bit: the feature
+// maps, the saved and running statistics, every gradient, and the mask, which must hold exactly
+// the elements the unfused ReLU passed. Shared by tests/op/cpu_fused_test.cpp (CPU, FP32) and
+// tests/gpu/gpu_fused_test.cpp (CUDA, FP32 and AMP, which sets KILN_DETERMINISTIC=1 so both
+// chains' convolutions run the same deterministic engines). Each unfused kernel is tested
+// against a reference in its own file; equality carries that over.
+#pragma once
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "kiln/backend/backend.h"
+#include "support/op_harness.h"
+
+namespace kiln::test::fused {
+
+// Equal values (NaN equals NaN; +0 equals -0).
+inline void expect_equal(OpHarness& h, TensorId got, TensorId want, const std::string& what) {
+  const std::vector<float> a = h.read(got), b = h.read(want);
+  ASSERT_EQ(a.size(), b.size()) << what;
+  size_t differ = 0, first = a.size();
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (!(a[i] == b[i]) && !(std::isnan(a[i]) && std::isnan(b[i]))) {
+      ++differ;
+      first = std::min(first, i);
+    }
+  }
+  EXPECT_EQ(differ, 0u) << what << ": " << differ << " of " << a.size()
+                        << " elements differ, first at " << first << " ("
+                        << (first < a.size() ? a[first] : 0.0f) << " vs "
+                        << (first < a.size() ? b[first] : 0.0f) << ")";
+}
+
+// mask bit i == (unfused ReLU output i > 0); the padding bits of the last byte are 0.
+inline void expect_mask(OpHarness& h, TensorId mask, TensorId relu_out) {
+  const std::vector<uint8_t> m = h.read_u8(mask);
+  const std::vector<float> y = h.read(relu_out);
+  ASSERT_EQ(m.size(), (y.size() + 7) / 8);
+  int64_t wrong = 0, set = 0;
+  for (size_t i = 0; i < y.size(); ++i) {
+    const bool bit = (m[i / 8] >> (i % 8)) & 1u;
+    wrong += bit != (y[i] > 0.0f);
+    set += bit;
+  }
+  EXPECT_EQ(wrong, 0) << "mask bits that disagree with the unfused ReLU";
+  EXPECT_GT(set, 0);
+  EXPECT_LT(set, static_cast<int64_t>(y.size())) << "a mask of all ones tests nothing";
+  for (size_t i = y.size(); i < 8 * m.size(); ++i)
+    EXPECT_FALSE((m[i / 8] >> (i % 8)) & 1u) << "padding bit " << i;
+}
+
+// The tensors of one program: FP16 features and convolution weights under AMP.
+struct Maker {
+  OpHarness& h;
+  bool amp;
+  TensorId feature(const std::string& name, const Shape& s) const {
+    return h.tensor(name, s, Region::features, amp ? DType::F16 : DType::F32, Layout::NHWC);
+  }
+  TensorId weight(const std::string& name, const Shape& s) const {
+    return h.tensor(name, s, amp ? Region::params_f16 : Region::params_f32,
+                    amp ? DType::F16 : DType::F32, Layout::KRSC);
+  }
+  TensorId weight_grad(const std::string& name, const Shape& s) const {
+    return h.tensor(name, s, amp ? Region::grads_f16 : Region::grads_f32,
+                    amp ? DType::F16 : DType::F32, Layout::KRSC);
+  }
+  TensorId channels(const std::string& name, int64_t c, Region r) const {
+    return h.tensor(name, {c}, r);
+  }
+};
+
+inline Attrs conv_bn_attrs(int64_t r, int64_t st, int64_t pad) {
+  Attrs a;
+  a.kh = a.kw = static_cast<int>(r);
+  a.sh = a.sw = static_cast<int>(st);
+  a.ph = a.pw = static_cast<int>(pad);
+  a.eps = 1e-5f;
+  a.bn_momentum = 0.1f;
+  return a;
+}
+
+struct CbrCase {
+  const char* name;
+  int64_t n, h, w, c, k, r, st, pad;
+  bool first_layer;
+  bool fp32_only;  // channel counts FP16 convolutions do not take (the GPU skips these under AMP)
+};
+
+inline void cbr_equals_chain(const CbrCase& t, bool amp, const char* backend) {
+  const int64_t p = (t.h + 2 * t.pad - t.r) / t.st + 1, q = (t.w + 2 * t.pad - t.r) / t.st + 1;
+  const Shape xs{t.n, t.h, t.w, t.c}, ys{t.n, p, q, t.k}, ws{t.k, t.r, t.r, t.c};
+  OpHarness h(amp);
+  const Maker m{h, amp};
+  const TensorId x = m.feature("x", xs), dy = m.feature("dy", ys), w = m.weight("w", ws);
+  const TensorId gamma = m.channels("gamma", t.k, Region::params_f32),
+                 beta = m.channels("beta", t.k, Region::params_f32);
+  // Each chain updates its own running statistics (the BN forward writes them in place).
+  const TensorId rm_u = m.channels("rm_u", t.k, Region::bn_running),
+                 rv_u = m.channels("rv_u", t.k, Region::bn_running);
+  const TensorId rm_f = m.channels("rm_f", t.k, Region::bn_running),
+                 rv_f = m.channels("rv_f", t.k, Region::bn_running);
+  const TensorId saved_u = h.tensor("saved_u", {2, t.k}, Region::bn_saved);
+  const TensorId saved_f = h.tensor("saved_f", {2, t.k}, Region::bn_saved);
+  const TensorId z_u = m.feature("z_u", ys), b_u = m.feature("b_u", ys), y_u = m.feature("y_u", ys),
+                 g_u = m.feature("g_u", ys), dz_u = m.feature("dz_u", ys),
+                 dx_u = m.feature("dx_u", xs);
+  const TensorId z_f = m.feature("z_f", ys), y_f = m.feature("y_f", ys),
+                 dz_f = m.feature("dz_f", ys), dx_f = m.feature("dx_f", xs);
+  const TensorId mask = h.tensor("mask", {(ys.numel() + 7) / 8}, Region::aux, DType::U8);
+  const TensorId dw_u = m.weight_grad("dw_u", ws), dw_f = m.weight_grad("dw_f", ws);
+  const TensorId dg_u = m.channels("dg_u", t.k, Region::grads_f32),
+                 db_u = m.channels("db_u", t.k, Region::grads_f32);
+  const TensorId dg_f = m.channels("dg_f", t.k, Region::grads_f32),
+                 db_f = m.channels("db_f", t.k, Region::grads_f32);
+  Attrs a = conv_bn_attrs(t.r, t.st, t.pad);
+  a.first_layer = t.first_layer;
+  h.node(OpKind::conv_fwd, {x, w}, {z_u}, a);
+  h.node(OpKind::bn_fwd_train, {z_u, gamma, beta, rm_u, rv_u}, {b_u, saved_u}, a);
+  h.node(OpKind::relu_fwd, {b_u}, {y_u}, a);
+  h.node(OpKind::relu_bwd, {y_u, dy}, {g_u}, a);
+  h.node(OpKind::bn_bwd, {z_u, g_u, gamma, saved_u}, {dz_u, dg_u, db_u}, a);
+  h.node(OpKind::conv_bwd_weight, {x, dz_u}, {dw_u}, a);
+  if (!t.first_layer) h.node(OpKind::conv_bwd_data, {dz_u, w}, {dx_u}, a);
+  h.node(OpKind::cbr_fwd, {x, w, gamma, beta, rm_f, rv_f}, {z_f, y_f, saved_f, mask}, a);
+  h.node(OpKind::cbr_bwd, {x, w, z_f, dy, mask, gamma, saved_f},
+         {t.first_layer ? kNoTensor : dx_f, dw_f, dg_f, db_f, dz_f}, a);
+  h.compile(make_backend(backend));
+  h.write(x, random_values(static_cast<size_t>(xs.numel()), 1));
+  h.write(w, random_values(static_cast<size_t>(ws.numel()), 2, -0.5f, 0.5f));
+  h.write(dy, random_values(static_cast<size_t>(ys.numel()), 3));
+  h.write(gamma, random_values(static_cast<size_t>(t.k), 4, 0.5f, 1.5f));
+  h.write(beta, random_values(static_cast<size_t>(t.k), 5, -0.3f, 0.3f));
+  for (TensorId id : {rm_u, rm_f}) h.write(id, random_values(static_cast<size_t>(t.k), 6));
+  for (TensorId id : {rv_u, rv_f})
+    h.write(id, random_values(static_cast<size_t>(t.k), 7, 0.5f, 1.5f));
+  h.run();
+  expect_equal(h, z_f, z_u, "z (convolution output)");
+  expect_equal(h, y_f, y_u, "y");
+  expect_mask(h, mask, y_u);
+  expect_equal(h, saved_f, saved_u, "saved statistics");
+  expect_equal(h, rm_f, rm_u, "running mean");
+  expect_equal(h, rv_f, rv_u, "running variance");
+  expect_equal(h, dz_f, dz_u, "dz");
+  expect_equal(h, dw_f, dw_u, "dw");
+  expect_equal(h, dg_f, dg_u, "dgamma");
+  expect_equal(h, db_f, db_u, "dbeta");
+  if (!t.first_layer) expect_equal(h, dx_f, dx_u, "dx");
+}
+
+inline void bn_add_relu_equals_chain(const Shape& s, bool amp, const char* backend) {
+  const int64_t c = s[3];
+  OpHarness h(amp);
+  const Maker m{h, amp};
+  const TensorId x = m.feature("x", s), r = m.feature("residual", s), dy = m.feature("dy", s);
+  const TensorId gamma = m.channels("gamma", c, Region::params_f32),
+                 beta = m.channels("beta", c, Region::params_f32);
+  const TensorId rm_u = m.channels("rm_u", c, Region::bn_running),
+                 rv_u = m.channels("rv_u", c, Region::bn_running);
+  const TensorId rm_f = m.channels("rm_f", c, Region::bn_running),
+                 rv_f = m.channels("rv_f", c, Region::bn_running);
+  const TensorId saved_u = h.tensor("saved_u", {2, c}, Region::bn_saved);
+  const TensorId saved_f = h.tensor("saved_f", {2, c}, Region::bn_saved);
+  const TensorId b_u = m.feature("b_u", s), s_u = m.feature("s_u", s), y_u = m.feature("y_u", s),
+                 g_u = m.feature("g_u", s), dx_u = m.feature("dx_u", s);
+  const TensorId y_f = m.feature("y_f", s), dx_f = m.feature("dx_f", s),
+                 dres_f = m.feature("dres_f", s);
+  const TensorId mask = h.tensor("mask", {(s.numel() + 7) / 8}, Region::aux, DType::U8);
+  const TensorId dg_u = m.channels("dg_u", c, Region::grads_f32),
+                 db_u = m.channels("db_u", c, Region::grads_f32);
+  const TensorId dg_f = m.channels("dg_f", c, Region::grads_f32),
+                 db_f = m.channels("db_f", c, Region::grads_f32);
+  Attrs a;
+  a.eps = 1e-5f;
+  a.bn_momentum = 0.1f;
+  h.node(OpKind::bn_fwd_train, {x, gamma, beta, rm_u, rv_u}, {b_u, saved_u}, a);
+  h.node(OpKind::add, {b_u, r}, {s_u}, a);
+  h.node(OpKind::relu_fwd, {s_u}, {y_u}, a);
+  h.node(OpKind::relu_bwd, {y_u, dy}, {g_u}, a);
+  h.node(OpKind::bn_bwd, {x, g_u, gamma, saved_u}, {dx_u, dg_u, db_u}, a);
+  h.node(OpKind::bn_add_relu_fwd, {x, gamma, beta, rm_f, rv_f, r}, {y_f, saved_f, mask}, a);
+  h.node(OpKind::bn_add_relu_bwd, {x, dy, mask, gamma, saved_f}, {dx_f, dres_f, dg_f, db_f}, a);
+  h.compile(make_backend(backend));
+  const auto n = static_cast<size_t>(s.numel()), cn = static_cast<size_t>(c);
+  h.write(x, random_values(n, 11, 1.0f, 3.0f));
+  h.write(r, random_values(n, 12));
+  h.write(dy, random_values(n, 13));
+  h.write(gamma, random_values(cn, 14, 0.5f, 1.5f));
+  h.write(beta, random_values(cn, 15, -0.3f, 0.3f));
+  for (TensorId id : {rm_u, rm_f}) h.write(id, random_values(cn, 16));
+  for (TensorId id : {rv_u, rv_f}) h.write(id, random_values(cn, 17, 0.5f, 1.5f));
+  h.run();
+  expect_equal(h, y_f, y_u, "y");
+  expect_mask(h, mask, y_u);
+  expect_equal(h, saved_f, saved_u, "saved statistics");
+  expect_equal(h, rm_f, rm_u, "running mean");
+  expect_equal(h, rv_f, rv_u, "running variance");
+  expect_equal(h, dres_f, g_u, "dresidual (the masked gradient)");
+  expect_equal(h, dx_f, dx_u, "dx");
+  expect_equal(h, dg_f, dg_u, "dgamma");
+  expect_equal(h, db_f, db_u, "dbeta");
+}
+
+// cbr with a convolution bias (VGG's), which BatchNorm cancels (ops.def), against cbr without
+// it: z, y, mask, statistics and gradients equal; the running mean moved by momentum * b (the
+// host forms it in float; rm_tol allows a backend that forms it in double); db is 0.
+inline void cbr_bias_moves_only_the_running_mean(bool amp, const char* backend, double rm_tol) {
+  const int64_t n = 4, hh = 10, ww = 9, c = 16, k = 32;
+  const Shape xs{n, hh, ww, c}, ys{n, hh, ww, k}, ws{k, 3, 3, c};
+  OpHarness h(amp);
+  const Maker m{h, amp};
+  const TensorId x = m.feature("x", xs), dy = m.feature("dy", ys), w = m.weight("w", ws);
+  const TensorId gamma = m.channels("gamma", k, Region::params_f32),
+                 beta = m.channels("beta", k, Region::params_f32);
+  const TensorId b = m.channels("b", k, Region::params_f32);
+  struct Side {
+    TensorId rm, rv, saved, z, y, mask, dz, dx, dw, dg, db, dbias;
+  };
+  Side side[2];
+  for (int i = 0; i < 2; ++i) {
+    const std::string t = i ? "_bias" : "_plain";
+    Side& e = side[i];
+    e.rm = m.channels("rm" + t, k, Region::bn_running);
+    e.rv = m.channels("rv" + t, k, Region::bn_running);
+    e.saved = h.tensor("saved" + t, {2, k}, Region::bn_saved);
+    e.z = m.feature("z" + t, ys);
+    e.y = m.feature("y" + t, ys);
+    e.dz = m.feature("dz" + t, ys);
+    e.dx = m.feature("dx" + t, xs);
+    e.mask = h.tensor("mask" + t, {(ys.numel() + 7) / 8}, Region::aux, DType::U8);
+    e.dw = m.weight_grad("dw" + t, ws);
+    e.dg = m.channels("dg" + t, k, Region::grads_f32);
+    e.db = m.channels("dbeta" + t, k, Region::grads_f32);
+    e.dbias = i ? m.channels("dbias", k, Region::grads_f32) : kNoTensor;
+  }
+  const Attrs a = conv_bn_attrs(3, 1, 1);
+  for (int i = 0; i < 2; ++i) {
+    const Side& e = side[i];
+    std::vector<TensorId> in{x, w, gamma, beta, e.rm, e.rv};
+    std::vector<TensorId> out{e.dx, e.dw, e.dg, e.db, e.dz};
+    if (i) {
+      in.push_back(b);
+      out.push_back(e.dbias);
+    }
+    h.node(OpKind::cbr_fwd, in, {e.z, e.y, e.saved, e.mask}, a);
+    h.node(OpKind::cbr_bwd, {x, w, e.z, dy, e.mask, gamma, e.saved}, out, a);
+  }
+  h.compile(make_backend(backend));
+  const auto kn = static_cast<size_t>(k);
+  h.write(x, random_values(static_cast<size_t>(xs.numel()), 31));
+  h.write(w, random_values(static_cast<size_t>(ws.numel()), 32, -0.5f, 0.5f));
+  h.write(dy, random_values(static_cast<size_t>(ys.numel()), 33));
+  h.write(gamma, random_values(kn, 34, 0.5f, 1.5f));
+  h.write(beta, random_values(kn, 35, -0.3f, 0.3f));
+  const std::vector<float> bias = random_values(kn, 36, -2.0f, 2.0f), rm0 = random_values(kn, 37);
+  h.write(b, bias);
+  h.write(side[1].dbias, std::vector<float>(kn, 7.0f));  // must be overwritten
+  for (const Side& e : side) {
+    h.write(e.rm, rm0);
+    h.write(e.rv, random_values(kn, 38, 0.5f, 1.5f));
+  }
+  h.run();
+  const Side &p = side[0], &q = side[1];
+  expect_equal(h, q.z, p.z, "z");
+  expect_equal(h, q.y, p.y, "y");
+  EXPECT_EQ(h.read_u8(q.mask), h.read_u8(p.mask)) << "mask";
+  expect_equal(h, q.saved, p.saved, "saved statistics");
+  expect_equal(h, q.rv, p.rv, "running variance");
+  expect_equal(h, q.dz, p.dz, "dz");
+  expect_equal(h, q.dx, p.dx, "dx");
+  expect_equal(h, q.dw, p.dw, "dw");
+  expect_equal(h, q.dg, p.dg, "dgamma");
+  expect_equal(h, q.db, p.db, "dbeta");
+  const std::vector<float> rm_plain = h.read(p.rm), rm_bias = h.read(q.rm);
+  for (size_t j = 0; j < kn; ++j) {
+    const float want = rm_plain[j] + a.bn_momentum * bias[j];
+    EXPECT_NEAR(rm_bias[j], want, rm_tol * (std::fabs(want) + 1.0))
+        << "running mean, channel " << j;
+  }
+  for (float v : h.read(q.dbias)) EXPECT_EQ(v, 0.0f) << "the cancelled bias's gradient";
+}
+
+}  // namespace kiln::test::fused
