@@ -12,7 +12,8 @@ PRECISIONS=${3:-"amp"}
 TORCH_MODES=${4:-"eager,compile"}
 BUILD=${BUILD:-build-gpu}
 STEPS=${STEPS:-30}
-log=$(mktemp -d)
+log=${COMPARE_LOGS:-$(mktemp -d)}
+mkdir -p "$log"
 rows=()
 for m in $MODELS; do
   for prec in $PRECISIONS; do

@@ -11,15 +11,28 @@
 #            ("model:batch:amp ...", default ResNet-50 and VGG16-BN at 256 in AMP) into
 #            configs/engines/<gpu>_cudnn<version>.tsv (a copy lands in the logs), then
 #            `kiln bench` of each with the table and with KILN_ENGINE_TABLE=0
-# Logs go to $OUT (the device tool's output folder) or /tmp/kiln-gpu-check.
+#     compare  gpu, then for COMPARE_MODELS (default "resnet50 vgg16_bn") at batch 256 in
+#            COMPARE_PRECISIONS (default amp): kiln with fusion off (KILN_FUSION=0), then
+#            bench/gpu_compare.sh (kiln with its defaults, PyTorch eager and torch.compile)
+#            in the same call: the table bench/RESULTS.md wants (SPEC Q3, issue 5)
+# Logs go to /tmp/kiln-gpu-check; where $OUT is set (the device tool's output folder, which
+# returns at most 8 files) they are packed into $OUT/logs.tgz and the summary into
+# $OUT/summary.txt.
 # Environment: KILN_GPU_BUILD (build dir, default build-gpu), KILN_JOBS (default nproc).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 MODE=${1:-all}
 BUILD=${KILN_GPU_BUILD:-build-gpu}
 JOBS=${KILN_JOBS:-$(nproc)}
-LOGS=${OUT:-/tmp/kiln-gpu-check}
-mkdir -p "$LOGS"
+LOGS=/tmp/kiln-gpu-check
+rm -rf "$LOGS" && mkdir -p "$LOGS"
+# Where $OUT is set, everything comes back as two files, however the script ends.
+pack() {
+  [ -n "${OUT:-}" ] || return 0
+  tar -czf "$OUT/logs.tgz" -C "$LOGS" . 2>/dev/null
+  printf '%s\n' "${SUMMARY[@]}" >"$OUT/summary.txt"
+}
+trap pack EXIT
 SUMMARY=()
 note() { SUMMARY+=("$(printf '%-14s %s' "$1" "$2")"); echo "== $1: $2"; }
 t0=$(date +%s)
@@ -58,6 +71,7 @@ echo "== build"
 targets=()  # all: everything
 [ "$MODE" = gpu ] && targets=(kiln kiln_gpu_tests)
 [ "$MODE" = bench ] && targets=(kiln kiln_cli kiln_gpu_tests)
+[ "$MODE" = compare ] && targets=(kiln kiln_cli kiln_gpu_tests)
 [ "$MODE" = tune ] && targets=(kiln kiln_cli)
 if ! cmake --build "$BUILD" -j "$JOBS" ${targets[@]:+--target "${targets[@]}"} >"$LOGS/build.log" 2>&1; then
   grep -E 'error|FAILED' "$LOGS/build.log" | head -40
@@ -132,6 +146,23 @@ if [ "$MODE" = bench ]; then
   else
     note bench "skipped: this kiln has no 'bench' command yet"
   fi
+fi
+
+if [ "$MODE" = compare ]; then
+  echo "== compare"
+  precisions=${COMPARE_PRECISIONS:-amp}
+  for m in ${COMPARE_MODELS:-resnet50 vgg16_bn}; do
+    for prec in $precisions; do
+      amp=(); [ "$prec" = amp ] && amp=(--amp)
+      KILN_FUSION=0 "$BUILD/kiln" bench --device cuda --model "$m" --batch 256 "${amp[@]}" --steps "${STEPS:-20}" \
+        --warmup 5 --repeats 3 >"$LOGS/bench-$m-$prec-unfused.log" 2>&1 || status=1
+      ips=$(grep -o '"images_per_second":[0-9.]*' "$LOGS/bench-$m-$prec-unfused.log" | cut -d: -f2)
+      note "kiln unfused" "$m $prec ${ips:-FAILED} img/s"
+    done
+  done
+  COMPARE_LOGS="$LOGS/compare" BUILD="$BUILD" STEPS=${STEPS:-20} bash bench/gpu_compare.sh \
+    "${COMPARE_MODELS:-resnet50 vgg16_bn}" 256 "$precisions" "eager,compile" >"$LOGS/compare.log" 2>&1 || status=1
+  while IFS= read -r line; do SUMMARY+=("$line"); done < <(grep '^|' "$LOGS/compare.log")
 fi
 
 echo
