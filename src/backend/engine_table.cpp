@@ -1,10 +1,13 @@
 #include "kiln/backend/engine_table.h"
 
+#include <dlfcn.h>
+
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <sstream>
 
 #include "kiln/core/error.h"
@@ -153,6 +156,21 @@ void EngineTable::put(EngineEntry entry) {
 
 void EngineTable::merge(const EngineTable& other) {
   for (const EngineEntry& e : other.entries_) put(e);
+}
+
+std::string installed_engine_table_dir(const std::string& from_lib) {
+  Dl_info info{};
+  if (dladdr(reinterpret_cast<void*>(&installed_engine_table_dir), &info) == 0 || info.dli_fname == nullptr) {
+    return from_lib;
+  }
+  const std::filesystem::path lib = std::filesystem::absolute(info.dli_fname).parent_path();
+  return (lib / from_lib).lexically_normal().string();
+}
+
+std::string engine_table_dir(const std::string& source_dir, const std::string& installed_dir) {
+  std::error_code ec;
+  if (!source_dir.empty() && std::filesystem::is_directory(source_dir, ec)) return source_dir;
+  return installed_dir.empty() ? source_dir : installed_dir;
 }
 
 std::string engine_table_file(const std::string& dir, const std::string& gpu, int64_t cudnn) {

@@ -7,6 +7,12 @@ execute_process(COMMAND ${CMAKE_COMMAND} --install ${KILN_BINARY_DIR} --prefix $
 if(rc)
   message(FATAL_ERROR "cmake --install failed: ${rc}")
 endif()
+# The engine experience tables travel with the install (the CUDA backend reads them from there).
+include(GNUInstallDirs)
+file(GLOB tables ${prefix}/${CMAKE_INSTALL_DATADIR}/kiln/engines/*.tsv)
+if(NOT tables)
+  message(FATAL_ERROR "cmake --install put no engine tables under ${prefix}/${CMAKE_INSTALL_DATADIR}/kiln/engines")
+endif()
 execute_process(COMMAND ${CMAKE_COMMAND} -S ${KILN_SOURCE_DIR}/tests/install/consumer -B ${build}
                         -DCMAKE_PREFIX_PATH=${prefix} -DCMAKE_BUILD_TYPE=Release RESULT_VARIABLE rc)
 if(rc)

@@ -97,6 +97,29 @@ TEST(EngineTable, FileNameSaysGpuAndCudnn) {
   EXPECT_EQ(engine_table_file("d", "", 1), "d/gpu_cudnn1.tsv");
 }
 
+// The source tree's tables while it exists, else the installed copy.
+TEST(EngineTable, TablesComeFromTheSourcesElseTheInstalledCopy) {
+  namespace fs = std::filesystem;
+  const fs::path root = fs::path(::testing::TempDir()) / "kiln_engine_dirs";
+  fs::remove_all(root);
+  const fs::path src = root / "configs/engines", inst = root / "prefix/share/kiln/engines";
+  fs::create_directories(inst);
+  EXPECT_EQ(engine_table_dir(src.string(), inst.string()), inst.string()) << "sources gone: the installed copy";
+  fs::create_directories(src);
+  EXPECT_EQ(engine_table_dir(src.string(), inst.string()), src.string()) << "a build tree: its own sources";
+  EXPECT_EQ(engine_table_dir("", inst.string()), inst.string());
+  fs::remove_all(root);
+}
+
+// The installed copy is found from the folder the library was loaded from (here the build
+// tree, where libkiln sits at the top), so an install under any --prefix finds its tables.
+TEST(EngineTable, InstalledCopyIsFoundBesideTheLibrary) {
+  namespace fs = std::filesystem;
+  const fs::path got = installed_engine_table_dir("../share/kiln/engines");
+  const fs::path want = fs::path(KILN_BINARY_DIR).parent_path() / "share/kiln/engines";
+  EXPECT_EQ(fs::weakly_canonical(got), fs::weakly_canonical(want));
+}
+
 void expect_refused(const std::string& text, const std::string& needle) {
   try {
     EngineTable::parse(text, "t.tsv");

@@ -58,4 +58,14 @@ class EngineTable {
 // e.g. "configs/engines/nvidia-h200_cudnn91400.tsv".
 std::string engine_table_file(const std::string& dir, const std::string& gpu, int64_t cudnn);
 
+// Where the committed tables are read from: the source tree's configs/engines while it exists
+// (a build tree; `kiln tune` writes beside the sources), else the installed copy, so an
+// installed kiln keeps its tables when the sources are gone. An empty source_dir is skipped.
+std::string engine_table_dir(const std::string& source_dir, const std::string& installed_dir);
+
+// The installed copy: `from_lib` (e.g. "../share/kiln/engines", fixed at configure time from
+// the install layout) resolved against the folder libkiln was loaded from, so that
+// `cmake --install --prefix P` anywhere finds P/share/kiln/engines.
+std::string installed_engine_table_dir(const std::string& from_lib);
+
 }  // namespace kiln

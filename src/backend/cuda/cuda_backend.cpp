@@ -274,7 +274,11 @@ class CudaBackend final : public CudaBackendApi {
     if (ctx_.opts.tune_path != "auto") return ctx_.opts.tune_path;
     cudaDeviceProp prop{};
     CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
-    return engine_table_file(KILN_ENGINE_TABLE_DIR, prop.name, static_cast<int64_t>(cudnnGetVersion()));
+    return engine_table_file(table_dir(), prop.name, static_cast<int64_t>(cudnnGetVersion()));
+  }
+
+  static std::string table_dir() {
+    return engine_table_dir(KILN_ENGINE_TABLE_DIR, installed_engine_table_dir(KILN_ENGINES_FROM_LIB));
   }
 
   // S16: the experience table for this GPU and cuDNN version (see engine_table.h).
@@ -287,7 +291,7 @@ class CudaBackend final : public CudaBackendApi {
     const auto cudnn = static_cast<int64_t>(cudnnGetVersion());
     std::string path = ctx_.opts.engine_table_path;
     if (path.empty()) {
-      path = engine_table_file(KILN_ENGINE_TABLE_DIR, gpu, cudnn);
+      path = engine_table_file(table_dir(), gpu, cudnn);
       if (!std::ifstream(path).good()) {
         log_info("engine table: none for ", gpu, " with cuDNN ", cudnn, " (", path,
                  "); convolutions take cuDNN's heuristic choice. `kiln tune` writes one.");
