@@ -3,6 +3,7 @@
 // takes every convolution engine from it; a winner that no longer builds falls back to the
 // backups, and a table of which nothing builds falls back to cuDNN's heuristics. The steps
 // all train the same: the engines differ only in summation order (AMP tolerance, 1e-2).
+// Compile-time autotuning (a graph the table lacks) is checked off and on the same way.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -23,12 +24,12 @@ struct Outcome {
   float loss = 0.0f;
 };
 
-Outcome compile_and_step() {
+Outcome compile_and_step(bool amp = true) {
   const BluePrint bp = make_model("resnet18_small");
   EngineOptions o;
   o.device = "cuda";
   o.compile.batch = 8;
-  o.compile.amp = true;
+  o.compile.amp = amp;
   Engine e(bp, o);
   e.lock_memory();
   e.compile(5);
@@ -63,6 +64,7 @@ TEST(GpuEngineTable, TuneLookUpAndFallBack) {
   KILN_REQUIRE_GPU();
   const std::string path = ::testing::TempDir() + "/kiln_gpu_engine_table.tsv";
   std::remove(path.c_str());
+  ScopedEnv no_autotune("KILN_AUTOTUNE", "0");  // a table miss takes the heuristics here
   Outcome tuned;
   {
     ScopedEnv tune("KILN_TUNE", path.c_str());
@@ -116,6 +118,40 @@ TEST(GpuEngineTable, TuneLookUpAndFallBack) {
     EXPECT_NEAR(o->loss, tuned.loss, 1e-2 * std::fabs(tuned.loss));
   }
   std::remove(path.c_str());
+}
+
+// Without a table every graph is autotuned (the heuristics' first engine and a few more,
+// timed); a second compile in the same process takes the same engines from the process-wide
+// choice; KILN_AUTOTUNE=0 and KILN_DETERMINISTIC=1 leave every graph to the heuristics. All
+// train alike: FP32 engines without tensor cores differ only in summation order (1e-5 of the
+// loss), AMP ones in FP16 rounding of the same sums (1e-2).
+TEST(GpuAutotune, OffAndOnTrainAlike) {
+  KILN_REQUIRE_GPU();
+  ScopedEnv no_table("KILN_ENGINE_TABLE", "0");
+  for (const bool amp : {false, true}) {
+    SCOPED_TRACE(amp ? "amp" : "fp32");
+    const Outcome on = compile_and_step(amp), again = compile_and_step(amp);
+    const int plans = on.use.autotuned + on.use.heuristics;
+    EXPECT_GT(plans, 0);
+    EXPECT_EQ(on.use.autotuned, plans) << "every graph has an engine that runs";
+    EXPECT_EQ(on.use.from_table, 0);
+    EXPECT_EQ(again.use.autotuned, plans);
+    EXPECT_EQ(again.loss, on.loss) << "the same process takes the same engines: the same bits";
+    Outcome off, det;
+    {
+      ScopedEnv e("KILN_AUTOTUNE", "0");
+      off = compile_and_step(amp);
+    }
+    {
+      ScopedEnv e("KILN_DETERMINISTIC", "1");
+      det = compile_and_step(amp);
+    }
+    for (const Outcome* o : {&off, &det}) {
+      EXPECT_EQ(o->use.autotuned, 0);
+      EXPECT_EQ(o->use.heuristics, plans);
+      EXPECT_NEAR(o->loss, on.loss, (amp ? 1e-2 : 1e-5) * std::fabs(on.loss));
+    }
+  }
 }
 
 }  // namespace

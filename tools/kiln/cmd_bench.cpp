@@ -59,8 +59,9 @@ int cmd_bench(int argc, char** argv) {
   const double compile_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_compile).count();
   if (auto* api = dynamic_cast<CudaBackendApi*>(&engine.backend()); api && dist::is_root()) {
     const CudaBackendApi::EngineTableUse use = api->engine_table_use();
-    std::printf("convolution engines: %d from the engine table%s%s, %d from cuDNN's heuristics\n", use.from_table,
-                use.table.empty() ? "" : " ", use.table.c_str(), use.heuristics);
+    std::printf("convolution engines: %d from the engine table%s%s, %d timed while compiling, %d from cuDNN's "
+                "heuristics\n", use.from_table, use.table.empty() ? "" : " ", use.table.c_str(), use.autotuned,
+                use.heuristics);
   }
 
   // One learnable synthetic batch, staged every step as a real loader would: each of 16

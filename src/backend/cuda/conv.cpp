@@ -12,6 +12,7 @@
 #include <cudnn_frontend.h>
 
 #include <algorithm>
+#include <mutex>
 #include <sstream>
 
 #include "backend/cuda/channel_ops.h"
@@ -118,67 +119,139 @@ int64_t pick_from_table(fe::graph::Graph& graph, const EngineEntry& entry) {
   return -1;
 }
 
-// `kiln tune` (KILN_TUNE=<table file>): builds every candidate engine of the graph, runs each
-// on the node's own buffers (2 untimed, then the median of 5 timed runs), records the three
-// fastest in ctx.tuned and returns the fastest one's index. Candidates that do not build, need
-// more than 1 GiB of workspace or fail to run are skipped. Tuning allocates a workspace per
-// candidate: it is a tool run, not a training step.
+// How a graph's engines are timed on the node's own buffers. `kiln tune` (KILN_TUNE=<table
+// file>) times every candidate and records the three fastest; compile-time autotuning (a graph
+// the table lacks, KILN_AUTOTUNE) times the heuristics' first choice and the next few
+// precompiled engines, as PyTorch's cudnn.benchmark does. Round 1 runs each candidate
+// `untimed` times and then once timed; only those within `cut` of the fastest get the rest of
+// their timed runs (an engine 4x slower than the best is never worth a backup slot, and
+// FP32 VGG's worst dgrad engines take ~0.7 s a run). Candidates that do not build, need more
+// than 1 GiB of workspace or fail to run are skipped. A workspace is allocated per candidate:
+// this runs while compiling, before any step.
+struct TimingRule {
+  int64_t max_candidates;
+  int untimed, timed;
+  float cut;
+  bool precompiled_after_first;  // after the first candidate, skip runtime-compiled engines (~1 s of NVRTC each)
+};
+constexpr TimingRule kTuneRule{1 << 30, 2, 5, 4.0f, false};
+constexpr TimingRule kAutotuneRule{6, 1, 3, 2.0f, true};
+
+struct Timed {
+  int64_t index;
+  EngineChoice choice;
+  std::vector<float> times;
+};
+
+// Runs plan `t.index` `untimed` + `timed` times, appending the timed ones; false if it fails.
+bool time_runs(fe::graph::Graph& graph, cudnnHandle_t handle, cudaStream_t stream,
+               std::unordered_map<int64_t, void*>& pack, Timed& t, int untimed, int timed) {
+  void* wsp = nullptr;
+  if (t.choice.workspace > 0 && cudaMalloc(&wsp, static_cast<size_t>(t.choice.workspace)) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  cudaEvent_t t0 = nullptr, t1 = nullptr;
+  CUDA_CHECK(cudaEventCreate(&t0));
+  CUDA_CHECK(cudaEventCreate(&t1));
+  bool ok = true;
+  for (int r = 0; r < untimed + timed && ok; ++r) {
+    CUDA_CHECK(cudaEventRecord(t0, stream));
+    ok = graph.execute_plan_at_index(handle, pack, wsp, t.index).is_good();
+    CUDA_CHECK(cudaEventRecord(t1, stream));
+    CUDA_CHECK(cudaEventSynchronize(t1));
+    float ms = 0.0f;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, t0, t1));
+    if (r >= untimed) t.times.push_back(ms);
+  }
+  if (cudaGetLastError() != cudaSuccess) ok = false;
+  CUDA_CHECK(cudaEventDestroy(t0));
+  CUDA_CHECK(cudaEventDestroy(t1));
+  if (wsp) CUDA_CHECK(cudaFree(wsp));
+  return ok;
+}
+
+// The measured candidates, fastest first (empty when none ran). Leaves no plan built as
+// current: the caller executes by index.
+std::vector<Timed> time_engines(fe::graph::Graph& graph, cudnnHandle_t handle, cudaStream_t stream,
+                                std::unordered_map<int64_t, void*>& pack, const TimingRule& rule) {
+  const int64_t count = graph.get_execution_plan_count();
+  std::vector<Timed> round1;
+  float best = 1e30f;
+  for (int64_t i = 0; i < count && static_cast<int64_t>(round1.size()) < rule.max_candidates; ++i) {
+    Timed t{i, {}, {}};
+    if (graph.get_plan_name_at_index(i, t.choice.engine).is_bad()) continue;
+    if (rule.precompiled_after_first && !round1.empty()) {
+      std::vector<fe::BehaviorNote_t> notes;
+      if (graph.get_behavior_notes_for_plan_at_index(i, notes).is_good() &&
+          std::find(notes.begin(), notes.end(), fe::BehaviorNote_t::RUNTIME_COMPILATION) != notes.end()) {
+        continue;
+      }
+    }
+    if (graph.build_plan_at_index(i).is_bad()) continue;
+    if (graph.get_workspace_size_plan_at_index(i, t.choice.workspace).is_bad() ||
+        t.choice.workspace > (int64_t{1} << 30)) {
+      continue;
+    }
+    if (!time_runs(graph, handle, stream, pack, t, rule.untimed, 1)) continue;
+    best = std::min(best, t.times[0]);
+    round1.push_back(std::move(t));
+  }
+  std::vector<Timed> measured;
+  for (Timed& t : round1) {
+    if (t.times[0] > rule.cut * best) continue;
+    if (rule.timed > 1 && !time_runs(graph, handle, stream, pack, t, 0, rule.timed - 1)) continue;
+    std::sort(t.times.begin(), t.times.end());
+    t.choice.ms = t.times[t.times.size() / 2];
+    measured.push_back(std::move(t));
+  }
+  std::sort(measured.begin(), measured.end(), [](const Timed& a, const Timed& b) { return a.choice.ms < b.choice.ms; });
+  return measured;
+}
+
+EngineEntry entry_of(const std::string& key, const std::vector<Timed>& measured) {
+  EngineEntry entry;
+  entry.key = key;
+  for (const Timed& t : measured) entry.choices.push_back(t.choice);
+  return entry;
+}
+
+// `kiln tune`: every candidate timed, the three fastest recorded in ctx.tuned; the fastest
+// one's index, -1 when none ran.
 int64_t tune_engines(Context& ctx, fe::graph::Graph& graph, cudnnHandle_t handle, cudaStream_t stream,
                      std::unordered_map<int64_t, void*>& pack, const std::string& key) {
   if (const EngineEntry* done = ctx.tuned.find(key)) {  // the same graph on another stream
     const int64_t i = pick_from_table(graph, *done);
     if (i >= 0) return i;
   }
-  const int64_t count = graph.get_execution_plan_count();
-  std::vector<std::pair<EngineChoice, int64_t>> measured;
-  double best_ms = 1e30;
-  cudaEvent_t t0 = nullptr, t1 = nullptr;
-  CUDA_CHECK(cudaEventCreate(&t0));
-  CUDA_CHECK(cudaEventCreate(&t1));
-  for (int64_t i = 0; i < count; ++i) {
-    std::string name;
-    int64_t ws = 0;
-    if (graph.get_plan_name_at_index(i, name).is_bad() || graph.build_plan_at_index(i).is_bad()) continue;
-    if (graph.get_workspace_size_plan_at_index(i, ws).is_bad() || ws > (int64_t{1} << 30)) continue;
-    void* wsp = nullptr;
-    if (ws > 0 && cudaMalloc(&wsp, static_cast<size_t>(ws)) != cudaSuccess) {
-      cudaGetLastError();
-      continue;
-    }
-    bool ok = true;
-    std::vector<float> times;
-    for (int r = 0; r < 7 && ok; ++r) {
-      CUDA_CHECK(cudaEventRecord(t0, stream));
-      ok = graph.execute_plan_at_index(handle, pack, wsp, i).is_good();
-      CUDA_CHECK(cudaEventRecord(t1, stream));
-      CUDA_CHECK(cudaEventSynchronize(t1));
-      float ms = 0.0f;
-      CUDA_CHECK(cudaEventElapsedTime(&ms, t0, t1));
-      if (r >= 2) times.push_back(ms);
-      // An engine 4x slower than the best so far on its second run will not make the top
-      // three worth keeping: stop timing it (VGG's large convolutions take ~10 ms a run).
-      if (r == 1 && !measured.empty() && ms > 4.0f * static_cast<float>(best_ms)) ok = false;
-    }
-    if (cudaGetLastError() != cudaSuccess) ok = false;
-    if (wsp) CUDA_CHECK(cudaFree(wsp));
-    if (!ok) continue;
-    std::sort(times.begin(), times.end());
-    measured.push_back({EngineChoice{name, ws, times[times.size() / 2]}, i});
-    best_ms = std::min(best_ms, measured.back().first.ms);
-  }
-  CUDA_CHECK(cudaEventDestroy(t0));
-  CUDA_CHECK(cudaEventDestroy(t1));
+  const std::vector<Timed> measured = time_engines(graph, handle, stream, pack, kTuneRule);
   if (measured.empty()) return -1;
-  std::sort(measured.begin(), measured.end(), [](const auto& a, const auto& b) { return a.first.ms < b.first.ms; });
-  EngineEntry entry;
-  entry.key = key;
-  for (const auto& m : measured) entry.choices.push_back(m.first);
-  ctx.tuned.put(entry);
-  log_info("tuned ", key, ": ", measured.size(), " engines, fastest ", measured[0].first.engine, " ",
-           measured[0].first.ms, " ms (heuristics' first: ", graph_first_name(graph), ")");
-  // The winner must be the built plan left for execution: build it again last.
-  FE_CHECK(graph.build_plan_at_index(measured[0].second), "tuned engine " + measured[0].first.engine);
-  return measured[0].second;
+  ctx.tuned.put(entry_of(key, measured));
+  log_info("tuned ", key, ": ", measured.size(), " engines, fastest ", measured[0].choice.engine, " ",
+           measured[0].choice.ms, " ms (heuristics' first: ", graph_first_name(graph), ")");
+  return measured[0].index;
+}
+
+// Compile-time autotuning: what it chose is kept for the whole process, keyed like the
+// table, so every later compile of the same graph (the eval program, another engine in the
+// same process) takes the same engine without timing it again, and two compiles of one model
+// in a process compute with the same engines.
+std::mutex g_autotuned_mutex;
+EngineTable g_autotuned;
+
+int64_t autotune_engines(fe::graph::Graph& graph, cudnnHandle_t handle, cudaStream_t stream,
+                         std::unordered_map<int64_t, void*>& pack, const std::string& key) {
+  std::lock_guard<std::mutex> lock(g_autotuned_mutex);
+  if (const EngineEntry* done = g_autotuned.find(key)) {
+    const int64_t i = pick_from_table(graph, *done);
+    if (i >= 0) return i;
+  }
+  const std::vector<Timed> measured = time_engines(graph, handle, stream, pack, kAutotuneRule);
+  if (measured.empty()) return -1;
+  g_autotuned.put(entry_of(key, measured));
+  log_debug("autotuned ", key, ": ", measured.size(), " engines timed, fastest ", measured[0].choice.engine, " ",
+            measured[0].choice.ms, " ms (heuristics' first: ", graph_first_name(graph), ")");
+  return measured[0].index;
 }
 
 std::shared_ptr<ConvPlan> build_plan(Context& ctx, const Node& n, int stream, ConvKind kind, const ConvGeom& g,
@@ -256,20 +329,32 @@ std::shared_ptr<ConvPlan> build_plan(Context& ctx, const Node& n, int stream, Co
   auto plan = std::make_shared<ConvPlan>();
   plan->graph = graph;
   std::unordered_map<int64_t, void*> pack{{kUidX, ptrs.x}, {kUidW, ptrs.w}, {kUidY, ptrs.y}};
+  cudaStream_t cu_stream = ctx.streams[static_cast<size_t>(stream)].stream;
+  bool autotuned = false;
   if (!ctx.opts.tune_path.empty()) {
-    plan->index = tune_engines(ctx, *graph, handle, ctx.streams[static_cast<size_t>(stream)].stream, pack, table_key);
+    plan->index = tune_engines(ctx, *graph, handle, cu_stream, pack, table_key);
   } else if (const EngineEntry* entry = ctx.opts.engine_table ? ctx.engine_table.find(table_key) : nullptr) {
     plan->index = pick_from_table(*graph, *entry);
     if (plan->index < 0) {
       log_warn("engine table: none of the ", entry->choices.size(), " engines listed for ", table_key,
-               " builds here; using cuDNN's heuristics (re-run kiln tune)");
+               " builds here; ", ctx.opts.autotune ? "timing a few engines instead" : "using cuDNN's heuristics",
+               " (re-run kiln tune)");
     }
   }
-  if (plan->index >= 0) {
+  if (plan->index < 0 && ctx.opts.autotune && ctx.opts.tune_path.empty()) {
+    plan->index = autotune_engines(*graph, handle, cu_stream, pack, table_key);
+    autotuned = plan->index >= 0;
+  }
+  if (autotuned) {
+    ++ctx.autotuned;
+  } else if (plan->index >= 0) {
     ++ctx.table_hits;
-    FE_CHECK(graph->get_workspace_size_plan_at_index(plan->index, plan->workspace), what);
   } else {
     ++ctx.table_misses;
+  }
+  if (plan->index >= 0) {
+    FE_CHECK(graph->get_workspace_size_plan_at_index(plan->index, plan->workspace), what);
+  } else {
     FE_CHECK(graph->build_plans(handle, fe::BuildPlanPolicy_t::HEURISTICS_CHOICE), what);
     FE_CHECK(graph->get_workspace_size(plan->workspace), what);
   }

@@ -268,7 +268,8 @@ class CudaBackend final : public CudaBackendApi {
   };
 
   EngineTableUse engine_table_use() const override {
-    return {ctx_.table_hits, ctx_.table_misses, ctx_.opts.tune_path.empty() ? table_path_ : tune_path()};
+    return {ctx_.table_hits, ctx_.table_misses, ctx_.autotuned,
+            ctx_.opts.tune_path.empty() ? table_path_ : tune_path()};
   }
   std::string tune_path() const {
     if (ctx_.opts.tune_path != "auto") return ctx_.opts.tune_path;
@@ -285,7 +286,7 @@ class CudaBackend final : public CudaBackendApi {
   void load_engine_table(const std::string& gpu) {
     ctx_.engine_table = EngineTable{};
     ctx_.tuned = EngineTable{};
-    ctx_.table_hits = ctx_.table_misses = 0;
+    ctx_.table_hits = ctx_.table_misses = ctx_.autotuned = 0;
     table_path_.clear();
     if (!ctx_.opts.engine_table || !ctx_.opts.tune_path.empty()) return;
     const auto cudnn = static_cast<int64_t>(cudnnGetVersion());
@@ -307,7 +308,7 @@ class CudaBackend final : public CudaBackendApi {
     table_path_ = path;
   }
   void finish_engine_table(const std::string& gpu) {
-    const int plans = ctx_.table_hits + ctx_.table_misses;
+    const int plans = ctx_.table_hits + ctx_.table_misses + ctx_.autotuned;
     if (!ctx_.opts.tune_path.empty()) {
       // Merge into what the file holds (other models' shapes), newest measurement winning.
       const std::string path = tune_path();
@@ -321,6 +322,10 @@ class CudaBackend final : public CudaBackendApi {
                merged.entries().size(), " entries in all)");
     } else if (!table_path_.empty()) {
       log_info("engine table: ", ctx_.table_hits, " of ", plans, " convolution plans from ", table_path_);
+    }
+    if (ctx_.autotuned > 0) {
+      log_info("autotune: ", ctx_.autotuned, " of ", plans, " convolution plans chosen by timing a few engines",
+               " (KILN_AUTOTUNE=0: cuDNN's heuristic choice)");
     }
   }
 

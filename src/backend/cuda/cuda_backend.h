@@ -18,9 +18,11 @@ class CudaBackendApi : public Backend {
   // run to finish. Empty when profiling is off.
   virtual std::vector<std::pair<std::string, float>> phase_times() = 0;
   // How the last compile() chose its convolution engines (SPEC S16): plans from the
-  // experience table (or measured, under KILN_TUNE) and plans left to cuDNN's heuristics.
+  // experience table (or measured, under KILN_TUNE), plans chosen by timing a few engines
+  // while compiling (a graph the table lacks; KILN_AUTOTUNE=0 turns it off) and plans left
+  // to cuDNN's heuristics.
   struct EngineTableUse {
-    int from_table = 0, heuristics = 0;
+    int from_table = 0, heuristics = 0, autotuned = 0;
     std::string table;  // the file consulted or written; empty when none
   };
   virtual EngineTableUse engine_table_use() const = 0;

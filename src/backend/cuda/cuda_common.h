@@ -69,6 +69,10 @@ struct Options {
   // exist); 0: off, every convolution takes cuDNN's heuristic choice.
   bool engine_table = true;
   std::string engine_table_path;
+  // KILN_AUTOTUNE=0: a convolution graph the table lacks takes cuDNN's heuristic choice
+  // instead of the fastest of a few engines timed while compiling (conv.cpp). On by default,
+  // except under KILN_DETERMINISTIC (timing may choose differently from run to run).
+  bool autotune = true;
   // KILN_TUNE=<file>: measure every engine of every convolution graph while compiling and
   // merge the three fastest of each into <file> (what `kiln tune` does).
   std::string tune_path;
@@ -92,10 +96,11 @@ struct Context {
   // Plans shared by nodes of the same shape (cuDNN graphs, cuBLASLt algorithms), by key.
   std::unordered_map<std::string, std::shared_ptr<void>> plan_cache;
   // The experience table consulted while compiling (empty when off or absent), what tuning
-  // measured, and how many convolution plans came from a table (or tuning) vs heuristics.
+  // measured, and how many convolution plans came from a table (or tuning), from timing a few
+  // engines while compiling, or from cuDNN's heuristics.
   EngineTable engine_table;
   EngineTable tuned;
-  int table_hits = 0, table_misses = 0;
+  int table_hits = 0, table_misses = 0, autotuned = 0;
 
   const DTensor& tensor(TensorId id) const { return program->tensor(id); }
   // Device address of a tensor; valid once the regions are allocated (run time). Factories

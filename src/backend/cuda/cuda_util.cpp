@@ -30,6 +30,7 @@ Options options_from_env() {
   o.engine_table = table != "0" && table != "off" && table != "false";
   if (o.engine_table) o.engine_table_path = table;
   o.tune_path = env_string("KILN_TUNE", "");
+  o.autotune = env_flag("KILN_AUTOTUNE", !o.deterministic);
   return o;
 }
 
