@@ -125,9 +125,10 @@ int64_t pick_from_table(fe::graph::Graph& graph, const EngineEntry& entry) {
 // precompiled engines, as PyTorch's cudnn.benchmark does. Round 1 runs each candidate
 // `untimed` times and then once timed; only those within `cut` of the fastest get the rest of
 // their timed runs (an engine 4x slower than the best is never worth a backup slot, and
-// FP32 VGG's worst dgrad engines take ~0.7 s a run). Candidates that do not build, need more
-// than 1 GiB of workspace or fail to run are skipped. A workspace is allocated per candidate:
-// this runs while compiling, before any step.
+// FP32 VGG's worst dgrad engines take ~0.7 s a run); a candidate is dropped as soon as one
+// of its runs, untimed or not, is beyond `cut` of the fastest so far. Candidates that do not
+// build, need more workspace than Context::workspace_cap or fail to run are skipped. A
+// workspace is allocated per candidate: this runs while compiling, before any step.
 struct TimingRule {
   int64_t max_candidates;
   int untimed, timed;
@@ -143,9 +144,10 @@ struct Timed {
   std::vector<float> times;
 };
 
-// Runs plan `t.index` `untimed` + `timed` times, appending the timed ones; false if it fails.
+// Runs plan `t.index` `untimed` + `timed` times, appending the timed ones; false if it fails
+// or a run takes longer than `give_up_ms`.
 bool time_runs(fe::graph::Graph& graph, cudnnHandle_t handle, cudaStream_t stream,
-               std::unordered_map<int64_t, void*>& pack, Timed& t, int untimed, int timed) {
+               std::unordered_map<int64_t, void*>& pack, Timed& t, int untimed, int timed, float give_up_ms) {
   void* wsp = nullptr;
   if (t.choice.workspace > 0 && cudaMalloc(&wsp, static_cast<size_t>(t.choice.workspace)) != cudaSuccess) {
     cudaGetLastError();
@@ -163,6 +165,8 @@ bool time_runs(fe::graph::Graph& graph, cudnnHandle_t handle, cudaStream_t strea
     float ms = 0.0f;
     CUDA_CHECK(cudaEventElapsedTime(&ms, t0, t1));
     if (r >= untimed) t.times.push_back(ms);
+    // A first (untimed) run may include loading the kernel: it gives up only past 20 ms.
+    if (ms > give_up_ms && (r >= untimed || ms > 20.0f)) ok = false;
   }
   if (cudaGetLastError() != cudaSuccess) ok = false;
   CUDA_CHECK(cudaEventDestroy(t0));
@@ -174,7 +178,8 @@ bool time_runs(fe::graph::Graph& graph, cudnnHandle_t handle, cudaStream_t strea
 // The measured candidates, fastest first (empty when none ran). Leaves no plan built as
 // current: the caller executes by index.
 std::vector<Timed> time_engines(fe::graph::Graph& graph, cudnnHandle_t handle, cudaStream_t stream,
-                                std::unordered_map<int64_t, void*>& pack, const TimingRule& rule) {
+                                std::unordered_map<int64_t, void*>& pack, const TimingRule& rule,
+                                int64_t workspace_cap) {
   const int64_t count = graph.get_execution_plan_count();
   std::vector<Timed> round1;
   float best = 1e30f;
@@ -190,17 +195,17 @@ std::vector<Timed> time_engines(fe::graph::Graph& graph, cudnnHandle_t handle, c
     }
     if (graph.build_plan_at_index(i).is_bad()) continue;
     if (graph.get_workspace_size_plan_at_index(i, t.choice.workspace).is_bad() ||
-        t.choice.workspace > (int64_t{1} << 30)) {
+        t.choice.workspace > workspace_cap) {
       continue;
     }
-    if (!time_runs(graph, handle, stream, pack, t, rule.untimed, 1)) continue;
+    if (!time_runs(graph, handle, stream, pack, t, rule.untimed, 1, rule.cut * best)) continue;
     best = std::min(best, t.times[0]);
     round1.push_back(std::move(t));
   }
   std::vector<Timed> measured;
   for (Timed& t : round1) {
     if (t.times[0] > rule.cut * best) continue;
-    if (rule.timed > 1 && !time_runs(graph, handle, stream, pack, t, 0, rule.timed - 1)) continue;
+    if (rule.timed > 1 && !time_runs(graph, handle, stream, pack, t, 0, rule.timed - 1, 1e30f)) continue;
     std::sort(t.times.begin(), t.times.end());
     t.choice.ms = t.times[t.times.size() / 2];
     measured.push_back(std::move(t));
@@ -224,7 +229,7 @@ int64_t tune_engines(Context& ctx, fe::graph::Graph& graph, cudnnHandle_t handle
     const int64_t i = pick_from_table(graph, *done);
     if (i >= 0) return i;
   }
-  const std::vector<Timed> measured = time_engines(graph, handle, stream, pack, kTuneRule);
+  const std::vector<Timed> measured = time_engines(graph, handle, stream, pack, kTuneRule, ctx.workspace_cap);
   if (measured.empty()) return -1;
   ctx.tuned.put(entry_of(key, measured));
   log_info("tuned ", key, ": ", measured.size(), " engines, fastest ", measured[0].choice.engine, " ",
@@ -239,14 +244,14 @@ int64_t tune_engines(Context& ctx, fe::graph::Graph& graph, cudnnHandle_t handle
 std::mutex g_autotuned_mutex;
 EngineTable g_autotuned;
 
-int64_t autotune_engines(fe::graph::Graph& graph, cudnnHandle_t handle, cudaStream_t stream,
+int64_t autotune_engines(const Context& ctx, fe::graph::Graph& graph, cudnnHandle_t handle, cudaStream_t stream,
                          std::unordered_map<int64_t, void*>& pack, const std::string& key) {
   std::lock_guard<std::mutex> lock(g_autotuned_mutex);
   if (const EngineEntry* done = g_autotuned.find(key)) {
     const int64_t i = pick_from_table(graph, *done);
     if (i >= 0) return i;
   }
-  const std::vector<Timed> measured = time_engines(graph, handle, stream, pack, kAutotuneRule);
+  const std::vector<Timed> measured = time_engines(graph, handle, stream, pack, kAutotuneRule, ctx.workspace_cap);
   if (measured.empty()) return -1;
   g_autotuned.put(entry_of(key, measured));
   log_debug("autotuned ", key, ": ", measured.size(), " engines timed, fastest ", measured[0].choice.engine, " ",
@@ -321,7 +326,7 @@ std::shared_ptr<ConvPlan> build_plan(Context& ctx, const Node& n, int stream, Co
   }
   if (ctx.opts.deterministic) bad.push_back(fe::NumericalNote_t::NONDETERMINISTIC);
   if (!bad.empty()) graph->deselect_numeric_notes(bad);
-  graph->deselect_workspace_greater_than(int64_t{1} << 30);
+  graph->deselect_workspace_greater_than(ctx.workspace_cap);
   // Tuning times precompiled engines only: a runtime-compiled one takes ~1 s of NVRTC to
   // build, and a model has ~100 convolution graphs.
   if (!ctx.opts.tune_path.empty()) graph->deselect_behavior_notes({fe::BehaviorNote_t::RUNTIME_COMPILATION});
@@ -342,7 +347,7 @@ std::shared_ptr<ConvPlan> build_plan(Context& ctx, const Node& n, int stream, Co
     }
   }
   if (plan->index < 0 && ctx.opts.autotune && ctx.opts.tune_path.empty()) {
-    plan->index = autotune_engines(*graph, handle, cu_stream, pack, table_key);
+    plan->index = autotune_engines(ctx, *graph, handle, cu_stream, pack, table_key);
     autotuned = plan->index >= 0;
   }
   if (autotuned) {

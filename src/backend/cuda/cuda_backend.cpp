@@ -98,6 +98,7 @@ class CudaBackend final : public CudaBackendApi {
       ctx_.base[static_cast<size_t>(r)] = static_cast<uint8_t*>(p);
       CUDA_CHECK(cudaMemset(p, 0, size));
     }
+    set_workspace_cap();
     load_engine_table(prop.name);
     build(program.train, train_);
     build(program.eval, eval_);
@@ -280,6 +281,19 @@ class CudaBackend final : public CudaBackendApi {
 
   static std::string table_dir() {
     return engine_table_dir(KILN_ENGINE_TABLE_DIR, installed_engine_table_dir(KILN_ENGINES_FROM_LIB));
+  }
+
+  // Each stream's workspace is the largest any of its nodes asks for, and the streams do not
+  // share one: an engine may take an eighth of what is free after the regions (at least
+  // 256 MiB, at most 16 GiB), which leaves room for the workspaces of every stream, the
+  // pinned buffers, cuBLASLt, NCCL and tuning's temporary workspaces.
+  void set_workspace_cap() {
+    size_t free = 0, total = 0;
+    CUDA_CHECK(cudaMemGetInfo(&free, &total));
+    const int64_t mib = int64_t{1} << 20;
+    ctx_.workspace_cap = std::clamp(static_cast<int64_t>(free / 8), 256 * mib, 16384 * mib);
+    log_debug("convolution workspace cap ", ctx_.workspace_cap / mib, " MiB (", free / mib, " MiB free of ",
+              total / mib, ")");
   }
 
   // S16: the experience table for this GPU and cuDNN version (see engine_table.h).

@@ -101,6 +101,10 @@ struct Context {
   EngineTable engine_table;
   EngineTable tuned;
   int table_hits = 0, table_misses = 0, autotuned = 0;
+  // The most workspace one convolution engine may ask for: set by compile() from the device
+  // memory left once the regions are allocated (the fastest FP32 engines of VGG16 at batch
+  // 256 want several GiB; a fixed 1 GiB cap left only engines ~40x slower).
+  int64_t workspace_cap = int64_t{1} << 30;
 
   const DTensor& tensor(TensorId id) const { return program->tensor(id); }
   // Device address of a tensor; valid once the regions are allocated (run time). Factories
