@@ -464,6 +464,12 @@ class Compiler {
       return;
     }
     if (n.op == PlanOp::Input || !n.requires_grad) return;
+    // A fused BN+add+ReLU sums two gradient contributions itself (ops.def's dy2): no add node.
+    TensorId dy2 = kNoTensor;
+    if (n.op == PlanOp::BnAddReLU && p_.options.fuse_grad_sum && b.parts[n.id].size() == 2) {
+      dy2 = b.parts[n.id].back();
+      b.parts[n.id].pop_back();
+    }
     const TensorId dy = total_grad(n, b, nodes);
     const TensorId xin = f.out.count(n.inputs.empty() ? -1 : n.inputs[0]) ? f.out.at(n.inputs[0]) : kNoTensor;
     const std::string& name = n.name;
@@ -509,8 +515,9 @@ class Compiler {
         const auto& saved = f.saved.at(n.id);
         const TensorId dx = needs(0) ? new_grad(0) : feature(name + ":dx_unused", in_node(0).shape);
         const TensorId dres = needs(1) ? new_grad(1) : feature(name + ":dres_unused", in_node(1).shape);
-        nodes.push_back(make_node(OpKind::bn_add_relu_bwd,
-                                  {xin, dy, saved[1], param_in(n.bn_name + ".weight", Region::params_f32), saved[0]},
+        std::vector<TensorId> ins{xin, dy, saved[1], param_in(n.bn_name + ".weight", Region::params_f32), saved[0]};
+        if (dy2 != kNoTensor) ins.push_back(dy2);
+        nodes.push_back(make_node(OpKind::bn_add_relu_bwd, ins,
                                   {dx, dres, grad_out(Region::grads_f32, n.bn_name + ".weight"),
                                    grad_out(Region::grads_f32, n.bn_name + ".bias")},
                                   a, n.bn_name + " bn+add+relu bwd"));

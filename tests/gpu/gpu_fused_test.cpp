@@ -70,9 +70,12 @@ TEST_P(GpuFusedBnAddRelu, EqualsBnAddReluBitForBit) {
   const auto& [s, amp] = GetParam();
   for (const char* vec : {"1", "0"}) {
     ScopedEnv v("KILN_VECTOR_KERNELS", vec);
-    SCOPED_TRACE(::testing::Message()
-                 << s.str() << (amp ? " AMP" : " FP32") << ", vector kernels " << vec);
-    fused::bn_add_relu_equals_chain(s, amp, "cuda");
+    for (const bool two_grads : {false, true}) {
+      SCOPED_TRACE(::testing::Message()
+                   << s.str() << (amp ? " AMP" : " FP32") << ", vector kernels " << vec
+                   << (two_grads ? ", two gradients (dy2)" : ""));
+      fused::bn_add_relu_equals_chain(s, amp, "cuda", two_grads);
+    }
   }
 }
 
@@ -98,6 +101,9 @@ INSTANTIATE_TEST_SUITE_P(Shapes, GpuFusedBnAddRelu,
 // (16 values per channel at batch 4) amplify through ReLU decisions (measured: BN biases
 // 2-14% apart after three steps). So VGG is compared after its first step, where everything
 // but those biases must be equal bit for bit, and the biases are 0 fused, noise unfused.
+// The fused program is compiled twice: as it is by default, and with the residual blocks'
+// gradient sums folded into the BN+add+ReLU backward (KILN_FUSE_GRAD_SUM=1), which must give
+// the same bits too.
 TEST(GpuFusedStep, FusedStepsEqualUnfusedBitForBitAmp) {
   KILN_REQUIRE_GPU();
   ScopedEnv det("KILN_DETERMINISTIC", "1");
@@ -106,11 +112,13 @@ TEST(GpuFusedStep, FusedStepsEqualUnfusedBitForBitAmp) {
     const int steps = model == "vgg11_bn_small" ? 1 : 3;
     const BluePrint bp = make_model(model);
     const LearnableBatch b = learnable_batch(bp, 4, 9);
-    std::vector<std::map<std::string, std::vector<float>>> results(
-        2);  // by name: fusion reorders declarations
+    // By name (fusion reorders declarations): unfused, fused, fused with the gradient sums.
+    std::vector<std::map<std::string, std::vector<float>>> results(3);
     std::map<std::string, ParamKind> kinds;
-    std::vector<int> fused_nodes;
-    for (const bool fusion : {false, true}) {
+    std::vector<int> fused_nodes, folded;
+    for (const int config : {0, 1, 2}) {
+      const bool fusion = config > 0;
+      ScopedEnv grad_sum("KILN_FUSE_GRAD_SUM", config == 2 ? "1" : "0");
       EngineOptions o;
       o.device = "cuda";
       o.compile.batch = 4;
@@ -121,43 +129,52 @@ TEST(GpuFusedStep, FusedStepsEqualUnfusedBitForBitAmp) {
       e.lock_memory();
       e.compile(5);
       fused_nodes.push_back(fused_node_count(e));
+      folded.push_back(folded_grad_sum_count(e));
       std::vector<float> losses;
       for (int i = 0; i < steps; ++i)
         losses.push_back(e.train_step(b.images.data(), b.labels.data(), 0.05f).loss);
-      auto& r = results[fusion ? 1 : 0];
+      auto& r = results[static_cast<size_t>(config)];
       r = params_and_buffers(e);
       r["loss"] = losses;
       for (const ParamDesc& d : e.program().params) kinds[d.name] = d.kind;
     }
     EXPECT_EQ(fused_nodes[0], 0);
     EXPECT_GT(fused_nodes[1], 0) << "CUDA fuses under AMP";
-    ASSERT_EQ(results[0].size(), results[1].size());
-    size_t differing = 0, cancelled = 0;
-    for (const auto& [name, want] : results[0]) {
-      ASSERT_TRUE(results[1].count(name)) << name;
-      const std::vector<float>& got = results[1].at(name);
-      ASSERT_EQ(got.size(), want.size()) << name;
-      const auto kind = kinds.count(name) ? kinds.at(name) : ParamKind::ConvWeight;
-      if (kind == ParamKind::Bias &&
-          std::all_of(got.begin(), got.end(), [](float v) { return v == 0.0f; })) {
-        // A convolution bias the fused CBR cancels: gradient exactly 0 there (it keeps its zero
-        // initialisation); the unfused chain's is rounding noise.
-        ++cancelled;
-        for (float v : want)
-          EXPECT_LE(std::fabs(v), 1e-4f) << name << " (a bias BN cancels, unfused)";
-        continue;
+    EXPECT_EQ(fused_nodes[2], fused_nodes[1]);
+    EXPECT_EQ(folded[1], 0) << "KILN_FUSE_GRAD_SUM=0";
+    if (model != "vgg11_bn_small")
+      EXPECT_GT(folded[2], 0) << "residual blocks fold their gradient sums";
+    for (const size_t fused : {size_t{1}, size_t{2}}) {
+      SCOPED_TRACE(fused == 2 ? "gradient sums folded (KILN_FUSE_GRAD_SUM=1)" : "default fusion");
+      ASSERT_EQ(results[0].size(), results[fused].size());
+      size_t differing = 0, cancelled = 0;
+      for (const auto& [name, want] : results[0]) {
+        ASSERT_TRUE(results[fused].count(name)) << name;
+        const std::vector<float>& got = results[fused].at(name);
+        ASSERT_EQ(got.size(), want.size()) << name;
+        const auto kind = kinds.count(name) ? kinds.at(name) : ParamKind::ConvWeight;
+        if (kind == ParamKind::Bias &&
+            std::all_of(got.begin(), got.end(), [](float v) { return v == 0.0f; })) {
+          // A convolution bias the fused CBR cancels: gradient exactly 0 there (it keeps its zero
+          // initialisation); the unfused chain's is rounding noise.
+          ++cancelled;
+          for (float v : want)
+            EXPECT_LE(std::fabs(v), 1e-4f) << name << " (a bias BN cancels, unfused)";
+          continue;
+        }
+        size_t n = 0;
+        for (size_t i = 0; i < got.size(); ++i) n += bits_of(got[i]) != bits_of(want[i]);
+        EXPECT_EQ(n, 0u) << name << ": " << n << " of " << got.size() << " values differ (error "
+                         << rel_error(got, want, kSumFloor) << " of its scale)";
+        differing += n > 0;
       }
-      size_t n = 0;
-      for (size_t i = 0; i < got.size(); ++i) n += bits_of(got[i]) != bits_of(want[i]);
-      EXPECT_EQ(n, 0u) << name << ": " << n << " of " << got.size() << " values differ (error "
-                       << rel_error(got, want, kSumFloor) << " of its scale)";
-      differing += n > 0;
+      if (model == "vgg11_bn_small")
+        EXPECT_GT(cancelled, 0u) << "VGG's convolution biases are folded";
+      std::printf(
+          "  %s%s: %d fused nodes, %d step(s); %zu of %zu tensors differ; %zu cancelled biases\n",
+          model.c_str(), fused == 2 ? " (gradient sums folded)" : "", fused_nodes[1], steps,
+          differing, results[0].size(), cancelled);
     }
-    if (model == "vgg11_bn_small")
-      EXPECT_GT(cancelled, 0u) << "VGG's convolution biases are folded";
-    std::printf(
-        "  %s: %d fused nodes, %d step(s); %zu of %zu tensors differ; %zu cancelled biases\n",
-        model.c_str(), fused_nodes[1], steps, differing, results[0].size(), cancelled);
   }
 }
 

@@ -21,6 +21,7 @@
 #include "kiln/core/dtype.h"
 #include "kiln/core/rng.h"
 #include "support/op_harness.h"
+#include "support/scoped_env.h"
 
 namespace kiln::test {
 
@@ -79,29 +80,6 @@ inline int64_t max_ulp(const std::vector<float>& a, const std::vector<float>& b)
   for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, ulp_distance(a[i], b[i]));
   return worst;
 }
-
-// Sets a variable for the lifetime of the object (KILN_CUDA_GRAPHS, KILN_STREAMS...).
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) {
-      had_ = true;
-      old_ = old;
-    }
-    setenv(name, value, 1);
-  }
-  ~ScopedEnv() {
-    if (had_) {
-      setenv(name_.c_str(), old_.c_str(), 1);
-    } else {
-      unsetenv(name_.c_str());
-    }
-  }
-
- private:
-  std::string name_, old_;
-  bool had_ = false;
-};
 
 // What a tensor is, so that the pair can give it the right dtype on each side.
 enum class Kind {

@@ -1,6 +1,7 @@
 // The CPU's fused ops (cpu_fused.cpp) against their unfused chains, bit for bit
 // (tests/support/fused_checks.h says how): CBR over 5 shapes (with the first-layer form and
-// an odd mask tail), BN+add+ReLU over 3, and CBR with a convolution bias.
+// an odd mask tail), BN+add+ReLU over 3 (with one gradient and with two), and CBR with a
+// convolution bias.
 #include <gtest/gtest.h>
 
 #include "op/cpu_op_test_util.h"
@@ -35,6 +36,11 @@ class CpuFusedBnAddRelu : public ::testing::TestWithParam<BarCase> {};
 
 TEST_P(CpuFusedBnAddRelu, EqualsBnAddReluBitForBit) {
   fused::bn_add_relu_equals_chain(GetParam().shape, false, "cpu");
+}
+
+// With the gradient-sum add folded in (dy2): the chain's add, ReLU and BN backward.
+TEST_P(CpuFusedBnAddRelu, TwoGradientsEqualAddThenChainBitForBit) {
+  fused::bn_add_relu_equals_chain(GetParam().shape, false, "cpu", true);
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, CpuFusedBnAddRelu,

@@ -32,4 +32,15 @@ inline int fused_node_count(const Engine& e) {
   return fused;
 }
 
+// The BN+add+ReLU backwards that take a second gradient (ops.def's dy2): the gradient sums
+// folded into them (CompileOptions::fuse_grad_sum).
+inline int folded_grad_sum_count(const Engine& e) {
+  int folded = 0;
+  for (const Phase& ph : e.program().train) {
+    for (const Node& n : ph.nodes)
+      folded += n.op == OpKind::bn_add_relu_bwd && n.in.size() > 5 && n.in[5] != kNoTensor;
+  }
+  return folded;
+}
+
 }  // namespace kiln::test

@@ -154,11 +154,16 @@ inline void cbr_equals_chain(const CbrCase& t, bool amp, const char* backend) {
   if (!t.first_layer) expect_equal(h, dx_f, dx_u, "dx");
 }
 
-inline void bn_add_relu_equals_chain(const Shape& s, bool amp, const char* backend) {
+// two_grads: the output's gradient has two contributions, dy and dy2 - the unfused chain sums
+// them with an add node, the fused op takes dy2 (ops.def; CompileOptions::fuse_grad_sum).
+inline void bn_add_relu_equals_chain(const Shape& s, bool amp, const char* backend,
+                                     bool two_grads = false) {
   const int64_t c = s[3];
   OpHarness h(amp);
   const Maker m{h, amp};
   const TensorId x = m.feature("x", s), r = m.feature("residual", s), dy = m.feature("dy", s);
+  const TensorId dy2 = two_grads ? m.feature("dy2", s) : kNoTensor,
+                 dsum = two_grads ? m.feature("dsum", s) : dy;
   const TensorId gamma = m.channels("gamma", c, Region::params_f32),
                  beta = m.channels("beta", c, Region::params_f32);
   const TensorId rm_u = m.channels("rm_u", c, Region::bn_running),
@@ -182,15 +187,19 @@ inline void bn_add_relu_equals_chain(const Shape& s, bool amp, const char* backe
   h.node(OpKind::bn_fwd_train, {x, gamma, beta, rm_u, rv_u}, {b_u, saved_u}, a);
   h.node(OpKind::add, {b_u, r}, {s_u}, a);
   h.node(OpKind::relu_fwd, {s_u}, {y_u}, a);
-  h.node(OpKind::relu_bwd, {y_u, dy}, {g_u}, a);
+  if (two_grads) h.node(OpKind::add, {dy, dy2}, {dsum}, a);
+  h.node(OpKind::relu_bwd, {y_u, dsum}, {g_u}, a);
   h.node(OpKind::bn_bwd, {x, g_u, gamma, saved_u}, {dx_u, dg_u, db_u}, a);
   h.node(OpKind::bn_add_relu_fwd, {x, gamma, beta, rm_f, rv_f, r}, {y_f, saved_f, mask}, a);
-  h.node(OpKind::bn_add_relu_bwd, {x, dy, mask, gamma, saved_f}, {dx_f, dres_f, dg_f, db_f}, a);
+  std::vector<TensorId> bwd_in{x, dy, mask, gamma, saved_f};
+  if (two_grads) bwd_in.push_back(dy2);
+  h.node(OpKind::bn_add_relu_bwd, bwd_in, {dx_f, dres_f, dg_f, db_f}, a);
   h.compile(make_backend(backend));
   const auto n = static_cast<size_t>(s.numel()), cn = static_cast<size_t>(c);
   h.write(x, random_values(n, 11, 1.0f, 3.0f));
   h.write(r, random_values(n, 12));
   h.write(dy, random_values(n, 13));
+  if (two_grads) h.write(dy2, random_values(n, 18));
   h.write(gamma, random_values(cn, 14, 0.5f, 1.5f));
   h.write(beta, random_values(cn, 15, -0.3f, 0.3f));
   for (TensorId id : {rm_u, rm_f}) h.write(id, random_values(cn, 16));

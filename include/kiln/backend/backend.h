@@ -18,6 +18,7 @@ struct BackendCaps {
   bool fused_cbr = false;      // cbr_fwd / cbr_bwd
   bool fused_bn_add_relu = false;
   bool fused_fp32 = false;     // the fused kernels run in FP32 too (not only under AMP)
+  bool fused_grad_sum = false; // bn_add_relu_bwd takes a second gradient (dy2, ops.def)
 };
 
 // Which list of phases to run.

@@ -95,6 +95,10 @@ struct CompileOptions {
   bool amp = false;
   DType amp_dtype = DType::F16;
   bool memory_reuse = true;   // KILN_MEMORY_REUSE=0 turns it off
+  // A fused BN+add+ReLU backward whose output gradient has two contributions takes both
+  // (bn_add_relu_bwd's dy2) instead of an add node summing them first; set by the Engine
+  // from the backend's caps and KILN_FUSE_GRAD_SUM.
+  bool fuse_grad_sum = false;
   bool ema = false;
   float ema_decay = 0.9999f;
   // Optimizer (S21): "sgd", "adamw", "lars".

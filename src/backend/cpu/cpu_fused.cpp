@@ -86,6 +86,18 @@ const std::array<std::array<uint32_t, 8>, 256>& byte_to_lanes() {
   return table;
 }
 
+// g = mask ? dy + dy2 : 0, the gradient-sum add (make_add's a + b) and the ReLU backward in
+// one pass; then the masking above on g.
+KernelPtr apply_mask_sum(const float* dy, const float* dy2, const uint8_t* mask, float* g, int64_t count) {
+  return make_loop([=](Context&) {
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < count; ++i) {
+      const float s = dy[i] + dy2[i];
+      g[i] = (mask[i >> 3] >> (i & 7)) & 1u ? s : 0.0f;
+    }
+  });
+}
+
 KernelPtr apply_mask(const float* dy, const uint8_t* mask, float* g, int64_t count) {
   const auto* lanes = &byte_to_lanes();
   return make_loop([=](Context&) {
@@ -180,18 +192,27 @@ KernelPtr make_bn_add_relu_fwd(const Node& n, Context& ctx) {
   return std::make_unique<Sequence>(std::move(parts));
 }
 
-// "x, dy, mask, gamma, saved -> dx, dresidual, dgamma, dbeta": the add passes the masked
-// gradient to both branches; BatchNorm's backward reads it from dresidual.
+// "x, dy, mask, gamma, saved, [dy2] -> dx, dresidual, dgamma, dbeta": the add passes the
+// masked gradient (of dy + dy2 when dy2 is given) to both branches; BatchNorm's backward
+// reads it from dresidual.
 KernelPtr make_bn_add_relu_bwd(const Node& n, Context& ctx) {
   reject_accumulate(n);
   const TensorId x = need_in(n, 0, "x"), dy = need_in(n, 1, "dy"), mask = need_in(n, 2, "mask"),
-                 gamma = need_in(n, 3, "gamma"), saved = need_in(n, 4, "saved");
+                 gamma = need_in(n, 3, "gamma"), saved = need_in(n, 4, "saved"), dy2 = in_at(n, 5);
   const TensorId dx = need_out(n, 0, "dx"), dres = need_out(n, 1, "dresidual"), dgamma = need_out(n, 2, "dgamma"),
                  dbeta = need_out(n, 3, "dbeta");
   expect_same_size(ctx, n, dy, dres);
   expect_mask(ctx, n, mask, dy);
   std::vector<KernelPtr> parts;
-  parts.push_back(apply_mask(ctx.ptr<float>(dy), ctx.ptr<uint8_t>(mask), ctx.ptr<float>(dres), ctx.tensor(dy).numel()));
+  if (dy2 != kNoTensor) {
+    expect_dtype(ctx, n, dy2, DType::F32, "dy2");
+    expect_same_size(ctx, n, dy, dy2);
+    parts.push_back(apply_mask_sum(ctx.ptr<float>(dy), ctx.ptr<float>(dy2), ctx.ptr<uint8_t>(mask),
+                                   ctx.ptr<float>(dres), ctx.tensor(dy).numel()));
+  } else {
+    parts.push_back(
+        apply_mask(ctx.ptr<float>(dy), ctx.ptr<uint8_t>(mask), ctx.ptr<float>(dres), ctx.tensor(dy).numel()));
+  }
   parts.push_back(make_bn_bwd(fused_part(OpKind::bn_bwd, {x, dres, gamma, saved}, {dx, dgamma, dbeta}, n, "bn"), ctx));
   return std::make_unique<Sequence>(std::move(parts));
 }

@@ -112,11 +112,11 @@ __global__ void infer_kernel(const T* x, T* y, int64_t count, int64_t C, const f
 // g = dy where the mask passes it (fused ops; a null mask passes all), written to dres when
 // asked (BN+add+ReLU's residual gradient); dx from g. Any of dy, dres, dx may alias.
 template <typename T>
-__global__ void bwd_dx_kernel(const T* x, const T* dy, const uint8_t* mask, T* dx, T* dres, int64_t count, int64_t C,
-                              const float4* coef) {
+__global__ void bwd_dx_kernel(const T* x, const T* dy, const T* dy2, const uint8_t* mask, T* dx, T* dres,
+                              int64_t count, int64_t C, const float4* coef) {
   KILN_GRID_STRIDE(i, count) {
     const float4 k = coef[i % C];
-    const T g = mask_bit(mask, i) ? dy[i] : from_f<T>(0.0f);
+    const T g = mask_bit(mask, i) ? grad_sum(dy[i], dy2, i) : from_f<T>(0.0f);
     const float v = k.y * (to_f(g) - k.z - (to_f(x[i]) - k.x) * k.w);
     if (dres) dres[i] = g;
     dx[i] = from_f<T>(v);
@@ -230,12 +230,14 @@ __device__ __forceinline__ unsigned vec_mask_bits(const uint8_t* mask, int64_t v
 }
 
 template <typename T>
-__global__ void __launch_bounds__(kVecThreads) bwd_partial_vec(const T* x, const T* dy, const uint8_t* mask,
-                                                                const float* mean, int rows, int C, double2* partial) {
+__global__ void __launch_bounds__(kVecThreads) bwd_partial_vec(const T* x, const T* dy, const T* dy2,
+                                                                const uint8_t* mask, const float* mean, int rows, int C,
+                                                                double2* partial) {
   constexpr int V = kVec<T>, U = 4;  // U rows (2U loads) in flight
   const int cv = C / V, cvec = threadIdx.x % cv, rpb = kVecThreads / cv, rstride = gridDim.x * rpb;
   const auto* xv = reinterpret_cast<const uint4*>(x);
   const auto* gv = reinterpret_cast<const uint4*>(dy);
+  const auto* g2v = reinterpret_cast<const uint4*>(dy2);
   double s[V], sx[V], mu[V];
 #pragma unroll
   for (int j = 0; j < V; ++j) {
@@ -243,22 +245,25 @@ __global__ void __launch_bounds__(kVecThreads) bwd_partial_vec(const T* x, const
     mu[j] = mean[cvec * V + j];
   }
   for (int r = blockIdx.x * rpb + threadIdx.x / cv; r < rows; r += U * rstride) {
-    uint4 a[U], g[U];
+    uint4 a[U], g[U], g2[U];
     unsigned m[U];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int ru = r + u * rstride;
       a[u] = load_row<T>(xv, ru, rows, cv, cvec);
       g[u] = load_row<T>(gv, ru, rows, cv, cvec);  // a zero dy adds nothing
+      if (dy2) g2[u] = load_row<T>(g2v, ru, rows, cv, cvec);
       m[u] = ru < rows ? vec_mask_bits<V>(mask, static_cast<int64_t>(ru) * cv + cvec) : 0u;
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const T* xe = reinterpret_cast<const T*>(&a[u]);
       const T* ge = reinterpret_cast<const T*>(&g[u]);
+      const T* g2e = reinterpret_cast<const T*>(&g2[u]);
 #pragma unroll
       for (int j = 0; j < V; ++j) {
-        const double gj = (m[u] >> j) & 1u ? static_cast<double>(to_f(ge[j])) : 0.0;
+        const T gs = dy2 ? from_f<T>(to_f(ge[j]) + to_f(g2e[j])) : ge[j];  // grad_sum's rounding
+        const double gj = (m[u] >> j) & 1u ? static_cast<double>(to_f(gs)) : 0.0;
         s[j] += gj;
         sx[j] += gj * (static_cast<double>(to_f(xe[j])) - mu[j]);
       }
@@ -325,8 +330,8 @@ __global__ void __launch_bounds__(kVecThreads) apply_group(const T* x, const T* 
 }
 
 template <typename T>
-__global__ void __launch_bounds__(kVecThreads) bwd_dx_group(const T* x, const T* dy, const uint8_t* mask, T* dx,
-                                                             T* dres, int rows, int cg, const float4* coef) {
+__global__ void __launch_bounds__(kVecThreads) bwd_dx_group(const T* x, const T* dy, const T* dy2, const uint8_t* mask,
+                                                             T* dx, T* dres, int rows, int cg, const float4* coef) {
   const int gi = threadIdx.x % cg, rpb = kVecThreads / cg, rstride = gridDim.x * rpb;
   float4 k[8];
 #pragma unroll
@@ -341,6 +346,12 @@ __global__ void __launch_bounds__(kVecThreads) bwd_dx_group(const T* x, const T*
       if (u == 0 || r + rstride < rows) {
         load8(x + g[u] * 8, a[u]);
         load8(dy + g[u] * 8, d[u]);
+        if (dy2) {
+          alignas(16) T d2[8];
+          load8(dy2 + g[u] * 8, d2);
+#pragma unroll
+          for (int j = 0; j < 8; ++j) d[u][j] = from_f<T>(to_f(d[u][j]) + to_f(d2[j]));  // grad_sum's rounding
+        }
         if (mask) m[u] = mask[g[u]];
       }
     }
@@ -441,6 +452,7 @@ struct BnFwd {
 struct BnBwd {
   const void* x = nullptr;
   const void* dy = nullptr;
+  const void* dy2 = nullptr;  // bn_add_relu_bwd's second gradient contribution, added to dy
   const uint8_t* mask = nullptr;
   void *dx = nullptr, *dres = nullptr;
   const float *saved = nullptr, *gamma = nullptr;
@@ -504,8 +516,8 @@ KernelPtr bn_forward(Context& ctx, int stream, const Nhwc& s, DType dt, const Bn
 KernelPtr bn_backward(Context& ctx, int stream, const Nhwc& s, DType dt, const BnBwd& a) {
   const ChannelDims d = channel_dims(ctx, s);
   const auto C = d.c;
-  const BnVec v = bn_vec(ctx, dt, d.rows, C, {a.x, a.dy});
-  const GroupPlan gp = group_plan(ctx, d.rows, C, {a.x, a.dy, a.dx, a.dres});
+  const BnVec v = bn_vec(ctx, dt, d.rows, C, {a.x, a.dy, a.dy2});
+  const GroupPlan gp = group_plan(ctx, d.rows, C, {a.x, a.dy, a.dy2, a.dx, a.dres});
   const int chunks = v.on ? v.blocks : d.gy;
   const size_t coef_off = align256(sizeof(double2) * static_cast<size_t>(chunks) * static_cast<size_t>(C));
   ctx.need_workspace(stream, coef_off + sizeof(float4) * static_cast<size_t>(C));
@@ -518,24 +530,25 @@ KernelPtr bn_backward(Context& ctx, int stream, const Nhwc& s, DType dt, const B
       auto* ws = static_cast<uint8_t*>(c.streams[static_cast<size_t>(stream)].workspace);
       auto* partial = reinterpret_cast<double2*>(ws);
       auto* coef = reinterpret_cast<float4*>(ws + coef_off);
-      const T *x = static_cast<const T*>(a.x), *dy = static_cast<const T*>(a.dy);
+      const T *x = static_cast<const T*>(a.x), *dy = static_cast<const T*>(a.dy), *dy2 = static_cast<const T*>(a.dy2);
       T *dx = static_cast<T*>(a.dx), *dres = static_cast<T*>(a.dres);
       if (v.on) {
-        bwd_partial_vec<T><<<v.blocks, kVecThreads, 0, st>>>(x, dy, a.mask, a.saved, static_cast<int>(d.rows),
+        bwd_partial_vec<T><<<v.blocks, kVecThreads, 0, st>>>(x, dy, dy2, a.mask, a.saved, static_cast<int>(d.rows),
                                                              static_cast<int>(C), partial);
         KILN_LAUNCH_CHECK("bn bwd sums (vec)");
       } else {
-        bwd_partial_kernel<T><<<rgrid, dim3(kCx, kCy), 0, st>>>(x, dy, a.mask, a.saved, d.rows, C, partial);
+        bwd_partial_kernel<T><<<rgrid, dim3(kCx, kCy), 0, st>>>(x, dy, dy2, a.mask, a.saved, d.rows, C, partial);
         KILN_LAUNCH_CHECK("bn bwd sums");
       }
       bwd_finalize_kernel<<<finalize_grid(C), dim3(kFinC, kFinS), 0, st>>>(partial, chunks, d.rows, C, a.saved,
                                                                            a.gamma, a.dgamma, a.dbeta, coef);
       KILN_LAUNCH_CHECK("bn bwd finalize");
       if (gp.on) {
-        bwd_dx_group<T><<<gp.blocks, kVecThreads, 0, st>>>(x, dy, a.mask, dx, dres, static_cast<int>(d.rows), gp.cg, coef);
+        bwd_dx_group<T><<<gp.blocks, kVecThreads, 0, st>>>(x, dy, dy2, a.mask, dx, dres, static_cast<int>(d.rows), gp.cg,
+                                                           coef);
         KILN_LAUNCH_CHECK("bn bwd dx (vec)");
       } else {
-        bwd_dx_kernel<T><<<egrid, kThreads, 0, st>>>(x, dy, a.mask, dx, dres, count, C, coef);
+        bwd_dx_kernel<T><<<egrid, kThreads, 0, st>>>(x, dy, dy2, a.mask, dx, dres, count, C, coef);
         KILN_LAUNCH_CHECK("bn bwd dx");
       }
     });
@@ -618,13 +631,18 @@ KernelPtr make_bn_relu_mask_fwd(const Node& n, Context& ctx, int stream, TensorI
   return bn_forward(ctx, stream, s, ctx.tensor(x).dtype, a);
 }
 
-// The BatchNorm backward of cbr_bwd (z, dy, mask -> dz) and of bn_add_relu_bwd (x, dy, mask
-// -> dx, dresidual) (fused.cpp), with the ReLU backward taken from the mask.
-KernelPtr make_bn_relu_mask_bwd(const Node& n, Context& ctx, int stream, TensorId x, TensorId dy, TensorId mask,
-                                TensorId gamma, TensorId saved, TensorId dx, TensorId dres, TensorId dgamma,
-                                TensorId dbeta) {
+// The BatchNorm backward of cbr_bwd (z, dy, mask -> dz) and of bn_add_relu_bwd (x, dy, mask,
+// [dy2] -> dx, dresidual) (fused.cpp), with the ReLU backward taken from the mask.
+KernelPtr make_bn_relu_mask_bwd(const Node& n, Context& ctx, int stream, TensorId x, TensorId dy, TensorId dy2,
+                                TensorId mask, TensorId gamma, TensorId saved, TensorId dx, TensorId dres,
+                                TensorId dgamma, TensorId dbeta) {
   Nhwc s;
   BnBwd a = bn_bwd_args(ctx, n, x, dy, gamma, saved, dx, dgamma, dbeta, &s);
+  if (dy2 != kNoTensor) {
+    expect_same_dtype(ctx, n, dy, dy2);
+    expect_numel(ctx, n, dy2, s.numel(), "dy2");
+    a.dy2 = ctx.ptr(dy2);
+  }
   if (dres != kNoTensor) {
     expect_same_dtype(ctx, n, x, dres);
     expect_numel(ctx, n, dres, s.numel(), "dresidual");

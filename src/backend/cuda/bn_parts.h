@@ -13,10 +13,11 @@ KernelPtr make_bn_relu_mask_fwd(const Node& n, Context& ctx, int stream, TensorI
                                 TensorId rm, TensorId rv, TensorId residual, TensorId conv_bias, TensorId y,
                                 TensorId saved, TensorId mask);
 
-// BatchNorm's backward with the ReLU's backward taken from the mask: g = mask ? dy : 0 (also
-// written to dres unless that is kNoTensor), dx, dgamma, dbeta from g.
-KernelPtr make_bn_relu_mask_bwd(const Node& n, Context& ctx, int stream, TensorId x, TensorId dy, TensorId mask,
-                                TensorId gamma, TensorId saved, TensorId dx, TensorId dres, TensorId dgamma,
-                                TensorId dbeta);
+// BatchNorm's backward with the ReLU's backward taken from the mask: g = mask ? dy [+ dy2] : 0
+// (also written to dres unless that is kNoTensor), dx, dgamma, dbeta from g. dy2 (optional)
+// is bn_add_relu_bwd's second gradient contribution, summed as the add op would.
+KernelPtr make_bn_relu_mask_bwd(const Node& n, Context& ctx, int stream, TensorId x, TensorId dy, TensorId dy2,
+                                TensorId mask, TensorId gamma, TensorId saved, TensorId dx, TensorId dres,
+                                TensorId dgamma, TensorId dbeta);
 
 }  // namespace kiln::cuda

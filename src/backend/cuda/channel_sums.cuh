@@ -60,6 +60,13 @@ __global__ void stats_partial_kernel(const T* x, int64_t rows, int64_t C, double
 
 // The ReLU mask of a fused op (ops.def): bit (i % 8) of byte i / 8 set where the ReLU passed
 // element i; a null mask passes everything.
+// The gradient at an output with two contributions: dy plus dy2 (null: none), rounded to T as
+// the add op rounds its sum, so the fused gradient sum gives the unfused chain's bits.
+template <typename T>
+__device__ __forceinline__ T grad_sum(T dy, const T* dy2, int64_t i) {
+  return dy2 ? from_f<T>(to_f(dy) + to_f(dy2[i])) : dy;
+}
+
 __device__ __forceinline__ bool mask_bit(const uint8_t* mask, int64_t i) {
   return mask == nullptr || ((mask[i >> 3] >> (i & 7)) & 1u) != 0;
 }
@@ -67,15 +74,15 @@ __device__ __forceinline__ bool mask_bit(const uint8_t* mask, int64_t i) {
 // sum g and sum g * (x - mean) per channel, per row chunk, with g = dy where the mask passes
 // it (the ReLU backward of a fused op) and 0 elsewhere.
 template <typename T>
-__global__ void bwd_partial_kernel(const T* x, const T* dy, const uint8_t* mask, const float* mean, int64_t rows,
-                                   int64_t C, double2* partial) {
+__global__ void bwd_partial_kernel(const T* x, const T* dy, const T* dy2, const uint8_t* mask, const float* mean,
+                                   int64_t rows, int64_t C, double2* partial) {
   const int64_t c = static_cast<int64_t>(blockIdx.x) * kCx + threadIdx.x;
   double s = 0.0, sx = 0.0;
   if (c < C) {
     const double mu = mean[c];
     for (int64_t r = static_cast<int64_t>(blockIdx.y) * kCy + threadIdx.y; r < rows;
          r += static_cast<int64_t>(gridDim.y) * kCy) {
-      const double g = mask_bit(mask, r * C + c) ? to_f(dy[r * C + c]) : 0.0;
+      const double g = mask_bit(mask, r * C + c) ? to_f(grad_sum(dy[r * C + c], dy2, r * C + c)) : 0.0;
       s += g;
       sx += g * (static_cast<double>(to_f(x[r * C + c])) - mu);
     }

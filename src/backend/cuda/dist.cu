@@ -352,7 +352,7 @@ KernelPtr make_bn_bwd_reduce(const Node& n, Context& ctx, int stream) {
     k = make_fn(stream, [=](Context& c, cudaStream_t st) {
       auto* partial = static_cast<double2*>(c.streams[static_cast<size_t>(stream)].workspace);
       bwd_partial_kernel<T><<<rgrid, dim3(kCx, kCy), 0, st>>>(
-          static_cast<const T*>(xp), static_cast<const T*>(dyp), nullptr, sp, d.rows, d.c, partial);
+          static_cast<const T*>(xp), static_cast<const T*>(dyp), nullptr, nullptr, sp, d.rows, d.c, partial);
       KILN_LAUNCH_CHECK("bn_bwd_reduce sums");
       bwd_local_kernel<<<cgrid, kThreads, 0, st>>>(partial, d.gy, d.c, sp, dgp, dbp, sump);
       KILN_LAUNCH_CHECK("bn_bwd_reduce");

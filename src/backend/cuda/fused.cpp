@@ -54,7 +54,8 @@ KernelPtr make_cbr_bwd(const Node& n, Context& ctx, int stream) {
   const TensorId dx = out_at(n, 0), dw = need_out(n, 1, "dw"), dgamma = need_out(n, 2, "dgamma"),
                  dbeta = need_out(n, 3, "dbeta"), dz = need_out(n, 4, "dz"), db = out_at(n, 5);
   std::vector<KernelPtr> parts;
-  parts.push_back(make_bn_relu_mask_bwd(n, ctx, stream, z, dy, mask, gamma, saved, dz, kNoTensor, dgamma, dbeta));
+  parts.push_back(
+      make_bn_relu_mask_bwd(n, ctx, stream, z, dy, kNoTensor, mask, gamma, saved, dz, kNoTensor, dgamma, dbeta));
   parts.push_back(make_conv_bwd_weight(fused_part(OpKind::conv_bwd_weight, {x, dz}, {dw}, n, "wgrad"), ctx, stream));
   // The first layer's form has no dx: its input is the data.
   if (dx != kNoTensor) {
@@ -82,15 +83,16 @@ KernelPtr make_bn_add_relu_fwd(const Node& n, Context& ctx, int stream) {
   return make_bn_relu_mask_fwd(n, ctx, stream, x, gamma, beta, rm, rv, residual, kNoTensor, y, saved, mask);
 }
 
-// "x, dy, mask, gamma, saved -> dx, dresidual, dgamma, dbeta": the add passes the masked
-// gradient to both branches; BatchNorm's dx pass writes the residual's copy.
+// "x, dy, mask, gamma, saved, [dy2] -> dx, dresidual, dgamma, dbeta": the add passes the
+// masked gradient (of dy + dy2 when dy2 is given: the gradient-sum add folded in) to both
+// branches; BatchNorm's dx pass writes the residual's copy.
 KernelPtr make_bn_add_relu_bwd(const Node& n, Context& ctx, int stream) {
   reject_accumulate(n);
   const TensorId x = need_in(n, 0, "x"), dy = need_in(n, 1, "dy"), mask = need_in(n, 2, "mask"),
-                 gamma = need_in(n, 3, "gamma"), saved = need_in(n, 4, "saved");
+                 gamma = need_in(n, 3, "gamma"), saved = need_in(n, 4, "saved"), dy2 = in_at(n, 5);
   const TensorId dx = need_out(n, 0, "dx"), dres = need_out(n, 1, "dresidual"), dgamma = need_out(n, 2, "dgamma"),
                  dbeta = need_out(n, 3, "dbeta");
-  return make_bn_relu_mask_bwd(n, ctx, stream, x, dy, mask, gamma, saved, dx, dres, dgamma, dbeta);
+  return make_bn_relu_mask_bwd(n, ctx, stream, x, dy, dy2, mask, gamma, saved, dx, dres, dgamma, dbeta);
 }
 
 }  // namespace kiln::cuda
