@@ -16,6 +16,37 @@ struct ConvCase {
   bool bias;
 };
 
+void check_conv(const ConvCase& c, bool amp) {
+  const int64_t p = (c.h + 2 * c.pad - c.r) / c.st + 1, q = (c.w + 2 * c.pad - c.s) / c.st + 1;
+  Pair t(amp);
+  const TensorId x = t.add("x", {c.n, c.h, c.w, c.c}, Kind::Feature);
+  const TensorId w = t.add("w", {c.k, c.r, c.s, c.c}, Kind::Weight);
+  const TensorId b = c.bias ? t.add("b", {c.k}, Kind::F32, Region::params_f32) : kNoTensor;
+  const TensorId y = t.add("y", {c.n, p, q, c.k}, Kind::Feature);
+  const TensorId dy = t.add("dy", {c.n, p, q, c.k}, Kind::Feature);
+  const TensorId dx = t.add("dx", {c.n, c.h, c.w, c.c}, Kind::Feature);
+  const TensorId dw = t.add("dw", {c.k, c.r, c.s, c.c}, Kind::WeightGrad);
+  const TensorId db = c.bias ? t.add("db", {c.k}, Kind::F32, Region::grads_f32) : kNoTensor;
+  Attrs a;
+  a.kh = static_cast<int>(c.r);
+  a.kw = static_cast<int>(c.s);
+  a.sh = a.sw = static_cast<int>(c.st);
+  a.ph = a.pw = static_cast<int>(c.pad);
+  t.node(OpKind::conv_fwd, c.bias ? std::vector<TensorId>{x, w, b} : std::vector<TensorId>{x, w}, {y}, a);
+  t.node(OpKind::conv_bwd_data, {dy, w}, {dx}, a);
+  t.node(OpKind::conv_bwd_weight, {x, dy}, c.bias ? std::vector<TensorId>{dw, db} : std::vector<TensorId>{dw}, a);
+  t.compile();
+  t.set_random(x, 1);
+  t.set_random(w, 2);
+  t.set_random(dy, 3);
+  if (c.bias) t.set_random(b, 4);
+  t.run();
+  KILN_EXPECT_CLOSE(t, y, kSumFloor, "conv_fwd y");
+  KILN_EXPECT_CLOSE(t, dx, kSumFloor, "conv_bwd_data dx");
+  KILN_EXPECT_CLOSE(t, dw, kSumFloor, "conv_bwd_weight dw");
+  if (c.bias) KILN_EXPECT_CLOSE(t, db, kSumFloor, "conv_bwd_weight db");
+}
+
 TEST_P(GpuLayer, ConvForwardBackward) {
   KILN_REQUIRE_GPU();
   const bool amp = GetParam();
@@ -25,34 +56,25 @@ TEST_P(GpuLayer, ConvForwardBackward) {
                             {3, 7, 7, 64, 64, 1, 1, 2, 0, true}};
   for (const ConvCase& c : cases) {
     SCOPED_TRACE(::testing::Message() << "conv " << c.r << "x" << c.s << "/" << c.st << " c" << c.c << " k" << c.k);
-    const int64_t p = (c.h + 2 * c.pad - c.r) / c.st + 1, q = (c.w + 2 * c.pad - c.s) / c.st + 1;
-    Pair t(amp);
-    const TensorId x = t.add("x", {c.n, c.h, c.w, c.c}, Kind::Feature);
-    const TensorId w = t.add("w", {c.k, c.r, c.s, c.c}, Kind::Weight);
-    const TensorId b = c.bias ? t.add("b", {c.k}, Kind::F32, Region::params_f32) : kNoTensor;
-    const TensorId y = t.add("y", {c.n, p, q, c.k}, Kind::Feature);
-    const TensorId dy = t.add("dy", {c.n, p, q, c.k}, Kind::Feature);
-    const TensorId dx = t.add("dx", {c.n, c.h, c.w, c.c}, Kind::Feature);
-    const TensorId dw = t.add("dw", {c.k, c.r, c.s, c.c}, Kind::WeightGrad);
-    const TensorId db = c.bias ? t.add("db", {c.k}, Kind::F32, Region::grads_f32) : kNoTensor;
-    Attrs a;
-    a.kh = static_cast<int>(c.r);
-    a.kw = static_cast<int>(c.s);
-    a.sh = a.sw = static_cast<int>(c.st);
-    a.ph = a.pw = static_cast<int>(c.pad);
-    t.node(OpKind::conv_fwd, c.bias ? std::vector<TensorId>{x, w, b} : std::vector<TensorId>{x, w}, {y}, a);
-    t.node(OpKind::conv_bwd_data, {dy, w}, {dx}, a);
-    t.node(OpKind::conv_bwd_weight, {x, dy}, c.bias ? std::vector<TensorId>{dw, db} : std::vector<TensorId>{dw}, a);
-    t.compile();
-    t.set_random(x, 1);
-    t.set_random(w, 2);
-    t.set_random(dy, 3);
-    if (c.bias) t.set_random(b, 4);
-    t.run();
-    KILN_EXPECT_CLOSE(t, y, kSumFloor, "conv_fwd y");
-    KILN_EXPECT_CLOSE(t, dx, kSumFloor, "conv_bwd_data dx");
-    KILN_EXPECT_CLOSE(t, dw, kSumFloor, "conv_bwd_weight dw");
-    if (c.bias) KILN_EXPECT_CLOSE(t, db, kSumFloor, "conv_bwd_weight db");
+    check_conv(c, amp);
+  }
+}
+
+// Input channels that are not a multiple of 8 (a first layer's 3, or 5) with KILN_PAD_CHANNELS=1:
+// under AMP the convolutions run on zero-padded copies (conv.cpp), which must give what the CPU
+// computes on the unpadded tensors - forward, data gradient (padding dropped) and weight
+// gradient (the padding weights' gradient dropped). FP32 never pads: the same check, unpadded.
+TEST_P(GpuLayer, ConvPaddedChannels) {
+  KILN_REQUIRE_GPU();
+  const bool amp = GetParam();
+  ScopedEnv pad("KILN_PAD_CHANNELS", "1");
+  const ConvCase cases[] = {{2, 12, 12, 3, 16, 3, 3, 1, 1, true},
+                            {2, 9, 9, 5, 8, 3, 3, 2, 1, false},
+                            {2, 15, 13, 3, 16, 7, 7, 2, 3, false}};
+  for (const ConvCase& c : cases) {
+    SCOPED_TRACE(::testing::Message() << "padded conv " << c.r << "x" << c.s << "/" << c.st << " c" << c.c
+                                      << " k" << c.k);
+    check_conv(c, amp);
   }
 }
 

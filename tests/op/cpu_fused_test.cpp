@@ -20,11 +20,11 @@ TEST_P(CpuFusedCbr, EqualsConvBnReluBitForBit) {
 
 INSTANTIATE_TEST_SUITE_P(
     Shapes, CpuFusedCbr,
-    ::testing::Values(CbrCase{"n2_9x9_c8_k16_3x3", 2, 9, 9, 8, 16, 3, 1, 1, false, false},
-                      CbrCase{"n3_8x7_c16_k8_3x3_s2", 3, 8, 7, 16, 8, 3, 2, 1, false, false},
-                      CbrCase{"n2_6x6_c8_k24_1x1", 2, 6, 6, 8, 24, 1, 1, 0, false, false},
-                      CbrCase{"n1_5x5_c3_k8_first_layer", 1, 5, 5, 3, 8, 3, 1, 1, true, true},
-                      CbrCase{"n4_3x3_c8_k5_odd_mask", 4, 3, 3, 8, 5, 1, 1, 0, false, true}),
+    ::testing::Values(CbrCase{"n2_9x9_c8_k16_3x3", 2, 9, 9, 8, 16, 3, 1, 1, false},
+                      CbrCase{"n3_8x7_c16_k8_3x3_s2", 3, 8, 7, 16, 8, 3, 2, 1, false},
+                      CbrCase{"n2_6x6_c8_k24_1x1", 2, 6, 6, 8, 24, 1, 1, 0, false},
+                      CbrCase{"n1_5x5_c3_k8_first_layer", 1, 5, 5, 3, 8, 3, 1, 1, true},
+                      CbrCase{"n4_3x3_c8_k5_odd_mask", 4, 3, 3, 8, 5, 1, 1, 0, false}),
     [](const auto& info) { return std::string(info.param.name); });
 
 struct BarCase {

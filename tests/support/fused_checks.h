@@ -90,7 +90,6 @@ struct CbrCase {
   const char* name;
   int64_t n, h, w, c, k, r, st, pad;
   bool first_layer;
-  bool fp32_only;  // channel counts FP16 convolutions do not take (the GPU skips these under AMP)
 };
 
 inline void cbr_equals_chain(const CbrCase& t, bool amp, const char* backend) {

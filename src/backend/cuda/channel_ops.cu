@@ -1,4 +1,4 @@
-// Per-channel bias add and bias gradient (see channel_ops.h).
+// Per-channel bias add and bias gradient, channel padding (see channel_ops.h).
 #include "backend/cuda/channel_ops.h"
 #include "backend/cuda/device_util.cuh"
 
@@ -32,6 +32,24 @@ __global__ void channel_partial_kernel(const T* dy, int64_t rows, int64_t C, dou
   }
 }
 
+// One thread per row of the padded map: it writes the whole row, so dst needs no zeroing.
+template <typename T>
+__global__ void pad_channels_kernel(const T* src, T* dst, int64_t rows, int64_t c, int64_t cp) {
+  KILN_GRID_STRIDE(r, rows) {
+    for (int64_t j = 0; j < cp; ++j) dst[r * cp + j] = j < c ? src[r * c + j] : from_f<T>(0.0f);
+  }
+}
+
+template <typename T>
+__global__ void unpad_channels_kernel(const T* src, T* dst, int64_t count, int64_t cp, int64_t c) {
+  KILN_GRID_STRIDE(i, count) dst[i] = src[(i / c) * cp + i % c];
+}
+
+unsigned elementwise_grid(int64_t count, int sm_count) {
+  const int64_t want = (count + 255) / 256, cap = static_cast<int64_t>(sm_count) * 16;
+  return static_cast<unsigned>(std::max<int64_t>(1, std::min(want, cap)));
+}
+
 __global__ void channel_finalize_kernel(const double* partial, int gy, int64_t C, float* db) {
   KILN_GRID_STRIDE(c, C) {
     double s = 0.0;
@@ -51,8 +69,7 @@ int row_chunks(int64_t rows, int64_t c, int sm_count) {
 
 void launch_bias_add(void* y, DType dt, const float* b, int64_t rows, int64_t c, int sm_count, cudaStream_t s) {
   const int64_t count = rows * c;
-  const int64_t want = (count + 255) / 256, cap = static_cast<int64_t>(sm_count) * 16;
-  const auto grid = static_cast<unsigned>(std::max<int64_t>(1, std::min(want, cap)));
+  const unsigned grid = elementwise_grid(count, sm_count);
   KILN_DISPATCH_FLOAT(dt, T, {
     bias_add_kernel<T><<<grid, 256, 0, s>>>(static_cast<T*>(y), b, count, c);
     KILN_LAUNCH_CHECK("bias add");
@@ -74,6 +91,25 @@ void launch_channel_sum(const void* dy, DType dt, float* db, int64_t rows, int64
   });
   channel_finalize_kernel<<<static_cast<unsigned>((c + 255) / 256), 256, 0, s>>>(partial, gy, c, db);
   KILN_LAUNCH_CHECK("bias grad finalize");
+}
+
+void launch_pad_channels(const void* src, void* dst, DType dt, int64_t rows, int64_t c, int64_t cp, int sm_count,
+                         cudaStream_t s) {
+  KILN_DISPATCH_FLOAT(dt, T, {
+    pad_channels_kernel<T><<<elementwise_grid(rows, sm_count), 256, 0, s>>>(static_cast<const T*>(src),
+                                                                          static_cast<T*>(dst), rows, c, cp);
+    KILN_LAUNCH_CHECK("pad channels");
+  });
+}
+
+void launch_unpad_channels(const void* src, void* dst, DType dt, int64_t rows, int64_t cp, int64_t c, int sm_count,
+                           cudaStream_t s) {
+  const int64_t count = rows * c;
+  KILN_DISPATCH_FLOAT(dt, T, {
+    unpad_channels_kernel<T><<<elementwise_grid(count, sm_count), 256, 0, s>>>(static_cast<const T*>(src),
+                                                                             static_cast<T*>(dst), count, cp, c);
+    KILN_LAUNCH_CHECK("unpad channels");
+  });
 }
 
 }  // namespace kiln::cuda

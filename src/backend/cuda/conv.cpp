@@ -33,6 +33,13 @@ struct ConvGeom {
   Nhwc x, y;
   int64_t k = 0, r = 0, s = 0;
   int64_t sh = 1, sw = 1, ph = 0, pw = 0;
+  int64_t x_rows() const { return x.n * x.h * x.w; }  // rows of C channels in the input (and dx)
+  int64_t w_rows() const { return k * r * s; }        // rows of C channels in the weight (KRSC)
+  ConvGeom with_channels(int64_t c) const {
+    ConvGeom g = *this;
+    g.x.c = c;
+    return g;
+  }
 };
 
 ConvGeom conv_geom(const Context& ctx, const Node& n, TensorId x, TensorId w, TensorId y) {
@@ -375,10 +382,58 @@ std::shared_ptr<ConvPlan> build_plan(Context& ctx, const Node& n, int stream, Co
   return plan;
 }
 
+// Device memory one kernel owns (its channel-padded copies), allocated while compiling.
+class Scratch {
+ public:
+  explicit Scratch(size_t bytes) { CUDA_CHECK(cudaMalloc(&p_, bytes)); }
+  ~Scratch() {
+    if (p_ && cudaFree(p_) != cudaSuccess) log_warn("cudaFree of a convolution's padded copy failed");
+  }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  void* get() const { return p_; }
+
+ private:
+  void* p_ = nullptr;
+};
+
+// FP16 / BF16 convolutions whose input channel count is not a multiple of 8 (the first layer's
+// 3) take no tensor-core engine: cuDNN runs them at a few TFLOPS (VGG16-BN AMP at batch 256:
+// the first layer's wgrad and fprop were 16% of the step). KILN_PAD_CHANNELS=1 runs them on
+// copies with zero channels up to the next multiple of 8: the zeros add nothing to any sum,
+// and the padding's own weight and input gradients are dropped.
+struct ChannelPad {
+  bool on = false;
+  int64_t c = 0, cp = 0;
+};
+
+ChannelPad channel_pad(const Context& ctx, DType dt, int64_t c) {
+  ChannelPad p;
+  p.on = ctx.opts.pad_channels && dt != DType::F32 && c % 8 != 0;
+  p.c = c;
+  p.cp = (c + 7) / 8 * 8;
+  return p;
+}
+
 class ConvKernel final : public Kernel {
  public:
-  ConvKernel(int stream, std::shared_ptr<ConvPlan> plan, void* x, void* w, void* y, std::string what)
-      : Kernel(stream), plan_(std::move(plan)), pack_{{kUidX, x}, {kUidW, w}, {kUidY, y}}, what_(std::move(what)) {}
+  ConvKernel(int stream, std::string what) : Kernel(stream), what_(std::move(what)) {}
+  // Channel padding: `before` copies run before the convolution (into its padded operands),
+  // `after` ones after it (out of its padded result); the kernel owns the padded buffers.
+  struct PadCopy {
+    const void* src;
+    void* dst;
+    DType dt;
+    int64_t rows, c, cp;
+    bool unpad;
+  };
+  void set_plan(std::shared_ptr<ConvPlan> plan, void* x, void* w, void* y) {
+    plan_ = std::move(plan);
+    pack_ = {{kUidX, x}, {kUidW, w}, {kUidY, y}};
+  }
+  void pad_before(PadCopy c) { before_.push_back(c); }
+  void pad_after(PadCopy c) { after_.push_back(c); }
+  void own(std::unique_ptr<Scratch> s) { scratch_.push_back(std::move(s)); }
   // Optional per-channel step after the convolution: bias add (fwd) or bias gradient (wgrad).
   void set_bias_add(void* y, DType dt, const float* b, int64_t rows, int64_t c) {
     bias_ = {true, false, y, dt, const_cast<float*>(b), rows, c};
@@ -389,10 +444,12 @@ class ConvKernel final : public Kernel {
 
   void run(Context& ctx) override {
     const StreamRes& r = res(ctx);
+    for (const PadCopy& c : before_) copy(ctx, c, r.stream);
     auto status = plan_->index >= 0 ? plan_->graph->execute_plan_at_index(r.cudnn, pack_, r.workspace, plan_->index)
                                     : plan_->graph->execute(r.cudnn, pack_, r.workspace);
     if (status.is_bad()) KILN_FAIL(Backend, what_, ": cuDNN execute failed: ", status.get_message());
     KILN_LAUNCH_CHECK(what_.c_str());
+    for (const PadCopy& c : after_) copy(ctx, c, r.stream);
     if (bias_.add) launch_bias_add(bias_.t, bias_.dt, bias_.b, bias_.rows, bias_.c, ctx.sm_count, r.stream);
     if (bias_.grad) {
       launch_channel_sum(bias_.t, bias_.dt, bias_.b, bias_.rows, bias_.c, r.workspace, ctx.sm_count, r.stream);
@@ -407,11 +464,37 @@ class ConvKernel final : public Kernel {
     float* b = nullptr;
     int64_t rows = 0, c = 0;
   };
+  static void copy(const Context& ctx, const PadCopy& c, cudaStream_t s) {
+    if (c.unpad) {
+      launch_unpad_channels(c.src, c.dst, c.dt, c.rows, c.cp, c.c, ctx.sm_count, s);
+    } else {
+      launch_pad_channels(c.src, c.dst, c.dt, c.rows, c.c, c.cp, ctx.sm_count, s);
+    }
+  }
+
   std::shared_ptr<ConvPlan> plan_;
   std::unordered_map<int64_t, void*> pack_;
   std::string what_;
   Bias bias_;
+  std::vector<PadCopy> before_, after_;
+  std::vector<std::unique_ptr<Scratch>> scratch_;
 };
+
+// What the convolution reads or writes in place of tensor t ([rows, pad.c] in dtype dt): t
+// itself, or with padding on a padded copy owned by k - filled before the convolution for an
+// input, emptied into t after it for an output.
+void* padded(ConvKernel& k, const ChannelPad& pad, void* t, DType dt, int64_t rows, bool output) {
+  if (!pad.on) return t;
+  auto buf = std::make_unique<Scratch>(static_cast<size_t>(rows * pad.cp) * dtype_size(dt));
+  void* p = buf->get();
+  k.own(std::move(buf));
+  if (output) {
+    k.pad_after({p, t, dt, rows, pad.c, pad.cp, true});
+  } else {
+    k.pad_before({t, p, dt, rows, pad.c, pad.cp, false});
+  }
+  return p;
+}
 
 std::string describe(const Node& n) { return std::string(op_name(n.op)) + " node '" + n.label + "'"; }
 
@@ -430,10 +513,15 @@ KernelPtr make_conv_fwd(const Node& n, Context& ctx, int stream) {
   expect_same_dtype(ctx, n, x, y);
   expect_weight_dtype(ctx, n, x, w);
   const ConvGeom g = conv_geom(ctx, n, x, w, y);
-  auto plan = build_plan(ctx, n, stream, ConvKind::fprop, g, dt, ctx.tensor(w).dtype, dt,
-                         {ctx.ptr(x), ctx.ptr(w), ctx.ptr(y)});
+  const DType wdt = ctx.tensor(w).dtype;
+  const ChannelPad pad = channel_pad(ctx, dt, g.x.c);
+  auto k = std::make_unique<ConvKernel>(stream, describe(n));
+  void* xp = padded(*k, pad, ctx.ptr(x), dt, g.x_rows(), false);
+  void* wp = padded(*k, pad, ctx.ptr(w), wdt, g.w_rows(), false);
+  const ConvGeom gp = g.with_channels(pad.on ? pad.cp : g.x.c);
+  auto plan = build_plan(ctx, n, stream, ConvKind::fprop, gp, dt, wdt, dt, {xp, wp, ctx.ptr(y)});
   ctx.need_workspace(stream, static_cast<size_t>(plan->workspace));
-  auto k = std::make_unique<ConvKernel>(stream, plan, ctx.ptr(x), ctx.ptr(w), ctx.ptr(y), describe(n));
+  k->set_plan(plan, xp, wp, ctx.ptr(y));
   if (b != kNoTensor) {
     expect_dtype(ctx, n, b, DType::F32, "bias");
     expect_numel(ctx, n, b, g.k, "bias");
@@ -450,10 +538,16 @@ KernelPtr make_conv_bwd_data(const Node& n, Context& ctx, int stream) {
   expect_same_dtype(ctx, n, dy, dx);
   expect_weight_dtype(ctx, n, dy, w);
   const ConvGeom g = conv_geom(ctx, n, dx, w, dy);
-  auto plan = build_plan(ctx, n, stream, ConvKind::dgrad, g, dt, ctx.tensor(w).dtype, dt,
-                         {ctx.ptr(dx), ctx.ptr(w), ctx.ptr(dy)});
+  const DType wdt = ctx.tensor(w).dtype;
+  const ChannelPad pad = channel_pad(ctx, dt, g.x.c);
+  auto k = std::make_unique<ConvKernel>(stream, describe(n));
+  void* dxp = padded(*k, pad, ctx.ptr(dx), dt, g.x_rows(), true);
+  void* wp = padded(*k, pad, ctx.ptr(w), wdt, g.w_rows(), false);
+  const ConvGeom gp = g.with_channels(pad.on ? pad.cp : g.x.c);
+  auto plan = build_plan(ctx, n, stream, ConvKind::dgrad, gp, dt, wdt, dt, {dxp, wp, ctx.ptr(dy)});
   ctx.need_workspace(stream, static_cast<size_t>(plan->workspace));
-  return std::make_unique<ConvKernel>(stream, plan, ctx.ptr(dx), ctx.ptr(w), ctx.ptr(dy), describe(n));
+  k->set_plan(plan, dxp, wp, ctx.ptr(dy));
+  return k;
 }
 
 // "x, dy -> dw, [db]": dw in the weight gradient's dtype (f16 under AMP, cast to f32 by the
@@ -465,9 +559,14 @@ KernelPtr make_conv_bwd_weight(const Node& n, Context& ctx, int stream) {
   expect_same_dtype(ctx, n, x, dy);
   const DType wdt = expect_float(ctx, n, dw, "dw");
   const ConvGeom g = conv_geom(ctx, n, x, dw, dy);
-  auto plan = build_plan(ctx, n, stream, ConvKind::wgrad, g, dt, wdt, dt, {ctx.ptr(x), ctx.ptr(dw), ctx.ptr(dy)});
+  const ChannelPad pad = channel_pad(ctx, dt, g.x.c);
+  auto k = std::make_unique<ConvKernel>(stream, describe(n));
+  void* xp = padded(*k, pad, ctx.ptr(x), dt, g.x_rows(), false);
+  void* dwp = padded(*k, pad, ctx.ptr(dw), wdt, g.w_rows(), true);
+  const ConvGeom gp = g.with_channels(pad.on ? pad.cp : g.x.c);
+  auto plan = build_plan(ctx, n, stream, ConvKind::wgrad, gp, dt, wdt, dt, {xp, dwp, ctx.ptr(dy)});
   ctx.need_workspace(stream, static_cast<size_t>(plan->workspace));
-  auto k = std::make_unique<ConvKernel>(stream, plan, ctx.ptr(x), ctx.ptr(dw), ctx.ptr(dy), describe(n));
+  k->set_plan(plan, xp, dwp, ctx.ptr(dy));
   if (db != kNoTensor) {
     expect_dtype(ctx, n, db, DType::F32, "db");
     expect_numel(ctx, n, db, g.k, "db");

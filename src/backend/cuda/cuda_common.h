@@ -60,6 +60,9 @@ struct Options {
   bool tf32 = false;    // KILN_TF32=1: allow TF32 in FP32 convolutions and matmuls
   bool profile = false; // KILN_PROFILE=1: per-phase event timings
   bool vector_kernels = true;  // KILN_VECTOR_KERNELS=0: one element per thread, no 16-byte paths
+  // KILN_PAD_CHANNELS=1: FP16/BF16 convolutions whose input channels are not a multiple of 8
+  // run on zero-padded copies (conv.cpp); opt-in until measured on the H200.
+  bool pad_channels = false;
   // KILN_DETERMINISTIC=1: refuse cuDNN engines noted NONDETERMINISTIC (atomics in weight
   // gradients), so a step gives the same bits every run. kiln's own kernels and cuBLASLt are
   // deterministic already (fixed-order partial sums; one algorithm chosen at compile time).

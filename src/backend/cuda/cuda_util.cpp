@@ -25,6 +25,7 @@ Options options_from_env() {
   o.tf32 = env_flag("KILN_TF32", false);
   o.profile = env_flag("KILN_PROFILE", false);
   o.vector_kernels = env_flag("KILN_VECTOR_KERNELS", true);
+  o.pad_channels = env_flag("KILN_PAD_CHANNELS", false);
   o.deterministic = env_flag("KILN_DETERMINISTIC", false);
   const std::string table = env_string("KILN_ENGINE_TABLE", "");
   o.engine_table = table != "0" && table != "off" && table != "false";
