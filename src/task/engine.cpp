@@ -78,9 +78,7 @@ void Engine::compile(uint64_t seed) {
   init_weights(*this, seed);
 }
 
-StepStats Engine::train_step(const float* images, const int32_t* labels, float lr, bool read_stats) {
-  require(Lifecycle::COMPILED, "train_step()");
-  const dist::Watch watch("a training step");  // S27: a rank gone mid-step must not hang this one
+void Engine::enqueue_step(const float* images, const int32_t* labels, float lr) {
   const Program& p = *program_;
   backend_->stage_batch(slot_, images, labels);
   backend_->write(p.tensor(p.io.lr), &lr);
@@ -89,6 +87,42 @@ StepStats Engine::train_step(const float* images, const int32_t* labels, float l
   backend_->run(Schedule::train, slot_);
   slot_ ^= 1;
   ++steps_;
+}
+
+std::optional<StepStats> Engine::train_step_async(const float* images, const int32_t* labels, float lr) {
+  require(Lifecycle::COMPILED, "train_step_async()");
+  const dist::Watch watch("a training step");  // S27: a rank gone mid-step must not hang this one
+  enqueue_step(images, labels, lr);
+  const Program& p = *program_;
+  std::optional<StepStats> before = pending_stats();
+  pending_ = StatTickets{backend_->read_later(p.tensor(p.io.loss)), backend_->read_later(p.tensor(p.io.correct)),
+                         backend_->read_later(p.tensor(p.io.overflow)),
+                         backend_->read_later(p.tensor(p.io.loss_scale))};
+  return before;
+}
+
+std::optional<StepStats> Engine::pending_stats() {
+  if (!pending_) return std::nullopt;
+  const StatTickets t = *pending_;
+  pending_.reset();
+  StepStats s;
+  backend_->collect(t.loss, &s.loss);
+  int32_t correct[2];
+  backend_->collect(t.correct, correct);
+  s.top1 = correct[0];
+  s.top5 = correct[1];
+  int32_t overflow = 0;
+  backend_->collect(t.overflow, &overflow);
+  s.overflow = overflow != 0;
+  backend_->collect(t.loss_scale, &s.loss_scale);
+  return s;
+}
+
+StepStats Engine::train_step(const float* images, const int32_t* labels, float lr, bool read_stats) {
+  require(Lifecycle::COMPILED, "train_step()");
+  const dist::Watch watch("a training step");  // S27: a rank gone mid-step must not hang this one
+  const Program& p = *program_;
+  enqueue_step(images, labels, lr);
   StepStats s;
   if (!read_stats) return s;
   backend_->read(p.tensor(p.io.loss), &s.loss);

@@ -245,22 +245,28 @@ TrainSummary train(const TrainConfig& c) {
     const auto t0 = Clock::now();
     double loss_sum = 0;
     int64_t seen = 0, hits = 0, overflows = 0, loss_count = 0;
+    // Each step's statistics arrive one step late (Engine::train_step_async): the host loads
+    // the next batch while the device runs this one, instead of waiting for it.
+    auto account = [&](const std::optional<StepStats>& s) {
+      if (!s) return;
+      hits += s->top1;
+      overflows += s->overflow ? 1 : 0;
+      if (std::isfinite(s->loss)) {
+        loss_sum += s->loss;
+        ++loss_count;
+      }
+    };
     for (int64_t i = 0; i < steps_per_epoch; ++i) {
       const int64_t got = train_loader.next(images.data(), labels.data());
       if (got < n) break;
       const float lr = lr_at(c.lr, state.step, total_steps, steps_per_epoch);
-      const StepStats s = engine.train_step(images.data(), labels.data(), lr);
+      account(engine.train_step_async(images.data(), labels.data(), lr));
       ++state.step;
       seen += n;
-      hits += s.top1;
-      overflows += s.overflow ? 1 : 0;
-      if (std::isfinite(s.loss)) {
-        loss_sum += s.loss;
-        ++loss_count;
-      }
       progress.update(epoch + 1, c.epochs, i + 1, steps_per_epoch, loss_count ? loss_sum / loss_count : 0,
                       static_cast<double>(seen) / std::max(seconds_since(t0), 1e-9), lr, seconds_since(t0));
     }
+    account(engine.pending_stats());  // the epoch's last step
     engine.backend().synchronize();
     reduce_train_sums(loss_sum, loss_count, seen, hits);  // S27: the epoch over every rank
     if (!c.sync_bn) average_bn_running_stats(engine);    // S27: per-rank BN, before eval and save

@@ -12,6 +12,7 @@
 #include "kiln/core/rng.h"
 #include "kiln/graph/op.h"
 #include "kiln/task/engine.h"
+#include "support/async_stats_check.h"
 #include "support/engine_state.h"
 #include "support/learnable_batch.h"
 #include "support/scoped_env.h"
@@ -213,6 +214,16 @@ TEST(Switches, GradientSumFoldingOffAndOnAgree) {
   EXPECT_EQ(folded[0], 0);
   EXPECT_EQ(folded[1], 7);
   EXPECT_EQ(results[0], results[1]);
+}
+
+// The trainer's late statistics (Engine::train_step_async, Backend::read_later): the same
+// numbers one step late, the same weights (tests/support/async_stats_check.h).
+TEST(Engine, AsyncStatsEqualSyncOneStepLate) {
+  test::async_stats_equal_sync("cnn", cpu_options(8), 4);
+  Engine e(make_model("cnn"), cpu_options(8));
+  e.lock_memory();
+  e.compile(1);
+  test::late_read_misuse_is_an_error(e);
 }
 
 TEST(Engine, DeterministicForAFixedSeed) {

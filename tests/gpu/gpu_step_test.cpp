@@ -10,6 +10,7 @@
 #include <memory>
 
 #include "gpu/gpu_test_util.h"
+#include "support/async_stats_check.h"
 #include "support/learnable_batch.h"
 #include "kiln/blueprint/zoo.h"
 #include "kiln/io/safetensors.h"
@@ -145,6 +146,39 @@ TEST(GpuStep, OptimisationsOnEqualOffBitForBitFp32) {
 TEST(GpuStep, OptimisationsOnEqualOffBitForBitAmp) {
   KILN_REQUIRE_GPU();
   optimisations_bit_for_bit(true);
+}
+
+// The trainer's late statistics on the GPU (Backend::read_later through a pinned ring, no
+// wait for the step just enqueued): the same numbers one step late, the same weights, in FP32
+// and AMP (the loss scale and overflow flag come from the update stream); misuse is an error,
+// and a ticket overwritten by 64 newer reads too.
+TEST(GpuStep, AsyncStatsEqualSyncOneStepLate) {
+  KILN_REQUIRE_GPU();
+  ScopedEnv det("KILN_DETERMINISTIC", "1");  // two engines: the same engines, the same bits
+  for (const bool amp : {false, true}) {
+    SCOPED_TRACE(amp ? "amp" : "fp32");
+    EngineOptions o;
+    o.device = "cuda";
+    o.compile.batch = 8;
+    o.compile.amp = amp;
+    o.compile.momentum = 0.9f;
+    async_stats_equal_sync("resnet18_small", o, 5);
+  }
+  EngineOptions o;
+  o.device = "cuda";
+  o.compile.batch = 4;
+  Engine e(make_model("cnn"), o);
+  e.lock_memory();
+  e.compile(1);
+  late_read_misuse_is_an_error(e);
+  const Program& p = e.program();
+  const uint64_t first = e.backend().read_later(p.tensor(p.io.loss));
+  for (uint64_t i = 0; i < Backend::kLateReadSlots; ++i) {
+    float v = 0.0f;
+    e.backend().collect(e.backend().read_later(p.tensor(p.io.loss)), &v);
+  }
+  float v = 0.0f;
+  EXPECT_THROW(e.backend().collect(first, &v), Error) << "its slot was reused";
 }
 
 // For the first tensor that disagrees: where its node's tensors live (and any other tensor

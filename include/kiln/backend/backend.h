@@ -47,6 +47,17 @@ class Backend {
   virtual void stage_batch(int slot, const float* images, const int32_t* labels) = 0;
   virtual void synchronize() = 0;
 
+  // Reads that do not stop the device (the training loop's statistics, S19: no host wait
+  // inside a step). read_later copies t - a scalar or a few of them, at most kLateReadBytes -
+  // once every run() and write() enqueued before it has finished, into storage the backend
+  // owns, and returns a ticket; collect(ticket, host) waits for that copy alone and hands its
+  // bytes over. Tickets are collected in any order, each once, while fewer than
+  // kLateReadSlots newer ones have been issued. A backend that runs synchronously reads at once.
+  static constexpr int64_t kLateReadBytes = 64;
+  static constexpr uint64_t kLateReadSlots = 64;
+  virtual uint64_t read_later(const DTensor& t) = 0;
+  virtual void collect(uint64_t ticket, void* host) = 0;
+
   // Timings for `kiln train --profile` / KILN_PROFILE=1: from the next run() on, the backend
   // records where the time goes (CPU: per op kind; CUDA: per phase, from CUDA events), and
   // profile_report() prints it (empty when profiling is off).

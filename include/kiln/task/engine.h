@@ -3,6 +3,7 @@
 // call. Calling a step out of order is a kiln::Error(State) that says which step is next.
 #pragma once
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -60,6 +61,12 @@ class Engine {
   // images, int32 labels). `read_stats` = false skips the host read of loss and accuracy
   // (no synchronisation; the returned stats are then empty).
   StepStats train_step(const float* images, const int32_t* labels, float lr, bool read_stats = true);
+  // The training loop's form: enqueues the step and returns the statistics of the step
+  // before it, which a GPU has finished by then or nearly, so the host prepares the next batch
+  // while this one runs instead of waiting for it (Backend::read_later). Empty on the first
+  // call and after pending_stats(), which waits for the newest step's statistics.
+  std::optional<StepStats> train_step_async(const float* images, const int32_t* labels, float lr);
+  std::optional<StepStats> pending_stats();
   // Evaluation of one batch; `valid` < batch marks the rest as padding (not counted).
   StepStats eval_batch(const float* images, const int32_t* labels, int64_t valid, bool ema = false);
   int64_t steps_done() const { return steps_; }
@@ -74,6 +81,10 @@ class Engine {
 
  private:
   void require(Lifecycle s, const char* what) const;
+  void enqueue_step(const float* images, const int32_t* labels, float lr);
+  struct StatTickets {
+    uint64_t loss, correct, overflow, loss_scale;
+  };
 
   BluePrint blueprint_;
   EngineOptions options_;
@@ -83,6 +94,7 @@ class Engine {
   Lifecycle state_ = Lifecycle::PLANNING;
   int64_t steps_ = 0;
   int slot_ = 0;
+  std::optional<StatTickets> pending_;  // train_step_async's newest step, not yet collected
   std::vector<float> pad_images_;
   std::vector<int32_t> pad_labels_;
 };

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <algorithm>
 #include <map>
+#include <vector>
 
 #include "backend/cpu/cpu_kernel.h"
 #include "kiln/backend/backend.h"
@@ -145,6 +146,22 @@ class CpuBackend final : public Backend {
   void read(const DTensor& t, void* host) override {
     std::memcpy(host, address(t), static_cast<size_t>(t.bytes()));
   }
+  // Every run() has finished when it returns: a late read reads at once.
+  uint64_t read_later(const DTensor& t) override {
+    KILN_CHECK(t.bytes() <= kLateReadBytes, InvalidArgument, "read_later: '", t.name, "' has ", t.bytes(),
+               " bytes; at most ", kLateReadBytes, " (use read())");
+    const uint64_t ticket = late_next_++;
+    std::vector<uint8_t>& bytes = late_[ticket];
+    bytes.resize(static_cast<size_t>(t.bytes()));
+    read(t, bytes.data());
+    return ticket;
+  }
+  void collect(uint64_t ticket, void* host) override {
+    auto it = late_.find(ticket);
+    KILN_CHECK(it != late_.end(), InvalidArgument, "collect: ticket ", ticket, " was never issued or is collected");
+    std::memcpy(host, it->second.data(), it->second.size());
+    late_.erase(it);
+  }
   void stage_batch(int slot, const float* images, const int32_t* labels) override {
     const Program& p = *ctx_.program;
     KILN_CHECK(slot == 0 || slot == 1, InvalidArgument, "stage_batch: slot must be 0 or 1");
@@ -181,6 +198,8 @@ class CpuBackend final : public Backend {
   std::vector<std::string> ops_;
   std::map<const cpu::Kernel*, std::string> kernel_op_;
   std::map<std::string, double> profile_;
+  std::map<uint64_t, std::vector<uint8_t>> late_;  // read_later's bytes, by ticket
+  uint64_t late_next_ = 0;
 };
 
 }  // namespace

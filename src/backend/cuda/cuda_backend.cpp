@@ -126,6 +126,9 @@ class CudaBackend final : public CudaBackendApi {
     }
     CUDA_CHECK(cudaHostAlloc(&small_.host, kSmallSlots * kSmallWrite, cudaHostAllocDefault));
     for (cudaEvent_t& e : small_.done) CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    CUDA_CHECK(cudaHostAlloc(&late_.host, kLateReadSlots * kLateReadBytes, cudaHostAllocDefault));
+    for (cudaEvent_t& e : late_.done) CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    late_.ticket.fill(~uint64_t{0});
     CUDA_CHECK(cudaDeviceSynchronize());
   }
 
@@ -224,6 +227,35 @@ class CudaBackend final : public CudaBackendApi {
     return out;
   }
 
+  // A late read is write_small's mirror: the copy goes on the compute stream after every
+  // phase and write enqueued so far, into a pinned ring slot with its own event.
+  uint64_t read_later(const DTensor& t) override {
+    KILN_CHECK(t.bytes() <= kLateReadBytes, InvalidArgument, "read_later: '", t.name, "' has ", t.bytes(),
+               " bytes; at most ", kLateReadBytes, " (use read())");
+    KILN_CHECK(late_.host != nullptr, State, "cuda backend: read_later() before compile()");
+    const uint64_t ticket = late_.next++;
+    const size_t i = ticket % kLateReadSlots;
+    CUDA_CHECK(cudaEventSynchronize(late_.done[i]));  // the slot's previous copy
+    late_.ticket[i] = ticket;
+    late_.bytes[i] = static_cast<size_t>(t.bytes());
+    cudaStream_t s = ctx_.streams[0].stream;
+    if (last_done_ && last_stream_ != 0) CUDA_CHECK(cudaStreamWaitEvent(s, last_done_, 0));
+    CUDA_CHECK(cudaMemcpyAsync(static_cast<uint8_t*>(late_.host) + i * kLateReadBytes, address(t), late_.bytes[i],
+                               cudaMemcpyDeviceToHost, s));
+    CUDA_CHECK(cudaEventRecord(late_.done[i], s));
+    last_done_ = late_.done[i];
+    last_stream_ = 0;
+    return ticket;
+  }
+  void collect(uint64_t ticket, void* host) override {
+    const size_t i = ticket % kLateReadSlots;
+    KILN_CHECK(ticket < late_.next && late_.ticket[i] == ticket, InvalidArgument, "collect: ticket ", ticket,
+               " was never issued, is collected, or was overwritten by ", kLateReadSlots, " newer reads");
+    CUDA_CHECK(cudaEventSynchronize(late_.done[i]));
+    std::memcpy(host, static_cast<uint8_t*>(late_.host) + i * kLateReadBytes, late_.bytes[i]);
+    late_.ticket[i] = ~uint64_t{0};
+  }
+
   // A small write (a scalar: the learning rate, the step counter) does not stop the device:
   // the value goes through a pinned ring slot and is copied on the compute stream after every
   // phase enqueued so far, and before any phase enqueued later. To the caller it behaves as
@@ -257,6 +289,13 @@ class CudaBackend final : public CudaBackendApi {
  private:
   static constexpr int64_t kSmallWrite = 64;
   static constexpr size_t kSmallSlots = 64;
+  struct LateReads {
+    void* host = nullptr;  // kLateReadSlots pinned slots of kLateReadBytes
+    std::array<cudaEvent_t, kLateReadSlots> done{};
+    std::array<uint64_t, kLateReadSlots> ticket{};
+    std::array<size_t, kLateReadSlots> bytes{};
+    uint64_t next = 0;
+  };
   struct SmallWrites {
     void* host = nullptr;
     std::array<cudaEvent_t, kSmallSlots> done{};
@@ -498,6 +537,11 @@ class CudaBackend final : public CudaBackendApi {
       if (ev) warn("cudaEventDestroy", cudaEventDestroy(ev));
     }
     small_ = SmallWrites{};
+    if (late_.host) warn("cudaFreeHost", cudaFreeHost(late_.host));
+    for (cudaEvent_t ev : late_.done) {
+      if (ev) warn("cudaEventDestroy", cudaEventDestroy(ev));
+    }
+    late_ = LateReads{};
     for (int i = 0; i < owned_streams_; ++i) {
       StreamRes& s = ctx_.streams[static_cast<size_t>(i)];
       if (s.workspace) warn("cudaFree", cudaFree(s.workspace));
@@ -527,6 +571,7 @@ class CudaBackend final : public CudaBackendApi {
   int last_stream_ = 0;
   std::array<Staging, 2> staging_{};
   SmallWrites small_;
+  LateReads late_;
 };
 
 }  // namespace
