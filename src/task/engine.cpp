@@ -122,6 +122,7 @@ StepStats Engine::train_step(const float* images, const int32_t* labels, float l
   require(Lifecycle::COMPILED, "train_step()");
   const dist::Watch watch("a training step");  // S27: a rank gone mid-step must not hang this one
   const Program& p = *program_;
+  pending_stats();  // an async step's statistics are not handed over past a synchronous step
   enqueue_step(images, labels, lr);
   StepStats s;
   if (!read_stats) return s;

@@ -64,7 +64,8 @@ class Engine {
   // The training loop's form: enqueues the step and returns the statistics of the step
   // before it, which a GPU has finished by then or nearly, so the host prepares the next batch
   // while this one runs instead of waiting for it (Backend::read_later). Empty on the first
-  // call and after pending_stats(), which waits for the newest step's statistics.
+  // call and after pending_stats(), which waits for the newest step's statistics (a
+  // synchronous train_step drops them).
   std::optional<StepStats> train_step_async(const float* images, const int32_t* labels, float lr);
   std::optional<StepStats> pending_stats();
   // Evaluation of one batch; `valid` < batch marks the rest as padding (not counted).
