@@ -15,6 +15,10 @@
 #            COMPARE_PRECISIONS (default amp): kiln with fusion off (KILN_FUSION=0), then
 #            bench/gpu_compare.sh (kiln with its defaults, PyTorch eager and torch.compile)
 #            in the same call: the table bench/RESULTS.md wants (SPEC Q3, issue 5)
+#     ab     build, then `kiln bench` (batch 256, AMP) of AB_MODELS (default "resnet50 vgg16_bn")
+#            under each of AB_VARIANTS, environment settings separated by ";" (default: the
+#            defaults, then KILN_FUSE_GRAD_SUM=1, then KILN_PAD_CHANNELS=1, then both), in one
+#            call: an optimisation's gain measured against its absence, no tests run
 # Logs go to /tmp/kiln-gpu-check; where $OUT is set (the device tool's output folder, which
 # returns at most 8 files) they are packed into $OUT/logs.tgz and the summary into
 # $OUT/summary.txt.
@@ -73,6 +77,7 @@ targets=()  # all: everything
 [ "$MODE" = bench ] && targets=(kiln kiln_cli kiln_gpu_tests)
 [ "$MODE" = compare ] && targets=(kiln kiln_cli kiln_gpu_tests)
 [ "$MODE" = tune ] && targets=(kiln kiln_cli)
+[ "$MODE" = ab ] && targets=(kiln kiln_cli)
 if ! cmake --build "$BUILD" -j "$JOBS" ${targets[@]:+--target "${targets[@]}"} >"$LOGS/build.log" 2>&1; then
   grep -E 'error|FAILED' "$LOGS/build.log" | head -40
   note build "FAILED ($(since))"
@@ -102,6 +107,24 @@ if [ "$MODE" = tune ]; then
     done
   done
   cp configs/engines/*.tsv "$LOGS/" 2>/dev/null || true
+  echo
+  echo "== summary (logs in $LOGS)"
+  printf '%s\n' "${SUMMARY[@]}"
+  exit $status
+fi
+
+if [ "$MODE" = ab ]; then
+  IFS=';' read -r -a variants <<<"${AB_VARIANTS:-;KILN_FUSE_GRAD_SUM=1;KILN_PAD_CHANNELS=1;KILN_FUSE_GRAD_SUM=1 KILN_PAD_CHANNELS=1}"
+  for m in ${AB_MODELS:-resnet50 vgg16_bn}; do
+    for v in "${variants[@]}"; do
+      name="$m-$(echo "${v:-defaults}" | tr ' =' '_-')"
+      # shellcheck disable=SC2086
+      env $v "$BUILD/kiln" bench --device cuda --model "$m" --batch 256 --amp --steps "${STEPS:-20}" --warmup 5 \
+        --repeats 3 >"$LOGS/ab-$name.log" 2>&1 || status=1
+      ips=$(grep -o '"images_per_second":[0-9.]*' "$LOGS/ab-$name.log" | cut -d: -f2)
+      note "$m" "${v:-defaults}: ${ips:-FAILED} img/s ($(since))"
+    done
+  done
   echo
   echo "== summary (logs in $LOGS)"
   printf '%s\n' "${SUMMARY[@]}"
