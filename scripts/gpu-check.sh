@@ -17,8 +17,9 @@
 #            in the same call: the table bench/RESULTS.md wants (SPEC Q3, issue 5)
 #     ab     build, then `kiln bench` (batch 256, AMP) of AB_MODELS (default "resnet50 vgg16_bn")
 #            under each of AB_VARIANTS, environment settings separated by ";" (default: the
-#            defaults, then KILN_FUSE_GRAD_SUM=1, then KILN_PAD_CHANNELS=1, then both), in one
-#            call: an optimisation's gain measured against its absence, no tests run
+#            defaults, then KILN_FUSE_GRAD_SUM=1, KILN_PAD_CHANNELS=1, KILN_CBR_FORM=genstats, and
+#            the first two together), in one call: an optimisation's gain measured against its
+#            absence, no tests run
 # Logs go to /tmp/kiln-gpu-check; where $OUT is set (the device tool's output folder, which
 # returns at most 8 files) they are packed into $OUT/logs.tgz and the summary into
 # $OUT/summary.txt.
@@ -114,7 +115,7 @@ if [ "$MODE" = tune ]; then
 fi
 
 if [ "$MODE" = ab ]; then
-  IFS=';' read -r -a variants <<<"${AB_VARIANTS:-;KILN_FUSE_GRAD_SUM=1;KILN_PAD_CHANNELS=1;KILN_FUSE_GRAD_SUM=1 KILN_PAD_CHANNELS=1}"
+  IFS=';' read -r -a variants <<<"${AB_VARIANTS:-;KILN_FUSE_GRAD_SUM=1;KILN_PAD_CHANNELS=1;KILN_CBR_FORM=genstats;KILN_FUSE_GRAD_SUM=1 KILN_PAD_CHANNELS=1}"
   for m in ${AB_MODELS:-resnet50 vgg16_bn}; do
     for v in "${variants[@]}"; do
       name="$m-$(echo "${v:-defaults}" | tr ' =' '_-')"

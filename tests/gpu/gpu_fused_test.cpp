@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <map>
 
+#include "backend/cuda/cuda_backend.h"
 #include "gpu/gpu_test_util.h"
 #include "kiln/blueprint/zoo.h"
 #include "kiln/task/engine.h"
@@ -55,6 +56,88 @@ INSTANTIATE_TEST_SUITE_P(
     });
 
 // The GPU forms the bias's share of the running mean in double: within 1e-6 of the float sum.
+// The seed article's CBR forward (KILN_CBR_FORM=genstats: conv+genstats in one cuDNN graph,
+// then kiln's finalize and apply from its FP32 sums) against kiln's form on the same inputs.
+// The statistics come from other sums - FP32 in cuDNN's order instead of double over the
+// FP16-rounded z - so the two agree to rounding, not bit for bit: z within 2e-3 of its scale
+// (another engine: an FP16 ulp), the saved mean and inverse std within 2e-3 (AMP) / 1e-5
+// (FP32), the running statistics likewise, y within 1e-2 / 1e-4, and mask bits that differ
+// only where y sits within rounding of 0 (at most 0.5% of them). Under AMP the form must have
+// been taken (a layer without an engine for the graph falls back, cbr_forms() counts it, and
+// this test fails: how an H200 run learns whether its cuDNN has those engines). In FP32 a
+// fallback is allowed, and then the outputs must be kiln's form's, bit for bit.
+struct CbrForward {
+  std::vector<float> z, y, saved, rm, rv;
+  std::vector<uint8_t> mask;
+  CudaBackendApi::CbrForms forms;
+};
+
+CbrForward run_cbr_forward(const CbrCase& t, bool amp, const char* form) {
+  ScopedEnv f("KILN_CBR_FORM", form);
+  ScopedEnv pad("KILN_PAD_CHANNELS", amp && t.c % 8 != 0 ? "1" : "0");
+  const int64_t p = (t.h + 2 * t.pad - t.r) / t.st + 1, q = (t.w + 2 * t.pad - t.r) / t.st + 1;
+  const Shape xs{t.n, t.h, t.w, t.c}, ys{t.n, p, q, t.k}, ws{t.k, t.r, t.r, t.c};
+  OpHarness h(amp);
+  const fused::Maker m{h, amp};
+  const TensorId x = m.feature("x", xs), w = m.weight("w", ws);
+  const TensorId gamma = m.channels("gamma", t.k, Region::params_f32), beta = m.channels("beta", t.k, Region::params_f32);
+  const TensorId rm = m.channels("rm", t.k, Region::bn_running), rv = m.channels("rv", t.k, Region::bn_running);
+  const TensorId saved = h.tensor("saved", {2, t.k}, Region::bn_saved);
+  const TensorId z = m.feature("z", ys), y = m.feature("y", ys);
+  const TensorId mask = h.tensor("mask", {(ys.numel() + 7) / 8}, Region::aux, DType::U8);
+  h.node(OpKind::cbr_fwd, {x, w, gamma, beta, rm, rv}, {z, y, saved, mask}, fused::conv_bn_attrs(t.r, t.st, t.pad));
+  h.compile(make_backend("cuda"));
+  h.write(x, random_values(static_cast<size_t>(xs.numel()), 1));
+  h.write(w, random_values(static_cast<size_t>(ws.numel()), 2, -0.5f, 0.5f));
+  h.write(gamma, random_values(static_cast<size_t>(t.k), 4, 0.5f, 1.5f));
+  h.write(beta, random_values(static_cast<size_t>(t.k), 5, -0.3f, 0.3f));
+  h.write(rm, random_values(static_cast<size_t>(t.k), 6));
+  h.write(rv, random_values(static_cast<size_t>(t.k), 7, 0.5f, 1.5f));
+  h.run();
+  CbrForward r{h.read(z), h.read(y), h.read(saved), h.read(rm), h.read(rv), h.read_u8(mask), {}};
+  if (auto* api = dynamic_cast<CudaBackendApi*>(&h.backend())) r.forms = api->cbr_forms();
+  return r;
+}
+
+class GpuFusedCbrGenstats : public ::testing::TestWithParam<std::tuple<CbrCase, bool>> {};
+
+TEST_P(GpuFusedCbrGenstats, AgreesWithKilnsFormToRounding) {
+  KILN_REQUIRE_GPU();
+  const auto& [t, amp] = GetParam();
+  const CbrForward kiln = run_cbr_forward(t, amp, "kiln"), article = run_cbr_forward(t, amp, "genstats");
+  EXPECT_EQ(kiln.forms.genstats + kiln.forms.fallbacks, 0);
+  EXPECT_EQ(article.forms.genstats + article.forms.fallbacks, 1);
+  if (!amp && article.forms.fallbacks == 1) {
+    std::printf("  FP32 conv+genstats: no cuDNN engine, fell back\n");
+    EXPECT_EQ(article.y, kiln.y);
+    EXPECT_EQ(article.saved, kiln.saved);
+    return;
+  }
+  EXPECT_EQ(article.forms.genstats, 1) << "conv+genstats has no cuDNN engine here";
+  const double stat_tol = amp ? 2e-3 : 1e-5;
+  EXPECT_LE(rel_error(article.z, kiln.z, kSumFloor), amp ? 2e-3 : 1e-5) << "z";
+  EXPECT_LE(rel_error(article.saved, kiln.saved, kSumFloor), stat_tol) << "saved mean / inverse std";
+  EXPECT_LE(rel_error(article.rm, kiln.rm, kSumFloor), stat_tol) << "running mean";
+  EXPECT_LE(rel_error(article.rv, kiln.rv, kSumFloor), stat_tol) << "running variance";
+  EXPECT_LE(rel_error(article.y, kiln.y, kSumFloor), amp ? 1e-2 : 1e-4) << "y";
+  size_t differ = 0;
+  for (size_t i = 0; i < kiln.y.size(); ++i) {
+    differ += (((article.mask[i / 8] ^ kiln.mask[i / 8]) >> (i % 8)) & 1u) != 0;
+  }
+  EXPECT_LE(differ, 5 * kiln.y.size() / 1000 + 2) << "mask bits that differ";
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, GpuFusedCbrGenstats,
+    ::testing::Combine(::testing::Values(CbrCase{"n2_9x9_c8_k16_3x3", 2, 9, 9, 8, 16, 3, 1, 1, false},
+                                         CbrCase{"n3_8x7_c16_k8_3x3_s2", 3, 8, 7, 16, 8, 3, 2, 1, false},
+                                         CbrCase{"n8_16x16_c64_k64_3x3", 8, 16, 16, 64, 64, 3, 1, 1, false},
+                                         CbrCase{"n4_14x14_c64_k256_1x1", 4, 14, 14, 64, 256, 1, 1, 0, false}),
+                       ::testing::Bool()),
+    [](const auto& info) {
+      return std::string(std::get<0>(info.param).name) + (std::get<1>(info.param) ? "_amp" : "_fp32");
+    });
+
 class GpuFusedCbrBias : public ::testing::TestWithParam<bool> {};
 
 TEST_P(GpuFusedCbrBias, BiasMovesOnlyTheRunningMean) {

@@ -62,6 +62,11 @@ int cmd_bench(int argc, char** argv) {
     std::printf("convolution engines: %d from the engine table%s%s, %d timed while compiling, %d from cuDNN's "
                 "heuristics\n", use.from_table, use.table.empty() ? "" : " ", use.table.c_str(), use.autotuned,
                 use.heuristics);
+    const CudaBackendApi::CbrForms forms = api->cbr_forms();
+    if (forms.genstats + forms.fallbacks > 0) {
+      std::printf("CBR forward (KILN_CBR_FORM=genstats): %d as conv+genstats, %d fell back to kiln's form\n",
+                  forms.genstats, forms.fallbacks);
+    }
   }
 
   // One learnable synthetic batch, staged every step as a real loader would: each of 16

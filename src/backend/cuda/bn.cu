@@ -6,7 +6,7 @@
 //    computed in double from the FP32-rounded batch mean and variance, as the CPU kernel.
 // Per-channel sums are taken in double (block partials in the stream's workspace, then one
 // finalize pass), so the statistics do not depend on the batch size's rounding.
-#include "backend/cuda/bn_parts.h"
+#include "backend/cuda/fused_parts.h"
 #include "backend/cuda/channel_sums.cuh"
 #include "backend/cuda/device_util.cuh"
 
@@ -69,6 +69,12 @@ __global__ void __launch_bounds__(kFinC * kFinS) stats_finalize_kernel(const dou
   running_mean[c] = static_cast<float>((1.0 - m) * running_mean[c] + m * batch_mean);
   running_var[c] = static_cast<float>((1.0 - m) * running_var[c] + m * unbias * var_f);
   coef[c] = make_float4(mean_f, gamma[c] * invstd_f, beta[c], 0.0f);
+}
+
+// The per-channel sums that conv+genstats produced (FP32: [sum; sum of squares]) as the one
+// partial row the finalize pass reads.
+__global__ void sums_to_partial(const float* sums, int64_t C, double2* partial) {
+  KILN_GRID_STRIDE(c, C) partial[c] = make_double2(sums[c], sums[C + c]);
 }
 
 // dgamma = sum g xhat, dbeta = sum g; coefficients of dx = k1 (g - mg - (x - mean) k3).
@@ -444,6 +450,7 @@ struct BnFwd {
   float *saved = nullptr, *rm = nullptr, *rv = nullptr;
   const float *gamma = nullptr, *beta = nullptr;
   const float* conv_bias = nullptr;  // cbr_fwd's optional b (ops.def)
+  const float* sums = nullptr;       // x's [sum; sum of squares] per channel from conv+genstats, or none
   float eps = 0.0f, momentum = 0.0f;
 };
 
@@ -467,12 +474,13 @@ KernelPtr bn_forward(Context& ctx, int stream, const Nhwc& s, DType dt, const Bn
   const auto C = d.c;
   const BnVec v = bn_vec(ctx, dt, d.rows, C, {a.x});
   const GroupPlan gp = group_plan(ctx, d.rows, C, {a.x, a.residual, a.y});
-  const int chunks = v.on ? v.blocks : d.gy;
+  const int chunks = a.sums ? 1 : v.on ? v.blocks : d.gy;
   const size_t coef_off = align256(sizeof(double2) * static_cast<size_t>(chunks) * static_cast<size_t>(C));
   ctx.need_workspace(stream, coef_off + sizeof(float4) * static_cast<size_t>(C));
   const dim3 rgrid(static_cast<unsigned>((C + kCx - 1) / kCx), static_cast<unsigned>(d.gy));
   const int64_t count = d.rows * C;
   const unsigned egrid = grid_for(ctx, a.mask ? (count + 7) / 8 : count, kThreads);
+  const unsigned cgrid = grid_for(ctx, C, kThreads);
   KernelPtr k;
   KILN_DISPATCH_FLOAT(dt, T, {
     k = make_fn(stream, [=](Context& c, cudaStream_t st) {
@@ -482,7 +490,10 @@ KernelPtr bn_forward(Context& ctx, int stream, const Nhwc& s, DType dt, const Bn
       const T* x = static_cast<const T*>(a.x);
       const T* res = static_cast<const T*>(a.residual);
       T* y = static_cast<T*>(a.y);
-      if (v.on) {
+      if (a.sums) {
+        sums_to_partial<<<cgrid, kThreads, 0, st>>>(a.sums, C, partial);
+        KILN_LAUNCH_CHECK("bn stats from conv+genstats");
+      } else if (v.on) {
         stats_partial_vec<T><<<v.blocks, kVecThreads, 0, st>>>(x, static_cast<int>(d.rows), static_cast<int>(C), partial);
         KILN_LAUNCH_CHECK("bn stats (vec)");
       } else {
@@ -613,9 +624,10 @@ KernelPtr make_bn_fwd_train(const Node& n, Context& ctx, int stream) {
 // (fused.cpp): "x, gamma, beta, running_mean, running_var, [residual], [b] -> y, saved, mask".
 KernelPtr make_bn_relu_mask_fwd(const Node& n, Context& ctx, int stream, TensorId x, TensorId gamma, TensorId beta,
                                 TensorId rm, TensorId rv, TensorId residual, TensorId conv_bias, TensorId y,
-                                TensorId saved, TensorId mask) {
+                                TensorId saved, TensorId mask, const float* conv_sums) {
   Nhwc s;
   BnFwd a = bn_fwd_args(ctx, n, x, gamma, beta, rm, rv, y, saved, &s);
+  a.sums = conv_sums;
   if (residual != kNoTensor) {
     expect_same_dtype(ctx, n, x, residual);
     expect_numel(ctx, n, residual, s.numel(), "residual");

@@ -16,6 +16,7 @@
 #include <sstream>
 
 #include "backend/cuda/channel_ops.h"
+#include "backend/cuda/fused_parts.h"
 #include "backend/cuda/cuda_common.h"
 #include "kiln/backend/engine_table.h"
 #include "kiln/core/log.h"
@@ -26,8 +27,10 @@ namespace {
 
 namespace fe = cudnn_frontend;
 
-enum class ConvKind { fprop, dgrad, wgrad };
-enum : int64_t { kUidX = 1, kUidW = 2, kUidY = 3 };
+// fprop_genstats: the seed article's CBR convolution, one graph whose output is also reduced
+// per channel (sum and sum of squares, FP32) for BatchNorm (make_conv_fwd_genstats).
+enum class ConvKind { fprop, dgrad, wgrad, fprop_genstats };
+enum : int64_t { kUidX = 1, kUidW = 2, kUidY = 3, kUidSum = 4, kUidSqSum = 5 };
 
 struct ConvGeom {
   Nhwc x, y;
@@ -107,9 +110,10 @@ std::string graph_first_name(fe::graph::Graph& graph) {
 
 struct ConvPointers {
   void *x, *w, *y;
+  float* sums = nullptr;  // fprop_genstats: [sum (K); sum of squares (K)]
 };
 
-constexpr const char* kConvKindName[] = {"fprop", "dgrad", "wgrad"};
+constexpr const char* kConvKindName[] = {"fprop", "dgrad", "wgrad", "fprop+genstats"};
 
 // The first of the table's engines (winner, backup 1, backup 2) that exists among this
 // graph's candidates and builds; -1 when none does.
@@ -320,6 +324,21 @@ std::shared_ptr<ConvPlan> build_plan(Context& ctx, const Node& n, int stream, Co
           .set_data_type(fe_type(x_dt));
       break;
     }
+    case ConvKind::fprop_genstats: {
+      auto x = graph->tensor(X.set_uid(kUidX));
+      auto w = graph->tensor(W.set_uid(kUidW));
+      auto y = graph->conv_fprop(x, w, fe::graph::Conv_fprop_attributes().set_padding(pad).set_stride(stride)
+                                           .set_dilation(dil));
+      y->set_output(true).set_uid(kUidY).set_dim(nchw_dims(g.y)).set_stride(nhwc_strides(g.y))
+          .set_data_type(fe_type(y_dt));
+      auto [sum, sq_sum] = graph->genstats(y, fe::graph::Genstats_attributes().set_compute_data_type(
+                                                  fe::DataType_t::FLOAT));
+      const std::vector<int64_t> cdims{1, g.k, 1, 1}, cstrides{g.k, 1, g.k, g.k};
+      sum->set_output(true).set_uid(kUidSum).set_dim(cdims).set_stride(cstrides).set_data_type(fe::DataType_t::FLOAT);
+      sq_sum->set_output(true).set_uid(kUidSqSum).set_dim(cdims).set_stride(cstrides)
+          .set_data_type(fe::DataType_t::FLOAT);
+      break;
+    }
     case ConvKind::wgrad: {  // Y is dy, W is dw
       auto dy = graph->tensor(Y.set_uid(kUidY));
       auto x = graph->tensor(X.set_uid(kUidX));
@@ -344,11 +363,18 @@ std::shared_ptr<ConvPlan> build_plan(Context& ctx, const Node& n, int stream, Co
   graph->deselect_workspace_greater_than(ctx.workspace_cap);
   // Tuning times precompiled engines only: a runtime-compiled one takes ~1 s of NVRTC to
   // build, and a model has ~100 convolution graphs.
-  if (!ctx.opts.tune_path.empty()) graph->deselect_behavior_notes({fe::BehaviorNote_t::RUNTIME_COMPILATION});
+  // (Fused graphs such as conv+genstats have runtime-compiled engines only.)
+  if (!ctx.opts.tune_path.empty() && kind != ConvKind::fprop_genstats) {
+    graph->deselect_behavior_notes({fe::BehaviorNote_t::RUNTIME_COMPILATION});
+  }
   FE_CHECK(graph->check_support(handle), what);
   auto plan = std::make_shared<ConvPlan>();
   plan->graph = graph;
   std::unordered_map<int64_t, void*> pack{{kUidX, ptrs.x}, {kUidW, ptrs.w}, {kUidY, ptrs.y}};
+  if (kind == ConvKind::fprop_genstats) {
+    pack[kUidSum] = ptrs.sums;
+    pack[kUidSqSum] = ptrs.sums + g.k;
+  }
   cudaStream_t cu_stream = ctx.streams[static_cast<size_t>(stream)].stream;
   bool autotuned = false;
   if (!ctx.opts.tune_path.empty()) {
@@ -382,21 +408,6 @@ std::shared_ptr<ConvPlan> build_plan(Context& ctx, const Node& n, int stream, Co
   return plan;
 }
 
-// Device memory one kernel owns (its channel-padded copies), allocated while compiling.
-class Scratch {
- public:
-  explicit Scratch(size_t bytes) { CUDA_CHECK(cudaMalloc(&p_, bytes)); }
-  ~Scratch() {
-    if (p_ && cudaFree(p_) != cudaSuccess) log_warn("cudaFree of a convolution's padded copy failed");
-  }
-  Scratch(const Scratch&) = delete;
-  Scratch& operator=(const Scratch&) = delete;
-  void* get() const { return p_; }
-
- private:
-  void* p_ = nullptr;
-};
-
 // FP16 / BF16 convolutions whose input channel count is not a multiple of 8 (the first layer's
 // 3) take no tensor-core engine: cuDNN runs them at a few TFLOPS (VGG16-BN AMP at batch 256:
 // the first layer's wgrad and fprop were 16% of the step). KILN_PAD_CHANNELS=1 runs them on
@@ -427,13 +438,17 @@ class ConvKernel final : public Kernel {
     int64_t rows, c, cp;
     bool unpad;
   };
-  void set_plan(std::shared_ptr<ConvPlan> plan, void* x, void* w, void* y) {
+  // sum / sq_sum: the genstats outputs of a fprop_genstats plan.
+  void set_plan(std::shared_ptr<ConvPlan> plan, void* x, void* w, void* y, float* sum = nullptr,
+                float* sq_sum = nullptr) {
     plan_ = std::move(plan);
     pack_ = {{kUidX, x}, {kUidW, w}, {kUidY, y}};
+    if (sum) pack_[kUidSum] = sum;
+    if (sq_sum) pack_[kUidSqSum] = sq_sum;
   }
   void pad_before(PadCopy c) { before_.push_back(c); }
   void pad_after(PadCopy c) { after_.push_back(c); }
-  void own(std::unique_ptr<Scratch> s) { scratch_.push_back(std::move(s)); }
+  void own(std::unique_ptr<DeviceBuffer> s) { scratch_.push_back(std::move(s)); }
   // Optional per-channel step after the convolution: bias add (fwd) or bias gradient (wgrad).
   void set_bias_add(void* y, DType dt, const float* b, int64_t rows, int64_t c) {
     bias_ = {true, false, y, dt, const_cast<float*>(b), rows, c};
@@ -477,7 +492,7 @@ class ConvKernel final : public Kernel {
   std::string what_;
   Bias bias_;
   std::vector<PadCopy> before_, after_;
-  std::vector<std::unique_ptr<Scratch>> scratch_;
+  std::vector<std::unique_ptr<DeviceBuffer>> scratch_;
 };
 
 // What the convolution reads or writes in place of tensor t ([rows, pad.c] in dtype dt): t
@@ -485,7 +500,7 @@ class ConvKernel final : public Kernel {
 // input, emptied into t after it for an output.
 void* padded(ConvKernel& k, const ChannelPad& pad, void* t, DType dt, int64_t rows, bool output) {
   if (!pad.on) return t;
-  auto buf = std::make_unique<Scratch>(static_cast<size_t>(rows * pad.cp) * dtype_size(dt));
+  auto buf = std::make_unique<DeviceBuffer>(static_cast<size_t>(rows * pad.cp) * dtype_size(dt));
   void* p = buf->get();
   k.own(std::move(buf));
   if (output) {
@@ -574,6 +589,37 @@ KernelPtr make_conv_bwd_weight(const Node& n, Context& ctx, int stream) {
     ctx.need_workspace(stream, channel_sum_workspace(rows, g.k, ctx.sm_count));
     k->set_bias_grad(ctx.ptr(dy), dt, ctx.ptr<float>(db), rows, g.k);
   }
+  return k;
+}
+
+// cbr_fwd's convolution in the seed article's form (KILN_CBR_FORM=genstats): one cuDNN graph,
+// conv_fprop whose output z is also reduced per channel by genstats into sums[0, K) (the sum)
+// and sums[K, 2K) (the sum of squares), FP32, so BatchNorm needs no statistics pass over z.
+// nullptr, with one log line, when cuDNN has no engine for this graph here: the caller falls
+// back to the plain convolution and kiln's statistics pass.
+KernelPtr make_conv_fwd_genstats(const Node& n, Context& ctx, int stream, TensorId x, TensorId w, TensorId z,
+                                 float* sums) {
+  const DType dt = expect_float(ctx, n, x, "x");
+  expect_same_dtype(ctx, n, x, z);
+  expect_weight_dtype(ctx, n, x, w);
+  const ConvGeom g = conv_geom(ctx, n, x, w, z);
+  const DType wdt = ctx.tensor(w).dtype;
+  const ChannelPad pad = channel_pad(ctx, dt, g.x.c);
+  auto k = std::make_unique<ConvKernel>(stream, describe(n) + " (conv+genstats)");
+  void* xp = padded(*k, pad, ctx.ptr(x), dt, g.x_rows(), false);
+  void* wp = padded(*k, pad, ctx.ptr(w), wdt, g.w_rows(), false);
+  const ConvGeom gp = g.with_channels(pad.on ? pad.cp : g.x.c);
+  std::shared_ptr<ConvPlan> plan;
+  try {
+    plan = build_plan(ctx, n, stream, ConvKind::fprop_genstats, gp, dt, wdt, dt, {xp, wp, ctx.ptr(z), sums});
+  } catch (const Error& e) {
+    if (e.kind() != ErrorKind::Backend) throw;
+    log_info(describe(n), ": no cuDNN engine for conv+genstats here, so the convolution and kiln's statistics pass ",
+             "run apart (", e.what(), ")");
+    return nullptr;
+  }
+  ctx.need_workspace(stream, static_cast<size_t>(plan->workspace));
+  k->set_plan(plan, xp, wp, ctx.ptr(z), sums, sums + g.k);
   return k;
 }
 

@@ -310,6 +310,7 @@ class CudaBackend final : public CudaBackendApi {
     bool copy_pending = false, read_recorded = false;
   };
 
+  CbrForms cbr_forms() const override { return {ctx_.cbr_genstats, ctx_.cbr_genstats_fallbacks}; }
   EngineTableUse engine_table_use() const override {
     return {ctx_.table_hits, ctx_.table_misses, ctx_.autotuned,
             ctx_.opts.tune_path.empty() ? table_path_ : tune_path()};
@@ -343,6 +344,7 @@ class CudaBackend final : public CudaBackendApi {
     ctx_.engine_table = EngineTable{};
     ctx_.tuned = EngineTable{};
     ctx_.table_hits = ctx_.table_misses = ctx_.autotuned = 0;
+    ctx_.cbr_genstats = ctx_.cbr_genstats_fallbacks = 0;
     table_path_.clear();
     if (!ctx_.opts.engine_table || !ctx_.opts.tune_path.empty()) return;
     const auto cudnn = static_cast<int64_t>(cudnnGetVersion());

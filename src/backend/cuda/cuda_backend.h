@@ -26,6 +26,12 @@ class CudaBackendApi : public Backend {
     std::string table;  // the file consulted or written; empty when none
   };
   virtual EngineTableUse engine_table_use() const = 0;
+  // How the last compile() built its fused CBR forwards under KILN_CBR_FORM=genstats: as one
+  // conv+genstats cuDNN graph, or falling back to kiln's form (no engine for that graph).
+  struct CbrForms {
+    int genstats = 0, fallbacks = 0;
+  };
+  virtual CbrForms cbr_forms() const = 0;
 };
 
 }  // namespace kiln

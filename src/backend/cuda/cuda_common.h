@@ -21,6 +21,7 @@
 #include "kiln/backend/engine_table.h"
 
 #include "kiln/core/error.h"
+#include "kiln/core/log.h"
 #include "kiln/graph/program.h"
 
 namespace kiln::cuda {
@@ -63,6 +64,11 @@ struct Options {
   // KILN_PAD_CHANNELS=1: FP16/BF16 convolutions whose input channels are not a multiple of 8
   // run on zero-padded copies (conv.cpp); opt-in until measured on the H200.
   bool pad_channels = false;
+  // KILN_CBR_FORM: how the fused CBR forward takes BatchNorm's statistics. "kiln" (the
+  // default): a plain cuDNN convolution, then kiln's statistics pass over z; "genstats": the
+  // seed article's form, one cuDNN graph conv_fprop + genstats (fused.cpp), which falls back
+  // to "kiln" per layer where cuDNN has no engine for it.
+  bool cbr_genstats = false;
   // KILN_DETERMINISTIC=1: refuse cuDNN engines noted NONDETERMINISTIC (atomics in weight
   // gradients), so a step gives the same bits every run. kiln's own kernels and cuBLASLt are
   // deterministic already (fixed-order partial sums; one algorithm chosen at compile time).
@@ -104,6 +110,8 @@ struct Context {
   EngineTable engine_table;
   EngineTable tuned;
   int table_hits = 0, table_misses = 0, autotuned = 0;
+  // KILN_CBR_FORM=genstats: CBR forwards built as conv+genstats, and those that fell back.
+  int cbr_genstats = 0, cbr_genstats_fallbacks = 0;
   // The most workspace one convolution engine may ask for: set by compile() from the device
   // memory left once the regions are allocated (the fastest FP32 engines of VGG16 at batch
   // 256 want several GiB; a fixed 1 GiB cap left only engines ~40x slower).
@@ -187,6 +195,22 @@ struct DevScalar {
 DevScalar dev_scalar(const Context& ctx, const Node& n, TensorId id, const char* role);
 
 // Grid for a grid-stride loop over `count` items.
+// Device memory a kernel owns beyond the regions and the stream workspaces (a convolution's
+// channel-padded copies, conv+genstats' sums), allocated while compiling, freed with the kernel.
+class DeviceBuffer {
+ public:
+  explicit DeviceBuffer(size_t bytes) { CUDA_CHECK(cudaMalloc(&p_, bytes)); }
+  ~DeviceBuffer() {
+    if (p_ && cudaFree(p_) != cudaSuccess) log_warn("cudaFree of a kernel's own device buffer failed");
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  void* get() const { return p_; }
+
+ private:
+  void* p_ = nullptr;
+};
+
 inline unsigned grid_for(const Context& ctx, int64_t count, int threads) {
   const int64_t want = (count + threads - 1) / threads;
   const int64_t cap = static_cast<int64_t>(ctx.sm_count) * 16;

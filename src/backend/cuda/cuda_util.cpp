@@ -26,6 +26,10 @@ Options options_from_env() {
   o.profile = env_flag("KILN_PROFILE", false);
   o.vector_kernels = env_flag("KILN_VECTOR_KERNELS", true);
   o.pad_channels = env_flag("KILN_PAD_CHANNELS", false);
+  const std::string form = env_string("KILN_CBR_FORM", "kiln");
+  KILN_CHECK(form == "kiln" || form == "genstats", InvalidArgument, "KILN_CBR_FORM=", form,
+             " is not a CBR form; use kiln (the default) or genstats");
+  o.cbr_genstats = form == "genstats";
   o.deterministic = env_flag("KILN_DETERMINISTIC", false);
   const std::string table = env_string("KILN_ENGINE_TABLE", "");
   o.engine_table = table != "0" && table != "off" && table != "false";

@@ -8,9 +8,10 @@
 //    backward the residual's gradient is written by BatchNorm's dx pass.
 // The arithmetic is the unfused chain's, rounding for rounding, so fused and unfused programs
 // give the same bits (tests/gpu/gpu_fused_test.cpp). The parts run in order on the node's
-// stream; the cuDNN-graph forms of the seed article (conv+genstats, dgrad+drelu+dbn) are the
-// next step.
-#include "backend/cuda/bn_parts.h"
+// stream. KILN_CBR_FORM=genstats takes the seed article's forward instead (conv+genstats in
+// one cuDNN graph); its backward forms (dgrad+drelu+dbn) and the MLPerf prologue form are not
+// built yet.
+#include "backend/cuda/fused_parts.h"
 #include "backend/cuda/cuda_common.h"
 #include "backend/fused_part.h"
 
@@ -18,16 +19,18 @@ namespace kiln::cuda {
 
 namespace {
 
-// Runs its parts in order on one stream.
+// Runs its parts in order on one stream; owns what they share beyond the regions.
 class Sequence final : public Kernel {
  public:
-  Sequence(int stream, std::vector<KernelPtr> parts) : Kernel(stream), parts_(std::move(parts)) {}
+  Sequence(int stream, std::vector<KernelPtr> parts, std::unique_ptr<DeviceBuffer> shared = nullptr)
+      : Kernel(stream), parts_(std::move(parts)), shared_(std::move(shared)) {}
   void run(Context& ctx) override {
     for (auto& k : parts_) k->run(ctx);
   }
 
  private:
   std::vector<KernelPtr> parts_;
+  std::unique_ptr<DeviceBuffer> shared_;
 };
 
 }  // namespace
@@ -41,6 +44,21 @@ KernelPtr make_cbr_fwd(const Node& n, Context& ctx, int stream) {
   const TensorId z = need_out(n, 0, "z"), y = need_out(n, 1, "y"), saved = need_out(n, 2, "saved"),
                  mask = need_out(n, 3, "mask");
   std::vector<KernelPtr> parts;
+  if (ctx.opts.cbr_genstats) {
+    // The seed article's form: the convolution's graph also sums z per channel (genstats), so
+    // BatchNorm skips its statistics pass. Its sums are FP32, accumulated in cuDNN's order, so
+    // this form agrees with the unfused chain to rounding, not bit for bit.
+    const int64_t k = ctx.tensor(z).shape.dims.back();
+    auto sums = std::make_unique<DeviceBuffer>(2 * static_cast<size_t>(k) * sizeof(float));
+    auto* sp = static_cast<float*>(sums->get());
+    if (KernelPtr conv = make_conv_fwd_genstats(n, ctx, stream, x, w, z, sp)) {
+      ++ctx.cbr_genstats;
+      parts.push_back(std::move(conv));
+      parts.push_back(make_bn_relu_mask_fwd(n, ctx, stream, z, gamma, beta, rm, rv, kNoTensor, b, y, saved, mask, sp));
+      return std::make_unique<Sequence>(stream, std::move(parts), std::move(sums));
+    }
+    ++ctx.cbr_genstats_fallbacks;
+  }
   parts.push_back(make_conv_fwd(fused_part(OpKind::conv_fwd, {x, w}, {z}, n, "conv"), ctx, stream));
   parts.push_back(make_bn_relu_mask_fwd(n, ctx, stream, z, gamma, beta, rm, rv, kNoTensor, b, y, saved, mask));
   return std::make_unique<Sequence>(stream, std::move(parts));

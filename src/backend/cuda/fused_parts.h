@@ -1,5 +1,5 @@
-// The BatchNorm pieces that the fused ops (fused.cpp) build on; defined in bn.cu beside the
-// unfused BatchNorm kernels, whose passes they share.
+// The pieces the fused ops (fused.cpp) build on: BatchNorm passes, defined in bn.cu beside the
+// unfused BatchNorm kernels whose passes they share, and the conv+genstats graph (conv.cpp).
 #pragma once
 #include "backend/cuda/cuda_common.h"
 
@@ -8,10 +8,18 @@ namespace kiln::cuda {
 // Training BatchNorm then ReLU, with the ReLU's bit mask (ops.def's layout):
 // y = relu(bn(x) [+ residual]), saved = [mean; invstd], running statistics updated.
 // residual may be kNoTensor; so may conv_bias, cbr_fwd's b, which moves only the running mean
-// (ops.def). n names the fused node in errors and supplies eps and momentum.
+// (ops.def). n names the fused node in errors and supplies eps and momentum. conv_sums, when
+// given, holds x's per-channel sum and sum of squares (make_conv_fwd_genstats wrote them),
+// which replace the statistics pass over x.
 KernelPtr make_bn_relu_mask_fwd(const Node& n, Context& ctx, int stream, TensorId x, TensorId gamma, TensorId beta,
                                 TensorId rm, TensorId rv, TensorId residual, TensorId conv_bias, TensorId y,
-                                TensorId saved, TensorId mask);
+                                TensorId saved, TensorId mask, const float* conv_sums = nullptr);
+
+// The seed article's CBR convolution (KILN_CBR_FORM=genstats): z = conv(x, w) with z's
+// per-channel sum in sums[0, K) and sum of squares in sums[K, 2K) (FP32), one cuDNN graph.
+// nullptr (with one log line) when cuDNN has no engine for it here.
+KernelPtr make_conv_fwd_genstats(const Node& n, Context& ctx, int stream, TensorId x, TensorId w, TensorId z,
+                                 float* sums);
 
 // BatchNorm's backward with the ReLU's backward taken from the mask: g = mask ? dy [+ dy2] : 0
 // (also written to dres unless that is kNoTensor), dx, dgamma, dbeta from g. dy2 (optional)
