@@ -4,6 +4,8 @@
 # run; prints a markdown table for bench/RESULTS.md. Usage:
 #   bench/gpu_compare.sh [MODELS] [BATCH] [PRECISIONS] [TORCH_MODES]
 #   bench/gpu_compare.sh "resnet50 vgg16_bn" 256 "amp fp32" "eager,compile"
+# STAGE=once has kiln train on one batch resident on the device, as the PyTorch reference does
+# (default every-step: kiln copies the batch from the host each step, as a loader would).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 MODELS=${1:-"resnet50 vgg16_bn"}
@@ -12,13 +14,14 @@ PRECISIONS=${3:-"amp"}
 TORCH_MODES=${4:-"eager,compile"}
 BUILD=${BUILD:-build-gpu}
 STEPS=${STEPS:-30}
+STAGE=${STAGE:-every-step}
 log=${COMPARE_LOGS:-$(mktemp -d)}
 mkdir -p "$log"
 rows=()
 for m in $MODELS; do
   for prec in $PRECISIONS; do
     flag=""; [ "$prec" = amp ] && flag="--amp"
-    "$BUILD"/kiln bench --model "$m" --batch "$BATCH" $flag --steps "$STEPS" --warmup 5 --repeats 3 \
+    "$BUILD"/kiln bench --model "$m" --batch "$BATCH" $flag --steps "$STEPS" --warmup 5 --repeats 3 --stage "$STAGE" \
       >"$log/kiln_${m}_${prec}.txt" 2>&1
     k=$(grep '^{"bench":"kiln"' "$log/kiln_${m}_${prec}.txt" | tail -1)
     [ -z "$k" ] && { echo "kiln bench $m $prec failed:"; tail -5 "$log/kiln_${m}_${prec}.txt"; }

@@ -19,7 +19,7 @@
 #            under each of AB_VARIANTS, environment settings separated by ";" (default: the
 #            defaults, then KILN_FUSE_GRAD_SUM=1, KILN_PAD_CHANNELS=1, KILN_CBR_FORM=genstats, and
 #            the first two together), in one call: an optimisation's gain measured against its
-#            absence, no tests run
+#            absence, no tests run (STAGE=once: kiln bench --stage once)
 # Logs go to /tmp/kiln-gpu-check; where $OUT is set (the device tool's output folder, which
 # returns at most 8 files) they are packed into $OUT/logs.tgz and the summary into
 # $OUT/summary.txt.
@@ -121,7 +121,7 @@ if [ "$MODE" = ab ]; then
       name="$m-$(echo "${v:-defaults}" | tr ' =' '_-')"
       # shellcheck disable=SC2086
       env $v "$BUILD/kiln" bench --device cuda --model "$m" --batch 256 --amp --steps "${STEPS:-20}" --warmup 5 \
-        --repeats 3 >"$LOGS/ab-$name.log" 2>&1 || status=1
+        --repeats 3 --stage "${STAGE:-every-step}" >"$LOGS/ab-$name.log" 2>&1 || status=1
       ips=$(grep -o '"images_per_second":[0-9.]*' "$LOGS/ab-$name.log" | cut -d: -f2)
       note "$m" "${v:-defaults}: ${ips:-FAILED} img/s ($(since))"
     done

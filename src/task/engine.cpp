@@ -80,7 +80,10 @@ void Engine::compile(uint64_t seed) {
 
 void Engine::enqueue_step(const float* images, const int32_t* labels, float lr) {
   const Program& p = *program_;
-  backend_->stage_batch(slot_, images, labels);
+  if (images) {
+    backend_->stage_batch(slot_, images, labels);
+    staged_[slot_] = true;
+  }
   backend_->write(p.tensor(p.io.lr), &lr);
   const int32_t step = static_cast<int32_t>(steps_);
   backend_->write(p.tensor(p.io.step), &step);
@@ -120,12 +123,27 @@ std::optional<StepStats> Engine::pending_stats() {
 
 StepStats Engine::train_step(const float* images, const int32_t* labels, float lr, bool read_stats) {
   require(Lifecycle::COMPILED, "train_step()");
+  KILN_CHECK(images != nullptr && labels != nullptr, InvalidArgument,
+             "train_step: images and labels are needed (train_step_on_staged reuses a staged batch)");
   const dist::Watch watch("a training step");  // S27: a rank gone mid-step must not hang this one
-  const Program& p = *program_;
   pending_stats();  // an async step's statistics are not handed over past a synchronous step
   enqueue_step(images, labels, lr);
+  return read_stats ? read_step_stats() : StepStats{};
+}
+
+StepStats Engine::train_step_on_staged(float lr, bool read_stats) {
+  require(Lifecycle::COMPILED, "train_step_on_staged()");
+  KILN_CHECK(staged_[slot_], State, "train_step_on_staged: input slot ", slot_ == 0 ? "A" : "B",
+             " holds no training batch; train_step() stages one (two steps fill both slots)");
+  const dist::Watch watch("a training step");
+  pending_stats();
+  enqueue_step(nullptr, nullptr, lr);
+  return read_stats ? read_step_stats() : StepStats{};
+}
+
+StepStats Engine::read_step_stats() {
+  const Program& p = *program_;
   StepStats s;
-  if (!read_stats) return s;
   backend_->read(p.tensor(p.io.loss), &s.loss);
   int32_t correct[2];
   backend_->read(p.tensor(p.io.correct), correct);
@@ -157,6 +175,7 @@ StepStats Engine::eval_batch(const float* images, const int32_t* labels, int64_t
   // Evaluation always reads slot A; a training step staged there has already run.
   backend_->synchronize();
   backend_->stage_batch(0, images, labels);
+  staged_[0] = false;  // slot A now holds an evaluation batch
   backend_->run(ema ? Schedule::eval_ema : Schedule::eval, 0);
   StepStats s;
   backend_->read(p.tensor(p.io.loss), &s.loss);

@@ -91,6 +91,27 @@ TEST(Cli, BadFlagValues) {
   EXPECT_FALSE(std::filesystem::exists("/tmp/kiln-cli-never")) << "nothing may be written for a bad run";
 }
 
+// kiln bench on the CPU, staging every step (a loader's way) and once (a batch resident on
+// the device, PyTorch's reference's way): the same batch, so the same losses; the JSON line
+// says which; a mode that does not exist is one clear error.
+TEST(Cli, BenchStagesEveryStepOrOnce) {
+  const std::string common = "bench --model cnn --device cpu --batch 8 --steps 2 --warmup 3 --repeats 1";
+  const Result every = kiln(common), once = kiln(common + " --stage once");
+  ASSERT_EQ(every.code, 0) << every.out;
+  ASSERT_EQ(once.code, 0) << once.out;
+  EXPECT_NE(every.out.find("\"stage\":\"every-step\""), std::string::npos) << every.out;
+  EXPECT_NE(once.out.find("\"stage\":\"once\""), std::string::npos) << once.out;
+  auto losses = [](const std::string& out) {
+    const size_t at = out.find("\"first_loss\"");
+    return at == std::string::npos ? std::string() : out.substr(at, out.find(",\"world\"") - at);
+  };
+  EXPECT_FALSE(losses(every.out).empty()) << every.out;
+  EXPECT_EQ(losses(every.out), losses(once.out));
+  const Result bad = kiln(common + " --stage twice");
+  EXPECT_NE(bad.code, 0);
+  EXPECT_NE(bad.out.find("--stage twice"), std::string::npos) << bad.out;
+}
+
 TEST(Cli, MissingDataPathSaysWhatWasExpected) {
   const std::string out = testing::TempDir() + "/cli_missing_data";
   const Result r = kiln("train --data mnist --data-dir /nonexistent/mnist --output " + out);

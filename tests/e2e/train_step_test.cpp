@@ -226,6 +226,40 @@ TEST(Engine, AsyncStatsEqualSyncOneStepLate) {
   test::late_read_misuse_is_an_error(e);
 }
 
+// train_step_on_staged (kiln bench --stage once): steps on the batches already staged in
+// slots A and B give the bits that staging the same batches again gives; before a slot holds a
+// training batch (or after evaluation took slot A) it is a clear State error.
+TEST(Engine, StepOnTheStagedBatchEqualsStagingItAgain) {
+  const BluePrint bp = make_model("cnn");
+  const Batch b = learnable_batch(bp, 8, 4);
+  std::vector<std::vector<float>> w;
+  for (const bool reuse : {false, true}) {
+    Engine e(bp, cpu_options(8));
+    e.lock_memory();
+    e.compile(3);
+    if (reuse) EXPECT_THROW(e.train_step_on_staged(0.05f), Error);
+    for (int i = 0; i < 5; ++i) {
+      if (reuse && i >= 2) {
+        e.train_step_on_staged(0.05f);
+      } else {
+        e.train_step(b.images.data(), b.labels.data(), 0.05f);
+      }
+    }
+    w.push_back(e.read_param("block1.conv.weight"));
+    if (reuse) {
+      e.eval_batch(b.images.data(), b.labels.data(), 8);
+      e.train_step_on_staged(0.05f);  // slot B (step 6)
+      try {
+        e.train_step_on_staged(0.05f);  // slot A: evaluation took it
+        ADD_FAILURE() << "a step on slot A after evaluation";
+      } catch (const Error& err) {
+        EXPECT_EQ(err.kind(), ErrorKind::State);
+      }
+    }
+  }
+  EXPECT_EQ(w[0], w[1]);
+}
+
 TEST(Engine, DeterministicForAFixedSeed) {
   const BluePrint bp = make_model("cnn");
   const Batch b = learnable_batch(bp, 8, 4);

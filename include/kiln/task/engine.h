@@ -68,6 +68,10 @@ class Engine {
   // synchronous train_step drops them).
   std::optional<StepStats> train_step_async(const float* images, const int32_t* labels, float lr);
   std::optional<StepStats> pending_stats();
+  // A step on the batch already staged in the input slot this step uses (A and B alternate),
+  // with no host copy: `kiln bench --stage once` trains on one fixed batch resident on the
+  // device, as PyTorch's reference does. The slot must have been staged by an earlier step.
+  StepStats train_step_on_staged(float lr, bool read_stats = true);
   // Evaluation of one batch; `valid` < batch marks the rest as padding (not counted).
   StepStats eval_batch(const float* images, const int32_t* labels, int64_t valid, bool ema = false);
   int64_t steps_done() const { return steps_; }
@@ -82,7 +86,8 @@ class Engine {
 
  private:
   void require(Lifecycle s, const char* what) const;
-  void enqueue_step(const float* images, const int32_t* labels, float lr);
+  void enqueue_step(const float* images, const int32_t* labels, float lr);  // null images: the staged batch
+  StepStats read_step_stats();
   struct StatTickets {
     uint64_t loss, correct, overflow, loss_scale;
   };
@@ -95,6 +100,7 @@ class Engine {
   Lifecycle state_ = Lifecycle::PLANNING;
   int64_t steps_ = 0;
   int slot_ = 0;
+  bool staged_[2] = {false, false};  // a batch was staged into input slot A / B
   std::optional<StatTickets> pending_;  // train_step_async's newest step, not yet collected
   std::vector<float> pad_images_;
   std::vector<int32_t> pad_labels_;
