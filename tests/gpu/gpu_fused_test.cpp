@@ -186,16 +186,18 @@ INSTANTIATE_TEST_SUITE_P(Shapes, GpuFusedBnAddRelu,
 // step on the two programs then differ at rounding level, which this model's 2x2 maps
 // (16 values per channel at batch 4) amplify through ReLU decisions (measured: BN biases
 // 2-14% apart after three steps). So VGG is compared after its first step, where everything
-// but those biases must be equal bit for bit, and the biases are 0 fused, noise unfused.
+// but those biases must be equal bit for bit, and the biases are 0 fused, noise unfused -
+// vgg11_bn_small and the full vgg16_bn (224x224, batch 4) alike.
 // The fused program is compiled twice: as it is by default, and with the residual blocks'
 // gradient sums folded into the BN+add+ReLU backward (KILN_FUSE_GRAD_SUM=1), which must give
 // the same bits too.
 TEST(GpuFusedStep, FusedStepsEqualUnfusedBitForBitAmp) {
   KILN_REQUIRE_GPU();
   ScopedEnv det("KILN_DETERMINISTIC", "1");
-  for (const std::string model : {"resnet18_small", "resnet50", "vgg11_bn_small"}) {
+  for (const std::string model : {"resnet18_small", "resnet50", "vgg11_bn_small", "vgg16_bn"}) {
     SCOPED_TRACE(model);
-    const int steps = model == "vgg11_bn_small" ? 1 : 3;
+    const bool vgg = model.rfind("vgg", 0) == 0;
+    const int steps = vgg ? 1 : 3;
     const BluePrint bp = make_model(model);
     const LearnableBatch b = learnable_batch(bp, 4, 9);
     // By name (fusion reorders declarations): unfused, fused, fused with the gradient sums.
@@ -228,7 +230,7 @@ TEST(GpuFusedStep, FusedStepsEqualUnfusedBitForBitAmp) {
     EXPECT_GT(fused_nodes[1], 0) << "CUDA fuses under AMP";
     EXPECT_EQ(fused_nodes[2], fused_nodes[1]);
     EXPECT_EQ(folded[1], 0) << "KILN_FUSE_GRAD_SUM=0";
-    if (model != "vgg11_bn_small")
+    if (!vgg)
       EXPECT_GT(folded[2], 0) << "residual blocks fold their gradient sums";
     for (const size_t fused : {size_t{1}, size_t{2}}) {
       SCOPED_TRACE(fused == 2 ? "gradient sums folded (KILN_FUSE_GRAD_SUM=1)" : "default fusion");
@@ -254,7 +256,7 @@ TEST(GpuFusedStep, FusedStepsEqualUnfusedBitForBitAmp) {
                          << rel_error(got, want, kSumFloor) << " of its scale)";
         differing += n > 0;
       }
-      if (model == "vgg11_bn_small")
+      if (vgg)
         EXPECT_GT(cancelled, 0u) << "VGG's convolution biases are folded";
       std::printf(
           "  %s%s: %d fused nodes, %d step(s); %zu of %zu tensors differ; %zu cancelled biases\n",
