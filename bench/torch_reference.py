@@ -5,6 +5,10 @@ under --amp — in eager mode and with torch.compile. Warm-up excluded; median o
 Prints one JSON line per mode.
 
   python3 bench/torch_reference.py --model resnet50 --batch 256 --amp --modes eager,compile
+
+--cudnn-benchmark off leaves cuDNN's algorithm choice to its heuristics: in FP32 at batch 256
+the benchmark's search over VGG16-BN's convolutions did not end within 370 s on the H200
+(bench/RESULTS.md), so that row may need it; each JSON line says which was used.
 """
 import argparse
 import json
@@ -23,9 +27,10 @@ p.add_argument("--warmup", type=int, default=10)
 p.add_argument("--repeats", type=int, default=3)
 p.add_argument("--modes", default="eager,compile")
 p.add_argument("--image-size", type=int, default=224)
+p.add_argument("--cudnn-benchmark", choices=["on", "off"], default="on")
 args = p.parse_args()
 
-torch.backends.cudnn.benchmark = True
+torch.backends.cudnn.benchmark = args.cudnn_benchmark == "on"
 torch.backends.cuda.matmul.allow_tf32 = False
 torch.backends.cudnn.allow_tf32 = False
 dev = torch.device("cuda")
@@ -66,7 +71,8 @@ def run(mode):
         rates.append(args.steps * args.batch / (time.perf_counter() - t0))
     return {"bench": "torch", "mode": mode, "model": args.model, "batch": args.batch, "amp": args.amp,
             "images_per_second": round(statistics.median(rates), 1), "warmup_seconds": round(warm_s, 1),
-            "torch": torch.__version__, "gpu": torch.cuda.get_device_name()}
+            "torch": torch.__version__, "gpu": torch.cuda.get_device_name(),
+            "cudnn_benchmark": args.cudnn_benchmark}
 
 
 for m in args.modes.split(","):
