@@ -306,13 +306,22 @@ std::shared_ptr<ConvPlan> build_plan(Context& ctx, const Node& n, int stream, Co
   auto Y = fe::graph::Tensor_attributes().set_name("Y").set_dim(nchw_dims(g.y)).set_stride(nhwc_strides(g.y))
                .set_data_type(fe_type(y_dt));
   switch (kind) {
-    case ConvKind::fprop: {
+    case ConvKind::fprop:
+    case ConvKind::fprop_genstats: {
       auto x = graph->tensor(X.set_uid(kUidX));
       auto w = graph->tensor(W.set_uid(kUidW));
       auto y = graph->conv_fprop(x, w, fe::graph::Conv_fprop_attributes().set_padding(pad).set_stride(stride)
                                            .set_dilation(dil));
       y->set_output(true).set_uid(kUidY).set_dim(nchw_dims(g.y)).set_stride(nhwc_strides(g.y))
           .set_data_type(fe_type(y_dt));
+      if (kind == ConvKind::fprop) break;
+      // z is written and also reduced per channel, in FP32.
+      auto [sum, sq_sum] = graph->genstats(y, fe::graph::Genstats_attributes().set_compute_data_type(
+                                                  fe::DataType_t::FLOAT));
+      const std::vector<int64_t> cdims{1, g.k, 1, 1}, cstrides{g.k, 1, g.k, g.k};
+      sum->set_output(true).set_uid(kUidSum).set_dim(cdims).set_stride(cstrides).set_data_type(fe::DataType_t::FLOAT);
+      sq_sum->set_output(true).set_uid(kUidSqSum).set_dim(cdims).set_stride(cstrides)
+          .set_data_type(fe::DataType_t::FLOAT);
       break;
     }
     case ConvKind::dgrad: {  // Y is dy, X is dx
@@ -322,21 +331,6 @@ std::shared_ptr<ConvPlan> build_plan(Context& ctx, const Node& n, int stream, Co
                                              .set_dilation(dil));
       dx->set_output(true).set_uid(kUidX).set_dim(nchw_dims(g.x)).set_stride(nhwc_strides(g.x))
           .set_data_type(fe_type(x_dt));
-      break;
-    }
-    case ConvKind::fprop_genstats: {
-      auto x = graph->tensor(X.set_uid(kUidX));
-      auto w = graph->tensor(W.set_uid(kUidW));
-      auto y = graph->conv_fprop(x, w, fe::graph::Conv_fprop_attributes().set_padding(pad).set_stride(stride)
-                                           .set_dilation(dil));
-      y->set_output(true).set_uid(kUidY).set_dim(nchw_dims(g.y)).set_stride(nhwc_strides(g.y))
-          .set_data_type(fe_type(y_dt));
-      auto [sum, sq_sum] = graph->genstats(y, fe::graph::Genstats_attributes().set_compute_data_type(
-                                                  fe::DataType_t::FLOAT));
-      const std::vector<int64_t> cdims{1, g.k, 1, 1}, cstrides{g.k, 1, g.k, g.k};
-      sum->set_output(true).set_uid(kUidSum).set_dim(cdims).set_stride(cstrides).set_data_type(fe::DataType_t::FLOAT);
-      sq_sum->set_output(true).set_uid(kUidSqSum).set_dim(cdims).set_stride(cstrides)
-          .set_data_type(fe::DataType_t::FLOAT);
       break;
     }
     case ConvKind::wgrad: {  // Y is dy, W is dw
