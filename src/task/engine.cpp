@@ -94,6 +94,7 @@ void Engine::enqueue_step(const float* images, const int32_t* labels, float lr) 
 
 std::optional<StepStats> Engine::train_step_async(const float* images, const int32_t* labels, float lr) {
   require(Lifecycle::COMPILED, "train_step_async()");
+  KILN_CHECK(images != nullptr && labels != nullptr, InvalidArgument, "train_step_async: images and labels are needed");
   const dist::Watch watch("a training step");  // S27: a rank gone mid-step must not hang this one
   enqueue_step(images, labels, lr);
   const Program& p = *program_;
