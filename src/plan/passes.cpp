@@ -76,14 +76,14 @@ void mark_first_layer(ArchPlan& p, const PlanOptions&) {
   p.notes.push_back("mark_first_layer: '" + first + "' computes no input gradient");
 }
 
-// Why a Conv→BN→ReLU chain cannot take the fused path, or "" when it can.
-std::string cbr_refusal(const ArchPlan& p, const PlanNode& conv) {
-  const int64_t cin = p.nodes[static_cast<size_t>(conv.inputs[0])].shape[2];
-  if (cin % 8 != 0 || conv.out % 8 != 0) {
-    return "channels " + std::to_string(cin) + "->" + std::to_string(conv.out) +
-           " are not multiples of 8 (the fused engines need them; pad the input channels)";
-  }
-  if (conv.k == 7) return "the fused engines have no 7x7 form";
+// Why a Conv→BN→ReLU chain cannot take the fused path, or "" when it can. The fused CBR runs
+// its convolution as the unfused chain does, so any input channel count and kernel fuse - the
+// first layer's 3 channels, ResNet's 7x7 stem (a backend form that cannot take a layer, such
+// as CUDA's conv+genstats graph, falls back per layer itself, with a log line). Output
+// channels that are not a multiple of 8 stay unfused: FP16 convolutions and the fused
+// BatchNorm's 16-byte passes want them.
+std::string cbr_refusal(const PlanNode& conv) {
+  if (conv.out % 8 != 0) return std::to_string(conv.out) + " output channels are not a multiple of 8";
   return "";
 }
 
@@ -105,7 +105,7 @@ void merge_cbr(ArchPlan& p, const PlanOptions& o) {
     const auto c2 = p.consumers(bn.id);
     if (c2.size() != 1 || node(p, c2[0]).op != PlanOp::ReLU) continue;
     PlanNode& relu = node(p, c2[0]);
-    const std::string why = cbr_refusal(p, conv);
+    const std::string why = cbr_refusal(conv);
     if (!why.empty()) {
       log_info("layer '", conv.name, "' keeps Conv, BN, ReLU unfused: ", why);
       p.notes.push_back("merge_cbr: '" + conv.name + "' unfused: " + why);
