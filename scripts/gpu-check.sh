@@ -20,6 +20,9 @@
 #            defaults, then KILN_FUSE_GRAD_SUM=1, KILN_PAD_CHANNELS=1, KILN_CBR_FORM=genstats, and
 #            the first two together), in one call: an optimisation's gain measured against its
 #            absence, no tests run (STAGE=once: kiln bench --stage once)
+#     kernels  build, then Nsight Compute over two timed AMP steps at batch 256 of each of
+#            PROFILE_MODELS (default "resnet50 vgg16_bn") and bench/kernel_breakdown.py's table
+#            of GPU time per step by kernel kind (issue 5's breakdown; no tests run)
 # Logs go to /tmp/kiln-gpu-check; where $OUT is set (the device tool's output folder, which
 # returns at most 8 files) they are packed into $OUT/logs.tgz and the summary into
 # $OUT/summary.txt.
@@ -79,6 +82,7 @@ targets=()  # all: everything
 [ "$MODE" = compare ] && targets=(kiln kiln_cli kiln_gpu_tests)
 [ "$MODE" = tune ] && targets=(kiln kiln_cli)
 [ "$MODE" = ab ] && targets=(kiln kiln_cli)
+[ "$MODE" = kernels ] && targets=(kiln kiln_cli)
 if ! cmake --build "$BUILD" -j "$JOBS" ${targets[@]:+--target "${targets[@]}"} >"$LOGS/build.log" 2>&1; then
   grep -E 'error|FAILED' "$LOGS/build.log" | head -40
   note build "FAILED ($(since))"
@@ -108,6 +112,27 @@ if [ "$MODE" = tune ]; then
     done
   done
   cp configs/engines/*.tsv "$LOGS/" 2>/dev/null || true
+  echo
+  echo "== summary (logs in $LOGS)"
+  printf '%s\n' "${SUMMARY[@]}"
+  exit $status
+fi
+
+if [ "$MODE" = kernels ]; then
+  for m in ${PROFILE_MODELS:-resnet50 vgg16_bn}; do
+    # Only the timed steps are recorded (--cuda-profiler-range): 2 steps x 1 repeat.
+    ncu --profile-from-start off --clock-control none --print-units base --csv --page raw \
+      --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \
+      "$BUILD/kiln" bench --device cuda --model "$m" --batch 256 --amp --steps 2 --warmup 3 --repeats 1 \
+      --cuda-profiler-range >"$LOGS/ncu-$m.csv" 2>"$LOGS/ncu-$m.err" || status=1
+    if python3 bench/kernel_breakdown.py "$LOGS/ncu-$m.csv" --steps 2 >"$LOGS/kernels-$m.txt" 2>&1; then
+      note "kernels $m" "$(head -1 "$LOGS/kernels-$m.txt")"
+      sed -n '2,16p' "$LOGS/kernels-$m.txt"
+    else
+      status=1
+      note "kernels $m" "FAILED: $(tail -1 "$LOGS/kernels-$m.txt" "$LOGS/ncu-$m.err" | cut -c1-150)"
+    fi
+  done
   echo
   echo "== summary (logs in $LOGS)"
   printf '%s\n' "${SUMMARY[@]}"

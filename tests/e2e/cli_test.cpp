@@ -93,7 +93,8 @@ TEST(Cli, BadFlagValues) {
 
 // kiln bench on the CPU, staging every step (a loader's way) and once (a batch resident on
 // the device, PyTorch's reference's way): the same batch, so the same losses; the JSON line
-// says which; a mode that does not exist is one clear error.
+// says which; a mode that does not exist is one clear error, and so is the CUDA profiler
+// range on the CPU.
 TEST(Cli, BenchStagesEveryStepOrOnce) {
   const std::string common = "bench --model cnn --device cpu --batch 8 --steps 2 --warmup 3 --repeats 1";
   const Result every = kiln(common), once = kiln(common + " --stage once");
@@ -110,6 +111,9 @@ TEST(Cli, BenchStagesEveryStepOrOnce) {
   const Result bad = kiln(common + " --stage twice");
   EXPECT_NE(bad.code, 0);
   EXPECT_NE(bad.out.find("--stage twice"), std::string::npos) << bad.out;
+  const Result range = kiln(common + " --cuda-profiler-range");
+  EXPECT_NE(range.code, 0) << "the profiler range is the CUDA backend's";
+  EXPECT_NE(range.out.find("--cuda-profiler-range needs the CUDA backend"), std::string::npos) << range.out;
 }
 
 TEST(Cli, MissingDataPathSaysWhatWasExpected) {

@@ -34,7 +34,9 @@ int cmd_bench(int argc, char** argv) {
            {"stage", "every-step: copy the batch from the host each step, as a loader does; once: "
                      "train on a batch resident on the device, as PyTorch's reference does",
             "every-step", false},
-           {"profile", "print where the time goes (CPU: per op kind; CUDA: per phase)", "off", true}});
+           {"profile", "print where the time goes (CPU: per op kind; CUDA: per phase)", "off", true},
+           {"cuda-profiler-range", "CUDA: record only the timed steps under an external profiler "
+                                   "(ncu --profile-from-start off; bench/kernel_breakdown.py)", "off", true}});
   if (!f.parse(argc, argv, 2)) return 0;
   // S27: under mpirun or srun, one process per GPU, each with --batch; the figure is the sum.
   dist::init();
@@ -108,6 +110,11 @@ int cmd_bench(int argc, char** argv) {
     const StepStats s = step(done++, i == 0);
     if (i == 0) first = s;
   }
+  auto* cuda_api = dynamic_cast<CudaBackendApi*>(&engine.backend());
+  const bool profiler_range = f.on("cuda-profiler-range", false);
+  KILN_CHECK(!profiler_range || cuda_api != nullptr, InvalidArgument,
+             "--cuda-profiler-range needs the CUDA backend (--device cuda)");
+  if (profiler_range) cuda_api->profiler_range(true);
   std::vector<double> rates;
   for (int64_t r = 0; r < repeats; ++r) {
     engine.backend().synchronize();
@@ -119,6 +126,7 @@ int cmd_bench(int argc, char** argv) {
     if (dist::is_root()) std::printf("repeat %lld: %.1f images/s (%.2f ms/step)\n", static_cast<long long>(r + 1), rates.back(),
                 1e3 * secs / static_cast<double>(steps));
   }
+  if (profiler_range) cuda_api->profiler_range(false);
   last = step(done++, true);
   if (!dist::is_root()) return 0;
   if (f.on("profile", false)) std::printf("%s", engine.backend().profile_report().c_str());

@@ -14,6 +14,8 @@
 // waits for the last phase that read the slot, and phases that read the slot wait for it.
 #include "backend/cuda/cuda_backend.h"
 
+#include <cuda_profiler_api.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -310,6 +312,14 @@ class CudaBackend final : public CudaBackendApi {
     bool copy_pending = false, read_recorded = false;
   };
 
+  void profiler_range(bool on) override {
+    synchronize();  // the range holds exactly the work enqueued inside it
+    if (on) {
+      CUDA_CHECK(cudaProfilerStart());
+    } else {
+      CUDA_CHECK(cudaProfilerStop());
+    }
+  }
   CbrForms cbr_forms() const override { return {ctx_.cbr_genstats, ctx_.cbr_genstats_fallbacks}; }
   EngineTableUse engine_table_use() const override {
     return {ctx_.table_hits, ctx_.table_misses, ctx_.autotuned,

@@ -32,6 +32,10 @@ class CudaBackendApi : public Backend {
     int genstats = 0, fallbacks = 0;
   };
   virtual CbrForms cbr_forms() const = 0;
+  // Starts / stops the range an external profiler records (cudaProfilerStart/Stop): with
+  // `ncu --profile-from-start off`, `kiln bench --cuda-profiler-range` profiles its timed
+  // steps only, not compilation, autotuning or warm-up (bench/kernel_breakdown.py).
+  virtual void profiler_range(bool on) = 0;
 };
 
 }  // namespace kiln
