@@ -730,11 +730,10 @@ class Compiler {
     out.push_back(std::move(ph));
   }
 
-  // Evaluation of a fused node as its unfused inference chain (conv, bn_infer, [add], relu).
+  // Evaluation of a fused node: its convolution (CBR), then BatchNorm, [the residual add,]
+  // and ReLU in one bn_relu_infer pass with the unfused chain's roundings (issue 5's
+  // inference form; KILN_FUSION=0 plans the unfused chain).
   void eval_fused(const PlanNode& n, Forward& f, std::vector<Node>& nodes, Region master, const std::string& tag) {
-    PlanNode bn = n;
-    bn.op = PlanOp::BatchNorm;
-    bn.name = n.bn_name;
     TensorId x = f.out.at(n.inputs[0]);
     if (n.op == PlanOp::CBR) {
       PlanNode c = n;
@@ -743,17 +742,14 @@ class Compiler {
       forward_node(c, tmp, nodes, false, master, tag);
       x = tmp.out.at(n.id);
     }
-    Forward tmp{{{n.inputs[0], x}}, {}};
-    forward_node(bn, tmp, nodes, false, master, tag + ":bn");
-    TensorId y = tmp.out.at(n.id);
-    if (n.op == PlanOp::BnAddReLU) {
-      const TensorId sum = feature(n.name + ":sum" + tag, n.shape);
-      nodes.push_back(make_node(OpKind::add, {y, f.out.at(n.inputs[1])}, {sum}, {}, n.name + " eval add"));
-      y = sum;
-    }
-    const TensorId r = feature(n.name + ":relu" + tag, n.shape);
-    nodes.push_back(make_node(OpKind::relu_fwd, {y}, {r}, {}, n.name + " eval relu"));
-    f.out[n.id] = r;
+    const auto& [rm, rv] = running_.at(n.bn_name);
+    std::vector<TensorId> in{x, param_in(n.bn_name + ".weight", master), param_in(n.bn_name + ".bias", master), rm, rv};
+    if (n.op == PlanOp::BnAddReLU) in.push_back(f.out.at(n.inputs[1]));
+    Attrs a;
+    a.eps = n.eps;
+    const TensorId y = feature(n.name + ":relu" + tag, n.shape);
+    nodes.push_back(make_node(OpKind::bn_relu_infer, in, {y}, a, n.name + " bn+relu infer"));
+    f.out[n.id] = y;
   }
 
   void build_init() {

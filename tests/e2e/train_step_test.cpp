@@ -140,7 +140,8 @@ TEST(Switches, MemoryReuseOffAndOnAgree) {
 // which the fused CBR folds away (ops.def: BN's statistics are taken without the bias, which
 // moves only the running mean, and its gradient is exactly 0 where the unfused chain sums
 // rounding noise), so there the two agree to rounding: within 1e-5 of each tensor's scale.
-// Also checks the plan did fuse.
+// An evaluation batch after the steps (the fused nodes' inference form, bn_relu_infer, against
+// the unfused chain) gives the same loss and hits likewise. Also checks the plan did fuse.
 TEST(Switches, FusionOffAndOnAgree) {
   for (const std::string model : {"resnet18_small", "vgg11_bn_small", "cnn"}) {
     const bool exact = model != "vgg11_bn_small";
@@ -162,6 +163,9 @@ TEST(Switches, FusionOffAndOnAgree) {
       auto& r = results[fusion ? 1 : 0];
       r = params_and_buffers(e);
       r["loss"] = losses;
+      // Evaluation runs the fused nodes' inference form (bn_relu_infer) when fused.
+      const StepStats ev = e.eval_batch(b.images.data(), b.labels.data(), 4);
+      r["eval"] = {ev.loss, static_cast<float>(ev.top1), static_cast<float>(ev.top5)};
     }
     EXPECT_EQ(fused_nodes[0], 0) << model;
     EXPECT_GT(fused_nodes[1], 0) << model << ": the CPU backend fuses in FP32";

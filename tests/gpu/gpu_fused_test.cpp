@@ -165,6 +165,16 @@ TEST_P(GpuFusedBnAddRelu, EqualsBnAddReluBitForBit) {
   }
 }
 
+// The evaluation form (bn_relu_infer) against bn_fwd_infer, [add,] relu_fwd, same roundings.
+TEST_P(GpuFusedBnAddRelu, InferenceEqualsChainBitForBit) {
+  KILN_REQUIRE_GPU();
+  const auto& [s, amp] = GetParam();
+  for (const bool residual : {false, true}) {
+    SCOPED_TRACE(::testing::Message() << s.str() << (amp ? " AMP" : " FP32") << (residual ? ", residual" : ""));
+    fused::bn_relu_infer_equals_chain(s, amp, "cuda", residual);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Shapes, GpuFusedBnAddRelu,
                          ::testing::Combine(::testing::Values(Shape{2, 7, 7, 16}, Shape{1, 3, 5, 8},
                                                               Shape{16, 14, 14, 256},

@@ -49,6 +49,14 @@ INSTANTIATE_TEST_SUITE_P(Shapes, CpuFusedBnAddRelu,
                                            BarCase{"n4_2x2_c3_odd_mask", {4, 2, 2, 3}}),
                          [](const auto& info) { return std::string(info.param.name); });
 
+// The evaluation form: bn_relu_infer against bn_fwd_infer, [add,] relu_fwd.
+TEST_P(CpuFusedBnAddRelu, InferenceEqualsChainBitForBit) {
+  for (const bool residual : {false, true}) {
+    SCOPED_TRACE(residual ? "with residual" : "without residual");
+    fused::bn_relu_infer_equals_chain(GetParam().shape, false, "cpu", residual);
+  }
+}
+
 // The CPU adds momentum * b to the running mean in float, as the test forms it: exact.
 TEST(CpuFusedCbrBias, BiasMovesOnlyTheRunningMean) {
   fused::cbr_bias_moves_only_the_running_mean(false, "cpu", 0.0);

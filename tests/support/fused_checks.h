@@ -215,6 +215,40 @@ inline void bn_add_relu_equals_chain(const Shape& s, bool amp, const char* backe
   expect_equal(h, db_f, db_u, "dbeta");
 }
 
+// The evaluation form (bn_relu_infer) against bn_fwd_infer, [add,] relu_fwd on the same
+// inputs: equal values (+0 and -0 alike), with and without the residual.
+inline void bn_relu_infer_equals_chain(const Shape& s, bool amp, const char* backend, bool residual) {
+  const int64_t c = s[3];
+  OpHarness h(amp);
+  const Maker m{h, amp};
+  const TensorId x = m.feature("x", s), r = residual ? m.feature("residual", s) : kNoTensor;
+  const TensorId gamma = m.channels("gamma", c, Region::params_f32), beta = m.channels("beta", c, Region::params_f32);
+  const TensorId rm = m.channels("rm", c, Region::bn_running), rv = m.channels("rv", c, Region::bn_running);
+  const TensorId b_u = m.feature("b_u", s), s_u = residual ? m.feature("s_u", s) : b_u, y_u = m.feature("y_u", s),
+                 y_f = m.feature("y_f", s);
+  Attrs a;
+  a.eps = 1e-5f;
+  h.node(OpKind::bn_fwd_infer, {x, gamma, beta, rm, rv}, {b_u}, a);
+  if (residual) h.node(OpKind::add, {b_u, r}, {s_u}, a);
+  h.node(OpKind::relu_fwd, {s_u}, {y_u}, a);
+  std::vector<TensorId> in{x, gamma, beta, rm, rv};
+  if (residual) in.push_back(r);
+  h.node(OpKind::bn_relu_infer, in, {y_f}, a);
+  h.compile(make_backend(backend));
+  const auto n = static_cast<size_t>(s.numel()), cn = static_cast<size_t>(c);
+  h.write(x, random_values(n, 21, -2.0f, 3.0f));
+  if (residual) h.write(r, random_values(n, 22));
+  h.write(gamma, random_values(cn, 23, 0.5f, 1.5f));
+  h.write(beta, random_values(cn, 24, -0.3f, 0.3f));
+  h.write(rm, random_values(cn, 25));
+  h.write(rv, random_values(cn, 26, 0.5f, 1.5f));
+  h.run();
+  expect_equal(h, y_f, y_u, residual ? "relu(bn(x) + residual)" : "relu(bn(x))");
+  const std::vector<float> y = h.read(y_f);
+  EXPECT_TRUE(std::any_of(y.begin(), y.end(), [](float v) { return v == 0.0f; })) << "some values are clipped";
+  EXPECT_TRUE(std::any_of(y.begin(), y.end(), [](float v) { return v > 0.0f; }));
+}
+
 // cbr with a convolution bias (VGG's), which BatchNorm cancels (ops.def), against cbr without
 // it: z, y, mask, statistics and gradients equal; the running mean moved by momentum * b (the
 // host forms it in float; rm_tol allows a backend that forms it in double); db is 0.

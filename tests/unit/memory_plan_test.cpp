@@ -244,6 +244,25 @@ TEST(Program, GradientSumsFoldIntoTheBnAddReluBackward) {
   EXPECT_EQ(sums_off - sums_on, 15);
 }
 
+// Evaluation of a fused program: every CBR and BN+add+ReLU of ResNet-50 (33 + 16) runs its
+// BatchNorm, add and ReLU as one bn_relu_infer after its convolution; no relu_fwd is left,
+// and only the 4 downsample BatchNorms (which feed an add, not a ReLU) stay bn_fwd_infer.
+TEST(Program, FusedEvaluationUsesTheInferenceForm) {
+  const Program p = compiled("resnet50", true, true, 2, false, "sgd", true);
+  int fused = 0, relu = 0, bn = 0;
+  for (const Phase& ph : p.eval) {
+    for (const Node& n : ph.nodes) {
+      fused += n.op == OpKind::bn_relu_infer;
+      relu += n.op == OpKind::relu_fwd;
+      bn += n.op == OpKind::bn_fwd_infer;
+      if (n.op == OpKind::bn_relu_infer) EXPECT_TRUE(n.in.size() == 5 || n.in.size() == 6) << n.label;
+    }
+  }
+  EXPECT_EQ(fused, 49);
+  EXPECT_EQ(relu, 0);
+  EXPECT_EQ(bn, 4);
+}
+
 TEST(MemoryPlan, ReuseShrinksActivationsAndCanBeSwitchedOff) {
   const Program on = compiled("resnet50", true, true, 32);
   const Program off = compiled("resnet50", true, false, 32);

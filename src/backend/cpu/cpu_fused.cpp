@@ -217,4 +217,36 @@ KernelPtr make_bn_add_relu_bwd(const Node& n, Context& ctx) {
   return std::make_unique<Sequence>(std::move(parts));
 }
 
+// "x, gamma, beta, running_mean, running_var, [residual] -> y": bn_fwd_infer's kernel, then
+// the add and the ReLU (relu_fwd's: NaN passes) in one pass over y.
+KernelPtr make_bn_relu_infer(const Node& n, Context& ctx) {
+  reject_accumulate(n);
+  const TensorId x = need_in(n, 0, "x"), gamma = need_in(n, 1, "gamma"), beta = need_in(n, 2, "beta"),
+                 rm = need_in(n, 3, "running_mean"), rv = need_in(n, 4, "running_var"), residual = in_at(n, 5);
+  const TensorId y = need_out(n, 0, "y");
+  float* yp = ctx.ptr<float>(y);
+  const float* rp = nullptr;
+  if (residual != kNoTensor) {
+    expect_dtype(ctx, n, residual, DType::F32, "residual");
+    expect_same_size(ctx, n, y, residual);
+    rp = ctx.ptr<float>(residual);
+  }
+  const int64_t count = ctx.tensor(y).numel();
+  std::vector<KernelPtr> parts;
+  parts.push_back(make_bn_fwd_infer(fused_part(OpKind::bn_fwd_infer, {x, gamma, beta, rm, rv}, {y}, n, "bn"), ctx));
+  parts.push_back(make_loop([=](Context&) {
+    if (rp) {
+#pragma omp parallel for simd schedule(static)
+      for (int64_t i = 0; i < count; ++i) {
+        const float v = yp[i] + rp[i];
+        yp[i] = !(v <= 0.0f) ? v : 0.0f;
+      }
+    } else {
+#pragma omp parallel for simd schedule(static)
+      for (int64_t i = 0; i < count; ++i) yp[i] = !(yp[i] <= 0.0f) ? yp[i] : 0.0f;
+    }
+  }));
+  return std::make_unique<Sequence>(std::move(parts));
+}
+
 }  // namespace kiln::cpu

@@ -115,6 +115,21 @@ __global__ void infer_kernel(const T* x, T* y, int64_t count, int64_t C, const f
   }
 }
 
+// bn_relu_infer: infer_kernel's value rounded to T, plus the residual rounded again (the add
+// op's rounding), then relu_fwd's ReLU (NaN passes): the unfused chain's bits.
+template <typename T>
+__global__ void infer_relu_kernel(const T* x, const T* residual, T* y, int64_t count, int64_t C, const float* rm,
+                                  const float* rv, const float* gamma, const float* beta, float eps) {
+  KILN_GRID_STRIDE(i, count) {
+    const int64_t c = i % C;
+    const float scale = gamma[c] / sqrtf(rv[c] + eps);
+    T v = from_f<T>((to_f(x[i]) - rm[c]) * scale + beta[c]);
+    if (residual) v = from_f<T>(to_f(v) + to_f(residual[i]));
+    const float f = to_f(v);
+    y[i] = f > 0.0f || isnan(f) ? v : from_f<T>(0.0f);
+  }
+}
+
 // g = dy where the mask passes it (fused ops; a null mask passes all), written to dres when
 // asked (BN+add+ReLU's residual gradient); dx from g. Any of dy, dres, dx may alias.
 template <typename T>
@@ -700,6 +715,37 @@ KernelPtr make_bn_bwd(const Node& n, Context& ctx, int stream) {
   Nhwc s;
   const BnBwd a = bn_bwd_args(ctx, n, x, dy, gamma, saved, dx, dgamma, dbeta, &s);
   return bn_backward(ctx, stream, s, ctx.tensor(x).dtype, a);
+}
+
+// "x, gamma, beta, running_mean, running_var, [residual] -> y": the evaluation form of the
+// fused ops' BatchNorm and ReLU, one pass.
+KernelPtr make_bn_relu_infer(const Node& n, Context& ctx, int stream) {
+  reject_accumulate(n);
+  const TensorId x = need_in(n, 0, "x"), gamma = need_in(n, 1, "gamma"), beta = need_in(n, 2, "beta"),
+                 rm = need_in(n, 3, "running_mean"), rv = need_in(n, 4, "running_var"), residual = in_at(n, 5);
+  const TensorId y = need_out(n, 0, "y");
+  const Nhwc s = bn_check(ctx, n, x, {y}, {gamma, beta, rm, rv});
+  if (residual != kNoTensor) {
+    expect_same_dtype(ctx, n, x, residual);
+    expect_numel(ctx, n, residual, s.numel(), "residual");
+  }
+  const DType dt = ctx.tensor(x).dtype;
+  const void *xp = ctx.ptr(x), *resp = ctx.ptr(residual);
+  void* yp = ctx.ptr(y);
+  const float *rmp = ctx.ptr<float>(rm), *rvp = ctx.ptr<float>(rv), *gp = ctx.ptr<float>(gamma),
+              *bp = ctx.ptr<float>(beta);
+  const float eps = n.attrs.eps;
+  const int64_t count = s.numel(), C = s.c;
+  const unsigned grid = grid_for(ctx, count, kThreads);
+  KernelPtr k;
+  KILN_DISPATCH_FLOAT(dt, T, {
+    k = make_fn(stream, [=](Context&, cudaStream_t st) {
+      infer_relu_kernel<T><<<grid, kThreads, 0, st>>>(static_cast<const T*>(xp), static_cast<const T*>(resp),
+                                                      static_cast<T*>(yp), count, C, rmp, rvp, gp, bp, eps);
+      KILN_LAUNCH_CHECK("bn + relu infer");
+    });
+  });
+  return k;
 }
 
 }  // namespace kiln::cuda
