@@ -105,28 +105,22 @@ __global__ void apply_kernel(const T* x, T* y, int64_t count, int64_t C, const f
   }
 }
 
-template <typename T>
-__global__ void infer_kernel(const T* x, T* y, int64_t count, int64_t C, const float* rm, const float* rv,
-                             const float* gamma, const float* beta, float eps) {
-  KILN_GRID_STRIDE(i, count) {
-    const int64_t c = i % C;
-    const float scale = gamma[c] / sqrtf(rv[c] + eps);
-    y[i] = from_f<T>((to_f(x[i]) - rm[c]) * scale + beta[c]);
-  }
-}
-
-// bn_relu_infer: infer_kernel's value rounded to T, plus the residual rounded again (the add
-// op's rounding), then relu_fwd's ReLU (NaN passes): the unfused chain's bits.
-template <typename T>
-__global__ void infer_relu_kernel(const T* x, const T* residual, T* y, int64_t count, int64_t C, const float* rm,
-                                  const float* rv, const float* gamma, const float* beta, float eps) {
+// Inference BatchNorm with the running statistics; with Relu (bn_relu_infer) the value is
+// rounded to T, the residual added and rounded again (the add op's rounding), then relu_fwd's
+// ReLU (NaN passes): the unfused chain's bits.
+template <typename T, bool Relu>
+__global__ void infer_kernel(const T* x, const T* residual, T* y, int64_t count, int64_t C, const float* rm,
+                             const float* rv, const float* gamma, const float* beta, float eps) {
   KILN_GRID_STRIDE(i, count) {
     const int64_t c = i % C;
     const float scale = gamma[c] / sqrtf(rv[c] + eps);
     T v = from_f<T>((to_f(x[i]) - rm[c]) * scale + beta[c]);
-    if (residual) v = from_f<T>(to_f(v) + to_f(residual[i]));
-    const float f = to_f(v);
-    y[i] = f > 0.0f || isnan(f) ? v : from_f<T>(0.0f);
+    if constexpr (Relu) {
+      if (residual) v = from_f<T>(to_f(v) + to_f(residual[i]));
+      const float f = to_f(v);
+      v = f > 0.0f || isnan(f) ? v : from_f<T>(0.0f);
+    }
+    y[i] = v;
   }
 }
 
@@ -680,50 +674,14 @@ KernelPtr make_bn_relu_mask_bwd(const Node& n, Context& ctx, int stream, TensorI
   return bn_backward(ctx, stream, s, ctx.tensor(x).dtype, a);
 }
 
-// "x, gamma, beta, running_mean, running_var -> y"
-KernelPtr make_bn_fwd_infer(const Node& n, Context& ctx, int stream) {
+namespace {
+
+// bn_fwd_infer, or with relu bn_relu_infer (residual optional): one pass.
+KernelPtr bn_infer(const Node& n, Context& ctx, int stream, bool relu) {
   reject_accumulate(n);
   const TensorId x = need_in(n, 0, "x"), gamma = need_in(n, 1, "gamma"), beta = need_in(n, 2, "beta"),
                  rm = need_in(n, 3, "running_mean"), rv = need_in(n, 4, "running_var");
-  const TensorId y = need_out(n, 0, "y");
-  const Nhwc s = bn_check(ctx, n, x, {y}, {gamma, beta, rm, rv});
-  const DType dt = ctx.tensor(x).dtype;
-  const void* xp = ctx.ptr(x);
-  void* yp = ctx.ptr(y);
-  const float *rmp = ctx.ptr<float>(rm), *rvp = ctx.ptr<float>(rv), *gp = ctx.ptr<float>(gamma),
-              *bp = ctx.ptr<float>(beta);
-  const float eps = n.attrs.eps;
-  const int64_t count = s.numel(), C = s.c;
-  const unsigned grid = grid_for(ctx, count, kThreads);
-  KernelPtr k;
-  KILN_DISPATCH_FLOAT(dt, T, {
-    k = make_fn(stream, [=](Context&, cudaStream_t st) {
-      infer_kernel<T><<<grid, kThreads, 0, st>>>(static_cast<const T*>(xp), static_cast<T*>(yp), count, C, rmp, rvp, gp,
-                                                 bp, eps);
-      KILN_LAUNCH_CHECK("bn infer");
-    });
-  });
-  return k;
-}
-
-// "x, dy, gamma, saved -> dx, dgamma, dbeta"
-KernelPtr make_bn_bwd(const Node& n, Context& ctx, int stream) {
-  reject_accumulate(n);
-  const TensorId x = need_in(n, 0, "x"), dy = need_in(n, 1, "dy"), gamma = need_in(n, 2, "gamma"),
-                 saved = need_in(n, 3, "saved");
-  const TensorId dx = need_out(n, 0, "dx"), dgamma = need_out(n, 1, "dgamma"), dbeta = need_out(n, 2, "dbeta");
-  Nhwc s;
-  const BnBwd a = bn_bwd_args(ctx, n, x, dy, gamma, saved, dx, dgamma, dbeta, &s);
-  return bn_backward(ctx, stream, s, ctx.tensor(x).dtype, a);
-}
-
-// "x, gamma, beta, running_mean, running_var, [residual] -> y": the evaluation form of the
-// fused ops' BatchNorm and ReLU, one pass.
-KernelPtr make_bn_relu_infer(const Node& n, Context& ctx, int stream) {
-  reject_accumulate(n);
-  const TensorId x = need_in(n, 0, "x"), gamma = need_in(n, 1, "gamma"), beta = need_in(n, 2, "beta"),
-                 rm = need_in(n, 3, "running_mean"), rv = need_in(n, 4, "running_var"), residual = in_at(n, 5);
-  const TensorId y = need_out(n, 0, "y");
+  const TensorId residual = relu ? in_at(n, 5) : kNoTensor, y = need_out(n, 0, "y");
   const Nhwc s = bn_check(ctx, n, x, {y}, {gamma, beta, rm, rv});
   if (residual != kNoTensor) {
     expect_same_dtype(ctx, n, x, residual);
@@ -740,12 +698,39 @@ KernelPtr make_bn_relu_infer(const Node& n, Context& ctx, int stream) {
   KernelPtr k;
   KILN_DISPATCH_FLOAT(dt, T, {
     k = make_fn(stream, [=](Context&, cudaStream_t st) {
-      infer_relu_kernel<T><<<grid, kThreads, 0, st>>>(static_cast<const T*>(xp), static_cast<const T*>(resp),
-                                                      static_cast<T*>(yp), count, C, rmp, rvp, gp, bp, eps);
-      KILN_LAUNCH_CHECK("bn + relu infer");
+      const auto* xt = static_cast<const T*>(xp);
+      const auto* rt = static_cast<const T*>(resp);
+      auto* yt = static_cast<T*>(yp);
+      if (relu) {
+        infer_kernel<T, true><<<grid, kThreads, 0, st>>>(xt, rt, yt, count, C, rmp, rvp, gp, bp, eps);
+        KILN_LAUNCH_CHECK("bn + relu infer");
+      } else {
+        infer_kernel<T, false><<<grid, kThreads, 0, st>>>(xt, nullptr, yt, count, C, rmp, rvp, gp, bp, eps);
+        KILN_LAUNCH_CHECK("bn infer");
+      }
     });
   });
   return k;
 }
+
+}  // namespace
+
+// "x, gamma, beta, running_mean, running_var -> y"
+KernelPtr make_bn_fwd_infer(const Node& n, Context& ctx, int stream) { return bn_infer(n, ctx, stream, false); }
+
+// "x, dy, gamma, saved -> dx, dgamma, dbeta"
+KernelPtr make_bn_bwd(const Node& n, Context& ctx, int stream) {
+  reject_accumulate(n);
+  const TensorId x = need_in(n, 0, "x"), dy = need_in(n, 1, "dy"), gamma = need_in(n, 2, "gamma"),
+                 saved = need_in(n, 3, "saved");
+  const TensorId dx = need_out(n, 0, "dx"), dgamma = need_out(n, 1, "dgamma"), dbeta = need_out(n, 2, "dbeta");
+  Nhwc s;
+  const BnBwd a = bn_bwd_args(ctx, n, x, dy, gamma, saved, dx, dgamma, dbeta, &s);
+  return bn_backward(ctx, stream, s, ctx.tensor(x).dtype, a);
+}
+
+// "x, gamma, beta, running_mean, running_var, [residual] -> y": the evaluation form of the
+// fused ops' BatchNorm, add and ReLU, one pass.
+KernelPtr make_bn_relu_infer(const Node& n, Context& ctx, int stream) { return bn_infer(n, ctx, stream, true); }
 
 }  // namespace kiln::cuda
