@@ -132,6 +132,26 @@ TEST(Switches, MemoryReuseOffAndOnAgree) {
   EXPECT_EQ(results[0], results[1]);
 }
 
+// Compiles (seed 5), trains three steps on the batch and evaluates it once: every parameter
+// and buffer by name (fusion reorders declarations), the losses ("loss") and the evaluation's
+// loss, top-1 and top-5 ("eval"). `inspect` sees the compiled engine first.
+template <typename Inspect>
+std::map<std::string, std::vector<float>> three_steps_then_eval(const BluePrint& bp, const Batch& b,
+                                                                const EngineOptions& o, Inspect inspect) {
+  Engine e(bp, o);
+  e.lock_memory();
+  e.compile(5);
+  inspect(e);
+  std::vector<float> losses;
+  for (int i = 0; i < 3; ++i) losses.push_back(e.train_step(b.images.data(), b.labels.data(), 0.05f).loss);
+  std::map<std::string, std::vector<float>> r = params_and_buffers(e);
+  r["loss"] = losses;
+  // A fused program evaluates its fused nodes in their inference form (bn_relu_infer).
+  const StepStats ev = e.eval_batch(b.images.data(), b.labels.data(), b.labels.size());
+  r["eval"] = {ev.loss, static_cast<float>(ev.top1), static_cast<float>(ev.top5)};
+  return r;
+}
+
 // Fusion on and off (issue 5's passes, the CPU's fused kernels in FP32, opted into with
 // EngineOptions::fuse_fp32): the programs differ
 // - CBR and BN+add+ReLU nodes, a bit mask instead of the ReLU output, no BN-output map - and
@@ -154,18 +174,9 @@ TEST(Switches, FusionOffAndOnAgree) {
       EngineOptions o = cpu_options(4);
       o.fusion = fusion;
       o.fuse_fp32 = true;
-      Engine e(bp, o);
-      e.lock_memory();
-      e.compile(5);
-      fused_nodes.push_back(fused_node_count(e));
-      std::vector<float> losses;
-      for (int i = 0; i < 3; ++i) losses.push_back(e.train_step(b.images.data(), b.labels.data(), 0.05f).loss);
-      auto& r = results[fusion ? 1 : 0];
-      r = params_and_buffers(e);
-      r["loss"] = losses;
-      // Evaluation runs the fused nodes' inference form (bn_relu_infer) when fused.
-      const StepStats ev = e.eval_batch(b.images.data(), b.labels.data(), 4);
-      r["eval"] = {ev.loss, static_cast<float>(ev.top1), static_cast<float>(ev.top5)};
+      results[fusion ? 1 : 0] = three_steps_then_eval(bp, b, o, [&](const Engine& e) {
+        fused_nodes.push_back(fused_node_count(e));
+      });
     }
     EXPECT_EQ(fused_nodes[0], 0) << model;
     EXPECT_GT(fused_nodes[1], 0) << model << ": the CPU backend fuses in FP32";
@@ -195,8 +206,8 @@ TEST(Switches, FusionOffAndOnAgree) {
 
 // The gradient-sum fusion (bn_add_relu_bwd's dy2, KILN_FUSE_GRAD_SUM) off and on, fusion on:
 // the folded program has no add node before 7 of resnet18_small's 8 BN+add+ReLU backwards,
-// and three steps give the same losses, weights and running statistics bit for bit (the
-// folded pass sums dy + dy2 as the add node did).
+// and three steps give the same losses, weights, running statistics and evaluation bit for
+// bit (the folded pass sums dy + dy2 as the add node did).
 TEST(Switches, GradientSumFoldingOffAndOnAgree) {
   const BluePrint bp = make_model("resnet18_small");
   const Batch b = learnable_batch(bp, 4, 9);
@@ -206,14 +217,9 @@ TEST(Switches, GradientSumFoldingOffAndOnAgree) {
     ScopedEnv env("KILN_FUSE_GRAD_SUM", fold ? "1" : "0");
     EngineOptions o = cpu_options(4);
     o.fuse_fp32 = true;
-    Engine e(bp, o);
-    e.lock_memory();
-    e.compile(5);
-    folded.push_back(folded_grad_sum_count(e));
-    std::vector<float> losses;
-    for (int i = 0; i < 3; ++i) losses.push_back(e.train_step(b.images.data(), b.labels.data(), 0.05f).loss);
-    results[fold ? 1 : 0] = params_and_buffers(e);
-    results[fold ? 1 : 0]["loss"] = losses;
+    results[fold ? 1 : 0] = three_steps_then_eval(bp, b, o, [&](const Engine& e) {
+      folded.push_back(folded_grad_sum_count(e));
+    });
   }
   EXPECT_EQ(folded[0], 0);
   EXPECT_EQ(folded[1], 7);
