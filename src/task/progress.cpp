@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdio>
 
 namespace kiln {
@@ -17,24 +18,27 @@ void Progress::update(int64_t epoch, int64_t epochs, int64_t step, int64_t steps
   const double frac = static_cast<double>(step) / static_cast<double>(steps);
   // Time left in the epoch: the mean time per step so far times the steps left.
   const double eta = step > 0 ? elapsed / static_cast<double>(step) * static_cast<double>(steps - step) : 0;
+  // No loss yet (statistics arrive a step late): a dash, not a 0 that reads as a measurement.
+  char loss_text[32] = "-";
+  if (std::isfinite(loss)) std::snprintf(loss_text, sizeof loss_text, "%.4f", loss);
   if (bar_) {
     const int width = 30;
     const int filled = static_cast<int>(frac * width);
     char bar[64];
     for (int i = 0; i < width; ++i) bar[i] = i < filled ? '#' : '.';
     bar[width] = '\0';
-    std::printf("\repoch %lld/%lld [%s] %lld/%lld loss %.4f  %.0f img/s  lr %.4g  eta %.0fs   ",
+    std::printf("\repoch %lld/%lld [%s] %lld/%lld loss %s  %.0f img/s  lr %.4g  eta %.0fs   ",
                 static_cast<long long>(epoch), static_cast<long long>(epochs), bar, static_cast<long long>(step),
-                static_cast<long long>(steps), loss, ips, static_cast<double>(lr), eta);
+                static_cast<long long>(steps), loss_text, ips, static_cast<double>(lr), eta);
     std::fflush(stdout);
     drawn_ = true;
   } else if (plain_) {
     const int64_t decile = static_cast<int64_t>(frac * 10);
     if (decile != last_decile_ && (decile > 0 || step == 1)) {
       last_decile_ = decile;
-      std::printf("epoch %lld/%lld step %lld/%lld loss %.4f %.0f img/s lr %.4g eta %.0fs\n",
+      std::printf("epoch %lld/%lld step %lld/%lld loss %s %.0f img/s lr %.4g eta %.0fs\n",
                   static_cast<long long>(epoch), static_cast<long long>(epochs), static_cast<long long>(step),
-                  static_cast<long long>(steps), loss, ips, static_cast<double>(lr), eta);
+                  static_cast<long long>(steps), loss_text, ips, static_cast<double>(lr), eta);
       std::fflush(stdout);
     }
   }

@@ -11,6 +11,7 @@ namespace kiln {
 class Progress {
  public:
   explicit Progress(const std::string& mode);
+  // loss: the running mean so far, NaN before the first step's statistics have arrived.
   void update(int64_t epoch, int64_t epochs, int64_t step, int64_t steps, double loss, double images_per_second,
               float lr, double elapsed_seconds);
   void finish();

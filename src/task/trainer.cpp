@@ -263,7 +263,7 @@ TrainSummary train(const TrainConfig& c) {
       account(engine.train_step_async(images.data(), labels.data(), lr));
       ++state.step;
       seen += n;
-      progress.update(epoch + 1, c.epochs, i + 1, steps_per_epoch, loss_count ? loss_sum / loss_count : 0,
+      progress.update(epoch + 1, c.epochs, i + 1, steps_per_epoch, loss_count ? loss_sum / loss_count : NAN,
                       static_cast<double>(seen) / std::max(seconds_since(t0), 1e-9), lr, seconds_since(t0));
     }
     account(engine.pending_stats());  // the epoch's last step

@@ -2,6 +2,7 @@
 // written, a resumed run equals an uninterrupted one, and damaged checkpoints are refused.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -11,6 +12,7 @@
 #include "kiln/io/safetensors.h"
 #include "kiln/task/checkpoint.h"
 #include "kiln/task/trainer.h"
+#include "task/progress.h"
 
 namespace kiln {
 namespace {
@@ -67,6 +69,19 @@ TEST(Trainer, WritesMetricsCheckpointAndSummary) {
   for (const auto& e : fs::directory_iterator(out)) {
     EXPECT_EQ(e.path().string().find(".tmp"), std::string::npos) << "temporary file left: " << e.path();
   }
+}
+
+// Statistics arrive a step late, so the first progress line has no loss yet: it shows a dash,
+// not a 0.0000 that reads as a measured loss; later lines show the running mean.
+TEST(Trainer, ProgressShowsNoLossBeforeTheFirstStatistics) {
+  Progress p("plain");
+  testing::internal::CaptureStdout();
+  p.update(1, 2, 1, 10, NAN, 100.0, 0.1f, 0.01);
+  p.update(1, 2, 5, 10, 0.6931, 100.0, 0.1f, 0.05);
+  const std::string out = testing::internal::GetCapturedStdout();
+  EXPECT_NE(out.find("step 1/10 loss - "), std::string::npos) << out;
+  EXPECT_NE(out.find("step 5/10 loss 0.6931 "), std::string::npos) << out;
+  EXPECT_EQ(out.find("nan"), std::string::npos) << out;
 }
 
 // Real data: 80 steps of the default CNN on Fashion-MNIST (Debian's dataset-fashion-mnist)

@@ -198,9 +198,9 @@ INSTANTIATE_TEST_SUITE_P(Shapes, GpuFusedBnAddRelu,
 // 2-14% apart after three steps). So VGG is compared after its first step, where everything
 // but those biases must be equal bit for bit, and the biases are 0 fused, noise unfused -
 // vgg11_bn_small and the full vgg16_bn (224x224, batch 4) alike.
-// The fused program is compiled twice: as it is by default, and with the residual blocks'
-// gradient sums folded into the BN+add+ReLU backward (KILN_FUSE_GRAD_SUM=1), which must give
-// the same bits too.
+// The fused program is compiled twice: with the residual blocks' gradient sums left to add
+// passes (KILN_FUSE_GRAD_SUM=0), and as it is by default, with them folded into the
+// BN+add+ReLU backward; both must give the same bits.
 TEST(GpuFusedStep, FusedStepsEqualUnfusedBitForBitAmp) {
   KILN_REQUIRE_GPU();
   ScopedEnv det("KILN_DETERMINISTIC", "1");
@@ -210,7 +210,7 @@ TEST(GpuFusedStep, FusedStepsEqualUnfusedBitForBitAmp) {
     const int steps = vgg ? 1 : 3;
     const BluePrint bp = make_model(model);
     const LearnableBatch b = learnable_batch(bp, 4, 9);
-    // By name (fusion reorders declarations): unfused, fused, fused with the gradient sums.
+    // By name (fusion reorders declarations): unfused, fused with add passes, fused (default).
     std::vector<std::map<std::string, std::vector<float>>> results(3);
     std::map<std::string, ParamKind> kinds;
     std::vector<int> fused_nodes, folded;
@@ -243,7 +243,7 @@ TEST(GpuFusedStep, FusedStepsEqualUnfusedBitForBitAmp) {
     if (!vgg)
       EXPECT_GT(folded[2], 0) << "residual blocks fold their gradient sums";
     for (const size_t fused : {size_t{1}, size_t{2}}) {
-      SCOPED_TRACE(fused == 2 ? "gradient sums folded (KILN_FUSE_GRAD_SUM=1)" : "default fusion");
+      SCOPED_TRACE(fused == 2 ? "default fusion: gradient sums folded" : "fusion with KILN_FUSE_GRAD_SUM=0");
       ASSERT_EQ(results[0].size(), results[fused].size());
       size_t differing = 0, cancelled = 0;
       for (const auto& [name, want] : results[0]) {

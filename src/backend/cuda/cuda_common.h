@@ -62,7 +62,7 @@ struct Options {
   bool profile = false; // KILN_PROFILE=1: per-phase event timings
   bool vector_kernels = true;  // KILN_VECTOR_KERNELS=0: one element per thread, no 16-byte paths
   // KILN_PAD_CHANNELS=1: FP16/BF16 convolutions whose input channels are not a multiple of 8
-  // run on zero-padded copies (conv.cpp); opt-in until measured on the H200.
+  // run on zero-padded copies (conv.cpp); opt-in: slower on the H200 (bench/RESULTS.md).
   bool pad_channels = false;
   // KILN_CBR_FORM: how the fused CBR forward takes BatchNorm's statistics. "kiln" (the
   // default): a plain cuDNN convolution, then kiln's statistics pass over z; "genstats": the
