@@ -145,14 +145,9 @@ struct TimingRule {
   int untimed, timed;
   float cut;
   bool precompiled_after_first;  // after the first candidate, skip runtime-compiled engines (~1 s of NVRTC each)
-  // Runtime-compiled engines only where no precompiled one builds. FP32's take ~1 s of NVRTC
-  // and up to seconds a run on VGG16 at batch 256, and never won any of its graphs on the
-  // H200 (bench/RESULTS.md): timing them was most of its 119 s compile.
-  bool runtime_compiled_last_resort;
 };
-constexpr TimingRule kTuneRule{1 << 30, 2, 5, 4.0f, false, false};
-constexpr TimingRule kAutotuneRule{6, 1, 3, 2.0f, true, false};
-constexpr TimingRule kAutotuneFp32Rule{6, 1, 3, 2.0f, true, true};
+constexpr TimingRule kTuneRule{1 << 30, 2, 5, 4.0f, false};
+constexpr TimingRule kAutotuneRule{6, 1, 3, 2.0f, true};
 
 struct Timed {
   int64_t index;
@@ -203,26 +198,17 @@ std::vector<Timed> time_engines(fe::graph::Graph& graph, cudnnHandle_t handle, c
            std::find(notes.begin(), notes.end(), fe::BehaviorNote_t::RUNTIME_COMPILATION) != notes.end();
   };
   std::vector<Timed> candidates;
-  auto add = [&](int64_t i) {
-    Timed t{i, {}, {}};
-    if (graph.get_plan_name_at_index(i, t.choice.engine).is_bad()) return;
-    if (graph.build_plan_at_index(i).is_bad()) return;
-    if (graph.get_workspace_size_plan_at_index(i, t.choice.workspace).is_bad() || t.choice.workspace > workspace_cap) {
-      return;
-    }
-    candidates.push_back(std::move(t));
-  };
-  std::vector<int64_t> set_aside;  // runtime-compiled engines kept for last resort
   for (int64_t i = 0; i < count && static_cast<int64_t>(candidates.size()) < rule.max_candidates; ++i) {
-    const bool rtc = (rule.runtime_compiled_last_resort || (rule.precompiled_after_first && !candidates.empty())) &&
-                     runtime_compiled(i);
-    if (rtc) {
-      if (rule.runtime_compiled_last_resort) set_aside.push_back(i);
+    Timed t{i, {}, {}};
+    if (graph.get_plan_name_at_index(i, t.choice.engine).is_bad()) continue;
+    if (rule.precompiled_after_first && !candidates.empty() && runtime_compiled(i)) continue;
+    if (graph.build_plan_at_index(i).is_bad()) continue;
+    if (graph.get_workspace_size_plan_at_index(i, t.choice.workspace).is_bad() ||
+        t.choice.workspace > workspace_cap) {
       continue;
     }
-    add(i);
+    candidates.push_back(std::move(t));
   }
-  for (size_t j = 0; j < set_aside.size() && candidates.empty(); ++j) add(set_aside[j]);
   // A runtime-compiled first choice is timed last, so a slow one (FP32's are, up to seconds a
   // run on VGG16 at batch 256) gives up after one run against the best precompiled engine.
   if (candidates.size() > 1 && runtime_compiled(candidates[0].index)) {
@@ -278,14 +264,13 @@ std::mutex g_autotuned_mutex;
 EngineTable g_autotuned;
 
 int64_t autotune_engines(const Context& ctx, fe::graph::Graph& graph, cudnnHandle_t handle, cudaStream_t stream,
-                         std::unordered_map<int64_t, void*>& pack, const std::string& key, bool fp32) {
+                         std::unordered_map<int64_t, void*>& pack, const std::string& key) {
   std::lock_guard<std::mutex> lock(g_autotuned_mutex);
   if (const EngineEntry* done = g_autotuned.find(key)) {
     const int64_t i = pick_from_table(graph, *done);
     if (i >= 0) return i;
   }
-  const std::vector<Timed> measured =
-      time_engines(graph, handle, stream, pack, fp32 ? kAutotuneFp32Rule : kAutotuneRule, ctx.workspace_cap);
+  const std::vector<Timed> measured = time_engines(graph, handle, stream, pack, kAutotuneRule, ctx.workspace_cap);
   if (measured.empty()) return -1;
   g_autotuned.put(entry_of(key, measured));
   log_debug("autotuned ", key, ": ", measured.size(), " engines timed, fastest ", measured[0].choice.engine, " ",
@@ -397,7 +382,7 @@ std::shared_ptr<ConvPlan> build_plan(Context& ctx, const Node& n, int stream, Co
     }
   }
   if (plan->index < 0 && ctx.opts.autotune && ctx.opts.tune_path.empty()) {
-    plan->index = autotune_engines(ctx, *graph, handle, cu_stream, pack, table_key, fp32);
+    plan->index = autotune_engines(ctx, *graph, handle, cu_stream, pack, table_key);
     autotuned = plan->index >= 0;
   }
   if (autotuned) {
