@@ -97,5 +97,5 @@ for epoch in range(args.epochs):
     print(f"torch epoch {epoch + 1}: {epoch_times[-1]:.1f}s, {steps * bs / epoch_times[-1]:.0f} img/s, test top-1 {acc:.2f}%",
           flush=True)
 print(json.dumps({"bench": "torch", "device": args.device, "threads": args.threads, "torch": torch.__version__,
-                  "epoch_seconds": epoch_times, "images_per_second": steps * bs * len(epoch_times) / sum(epoch_times),
+                  "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32, "epoch_seconds": epoch_times, "images_per_second": steps * bs * len(epoch_times) / sum(epoch_times),
                   "test_top1": acc}))

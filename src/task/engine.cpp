@@ -39,7 +39,7 @@ Engine::Engine(const BluePrint& blueprint, EngineOptions options)
   const bool sync_bn = options_.compile.world > 1 && options_.compile.sync_bn;
   po.backend_fuses_cbr = caps.fused_cbr && !sync_bn;
   po.backend_fuses_bn_add_relu = caps.fused_bn_add_relu && !sync_bn;
-  po.backend_fuses_fp32 = caps.fused_fp32 && options_.fuse_fp32;
+  po.backend_fuses_fp32 = caps.fused_fp32 && (options_.fuse_fp32 || env_flag("KILN_FUSE_FP32", false));
   // Only the fused BN+add+ReLU takes a second gradient, so this changes nothing without fusion.
   options_.compile.fuse_grad_sum = caps.fused_grad_sum && options_.fusion && env_flag("KILN_FUSE_GRAD_SUM", true);
   plan_ = make_plan(blueprint_, po);

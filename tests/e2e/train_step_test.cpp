@@ -204,6 +204,22 @@ TEST(Switches, FusionOffAndOnAgree) {
   }
 }
 
+// KILN_FUSE_FP32=1 asks for fusion in FP32 as EngineOptions::fuse_fp32 does (the switch the
+// GPU A/B of FP32 fusion uses); without either, an FP32 program is not fused.
+TEST(Switches, FuseFp32EnvironmentSwitch) {
+  const BluePrint bp = make_model("cnn");
+  for (const char* env : {"0", "1"}) {
+    ScopedEnv e_env("KILN_FUSE_FP32", env);
+    Engine e(bp, cpu_options(4));
+    e.lock_memory();
+    if (env[0] == '1') {
+      EXPECT_EQ(fused_node_count(e), 8) << "the cnn's four Conv+BN+ReLU, forward and backward";
+    } else {
+      EXPECT_EQ(fused_node_count(e), 0);
+    }
+  }
+}
+
 // The gradient-sum fusion (bn_add_relu_bwd's dy2, KILN_FUSE_GRAD_SUM) off and on, fusion on:
 // the folded program has no add node before 7 of resnet18_small's 8 BN+add+ReLU backwards,
 // and three steps give the same losses, weights, running statistics and evaluation bit for

@@ -8,6 +8,8 @@
 #include <cmath>
 #include <cstdio>
 #include <map>
+#include <string>
+#include <vector>
 
 #include "backend/cuda/cuda_backend.h"
 #include "gpu/gpu_test_util.h"
@@ -187,7 +189,7 @@ INSTANTIATE_TEST_SUITE_P(Shapes, GpuFusedBnAddRelu,
                                   (std::get<1>(info.param) ? "_amp" : "_fp32");
                          });
 
-// Whole AMP training steps, fusion on (the default under AMP on CUDA) against KILN_FUSION off,
+// Whole training steps, fusion on (the default under AMP on CUDA) against KILN_FUSION off,
 // with deterministic convolution engines: the fused kernels give the unfused chain's bits op
 // by op, so the losses, every weight, momentum-updated parameter and BN running statistic must
 // be equal bit for bit (measured on the H200: 0 of 103 / 268 tensors differ after three steps
@@ -201,11 +203,12 @@ INSTANTIATE_TEST_SUITE_P(Shapes, GpuFusedBnAddRelu,
 // The fused program is compiled twice: with the residual blocks' gradient sums left to add
 // passes (KILN_FUSE_GRAD_SUM=0), and as it is by default, with them folded into the
 // BN+add+ReLU backward; both must give the same bits.
-TEST(GpuFusedStep, FusedStepsEqualUnfusedBitForBitAmp) {
-  KILN_REQUIRE_GPU();
+// FP32 takes the same path where fusion is asked for in FP32 (EngineOptions::fuse_fp32,
+// KILN_FUSE_FP32=1): the same kernels in float, the same bits demanded.
+void fused_steps_equal_unfused(bool amp, const std::vector<std::string>& models) {
   ScopedEnv det("KILN_DETERMINISTIC", "1");
-  for (const std::string model : {"resnet18_small", "resnet50", "vgg11_bn_small", "vgg16_bn"}) {
-    SCOPED_TRACE(model);
+  for (const std::string& model : models) {
+    SCOPED_TRACE(model + (amp ? " AMP" : " FP32"));
     const bool vgg = model.rfind("vgg", 0) == 0;
     const int steps = vgg ? 1 : 3;
     const BluePrint bp = make_model(model);
@@ -220,9 +223,10 @@ TEST(GpuFusedStep, FusedStepsEqualUnfusedBitForBitAmp) {
       EngineOptions o;
       o.device = "cuda";
       o.compile.batch = 4;
-      o.compile.amp = true;
+      o.compile.amp = amp;
       o.compile.momentum = 0.9f;
       o.fusion = fusion;
+      o.fuse_fp32 = !amp;
       Engine e(bp, o);
       e.lock_memory();
       e.compile(5);
@@ -237,10 +241,10 @@ TEST(GpuFusedStep, FusedStepsEqualUnfusedBitForBitAmp) {
       for (const ParamDesc& d : e.program().params) kinds[d.name] = d.kind;
     }
     EXPECT_EQ(fused_nodes[0], 0);
-    EXPECT_GT(fused_nodes[1], 0) << "CUDA fuses under AMP";
+    EXPECT_GT(fused_nodes[1], 0) << "CUDA fuses under AMP, and in FP32 where asked";
     EXPECT_EQ(fused_nodes[2], fused_nodes[1]);
     EXPECT_EQ(folded[1], 0) << "KILN_FUSE_GRAD_SUM=0";
-    if (!vgg)
+    if (model.rfind("resnet", 0) == 0)
       EXPECT_GT(folded[2], 0) << "residual blocks fold their gradient sums";
     for (const size_t fused : {size_t{1}, size_t{2}}) {
       SCOPED_TRACE(fused == 2 ? "default fusion: gradient sums folded" : "fusion with KILN_FUSE_GRAD_SUM=0");
@@ -274,6 +278,16 @@ TEST(GpuFusedStep, FusedStepsEqualUnfusedBitForBitAmp) {
           differing, results[0].size(), cancelled);
     }
   }
+}
+
+TEST(GpuFusedStep, FusedStepsEqualUnfusedBitForBitAmp) {
+  KILN_REQUIRE_GPU();
+  fused_steps_equal_unfused(true, {"resnet18_small", "resnet50", "vgg11_bn_small", "vgg16_bn"});
+}
+
+TEST(GpuFusedStep, FusedStepsEqualUnfusedBitForBitFp32) {
+  KILN_REQUIRE_GPU();
+  fused_steps_equal_unfused(false, {"cnn", "resnet18_small", "vgg11_bn_small"});
 }
 
 }  // namespace

@@ -23,6 +23,7 @@ struct EngineOptions {
   // Fusion in FP32 too, on a backend whose fused kernels run in FP32 (the CPU's). Off by
   // default: on the CPU the fused program gives the same bits at the same speed (measured on
   // the cnn, bench/RESULTS.md), so it is the tests' tool for checking fused programs.
+  // KILN_FUSE_FP32=1 asks for it too.
   bool fuse_fp32 = false;
   std::string device = "auto";  // auto, cpu, cuda
 };
