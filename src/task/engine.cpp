@@ -32,17 +32,21 @@ Engine::Engine(const BluePrint& blueprint, EngineOptions options)
     KILN_CHECK(ok, Unsupported, "--amp: the ", backend_->name(), " backend has no ",
                dtype_name(options_.compile.amp_dtype), " compute; train without --amp or use --device cuda");
   }
+  plan_ = make_plan(blueprint_, fusion_options(caps, options_));
+}
+
+PlanOptions fusion_options(const BackendCaps& caps, EngineOptions& o) {
   PlanOptions po;
-  po.fusion = options_.fusion;
-  po.amp = options_.compile.amp;
+  po.fusion = o.fusion;
+  po.amp = o.compile.amp;
   // SyncBN (S27) splits BatchNorm into ops that the fused CBR / BN+add+ReLU kernels lack.
-  const bool sync_bn = options_.compile.world > 1 && options_.compile.sync_bn;
+  const bool sync_bn = o.compile.world > 1 && o.compile.sync_bn;
   po.backend_fuses_cbr = caps.fused_cbr && !sync_bn;
   po.backend_fuses_bn_add_relu = caps.fused_bn_add_relu && !sync_bn;
-  po.backend_fuses_fp32 = caps.fused_fp32 && (options_.fuse_fp32 || env_flag("KILN_FUSE_FP32", false));
+  po.backend_fuses_fp32 = caps.fused_fp32 && (o.fuse_fp32 || env_flag("KILN_FUSE_FP32", caps.fp32_fusion_default));
   // Only the fused BN+add+ReLU takes a second gradient, so this changes nothing without fusion.
-  options_.compile.fuse_grad_sum = caps.fused_grad_sum && options_.fusion && env_flag("KILN_FUSE_GRAD_SUM", true);
-  plan_ = make_plan(blueprint_, po);
+  o.compile.fuse_grad_sum = caps.fused_grad_sum && o.fusion && env_flag("KILN_FUSE_GRAD_SUM", true);
+  return po;
 }
 
 Engine::~Engine() = default;

@@ -89,6 +89,7 @@ std::string config_json(const TrainConfig& c) {
      << ",\"sched\":" << json_string(c.lr.kind) << ",\"opt\":" << json_string(c.optimizer)
      << ",\"momentum\":" << json_number(c.momentum) << ",\"weight_decay\":" << json_number(c.weight_decay)
      << ",\"nesterov\":" << (c.nesterov ? "true" : "false") << ",\"amp\":" << (c.amp ? "true" : "false")
+     << ",\"tf32\":" << (c.tf32 ? "true" : "false")
      << ",\"ema\":" << (c.ema ? "true" : "false") << ",\"seed\":" << c.seed << ",\"device\":" << json_string(c.device)
      << "}";
   return os.str();
@@ -143,6 +144,7 @@ RunSetup setup_run(const TrainConfig& c) {
   CompileOptions& co = eopt.compile;
   co.batch = lo.batch_size;
   co.amp = c.amp;
+  co.tf32 = c.tf32;
   co.ema = c.ema;
   co.ema_decay = c.ema_decay;
   co.optimizer = c.optimizer;

@@ -111,6 +111,13 @@ TEST(Cli, BenchStagesEveryStepOrOnce) {
   const Result bad = kiln(common + " --stage twice");
   EXPECT_NE(bad.code, 0);
   EXPECT_NE(bad.out.find("--stage twice"), std::string::npos) << bad.out;
+  // --tf32 allows TF32 in FP32 convolutions and matmuls on a GPU; the CPU has none, so the
+  // same losses, and the JSON line says it was asked for.
+  const Result tf32 = kiln(common + " --tf32");
+  ASSERT_EQ(tf32.code, 0) << tf32.out;
+  EXPECT_EQ(losses(tf32.out), losses(every.out));
+  EXPECT_NE(tf32.out.find("\"tf32\":true"), std::string::npos) << tf32.out;
+  EXPECT_NE(every.out.find("\"tf32\":false"), std::string::npos) << every.out;
   const Result range = kiln(common + " --cuda-profiler-range");
   EXPECT_NE(range.code, 0) << "the profiler range is the CUDA backend's";
   EXPECT_NE(range.out.find("--cuda-profiler-range needs the CUDA backend"), std::string::npos) << range.out;

@@ -189,7 +189,7 @@ INSTANTIATE_TEST_SUITE_P(Shapes, GpuFusedBnAddRelu,
                                   (std::get<1>(info.param) ? "_amp" : "_fp32");
                          });
 
-// Whole training steps, fusion on (the default under AMP on CUDA) against KILN_FUSION off,
+// Whole training steps, fusion on (the default on CUDA) against KILN_FUSION off,
 // with deterministic convolution engines: the fused kernels give the unfused chain's bits op
 // by op, so the losses, every weight, momentum-updated parameter and BN running statistic must
 // be equal bit for bit (measured on the H200: 0 of 103 / 268 tensors differ after three steps

@@ -23,6 +23,7 @@ int cmd_bench(int argc, char** argv) {
            {"batch", "batch size", "256", false},
            {"batch-size", "same as --batch", "", false},
            {"amp", "FP16 mixed precision", "off", true},
+           {"tf32", "FP32 convolutions and matmuls may use TF32 (GPU)", "off", true},
            {"device", "auto, cpu or cuda", "auto", false},
            {"steps", "timed steps per repeat", "50", false},
            {"warmup", "untimed steps first", "10", false},
@@ -51,6 +52,7 @@ int cmd_bench(int argc, char** argv) {
   eo.fusion = f.on("fusion", true);
   eo.compile.batch = f.i64("batch", f.i64("batch-size", 256));
   eo.compile.amp = f.on("amp", false);
+  eo.compile.tf32 = f.on("tf32", false);
   eo.compile.optimizer = f.str("opt", "sgd");
   eo.compile.weight_decay = 5e-5f;
   eo.compile.world = dist::world();
@@ -137,9 +139,11 @@ int cmd_bench(int argc, char** argv) {
               engine.backend().caps().device.c_str(), median, static_cast<long long>(repeats), compile_s,
               static_cast<double>(first.loss), static_cast<double>(last.loss));
   std::printf("{\"bench\":\"kiln\",\"model\":\"%s\",\"batch\":%lld,\"amp\":%s,\"images_per_second\":%.1f,"
-              "\"compile_seconds\":%.2f,\"first_loss\":%.5f,\"last_loss\":%.5f,\"world\":%d,\"stage\":\"%s\"}\n",
+              "\"compile_seconds\":%.2f,\"first_loss\":%.5f,\"last_loss\":%.5f,\"world\":%d,\"stage\":\"%s\","
+              "\"tf32\":%s}\n",
               model.c_str(), static_cast<long long>(n), eo.compile.amp ? "true" : "false", median, compile_s,
-              static_cast<double>(first.loss), static_cast<double>(last.loss), dist::world(), stage.c_str());
+              static_cast<double>(first.loss), static_cast<double>(last.loss), dist::world(), stage.c_str(),
+              eo.compile.tf32 ? "true" : "false");
   return 0;
 }
 

@@ -10,6 +10,7 @@
 #include "kiln/graph/compiler.h"
 #include "kiln/graph/memory_plan.h"
 #include "kiln/plan/arch_plan.h"
+#include "kiln/task/engine.h"
 
 namespace kiln::cli {
 
@@ -43,23 +44,24 @@ Inspect build(const Flags& f) {
   zo.num_classes = static_cast<int>(f.i64("num-classes", 0));
   zo.image_size = static_cast<int>(f.i64("image-size", 0));
   const BluePrint bp = make_model(model, zo);
+  EngineOptions eo;
+  eo.compile.amp = f.on("amp", false);
+  eo.fusion = f.on("fusion", true) && env_flag("KILN_FUSION", true);
   PlanOptions po;
-  po.amp = f.on("amp", false);
-  po.fusion = f.on("fusion", true) && env_flag("KILN_FUSION", true);
+  po.amp = eo.compile.amp;
+  po.fusion = eo.fusion;
   const std::string device = f.str("device", "auto");
   KILN_CHECK(device == "auto" || device == "cpu" || device == "cuda", InvalidArgument,
              "--device must be auto, cpu or cuda, got '", device, "'");
+  // The CUDA backend's fusion choices (the CPU's are none unless a test asks for them).
   if (device == "cuda" || (device == "auto" && cuda_available())) {
-    if (cuda_available()) {
-      const BackendCaps caps = make_backend("cuda")->caps();
-      po.backend_fuses_cbr = caps.fused_cbr;
-      po.backend_fuses_bn_add_relu = caps.fused_bn_add_relu;
-    }
+    if (cuda_available()) po = fusion_options(make_backend("cuda")->caps(), eo);
   }
   Inspect r{make_plan(bp, po), {}};
   CompileOptions co;
   co.batch = f.i64("batch", f.i64("batch-size", 256));
   co.amp = po.amp;
+  co.fuse_grad_sum = eo.compile.fuse_grad_sum;
   co.memory_reuse = f.on("memory-reuse", true) && env_flag("KILN_MEMORY_REUSE", true);
   co.optimizer = f.str("optimizer", "sgd");
   co.ema = f.on("ema", false);

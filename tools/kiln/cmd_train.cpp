@@ -33,6 +33,7 @@ std::vector<FlagSpec> train_flags() {
       {"weight-decay", "weight decay (not applied to BatchNorm and biases)", "5e-4", false},
       {"clip-grad", "clip each |gradient| to this value (0 = off)", "0", false},
       {"amp", "FP16 mixed precision (GPU)", "off", true},
+      {"tf32", "FP32 convolutions and matmuls may use TF32 (GPU; PyTorch's cuDNN default)", "off", true},
       {"ema", "keep an EMA of the weights and evaluate it too", "off", true},
       {"ema-decay", "EMA decay per step", "0.999", false},
       {"eval-every", "evaluate every N epochs", "1", false},
@@ -79,6 +80,7 @@ TrainConfig to_config(const Flags& f) {
   c.weight_decay = static_cast<float>(f.f64("weight-decay", c.weight_decay));
   c.clip_grad = static_cast<float>(f.f64("clip-grad", 0));
   c.amp = f.on("amp", false);
+  c.tf32 = f.on("tf32", false);
   c.ema = f.on("ema", false);
   c.ema_decay = static_cast<float>(f.f64("ema-decay", c.ema_decay));
   c.eval_every = f.i64("eval-every", 1);

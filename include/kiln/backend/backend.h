@@ -19,6 +19,7 @@ struct BackendCaps {
   bool fused_bn_add_relu = false;
   bool fused_fp32 = false;     // the fused kernels run in FP32 too (not only under AMP)
   bool fused_grad_sum = false; // bn_add_relu_bwd takes a second gradient (dy2, ops.def)
+  bool fp32_fusion_default = false;  // fuse in FP32 unless asked not to (KILN_FUSE_FP32=0)
 };
 
 // Which list of phases to run.

@@ -94,6 +94,9 @@ struct CompileOptions {
   int64_t batch = 32;
   bool amp = false;
   DType amp_dtype = DType::F16;
+  // FP32 convolutions and matmuls may use TF32 tensor cores (GPU; --tf32 or KILN_TF32=1).
+  // Off by default: FP32 means FP32. PyTorch's cuDNN convolutions allow TF32 by default.
+  bool tf32 = false;
   bool memory_reuse = true;   // KILN_MEMORY_REUSE=0 turns it off
   // A fused BN+add+ReLU backward whose output gradient has two contributions takes both
   // (bn_add_relu_bwd's dy2) instead of an add node summing them first; set by the Engine

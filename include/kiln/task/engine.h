@@ -20,9 +20,10 @@ const char* lifecycle_name(Lifecycle s);
 struct EngineOptions {
   CompileOptions compile;
   bool fusion = true;         // KILN_FUSION=0 turns it off
-  // Fusion in FP32 too, on a backend whose fused kernels run in FP32 (the CPU's). Off by
-  // default: on the CPU the fused program gives the same bits at the same speed (measured on
-  // the cnn, bench/RESULTS.md), so it is the tests' tool for checking fused programs.
+  // Fusion in FP32 too, on a backend whose fused kernels run in FP32. The CUDA backend fuses
+  // in FP32 by default (BackendCaps::fp32_fusion_default; KILN_FUSE_FP32=0 turns it off);
+  // the CPU does not: there the fused program gives the same bits at the same speed (measured
+  // on the cnn, bench/RESULTS.md), so it is the tests' tool for checking fused programs.
   // KILN_FUSE_FP32=1 asks for it too.
   bool fuse_fp32 = false;
   std::string device = "auto";  // auto, cpu, cuda
@@ -34,6 +35,11 @@ struct StepStats {
   bool overflow = false;   // AMP: the step was skipped on the device
   float loss_scale = 1;
 };
+
+// The fusion the Engine asks of the planner and compiler for a backend's capabilities and
+// the switches (KILN_FUSE_FP32, KILN_FUSE_GRAD_SUM): the plan options returned, and
+// o.compile.fuse_grad_sum set. `kiln plan` and `kiln program` print the same choice.
+PlanOptions fusion_options(const BackendCaps& caps, EngineOptions& o);
 
 class Engine {
  public:

@@ -23,6 +23,7 @@ struct TrainConfig {
   float weight_decay = 5e-4f;
   bool nesterov = true;
   bool amp = false;
+  bool tf32 = false;  // FP32 convolutions and matmuls may use TF32 (GPU)
   bool ema = false;
   float ema_decay = 0.999f;
   int64_t eval_every = 1;             // epochs
