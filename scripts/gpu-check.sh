@@ -20,6 +20,9 @@
 #            defaults, then KILN_FUSE_GRAD_SUM=1, KILN_PAD_CHANNELS=1, KILN_CBR_FORM=genstats, and
 #            the first two together), in one call: an optimisation's gain measured against its
 #            absence, no tests run (STAGE=once: kiln bench --stage once)
+#     forms  build, then tools/conv_forms.cpp's probe at batch 256: cuDNN's fused convolution
+#            graphs (genstats, the MLPerf-style prologue, dgrad+drelu+dbn_weight) timed beside
+#            the plain ones for ResNet-50's layers (issue 5; FORMS_ENGINES engines each, default 3)
 #     kernels  build, then Nsight Compute over two timed AMP steps at batch 256 of each of
 #            PROFILE_MODELS (default "resnet50 vgg16_bn") and bench/kernel_breakdown.py's table
 #            of GPU time per step by kernel kind (issue 5's breakdown; no tests run)
@@ -77,12 +80,13 @@ note configure "ok ($(since))"
 
 echo "== build"
 targets=()  # all: everything
-[ "$MODE" = gpu ] && targets=(kiln kiln_gpu_tests)
-[ "$MODE" = bench ] && targets=(kiln kiln_cli kiln_gpu_tests)
-[ "$MODE" = compare ] && targets=(kiln kiln_cli kiln_gpu_tests)
+[ "$MODE" = gpu ] && targets=(kiln kiln_gpu_tests kiln_conv_forms)
+[ "$MODE" = bench ] && targets=(kiln kiln_cli kiln_gpu_tests kiln_conv_forms)
+[ "$MODE" = compare ] && targets=(kiln kiln_cli kiln_gpu_tests kiln_conv_forms)
 [ "$MODE" = tune ] && targets=(kiln kiln_cli)
 [ "$MODE" = ab ] && targets=(kiln kiln_cli)
 [ "$MODE" = kernels ] && targets=(kiln kiln_cli)
+[ "$MODE" = forms ] && targets=(kiln_conv_forms)
 if ! cmake --build "$BUILD" -j "$JOBS" ${targets[@]:+--target "${targets[@]}"} >"$LOGS/build.log" 2>&1; then
   grep -E 'error|FAILED' "$LOGS/build.log" | head -40
   note build "FAILED ($(since))"
@@ -112,6 +116,16 @@ if [ "$MODE" = tune ]; then
     done
   done
   cp configs/engines/*.tsv "$LOGS/" 2>/dev/null || true
+  echo
+  echo "== summary (logs in $LOGS)"
+  printf '%s\n' "${SUMMARY[@]}"
+  exit $status
+fi
+
+if [ "$MODE" = forms ]; then
+  "$BUILD/kiln_conv_forms" --batch 256 --max-engines "${FORMS_ENGINES:-3}" >"$LOGS/conv-forms.txt" 2>&1 || status=1
+  cat "$LOGS/conv-forms.txt"
+  note "conv forms" "$(grep -F '**per step**' "$LOGS/conv-forms.txt" || tail -1 "$LOGS/conv-forms.txt")"
   echo
   echo "== summary (logs in $LOGS)"
   printf '%s\n' "${SUMMARY[@]}"

@@ -6,12 +6,14 @@
 // per-channel kernels (channel_ops.h).
 //
 // Numerics: FP32 graphs refuse engines that use tensor cores (TF32), down-convert inputs,
-// reduce in lower precision, or use FFT / Winograd, unless KILN_TF32=1 allows TF32; FP16
+// reduce in lower precision, or use FFT / Winograd, unless --tf32 / KILN_TF32=1 allows TF32
+// and KILN_FP32_WINOGRAD=1 FFT and Winograd (both of which PyTorch allows by default); FP16
 // graphs compute in FP32 (compute_data_type FLOAT). KILN_DETERMINISTIC=1 refuses engines
 // noted NONDETERMINISTIC in every dtype.
 #include <cudnn_frontend.h>
 
 #include <algorithm>
+#include <chrono>
 #include <mutex>
 #include <sstream>
 
@@ -270,11 +272,14 @@ int64_t autotune_engines(const Context& ctx, fe::graph::Graph& graph, cudnnHandl
     const int64_t i = pick_from_table(graph, *done);
     if (i >= 0) return i;
   }
+  const auto started = std::chrono::steady_clock::now();
   const std::vector<Timed> measured = time_engines(graph, handle, stream, pack, kAutotuneRule, ctx.workspace_cap);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   if (measured.empty()) return -1;
   g_autotuned.put(entry_of(key, measured));
-  log_debug("autotuned ", key, ": ", measured.size(), " engines timed, fastest ", measured[0].choice.engine, " ",
-            measured[0].choice.ms, " ms (heuristics' first: ", graph_first_name(graph), ")");
+  log_debug("autotuned ", key, " in ", seconds, " s: ", measured.size(), " engines timed, fastest ",
+            measured[0].choice.engine, " ", measured[0].choice.ms, " ms (heuristics' first: ", graph_first_name(graph),
+            ")");
   return measured[0].index;
 }
 
@@ -288,12 +293,14 @@ std::shared_ptr<ConvPlan> build_plan(Context& ctx, const Node& n, int stream, Co
   key << kConvKindName[static_cast<int>(kind)] << ":" << g.x.n << "," << g.x.h << "," << g.x.w << "," << g.x.c << ":"
       << g.k << "," << g.r << "," << g.s << ":" << g.sh << "," << g.sw << "," << g.ph << "," << g.pw << ":"
       << dtype_name(x_dt) << "," << dtype_name(w_dt) << "," << dtype_name(y_dt) << (tf32 ? ":tf32" : "")
+      << (fp32 && ctx.opts.fp32_winograd ? ":winograd" : "")
       << (ctx.opts.deterministic ? ":det" : "");
   const std::string table_key = key.str();
   auto& slot = ctx.plan_cache[table_key + ":s" + std::to_string(stream)];
   if (slot) return std::static_pointer_cast<ConvPlan>(slot);
 
   const std::string what = std::string(op_name(n.op)) + " node '" + n.label + "'";
+  const auto started = std::chrono::steady_clock::now();
   auto graph = std::make_shared<fe::graph::Graph>();
   graph->set_io_data_type(fe_type(y_dt)).set_intermediate_data_type(fe::DataType_t::FLOAT)
       .set_compute_data_type(fe::DataType_t::FLOAT);
@@ -348,8 +355,11 @@ std::shared_ptr<ConvPlan> build_plan(Context& ctx, const Node& n, int stream, Co
   FE_CHECK(graph->create_execution_plans({fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK}), what);
   std::vector<fe::NumericalNote_t> bad;
   if (fp32) {
-    bad = {fe::NumericalNote_t::DOWN_CONVERT_INPUTS, fe::NumericalNote_t::REDUCED_PRECISION_REDUCTION,
-           fe::NumericalNote_t::FFT, fe::NumericalNote_t::WINOGRAD};
+    bad = {fe::NumericalNote_t::DOWN_CONVERT_INPUTS, fe::NumericalNote_t::REDUCED_PRECISION_REDUCTION};
+    if (!ctx.opts.fp32_winograd) {
+      bad.push_back(fe::NumericalNote_t::FFT);
+      bad.push_back(fe::NumericalNote_t::WINOGRAD);
+    }
     if (!tf32) bad.push_back(fe::NumericalNote_t::TENSOR_CORE);
   }
   if (ctx.opts.deterministic) bad.push_back(fe::NumericalNote_t::NONDETERMINISTIC);
@@ -382,8 +392,10 @@ std::shared_ptr<ConvPlan> build_plan(Context& ctx, const Node& n, int stream, Co
     }
   }
   if (plan->index < 0 && ctx.opts.autotune && ctx.opts.tune_path.empty()) {
+    const auto tune_start = std::chrono::steady_clock::now();
     plan->index = autotune_engines(ctx, *graph, handle, cu_stream, pack, table_key);
     autotuned = plan->index >= 0;
+    ctx.autotune_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - tune_start).count();
   }
   if (autotuned) {
     ++ctx.autotuned;
@@ -398,6 +410,7 @@ std::shared_ptr<ConvPlan> build_plan(Context& ctx, const Node& n, int stream, Co
     FE_CHECK(graph->build_plans(handle, fe::BuildPlanPolicy_t::HEURISTICS_CHOICE), what);
     FE_CHECK(graph->get_workspace_size(plan->workspace), what);
   }
+  ctx.plan_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   slot = plan;
   return plan;
 }

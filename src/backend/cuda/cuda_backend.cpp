@@ -359,6 +359,7 @@ class CudaBackend final : public CudaBackendApi {
     ctx_.engine_table = EngineTable{};
     ctx_.tuned = EngineTable{};
     ctx_.table_hits = ctx_.table_misses = ctx_.autotuned = 0;
+    ctx_.plan_seconds = ctx_.autotune_seconds = 0;
     ctx_.cbr_genstats = ctx_.cbr_genstats_fallbacks = 0;
     table_path_.clear();
     if (!ctx_.opts.engine_table || !ctx_.opts.tune_path.empty()) return;
@@ -400,6 +401,8 @@ class CudaBackend final : public CudaBackendApi {
       log_info("autotune: ", ctx_.autotuned, " of ", plans, " convolution plans chosen by timing a few engines",
                " (KILN_AUTOTUNE=0: cuDNN's heuristic choice)");
     }
+    log_info("convolution plans: ", plans, " built in ", ctx_.plan_seconds, " s, ", ctx_.autotune_seconds,
+             " s of it autotuning");
   }
 
   int stream_of(const Phase& ph) const {

@@ -59,6 +59,9 @@ struct Options {
   bool graphs = true;   // KILN_CUDA_GRAPHS=0: launch node by node
   bool streams = true;  // KILN_STREAMS=1 (or 0): everything on one stream
   bool tf32 = false;    // KILN_TF32=1: allow TF32 in FP32 convolutions and matmuls
+  // KILN_FP32_WINOGRAD=1: FP32 convolutions may take Winograd and FFT engines, whose sums are
+  // transformed and so rounded differently (PyTorch allows them by default; kiln does not).
+  bool fp32_winograd = false;
   bool profile = false; // KILN_PROFILE=1: per-phase event timings
   bool vector_kernels = true;  // KILN_VECTOR_KERNELS=0: one element per thread, no 16-byte paths
   // KILN_PAD_CHANNELS=1: FP16/BF16 convolutions whose input channels are not a multiple of 8
@@ -110,6 +113,9 @@ struct Context {
   EngineTable engine_table;
   EngineTable tuned;
   int table_hits = 0, table_misses = 0, autotuned = 0;
+  // Wall time of building the convolution plans, and the part of it spent autotuning
+  // (reported at compile's end: where a long compile goes).
+  double plan_seconds = 0, autotune_seconds = 0;
   // KILN_CBR_FORM=genstats: CBR forwards built as conv+genstats, and those that fell back.
   int cbr_genstats = 0, cbr_genstats_fallbacks = 0;
   // The most workspace one convolution engine may ask for: set by compile() from the device
