@@ -193,6 +193,47 @@ __global__ void maxpool_bwd_vec(const uint4* dy, const int32_t* argmax, uint4* d
     dx[i] = out;
   }
 }
+// Windows that tile the input exactly, without overlap or padding (VGG's 2x2 stride 2): each
+// input element lies in one window, so a thread takes one output vector and writes its
+// window's kh x kw input vectors - the gradient where the argmax points, zero elsewhere -
+// instead of every input searching the windows that cover it (maxpool_bwd_vec: 2.56 ms of
+// VGG16-BN's AMP step on the H200, at 2.1 TB/s). The value is maxpool_bwd_vec's own, 0 + g,
+// so the bits are the same (a -0 gradient becomes +0 in both).
+template <typename T>
+__global__ void maxpool_bwd_tiled(const uint4* dy, const int32_t* argmax, uint4* dx, int total, PoolDims32 d) {
+  constexpr int V = kVec<T>;
+  for (int o = blockIdx.x * blockDim.x + threadIdx.x; o < total; o += gridDim.x * blockDim.x) {
+    const int cvec = o % d.cv;
+    int r = o / d.cv;
+    const int ow = r % d.q;
+    r /= d.q;
+    const int oh = r % d.p;
+    const int b = r / d.p;
+    const uint4 g = dy[o];
+    const T* ge = reinterpret_cast<const T*>(&g);
+    int32_t am[V];
+#pragma unroll
+    for (int w = 0; w < V / 4; ++w) {
+      const uint4 a = reinterpret_cast<const uint4*>(argmax)[static_cast<int64_t>(o) * (V / 4) + w];
+      am[4 * w] = static_cast<int32_t>(a.x);
+      am[4 * w + 1] = static_cast<int32_t>(a.y);
+      am[4 * w + 2] = static_cast<int32_t>(a.z);
+      am[4 * w + 3] = static_cast<int32_t>(a.w);
+    }
+    for (int i = 0; i < d.kh; ++i) {
+      const int ih = oh * d.sh + i;
+      for (int j = 0; j < d.kw; ++j) {
+        const int iw = ow * d.sw + j;
+        const int self = ih * d.w + iw;
+        uint4 out;
+        T* oe = reinterpret_cast<T*>(&out);
+#pragma unroll
+        for (int e = 0; e < V; ++e) oe[e] = from_f<T>(am[e] == self ? 0.0f + to_f(ge[e]) : 0.0f);
+        dx[(static_cast<int64_t>(b * d.h + ih) * d.w + iw) * d.cv + cvec] = out;
+      }
+    }
+  }
+}
 
 // The vector form applies: C a multiple of V, 16-byte aligned maps, every index within int.
 bool pool_vec(const Context& ctx, const PoolDims& d, DType dt, std::initializer_list<const void*> ptrs,
@@ -356,6 +397,20 @@ KernelPtr make_maxpool_bwd(const Node& n, Context& ctx, int stream) {
   const int32_t* ap = ctx.ptr<int32_t>(am);
   void* dxp = ctx.ptr(dx);
   PoolDims32 v{};
+  const bool tiles = d.ph == 0 && d.pw == 0 && d.kh == d.sh && d.kw == d.sw && d.h == d.p * d.sh && d.w == d.q * d.sw;
+  if (tiles && pool_vec(ctx, d, dt, {dyp, ap, dxp}, &v)) {
+    const int total = static_cast<int>(d.n * d.p * d.q) * v.cv;
+    const unsigned grid = grid_for(ctx, total, kThreads);
+    KernelPtr k;
+    KILN_DISPATCH_FLOAT(dt, T, {
+      k = make_fn(stream, [=](Context&, cudaStream_t s) {
+        maxpool_bwd_tiled<T><<<grid, kThreads, 0, s>>>(static_cast<const uint4*>(dyp), ap, static_cast<uint4*>(dxp),
+                                                        total, v);
+        KILN_LAUNCH_CHECK("maxpool_bwd (tiled)");
+      });
+    });
+    return k;
+  }
   if (pool_vec(ctx, d, dt, {dyp, ap, dxp}, &v)) {
     const int total = static_cast<int>(d.n * d.h * d.w) * v.cv;
     const unsigned grid = grid_for(ctx, total, kThreads);
