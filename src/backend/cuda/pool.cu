@@ -100,16 +100,39 @@ struct PoolDims32 {
   int kh, kw, sh, sw, ph, pw;
 };
 
+// Output vector o's place: batch b, row oh, column ow, channel vector cvec.
+struct OutPos {
+  int b, oh, ow, cvec;
+};
+__device__ __forceinline__ OutPos out_pos(int o, const PoolDims32& d) {
+  OutPos p;
+  p.cvec = o % d.cv;
+  int r = o / d.cv;
+  p.ow = r % d.q;
+  r /= d.q;
+  p.oh = r % d.p;
+  p.b = r / d.p;
+  return p;
+}
+
+// The V argmax entries of output vector o (V / 4 16-byte loads).
+template <int V>
+__device__ __forceinline__ void load_argmax(const int32_t* argmax, int64_t o, int32_t (&am)[V]) {
+#pragma unroll
+  for (int w = 0; w < V / 4; ++w) {
+    const uint4 a = reinterpret_cast<const uint4*>(argmax)[o * (V / 4) + w];
+    am[4 * w] = static_cast<int32_t>(a.x);
+    am[4 * w + 1] = static_cast<int32_t>(a.y);
+    am[4 * w + 2] = static_cast<int32_t>(a.z);
+    am[4 * w + 3] = static_cast<int32_t>(a.w);
+  }
+}
+
 template <typename T>
 __global__ void maxpool_fwd_vec(const uint4* x, uint4* y, int32_t* argmax, int total, PoolDims32 d) {
   constexpr int V = kVec<T>;
   for (int o = blockIdx.x * blockDim.x + threadIdx.x; o < total; o += gridDim.x * blockDim.x) {
-    const int cvec = o % d.cv;
-    int r = o / d.cv;
-    const int ow = r % d.q;
-    r /= d.q;
-    const int oh = r % d.p;
-    const int b = r / d.p;
+    const auto [b, oh, ow, cvec] = out_pos(o, d);
     const int h0 = oh * d.sh - d.ph, w0 = ow * d.sw - d.pw;
     const int hs = max(h0, 0), he = min(h0 + d.kh, d.h), ws = max(w0, 0), we = min(w0 + d.kw, d.w);
     float best[V];
@@ -172,14 +195,7 @@ __global__ void maxpool_bwd_vec(const uint4* dy, const int32_t* argmax, uint4* d
         const uint4 g = dy[o];
         const T* ge = reinterpret_cast<const T*>(&g);
         int32_t am[V];
-#pragma unroll
-        for (int w = 0; w < V / 4; ++w) {
-          const uint4 a = reinterpret_cast<const uint4*>(argmax)[o * (V / 4) + w];
-          am[4 * w] = static_cast<int32_t>(a.x);
-          am[4 * w + 1] = static_cast<int32_t>(a.y);
-          am[4 * w + 2] = static_cast<int32_t>(a.z);
-          am[4 * w + 3] = static_cast<int32_t>(a.w);
-        }
+        load_argmax<V>(argmax, o, am);
 #pragma unroll
         for (int j = 0; j < V; ++j) {
           if (am[j] == self) sum[j] += to_f(ge[j]);
@@ -193,6 +209,7 @@ __global__ void maxpool_bwd_vec(const uint4* dy, const int32_t* argmax, uint4* d
     dx[i] = out;
   }
 }
+
 // Windows that tile the input exactly, without overlap or padding (VGG's 2x2 stride 2): each
 // input element lies in one window, so a thread takes one output vector and writes its
 // window's kh x kw input vectors - the gradient where the argmax points, zero elsewhere -
@@ -203,23 +220,11 @@ template <typename T>
 __global__ void maxpool_bwd_tiled(const uint4* dy, const int32_t* argmax, uint4* dx, int total, PoolDims32 d) {
   constexpr int V = kVec<T>;
   for (int o = blockIdx.x * blockDim.x + threadIdx.x; o < total; o += gridDim.x * blockDim.x) {
-    const int cvec = o % d.cv;
-    int r = o / d.cv;
-    const int ow = r % d.q;
-    r /= d.q;
-    const int oh = r % d.p;
-    const int b = r / d.p;
+    const auto [b, oh, ow, cvec] = out_pos(o, d);
     const uint4 g = dy[o];
     const T* ge = reinterpret_cast<const T*>(&g);
     int32_t am[V];
-#pragma unroll
-    for (int w = 0; w < V / 4; ++w) {
-      const uint4 a = reinterpret_cast<const uint4*>(argmax)[static_cast<int64_t>(o) * (V / 4) + w];
-      am[4 * w] = static_cast<int32_t>(a.x);
-      am[4 * w + 1] = static_cast<int32_t>(a.y);
-      am[4 * w + 2] = static_cast<int32_t>(a.z);
-      am[4 * w + 3] = static_cast<int32_t>(a.w);
-    }
+    load_argmax<V>(argmax, o, am);
     for (int i = 0; i < d.kh; ++i) {
       const int ih = oh * d.sh + i;
       for (int j = 0; j < d.kw; ++j) {
