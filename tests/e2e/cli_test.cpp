@@ -11,6 +11,8 @@
 #include <fstream>
 #include <string>
 
+#include "support/scoped_env.h"
+
 namespace {
 
 struct Result {
@@ -44,6 +46,19 @@ TEST(Cli, PlanProgramAndMemoryOfResNet50) {
   EXPECT_EQ(memory.code, 0) << memory.out;
   EXPECT_NE(memory.out.find("params_f16"), std::string::npos);
   EXPECT_NE(memory.out.find("with reuse"), std::string::npos);
+}
+
+// kiln program shows the fusion the Engine would choose on that device: on the CPU none in
+// FP32 unless KILN_FUSE_FP32=1 asks for it, as the Engine does.
+TEST(Cli, ProgramShowsTheEnginesFusionChoice) {
+  const Result plain = kiln("program cnn --device cpu --batch 8");
+  ASSERT_EQ(plain.code, 0) << plain.out;
+  EXPECT_EQ(plain.out.find("cbr_fwd"), std::string::npos) << plain.out;
+  EXPECT_NE(plain.out.find("relu_fwd"), std::string::npos) << plain.out;
+  kiln::test::ScopedEnv fuse("KILN_FUSE_FP32", "1");
+  const Result fused = kiln("program cnn --device cpu --batch 8");
+  ASSERT_EQ(fused.code, 0) << fused.out;
+  EXPECT_NE(fused.out.find("cbr_fwd"), std::string::npos) << fused.out;
 }
 
 TEST(Cli, HelpListsCommandsAndFlags) {

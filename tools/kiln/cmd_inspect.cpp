@@ -53,9 +53,12 @@ Inspect build(const Flags& f) {
   const std::string device = f.str("device", "auto");
   KILN_CHECK(device == "auto" || device == "cpu" || device == "cuda", InvalidArgument,
              "--device must be auto, cpu or cuda, got '", device, "'");
-  // The CUDA backend's fusion choices (the CPU's are none unless a test asks for them).
-  if (device == "cuda" || (device == "auto" && cuda_available())) {
-    if (cuda_available()) po = fusion_options(make_backend("cuda")->caps(), eo);
+  // The fusion the Engine would choose on that backend (none where it lacks the precision:
+  // the CPU under --amp, which the Engine refuses; a CUDA plan asked for without a GPU).
+  const bool cuda = device == "cuda" || (device == "auto" && cuda_available());
+  if (!cuda || cuda_available()) {
+    const BackendCaps caps = make_backend(cuda ? "cuda" : "cpu")->caps();
+    if (!eo.compile.amp || caps.fp16) po = fusion_options(caps, eo);
   }
   Inspect r{make_plan(bp, po), {}};
   CompileOptions co;
