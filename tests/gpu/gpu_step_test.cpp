@@ -8,7 +8,10 @@
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <string>
+#include <vector>
 
+#include "backend/cuda/cuda_backend.h"
 #include "gpu/gpu_test_util.h"
 #include "support/async_stats_check.h"
 #include "support/learnable_batch.h"
@@ -81,71 +84,92 @@ TEST(GpuStep, ResNet18SmallFiveStepsMatchTheCpu) {
   EXPECT_LT(losses[1][4], 0.5 * losses[1][0]) << "the loss falls on the GPU";
 }
 
-// Every optimisation of the CUDA executor on (CUDA graphs replayed from the second step,
-// three streams, memory reuse) against all of them off (node-by-node launches, one stream,
-// every tensor in its own bytes): six steps of resnet18_small give the same losses and the
-// same weights, momenta and running statistics bit for bit. The arithmetic is the same in
-// both - only launch order, streams and addresses differ - so any difference is a race, a
-// missing join or two live tensors sharing bytes. Deterministic cuDNN engines
-// (KILN_DETERMINISTIC=1) make the comparison exact; FP32 and AMP.
-void optimisations_bit_for_bit(bool amp) {
-  const BluePrint bp = make_model("resnet18_small");
+// Six training steps of `model` at batch 8 with every optimisation of the CUDA executor on
+// (CUDA graphs replayed from the second step, three streams, weight gradients on the side
+// stream as KILN_SIDE_WGRAD says, memory reuse) or all of them off (node-by-node launches,
+// one stream, every tensor in its own bytes): the losses, weights, momenta and BN running
+// statistics. Deterministic cuDNN engines (KILN_DETERMINISTIC=1) make runs comparable bit for
+// bit: only launch order, streams and addresses differ, so any difference is a race, a
+// missing join or two live tensors sharing bytes.
+struct StepsRun {
+  std::vector<float> losses, params, moments, running;
+  int side_wgrads = -1;  // weight gradients forked to the side stream
+};
+
+StepsRun six_steps(const std::string& model, bool amp, bool optimised, const char* side_wgrad) {
+  const BluePrint bp = make_model(model);
   std::vector<float> img;
   std::vector<int32_t> lab;
   learnable(bp, 8, img, lab);
   ScopedEnv det("KILN_DETERMINISTIC", "1");
-  struct Run {
-    std::vector<float> losses, params, moments, running;
-  };
-  std::vector<Run> runs;
-  for (const bool on : {true, false}) {
-    ScopedEnv g("KILN_CUDA_GRAPHS", on ? "1" : "0"), st("KILN_STREAMS", on ? "3" : "1");
-    EngineOptions o;
-    o.device = "cuda";
-    o.compile.batch = 8;
-    o.compile.amp = amp;
-    o.compile.momentum = 0.9f;
-    o.compile.weight_decay = 5e-4f;
-    o.compile.memory_reuse = on;
-    Engine e(bp, o);
-    e.lock_memory();
-    e.compile(21);
-    Run r;
-    for (int s = 0; s < 6; ++s) r.losses.push_back(e.train_step(img.data(), lab.data(), 0.02f).loss);
-    for (const ParamDesc& d : e.program().params) {
-      for (Region reg : {Region::params_f32, Region::moment1}) {
-        const auto v = e.read_param(d.name, reg);
-        auto& dst = reg == Region::params_f32 ? r.params : r.moments;
-        dst.insert(dst.end(), v.begin(), v.end());
-      }
+  ScopedEnv g("KILN_CUDA_GRAPHS", optimised ? "1" : "0"), st("KILN_STREAMS", optimised ? "3" : "1"),
+      side("KILN_SIDE_WGRAD", side_wgrad);
+  EngineOptions o;
+  o.device = "cuda";
+  o.compile.batch = 8;
+  o.compile.amp = amp;
+  o.compile.momentum = 0.9f;
+  o.compile.weight_decay = 5e-4f;
+  o.compile.memory_reuse = optimised;
+  Engine e(bp, o);
+  e.lock_memory();
+  e.compile(21);
+  StepsRun r;
+  if (auto* api = dynamic_cast<CudaBackendApi*>(&e.backend())) r.side_wgrads = api->side_stream_wgrads();
+  for (int s = 0; s < 6; ++s) r.losses.push_back(e.train_step(img.data(), lab.data(), 0.02f).loss);
+  for (const ParamDesc& d : e.program().params) {
+    for (Region reg : {Region::params_f32, Region::moment1}) {
+      const auto v = e.read_param(d.name, reg);
+      auto& dst = reg == Region::params_f32 ? r.params : r.moments;
+      dst.insert(dst.end(), v.begin(), v.end());
     }
-    for (const BufferDesc& b : e.program().buffers) {
-      const DTensor& t = e.program().tensor(b.tensor);
-      if (t.dtype != DType::F32) continue;
-      std::vector<float> v(static_cast<size_t>(t.numel()));
-      e.backend().read(t, v.data());
-      r.running.insert(r.running.end(), v.begin(), v.end());
-    }
-    runs.push_back(std::move(r));
   }
-  for (size_t s = 0; s < runs[0].losses.size(); ++s) {
-    EXPECT_EQ(bits_of(runs[0].losses[s]), bits_of(runs[1].losses[s]))
-        << "step " << s << ": " << runs[0].losses[s] << " vs " << runs[1].losses[s];
+  for (const BufferDesc& b : e.program().buffers) {
+    const DTensor& t = e.program().tensor(b.tensor);
+    if (t.dtype != DType::F32) continue;
+    std::vector<float> v(static_cast<size_t>(t.numel()));
+    e.backend().read(t, v.data());
+    r.running.insert(r.running.end(), v.begin(), v.end());
   }
-  EXPECT_EQ(max_ulp(runs[0].params, runs[1].params), 0) << "weights";
-  EXPECT_EQ(max_ulp(runs[0].moments, runs[1].moments), 0) << "momentum buffers";
-  EXPECT_EQ(max_ulp(runs[0].running, runs[1].running), 0) << "BN running statistics";
-  EXPECT_FALSE(runs[0].running.empty());
+  return r;
+}
+
+void expect_same_bits(const StepsRun& a, const StepsRun& b) {
+  ASSERT_EQ(a.losses.size(), b.losses.size());
+  for (size_t s = 0; s < a.losses.size(); ++s) {
+    EXPECT_EQ(bits_of(a.losses[s]), bits_of(b.losses[s])) << "step " << s << ": " << a.losses[s] << " vs "
+                                                          << b.losses[s];
+  }
+  EXPECT_EQ(max_ulp(a.params, b.params), 0) << "weights";
+  EXPECT_EQ(max_ulp(a.moments, b.moments), 0) << "momentum buffers";
+  EXPECT_EQ(max_ulp(a.running, b.running), 0) << "BN running statistics";
+  EXPECT_FALSE(a.running.empty());
 }
 
 TEST(GpuStep, OptimisationsOnEqualOffBitForBitFp32) {
   KILN_REQUIRE_GPU();
-  optimisations_bit_for_bit(false);
+  expect_same_bits(six_steps("resnet18_small", false, true, "1"), six_steps("resnet18_small", false, false, "1"));
 }
 
 TEST(GpuStep, OptimisationsOnEqualOffBitForBitAmp) {
   KILN_REQUIRE_GPU();
-  optimisations_bit_for_bit(true);
+  expect_same_bits(six_steps("resnet18_small", true, true, "1"), six_steps("resnet18_small", true, false, "1"));
+}
+
+// Weight gradients on the side stream (side_stream.h) against on their node's stream, every
+// other optimisation on: the same bits, FP32 and AMP (fused CBR backward under AMP and in FP32
+// on CUDA, plain convolution backward for the layers before BN+add+ReLU), a ResNet and a VGG.
+TEST(GpuStep, SideStreamWeightGradientsOffAndOnBitForBit) {
+  KILN_REQUIRE_GPU();
+  for (const std::string model : {"resnet18_small", "vgg11_bn_small"}) {
+    for (const bool amp : {false, true}) {
+      SCOPED_TRACE(model + (amp ? " AMP" : " FP32"));
+      const StepsRun on = six_steps(model, amp, true, "1"), off = six_steps(model, amp, true, "0");
+      EXPECT_GT(on.side_wgrads, 0) << "weight gradients forked to the side stream";
+      EXPECT_EQ(off.side_wgrads, 0) << "KILN_SIDE_WGRAD=0";
+      expect_same_bits(on, off);
+    }
+  }
 }
 
 // The trainer's late statistics on the GPU (Backend::read_later through a pinned ring, no

@@ -24,6 +24,7 @@
 
 #include "backend/cuda/cuda_common.h"
 #include "backend/cuda/graph_capture.h"
+#include "backend/cuda/side_stream.h"
 #include "kiln/core/env.h"
 #include "kiln/core/log.h"
 
@@ -51,6 +52,8 @@ struct PhaseExec {
   std::array<bool, 2> reads_slot{false, false};  // reads staged input A / B
   std::vector<KernelPtr> kernels;
   std::vector<OpKind> ops;                // per kernel, for the per-op profile
+  // Per kernel, the bytes its node reads and writes: where side-stream work must join back.
+  std::vector<std::vector<ByteRange>> node_reads, node_writes;
   std::vector<cudaEvent_t> node_events;   // KILN_PROFILE_OPS=1: one before each node, one after the last
   GraphExec graph;
   int runs = 0;
@@ -108,6 +111,10 @@ class CudaBackend final : public CudaBackendApi {
       CUDA_CHECK(cudaMemset(p, 0, size));
     }
     set_workspace_cap();
+    // Per-node profiling times nodes with events on their own stream: everything stays there.
+    ctx_.side_wgrad = ctx_.opts.streams && ctx_.opts.side_wgrad && !profile_ops_;
+    ctx_.side_pending.clear();
+    ctx_.side_wgrads = 0;
     load_engine_table(prop.name);
     build(program.train, train_);
     build(program.eval, eval_);
@@ -326,6 +333,7 @@ class CudaBackend final : public CudaBackendApi {
     }
   }
   CbrForms cbr_forms() const override { return {ctx_.cbr_genstats, ctx_.cbr_genstats_fallbacks}; }
+  int side_stream_wgrads() const override { return ctx_.side_wgrads; }
   EngineTableUse engine_table_use() const override {
     return {ctx_.table_hits, ctx_.table_misses, ctx_.autotuned,
             ctx_.opts.tune_path.empty() ? table_path_ : tune_path()};
@@ -444,8 +452,12 @@ class CudaBackend final : public CudaBackendApi {
         KILN_CHECK(cuda_supports(n.op, ctx_.program->feature_dtype), Unsupported, "the CUDA backend has no kernel for ",
                    op_name(n.op), " (node '", n.label, "'); turn fusion off (KILN_FUSION=0)");
         for (TensorId id : n.in) note_slot_read(e, id);
-        e.kernels.push_back(kFactories[static_cast<int>(n.op)](n, ctx_, e.stream));
+        auto make = [&](int stream) { return kFactories[static_cast<int>(n.op)](n, ctx_, stream); };
+        e.kernels.push_back(n.op == OpKind::conv_bwd_weight ? maybe_on_side_stream(ctx_, e.stream, n.in, n.out, make)
+                                                            : make(e.stream));
         e.ops.push_back(n.op);
+        e.node_reads.push_back(byte_ranges(ctx_, n.in));
+        e.node_writes.push_back(byte_ranges(ctx_, n.out));
       }
       if (profile_ops_) {
         e.node_events.resize(e.kernels.size() + 1);
@@ -483,12 +495,12 @@ class CudaBackend final : public CudaBackendApi {
       } else if (ctx_.opts.graphs && ph.runs >= 1) {
         if (!ph.graph.ready()) {
           CaptureGuard guard(s);
-          for (auto& k : ph.kernels) k->run(ctx_);
+          run_nodes(ph, s);
           ph.graph.instantiate(guard.end());
         }
         ph.graph.launch(s);
       } else {
-        for (auto& k : ph.kernels) k->run(ctx_);
+        run_nodes(ph, s);
       }
     }
     ++ph.runs;
@@ -503,6 +515,16 @@ class CudaBackend final : public CudaBackendApi {
     }
     last_done_ = ph.done;
     last_stream_ = ph.stream;
+  }
+
+  // The phase's kernels in order; work forked to the side stream joins back before the first
+  // node that touches its bytes, and all of it before the phase ends (side_stream.h).
+  void run_nodes(PhaseExec& ph, cudaStream_t s) {
+    for (size_t i = 0; i < ph.kernels.size(); ++i) {
+      if (!ctx_.side_pending.empty()) join_side_work(ctx_, s, ph.node_reads[i], ph.node_writes[i]);
+      ph.kernels[i]->run(ctx_);
+    }
+    join_all_side_work(ctx_, s);
   }
 
   // Adds the last run's event timings to the totals (waits for that run to finish).

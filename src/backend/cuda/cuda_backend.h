@@ -32,6 +32,9 @@ class CudaBackendApi : public Backend {
     int genstats = 0, fallbacks = 0;
   };
   virtual CbrForms cbr_forms() const = 0;
+  // Weight-gradient convolutions of the compiled program that run on the side stream
+  // (KILN_SIDE_WGRAD; 0 when off).
+  virtual int side_stream_wgrads() const = 0;
   // Starts / stops the range an external profiler records (cudaProfilerStart/Stop): with
   // `ncu --profile-from-start off`, `kiln bench --cuda-profiler-range` profiles its timed
   // steps only, not compilation, autotuning or warm-up (bench/kernel_breakdown.py).

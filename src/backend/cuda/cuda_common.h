@@ -17,6 +17,7 @@
 #include <memory>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "kiln/backend/engine_table.h"
 
@@ -62,6 +63,7 @@ struct Options {
   // KILN_FP32_WINOGRAD=1: FP32 convolutions may take Winograd and FFT engines, whose sums are
   // transformed and so rounded differently (PyTorch allows them by default; kiln does not).
   bool fp32_winograd = false;
+  bool side_wgrad = true;  // KILN_SIDE_WGRAD=0: weight gradients stay on their node's stream
   bool profile = false; // KILN_PROFILE=1: per-phase event timings
   bool vector_kernels = true;  // KILN_VECTOR_KERNELS=0: one element per thread, no 16-byte paths
   // KILN_PAD_CHANNELS=1: FP16/BF16 convolutions whose input channels are not a multiple of 8
@@ -99,6 +101,22 @@ struct StreamRes {
   size_t workspace_bytes = 0;   // what the factories asked for (max over nodes)
 };
 
+// Bytes of one region that a node reads or writes (views resolved to their base).
+struct ByteRange {
+  Region region = Region::features;
+  int64_t begin = 0, end = 0;
+};
+inline bool overlaps(const ByteRange& a, const ByteRange& b) {
+  return a.region == b.region && a.begin < b.end && b.begin < a.end;
+}
+
+// Work forked to the side stream (side_stream.h) and not yet joined back: the event recorded
+// after its last launch and the bytes it reads and writes.
+struct SideWork {
+  cudaEvent_t done = nullptr;
+  std::vector<ByteRange> reads, writes;
+};
+
 struct Context {
   const Program* program = nullptr;
   Options opts;
@@ -122,6 +140,11 @@ struct Context {
   // memory left once the regions are allocated (the fastest FP32 engines of VGG16 at batch
   // 256 want several GiB; a fixed 1 GiB cap left only engines ~40x slower).
   int64_t workspace_cap = int64_t{1} << 30;
+  // Weight gradients run on the side stream beside the data gradient and what follows it
+  // (side_stream.h); set by compile(). The forked work the executor has not joined yet.
+  bool side_wgrad = false;
+  int side_wgrads = 0;  // kernels built to fork there
+  std::vector<SideWork> side_pending;
 
   const DTensor& tensor(TensorId id) const { return program->tensor(id); }
   // Device address of a tensor; valid once the regions are allocated (run time). Factories

@@ -13,6 +13,7 @@
 // built yet.
 #include "backend/cuda/fused_parts.h"
 #include "backend/cuda/cuda_common.h"
+#include "backend/cuda/side_stream.h"
 #include "backend/fused_part.h"
 
 namespace kiln::cuda {
@@ -74,7 +75,13 @@ KernelPtr make_cbr_bwd(const Node& n, Context& ctx, int stream) {
   std::vector<KernelPtr> parts;
   parts.push_back(
       make_bn_relu_mask_bwd(n, ctx, stream, z, dy, kNoTensor, mask, gamma, saved, dz, kNoTensor, dgamma, dbeta));
-  parts.push_back(make_conv_bwd_weight(fused_part(OpKind::conv_bwd_weight, {x, dz}, {dw}, n, "wgrad"), ctx, stream));
+  // The weight gradient runs on the side stream beside the data gradient (side_stream.h),
+  // unless dx or db shares bytes with what it reads or writes.
+  auto wgrad = [&](int s) {
+    return make_conv_bwd_weight(fused_part(OpKind::conv_bwd_weight, {x, dz}, {dw}, n, "wgrad"), ctx, s);
+  };
+  const bool apart = !any_overlap(byte_ranges(ctx, {dx, db}), byte_ranges(ctx, {x, dz, dw}));
+  parts.push_back(apart ? maybe_on_side_stream(ctx, stream, {x, dz}, {dw}, wgrad) : wgrad(stream));
   // The first layer's form has no dx: its input is the data.
   if (dx != kNoTensor) {
     parts.push_back(make_conv_bwd_data(fused_part(OpKind::conv_bwd_data, {dz, w}, {dx}, n, "dgrad"), ctx, stream));
