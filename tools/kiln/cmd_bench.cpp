@@ -73,7 +73,7 @@ int cmd_bench(int argc, char** argv) {
     std::printf("convolution engines: %d from the engine table%s%s, %d timed while compiling, %d from cuDNN's "
                 "heuristics\n", use.from_table, use.table.empty() ? "" : " ", use.table.c_str(), use.autotuned,
                 use.heuristics);
-    std::printf("weight gradients on the side stream: %d (KILN_SIDE_WGRAD=0 keeps them on their node's stream)\n",
+    std::printf("weight gradients on the side stream: %d (KILN_SIDE_WGRAD=1 forks them there)\n",
                 api->side_stream_wgrads());
     const CudaBackendApi::CbrForms forms = api->cbr_forms();
     if (forms.genstats + forms.fallbacks > 0) {

@@ -24,7 +24,7 @@ Options options_from_env() {
   o.streams = env_int("KILN_STREAMS", kStreams) > 1;
   o.tf32 = env_flag("KILN_TF32", false);
   o.fp32_winograd = env_flag("KILN_FP32_WINOGRAD", false);
-  o.side_wgrad = env_flag("KILN_SIDE_WGRAD", true);
+  o.side_wgrad = env_flag("KILN_SIDE_WGRAD", false);
   o.profile = env_flag("KILN_PROFILE", false);
   o.vector_kernels = env_flag("KILN_VECTOR_KERNELS", true);
   o.pad_channels = env_flag("KILN_PAD_CHANNELS", false);

@@ -11,8 +11,8 @@
 // what it reads or writes (that node could overwrite its input under memory reuse, or read its
 // output), and joins all of it before the phase ends, so the next phase (the optimizer reads
 // the gradients) sees it complete. Both fit stream capture: the fork and join events become
-// the CUDA Graph's edges. KILN_SIDE_WGRAD=0, KILN_STREAMS=1 or KILN_PROFILE_OPS=1 keep every
-// kernel on its node's stream.
+// the CUDA Graph's edges. Opt-in (KILN_SIDE_WGRAD=1) until measured on the H200;
+// KILN_STREAMS=1 or KILN_PROFILE_OPS=1 keep every kernel on its node's stream regardless.
 #pragma once
 #include <vector>
 
