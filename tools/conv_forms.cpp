@@ -40,18 +40,18 @@ namespace fe = cudnn_frontend;
 
 namespace {
 
-#define PROBE_CUDA(call)                                                                        \
-  do {                                                                                          \
-    const cudaError_t e_ = (call);                                                              \
-    if (e_ != cudaSuccess) {                                                                    \
+#define PROBE_CUDA(call)                                                                       \
+  do {                                                                                         \
+    const cudaError_t e_ = (call);                                                             \
+    if (e_ != cudaSuccess) {                                                                   \
       std::fprintf(stderr, "kiln_conv_forms: %s failed: %s\n", #call, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                             \
-    }                                                                                           \
+      std::exit(1);                                                                            \
+    }                                                                                          \
   } while (0)
 
 struct Shape {
   const char* name;
-  int count;  // such layers in one ResNet-50 step
+  int count;                   // such layers in one ResNet-50 step
   int64_t h, c, k, r, stride;  // input height = width, channels in, out, kernel, stride
   int64_t p() const { return (h + 2 * (r / 2) - r) / stride + 1; }
 };
@@ -59,21 +59,44 @@ struct Shape {
 // torchvision's ResNet-50 (v1.5: the stride on the 3x3): per stage, the first block's 3x3 may
 // have stride 2; the last 1x1 widens by 4.
 const Shape kShapes[] = {
-    {"s1 3x3 64", 3, 56, 64, 64, 3, 1},        {"s1 1x1 64>256", 3, 56, 64, 256, 1, 1},
-    {"s2 3x3 128 /2", 1, 56, 128, 128, 3, 2},  {"s2 3x3 128", 3, 28, 128, 128, 3, 1},
-    {"s2 1x1 128>512", 4, 28, 128, 512, 1, 1}, {"s3 3x3 256 /2", 1, 28, 256, 256, 3, 2},
-    {"s3 3x3 256", 5, 14, 256, 256, 3, 1},     {"s3 1x1 256>1024", 6, 14, 256, 1024, 1, 1},
-    {"s4 3x3 512 /2", 1, 14, 512, 512, 3, 2},  {"s4 3x3 512", 2, 7, 512, 512, 3, 1},
+    {"s1 3x3 64", 3, 56, 64, 64, 3, 1},         {"s1 1x1 64>256", 3, 56, 64, 256, 1, 1},
+    {"s2 3x3 128 /2", 1, 56, 128, 128, 3, 2},   {"s2 3x3 128", 3, 28, 128, 128, 3, 1},
+    {"s2 1x1 128>512", 4, 28, 128, 512, 1, 1},  {"s3 3x3 256 /2", 1, 28, 256, 256, 3, 2},
+    {"s3 3x3 256", 5, 14, 256, 256, 3, 1},      {"s3 1x1 256>1024", 6, 14, 256, 1024, 1, 1},
+    {"s4 3x3 512 /2", 1, 14, 512, 512, 3, 2},   {"s4 3x3 512", 2, 7, 512, 512, 3, 1},
     {"s4 1x1 512>2048", 3, 7, 512, 2048, 1, 1},
 };
 
-enum Uid : int64_t { X = 1, W, Y, DY, DX, DW, SCALE, BIAS, SUM, SQSUM, MEAN, INVSTD, GAMMA, DRELU, DSCALE, DBIAS,
-                     EQ_DY, EQ_X, EQ_BIAS };
+enum Uid : int64_t {
+  X = 1,
+  W,
+  Y,
+  DY,
+  DX,
+  DW,
+  SCALE,
+  BIAS,
+  SUM,
+  SQSUM,
+  MEAN,
+  INVSTD,
+  GAMMA,
+  DRELU,
+  DSCALE,
+  DBIAS,
+  EQ_DY,
+  EQ_X,
+  EQ_BIAS
+};
 
 using TensorPtr = std::shared_ptr<fe::graph::Tensor_attributes>;
 
-std::vector<int64_t> nchw(int64_t n, int64_t c, int64_t h) { return {n, c, h, h}; }
-std::vector<int64_t> nhwc_strides(int64_t c, int64_t h) { return {h * h * c, 1, h * c, c}; }
+std::vector<int64_t> nchw(int64_t n, int64_t c, int64_t h) {
+  return {n, c, h, h};
+}
+std::vector<int64_t> nhwc_strides(int64_t c, int64_t h) {
+  return {h * h * c, 1, h * c, c};
+}
 
 struct Builder {
   fe::graph::Graph g;
@@ -87,31 +110,50 @@ struct Builder {
   }
   TensorPtr act(Uid uid, const char* name, int64_t c, int64_t h) {
     uids.push_back(uid);
-    return g.tensor(fe::graph::Tensor_attributes().set_name(name).set_uid(uid).set_dim(nchw(n, c, h))
-                        .set_stride(nhwc_strides(c, h)).set_data_type(fe::DataType_t::HALF));
+    return g.tensor(fe::graph::Tensor_attributes()
+                        .set_name(name)
+                        .set_uid(uid)
+                        .set_dim(nchw(n, c, h))
+                        .set_stride(nhwc_strides(c, h))
+                        .set_data_type(fe::DataType_t::HALF));
   }
   TensorPtr weight(Uid uid) {
     uids.push_back(uid);
-    return g.tensor(fe::graph::Tensor_attributes().set_name("w").set_uid(uid).set_dim({s.k, s.c, s.r, s.r})
-                        .set_stride({s.r * s.r * s.c, 1, s.r * s.c, s.c}).set_data_type(fe::DataType_t::HALF));
+    return g.tensor(fe::graph::Tensor_attributes()
+                        .set_name("w")
+                        .set_uid(uid)
+                        .set_dim({s.k, s.c, s.r, s.r})
+                        .set_stride({s.r * s.r * s.c, 1, s.r * s.c, s.c})
+                        .set_data_type(fe::DataType_t::HALF));
   }
   TensorPtr per_channel(Uid uid, const char* name, int64_t c, fe::DataType_t dt) {
     uids.push_back(uid);
-    return g.tensor(fe::graph::Tensor_attributes().set_name(name).set_uid(uid).set_dim({1, c, 1, 1})
-                        .set_stride({c, 1, c, c}).set_data_type(dt));
+    return g.tensor(fe::graph::Tensor_attributes()
+                        .set_name(name)
+                        .set_uid(uid)
+                        .set_dim({1, c, 1, 1})
+                        .set_stride({c, 1, c, c})
+                        .set_data_type(dt));
   }
   void out_act(const TensorPtr& t, Uid uid, int64_t c, int64_t h) {
     uids.push_back(uid);
-    t->set_output(true).set_uid(uid).set_dim(nchw(n, c, h)).set_stride(nhwc_strides(c, h))
+    t->set_output(true)
+        .set_uid(uid)
+        .set_dim(nchw(n, c, h))
+        .set_stride(nhwc_strides(c, h))
         .set_data_type(fe::DataType_t::HALF);
   }
   void out_channel(const TensorPtr& t, Uid uid, int64_t c) {
     uids.push_back(uid);
-    t->set_output(true).set_uid(uid).set_dim({1, c, 1, 1}).set_stride({c, 1, c, c})
+    t->set_output(true)
+        .set_uid(uid)
+        .set_dim({1, c, 1, 1})
+        .set_stride({c, 1, c, c})
         .set_data_type(fe::DataType_t::FLOAT);
   }
   TensorPtr pw(fe::PointwiseMode_t mode, const TensorPtr& a, const TensorPtr& b = nullptr) {
-    auto attrs = fe::graph::Pointwise_attributes().set_mode(mode).set_compute_data_type(fe::DataType_t::FLOAT);
+    auto attrs = fe::graph::Pointwise_attributes().set_mode(mode).set_compute_data_type(
+        fe::DataType_t::FLOAT);
     return b ? g.pointwise(a, b, attrs) : g.pointwise(a, attrs);
   }
   // z * scale + bias (FP16 scale and bias: FP32 ones have no engine on the conv prologue).
@@ -121,27 +163,43 @@ struct Builder {
     return pw(fe::PointwiseMode_t::ADD, pw(fe::PointwiseMode_t::MUL, z, scale), bias);
   }
   fe::graph::Conv_fprop_attributes fprop_attrs() const {
-    return fe::graph::Conv_fprop_attributes().set_padding({s.r / 2, s.r / 2}).set_stride({s.stride, s.stride})
+    return fe::graph::Conv_fprop_attributes()
+        .set_padding({s.r / 2, s.r / 2})
+        .set_stride({s.stride, s.stride})
         .set_dilation({1, 1});
   }
   fe::graph::Conv_dgrad_attributes dgrad_attrs() const {
-    return fe::graph::Conv_dgrad_attributes().set_padding({s.r / 2, s.r / 2}).set_stride({s.stride, s.stride})
+    return fe::graph::Conv_dgrad_attributes()
+        .set_padding({s.r / 2, s.r / 2})
+        .set_stride({s.stride, s.stride})
         .set_dilation({1, 1});
   }
   fe::graph::Conv_wgrad_attributes wgrad_attrs() const {
-    return fe::graph::Conv_wgrad_attributes().set_padding({s.r / 2, s.r / 2}).set_stride({s.stride, s.stride})
+    return fe::graph::Conv_wgrad_attributes()
+        .set_padding({s.r / 2, s.r / 2})
+        .set_stride({s.stride, s.stride})
         .set_dilation({1, 1});
   }
   void genstats(const TensorPtr& y) {
-    auto [sum, sq] = g.genstats(y, fe::graph::Genstats_attributes().set_compute_data_type(fe::DataType_t::FLOAT));
+    auto [sum, sq] = g.genstats(
+        y, fe::graph::Genstats_attributes().set_compute_data_type(fe::DataType_t::FLOAT));
     out_channel(sum, SUM, s.k);
     out_channel(sq, SQSUM, s.k);
   }
 };
 
-enum class Form { fprop, fprop_genstats, prologue_fprop_genstats, dgrad, dgrad_drelu_dbn, wgrad, prologue_wgrad };
-const char* kFormName[] = {"fprop", "fprop+genstats", "prologue fprop+genstats", "dgrad", "dgrad+drelu+dbn_weight",
-                           "wgrad", "prologue wgrad"};
+enum class Form {
+  fprop,
+  fprop_genstats,
+  prologue_fprop_genstats,
+  dgrad,
+  dgrad_drelu_dbn,
+  wgrad,
+  prologue_wgrad
+};
+const char* kFormName[] = {"fprop",         "fprop+genstats",         "prologue fprop+genstats",
+                           "dgrad",         "dgrad+drelu+dbn_weight", "wgrad",
+                           "prologue wgrad"};
 
 void build_form(Builder& b, Form f) {
   const Shape& s = b.s;
@@ -150,7 +208,8 @@ void build_form(Builder& b, Form f) {
     case Form::fprop_genstats:
     case Form::prologue_fprop_genstats: {
       TensorPtr x = b.act(X, f == Form::prologue_fprop_genstats ? "z" : "x", s.c, s.h);
-      if (f == Form::prologue_fprop_genstats) x = b.pw(fe::PointwiseMode_t::RELU_FWD, b.pre_activation(x));
+      if (f == Form::prologue_fprop_genstats)
+        x = b.pw(fe::PointwiseMode_t::RELU_FWD, b.pre_activation(x));
       auto y = b.g.conv_fprop(x, b.weight(W), b.fprop_attrs());
       b.out_act(y, Y, s.k, s.p());
       if (f != Form::fprop) b.genstats(y);
@@ -187,7 +246,10 @@ void build_form(Builder& b, Form f) {
       if (f == Form::prologue_wgrad) x = b.pw(fe::PointwiseMode_t::RELU_FWD, b.pre_activation(x));
       auto dw = b.g.conv_wgrad(b.act(DY, "dy", s.k, s.p()), x, b.wgrad_attrs());
       b.uids.push_back(DW);
-      dw->set_output(true).set_uid(DW).set_dim({s.k, s.c, s.r, s.r}).set_stride({s.r * s.r * s.c, 1, s.r * s.c, s.c})
+      dw->set_output(true)
+          .set_uid(DW)
+          .set_dim({s.k, s.c, s.r, s.r})
+          .set_stride({s.r * s.r * s.c, 1, s.r * s.c, s.c})
           .set_data_type(fe::DataType_t::HALF);
       break;
     }
@@ -206,12 +268,14 @@ struct Buffers {
       ch = std::max({ch, s.c, s.k});
     }
     std::vector<__half> host(static_cast<size_t>(act));
-    for (size_t i = 0; i < host.size(); ++i) host[i] = __float2half(0.01f * static_cast<float>(static_cast<int>(i * 7919 % 201) - 100));
+    for (size_t i = 0; i < host.size(); ++i)
+      host[i] = __float2half(0.01f * static_cast<float>(static_cast<int>(i * 7919 % 201) - 100));
     std::vector<float> ones(static_cast<size_t>(ch), 1.0f);
     for (Uid u : {X, Y, DY, DX, DRELU}) alloc(u, host.data(), act * 2);
     for (Uid u : {W, DW}) alloc(u, host.data(), w * 2);
     for (Uid u : {SCALE, BIAS}) alloc(u, host.data(), ch * 2);
-    for (Uid u : {SUM, SQSUM, MEAN, INVSTD, GAMMA, DSCALE, DBIAS, EQ_DY, EQ_X, EQ_BIAS}) alloc(u, ones.data(), ch * 4);
+    for (Uid u : {SUM, SQSUM, MEAN, INVSTD, GAMMA, DSCALE, DBIAS, EQ_DY, EQ_X, EQ_BIAS})
+      alloc(u, ones.data(), ch * 4);
   }
   void alloc(Uid u, const void* init, int64_t bytes) {
     void* p = nullptr;
@@ -231,8 +295,8 @@ struct Best {
 };
 
 // The fastest of the first `max_engines` engines that build and run.
-Best time_form(cudnnHandle_t handle, cudaStream_t stream, Buffers& buf, int64_t n, const Shape& s, Form f,
-               int max_engines) {
+Best time_form(cudnnHandle_t handle, cudaStream_t stream, Buffers& buf, int64_t n, const Shape& s,
+               Form f, int max_engines) {
   Builder b(n, s);
   build_form(b, f);
   Best best;
@@ -241,8 +305,10 @@ Best time_form(cudnnHandle_t handle, cudaStream_t stream, Buffers& buf, int64_t 
     return best;
   };
   if (auto e = b.g.validate(); e.is_bad()) return failed(e, "validate");
-  if (auto e = b.g.build_operation_graph(handle); e.is_bad()) return failed(e, "build_operation_graph");
-  if (auto e = b.g.create_execution_plans({fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK}); e.is_bad())
+  if (auto e = b.g.build_operation_graph(handle); e.is_bad())
+    return failed(e, "build_operation_graph");
+  if (auto e = b.g.create_execution_plans({fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK});
+      e.is_bad())
     return failed(e, "create_execution_plans");
   if (auto e = b.g.check_support(handle); e.is_bad()) return failed(e, "check_support");
   // The variant pack holds exactly the graph's own tensors.
@@ -272,7 +338,8 @@ Best time_form(cudnnHandle_t handle, cudaStream_t stream, Buffers& buf, int64_t 
       float t = 0;
       PROBE_CUDA(cudaEventElapsedTime(&t, t0, t1));
       if (r > 0) ms.push_back(t);
-      if (r == 0 && best.ms > 0 && t > 4 * best.ms) break;  // far slower than the best: one run is enough
+      if (r == 0 && best.ms > 0 && t > 4 * best.ms)
+        break;  // far slower than the best: one run is enough
     }
     if (cudaGetLastError() != cudaSuccess) ok = false;
     if (wsp) PROBE_CUDA(cudaFree(wsp));
@@ -281,12 +348,14 @@ Best time_form(cudnnHandle_t handle, cudaStream_t stream, Buffers& buf, int64_t 
     const float median = ms[ms.size() / 2];
     if (best.ms < 0 || median < best.ms) {
       best.ms = median;
-      if (b.g.get_plan_name_at_index(i, best.engine).is_bad()) best.engine = "engine " + std::to_string(i);
+      if (b.g.get_plan_name_at_index(i, best.engine).is_bad())
+        best.engine = "engine " + std::to_string(i);
     }
   }
   PROBE_CUDA(cudaEventDestroy(t0));
   PROBE_CUDA(cudaEventDestroy(t1));
-  if (best.ms < 0 && best.why.empty()) best.why = std::to_string(count) + " plans, none built and ran";
+  if (best.ms < 0 && best.why.empty())
+    best.why = std::to_string(count) + " plans, none built and ran";
   return best;
 }
 
@@ -306,7 +375,10 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (a != "--batch" && a != "--max-engines" && a != "--only") {
-      std::fprintf(stderr, "kiln_conv_forms: unknown flag %s; its flags are --batch, --max-engines, --only\n", a.c_str());
+      std::fprintf(
+          stderr,
+          "kiln_conv_forms: unknown flag %s; its flags are --batch, --max-engines, --only\n",
+          a.c_str());
       return 2;
     }
     ++i;
@@ -320,7 +392,8 @@ int main(int argc, char** argv) {
   }
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    std::fprintf(stderr, "kiln_conv_forms: no CUDA device; this probe times cuDNN graphs on a GPU\n");
+    std::fprintf(stderr,
+                 "kiln_conv_forms: no CUDA device; this probe times cuDNN graphs on a GPU\n");
     return 77;  // ctest's SKIP_RETURN_CODE
   }
   cudaDeviceProp prop{};
@@ -328,13 +401,15 @@ int main(int argc, char** argv) {
   cudaStream_t stream;
   PROBE_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   cudnnHandle_t handle;
-  if (cudnnCreate(&handle) != CUDNN_STATUS_SUCCESS || cudnnSetStream(handle, stream) != CUDNN_STATUS_SUCCESS) {
+  if (cudnnCreate(&handle) != CUDNN_STATUS_SUCCESS ||
+      cudnnSetStream(handle, stream) != CUDNN_STATUS_SUCCESS) {
     std::fprintf(stderr, "kiln_conv_forms: cudnnCreate failed\n");
     return 1;
   }
   Buffers buf(n);
-  std::printf("# %s, cuDNN %zu, batch %lld, FP16 NHWC, fastest of the first %d engines per graph (ms)\n", prop.name,
-              cudnnGetVersion(), static_cast<long long>(n), max_engines);
+  std::printf(
+      "# %s, cuDNN %zu, batch %lld, FP16 NHWC, fastest of the first %d engines per graph (ms)\n",
+      prop.name, cudnnGetVersion(), static_cast<long long>(n), max_engines);
   std::printf("| layer | per step |");
   for (const char* f : kFormName) std::printf(" %s |", f);
   std::printf("\n|---|---|");
@@ -343,7 +418,8 @@ int main(int argc, char** argv) {
   constexpr int kForms = 7;
   double total[kForms] = {};
   std::vector<std::string> notes;
-  bool plain_failed = false;  // a plain convolution without any engine is an error, a fused one a finding
+  bool plain_failed =
+      false;  // a plain convolution without any engine is an error, a fused one a finding
   int64_t done = 0;
   for (const Shape& s : kShapes) {
     if (only > 0 && done++ >= only) break;
@@ -359,8 +435,8 @@ int main(int argc, char** argv) {
       } else {
         std::printf(" %.3f |", r.ms);
         total[f] += r.ms * s.count;
-        notes.push_back(std::string(s.name) + ", " + kFormName[f] + ": " + r.engine + " (" + std::to_string(r.tried) +
-                        " tried)");
+        notes.push_back(std::string(s.name) + ", " + kFormName[f] + ": " + r.engine + " (" +
+                        std::to_string(r.tried) + " tried)");
       }
       std::fflush(stdout);
     }
@@ -372,6 +448,7 @@ int main(int argc, char** argv) {
   for (const std::string& s : notes) std::printf("  %s\n", s.c_str());
   cudnnDestroy(handle);
   PROBE_CUDA(cudaStreamDestroy(stream));
-  if (plain_failed) std::fprintf(stderr, "kiln_conv_forms: a plain convolution ran on no engine (see above)\n");
+  if (plain_failed)
+    std::fprintf(stderr, "kiln_conv_forms: a plain convolution ran on no engine (see above)\n");
   return plain_failed ? 1 : 0;
 }

@@ -4,8 +4,12 @@
 
 namespace kiln::cuda {
 
-SideKernel::SideKernel(int stream, KernelPtr inner, std::vector<ByteRange> reads, std::vector<ByteRange> writes)
-    : Kernel(stream), inner_(std::move(inner)), reads_(std::move(reads)), writes_(std::move(writes)) {
+SideKernel::SideKernel(int stream, KernelPtr inner, std::vector<ByteRange> reads,
+                       std::vector<ByteRange> writes)
+    : Kernel(stream),
+      inner_(std::move(inner)),
+      reads_(std::move(reads)),
+      writes_(std::move(writes)) {
   CUDA_CHECK(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming));
   CUDA_CHECK(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
 }
@@ -48,7 +52,8 @@ void join_side_work(Context& ctx, cudaStream_t stream, const std::vector<ByteRan
                     const std::vector<ByteRange>& writes) {
   auto& pending = ctx.side_pending;
   auto must_wait = [&](const SideWork& w) {
-    return any_overlap(w.writes, reads) || any_overlap(w.writes, writes) || any_overlap(w.reads, writes);
+    return any_overlap(w.writes, reads) || any_overlap(w.writes, writes) ||
+           any_overlap(w.reads, writes);
   };
   for (const SideWork& w : pending) {
     if (must_wait(w)) CUDA_CHECK(cudaStreamWaitEvent(stream, w.done, 0));

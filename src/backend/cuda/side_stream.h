@@ -24,7 +24,8 @@ inline constexpr int kSideStream = 1;  // the update stream, idle while the back
 
 class SideKernel final : public Kernel {
  public:
-  SideKernel(int stream, KernelPtr inner, std::vector<ByteRange> reads, std::vector<ByteRange> writes);
+  SideKernel(int stream, KernelPtr inner, std::vector<ByteRange> reads,
+             std::vector<ByteRange> writes);
   ~SideKernel() override;
   void run(Context& ctx) override;
 
@@ -54,7 +55,8 @@ KernelPtr maybe_on_side_stream(Context& ctx, int stream, const std::vector<Tenso
                                const std::vector<TensorId>& writes, Make make) {
   if (!ctx.side_wgrad || stream == kSideStream) return make(stream);
   ++ctx.side_wgrads;
-  return std::make_unique<SideKernel>(stream, make(kSideStream), byte_ranges(ctx, reads), byte_ranges(ctx, writes));
+  return std::make_unique<SideKernel>(stream, make(kSideStream), byte_ranges(ctx, reads),
+                                      byte_ranges(ctx, writes));
 }
 
 }  // namespace kiln::cuda
