@@ -167,6 +167,18 @@ std::string installed_engine_table_dir(const std::string& from_lib) {
   return (lib / from_lib).lexically_normal().string();
 }
 
+std::string autotune_cache_dir(const std::string& setting) {
+  if (setting == "0" || setting == "off" || setting == "false") return "";
+  if (!setting.empty()) return setting;
+  if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg != nullptr && xdg[0] != '\0') {
+    return (std::filesystem::path(xdg) / "kiln").string();
+  }
+  if (const char* home = std::getenv("HOME"); home != nullptr && home[0] != '\0') {
+    return (std::filesystem::path(home) / ".cache" / "kiln").string();
+  }
+  return "";
+}
+
 std::string engine_table_dir(const std::string& source_dir, const std::string& installed_dir) {
   std::error_code ec;
   if (!source_dir.empty() && std::filesystem::is_directory(source_dir, ec)) return source_dir;

@@ -8,7 +8,10 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
 #include <string>
+#include <utility>
 
 #include "backend/cuda/cuda_backend.h"
 #include "gpu/gpu_test_util.h"
@@ -152,6 +155,47 @@ TEST(GpuAutotune, OffAndOnTrainAlike) {
       EXPECT_NEAR(o->loss, on.loss, (amp ? 1e-2 : 1e-5) * std::fabs(on.loss));
     }
   }
+}
+
+// The autotune cache (KILN_AUTOTUNE_CACHE): a first process times its engines and writes them
+// to the cache folder; a second process compiling the same model times nothing and takes them
+// from there; with the cache off it times them again. Through the command line, as users run it.
+TEST(GpuAutotune, CacheCarriesResultsToTheNextProcess) {
+  KILN_REQUIRE_GPU();
+  const std::string dir = ::testing::TempDir() + "kiln_autotune_cache_test";
+  std::filesystem::remove_all(dir);
+  auto bench = [&](const std::string& cache) {
+    const std::string cmd = "KILN_ENGINE_TABLE=0 KILN_AUTOTUNE_CACHE=" + cache + " " + KILN_CLI_PATH +
+                            " bench --model cnn --device cuda --batch 16 --steps 1 --warmup 1 --repeats 1 2>&1";
+    std::string out;
+    if (FILE* p = popen(cmd.c_str(), "r")) {
+      char buf[4096];
+      size_t n;
+      while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+      EXPECT_EQ(pclose(p), 0) << out;
+    }
+    return out;
+  };
+  auto timed = [](const std::string& out) {  // "N timed while compiling (M of them timed by an earlier ..."
+    int n = -1, m = -1;
+    const size_t at = out.find(" timed while compiling (");
+    if (at != std::string::npos) {
+      const size_t start = out.rfind(", ", at) + 2;
+      n = std::stoi(out.substr(start, at - start));
+      m = std::stoi(out.substr(at + std::strlen(" timed while compiling (")));
+    }
+    return std::pair{n, m};
+  };
+  const auto first = timed(bench(dir)), second = timed(bench(dir)), off = timed(bench("0"));
+  EXPECT_GT(first.first, 0) << "the cnn's convolutions are autotuned without a table";
+  EXPECT_EQ(first.second, 0) << "nothing cached yet";
+  EXPECT_EQ(second.first, first.first);
+  EXPECT_EQ(second.second, first.first) << "the second process takes every engine from the cache";
+  EXPECT_EQ(off.second, 0) << "KILN_AUTOTUNE_CACHE=0";
+  bool file = false;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) file |= e.path().extension() == ".tsv";
+  EXPECT_TRUE(file) << "a table file in " << dir;
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

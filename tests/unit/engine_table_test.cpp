@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <string>
 
@@ -130,6 +131,26 @@ void expect_refused(const std::string& text, const std::string& needle) {
     EXPECT_NE(what.find(needle), std::string::npos) << what;
     EXPECT_NE(what.find("kiln tune"), std::string::npos) << what;
   }
+}
+
+// KILN_AUTOTUNE_CACHE: a folder as given; "0" / "off" none; unset, $XDG_CACHE_HOME/kiln, else
+// ~/.cache/kiln; neither variable set, none.
+TEST(EngineTable, AutotuneCacheFolder) {
+  EXPECT_EQ(autotune_cache_dir("/tmp/mine"), "/tmp/mine");
+  EXPECT_EQ(autotune_cache_dir("0"), "");
+  EXPECT_EQ(autotune_cache_dir("off"), "");
+  const char* xdg = std::getenv("XDG_CACHE_HOME");
+  const char* home = std::getenv("HOME");
+  const std::string saved_xdg = xdg ? xdg : "", saved_home = home ? home : "";
+  setenv("XDG_CACHE_HOME", "/x/cache", 1);
+  setenv("HOME", "/h", 1);
+  EXPECT_EQ(autotune_cache_dir(""), "/x/cache/kiln");
+  unsetenv("XDG_CACHE_HOME");
+  EXPECT_EQ(autotune_cache_dir(""), "/h/.cache/kiln");
+  unsetenv("HOME");
+  EXPECT_EQ(autotune_cache_dir(""), "");
+  if (xdg) setenv("XDG_CACHE_HOME", saved_xdg.c_str(), 1);
+  if (home) setenv("HOME", saved_home.c_str(), 1);
 }
 
 TEST(EngineTable, MalformedFilesAreRefusedWithTheLine) {

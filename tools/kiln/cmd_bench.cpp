@@ -70,8 +70,9 @@ int cmd_bench(int argc, char** argv) {
   const double compile_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_compile).count();
   if (auto* api = dynamic_cast<CudaBackendApi*>(&engine.backend()); api && dist::is_root()) {
     const CudaBackendApi::EngineTableUse use = api->engine_table_use();
-    std::printf("convolution engines: %d from the engine table%s%s, %d timed while compiling, %d from cuDNN's "
-                "heuristics\n", use.from_table, use.table.empty() ? "" : " ", use.table.c_str(), use.autotuned,
+    std::printf("convolution engines: %d from the engine table%s%s, %d timed while compiling (%d of them timed "
+                "by an earlier compile: this process or the autotune cache), %d from cuDNN's heuristics\n",
+                use.from_table, use.table.empty() ? "" : " ", use.table.c_str(), use.autotuned, use.remembered,
                 use.heuristics);
     std::printf("weight gradients on the side stream: %d (KILN_SIDE_WGRAD=1 forks them there)\n",
                 api->side_stream_wgrads());

@@ -63,6 +63,12 @@ std::string engine_table_file(const std::string& dir, const std::string& gpu, in
 // installed kiln keeps its tables when the sources are gone. An empty source_dir is skipped.
 std::string engine_table_dir(const std::string& source_dir, const std::string& installed_dir);
 
+// Where compile-time autotuning keeps what it measured, so that the next process compiling the
+// same convolutions on the same GPU and cuDNN takes those engines without timing them again.
+// `setting` is KILN_AUTOTUNE_CACHE's value: empty for the default place ($XDG_CACHE_HOME/kiln,
+// else $HOME/.cache/kiln), "0" or "off" for none (returns ""), anything else a folder.
+std::string autotune_cache_dir(const std::string& setting);
+
 // The installed copy: `from_lib` (e.g. "../share/kiln/engines", fixed at configure time from
 // the install layout) resolved against the folder libkiln was loaded from, so that
 // `cmake --install --prefix P` anywhere finds P/share/kiln/engines.

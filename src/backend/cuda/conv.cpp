@@ -14,7 +14,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <filesystem>
 #include <mutex>
+#include <set>
 #include <sstream>
 
 #include "backend/cuda/channel_ops.h"
@@ -264,24 +266,82 @@ int64_t tune_engines(Context& ctx, fe::graph::Graph& graph, cudnnHandle_t handle
 // in a process compute with the same engines.
 std::mutex g_autotuned_mutex;
 EngineTable g_autotuned;
+bool g_autotuned_new = false;           // timed since the cache was last written
+std::set<std::string> g_cache_loaded;  // cache files merged into g_autotuned
 
-int64_t autotune_engines(const Context& ctx, fe::graph::Graph& graph, cudnnHandle_t handle, cudaStream_t stream,
+int64_t autotune_engines(Context& ctx, fe::graph::Graph& graph, cudnnHandle_t handle, cudaStream_t stream,
                          std::unordered_map<int64_t, void*>& pack, const std::string& key) {
   std::lock_guard<std::mutex> lock(g_autotuned_mutex);
   if (const EngineEntry* done = g_autotuned.find(key)) {
     const int64_t i = pick_from_table(graph, *done);
-    if (i >= 0) return i;
+    if (i >= 0) {
+      ++ctx.autotune_remembered;
+      return i;
+    }
   }
   const auto started = std::chrono::steady_clock::now();
   const std::vector<Timed> measured = time_engines(graph, handle, stream, pack, kAutotuneRule, ctx.workspace_cap);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   if (measured.empty()) return -1;
   g_autotuned.put(entry_of(key, measured));
+  g_autotuned_new = true;
   log_debug("autotuned ", key, " in ", seconds, " s: ", measured.size(), " engines timed, fastest ",
             measured[0].choice.engine, " ", measured[0].choice.ms, " ms (heuristics' first: ", graph_first_name(graph),
             ")");
   return measured[0].index;
 }
+
+}  // namespace
+
+void autotune_cache_load(const std::string& path, const std::string& gpu, int64_t cudnn) {
+  std::lock_guard<std::mutex> lock(g_autotuned_mutex);
+  if (!g_cache_loaded.insert(path).second) return;
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return;
+  try {
+    EngineTable file = EngineTable::load(path);
+    if (file.gpu != gpu || file.cudnn != cudnn) {
+      log_warn("autotune cache ", path, " holds ", file.gpu, " with cuDNN ", file.cudnn, ", not ", gpu, " with cuDNN ",
+               cudnn, "; ignoring it");
+      return;
+    }
+    const size_t n = file.entries().size();
+    file.merge(g_autotuned);  // what this process timed wins
+    g_autotuned = std::move(file);
+    log_info("autotune cache: ", n, " convolution graphs' engines from ", path, " (KILN_AUTOTUNE_CACHE=0 turns it off)");
+  } catch (const Error& e) {
+    log_warn("autotune cache ", path, " is unreadable, so it is ignored (delete it, or KILN_AUTOTUNE_CACHE=0): ",
+             e.what());
+  }
+}
+
+void autotune_cache_save(const std::string& path, const std::string& gpu, int64_t cudnn) {
+  std::lock_guard<std::mutex> lock(g_autotuned_mutex);
+  if (!g_autotuned_new) return;
+  try {
+    std::filesystem::create_directories(std::filesystem::path(path).parent_path());
+    EngineTable out;
+    std::error_code ec;
+    if (std::filesystem::exists(path, ec)) {
+      try {
+        out = EngineTable::load(path);  // another process's results stay
+      } catch (const Error&) {
+        out = EngineTable{};  // an unreadable cache is replaced
+      }
+      if (out.gpu != gpu || out.cudnn != cudnn) out = EngineTable{};
+    }
+    out.gpu = gpu;
+    out.cudnn = cudnn;
+    out.merge(g_autotuned);
+    out.save(path);
+    g_autotuned_new = false;
+    log_info("autotune cache: ", out.entries().size(), " convolution graphs' engines kept in ", path);
+  } catch (const std::exception& e) {
+    log_warn("autotune cache: could not write ", path, " (", e.what(), "); the next process times its engines again");
+  }
+}
+
+namespace {
 
 std::shared_ptr<ConvPlan> build_plan(Context& ctx, const Node& n, int stream, ConvKind kind, const ConvGeom& g,
                                      DType x_dt, DType w_dt, DType y_dt, ConvPointers ptrs) {

@@ -335,7 +335,7 @@ class CudaBackend final : public CudaBackendApi {
   CbrForms cbr_forms() const override { return {ctx_.cbr_genstats, ctx_.cbr_genstats_fallbacks}; }
   int side_stream_wgrads() const override { return ctx_.side_wgrads; }
   EngineTableUse engine_table_use() const override {
-    return {ctx_.table_hits, ctx_.table_misses, ctx_.autotuned,
+    return {ctx_.table_hits, ctx_.table_misses, ctx_.autotuned, ctx_.autotune_remembered,
             ctx_.opts.tune_path.empty() ? table_path_ : tune_path()};
   }
   std::string tune_path() const {
@@ -366,10 +366,13 @@ class CudaBackend final : public CudaBackendApi {
   void load_engine_table(const std::string& gpu) {
     ctx_.engine_table = EngineTable{};
     ctx_.tuned = EngineTable{};
-    ctx_.table_hits = ctx_.table_misses = ctx_.autotuned = 0;
+    ctx_.table_hits = ctx_.table_misses = ctx_.autotuned = ctx_.autotune_remembered = 0;
     ctx_.plan_seconds = ctx_.autotune_seconds = 0;
     ctx_.cbr_genstats = ctx_.cbr_genstats_fallbacks = 0;
     table_path_.clear();
+    if (const std::string cache = autotune_cache_file(gpu); !cache.empty()) {
+      autotune_cache_load(cache, gpu, static_cast<int64_t>(cudnnGetVersion()));
+    }
     if (!ctx_.opts.engine_table || !ctx_.opts.tune_path.empty()) return;
     const auto cudnn = static_cast<int64_t>(cudnnGetVersion());
     std::string path = ctx_.opts.engine_table_path;
@@ -411,6 +414,15 @@ class CudaBackend final : public CudaBackendApi {
     }
     log_info("convolution plans: ", plans, " built in ", ctx_.plan_seconds, " s, ", ctx_.autotune_seconds,
              " s of it autotuning");
+    if (const std::string cache = autotune_cache_file(gpu); !cache.empty()) {
+      autotune_cache_save(cache, gpu, static_cast<int64_t>(cudnnGetVersion()));
+    }
+  }
+  // The autotune cache's file for this GPU and cuDNN; empty when autotuning or its cache is
+  // off, or while `kiln tune` measures every engine instead.
+  std::string autotune_cache_file(const std::string& gpu) const {
+    if (!ctx_.opts.autotune || ctx_.opts.autotune_cache.empty() || !ctx_.opts.tune_path.empty()) return "";
+    return engine_table_file(ctx_.opts.autotune_cache, gpu, static_cast<int64_t>(cudnnGetVersion()));
   }
 
   int stream_of(const Phase& ph) const {

@@ -66,6 +66,9 @@ struct Options {
   // KILN_SIDE_WGRAD=1: weight gradients on the side stream (side_stream.h); opt-in until the
   // H200 has run and timed it.
   bool side_wgrad = false;
+  // KILN_AUTOTUNE_CACHE: where autotuning's results persist between processes (engine_table.h's
+  // autotune_cache_dir: empty = none).
+  std::string autotune_cache;
   bool profile = false; // KILN_PROFILE=1: per-phase event timings
   bool vector_kernels = true;  // KILN_VECTOR_KERNELS=0: one element per thread, no 16-byte paths
   // KILN_PAD_CHANNELS=1: FP16/BF16 convolutions whose input channels are not a multiple of 8
@@ -133,6 +136,7 @@ struct Context {
   EngineTable engine_table;
   EngineTable tuned;
   int table_hits = 0, table_misses = 0, autotuned = 0;
+  int autotune_remembered = 0;  // of `autotuned`: engines timed earlier (this process, the cache)
   // Wall time of building the convolution plans, and the part of it spent autotuning
   // (reported at compile's end: where a long compile goes).
   double plan_seconds = 0, autotune_seconds = 0;
@@ -198,6 +202,14 @@ KernelPtr make_fn(int stream, F f) {
 #undef KILN_OP
 
 bool cuda_supports(OpKind op, DType feature_dtype);
+
+// Compile-time autotuning's process-wide results (conv.cpp) and their file between processes
+// (Options::autotune_cache): load merges a file's entries under this process's own (once per
+// file and process; an unreadable or foreign file is ignored with a warning); save writes what
+// this process timed, merged into the file, when it timed anything new (a failure to write
+// is a warning: the cache is disposable).
+void autotune_cache_load(const std::string& path, const std::string& gpu, int64_t cudnn);
+void autotune_cache_save(const std::string& path, const std::string& gpu, int64_t cudnn);
 
 // ---- node checks (messages name the node, as the CPU backend's do) ----------------------
 inline TensorId in_at(const Node& n, size_t i) { return i < n.in.size() ? n.in[i] : kNoTensor; }

@@ -38,6 +38,7 @@ Options options_from_env() {
   if (o.engine_table) o.engine_table_path = table;
   o.tune_path = env_string("KILN_TUNE", "");
   o.autotune = env_flag("KILN_AUTOTUNE", !o.deterministic);
+  o.autotune_cache = o.autotune ? autotune_cache_dir(env_string("KILN_AUTOTUNE_CACHE", "")) : "";
   return o;
 }
 
