@@ -51,10 +51,7 @@ bool any_overlap(const std::vector<ByteRange>& a, const std::vector<ByteRange>& 
 void join_side_work(Context& ctx, cudaStream_t stream, const std::vector<ByteRange>& reads,
                     const std::vector<ByteRange>& writes) {
   auto& pending = ctx.side_pending;
-  auto must_wait = [&](const SideWork& w) {
-    return any_overlap(w.writes, reads) || any_overlap(w.writes, writes) ||
-           any_overlap(w.reads, writes);
-  };
+  auto must_wait = [&](const SideWork& w) { return must_join(w, reads, writes); };
   for (const SideWork& w : pending) {
     if (must_wait(w)) CUDA_CHECK(cudaStreamWaitEvent(stream, w.done, 0));
   }

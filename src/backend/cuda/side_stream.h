@@ -41,6 +41,15 @@ std::vector<ByteRange> byte_ranges(const Context& ctx, const std::vector<TensorI
 // Whether any of `a` overlaps any of `b`.
 bool any_overlap(const std::vector<ByteRange>& a, const std::vector<ByteRange>& b);
 
+// Whether a node reading `reads` and writing `writes` must wait for side work `w`: the work
+// writes what the node touches, or reads what the node writes (memory reuse may have given the
+// node's output the bytes of the work's input).
+inline bool must_join(const SideWork& w, const std::vector<ByteRange>& reads,
+                      const std::vector<ByteRange>& writes) {
+  return any_overlap(w.writes, reads) || any_overlap(w.writes, writes) ||
+         any_overlap(w.reads, writes);
+}
+
 // Joins into `stream` every pending side work that a node reading `reads` and writing
 // `writes` must wait for: it writes what the node touches, or reads what the node writes.
 void join_side_work(Context& ctx, cudaStream_t stream, const std::vector<ByteRange>& reads,
