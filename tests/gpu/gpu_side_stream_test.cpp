@@ -3,6 +3,8 @@
 // it writes; two readers of the same bytes, or bytes of another region, need no join.
 #include <gtest/gtest.h>
 
+// The rule lives in the CUDA backend, which a CPU-only build (KILN_CUDA=OFF) does not have.
+#if defined(KILN_HAVE_CUDA)
 #include "backend/cuda/side_stream.h"
 
 namespace kiln::cuda {
@@ -30,3 +32,4 @@ TEST(SideStreamJoin, WaitsOnlyWhereBytesAreShared) {
 
 }  // namespace
 }  // namespace kiln::cuda
+#endif  // KILN_HAVE_CUDA
