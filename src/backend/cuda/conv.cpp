@@ -353,7 +353,8 @@ std::shared_ptr<ConvPlan> build_plan(Context& ctx, const Node& n, int stream, Co
   key << kConvKindName[static_cast<int>(kind)] << ":" << g.x.n << "," << g.x.h << "," << g.x.w << "," << g.x.c << ":"
       << g.k << "," << g.r << "," << g.s << ":" << g.sh << "," << g.sw << "," << g.ph << "," << g.pw << ":"
       << dtype_name(x_dt) << "," << dtype_name(w_dt) << "," << dtype_name(y_dt) << (tf32 ? ":tf32" : "")
-      << (fp32 && ctx.opts.fp32_winograd ? ":winograd" : "")
+      << (fp32 && ctx.opts.fp32_winograd == Fp32Winograd::allowed ? ":winograd" : "")
+      << (fp32 && ctx.opts.fp32_winograd == Fp32Winograd::only ? ":winograd-only" : "")
       << (ctx.opts.deterministic ? ":det" : "");
   const std::string table_key = key.str();
   auto& slot = ctx.plan_cache[table_key + ":s" + std::to_string(stream)];
@@ -361,77 +362,99 @@ std::shared_ptr<ConvPlan> build_plan(Context& ctx, const Node& n, int stream, Co
 
   const std::string what = std::string(op_name(n.op)) + " node '" + n.label + "'";
   const auto started = std::chrono::steady_clock::now();
-  auto graph = std::make_shared<fe::graph::Graph>();
-  graph->set_io_data_type(fe_type(y_dt)).set_intermediate_data_type(fe::DataType_t::FLOAT)
-      .set_compute_data_type(fe::DataType_t::FLOAT);
-  const std::vector<int64_t> w_dims{g.k, g.x.c, g.r, g.s}, w_strides{g.r * g.s * g.x.c, 1, g.s * g.x.c, g.x.c};
-  const std::vector<int64_t> pad{g.ph, g.pw}, stride{g.sh, g.sw}, dil{1, 1};
-  auto X = fe::graph::Tensor_attributes().set_name("X").set_dim(nchw_dims(g.x)).set_stride(nhwc_strides(g.x))
-               .set_data_type(fe_type(x_dt));
-  auto W = fe::graph::Tensor_attributes().set_name("W").set_dim(w_dims).set_stride(w_strides)
-               .set_data_type(fe_type(w_dt));
-  auto Y = fe::graph::Tensor_attributes().set_name("Y").set_dim(nchw_dims(g.y)).set_stride(nhwc_strides(g.y))
-               .set_data_type(fe_type(y_dt));
-  switch (kind) {
-    case ConvKind::fprop:
-    case ConvKind::fprop_genstats: {
-      auto x = graph->tensor(X.set_uid(kUidX));
-      auto w = graph->tensor(W.set_uid(kUidW));
-      auto y = graph->conv_fprop(x, w, fe::graph::Conv_fprop_attributes().set_padding(pad).set_stride(stride)
-                                           .set_dilation(dil));
-      y->set_output(true).set_uid(kUidY).set_dim(nchw_dims(g.y)).set_stride(nhwc_strides(g.y))
-          .set_data_type(fe_type(y_dt));
-      if (kind == ConvKind::fprop) break;
-      // z is written and also reduced per channel, in FP32.
-      auto [sum, sq_sum] = graph->genstats(y, fe::graph::Genstats_attributes().set_compute_data_type(
-                                                  fe::DataType_t::FLOAT));
-      const std::vector<int64_t> cdims{1, g.k, 1, 1}, cstrides{g.k, 1, g.k, g.k};
-      sum->set_output(true).set_uid(kUidSum).set_dim(cdims).set_stride(cstrides).set_data_type(fe::DataType_t::FLOAT);
-      sq_sum->set_output(true).set_uid(kUidSqSum).set_dim(cdims).set_stride(cstrides)
-          .set_data_type(fe::DataType_t::FLOAT);
-      break;
-    }
-    case ConvKind::dgrad: {  // Y is dy, X is dx
-      auto dy = graph->tensor(Y.set_uid(kUidY));
-      auto w = graph->tensor(W.set_uid(kUidW));
-      auto dx = graph->conv_dgrad(dy, w, fe::graph::Conv_dgrad_attributes().set_padding(pad).set_stride(stride)
-                                             .set_dilation(dil));
-      dx->set_output(true).set_uid(kUidX).set_dim(nchw_dims(g.x)).set_stride(nhwc_strides(g.x))
-          .set_data_type(fe_type(x_dt));
-      break;
-    }
-    case ConvKind::wgrad: {  // Y is dy, W is dw
-      auto dy = graph->tensor(Y.set_uid(kUidY));
-      auto x = graph->tensor(X.set_uid(kUidX));
-      auto dw = graph->conv_wgrad(dy, x, fe::graph::Conv_wgrad_attributes().set_padding(pad).set_stride(stride)
-                                             .set_dilation(dil));
-      dw->set_output(true).set_uid(kUidW).set_dim(w_dims).set_stride(w_strides).set_data_type(fe_type(w_dt));
-      break;
-    }
-  }
   cudnnHandle_t handle = ctx.streams[static_cast<size_t>(stream)].cudnn;
-  FE_CHECK(graph->validate(), what);
-  FE_CHECK(graph->build_operation_graph(handle), what);
-  FE_CHECK(graph->create_execution_plans({fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK}), what);
-  std::vector<fe::NumericalNote_t> bad;
-  if (fp32) {
-    bad = {fe::NumericalNote_t::DOWN_CONVERT_INPUTS, fe::NumericalNote_t::REDUCED_PRECISION_REDUCTION};
-    if (!ctx.opts.fp32_winograd) {
-      bad.push_back(fe::NumericalNote_t::FFT);
-      bad.push_back(fe::NumericalNote_t::WINOGRAD);
+  // The operation graph with its engine candidates filtered by the numerics switches.
+  // winograd_only (KILN_FP32_WINOGRAD=only, FP32): Winograd engines alone; returns null when
+  // cuDNN has none for this graph, so the caller builds the graph again without that filter.
+  auto make_graph = [&](bool winograd_only) -> std::shared_ptr<fe::graph::Graph> {
+    auto graph = std::make_shared<fe::graph::Graph>();
+    graph->set_io_data_type(fe_type(y_dt)).set_intermediate_data_type(fe::DataType_t::FLOAT)
+        .set_compute_data_type(fe::DataType_t::FLOAT);
+    const std::vector<int64_t> w_dims{g.k, g.x.c, g.r, g.s}, w_strides{g.r * g.s * g.x.c, 1, g.s * g.x.c, g.x.c};
+    const std::vector<int64_t> pad{g.ph, g.pw}, stride{g.sh, g.sw}, dil{1, 1};
+    auto X = fe::graph::Tensor_attributes().set_name("X").set_dim(nchw_dims(g.x)).set_stride(nhwc_strides(g.x))
+                 .set_data_type(fe_type(x_dt));
+    auto W = fe::graph::Tensor_attributes().set_name("W").set_dim(w_dims).set_stride(w_strides)
+                 .set_data_type(fe_type(w_dt));
+    auto Y = fe::graph::Tensor_attributes().set_name("Y").set_dim(nchw_dims(g.y)).set_stride(nhwc_strides(g.y))
+                 .set_data_type(fe_type(y_dt));
+    switch (kind) {
+      case ConvKind::fprop:
+      case ConvKind::fprop_genstats: {
+        auto x = graph->tensor(X.set_uid(kUidX));
+        auto w = graph->tensor(W.set_uid(kUidW));
+        auto y = graph->conv_fprop(x, w, fe::graph::Conv_fprop_attributes().set_padding(pad).set_stride(stride)
+                                             .set_dilation(dil));
+        y->set_output(true).set_uid(kUidY).set_dim(nchw_dims(g.y)).set_stride(nhwc_strides(g.y))
+            .set_data_type(fe_type(y_dt));
+        if (kind == ConvKind::fprop) break;
+        // z is written and also reduced per channel, in FP32.
+        auto [sum, sq_sum] = graph->genstats(y, fe::graph::Genstats_attributes().set_compute_data_type(
+                                                    fe::DataType_t::FLOAT));
+        const std::vector<int64_t> cdims{1, g.k, 1, 1}, cstrides{g.k, 1, g.k, g.k};
+        sum->set_output(true).set_uid(kUidSum).set_dim(cdims).set_stride(cstrides).set_data_type(fe::DataType_t::FLOAT);
+        sq_sum->set_output(true).set_uid(kUidSqSum).set_dim(cdims).set_stride(cstrides)
+            .set_data_type(fe::DataType_t::FLOAT);
+        break;
+      }
+      case ConvKind::dgrad: {  // Y is dy, X is dx
+        auto dy = graph->tensor(Y.set_uid(kUidY));
+        auto w = graph->tensor(W.set_uid(kUidW));
+        auto dx = graph->conv_dgrad(dy, w, fe::graph::Conv_dgrad_attributes().set_padding(pad).set_stride(stride)
+                                               .set_dilation(dil));
+        dx->set_output(true).set_uid(kUidX).set_dim(nchw_dims(g.x)).set_stride(nhwc_strides(g.x))
+            .set_data_type(fe_type(x_dt));
+        break;
+      }
+      case ConvKind::wgrad: {  // Y is dy, W is dw
+        auto dy = graph->tensor(Y.set_uid(kUidY));
+        auto x = graph->tensor(X.set_uid(kUidX));
+        auto dw = graph->conv_wgrad(dy, x, fe::graph::Conv_wgrad_attributes().set_padding(pad).set_stride(stride)
+                                               .set_dilation(dil));
+        dw->set_output(true).set_uid(kUidW).set_dim(w_dims).set_stride(w_strides).set_data_type(fe_type(w_dt));
+        break;
+      }
     }
-    if (!tf32) bad.push_back(fe::NumericalNote_t::TENSOR_CORE);
+    FE_CHECK(graph->validate(), what);
+    FE_CHECK(graph->build_operation_graph(handle), what);
+    FE_CHECK(graph->create_execution_plans({fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK}), what);
+    std::vector<fe::NumericalNote_t> bad;
+    if (fp32) {
+      bad = {fe::NumericalNote_t::DOWN_CONVERT_INPUTS, fe::NumericalNote_t::REDUCED_PRECISION_REDUCTION};
+      if (ctx.opts.fp32_winograd == Fp32Winograd::off) {
+        bad.push_back(fe::NumericalNote_t::FFT);
+        bad.push_back(fe::NumericalNote_t::WINOGRAD);
+      }
+      if (!tf32) bad.push_back(fe::NumericalNote_t::TENSOR_CORE);
+    }
+    if (ctx.opts.deterministic) bad.push_back(fe::NumericalNote_t::NONDETERMINISTIC);
+    if (!bad.empty()) graph->deselect_numeric_notes(bad);
+    graph->deselect_workspace_greater_than(ctx.workspace_cap);
+    // Tuning times precompiled engines only: a runtime-compiled one takes ~1 s of NVRTC to
+    // build, and a model has ~100 convolution graphs.
+    // (Fused graphs such as conv+genstats have runtime-compiled engines only.)
+    if (!ctx.opts.tune_path.empty() && kind != ConvKind::fprop_genstats) {
+      graph->deselect_behavior_notes({fe::BehaviorNote_t::RUNTIME_COMPILATION});
+    }
+    if (winograd_only) {
+      graph->select_numeric_notes({fe::NumericalNote_t::WINOGRAD});
+      if (graph->check_support(handle).is_bad()) return nullptr;
+      return graph;
+    }
+    FE_CHECK(graph->check_support(handle), what);
+    return graph;
+  };
+  std::shared_ptr<fe::graph::Graph> graph;
+  if (fp32 && ctx.opts.fp32_winograd == Fp32Winograd::only) {
+    graph = make_graph(true);
+    if (graph) {
+      ++ctx.fp32_winograd_only;
+      log_debug(what, ": FP32 Winograd engines only (KILN_FP32_WINOGRAD=only)");
+    } else {
+      log_info(what, ": cuDNN has no Winograd engine for ", table_key, "; its other FP32 engines are used");
+    }
   }
-  if (ctx.opts.deterministic) bad.push_back(fe::NumericalNote_t::NONDETERMINISTIC);
-  if (!bad.empty()) graph->deselect_numeric_notes(bad);
-  graph->deselect_workspace_greater_than(ctx.workspace_cap);
-  // Tuning times precompiled engines only: a runtime-compiled one takes ~1 s of NVRTC to
-  // build, and a model has ~100 convolution graphs.
-  // (Fused graphs such as conv+genstats have runtime-compiled engines only.)
-  if (!ctx.opts.tune_path.empty() && kind != ConvKind::fprop_genstats) {
-    graph->deselect_behavior_notes({fe::BehaviorNote_t::RUNTIME_COMPILATION});
-  }
-  FE_CHECK(graph->check_support(handle), what);
+  if (!graph) graph = make_graph(false);
   auto plan = std::make_shared<ConvPlan>();
   plan->graph = graph;
   std::unordered_map<int64_t, void*> pack{{kUidX, ptrs.x}, {kUidW, ptrs.w}, {kUidY, ptrs.y}};

@@ -55,14 +55,18 @@ namespace kiln::cuda {
 
 inline constexpr int kStreams = 3;  // Phase::stream: 0 compute, 1 update, 2 transfer
 
+enum class Fp32Winograd { off, allowed, only };
+
 // Switches read once from the environment (STYLE.md: every optimisation can be turned off).
 struct Options {
   bool graphs = true;   // KILN_CUDA_GRAPHS=0: launch node by node
   bool streams = true;  // KILN_STREAMS=1 (or 0): everything on one stream
   bool tf32 = false;    // KILN_TF32=1: allow TF32 in FP32 convolutions and matmuls
-  // KILN_FP32_WINOGRAD=1: FP32 convolutions may take Winograd and FFT engines, whose sums are
-  // transformed and so rounded differently (PyTorch allows them by default; kiln does not).
-  bool fp32_winograd = false;
+  // KILN_FP32_WINOGRAD: whether FP32 convolutions may take Winograd and FFT engines, whose
+  // sums are transformed and so rounded differently (PyTorch allows them by default). 0: no
+  // (the default); 1: allowed; only: Winograd engines alone wherever cuDNN has one (for tests
+  // and for measuring their error; other layers take the allowed set).
+  Fp32Winograd fp32_winograd = Fp32Winograd::off;
   // KILN_SIDE_WGRAD=1: weight gradients on the side stream (side_stream.h); opt-in until the
   // H200 has run and timed it.
   bool side_wgrad = false;
@@ -142,6 +146,7 @@ struct Context {
   double plan_seconds = 0, autotune_seconds = 0;
   // KILN_CBR_FORM=genstats: CBR forwards built as conv+genstats, and those that fell back.
   int cbr_genstats = 0, cbr_genstats_fallbacks = 0;
+  int fp32_winograd_only = 0;  // FP32 convolution plans held to Winograd engines (KILN_FP32_WINOGRAD=only)
   // The most workspace one convolution engine may ask for: set by compile() from the device
   // memory left once the regions are allocated (the fastest FP32 engines of VGG16 at batch
   // 256 want several GiB; a fixed 1 GiB cap left only engines ~40x slower).
