@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <string>
 #include <utility>
 
 #include "backend/cuda/cuda_backend.h"
@@ -15,9 +16,10 @@ namespace {
 
 class GpuLayer : public ::testing::TestWithParam<bool> {};  // param: AMP
 
-int winograd_only_plans(Pair& t) {
+// FP32 convolution plans on Winograd / FFT engines in the GPU side's last compile.
+int transformed_plans(Pair& t) {
   auto* api = dynamic_cast<CudaBackendApi*>(&t.gpu().backend());
-  return api ? api->fp32_winograd_only_plans() : 0;
+  return api ? api->fp32_transformed_plans() : 0;
 }
 
 struct ConvCase {
@@ -26,8 +28,7 @@ struct ConvCase {
 };
 
 // fp32_tol: the FP32 tolerance when not SPEC Q2's 1e-5 (0 keeps it); with it the errors are
-// printed. Returns how many of the three convolution plans were held to Winograd engines
-// (KILN_FP32_WINOGRAD=only).
+// printed. Returns how many of the three convolution plans took Winograd / FFT engines.
 int check_conv(const ConvCase& c, bool amp, double fp32_tol = 0) {
   const int64_t p = (c.h + 2 * c.pad - c.r) / c.st + 1, q = (c.w + 2 * c.pad - c.s) / c.st + 1;
   Pair t(amp);
@@ -61,13 +62,13 @@ int check_conv(const ConvCase& c, bool amp, double fp32_tol = 0) {
       std::printf("  %s: error %.3g (tolerance %.3g)\n", what, err, fp32_tol);
       EXPECT_LE(err, fp32_tol) << what << " (FP32)";
     }
-    return winograd_only_plans(t);
+    return transformed_plans(t);
   }
   KILN_EXPECT_CLOSE(t, y, kSumFloor, "conv_fwd y");
   KILN_EXPECT_CLOSE(t, dx, kSumFloor, "conv_bwd_data dx");
   KILN_EXPECT_CLOSE(t, dw, kSumFloor, "conv_bwd_weight dw");
   if (c.bias) KILN_EXPECT_CLOSE(t, db, kSumFloor, "conv_bwd_weight db");
-  return winograd_only_plans(t);
+  return transformed_plans(t);
 }
 
 TEST_P(GpuLayer, ConvForwardBackward) {
@@ -83,24 +84,33 @@ TEST_P(GpuLayer, ConvForwardBackward) {
   }
 }
 
-// KILN_FP32_WINOGRAD=only: FP32 convolutions held to cuDNN's Winograd engines (which
-// PyTorch's default allows), on 3x3 stride-1 layers of VGG's kind, where they apply. Their
-// transformed sums round differently from a direct convolution's; the test holds them to
-// SPEC Q2's FP32 tolerance, prints the errors, and checks that Winograd engines were taken
-// (a count of 0 would mean the test measured direct engines).
-TEST(GpuLayerFp32, ConvWinograd) {
+// FP32 convolutions may take Winograd / FFT engines (KILN_FP32_WINOGRAD, default 1, as
+// PyTorch lets cuDNN), whose sums are formed in a transformed domain and so rounded otherwise
+// than a direct convolution's. "only" holds every layer to them where cuDNN has one, on 3x3
+// stride-1 layers of VGG's kind; the errors are printed and held to SPEC Q2's FP32 1e-5, and
+// at least one plan must have been a transformed one (else the test measured direct sums).
+// "0" must take none.
+TEST(GpuLayerFp32, ConvWinogradAndFft) {
   KILN_REQUIRE_GPU();
-  ScopedEnv winograd("KILN_FP32_WINOGRAD", "only");
-  const ConvCase cases[] = {{8, 28, 28, 64, 64, 3, 3, 1, 1, false}, {4, 14, 14, 128, 128, 3, 3, 1, 1, true},
-                            {2, 9, 9, 8, 16, 3, 3, 1, 1, true}};
-  for (const ConvCase& c : cases) {
-    SCOPED_TRACE(::testing::Message() << "winograd conv 3x3 n" << c.n << " " << c.h << "x" << c.w << " c" << c.c
-                                      << " k" << c.k);
-    const int winograd_plans = check_conv(c, false, kGpuFp32Tol);
-    std::printf("  n%lld %lldx%lld c%lld k%lld: %d of 3 plans on Winograd engines\n", static_cast<long long>(c.n),
-                static_cast<long long>(c.h), static_cast<long long>(c.w), static_cast<long long>(c.c),
-                static_cast<long long>(c.k), winograd_plans);
-    EXPECT_GE(winograd_plans, 1) << "cuDNN took no Winograd engine: the errors above are a direct convolution's";
+  const ConvCase cases[] = {{16, 56, 56, 64, 64, 3, 3, 1, 1, false}, {8, 28, 28, 64, 64, 3, 3, 1, 1, false},
+                            {4, 14, 14, 128, 128, 3, 3, 1, 1, true}, {2, 9, 9, 8, 16, 3, 3, 1, 1, true}};
+  for (const char* mode : {"only", "0"}) {
+    ScopedEnv winograd("KILN_FP32_WINOGRAD", mode);
+    int transformed = 0;
+    for (const ConvCase& c : cases) {
+      SCOPED_TRACE(::testing::Message() << "KILN_FP32_WINOGRAD=" << mode << " conv 3x3 n" << c.n << " " << c.h
+                                        << "x" << c.w << " c" << c.c << " k" << c.k);
+      const int plans = check_conv(c, false, kGpuFp32Tol);
+      std::printf("  KILN_FP32_WINOGRAD=%s n%lld %lldx%lld c%lld k%lld: %d of 3 plans on Winograd / FFT engines\n",
+                  mode, static_cast<long long>(c.n), static_cast<long long>(c.h), static_cast<long long>(c.w),
+                  static_cast<long long>(c.c), static_cast<long long>(c.k), plans);
+      transformed += plans;
+    }
+    if (std::string(mode) == "0") {
+      EXPECT_EQ(transformed, 0) << "KILN_FP32_WINOGRAD=0 must refuse Winograd and FFT engines";
+    } else {
+      EXPECT_GE(transformed, 1) << "cuDNN took no Winograd / FFT engine: the errors above are direct sums'";
+    }
   }
 }
 

@@ -76,6 +76,10 @@ int cmd_bench(int argc, char** argv) {
                 use.heuristics);
     std::printf("weight gradients on the side stream: %d (KILN_SIDE_WGRAD=1 forks them there)\n",
                 api->side_stream_wgrads());
+    if (!eo.compile.amp) {
+      std::printf("FP32 convolutions on Winograd / FFT engines: %d (KILN_FP32_WINOGRAD=0 refuses them)\n",
+                  api->fp32_transformed_plans());
+    }
     const CudaBackendApi::CbrForms forms = api->cbr_forms();
     if (forms.genstats + forms.fallbacks > 0) {
       std::printf("CBR forward (KILN_CBR_FORM=genstats): %d as conv+genstats, %d fell back to kiln's form\n",

@@ -92,8 +92,29 @@ fe::DataType_t fe_type(DType d) {
 std::vector<int64_t> nchw_dims(const Nhwc& t) { return {t.n, t.c, t.h, t.w}; }
 std::vector<int64_t> nhwc_strides(const Nhwc& t) { return {t.h * t.w * t.c, 1, t.w * t.c, t.c}; }
 
+// fe::graph::Graph with each engine's numerical notes readable by index (the frontend keeps
+// them in a protected member): which engines transform their sums (Winograd, FFT) decides
+// KILN_FP32_WINOGRAD=only's candidates and what kiln reports it took.
+class NotedGraph : public fe::graph::Graph {
+ public:
+  // Winograd (any tile) or FFT: sums formed in a transformed domain, rounded differently.
+  bool transforms_sums(int64_t i) const {
+    if (i < 0 || i >= static_cast<int64_t>(plans.numeric_notes.size())) return false;
+    for (fe::NumericalNote_t note : plans.numeric_notes[static_cast<size_t>(i)]) {
+      if (is_transform(note)) return true;
+    }
+    return false;
+  }
+  int64_t heuristic_candidate() const { return plans.candidate; }
+  static bool is_transform(fe::NumericalNote_t note) {
+    return note == fe::NumericalNote_t::FFT || note == fe::NumericalNote_t::WINOGRAD ||
+           note == fe::NumericalNote_t::WINOGRAD_TILE_4x4 || note == fe::NumericalNote_t::WINOGRAD_TILE_6x6 ||
+           note == fe::NumericalNote_t::WINOGRAD_TILE_13x13;
+  }
+};
+
 struct ConvPlan {
-  std::shared_ptr<fe::graph::Graph> graph;
+  std::shared_ptr<NotedGraph> graph;
   int64_t workspace = 0;
   int64_t index = -1;  // the engine config chosen from the table or by tuning; -1: heuristics' choice
 };
@@ -366,8 +387,8 @@ std::shared_ptr<ConvPlan> build_plan(Context& ctx, const Node& n, int stream, Co
   // The operation graph with its engine candidates filtered by the numerics switches.
   // winograd_only (KILN_FP32_WINOGRAD=only, FP32): Winograd engines alone; returns null when
   // cuDNN has none for this graph, so the caller builds the graph again without that filter.
-  auto make_graph = [&](bool winograd_only) -> std::shared_ptr<fe::graph::Graph> {
-    auto graph = std::make_shared<fe::graph::Graph>();
+  auto make_graph = [&](bool winograd_only) -> std::shared_ptr<NotedGraph> {
+    auto graph = std::make_shared<NotedGraph>();
     graph->set_io_data_type(fe_type(y_dt)).set_intermediate_data_type(fe::DataType_t::FLOAT)
         .set_compute_data_type(fe::DataType_t::FLOAT);
     const std::vector<int64_t> w_dims{g.k, g.x.c, g.r, g.s}, w_strides{g.r * g.s * g.x.c, 1, g.s * g.x.c, g.x.c};
@@ -422,8 +443,12 @@ std::shared_ptr<ConvPlan> build_plan(Context& ctx, const Node& n, int stream, Co
     if (fp32) {
       bad = {fe::NumericalNote_t::DOWN_CONVERT_INPUTS, fe::NumericalNote_t::REDUCED_PRECISION_REDUCTION};
       if (ctx.opts.fp32_winograd == Fp32Winograd::off) {
-        bad.push_back(fe::NumericalNote_t::FFT);
-        bad.push_back(fe::NumericalNote_t::WINOGRAD);
+        for (fe::NumericalNote_t note : {fe::NumericalNote_t::FFT, fe::NumericalNote_t::WINOGRAD,
+                                         fe::NumericalNote_t::WINOGRAD_TILE_4x4,
+                                         fe::NumericalNote_t::WINOGRAD_TILE_6x6,
+                                         fe::NumericalNote_t::WINOGRAD_TILE_13x13}) {
+          bad.push_back(note);
+        }
       }
       if (!tf32) bad.push_back(fe::NumericalNote_t::TENSOR_CORE);
     }
@@ -437,22 +462,25 @@ std::shared_ptr<ConvPlan> build_plan(Context& ctx, const Node& n, int stream, Co
       graph->deselect_behavior_notes({fe::BehaviorNote_t::RUNTIME_COMPILATION});
     }
     if (winograd_only) {
-      graph->select_numeric_notes({fe::NumericalNote_t::WINOGRAD});
+      // The frontend's select_numeric_notes keeps engines holding *every* note listed, and a
+      // Winograd engine carries a tile note or the plain one: the others are barred by name.
+      std::vector<std::string> direct;
+      for (int64_t i = 0; i < graph->get_execution_plan_count(); ++i) {
+        std::string name;
+        if (!graph->transforms_sums(i) && graph->get_plan_name_at_index(i, name).is_good()) direct.push_back(name);
+      }
+      if (static_cast<int64_t>(direct.size()) == graph->get_execution_plan_count()) return nullptr;
+      graph->deselect_engines(direct);
       if (graph->check_support(handle).is_bad()) return nullptr;
       return graph;
     }
     FE_CHECK(graph->check_support(handle), what);
     return graph;
   };
-  std::shared_ptr<fe::graph::Graph> graph;
+  std::shared_ptr<NotedGraph> graph;
   if (fp32 && ctx.opts.fp32_winograd == Fp32Winograd::only) {
     graph = make_graph(true);
-    if (graph) {
-      ++ctx.fp32_winograd_only;
-      log_debug(what, ": FP32 Winograd engines only (KILN_FP32_WINOGRAD=only)");
-    } else {
-      log_info(what, ": cuDNN has no Winograd engine for ", table_key, "; its other FP32 engines are used");
-    }
+    if (!graph) log_info(what, ": cuDNN has no Winograd or FFT engine for ", table_key, "; its other FP32 engines are used");
   }
   if (!graph) graph = make_graph(false);
   auto plan = std::make_shared<ConvPlan>();
@@ -492,6 +520,10 @@ std::shared_ptr<ConvPlan> build_plan(Context& ctx, const Node& n, int stream, Co
   } else {
     FE_CHECK(graph->build_plans(handle, fe::BuildPlanPolicy_t::HEURISTICS_CHOICE), what);
     FE_CHECK(graph->get_workspace_size(plan->workspace), what);
+  }
+  if (fp32 && graph->transforms_sums(plan->index >= 0 ? plan->index : graph->heuristic_candidate())) {
+    ++ctx.fp32_transformed;
+    log_debug(what, ": FP32 on a Winograd / FFT engine (KILN_FP32_WINOGRAD=0 refuses them)");
   }
   ctx.plan_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   slot = plan;

@@ -334,7 +334,7 @@ class CudaBackend final : public CudaBackendApi {
   }
   CbrForms cbr_forms() const override { return {ctx_.cbr_genstats, ctx_.cbr_genstats_fallbacks}; }
   int side_stream_wgrads() const override { return ctx_.side_wgrads; }
-  int fp32_winograd_only_plans() const override { return ctx_.fp32_winograd_only; }
+  int fp32_transformed_plans() const override { return ctx_.fp32_transformed; }
   EngineTableUse engine_table_use() const override {
     return {ctx_.table_hits, ctx_.table_misses, ctx_.autotuned, ctx_.autotune_remembered,
             ctx_.opts.tune_path.empty() ? table_path_ : tune_path()};
@@ -370,7 +370,7 @@ class CudaBackend final : public CudaBackendApi {
     ctx_.table_hits = ctx_.table_misses = ctx_.autotuned = ctx_.autotune_remembered = 0;
     ctx_.plan_seconds = ctx_.autotune_seconds = 0;
     ctx_.cbr_genstats = ctx_.cbr_genstats_fallbacks = 0;
-    ctx_.fp32_winograd_only = 0;
+    ctx_.fp32_transformed = 0;
     table_path_.clear();
     if (const std::string cache = autotune_cache_file(gpu); !cache.empty()) {
       autotune_cache_load(cache, gpu, static_cast<int64_t>(cudnnGetVersion()));

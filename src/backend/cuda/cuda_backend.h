@@ -36,9 +36,9 @@ class CudaBackendApi : public Backend {
   // Weight-gradient convolutions of the compiled program that run on the side stream
   // (KILN_SIDE_WGRAD; 0 when off).
   virtual int side_stream_wgrads() const = 0;
-  // FP32 convolution plans of the last compile() held to Winograd engines
-  // (KILN_FP32_WINOGRAD=only; layers for which cuDNN has none are not counted).
-  virtual int fp32_winograd_only_plans() const = 0;
+  // FP32 convolution plans of the last compile() on Winograd or FFT engines
+  // (KILN_FP32_WINOGRAD: allowed by default, =0 refuses them, =only prefers them).
+  virtual int fp32_transformed_plans() const = 0;
   // Starts / stops the range an external profiler records (cudaProfilerStart/Stop): with
   // `ncu --profile-from-start off`, `kiln bench --cuda-profiler-range` profiles its timed
   // steps only, not compilation, autotuning or warm-up (bench/kernel_breakdown.py).

@@ -23,7 +23,7 @@ Options options_from_env() {
   // KILN_STREAMS is a count: 1 puts every phase on one stream.
   o.streams = env_int("KILN_STREAMS", kStreams) > 1;
   o.tf32 = env_flag("KILN_TF32", false);
-  const std::string winograd = env_string("KILN_FP32_WINOGRAD", "0");
+  const std::string winograd = env_string("KILN_FP32_WINOGRAD", "1");
   KILN_CHECK(winograd == "0" || winograd == "1" || winograd == "only", InvalidArgument, "KILN_FP32_WINOGRAD=",
              winograd, " is not a choice; use 0 (no Winograd or FFT in FP32), 1 (allowed) or only");
   o.fp32_winograd = winograd == "only" ? Fp32Winograd::only
