@@ -92,7 +92,9 @@ TEST_P(GpuLayer, ConvForwardBackward) {
 // "0" must take none.
 TEST(GpuLayerFp32, ConvWinogradAndFft) {
   KILN_REQUIRE_GPU();
-  const ConvCase cases[] = {{16, 56, 56, 64, 64, 3, 3, 1, 1, false}, {8, 28, 28, 64, 64, 3, 3, 1, 1, false},
+  // No larger layer: at n16 56x56 c64 the weight gradient sums 50,176 products per element, and
+  // two FP32 direct engines (CPU, GPU) already differ by 3.3e-5 there (H200, 4e29e95).
+  const ConvCase cases[] = {{8, 28, 28, 64, 64, 3, 3, 1, 1, false},
                             {4, 14, 14, 128, 128, 3, 3, 1, 1, true}, {2, 9, 9, 8, 16, 3, 3, 1, 1, true}};
   for (const char* mode : {"only", "0"}) {
     ScopedEnv winograd("KILN_FP32_WINOGRAD", mode);
