@@ -26,6 +26,10 @@
 #     kernels  build, then Nsight Compute over two timed AMP steps at batch 256 of each of
 #            PROFILE_MODELS (default "resnet50 vgg16_bn") and bench/kernel_breakdown.py's table
 #            of GPU time per step by kernel kind (issue 5's breakdown; no tests run)
+#     timeline  build, then for PROFILE_MODELS: Nsight Systems over 5 timed AMP steps at batch 256
+#            and bench/gpu_timeline.py's busy / idle split of the step (what ncu's kernel sums
+#            miss: gaps, copies, kernels slower in the real run than in ncu's replay), then
+#            the same bench with nvidia-smi sampling SM clock and power every 100 ms
 # Logs go to /tmp/kiln-gpu-check; where $OUT is set (the device tool's output folder, which
 # returns at most 8 files) they are packed into $OUT/logs.tgz and the summary into
 # $OUT/summary.txt.
@@ -86,6 +90,7 @@ targets=()  # all: everything
 [ "$MODE" = tune ] && targets=(kiln kiln_cli)
 [ "$MODE" = ab ] && targets=(kiln kiln_cli)
 [ "$MODE" = kernels ] && targets=(kiln kiln_cli)
+[ "$MODE" = timeline ] && targets=(kiln kiln_cli)
 [ "$MODE" = forms ] && targets=(kiln_conv_forms)
 if ! cmake --build "$BUILD" -j "$JOBS" ${targets[@]:+--target "${targets[@]}"} >"$LOGS/build.log" 2>&1; then
   grep -E 'error|FAILED' "$LOGS/build.log" | head -40
@@ -146,6 +151,46 @@ if [ "$MODE" = kernels ]; then
       status=1
       note "kernels $m" "FAILED: $(tail -1 "$LOGS/kernels-$m.txt" "$LOGS/ncu-$m.err" | cut -c1-150)"
     fi
+  done
+  echo
+  echo "== summary (logs in $LOGS)"
+  printf '%s\n' "${SUMMARY[@]}"
+  exit $status
+fi
+
+if [ "$MODE" = timeline ]; then
+  for m in ${PROFILE_MODELS:-resnet50 vgg16_bn}; do
+    # Only the timed steps are recorded: cudaProfilerStart/Stop around 5 steps x 1 repeat.
+    if nsys profile --capture-range=cudaProfilerApi --capture-range-end=stop --trace=cuda -f true \
+         -o "$LOGS/nsys-$m" "$BUILD/kiln" bench --device cuda --model "$m" --batch 256 --amp --steps 5 \
+         --warmup 5 --repeats 1 --cuda-profiler-range >"$LOGS/nsys-$m.log" 2>&1 &&
+       nsys stats --report cuda_gpu_trace --format csv -o "$LOGS/trace-$m" "$LOGS/nsys-$m.nsys-rep" \
+         >>"$LOGS/nsys-$m.log" 2>&1 &&
+       python3 bench/gpu_timeline.py "$LOGS/trace-${m}_cuda_gpu_trace.csv" --steps 5 >"$LOGS/timeline-$m.txt" 2>&1; then
+      note "timeline $m" "$(head -1 "$LOGS/timeline-$m.txt")"
+      sed -n '2,20p' "$LOGS/timeline-$m.txt"
+    else
+      status=1
+      note "timeline $m" "FAILED: $(tail -2 "$LOGS/nsys-$m.log" "$LOGS/timeline-$m.txt" 2>/dev/null | cut -c1-150)"
+    fi
+    rm -f "$LOGS/nsys-$m.nsys-rep" "$LOGS/nsys-$m.sqlite"
+    # Clocks and power while the same bench runs unprofiled: is a sustained step throttled?
+    nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu \
+      --format=csv -lms 100 >"$LOGS/clocks-$m.csv" 2>&1 &
+    smi=$!
+    "$BUILD/kiln" bench --device cuda --model "$m" --batch 256 --amp --steps 30 --warmup 5 --repeats 3 \
+      >"$LOGS/bench-clocks-$m.log" 2>&1 || status=1
+    kill $smi 2>/dev/null; wait $smi 2>/dev/null
+    note "clocks $m" "$(python3 - "$LOGS/clocks-$m.csv" <<'PY'
+import csv, statistics, sys
+rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) >= 5 and r[1].strip().split()[0].isdigit()]
+sm = [float(r[1].split()[0]) for r in rows]
+pw = [float(r[3].split()[0]) for r in rows if r[3].strip().split()[0].replace('.', '', 1).isdigit()]
+busy = [s for s in sm if s > 1000] or sm
+print(f"SM clock median {statistics.median(busy):.0f} MHz (min {min(busy):.0f}, max {max(busy):.0f}) over {len(busy)} samples; "
+      f"power median {statistics.median(pw) if pw else float('nan'):.0f} W, max {max(pw) if pw else float('nan'):.0f} W")
+PY
+)"
   done
   echo
   echo "== summary (logs in $LOGS)"
