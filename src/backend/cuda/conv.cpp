@@ -173,6 +173,11 @@ struct TimingRule {
 };
 constexpr TimingRule kTuneRule{1 << 30, 2, 5, 4.0f, false};
 constexpr TimingRule kAutotuneRule{6, 1, 3, 2.0f, true};
+// conv+genstats graphs (KILN_CBR_FORM=genstats) have runtime-compiled engines only: the rule
+// above would time the heuristics' first choice alone. Three of them are timed (~1 s of NVRTC
+// each, once per shape thanks to the autotune cache): the conv-forms probe found the first
+// choice is not always the fastest, and the form is opt-in.
+constexpr TimingRule kAutotuneFusedRule{3, 1, 3, 2.0f, false};
 
 struct Timed {
   int64_t index;
@@ -300,7 +305,8 @@ EngineTable g_autotuned;
 bool g_autotuned_new = false;           // timed since the cache was last written
 std::set<std::string> g_cache_loaded;  // cache files merged into g_autotuned
 
-int64_t autotune_engines(Context& ctx, fe::graph::Graph& graph, cudnnHandle_t handle, cudaStream_t stream,
+int64_t autotune_engines(Context& ctx, fe::graph::Graph& graph, const TimingRule& rule, cudnnHandle_t handle,
+                         cudaStream_t stream,
                          std::unordered_map<int64_t, void*>& pack, const std::string& key) {
   std::lock_guard<std::mutex> lock(g_autotuned_mutex);
   if (const EngineEntry* done = g_autotuned.find(key)) {
@@ -311,7 +317,7 @@ int64_t autotune_engines(Context& ctx, fe::graph::Graph& graph, cudnnHandle_t ha
     }
   }
   const auto started = std::chrono::steady_clock::now();
-  const std::vector<Timed> measured = time_engines(graph, handle, stream, pack, kAutotuneRule, ctx.workspace_cap);
+  const std::vector<Timed> measured = time_engines(graph, handle, stream, pack, rule, ctx.workspace_cap);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   if (measured.empty()) return -1;
   g_autotuned.put(entry_of(key, measured));
@@ -514,7 +520,8 @@ std::shared_ptr<ConvPlan> build_plan(Context& ctx, const Node& n, int stream, Co
   }
   if (plan->index < 0 && ctx.opts.autotune && ctx.opts.tune_path.empty()) {
     const auto tune_start = std::chrono::steady_clock::now();
-    plan->index = autotune_engines(ctx, *graph, handle, cu_stream, pack, table_key);
+    plan->index = autotune_engines(ctx, *graph, kind == ConvKind::fprop_genstats ? kAutotuneFusedRule : kAutotuneRule,
+                                   handle, cu_stream, pack, table_key);
     autotuned = plan->index >= 0;
     ctx.autotune_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - tune_start).count();
   }
