@@ -480,6 +480,8 @@ std::shared_ptr<ConvPlan> build_plan(Context& ctx, const Node& n, int stream, Co
     if (winograd_only) {
       // The frontend's select_numeric_notes keeps engines holding *every* note listed, and a
       // Winograd engine carries a tile note or the plain one: the others are barred by name.
+      // The frontend bars every engine whose name contains a barred one ("eng1" bars "eng17"
+      // too), so a transformed engine may be lost with them: acceptable for a test mode.
       std::vector<std::string> direct;
       for (int64_t i = 0; i < graph->get_execution_plan_count(); ++i) {
         std::string name;
