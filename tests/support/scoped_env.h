@@ -30,4 +30,25 @@ class ScopedEnv {
   bool had_ = false;
 };
 
+// Unsets an environment variable for the object's lifetime, restoring what was there.
+class ScopedUnset {
+ public:
+  explicit ScopedUnset(const char* name) : name_(name) {
+    if (const char* old = std::getenv(name)) {
+      had_ = true;
+      old_ = old;
+    }
+    unsetenv(name);
+  }
+  ~ScopedUnset() {
+    if (had_) setenv(name_.c_str(), old_.c_str(), 1);
+  }
+  ScopedUnset(const ScopedUnset&) = delete;
+  ScopedUnset& operator=(const ScopedUnset&) = delete;
+
+ private:
+  std::string name_, old_;
+  bool had_ = false;
+};
+
 }  // namespace kiln::test
