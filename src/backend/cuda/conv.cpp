@@ -526,6 +526,13 @@ std::shared_ptr<ConvPlan> build_plan(Context& ctx, const Node& n, int stream, Co
                                    handle, cu_stream, pack, table_key);
     autotuned = plan->index >= 0;
     ctx.autotune_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - tune_start).count();
+    if (ctx.autotune_seconds >= ctx.autotune_report_at) {
+      log_info("autotuning convolution engines: ", ctx.autotuned + (autotuned ? 1 : 0), " graphs timed in ",
+               static_cast<int>(ctx.autotune_seconds), " s so far (once per shape on this GPU and cuDNN",
+               ctx.opts.autotune_cache.empty() ? "" : "; later runs take them from the autotune cache",
+               "; KILN_AUTOTUNE=0 skips it)");
+      ctx.autotune_report_at = ctx.autotune_seconds + kAutotuneReportSeconds;
+    }
   }
   if (autotuned) {
     ++ctx.autotuned;

@@ -369,6 +369,7 @@ class CudaBackend final : public CudaBackendApi {
     ctx_.tuned = EngineTable{};
     ctx_.table_hits = ctx_.table_misses = ctx_.autotuned = ctx_.autotune_remembered = 0;
     ctx_.plan_seconds = ctx_.autotune_seconds = 0;
+    ctx_.autotune_report_at = kAutotuneReportSeconds;
     ctx_.cbr_genstats = ctx_.cbr_genstats_fallbacks = 0;
     ctx_.fp32_transformed = 0;
     table_path_.clear();

@@ -54,6 +54,7 @@ namespace kiln::cuda {
 namespace kiln::cuda {
 
 inline constexpr int kStreams = 3;  // Phase::stream: 0 compute, 1 update, 2 transfer
+inline constexpr double kAutotuneReportSeconds = 15;  // a progress line per this much autotuning
 
 enum class Fp32Winograd { off, allowed, only };
 
@@ -146,6 +147,9 @@ struct Context {
   // Wall time of building the convolution plans, and the part of it spent autotuning
   // (reported at compile's end: where a long compile goes).
   double plan_seconds = 0, autotune_seconds = 0;
+  // Autotuning can take minutes on a first compile (FP32 VGG16-BN: ~90 s): a progress line
+  // each time its total passes this mark, then the mark moves on by kAutotuneReportSeconds.
+  double autotune_report_at = kAutotuneReportSeconds;
   // KILN_CBR_FORM=genstats: CBR forwards built as conv+genstats, and those that fell back.
   int cbr_genstats = 0, cbr_genstats_fallbacks = 0;
   int fp32_transformed = 0;  // FP32 convolution plans on Winograd / FFT engines (KILN_FP32_WINOGRAD)
