@@ -41,6 +41,10 @@ TEST(CudaOptions, Fp32WinogradValues) {
     ScopedEnv e("KILN_FP32_WINOGRAD", "only");
     EXPECT_EQ(options_from_env().fp32_winograd, Fp32Winograd::only);
   }
+  {
+    ScopedEnv e("KILN_FP32_WINOGRAD", "off");  // the words every switch takes
+    EXPECT_EQ(options_from_env().fp32_winograd, Fp32Winograd::off);
+  }
 }
 
 void expect_refused(const char* name, const char* value, const char* choices) {

@@ -1,6 +1,9 @@
 // Helpers shared by the CUDA kernels: error reporting, node checks, environment switches.
 #include <cublas_api.h>
 
+#include <algorithm>
+#include <cctype>
+
 #include "backend/cuda/cuda_common.h"
 #include "kiln/core/env.h"
 
@@ -23,12 +26,15 @@ Options options_from_env() {
   // KILN_STREAMS is a count: 1 puts every phase on one stream.
   o.streams = env_int("KILN_STREAMS", kStreams) > 1;
   o.tf32 = env_flag("KILN_TF32", false);
-  const std::string winograd = env_string("KILN_FP32_WINOGRAD", "1");
-  KILN_CHECK(winograd == "0" || winograd == "1" || winograd == "only", InvalidArgument, "KILN_FP32_WINOGRAD=",
-             winograd, " is not a choice; use 0 (no Winograd or FFT in FP32), 1 (allowed) or only");
-  o.fp32_winograd = winograd == "only" ? Fp32Winograd::only
-                    : winograd == "1"  ? Fp32Winograd::allowed
-                                       : Fp32Winograd::off;
+  // A switch like the others (1/on/true/yes, 0/off/false/no), or "only".
+  const std::string winograd_env = env_string("KILN_FP32_WINOGRAD", "1");
+  std::string winograd = winograd_env;
+  std::transform(winograd.begin(), winograd.end(), winograd.begin(), ::tolower);
+  const bool on = winograd == "1" || winograd == "on" || winograd == "true" || winograd == "yes";
+  const bool off = winograd == "0" || winograd == "off" || winograd == "false" || winograd == "no";
+  KILN_CHECK(on || off || winograd == "only", InvalidArgument, "KILN_FP32_WINOGRAD=", winograd_env,
+             " is not a choice; use 0 (no Winograd or FFT in FP32), 1 (allowed) or only");
+  o.fp32_winograd = on ? Fp32Winograd::allowed : off ? Fp32Winograd::off : Fp32Winograd::only;
   o.side_wgrad = env_flag("KILN_SIDE_WGRAD", false);
   o.profile = env_flag("KILN_PROFILE", false);
   o.vector_kernels = env_flag("KILN_VECTOR_KERNELS", true);
