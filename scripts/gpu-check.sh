@@ -52,6 +52,13 @@ SUMMARY=()
 note() { SUMMARY+=("$(printf '%-14s %s' "$1" "$2")"); echo "== $1: $2"; }
 t0=$(date +%s)
 since() { echo "$(( $(date +%s) - t0 ))s"; }
+# A mode's end: the summary table last, and the status as the exit code.
+finish() {
+  echo
+  echo "== summary (logs in $LOGS)"
+  printf '%s\n' "${SUMMARY[@]}"
+  exit $status
+}
 
 echo "== machine"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | head -2
@@ -121,20 +128,14 @@ if [ "$MODE" = tune ]; then
     done
   done
   cp configs/engines/*.tsv "$LOGS/" 2>/dev/null || true
-  echo
-  echo "== summary (logs in $LOGS)"
-  printf '%s\n' "${SUMMARY[@]}"
-  exit $status
+  finish
 fi
 
 if [ "$MODE" = forms ]; then
   "$BUILD/kiln_conv_forms" --batch 256 --max-engines "${FORMS_ENGINES:-3}" >"$LOGS/conv-forms.txt" 2>&1 || status=1
   cat "$LOGS/conv-forms.txt"
   note "conv forms" "$(grep -F '**per step**' "$LOGS/conv-forms.txt" || tail -1 "$LOGS/conv-forms.txt")"
-  echo
-  echo "== summary (logs in $LOGS)"
-  printf '%s\n' "${SUMMARY[@]}"
-  exit $status
+  finish
 fi
 
 if [ "$MODE" = kernels ]; then
@@ -152,10 +153,7 @@ if [ "$MODE" = kernels ]; then
       note "kernels $m" "FAILED: $(tail -1 "$LOGS/kernels-$m.txt" "$LOGS/ncu-$m.err" | cut -c1-150)"
     fi
   done
-  echo
-  echo "== summary (logs in $LOGS)"
-  printf '%s\n' "${SUMMARY[@]}"
-  exit $status
+  finish
 fi
 
 if [ "$MODE" = timeline ]; then
@@ -192,10 +190,7 @@ print(f"SM clock median {statistics.median(busy):.0f} MHz (min {min(busy):.0f}, 
 PY
 )"
   done
-  echo
-  echo "== summary (logs in $LOGS)"
-  printf '%s\n' "${SUMMARY[@]}"
-  exit $status
+  finish
 fi
 
 if [ "$MODE" = ab ]; then
@@ -210,10 +205,7 @@ if [ "$MODE" = ab ]; then
       note "$m" "${v:-defaults}: ${ips:-FAILED} img/s ($(since))"
     done
   done
-  echo
-  echo "== summary (logs in $LOGS)"
-  printf '%s\n' "${SUMMARY[@]}"
-  exit $status
+  finish
 fi
 
 echo "== GPU tests"
