@@ -3,8 +3,9 @@
 
 kernel_breakdown.py sums kernel durations from Nsight Compute, which replays each kernel alone;
 a measured step is longer (VGG16-BN AMP on the H200: 53.4 ms of kernels, 60 ms a step). This
-reads Nsight Systems' trace of the real run - `nsys stats --report cuda_gpu_trace --format csv`
-of `nsys profile --capture-range=cudaProfilerApi kiln bench ... --cuda-profiler-range` - and
+reads a trace of the real run - tools/cupti_trace.cpp's CSV (the H200 has no Nsight Systems), or
+`nsys stats --report cuda_gpu_trace --format csv` of `nsys profile
+--capture-range=cudaProfilerApi kiln bench ... --cuda-profiler-range`, in the same columns - and
 prints, per step: the span, the time at least one kernel, copy or memset was running (busy),
 the time nothing was (idle), how much of the busy time overlapped, the copies and memsets, the
 largest idle gaps with what ran either side of them, and the heaviest kernels as they ran (to
@@ -15,7 +16,11 @@ compare with the ncu replay's durations). `scripts/gpu-check.sh timeline` runs i
 import argparse
 import collections
 import csv
+import os
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from kernel_breakdown import kind_of  # noqa: E402  (one list of kernel kinds for both reports)
 
 
 def column(header, *prefixes):
@@ -83,6 +88,7 @@ def analyse(events, steps, top):
     by_kind = collections.Counter()
     by_stream = collections.Counter()
     by_kernel = collections.defaultdict(lambda: [0.0, 0])
+    by_family = collections.Counter()
     for start, end, stream, name in events:
         k = kind(name)
         by_kind[k] += end - start
@@ -90,6 +96,7 @@ def analyse(events, steps, top):
         if k == "kernel":
             by_kernel[name][0] += end - start
             by_kernel[name][1] += 1
+            by_family[kind_of(name)] += end - start
     ms = 1e-6 / steps
     out = []
     out.append(f"per step over {steps} steps: span {span * ms:.2f} ms, GPU busy {busy * ms:.2f} ms, "
@@ -100,6 +107,8 @@ def analyse(events, steps, top):
                f"= {total / busy:.2f}x the busy time (overlap)")
     out.append("per stream (ms / step): " + ", ".join(
         f"{s} {t * ms:.2f}" for s, t in sorted(by_stream.items(), key=lambda kv: -kv[1])))
+    out.append("kernel time by kind (ms / step, summed over streams): " + ", ".join(
+        f"{k} {t * ms:.2f}" for k, t in sorted(by_family.items(), key=lambda kv: -kv[1])))
     small = [g for g in gaps if g[0] < 20e3]
     out.append(f"idle gaps: {len(gaps) / steps:.0f} a step; those under 20 us add up to "
                f"{sum(g[0] for g in small) * ms:.2f} ms, the {len(gaps) - len(small)} longer ones to "
@@ -117,7 +126,7 @@ def analyse(events, steps, top):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("trace", help="nsys stats --report cuda_gpu_trace --format csv output")
+    ap.add_argument("trace", help="tools/cupti_trace.cpp's CSV, or nsys stats --report cuda_gpu_trace --format csv output")
     ap.add_argument("--steps", type=int, required=True, help="training steps inside the profiled range")
     ap.add_argument("--top", type=int, default=10)
     a = ap.parse_args()

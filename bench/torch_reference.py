@@ -9,6 +9,7 @@ Prints one JSON line per mode.
 --cudnn-benchmark off leaves cuDNN's algorithm choice to its heuristics: in FP32 at batch 256
 the benchmark's search over VGG16-BN's convolutions did not end within 370 s on the H200
 (bench/RESULTS.md), so that row may need it; each JSON line says which was used.
+--cuda-profiler-range brackets the timed steps for a tracer (`scripts/gpu-check.sh timeline`).
 """
 import argparse
 import json
@@ -28,6 +29,8 @@ p.add_argument("--repeats", type=int, default=3)
 p.add_argument("--modes", default="eager,compile")
 p.add_argument("--image-size", type=int, default=224)
 p.add_argument("--cudnn-benchmark", choices=["on", "off"], default="on")
+p.add_argument("--cuda-profiler-range", action="store_true",
+               help="cudaProfilerStart/Stop around the timed steps, as kiln bench's flag (tools/cupti_trace.cpp)")
 args = p.parse_args()
 
 torch.backends.cudnn.benchmark = args.cudnn_benchmark == "on"
@@ -62,6 +65,8 @@ def run(mode):
     torch.cuda.synchronize()
     warm_s = time.perf_counter() - t0
     rates = []
+    if args.cuda_profiler_range:
+        torch.cuda.profiler.start()
     for _ in range(args.repeats):
         torch.cuda.synchronize()
         t0 = time.perf_counter()
@@ -69,6 +74,8 @@ def run(mode):
             step()
         torch.cuda.synchronize()
         rates.append(args.steps * args.batch / (time.perf_counter() - t0))
+    if args.cuda_profiler_range:
+        torch.cuda.profiler.stop()
     return {"bench": "torch", "mode": mode, "model": args.model, "batch": args.batch, "amp": args.amp,
             "images_per_second": round(statistics.median(rates), 1), "warmup_seconds": round(warm_s, 1),
             "torch": torch.__version__, "gpu": torch.cuda.get_device_name(),

@@ -26,10 +26,11 @@
 #     kernels  build, then Nsight Compute over two timed AMP steps at batch 256 of each of
 #            PROFILE_MODELS (default "resnet50 vgg16_bn") and bench/kernel_breakdown.py's table
 #            of GPU time per step by kernel kind (issue 5's breakdown; no tests run)
-#     timeline  build, then for PROFILE_MODELS: Nsight Systems over 5 timed AMP steps at batch 256
-#            and bench/gpu_timeline.py's busy / idle split of the step (what ncu's kernel sums
-#            miss: gaps, copies, kernels slower in the real run than in ncu's replay), then
-#            the same bench with nvidia-smi sampling SM clock and power every 100 ms
+#     timeline  build, then for PROFILE_MODELS: tools/cupti_trace.cpp's trace of 5 timed AMP
+#            steps at batch 256, kiln's and PyTorch eager's (TIMELINE_TORCH=0: kiln's only), and
+#            bench/gpu_timeline.py's busy / idle split and kernel time by kind (what ncu's
+#            kernel sums miss: gaps, copies, kernels slower in the real run than in ncu's
+#            replay), then kiln's bench with nvidia-smi sampling SM clock and power every 100 ms
 # Logs go to /tmp/kiln-gpu-check; where $OUT is set (the device tool's output folder, which
 # returns at most 8 files) they are packed into $OUT/logs.tgz and the summary into
 # $OUT/summary.txt.
@@ -97,7 +98,7 @@ targets=()  # all: everything
 [ "$MODE" = tune ] && targets=(kiln kiln_cli)
 [ "$MODE" = ab ] && targets=(kiln kiln_cli)
 [ "$MODE" = kernels ] && targets=(kiln kiln_cli)
-[ "$MODE" = timeline ] && targets=(kiln kiln_cli)
+[ "$MODE" = timeline ] && targets=(kiln kiln_cli kiln_cupti_trace)
 [ "$MODE" = forms ] && targets=(kiln_conv_forms)
 if ! cmake --build "$BUILD" -j "$JOBS" ${targets[@]:+--target "${targets[@]}"} >"$LOGS/build.log" 2>&1; then
   grep -E 'error|FAILED' "$LOGS/build.log" | head -40
@@ -157,21 +158,27 @@ if [ "$MODE" = kernels ]; then
 fi
 
 if [ "$MODE" = timeline ]; then
-  for m in ${PROFILE_MODELS:-resnet50 vgg16_bn}; do
-    # Only the timed steps are recorded: cudaProfilerStart/Stop around 5 steps x 1 repeat.
-    if nsys profile --capture-range=cudaProfilerApi --capture-range-end=stop --trace=cuda -f true \
-         -o "$LOGS/nsys-$m" "$BUILD/kiln" bench --device cuda --model "$m" --batch 256 --amp --steps 5 \
-         --warmup 5 --repeats 1 --cuda-profiler-range >"$LOGS/nsys-$m.log" 2>&1 &&
-       nsys stats --report cuda_gpu_trace --format csv -o "$LOGS/trace-$m" "$LOGS/nsys-$m.nsys-rep" \
-         >>"$LOGS/nsys-$m.log" 2>&1 &&
-       python3 bench/gpu_timeline.py "$LOGS/trace-${m}_cuda_gpu_trace.csv" --steps 5 >"$LOGS/timeline-$m.txt" 2>&1; then
-      note "timeline $m" "$(head -1 "$LOGS/timeline-$m.txt")"
-      sed -n '2,20p' "$LOGS/timeline-$m.txt"
+  tracer="$BUILD/libkiln_cupti_trace.so"
+  [ -f "$tracer" ] || { note timeline "FAILED: no $tracer (the toolkit has no CUPTI: see CMakeLists.txt)"; status=1; finish; }
+  # One traced run: CUDA_INJECTION64_PATH loads tools/cupti_trace.cpp, which records what runs
+  # between cudaProfilerStart and Stop (5 timed steps x 1 repeat) and writes $2's CSV.
+  traced() {
+    local name=$1 csv="$LOGS/trace-$1.csv"; shift
+    if CUDA_INJECTION64_PATH="$tracer" KILN_TRACE_OUT="$csv" "$@" >"$LOGS/traced-$name.log" 2>&1 &&
+       python3 bench/gpu_timeline.py "$csv" --steps 5 --top 15 >"$LOGS/timeline-$name.txt" 2>&1; then
+      note "timeline $name" "$(head -1 "$LOGS/timeline-$name.txt")"
+      sed -n '2,24p' "$LOGS/timeline-$name.txt"
     else
       status=1
-      note "timeline $m" "FAILED: $(tail -2 "$LOGS/nsys-$m.log" "$LOGS/timeline-$m.txt" 2>/dev/null | cut -c1-150)"
+      note "timeline $name" "FAILED: $(tail -2 "$LOGS/traced-$name.log" "$LOGS/timeline-$name.txt" 2>/dev/null | cut -c1-150)"
     fi
-    rm -f "$LOGS/nsys-$m.nsys-rep" "$LOGS/nsys-$m.sqlite"
+  }
+  for m in ${PROFILE_MODELS:-resnet50 vgg16_bn}; do
+    traced "$m" "$BUILD/kiln" bench --device cuda --model "$m" --batch 256 --amp --steps 5 --warmup 5 --repeats 1 \
+      --cuda-profiler-range
+    # PyTorch's eager step, traced alike in the same call: SPEC Q3's breakdown beside kiln's.
+    [ "${TIMELINE_TORCH:-1}" = 1 ] && traced "$m-torch-eager" python3 bench/torch_reference.py --model "$m" \
+      --batch 256 --amp --modes eager --steps 5 --warmup 5 --repeats 1 --cuda-profiler-range
     # Clocks and power while the same bench runs unprofiled: is a sustained step throttled?
     nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu \
       --format=csv -lms 100 >"$LOGS/clocks-$m.csv" 2>&1 &

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """bench/gpu_timeline.py on a small nsys cuda_gpu_trace CSV written here: busy and idle time
-as the union of activity over streams, overlap, copies apart from kernels, the idle gaps with
-their neighbours, and a clear error for a file that is not such a trace. Run by ctest."""
+as the union of activity over streams, overlap, copies apart from kernels, kernel time by kind,
+the idle gaps with their neighbours, and a clear error for a file that is not such a trace; and
+on a CSV as tools/cupti_trace.cpp writes it. Run by ctest."""
 import os
 import subprocess
 import sys
@@ -16,7 +17,7 @@ TRACE = '''Processing [trace.sqlite] with [cuda_gpu_trace.py]...
 "1,000,000","1,000,000","1","1","7","kernel_A"
 "1,500,000","1,000,000","2","1","14","kernel_B"
 "3,000,000","1,000,000","3","","7","[CUDA memcpy Host-to-Device]"
-"4,000,000","1,000,000","4","1","7","kernel_D"
+"4,000,000","1,000,000","4","1","7","void kiln::bn::bwd_dx_vec<__half>(int)"
 '''
 
 
@@ -45,6 +46,15 @@ def main():
         expect("7 1.50, 14 0.50" in out, "per stream", out)
         expect("500.0  kernel_B  ->  [CUDA memcpy Host-to-Device]" in out, "the gap and its neighbours", out)
         expect("0.500    0.5x  kernel_A" in out, "heaviest kernels", out)
+        expect("by kind (ms / step, summed over streams): other 1.00, BatchNorm 0.50" in out, "kernel kinds", out)
+
+        # tools/cupti_trace.cpp's CSV: no title line, plain numbers, names quoted where needed.
+        cupti = os.path.join(d, "cupti.csv")
+        with open(cupti, "w") as f:
+            f.write('Start (ns),Duration (ns),Strm,Name\n1000,500,7,"void k<int, 2>(int)"\n2000,500,7,kernel_B\n')
+        r = run(cupti, "--steps", "1")
+        out = r.stdout + r.stderr
+        expect(r.returncode == 0 and "span 0.00 ms" in out and "void k<int, 2>(int)" in out, "the CUPTI trace", out)
 
         bad = os.path.join(d, "bad.csv")
         with open(bad, "w") as f:
