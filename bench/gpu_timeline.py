@@ -109,6 +109,10 @@ def analyse(events, steps, top):
         f"{s} {t * ms:.2f}" for s, t in sorted(by_stream.items(), key=lambda kv: -kv[1])))
     out.append("kernel time by kind (ms / step, summed over streams): " + ", ".join(
         f"{k} {t * ms:.2f}" for k, t in sorted(by_family.items(), key=lambda kv: -kv[1])))
+    others = sorted(((t, n) for n, (t, c) in by_kernel.items() if kind_of(n) == "other"), reverse=True)[:3]
+    if others:
+        out.append("heaviest kernels of kind 'other' (name them in kernel_breakdown.py's KINDS): " + "; ".join(
+            f"{t * ms:.2f} ms {n[:150]}" for t, n in others))
     small = [g for g in gaps if g[0] < 20e3]
     out.append(f"idle gaps: {len(gaps) / steps:.0f} a step; those under 20 us add up to "
                f"{sum(g[0] for g in small) * ms:.2f} ms, the {len(gaps) - len(small)} longer ones to "

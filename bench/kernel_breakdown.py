@@ -16,20 +16,26 @@ import csv
 import re
 import sys
 
-# First match wins; the patterns are kernel-name fragments (kiln's own kernels by their
-# names in src/backend/cuda, cuDNN's and cuBLAS's by their families).
+# First match wins; the patterns are kernel-name fragments: kiln's own kernels by their names
+# in src/backend/cuda, PyTorch's (ATen, as traced by gpu_timeline.py for SPEC Q3's side of the
+# comparison) by their functors, cuDNN's and cuBLAS's by their families.
 KINDS = [
     ("BatchNorm", r"stats_partial|stats_finalize|sums_to_partial|apply_group|apply_kernel|apply_relu_mask|"
                   r"bwd_partial|bwd_finalize|bwd_dx|fwd_coef|bwd_coef|infer_kernel|local_stats|bwd_local|"
-                  r"combine_kernel"),
-    ("residual add / gradient sum", r"\badd_vec|\badd_kernel"),
-    ("ReLU", r"relu_fwd|relu_bwd"),
-    ("pooling", r"maxpool|avgpool|gap_fwd|gap_bwd"),
+                  r"combine_kernel|batchnorm|batch_norm"),
+    ("residual add / gradient sum", r"\badd_vec|\badd_kernel|CUDAFunctor_add"),
+    # PyTorch: ReLU forward is clamp_min (launch_clamp_scalar), its backward threshold_backward.
+    ("ReLU", r"relu_fwd|relu_bwd|clamp_scalar|threshold"),
+    ("pooling", r"maxpool|avgpool|gap_fwd|gap_bwd|max_pool|avg_pool|adaptive_avg"),
     ("channel padding", r"pad_channels_kernel|unpad_channels_kernel"),
-    ("conv bias", r"bias_add_kernel|channel_partial_kernel|channel_finalize_kernel"),
-    ("loss", r"softmax_ce"),
+    # PyTorch: a conv / linear bias's gradient is a sum over the batch (reduce_kernel); in these
+    # models nothing else reduces a tensor in a step.
+    ("conv bias", r"bias_add_kernel|channel_partial_kernel|channel_finalize_kernel|reduce_kernel"),
+    ("loss", r"softmax_ce|log_softmax|nll_loss|cross_entropy"),
+    # PyTorch: the fused SGD, GradScaler's checks and autocast's FP32 -> FP16 weight copies.
     ("optimizer / AMP", r"sgd_kernel|adamw_kernel|lars_|ema_kernel|cast_|check_clip|check_finish|"
-                        r"loss_scale_update|fill_kernel"),
+                        r"loss_scale_update|fill_kernel|multi_tensor_apply|fused_sgd|FusedSgd|_amp_|"
+                        r"non_finite|unscale|copy_kernel"),
     ("dropout", r"dropout_"),
     ("convolutions and GEMMs", r"xmma|nvjet|cutlass|gemm|implicit|splitKreduce|cudnn|conv|wgrad|dgrad|fprop|"
                                r"nhwcAddPadding|nchwToNhwc|nhwcToNchw"),

@@ -168,6 +168,7 @@ if [ "$MODE" = timeline ]; then
        python3 bench/gpu_timeline.py "$csv" --steps 5 --top 15 >"$LOGS/timeline-$name.txt" 2>&1; then
       note "timeline $name" "$(head -1 "$LOGS/timeline-$name.txt")"
       sed -n '2,24p' "$LOGS/timeline-$name.txt"
+      gzip -f "$csv"  # kept for a closer look (full kernel names); a few hundred kB
     else
       status=1
       note "timeline $name" "FAILED: $(tail -2 "$LOGS/traced-$name.log" "$LOGS/timeline-$name.txt" 2>/dev/null | cut -c1-150)"

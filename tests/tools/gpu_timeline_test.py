@@ -47,6 +47,7 @@ def main():
         expect("500.0  kernel_B  ->  [CUDA memcpy Host-to-Device]" in out, "the gap and its neighbours", out)
         expect("0.500    0.5x  kernel_A" in out, "heaviest kernels", out)
         expect("by kind (ms / step, summed over streams): other 1.00, BatchNorm 0.50" in out, "kernel kinds", out)
+        expect("of kind 'other' (name them in kernel_breakdown.py's KINDS): 0.50 ms kernel_" in out, "unnamed kinds", out)
 
         # tools/cupti_trace.cpp's CSV: no title line, plain numbers, names quoted where needed.
         cupti = os.path.join(d, "cupti.csv")
