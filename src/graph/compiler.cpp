@@ -327,11 +327,15 @@ class Compiler {
         }
         const TensorId saved = tensor(bn + ":saved", Region::bn_saved, Shape{2, n.shape[2]}, DType::F32, Layout::Flat);
         if (fused_conv) {
-          const TensorId z = feature(name + ":z" + tag, n.shape);  // the convolution's output
-          const TensorId mask = aux(name + ":mask", (p_.tensor(y).numel() + 7) / 8, DType::U8);
+          // The convolution's output; with a merged max-pool y is the pooled map and the mask
+          // covers z (ops.def's cbr_pool_fwd).
+          const TensorId z = feature(name + ":z" + tag, n.conv_shape());
+          const TensorId mask = aux(name + ":mask", (p_.tensor(z).numel() + 7) / 8, DType::U8);
           std::vector<TensorId> in{x(), compute_weight(name + ".weight", master), params[0], params[1], rm, rv};
           if (n.bias) in.push_back(param_in(name + ".bias", master));  // folded into the running mean (ops.def)
-          nodes.push_back(make_node(OpKind::cbr_fwd, in, {z, y, saved, mask}, a, name + " cbr fwd"));
+          a.pool = n.pool;
+          nodes.push_back(make_node(n.pool ? OpKind::cbr_pool_fwd : OpKind::cbr_fwd, in, {z, y, saved, mask}, a,
+                                    name + (n.pool ? " cbr+" + n.pool_name + " fwd" : " cbr fwd")));
           f.saved[n.id] = {saved, mask, z};
         } else if (fused_add) {
           const TensorId mask = aux(name + ":mask", (p_.tensor(y).numel() + 7) / 8, DType::U8);
@@ -501,12 +505,13 @@ class Compiler {
         std::vector<TensorId> outs{needs(0) ? new_grad(0) : kNoTensor,
                                    grad_out(amp ? Region::grads_f16 : Region::grads_f32, name + ".weight"),
                                    grad_out(Region::grads_f32, n.bn_name + ".weight"),
-                                   grad_out(Region::grads_f32, n.bn_name + ".bias"), feature(name + ":dz", n.shape)};
+                                   grad_out(Region::grads_f32, n.bn_name + ".bias"), feature(name + ":dz", n.conv_shape())};
         if (n.bias) outs.push_back(grad_out(Region::grads_f32, name + ".bias"));
-        nodes.push_back(make_node(OpKind::cbr_bwd,
+        a.pool = n.pool;  // dy is then the pooled map's gradient (ops.def's cbr_pool_bwd)
+        nodes.push_back(make_node(n.pool ? OpKind::cbr_pool_bwd : OpKind::cbr_bwd,
                                   {xin, compute_weight(name + ".weight"), saved[2], dy, saved[1],
                                    param_in(n.bn_name + ".weight", Region::params_f32), saved[0]},
-                                  outs, a, name + " cbr bwd"));
+                                  outs, a, name + (n.pool ? " cbr+" + n.pool_name + " bwd" : " cbr bwd")));
         break;
       }
       case PlanOp::BnAddReLU: {
@@ -738,6 +743,7 @@ class Compiler {
     if (n.op == PlanOp::CBR) {
       PlanNode c = n;
       c.op = PlanOp::Conv;
+      c.shape = n.conv_shape();
       Forward tmp{{{n.inputs[0], x}}, {}};
       forward_node(c, tmp, nodes, false, master, tag);
       x = tmp.out.at(n.id);
@@ -747,9 +753,21 @@ class Compiler {
     if (n.op == PlanOp::BnAddReLU) in.push_back(f.out.at(n.inputs[1]));
     Attrs a;
     a.eps = n.eps;
-    const TensorId y = feature(n.name + ":relu" + tag, n.shape);
+    const TensorId y = feature(n.name + ":relu" + tag, n.conv_shape());
     nodes.push_back(make_node(OpKind::bn_relu_infer, in, {y}, a, n.name + " bn+relu infer"));
     f.out[n.id] = y;
+    if (n.pool) {  // the merged max-pool, as its own node: evaluation keeps no argmax
+      PlanNode pool;
+      pool.id = n.id;
+      pool.op = PlanOp::MaxPool;
+      pool.name = n.pool_name;
+      pool.shape = n.shape;
+      pool.k = pool.stride = n.pool;
+      Forward tmp{{{n.id, y}}, {}};
+      pool.inputs = {n.id};
+      forward_node(pool, tmp, nodes, false, master, tag);
+      f.out[n.id] = tmp.out.at(n.id);
+    }
   }
 
   void build_init() {

@@ -96,6 +96,8 @@ void sync_batchnorm(Program& p) {
         }
         case OpKind::cbr_fwd:
         case OpKind::cbr_bwd:
+        case OpKind::cbr_pool_fwd:
+        case OpKind::cbr_pool_bwd:
         case OpKind::bn_add_relu_fwd:
         case OpKind::bn_add_relu_bwd:
           KILN_FAIL(Unsupported, "SyncBN over ", p.options.world,

@@ -252,6 +252,7 @@ std::string describe_plan(const ArchPlan& plan) {
   for (const PlanNode* n : plan.live()) {
     os << "  #" << n->id << " " << plan_op_name(n->op) << " " << n->name;
     if (!n->bn_name.empty()) os << " + " << n->bn_name;
+    if (n->pool) os << " + " << n->pool_name << " (max-pool " << n->pool << "x" << n->pool << ")";
     if (n->op == PlanOp::Conv || n->op == PlanOp::CBR || n->op == PlanOp::MaxPool || n->op == PlanOp::AvgPool) {
       os << " k" << n->k << " s" << n->stride << " p" << n->pad;
     }

@@ -122,6 +122,45 @@ void merge_cbr(ArchPlan& p, const PlanOptions& o) {
   p.notes.push_back("merge_cbr: " + std::to_string(merged) + " Conv+BN+ReLU chain(s) fused");
 }
 
+// A max-pool whose windows tile a CBR's output (window = stride, no padding, the map's height
+// and width multiples of it: VGG's 2x2 / 2 after each block's last CBR) folds into the CBR's
+// BatchNorm apply pass (ops.def's cbr_pool_fwd): the full-resolution ReLU output is never
+// written, and the backward reads the pooled gradient. ResNet's 3x3 / 2 stem pool overlaps
+// and stays.
+void merge_cbr_pool(ArchPlan& p, const PlanOptions& o) {
+  if (!o.fusion || (!o.amp && !o.backend_fuses_fp32) || !o.backend_fuses_cbr || !o.backend_fuses_cbr_pool) {
+    p.notes.push_back(std::string("merge_cbr_pool: off (") +
+                      (!o.fusion                         ? "fusion disabled"
+                       : !o.amp && !o.backend_fuses_fp32 ? "the backend fuses only under AMP"
+                       : !o.backend_fuses_cbr_pool       ? "backend has no fused CBR+pool, or KILN_FUSE_POOL=0"
+                                                         : "backend has no fused CBR") +
+                      ")");
+    return;
+  }
+  int merged = 0;
+  for (PlanNode& cbr : p.nodes) {
+    if (cbr.removed || cbr.op != PlanOp::CBR || cbr.pool) continue;
+    const auto c = p.consumers(cbr.id);
+    if (c.size() != 1 || node(p, c[0]).op != PlanOp::MaxPool) continue;
+    PlanNode& pool = node(p, c[0]);
+    const bool tiles = pool.k == pool.stride && pool.pad == 0 && pool.k >= 2 && cbr.shape[0] % pool.k == 0 &&
+                       cbr.shape[1] % pool.k == 0;
+    if (!tiles) {
+      p.notes.push_back("merge_cbr_pool: '" + pool.name + "' stays apart: its windows do not tile '" + cbr.name +
+                        "''s output (k" + std::to_string(pool.k) + " s" + std::to_string(pool.stride) + " p" +
+                        std::to_string(pool.pad) + ")");
+      continue;
+    }
+    cbr.pool = pool.k;
+    cbr.pool_name = pool.name;
+    cbr.shape = pool.shape;
+    pool.removed = true;
+    rewire(p, pool.id, cbr.id);
+    ++merged;
+  }
+  p.notes.push_back("merge_cbr_pool: " + std::to_string(merged) + " max-pool(s) folded into CBR");
+}
+
 void merge_bn_add_relu(ArchPlan& p, const PlanOptions& o) {
   if (!o.fusion || (!o.amp && !o.backend_fuses_fp32) || !o.backend_fuses_bn_add_relu) {
     p.notes.push_back(std::string("merge_bn_add_relu: off (") +
@@ -172,6 +211,7 @@ std::vector<PlanPass> default_passes() {
           {"append_loss_head", append_loss_head},
           {"mark_first_layer", mark_first_layer},
           {"merge_cbr", merge_cbr},
+          {"merge_cbr_pool", merge_cbr_pool},
           {"merge_bn_add_relu", merge_bn_add_relu}};
 }
 

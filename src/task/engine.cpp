@@ -42,6 +42,7 @@ PlanOptions fusion_options(const BackendCaps& caps, EngineOptions& o) {
   // SyncBN (S27) splits BatchNorm into ops that the fused CBR / BN+add+ReLU kernels lack.
   const bool sync_bn = o.compile.world > 1 && o.compile.sync_bn;
   po.backend_fuses_cbr = caps.fused_cbr && !sync_bn;
+  po.backend_fuses_cbr_pool = caps.fused_cbr_pool && !sync_bn && env_flag("KILN_FUSE_POOL", true);
   po.backend_fuses_bn_add_relu = caps.fused_bn_add_relu && !sync_bn;
   po.backend_fuses_fp32 = caps.fused_fp32 && (o.fuse_fp32 || env_flag("KILN_FUSE_FP32", caps.fp32_fusion_default));
   // Only the fused BN+add+ReLU takes a second gradient, so this changes nothing without fusion.

@@ -25,6 +25,7 @@ using test::learnable_batch;
 using test::fused_node_count;
 using test::params_and_buffers;
 using test::folded_grad_sum_count;
+using test::pooled_cbr_count;
 using test::ScopedEnv;
 
 EngineOptions cpu_options(int64_t batch) {
@@ -240,6 +241,30 @@ TEST(Switches, GradientSumFoldingOffAndOnAgree) {
   EXPECT_EQ(folded[0], 0);
   EXPECT_EQ(folded[1], 7);
   EXPECT_EQ(results[0], results[1]);
+}
+
+// The max-pool folded into CBR (cbr_pool_*, KILN_FUSE_POOL) off and on, fusion on: the cnn's
+// two and vgg11_bn_small's five 2x2 pools fold (forward and backward nodes), and three steps
+// and an evaluation give the same losses, weights and running statistics bit for bit - the
+// folded kernels are the unfused pool's and ReLU's arithmetic.
+TEST(Switches, PoolFoldingOffAndOnAgree) {
+  for (const auto& [model, pools] : {std::pair{std::string("cnn"), 2}, std::pair{std::string("vgg11_bn_small"), 5}}) {
+    const BluePrint bp = make_model(model);
+    const Batch b = learnable_batch(bp, 4, 9);
+    std::vector<std::map<std::string, std::vector<float>>> results(2);
+    std::vector<int> pooled;
+    for (const bool fold : {false, true}) {
+      ScopedEnv env("KILN_FUSE_POOL", fold ? "1" : "0");
+      EngineOptions o = cpu_options(4);
+      o.fuse_fp32 = true;
+      results[fold ? 1 : 0] = three_steps_then_eval(bp, b, o, [&](const Engine& e) {
+        pooled.push_back(pooled_cbr_count(e));
+      });
+    }
+    EXPECT_EQ(pooled[0], 0) << model;
+    EXPECT_EQ(pooled[1], 2 * pools) << model;
+    EXPECT_EQ(results[0], results[1]) << model;
+  }
 }
 
 // The trainer's late statistics (Engine::train_step_async, Backend::read_later): the same

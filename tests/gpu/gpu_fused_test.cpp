@@ -57,6 +57,41 @@ INSTANTIATE_TEST_SUITE_P(
              (std::get<1>(info.param) ? "_amp" : "_fp32");
     });
 
+// CBR with a max-pool folded in (cbr_pool_*, VGG's blocks): the apply + ReLU + max-pool pass
+// and the backward reading the pooled gradient against the unfused chain, bit for bit, with
+// 16-byte kernels and without; 2x2 and 3x3 windows, the first-layer form, FP32 and AMP.
+struct PoolCase {
+  CbrCase cbr;
+  int pool;
+};
+
+class GpuFusedCbrPool : public ::testing::TestWithParam<std::tuple<PoolCase, bool>> {};
+
+TEST_P(GpuFusedCbrPool, EqualsConvBnReluMaxPoolBitForBit) {
+  KILN_REQUIRE_GPU();
+  const auto& [c, amp] = GetParam();
+  ScopedEnv pad("KILN_PAD_CHANNELS", amp && c.cbr.c % 8 != 0 ? "1" : "0");
+  ScopedEnv det("KILN_DETERMINISTIC", "1");
+  for (const char* vec : {"1", "0"}) {
+    ScopedEnv v("KILN_VECTOR_KERNELS", vec);
+    SCOPED_TRACE(::testing::Message() << c.cbr.name << (amp ? " AMP" : " FP32") << ", vector kernels " << vec);
+    fused::cbr_pool_equals_chain(c.cbr, c.pool, amp, "cuda");
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, GpuFusedCbrPool,
+    ::testing::Combine(
+        ::testing::Values(PoolCase{{"n2_8x8_c8_k16_3x3_pool2", 2, 8, 8, 8, 16, 3, 1, 1, false}, 2},
+                          PoolCase{{"n3_6x4_c16_k8_1x1_pool2", 3, 6, 4, 16, 8, 1, 1, 0, false}, 2},
+                          PoolCase{{"n1_9x9_c8_k8_3x3_pool3", 1, 9, 9, 8, 8, 3, 1, 1, false}, 3},
+                          PoolCase{{"n8_16x16_c64_k64_3x3_pool2", 8, 16, 16, 64, 64, 3, 1, 1, false}, 2},
+                          PoolCase{{"n2_8x8_c3_k8_first_layer_pool2", 2, 8, 8, 3, 8, 3, 1, 1, true}, 2}),
+        ::testing::Bool()),
+    [](const auto& info) {
+      return std::string(std::get<0>(info.param).cbr.name) + (std::get<1>(info.param) ? "_amp" : "_fp32");
+    });
+
 // The GPU forms the bias's share of the running mean in double: within 1e-6 of the float sum.
 // The seed article's CBR forward (KILN_CBR_FORM=genstats: conv+genstats in one cuDNN graph,
 // then kiln's finalize and apply from its FP32 sums) against kiln's form on the same inputs.
@@ -288,6 +323,54 @@ TEST(GpuFusedStep, FusedStepsEqualUnfusedBitForBitAmp) {
 TEST(GpuFusedStep, FusedStepsEqualUnfusedBitForBitFp32) {
   KILN_REQUIRE_GPU();
   fused_steps_equal_unfused(false, {"cnn", "resnet18_small", "vgg11_bn_small"});
+}
+
+// The max-pool folded into CBR (cbr_pool_*, KILN_FUSE_POOL) off and on, fusion on, with
+// deterministic convolution engines: both programs fold VGG's biases alike, so three steps
+// give the same losses, weights and running statistics bit for bit (the folded pass does the
+// pool's and the ReLU's arithmetic), and the folded program has its pooled CBR nodes.
+TEST(GpuFusedStep, PoolFoldingOffAndOnBitForBit) {
+  KILN_REQUIRE_GPU();
+  ScopedEnv det("KILN_DETERMINISTIC", "1");
+  for (const bool amp : {true, false}) {
+    const std::string model = "vgg11_bn_small";
+    SCOPED_TRACE(model + (amp ? " AMP" : " FP32"));
+    const BluePrint bp = make_model(model);
+    const LearnableBatch b = learnable_batch(bp, 4, 9);
+    std::vector<std::map<std::string, std::vector<float>>> results(2);
+    std::vector<int> pooled;
+    for (const bool fold : {false, true}) {
+      ScopedEnv env("KILN_FUSE_POOL", fold ? "1" : "0");
+      EngineOptions o;
+      o.device = "cuda";
+      o.compile.batch = 4;
+      o.compile.amp = amp;
+      o.compile.momentum = 0.9f;
+      o.fuse_fp32 = !amp;
+      Engine e(bp, o);
+      e.lock_memory();
+      e.compile(5);
+      pooled.push_back(pooled_cbr_count(e));
+      std::vector<float> losses;
+      for (int i = 0; i < 3; ++i) losses.push_back(e.train_step(b.images.data(), b.labels.data(), 0.05f).loss);
+      results[fold ? 1 : 0] = params_and_buffers(e);
+      results[fold ? 1 : 0]["loss"] = losses;
+    }
+    EXPECT_EQ(pooled[0], 0);
+    EXPECT_EQ(pooled[1], 10) << "five 2x2 pools, forward and backward";
+    ASSERT_EQ(results[0].size(), results[1].size());
+    size_t differing = 0;
+    for (const auto& [name, want] : results[0]) {
+      const std::vector<float>& got = results[1].at(name);
+      ASSERT_EQ(got.size(), want.size()) << name;
+      size_t n = 0;
+      for (size_t i = 0; i < got.size(); ++i) n += bits_of(got[i]) != bits_of(want[i]);
+      EXPECT_EQ(n, 0u) << name << ": " << n << " of " << got.size() << " values differ";
+      differing += n > 0;
+    }
+    std::printf("  %s %s: pool folding off / on, %zu of %zu tensors differ after 3 steps\n", model.c_str(),
+                amp ? "AMP" : "FP32", differing, results[0].size());
+  }
 }
 
 }  // namespace

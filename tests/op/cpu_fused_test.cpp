@@ -1,6 +1,6 @@
 // The CPU's fused ops (cpu_fused.cpp) against their unfused chains, bit for bit
 // (tests/support/fused_checks.h says how): CBR over 5 shapes (with the first-layer form and
-// an odd mask tail), BN+add+ReLU over 3 (with one gradient and with two), and CBR with a
+// an odd mask tail), CBR with a max-pool folded in over 5, BN+add+ReLU over 3 (with one gradient and with two), and CBR with a
 // convolution bias.
 #include <gtest/gtest.h>
 
@@ -26,6 +26,28 @@ INSTANTIATE_TEST_SUITE_P(
                       CbrCase{"n1_5x5_c3_k8_first_layer", 1, 5, 5, 3, 8, 3, 1, 1, true},
                       CbrCase{"n4_3x3_c8_k5_odd_mask", 4, 3, 3, 8, 5, 1, 1, 0, false}),
     [](const auto& info) { return std::string(info.param.name); });
+
+// CBR with a max-pool folded in (cbr_pool_*): 2x2 and 3x3 windows, a 1x1 convolution, the
+// first-layer form, and 5 channels (mask bytes that straddle pixels).
+struct PoolCase {
+  CbrCase cbr;
+  int pool;
+};
+
+class CpuFusedCbrPool : public ::testing::TestWithParam<PoolCase> {};
+
+TEST_P(CpuFusedCbrPool, EqualsConvBnReluMaxPoolBitForBit) {
+  fused::cbr_pool_equals_chain(GetParam().cbr, GetParam().pool, false, "cpu");
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, CpuFusedCbrPool,
+    ::testing::Values(PoolCase{{"n2_8x8_c8_k16_3x3_pool2", 2, 8, 8, 8, 16, 3, 1, 1, false}, 2},
+                      PoolCase{{"n3_6x4_c16_k8_1x1_pool2", 3, 6, 4, 16, 8, 1, 1, 0, false}, 2},
+                      PoolCase{{"n1_9x9_c8_k8_3x3_pool3", 1, 9, 9, 8, 8, 3, 1, 1, false}, 3},
+                      PoolCase{{"n2_8x8_c3_k8_first_layer_pool2", 2, 8, 8, 3, 8, 3, 1, 1, true}, 2},
+                      PoolCase{{"n2_4x4_c8_k5_odd_mask_pool2", 2, 4, 4, 8, 5, 1, 1, 0, false}, 2}),
+    [](const auto& info) { return std::string(info.param.cbr.name); });
 
 struct BarCase {
   const char* name;

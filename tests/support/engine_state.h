@@ -32,6 +32,15 @@ inline int fused_node_count(const Engine& e) {
   return fused;
 }
 
+// The CBR nodes with a max-pool folded in (cbr_pool_fwd and cbr_pool_bwd; KILN_FUSE_POOL).
+inline int pooled_cbr_count(const Engine& e) {
+  int pooled = 0;
+  for (const Phase& ph : e.program().train) {
+    for (const Node& n : ph.nodes) pooled += n.op == OpKind::cbr_pool_fwd || n.op == OpKind::cbr_pool_bwd;
+  }
+  return pooled;
+}
+
 // The BN+add+ReLU backwards that take a second gradient (ops.def's dy2): the gradient sums
 // folded into them (CompileOptions::fuse_grad_sum).
 inline int folded_grad_sum_count(const Engine& e) {

@@ -4,7 +4,8 @@
 // a convolution bias against cbr without one. Each backend's fused ops do their unfused chain's
 // arithmetic rounding for rounding, so every output must be equal bit for bit: the feature
 // maps, the saved and running statistics, every gradient, and the mask, which must hold exactly
-// the elements the unfused ReLU passed. Shared by tests/op/cpu_fused_test.cpp (CPU, FP32) and
+// the elements the unfused ReLU passed; CBR with a max-pool folded in (cbr_pool_*) against
+// Conv -> BN -> ReLU -> MaxPool likewise. Shared by tests/op/cpu_fused_test.cpp (CPU, FP32) and
 // tests/gpu/gpu_fused_test.cpp (CUDA, FP32 and AMP, which sets KILN_DETERMINISTIC=1 so both
 // chains' convolutions run the same deterministic engines). Each unfused kernel is tested
 // against a reference in its own file; equality carries that over.
@@ -143,6 +144,93 @@ inline void cbr_equals_chain(const CbrCase& t, bool amp, const char* backend) {
   expect_equal(h, z_f, z_u, "z (convolution output)");
   expect_equal(h, y_f, y_u, "y");
   expect_mask(h, mask, y_u);
+  expect_equal(h, saved_f, saved_u, "saved statistics");
+  expect_equal(h, rm_f, rm_u, "running mean");
+  expect_equal(h, rv_f, rv_u, "running variance");
+  expect_equal(h, dz_f, dz_u, "dz");
+  expect_equal(h, dw_f, dw_u, "dw");
+  expect_equal(h, dg_f, dg_u, "dgamma");
+  expect_equal(h, db_f, db_u, "dbeta");
+  if (!t.first_layer) expect_equal(h, dx_f, dx_u, "dx");
+}
+
+// cbr_pool_fwd / cbr_pool_bwd against Conv -> BN -> ReLU -> MaxPool (pool x pool / pool, with
+// its argmax) and their backwards: z, the pooled y, statistics and every gradient equal, and
+// the mask holds exactly the elements the unfused max-pool took where the ReLU passed them
+// (ops.def). The map's height and width after the convolution must be multiples of pool.
+inline void cbr_pool_equals_chain(const CbrCase& t, int pool, bool amp, const char* backend) {
+  const int64_t p = (t.h + 2 * t.pad - t.r) / t.st + 1, q = (t.w + 2 * t.pad - t.r) / t.st + 1;
+  ASSERT_TRUE(p % pool == 0 && q % pool == 0) << "the case's map does not tile by " << pool;
+  const Shape xs{t.n, t.h, t.w, t.c}, zs{t.n, p, q, t.k}, ys{t.n, p / pool, q / pool, t.k}, ws{t.k, t.r, t.r, t.c};
+  OpHarness h(amp);
+  const Maker m{h, amp};
+  const TensorId x = m.feature("x", xs), dy = m.feature("dy", ys), w = m.weight("w", ws);
+  const TensorId gamma = m.channels("gamma", t.k, Region::params_f32),
+                 beta = m.channels("beta", t.k, Region::params_f32);
+  const TensorId rm_u = m.channels("rm_u", t.k, Region::bn_running), rv_u = m.channels("rv_u", t.k, Region::bn_running);
+  const TensorId rm_f = m.channels("rm_f", t.k, Region::bn_running), rv_f = m.channels("rv_f", t.k, Region::bn_running);
+  const TensorId saved_u = h.tensor("saved_u", {2, t.k}, Region::bn_saved);
+  const TensorId saved_f = h.tensor("saved_f", {2, t.k}, Region::bn_saved);
+  const TensorId z_u = m.feature("z_u", zs), b_u = m.feature("b_u", zs), r_u = m.feature("r_u", zs),
+                 y_u = m.feature("y_u", ys), dr_u = m.feature("dr_u", zs), g_u = m.feature("g_u", zs),
+                 dz_u = m.feature("dz_u", zs), dx_u = m.feature("dx_u", xs);
+  const TensorId arg = h.tensor("argmax", ys, Region::aux, DType::I32, Layout::NHWC);
+  const TensorId z_f = m.feature("z_f", zs), y_f = m.feature("y_f", ys), dz_f = m.feature("dz_f", zs),
+                 dx_f = m.feature("dx_f", xs);
+  const TensorId mask = h.tensor("mask", {(zs.numel() + 7) / 8}, Region::aux, DType::U8);
+  const TensorId dw_u = m.weight_grad("dw_u", ws), dw_f = m.weight_grad("dw_f", ws);
+  const TensorId dg_u = m.channels("dg_u", t.k, Region::grads_f32), db_u = m.channels("db_u", t.k, Region::grads_f32);
+  const TensorId dg_f = m.channels("dg_f", t.k, Region::grads_f32), db_f = m.channels("db_f", t.k, Region::grads_f32);
+  Attrs a = conv_bn_attrs(t.r, t.st, t.pad);
+  a.first_layer = t.first_layer;
+  Attrs pa;
+  pa.kh = pa.kw = pa.sh = pa.sw = pool;
+  h.node(OpKind::conv_fwd, {x, w}, {z_u}, a);
+  h.node(OpKind::bn_fwd_train, {z_u, gamma, beta, rm_u, rv_u}, {b_u, saved_u}, a);
+  h.node(OpKind::relu_fwd, {b_u}, {r_u}, a);
+  h.node(OpKind::maxpool_fwd, {r_u}, {y_u, arg}, pa);
+  h.node(OpKind::maxpool_bwd, {dy, arg}, {dr_u}, pa);
+  h.node(OpKind::relu_bwd, {r_u, dr_u}, {g_u}, a);
+  h.node(OpKind::bn_bwd, {z_u, g_u, gamma, saved_u}, {dz_u, dg_u, db_u}, a);
+  h.node(OpKind::conv_bwd_weight, {x, dz_u}, {dw_u}, a);
+  if (!t.first_layer) h.node(OpKind::conv_bwd_data, {dz_u, w}, {dx_u}, a);
+  Attrs fa = a;
+  fa.pool = pool;
+  h.node(OpKind::cbr_pool_fwd, {x, w, gamma, beta, rm_f, rv_f}, {z_f, y_f, saved_f, mask}, fa);
+  h.node(OpKind::cbr_pool_bwd, {x, w, z_f, dy, mask, gamma, saved_f},
+         {t.first_layer ? kNoTensor : dx_f, dw_f, dg_f, db_f, dz_f}, fa);
+  h.compile(make_backend(backend));
+  h.write(x, random_values(static_cast<size_t>(xs.numel()), 41));
+  h.write(w, random_values(static_cast<size_t>(ws.numel()), 42, -0.5f, 0.5f));
+  h.write(dy, random_values(static_cast<size_t>(ys.numel()), 43));
+  h.write(gamma, random_values(static_cast<size_t>(t.k), 44, 0.5f, 1.5f));
+  h.write(beta, random_values(static_cast<size_t>(t.k), 45, -0.3f, 0.3f));
+  for (TensorId id : {rm_u, rm_f}) h.write(id, random_values(static_cast<size_t>(t.k), 46));
+  for (TensorId id : {rv_u, rv_f}) h.write(id, random_values(static_cast<size_t>(t.k), 47, 0.5f, 1.5f));
+  h.run();
+  expect_equal(h, z_f, z_u, "z (convolution output)");
+  expect_equal(h, y_f, y_u, "y (pooled)");
+  // The routing mask: bit i set exactly where the unfused pool's argmax took element i of z
+  // and the ReLU passed it.
+  const std::vector<uint8_t> bits = h.read_u8(mask);
+  const std::vector<float> relu = h.read(r_u);
+  const std::vector<int32_t> took = h.read_i32(arg);
+  const int64_t C = t.k, Hp = p / pool, Wp = q / pool;
+  std::vector<bool> want(relu.size(), false);
+  for (int64_t o = 0; o < static_cast<int64_t>(took.size()); ++o) {
+    const int64_t c = o % C, pix = o / C, b = pix / (Hp * Wp), hw = took[static_cast<size_t>(o)];
+    const auto i = static_cast<size_t>(((b * p + hw / q) * q + hw % q) * C + c);
+    want[i] = relu[i] > 0.0f;
+  }
+  int64_t wrong = 0, set = 0;
+  for (size_t i = 0; i < relu.size(); ++i) {
+    const bool bit = (bits[i / 8] >> (i % 8)) & 1u;
+    wrong += bit != want[i];
+    set += bit;
+  }
+  EXPECT_EQ(wrong, 0) << "mask bits that disagree with the unfused max-pool and ReLU";
+  EXPECT_GT(set, 0);
+  for (size_t i = relu.size(); i < 8 * bits.size(); ++i) EXPECT_FALSE((bits[i / 8] >> (i % 8)) & 1u) << "padding bit " << i;
   expect_equal(h, saved_f, saved_u, "saved statistics");
   expect_equal(h, rm_f, rm_u, "running mean");
   expect_equal(h, rv_f, rv_u, "running variance");

@@ -137,6 +137,47 @@ TEST(Plan, CbrWithOddOutputChannelsStaysUnfused) {
   EXPECT_TRUE(noted) << "the notes name the layer and the reason";
 }
 
+// merge_cbr_pool: a max-pool whose windows tile a CBR's output folds into it (the pooled
+// shape becomes the CBR's output, conv_shape() the convolution's); an overlapping pool, one
+// that does not tile the map, and one after a plain conv stay; the pass is off without the
+// backend's fused form or with fusion off.
+TEST(Plan, MaxPoolThatTilesACbrFoldsIntoIt) {
+  PlanOptions on;
+  on.amp = true;
+  on.backend_fuses_cbr = on.backend_fuses_cbr_pool = on.backend_fuses_bn_add_relu = true;
+  const Layer model = seq(conv(16, 3, 1, 1), bn2d(), relu(), maxpool(2, 2),     // folds: 16x16 -> 8x8
+                          conv(16, 3, 1, 1), bn2d(), relu(), maxpool(3, 2, 1),  // overlaps: stays
+                          conv(8, 3, 1, 1), bn2d(), relu(), maxpool(3, 3, 1),   // padded: stays
+                          conv(8, 1, 1, 0), maxpool(2, 2),                     // no CBR: stays
+                          gap(), fc(4));
+  const ArchPlan p = make_plan(tiny(model, {16, 16, 3}), on);
+  int pooled = 0, pools_left = 0;
+  for (const PlanNode* n : p.live()) {
+    pools_left += n->op == PlanOp::MaxPool;
+    if (n->op == PlanOp::CBR && n->pool) {
+      ++pooled;
+      EXPECT_EQ(n->pool, 2);
+      EXPECT_EQ(n->shape, (Shape{8, 8, 16}));
+      EXPECT_EQ(n->conv_shape(), (Shape{16, 16, 16}));
+    }
+  }
+  EXPECT_EQ(pooled, 1);
+  EXPECT_EQ(pools_left, 3);
+  bool noted = false;
+  for (const std::string& note : p.notes) noted = noted || note.find("do not tile") != std::string::npos;
+  EXPECT_TRUE(noted) << "the notes say which pool stays apart and why";
+  EXPECT_NE(describe_plan(p).find("(max-pool 2x2)"), std::string::npos);
+  for (auto off : {&PlanOptions::backend_fuses_cbr_pool, &PlanOptions::fusion}) {
+    PlanOptions o = on;
+    o.*off = false;
+    for (const PlanNode* n : make_plan(tiny(model, {16, 16, 3}), o).live()) EXPECT_EQ(n->pool, 0);
+  }
+  // VGG16-BN: each of its five blocks ends in a CBR and a 2x2 / 2 pool.
+  int vgg = 0;
+  for (const PlanNode* n : make_plan(make_model("vgg16_bn"), on).live()) vgg += n->pool != 0;
+  EXPECT_EQ(vgg, 5);
+}
+
 TEST(Plan, DescribeListsLayersAndPasses) {
   const std::string s = describe_plan(make_plan(make_model("resnet50")));
   EXPECT_NE(s.find("layer4.2.conv3"), std::string::npos);

@@ -52,8 +52,10 @@ struct Attrs {
   float ema_decay = 0.9999f;
   // Whether the op accumulates into its output (y += ...) rather than overwriting it.
   bool accumulate = false;
-  // cbr_bwd: the first layer computes no input gradient.
+  // cbr_bwd, cbr_pool_bwd: the first layer computes no input gradient.
   bool first_layer = false;
+  // cbr_pool_*: the merged max-pool's window and stride (its windows tile the map).
+  int pool = 0;
   // Data parallel (S27). allreduce: max instead of sum (the overflow flag). allreduce,
   // allgather, bn_*: the ranks the node was compiled for.
   bool reduce_max = false;

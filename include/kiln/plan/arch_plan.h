@@ -1,7 +1,8 @@
 // ArchPlan: the BluePrint flattened into a DAG of layers with inferred shapes, then
 // rewritten by passes (SPEC S3): drop identities, append the softmax-cross-entropy head,
 // mark the first layer, and — on a backend that has them, under AMP — merge Conv→BN→ReLU
-// into CBR and BN→add→ReLU of residual blocks. `kiln plan MODEL` prints it.
+// into CBR, a max-pool that tiles its output into that CBR, and BN→add→ReLU of residual
+// blocks. `kiln plan MODEL` prints it.
 #pragma once
 #include <functional>
 #include <string>
@@ -15,7 +16,7 @@ namespace kiln {
 enum class PlanOp {
   Input, Conv, BatchNorm, ReLU, MaxPool, AvgPool, GlobalAvgPool, Flatten, FC, Dropout, Add,
   SoftmaxCE, Identity,
-  CBR,        // fused Conv → BatchNorm → ReLU (merge pass)
+  CBR,        // fused Conv → BatchNorm → ReLU [→ MaxPool] (merge passes)
   BnAddReLU,  // fused BatchNorm → add → ReLU (merge pass)
 };
 const char* plan_op_name(PlanOp op);
@@ -33,6 +34,11 @@ struct PlanNode {
   bool requires_grad = true;  // some parameter lies upstream: a gradient must reach it
   // For merged nodes: the BatchNorm's name (the conv's is `name`).
   std::string bn_name;
+  // A CBR with a max-pool merged into it (merge_cbr_pool): the pool's window = stride, and
+  // its name; `shape` is then the pooled output, conv_shape() the convolution's.
+  int pool = 0;
+  std::string pool_name;
+  Shape conv_shape() const { return pool ? Shape{shape[0] * pool, shape[1] * pool, shape[2]} : shape; }
   bool removed = false;  // dropped by a pass (kept so ids stay stable)
 };
 
@@ -40,6 +46,7 @@ struct PlanOptions {
   bool fusion = true;          // KILN_FUSION=0 turns the merge passes off
   bool amp = false;
   bool backend_fuses_cbr = false;
+  bool backend_fuses_cbr_pool = false;  // and KILN_FUSE_POOL is not 0
   bool backend_fuses_bn_add_relu = false;
   bool backend_fuses_fp32 = false;  // merge in FP32 too (the CPU's fused kernels); else AMP only
 };

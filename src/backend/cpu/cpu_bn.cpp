@@ -126,16 +126,15 @@ class BnBwdKernel final : public Kernel {
   std::vector<float> shift_;  // oneDNN 2.6 wants a SHIFT argument in the backward (unread)
 };
 
-}  // namespace
-
-// "x, gamma, beta, running_mean, running_var -> y, saved (2xC: mean, invstd)"
-KernelPtr make_bn_fwd_train(const Node& n, Context& ctx) {
+// bn_fwd_train, its output y written to dst when that is given (a buffer of x's size; node
+// output 0 is then not read).
+KernelPtr bn_fwd_train(const Node& n, Context& ctx, float* dst) {
   reject_accumulate(n);
   const TensorId x = need_in(n, 0, "x"), gamma = need_in(n, 1, "gamma"),
                  beta = need_in(n, 2, "beta"), rm = need_in(n, 3, "running_mean"),
                  rv = need_in(n, 4, "running_var");
-  const TensorId y = need_out(n, 0, "y"), saved = need_out(n, 1, "saved");
-  const BnGeom g = bn_geom(ctx, n, x, {y}, {gamma, beta, rm, rv});
+  const TensorId y = dst ? kNoTensor : need_out(n, 0, "y"), saved = need_out(n, 1, "saved");
+  const BnGeom g = dst ? bn_geom(ctx, n, x, {}, {gamma, beta, rm, rv}) : bn_geom(ctx, n, x, {y}, {gamma, beta, rm, rv});
   expect_dtype(ctx, n, saved, DType::F32, "saved");
   expect_numel(ctx, n, saved, 2 * g.x.c, "saved (2 x C)");
   std::vector<float> var(static_cast<size_t>(g.x.c));
@@ -144,7 +143,7 @@ KernelPtr make_bn_fwd_train(const Node& n, Context& ctx) {
     float* saved_p = ctx.ptr<float>(saved);
     std::unordered_map<int, memory> args{
         {DNNL_ARG_SRC, make_memory(ctx, x, g.x.nchw(), tag::nhwc)},
-        {DNNL_ARG_DST, make_memory(ctx, y, g.x.nchw(), tag::nhwc)},
+        {DNNL_ARG_DST, dst ? make_memory(ctx, dst, g.x.nchw(), tag::nhwc) : make_memory(ctx, y, g.x.nchw(), tag::nhwc)},
         {DNNL_ARG_SCALE, make_memory(ctx, gamma, g.c_dims(), tag::x)},
         {DNNL_ARG_SHIFT, make_memory(ctx, beta, g.c_dims(), tag::x)},
         {DNNL_ARG_MEAN, make_memory(ctx, saved_p, g.c_dims(), tag::x)},
@@ -157,6 +156,13 @@ KernelPtr make_bn_fwd_train(const Node& n, Context& ctx) {
     rethrow_dnnl(n, e);
   }
 }
+
+}  // namespace
+
+// "x, gamma, beta, running_mean, running_var -> y, saved (2xC: mean, invstd)"
+KernelPtr make_bn_fwd_train(const Node& n, Context& ctx) { return bn_fwd_train(n, ctx, nullptr); }
+
+KernelPtr make_bn_fwd_train_into(const Node& n, Context& ctx, float* dst) { return bn_fwd_train(n, ctx, dst); }
 
 // "x, gamma, beta, running_mean, running_var -> y"
 KernelPtr make_bn_fwd_infer(const Node& n, Context& ctx) {

@@ -9,6 +9,7 @@
 // Mask layout (ops.def): bit (i % 8) of byte i / 8 is set where y[i] > 0.
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
@@ -19,16 +20,18 @@ namespace kiln::cpu {
 
 namespace {
 
-// Runs its parts in order.
+// Runs its parts in order; owns the buffer they share beyond the regions, if any.
 class Sequence final : public Kernel {
  public:
-  explicit Sequence(std::vector<KernelPtr> parts) : parts_(std::move(parts)) {}
+  explicit Sequence(std::vector<KernelPtr> parts, std::vector<float> shared = {})
+      : parts_(std::move(parts)), shared_(std::move(shared)) {}
   void run(Context& ctx) override {
     for (auto& k : parts_) k->run(ctx);
   }
 
  private:
   std::vector<KernelPtr> parts_;
+  std::vector<float> shared_;  // moved in: its heap buffer, which the parts point into, stays
 };
 
 void expect_mask(const Context& ctx, const Node& n, TensorId mask, TensorId y) {
@@ -166,6 +169,146 @@ KernelPtr make_cbr_bwd(const Node& n, Context& ctx) {
   }
   if (db != kNoTensor) {
     // The cancelled bias's gradient: sum of dz per channel, exactly 0 (ops.def).
+    expect_dtype(ctx, n, db, DType::F32, "db");
+    float* dbp = ctx.ptr<float>(db);
+    const int64_t c = ctx.tensor(db).numel();
+    parts.push_back(make_loop([=](Context&) { std::fill(dbp, dbp + c, 0.0f); }));
+  }
+  return std::make_unique<Sequence>(std::move(parts));
+}
+
+namespace {
+
+// The geometry of cbr_pool_*: z (the convolution's output) and y, its max-pool by `pool` x
+// `pool` windows that tile it (ops.def).
+struct PoolTiles {
+  Nhwc z, y;
+  int64_t pool = 0;
+  // The element of y whose window holds element i of z.
+  int64_t pooled(int64_t i) const {
+    const int64_t c = i % z.c, pix = i / z.c, w = pix % z.w, h = (pix / z.w) % z.h, b = pix / (z.w * z.h);
+    return ((b * y.h + h / pool) * y.w + w / pool) * z.c + c;
+  }
+};
+
+PoolTiles pool_tiles(const Context& ctx, const Node& n, TensorId z, TensorId y) {
+  PoolTiles t;
+  t.z = nhwc_of(ctx, n, z, "z");
+  t.y = nhwc_of(ctx, n, y, "y (pooled)");
+  t.pool = n.attrs.pool;
+  KILN_CHECK(t.pool >= 1 && t.y.n == t.z.n && t.y.c == t.z.c && t.y.h * t.pool == t.z.h && t.y.w * t.pool == t.z.w,
+             Shape, op_name(n.op), " node '", n.label, "': y ", ctx.tensor(y).shape.str(), " is not z ",
+             ctx.tensor(z).shape.str(), " max-pooled by ", t.pool, "x", t.pool, " windows that tile it (attrs.pool)");
+  return t;
+}
+
+}  // namespace
+
+// "x, w, gamma, beta, running_mean, running_var, [b] -> z, y (pooled), saved, mask (over z)":
+// the convolution, BatchNorm into the kernel's own full-resolution buffer, the ReLU there,
+// then the max-pool (maxpool_fwd's rule: first maximum in window order, NaN wins) with the
+// routing mask. The buffer is this kernel's: the CPU runs fused programs only when asked
+// (tests, KILN_FUSE_FP32=1), and sharing it would cost a rebinding per run.
+KernelPtr make_cbr_pool_fwd(const Node& n, Context& ctx) {
+  reject_accumulate(n);
+  const TensorId x = need_in(n, 0, "x"), w = need_in(n, 1, "w"), gamma = need_in(n, 2, "gamma"),
+                 beta = need_in(n, 3, "beta"), rm = need_in(n, 4, "running_mean"), rv = need_in(n, 5, "running_var"),
+                 b = in_at(n, 6);
+  const TensorId z = need_out(n, 0, "z"), y = need_out(n, 1, "y"), saved = need_out(n, 2, "saved"),
+                 mask = need_out(n, 3, "mask");
+  const PoolTiles t = pool_tiles(ctx, n, z, y);
+  expect_dtype(ctx, n, y, DType::F32, "y");
+  expect_mask(ctx, n, mask, z);
+  std::vector<float> relu(static_cast<size_t>(t.z.numel()));
+  float* a = relu.data();
+  std::vector<KernelPtr> parts;
+  parts.push_back(make_conv_fwd(fused_part(OpKind::conv_fwd, {x, w}, {z}, n, "conv"), ctx));
+  parts.push_back(
+      make_bn_fwd_train_into(fused_part(OpKind::bn_fwd_train, {z, gamma, beta, rm, rv}, {z, saved}, n, "bn"), ctx, a));
+  float* yp = ctx.ptr<float>(y);
+  uint8_t* mp = ctx.ptr<uint8_t>(mask);
+  const int64_t count = t.z.numel();
+  parts.push_back(make_loop([=](Context&) {
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < count; ++i) a[i] = !(a[i] <= 0.0f) ? a[i] : 0.0f;  // relu_fwd's
+    // The max-pool: each pooled element's value and the z element it took.
+    std::vector<int64_t> arg(static_cast<size_t>(t.y.numel()));
+#pragma omp parallel for schedule(static)
+    for (int64_t row = 0; row < t.y.n * t.y.h; ++row) {
+      const int64_t bi = row / t.y.h, ph = row % t.y.h;
+      for (int64_t pw = 0; pw < t.y.w; ++pw) {
+        for (int64_t c = 0; c < t.z.c; ++c) {
+          float best = -INFINITY;
+          int64_t at = -1;
+          for (int64_t dh = 0; dh < t.pool; ++dh) {
+            for (int64_t dw = 0; dw < t.pool; ++dw) {
+              const int64_t i = ((bi * t.z.h + ph * t.pool + dh) * t.z.w + pw * t.pool + dw) * t.z.c + c;
+              if (a[i] > best || a[i] != a[i] || at < 0) {
+                best = a[i];
+                at = i;
+              }
+            }
+          }
+          const int64_t o = ((bi * t.y.h + ph) * t.y.w + pw) * t.z.c + c;
+          yp[o] = best;
+          arg[static_cast<size_t>(o)] = at;
+        }
+      }
+    }
+    // The routing mask: the element the pool took, where the ReLU passed it.
+    const int64_t bytes = (count + 7) / 8;
+#pragma omp parallel for schedule(static)
+    for (int64_t by = 0; by < bytes; ++by) {
+      unsigned bits = 0;
+      for (int64_t j = 0; j < 8 && 8 * by + j < count; ++j) {
+        const int64_t i = 8 * by + j;
+        bits |= (arg[static_cast<size_t>(t.pooled(i))] == i && a[i] > 0.0f ? 1u : 0u) << j;
+      }
+      mp[by] = static_cast<uint8_t>(bits);
+    }
+  }));
+  if (b != kNoTensor) {
+    // The bias BatchNorm cancels (ops.def), as in make_cbr_fwd.
+    expect_dtype(ctx, n, b, DType::F32, "b");
+    expect_numel(ctx, n, b, ctx.tensor(rm).numel(), "b (one per output channel)");
+    float* rmp = ctx.ptr<float>(rm);
+    const float* bp = ctx.ptr<float>(b);
+    const float m = n.attrs.bn_momentum;
+    const int64_t c = ctx.tensor(rm).numel();
+    parts.push_back(make_loop([=](Context&) {
+      for (int64_t i = 0; i < c; ++i) rmp[i] += m * bp[i];
+    }));
+  }
+  return std::make_unique<Sequence>(std::move(parts), std::move(relu));
+}
+
+// "x, w, z, dy (pooled), mask (over z), gamma, saved -> [dx], dw, dgamma, dbeta, dz, [db]": the
+// gradient at BatchNorm's output is dy of the element's window where the mask bit is set
+// (maxpool_bwd then relu_bwd), written to dz; then cbr_bwd's passes.
+KernelPtr make_cbr_pool_bwd(const Node& n, Context& ctx) {
+  reject_accumulate(n);
+  const TensorId x = need_in(n, 0, "x"), w = need_in(n, 1, "w"), z = need_in(n, 2, "z"), dy = need_in(n, 3, "dy"),
+                 mask = need_in(n, 4, "mask"), gamma = need_in(n, 5, "gamma"), saved = need_in(n, 6, "saved");
+  const TensorId dx = out_at(n, 0), dw = need_out(n, 1, "dw"), dgamma = need_out(n, 2, "dgamma"),
+                 dbeta = need_out(n, 3, "dbeta"), dz = need_out(n, 4, "dz"), db = out_at(n, 5);
+  const PoolTiles t = pool_tiles(ctx, n, z, dy);
+  expect_same_size(ctx, n, z, dz);
+  expect_mask(ctx, n, mask, z);
+  const float* dyp = ctx.ptr<float>(dy);
+  const uint8_t* mp = ctx.ptr<uint8_t>(mask);
+  float* g = ctx.ptr<float>(dz);
+  const int64_t count = t.z.numel();
+  std::vector<KernelPtr> parts;
+  parts.push_back(make_loop([=](Context&) {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < count; ++i) g[i] = (mp[i >> 3] >> (i & 7)) & 1u ? dyp[t.pooled(i)] : 0.0f;
+  }));
+  parts.push_back(make_bn_bwd(fused_part(OpKind::bn_bwd, {z, dz, gamma, saved}, {dz, dgamma, dbeta}, n, "bn"), ctx));
+  parts.push_back(make_conv_bwd_weight(fused_part(OpKind::conv_bwd_weight, {x, dz}, {dw}, n, "wgrad"), ctx));
+  if (dx != kNoTensor) {
+    parts.push_back(make_conv_bwd_data(fused_part(OpKind::conv_bwd_data, {dz, w}, {dx}, n, "dgrad"), ctx));
+  }
+  if (db != kNoTensor) {
     expect_dtype(ctx, n, db, DType::F32, "db");
     float* dbp = ctx.ptr<float>(db);
     const int64_t c = ctx.tensor(db).numel();

@@ -38,6 +38,10 @@ using KernelPtr = std::unique_ptr<Kernel>;
 #include "kiln/graph/ops.def"
 #undef KILN_OP
 
+// bn_fwd_train with its output written to dst (a buffer of x's size that no tensor holds:
+// cbr_pool_fwd's full-resolution BatchNorm output) instead of node output 0.
+KernelPtr make_bn_fwd_train_into(const Node& node, Context& ctx, float* dst);
+
 // Whether the CPU backend runs the op (FP32 only).
 bool cpu_supports(OpKind op);
 

@@ -143,10 +143,10 @@ __global__ void infer_kernel(const T* x, const T* residual, T* y, int64_t count,
 // asked (BN+add+ReLU's residual gradient); dx from g. Any of dy, dres, dx may alias.
 template <typename T>
 __global__ void bwd_dx_kernel(const T* x, const T* dy, const T* dy2, const uint8_t* mask, T* dx, T* dres,
-                              int64_t count, int64_t C, const float4* coef) {
+                              int64_t count, int64_t C, const float4* coef, PoolMap pm = {}) {
   KILN_GRID_STRIDE(i, count) {
     const float4 k = coef[i % C];
-    const T g = mask_bit(mask, i) ? grad_sum(dy[i], dy2, i) : from_f<T>(0.0f);
+    const T g = mask_bit(mask, i) ? grad_sum(dy[pm.row(i / C) * C + i % C], dy2, i) : from_f<T>(0.0f);
     const float v = k.y * (to_f(g) - k.z - (to_f(x[i]) - k.x) * k.w);
     if (dres) dres[i] = g;
     dx[i] = from_f<T>(v);
@@ -262,7 +262,7 @@ __device__ __forceinline__ unsigned vec_mask_bits(const uint8_t* mask, int64_t v
 template <typename T>
 __global__ void __launch_bounds__(kVecThreads) bwd_partial_vec(const T* x, const T* dy, const T* dy2,
                                                                 const uint8_t* mask, const float* mean, int rows, int C,
-                                                                double2* partial) {
+                                                                double2* partial, PoolMap pm = {}) {
   constexpr int V = kVec<T>, U = 4;  // U rows (2U loads) in flight
   const int cv = C / V, cvec = threadIdx.x % cv, rpb = kVecThreads / cv, rstride = gridDim.x * rpb;
   const auto* xv = reinterpret_cast<const uint4*>(x);
@@ -281,7 +281,7 @@ __global__ void __launch_bounds__(kVecThreads) bwd_partial_vec(const T* x, const
     for (int u = 0; u < U; ++u) {
       const int ru = r + u * rstride;
       a[u] = load_row<T>(xv, ru, rows, cv, cvec);
-      g[u] = load_row<T>(gv, ru, rows, cv, cvec);  // a zero dy adds nothing
+      g[u] = ru < rows ? gv[pm.row(ru) * cv + cvec] : make_uint4(0, 0, 0, 0);  // a zero dy adds nothing
       if (dy2) g2[u] = load_row<T>(g2v, ru, rows, cv, cvec);
       m[u] = ru < rows ? vec_mask_bits<V>(mask, static_cast<int64_t>(ru) * cv + cvec) : 0u;
     }
@@ -359,9 +359,72 @@ __global__ void __launch_bounds__(kVecThreads) apply_group(const T* x, const T* 
   }
 }
 
+// cbr_pool_fwd's epilogue (ops.def): y = the max-pool of relu(bn(z)) over pool x pool windows
+// that tile z, and the routing mask over z. One thread per pooled pixel and group of eight
+// channels, so each mask byte (eight channels of one pixel of z) has one writer. The values
+// are bn_relu_one's and the window scan maxpool_fwd's (first maximum in window order, NaN
+// wins), so the unfused chain's bits; a bit is set where the pool took the element and the
+// ReLU passed it. Vec: 16-byte loads and stores (aligned maps).
+template <typename T, bool Vec>
+__global__ void apply_relu_pool(const T* z, T* y, uint8_t* mask, int64_t pooled_pixels, int cg, int hp, int wp,
+                                int pool, const float4* coef) {
+  KILN_GRID_STRIDE(t, pooled_pixels * cg) {
+    const int gi = static_cast<int>(t % cg);
+    const int64_t pix = t / cg, b = pix / (static_cast<int64_t>(hp) * wp);
+    const int ph = static_cast<int>((pix / wp) % hp), pw = static_cast<int>(pix % wp);
+    const int64_t zw = static_cast<int64_t>(wp) * pool, zh = static_cast<int64_t>(hp) * pool;
+    alignas(16) T best[8];
+    float bestf[8];
+    int at[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      bestf[j] = -INFINITY;
+      at[j] = -1;
+    }
+    for (int dh = 0; dh < pool; ++dh) {
+      for (int dw = 0; dw < pool; ++dw) {
+        const int64_t e = (((b * zh + ph * pool + dh) * zw + pw * pool + dw) * cg + gi) * 8;
+        alignas(16) T a[8];
+        if constexpr (Vec) {
+          load8(z + e, a);
+        } else {
+#pragma unroll
+          for (int j = 0; j < 8; ++j) a[j] = z[e + j];
+        }
+        unsigned unused = 0;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          const T v = bn_relu_one(to_f(a[j]), static_cast<const T*>(nullptr), coef[gi * 8 + j], unused, j);
+          const float f = to_f(v);
+          if (f > bestf[j] || isnan(f) || at[j] < 0) {
+            bestf[j] = f;
+            best[j] = v;
+            at[j] = dh * pool + dw;
+          }
+        }
+      }
+    }
+    if constexpr (Vec) {
+      store8(y + t * 8, best);
+    } else {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) y[t * 8 + j] = best[j];
+    }
+    for (int dh = 0; dh < pool; ++dh) {
+      for (int dw = 0; dw < pool; ++dw) {
+        unsigned bits = 0;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) bits |= (at[j] == dh * pool + dw && bestf[j] > 0.0f ? 1u : 0u) << j;
+        mask[((b * zh + ph * pool + dh) * zw + pw * pool + dw) * cg + gi] = static_cast<uint8_t>(bits);
+      }
+    }
+  }
+}
+
 template <typename T>
 __global__ void __launch_bounds__(kVecThreads) bwd_dx_group(const T* x, const T* dy, const T* dy2, const uint8_t* mask,
-                                                             T* dx, T* dres, int rows, int cg, const float4* coef) {
+                                                             T* dx, T* dres, int rows, int cg, const float4* coef,
+                                                             PoolMap pm = {}) {
   const int gi = threadIdx.x % cg, rpb = kVecThreads / cg, rstride = gridDim.x * rpb;
   float4 k[8];
 #pragma unroll
@@ -375,7 +438,7 @@ __global__ void __launch_bounds__(kVecThreads) bwd_dx_group(const T* x, const T*
       g[u] = static_cast<int64_t>(r + u * rstride) * cg + gi;
       if (u == 0 || r + rstride < rows) {
         load8(x + g[u] * 8, a[u]);
-        load8(dy + g[u] * 8, d[u]);
+        load8(dy + (pm.row(r + u * rstride) * cg + gi) * 8, d[u]);
         if (dy2) {
           alignas(16) T d2[8];
           load8(dy2 + g[u] * 8, d2);
@@ -448,6 +511,7 @@ Nhwc bn_check(const Context& ctx, const Node& n, TensorId x, std::initializer_li
   const Nhwc s = nhwc_of(ctx, n, x, "x");
   expect_float(ctx, n, x, "x");
   for (TensorId id : same_shape) {
+    if (id == kNoTensor) continue;  // cbr_pool_fwd's y is pooled (checked by its caller)
     expect_same_dtype(ctx, n, x, id);
     KILN_CHECK(ctx.tensor(id).numel() == ctx.tensor(x).numel(), Shape, op_name(n.op), " node '", n.label, "': '",
                ctx.tensor(id).name, "' has shape ", ctx.tensor(id).shape.str(), ", x has ", ctx.tensor(x).shape.str());
@@ -476,6 +540,7 @@ struct BnFwd {
   const float* conv_bias = nullptr;  // cbr_fwd's optional b (ops.def)
   const float* sums = nullptr;       // x's [sum; sum of squares] per channel from conv+genstats, or none
   float eps = 0.0f, momentum = 0.0f;
+  int pool = 0;  // cbr_pool_fwd: y is the max-pool of the ReLU output by pool x pool windows, mask covers x
 };
 
 // What one BatchNorm backward reads and writes. mask non-null: the gradient at BN's output is
@@ -488,6 +553,7 @@ struct BnBwd {
   void *dx = nullptr, *dres = nullptr;
   const float *saved = nullptr, *gamma = nullptr;
   float *dgamma = nullptr, *dbeta = nullptr;
+  PoolMap pm;  // cbr_pool_bwd: dy is the max-pooled map's gradient
 };
 
 // Statistics (per-channel double sums, then the finalize pass, which also forms the apply
@@ -498,6 +564,15 @@ KernelPtr bn_forward(Context& ctx, int stream, const Nhwc& s, DType dt, const Bn
   const auto C = d.c;
   const BnVec v = bn_vec(ctx, dt, d.rows, C, {a.x});
   const GroupPlan gp = group_plan(ctx, d.rows, C, {a.x, a.residual, a.y});
+  // cbr_pool_fwd: one thread per pooled pixel and group of eight channels (C % 8 == 0, as the
+  // merge pass plans it), 16-byte accesses where the maps allow.
+  KILN_CHECK(!a.pool || (C % 8 == 0 && a.mask && s.h % a.pool == 0 && s.w % a.pool == 0), Internal,
+             "BatchNorm with a merged max-pool needs C % 8 == 0 and windows that tile the map (C ", C, ", ", s.h,
+             "x", s.w, ", pool ", a.pool, ")");
+  const bool pool_vec = a.pool && vec_fits(ctx.opts, d.rows * C, 8, {a.x, a.y});
+  const int64_t pooled_pixels = a.pool ? d.rows / (a.pool * a.pool) : 0;
+  const unsigned pgrid = a.pool ? grid_for(ctx, pooled_pixels * (C / 8), kThreads) : 1;
+  const int hp = a.pool ? static_cast<int>(s.h / a.pool) : 0, wp = a.pool ? static_cast<int>(s.w / a.pool) : 0;
   const int chunks = a.sums ? 1 : v.on ? v.blocks : d.gy;
   const size_t coef_off = align256(sizeof(double2) * static_cast<size_t>(chunks) * static_cast<size_t>(C));
   ctx.need_workspace(stream, coef_off + sizeof(float4) * static_cast<size_t>(C));
@@ -527,7 +602,16 @@ KernelPtr bn_forward(Context& ctx, int stream, const Nhwc& s, DType dt, const Bn
       stats_finalize_kernel<<<finalize_grid(C), dim3(kFinC, kFinS), 0, st>>>(
           partial, chunks, d.rows, C, a.eps, a.momentum, a.saved, a.rm, a.rv, a.gamma, a.beta, a.conv_bias, coef);
       KILN_LAUNCH_CHECK("bn stats finalize");
-      if (gp.on && a.mask) {
+      if (a.pool) {
+        if (pool_vec) {
+          apply_relu_pool<T, true><<<pgrid, kThreads, 0, st>>>(x, y, a.mask, pooled_pixels, static_cast<int>(C / 8), hp,
+                                                               wp, a.pool, coef);
+        } else {
+          apply_relu_pool<T, false><<<pgrid, kThreads, 0, st>>>(x, y, a.mask, pooled_pixels, static_cast<int>(C / 8), hp,
+                                                                wp, a.pool, coef);
+        }
+        KILN_LAUNCH_CHECK("bn apply + relu + max-pool + mask");
+      } else if (gp.on && a.mask) {
         apply_group<T, true><<<gp.blocks, kVecThreads, 0, st>>>(x, res, y, a.mask, static_cast<int>(d.rows), gp.cg, coef);
         KILN_LAUNCH_CHECK("bn apply + relu + mask (vec)");
       } else if (gp.on) {
@@ -569,10 +653,10 @@ KernelPtr bn_backward(Context& ctx, int stream, const Nhwc& s, DType dt, const B
       T *dx = static_cast<T*>(a.dx), *dres = static_cast<T*>(a.dres);
       if (v.on) {
         bwd_partial_vec<T><<<v.blocks, kVecThreads, 0, st>>>(x, dy, dy2, a.mask, a.saved, static_cast<int>(d.rows),
-                                                             static_cast<int>(C), partial);
+                                                             static_cast<int>(C), partial, a.pm);
         KILN_LAUNCH_CHECK("bn bwd sums (vec)");
       } else {
-        bwd_partial_kernel<T><<<rgrid, dim3(kCx, kCy), 0, st>>>(x, dy, dy2, a.mask, a.saved, d.rows, C, partial);
+        bwd_partial_kernel<T><<<rgrid, dim3(kCx, kCy), 0, st>>>(x, dy, dy2, a.mask, a.saved, d.rows, C, partial, a.pm);
         KILN_LAUNCH_CHECK("bn bwd sums");
       }
       bwd_finalize_kernel<<<finalize_grid(C), dim3(kFinC, kFinS), 0, st>>>(partial, chunks, d.rows, C, a.saved,
@@ -580,10 +664,10 @@ KernelPtr bn_backward(Context& ctx, int stream, const Nhwc& s, DType dt, const B
       KILN_LAUNCH_CHECK("bn bwd finalize");
       if (gp.on) {
         bwd_dx_group<T><<<gp.blocks, kVecThreads, 0, st>>>(x, dy, dy2, a.mask, dx, dres, static_cast<int>(d.rows), gp.cg,
-                                                           coef);
+                                                           coef, a.pm);
         KILN_LAUNCH_CHECK("bn bwd dx (vec)");
       } else {
-        bwd_dx_kernel<T><<<egrid, kThreads, 0, st>>>(x, dy, dy2, a.mask, dx, dres, count, C, coef);
+        bwd_dx_kernel<T><<<egrid, kThreads, 0, st>>>(x, dy, dy2, a.mask, dx, dres, count, C, coef, a.pm);
         KILN_LAUNCH_CHECK("bn bwd dx");
       }
     });
@@ -687,6 +771,51 @@ KernelPtr make_bn_relu_mask_bwd(const Node& n, Context& ctx, int stream, TensorI
   a.mask = ctx.ptr<uint8_t>(mask);
   a.dres = ctx.ptr(dres);
   return bn_backward(ctx, stream, s, ctx.tensor(x).dtype, a);
+}
+
+// cbr_pool_fwd's BatchNorm, ReLU and max-pool (fused.cpp): "z, gamma, beta, running_mean,
+// running_var, [b] -> y (pooled), saved, mask (over z)".
+KernelPtr make_bn_relu_pool_fwd(const Node& n, Context& ctx, int stream, TensorId z, TensorId gamma, TensorId beta,
+                                TensorId rm, TensorId rv, TensorId conv_bias, TensorId y, TensorId saved,
+                                TensorId mask, const float* conv_sums) {
+  Nhwc s;
+  BnFwd a = bn_fwd_args(ctx, n, z, gamma, beta, rm, rv, kNoTensor, saved, &s);
+  const int pool = n.attrs.pool;
+  const Nhwc ys = nhwc_of(ctx, n, y, "y (pooled)");
+  expect_same_dtype(ctx, n, z, y);
+  KILN_CHECK(pool >= 1 && ys.n == s.n && ys.c == s.c && ys.h * pool == s.h && ys.w * pool == s.w, Shape,
+             op_name(n.op), " node '", n.label, "': y ", ctx.tensor(y).shape.str(), " is not z ",
+             ctx.tensor(z).shape.str(), " max-pooled by ", pool, "x", pool, " windows that tile it (attrs.pool)");
+  if (conv_bias != kNoTensor) {
+    expect_dtype(ctx, n, conv_bias, DType::F32, "b");
+    expect_numel(ctx, n, conv_bias, s.c, "b (one per output channel)");
+  }
+  expect_mask(ctx, n, mask, z);
+  a.y = ctx.ptr(y);
+  a.sums = conv_sums;
+  a.conv_bias = ctx.ptr<float>(conv_bias);
+  a.mask = ctx.ptr<uint8_t>(mask);
+  a.pool = pool;
+  return bn_forward(ctx, stream, s, ctx.tensor(z).dtype, a);
+}
+
+// cbr_pool_bwd's BatchNorm backward (fused.cpp): "z, dy (pooled), mask (over z), gamma, saved
+// -> dz, dgamma, dbeta", the gradient at BatchNorm's output read from the pooled dy.
+KernelPtr make_bn_relu_pool_bwd(const Node& n, Context& ctx, int stream, TensorId z, TensorId dy, TensorId mask,
+                                TensorId gamma, TensorId saved, TensorId dz, TensorId dgamma, TensorId dbeta) {
+  Nhwc s;
+  BnBwd a = bn_bwd_args(ctx, n, z, dz, gamma, saved, dz, dgamma, dbeta, &s);
+  const int pool = n.attrs.pool;
+  const Nhwc ds = nhwc_of(ctx, n, dy, "dy (pooled)");
+  expect_same_dtype(ctx, n, z, dy);
+  KILN_CHECK(pool >= 1 && ds.n == s.n && ds.c == s.c && ds.h * pool == s.h && ds.w * pool == s.w, Shape,
+             op_name(n.op), " node '", n.label, "': dy ", ctx.tensor(dy).shape.str(), " is not the gradient of z ",
+             ctx.tensor(z).shape.str(), " max-pooled by ", pool, "x", pool, " windows (attrs.pool)");
+  expect_mask(ctx, n, mask, z);
+  a.dy = ctx.ptr(dy);
+  a.mask = ctx.ptr<uint8_t>(mask);
+  a.pm = PoolMap{pool, static_cast<int>(s.h), static_cast<int>(s.w)};
+  return bn_backward(ctx, stream, s, ctx.tensor(z).dtype, a);
 }
 
 namespace {

@@ -71,18 +71,30 @@ __device__ __forceinline__ bool mask_bit(const uint8_t* mask, int64_t i) {
   return mask == nullptr || ((mask[i >> 3] >> (i & 7)) & 1u) != 0;
 }
 
+// cbr_pool_bwd's dy is the gradient of z's max-pool (ops.def): row r of z (one pixel) reads
+// the dy row of the pool window that holds it, and the mask says whether the window routes
+// its gradient there. pool 0: dy has z's rows.
+struct PoolMap {
+  int pool = 0, h = 0, w = 0;  // the pool's window (= stride); z's height and width
+  __device__ __forceinline__ int64_t row(int64_t r) const {
+    if (pool == 0) return r;
+    const int64_t x = r % w, rest = r / w, y = rest % h, b = rest / h;
+    return (b * (h / pool) + y / pool) * (w / pool) + x / pool;
+  }
+};
+
 // sum g and sum g * (x - mean) per channel, per row chunk, with g = dy where the mask passes
 // it (the ReLU backward of a fused op) and 0 elsewhere.
 template <typename T>
 __global__ void bwd_partial_kernel(const T* x, const T* dy, const T* dy2, const uint8_t* mask, const float* mean,
-                                   int64_t rows, int64_t C, double2* partial) {
+                                   int64_t rows, int64_t C, double2* partial, PoolMap pm = {}) {
   const int64_t c = static_cast<int64_t>(blockIdx.x) * kCx + threadIdx.x;
   double s = 0.0, sx = 0.0;
   if (c < C) {
     const double mu = mean[c];
     for (int64_t r = static_cast<int64_t>(blockIdx.y) * kCy + threadIdx.y; r < rows;
          r += static_cast<int64_t>(gridDim.y) * kCy) {
-      const double g = mask_bit(mask, r * C + c) ? to_f(grad_sum(dy[r * C + c], dy2, r * C + c)) : 0.0;
+      const double g = mask_bit(mask, r * C + c) ? to_f(grad_sum(dy[pm.row(r) * C + c], dy2, r * C + c)) : 0.0;
       s += g;
       sx += g * (static_cast<double>(to_f(x[r * C + c])) - mu);
     }

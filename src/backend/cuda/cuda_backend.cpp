@@ -80,7 +80,7 @@ class CudaBackend final : public CudaBackendApi {
     // Fused CBR and BN+add+ReLU (fused.cpp), in FP32 too by default: the same bits as the
     // unfused chain (GpuFusedStep.*Fp32) and faster on the H200 (ResNet-50 FP32 +5.3%, the
     // Fashion-MNIST cnn +3%, bench/RESULTS.md).
-    c.fused_cbr = c.fused_bn_add_relu = c.fused_fp32 = c.fp32_fusion_default = true;
+    c.fused_cbr = c.fused_cbr_pool = c.fused_bn_add_relu = c.fused_fp32 = c.fp32_fusion_default = true;
     // The gradient-sum fusion (bn_add_relu_bwd's dy2): +2.3% on ResNet-50 AMP on the H200
     // (bench/RESULTS.md); Engine turns it off with KILN_FUSE_GRAD_SUM=0.
     c.fused_grad_sum = true;

@@ -10,7 +10,10 @@
 // give the same bits (tests/gpu/gpu_fused_test.cpp). The parts run in order on the node's
 // stream. KILN_CBR_FORM=genstats takes the seed article's forward instead (conv+genstats in
 // one cuDNN graph); its backward forms (dgrad+drelu+dbn) and the MLPerf prologue form are not
-// built yet.
+// built (bench/RESULTS.md: cuDNN has no dgrad+drelu+dbn_weight engine at batch 256, and the
+// prologue convolutions cost about what they save). cbr_pool_* also fold a max-pool that tiles
+// z into BatchNorm's apply pass: the full-resolution ReLU output is neither written nor read
+// back, and the backward reads the pooled gradient and the mask of the elements the pool took.
 #include "backend/cuda/fused_parts.h"
 #include "backend/cuda/cuda_common.h"
 #include "backend/cuda/side_stream.h"
@@ -34,6 +37,31 @@ class Sequence final : public Kernel {
   std::unique_ptr<DeviceBuffer> shared_;
 };
 
+// cbr_fwd's and cbr_pool_fwd's convolution, then `epilogue(sums)`, their BatchNorm part. With
+// KILN_CBR_FORM=genstats, the seed article's form where cuDNN has it: the convolution's graph
+// also sums z per channel (genstats; sums non-null), so BatchNorm skips its statistics pass.
+// Its sums are FP32, accumulated in cuDNN's order, so that form agrees with the unfused chain
+// to rounding, not bit for bit.
+template <typename Epilogue>
+KernelPtr cbr_forward(const Node& n, Context& ctx, int stream, TensorId x, TensorId w, TensorId z, Epilogue epilogue) {
+  std::vector<KernelPtr> parts;
+  if (ctx.opts.cbr_genstats) {
+    const int64_t k = ctx.tensor(z).shape.dims.back();
+    auto sums = std::make_unique<DeviceBuffer>(2 * static_cast<size_t>(k) * sizeof(float));
+    auto* sp = static_cast<float*>(sums->get());
+    if (KernelPtr conv = make_conv_fwd_genstats(n, ctx, stream, x, w, z, sp)) {
+      ++ctx.cbr_genstats;
+      parts.push_back(std::move(conv));
+      parts.push_back(epilogue(static_cast<const float*>(sp)));
+      return std::make_unique<Sequence>(stream, std::move(parts), std::move(sums));
+    }
+    ++ctx.cbr_genstats_fallbacks;
+  }
+  parts.push_back(make_conv_fwd(fused_part(OpKind::conv_fwd, {x, w}, {z}, n, "conv"), ctx, stream));
+  parts.push_back(epilogue(static_cast<const float*>(nullptr)));
+  return std::make_unique<Sequence>(stream, std::move(parts));
+}
+
 }  // namespace
 
 // "x, w, gamma, beta, running_mean, running_var, [b] -> z, y, saved, mask"
@@ -44,45 +72,25 @@ KernelPtr make_cbr_fwd(const Node& n, Context& ctx, int stream) {
                  b = in_at(n, 6);
   const TensorId z = need_out(n, 0, "z"), y = need_out(n, 1, "y"), saved = need_out(n, 2, "saved"),
                  mask = need_out(n, 3, "mask");
-  std::vector<KernelPtr> parts;
-  if (ctx.opts.cbr_genstats) {
-    // The seed article's form: the convolution's graph also sums z per channel (genstats), so
-    // BatchNorm skips its statistics pass. Its sums are FP32, accumulated in cuDNN's order, so
-    // this form agrees with the unfused chain to rounding, not bit for bit.
-    const int64_t k = ctx.tensor(z).shape.dims.back();
-    auto sums = std::make_unique<DeviceBuffer>(2 * static_cast<size_t>(k) * sizeof(float));
-    auto* sp = static_cast<float*>(sums->get());
-    if (KernelPtr conv = make_conv_fwd_genstats(n, ctx, stream, x, w, z, sp)) {
-      ++ctx.cbr_genstats;
-      parts.push_back(std::move(conv));
-      parts.push_back(make_bn_relu_mask_fwd(n, ctx, stream, z, gamma, beta, rm, rv, kNoTensor, b, y, saved, mask, sp));
-      return std::make_unique<Sequence>(stream, std::move(parts), std::move(sums));
-    }
-    ++ctx.cbr_genstats_fallbacks;
-  }
-  parts.push_back(make_conv_fwd(fused_part(OpKind::conv_fwd, {x, w}, {z}, n, "conv"), ctx, stream));
-  parts.push_back(make_bn_relu_mask_fwd(n, ctx, stream, z, gamma, beta, rm, rv, kNoTensor, b, y, saved, mask));
-  return std::make_unique<Sequence>(stream, std::move(parts));
+  return cbr_forward(n, ctx, stream, x, w, z, [&](const float* sums) {
+    return make_bn_relu_mask_fwd(n, ctx, stream, z, gamma, beta, rm, rv, kNoTensor, b, y, saved, mask, sums);
+  });
 }
 
-// "x, w, z, dy, mask, gamma, saved -> [dx], dw, dgamma, dbeta, dz, [db]"
-KernelPtr make_cbr_bwd(const Node& n, Context& ctx, int stream) {
-  reject_accumulate(n);
-  const TensorId x = need_in(n, 0, "x"), w = need_in(n, 1, "w"), z = need_in(n, 2, "z"), dy = need_in(n, 3, "dy"),
-                 mask = need_in(n, 4, "mask"), gamma = need_in(n, 5, "gamma"), saved = need_in(n, 6, "saved");
-  const TensorId dx = out_at(n, 0), dw = need_out(n, 1, "dw"), dgamma = need_out(n, 2, "dgamma"),
-                 dbeta = need_out(n, 3, "dbeta"), dz = need_out(n, 4, "dz"), db = out_at(n, 5);
+namespace {
+
+// The convolution gradients of cbr_bwd and cbr_pool_bwd after their BatchNorm part (which
+// wrote dz): the weight gradient on the side stream beside the data gradient (side_stream.h)
+// unless dx or db shares bytes with what it reads or writes; the first layer's form has no dx.
+KernelPtr cbr_conv_backward(const Node& n, Context& ctx, int stream, KernelPtr bn, TensorId x, TensorId w,
+                            TensorId dz, TensorId dx, TensorId dw, TensorId db) {
   std::vector<KernelPtr> parts;
-  parts.push_back(
-      make_bn_relu_mask_bwd(n, ctx, stream, z, dy, kNoTensor, mask, gamma, saved, dz, kNoTensor, dgamma, dbeta));
-  // The weight gradient runs on the side stream beside the data gradient (side_stream.h),
-  // unless dx or db shares bytes with what it reads or writes.
+  parts.push_back(std::move(bn));
   auto wgrad = [&](int s) {
     return make_conv_bwd_weight(fused_part(OpKind::conv_bwd_weight, {x, dz}, {dw}, n, "wgrad"), ctx, s);
   };
   const bool apart = !any_overlap(byte_ranges(ctx, {dx, db}), byte_ranges(ctx, {x, dz, dw}));
   parts.push_back(apart ? maybe_on_side_stream(ctx, stream, {x, dz}, {dw}, wgrad) : wgrad(stream));
-  // The first layer's form has no dx: its input is the data.
   if (dx != kNoTensor) {
     parts.push_back(make_conv_bwd_data(fused_part(OpKind::conv_bwd_data, {dz, w}, {dx}, n, "dgrad"), ctx, stream));
   }
@@ -96,6 +104,48 @@ KernelPtr make_cbr_bwd(const Node& n, Context& ctx, int stream) {
     }));
   }
   return std::make_unique<Sequence>(stream, std::move(parts));
+}
+
+}  // namespace
+
+// "x, w, z, dy, mask, gamma, saved -> [dx], dw, dgamma, dbeta, dz, [db]"
+KernelPtr make_cbr_bwd(const Node& n, Context& ctx, int stream) {
+  reject_accumulate(n);
+  const TensorId x = need_in(n, 0, "x"), w = need_in(n, 1, "w"), z = need_in(n, 2, "z"), dy = need_in(n, 3, "dy"),
+                 mask = need_in(n, 4, "mask"), gamma = need_in(n, 5, "gamma"), saved = need_in(n, 6, "saved");
+  const TensorId dx = out_at(n, 0), dw = need_out(n, 1, "dw"), dgamma = need_out(n, 2, "dgamma"),
+                 dbeta = need_out(n, 3, "dbeta"), dz = need_out(n, 4, "dz"), db = out_at(n, 5);
+  return cbr_conv_backward(
+      n, ctx, stream,
+      make_bn_relu_mask_bwd(n, ctx, stream, z, dy, kNoTensor, mask, gamma, saved, dz, kNoTensor, dgamma, dbeta), x, w,
+      dz, dx, dw, db);
+}
+
+// "x, w, gamma, beta, running_mean, running_var, [b] -> z, y (pooled), saved, mask (over z)":
+// cbr_fwd with the max-pool in BatchNorm's apply pass (make_bn_relu_pool_fwd), so the
+// full-resolution ReLU output is never written.
+KernelPtr make_cbr_pool_fwd(const Node& n, Context& ctx, int stream) {
+  reject_accumulate(n);
+  const TensorId x = need_in(n, 0, "x"), w = need_in(n, 1, "w"), gamma = need_in(n, 2, "gamma"),
+                 beta = need_in(n, 3, "beta"), rm = need_in(n, 4, "running_mean"), rv = need_in(n, 5, "running_var"),
+                 b = in_at(n, 6);
+  const TensorId z = need_out(n, 0, "z"), y = need_out(n, 1, "y"), saved = need_out(n, 2, "saved"),
+                 mask = need_out(n, 3, "mask");
+  return cbr_forward(n, ctx, stream, x, w, z, [&](const float* sums) {
+    return make_bn_relu_pool_fwd(n, ctx, stream, z, gamma, beta, rm, rv, b, y, saved, mask, sums);
+  });
+}
+
+// "x, w, z, dy (pooled), mask (over z), gamma, saved -> [dx], dw, dgamma, dbeta, dz, [db]"
+KernelPtr make_cbr_pool_bwd(const Node& n, Context& ctx, int stream) {
+  reject_accumulate(n);
+  const TensorId x = need_in(n, 0, "x"), w = need_in(n, 1, "w"), z = need_in(n, 2, "z"), dy = need_in(n, 3, "dy"),
+                 mask = need_in(n, 4, "mask"), gamma = need_in(n, 5, "gamma"), saved = need_in(n, 6, "saved");
+  const TensorId dx = out_at(n, 0), dw = need_out(n, 1, "dw"), dgamma = need_out(n, 2, "dgamma"),
+                 dbeta = need_out(n, 3, "dbeta"), dz = need_out(n, 4, "dz"), db = out_at(n, 5);
+  return cbr_conv_backward(n, ctx, stream,
+                           make_bn_relu_pool_bwd(n, ctx, stream, z, dy, mask, gamma, saved, dz, dgamma, dbeta), x, w,
+                           dz, dx, dw, db);
 }
 
 // "x, gamma, beta, running_mean, running_var, residual -> y, saved, mask"

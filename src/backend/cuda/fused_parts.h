@@ -28,4 +28,16 @@ KernelPtr make_bn_relu_mask_bwd(const Node& n, Context& ctx, int stream, TensorI
                                 TensorId mask, TensorId gamma, TensorId saved, TensorId dx, TensorId dres,
                                 TensorId dgamma, TensorId dbeta);
 
+// cbr_pool_fwd's epilogue (ops.def): saved and running statistics as make_bn_relu_mask_fwd,
+// then y = the max-pool of relu(bn(z)) by n.attrs.pool windows that tile z, and the mask over
+// z of the elements the pool took where the ReLU passed them.
+KernelPtr make_bn_relu_pool_fwd(const Node& n, Context& ctx, int stream, TensorId z, TensorId gamma, TensorId beta,
+                                TensorId rm, TensorId rv, TensorId conv_bias, TensorId y, TensorId saved,
+                                TensorId mask, const float* conv_sums = nullptr);
+
+// cbr_pool_bwd's BatchNorm backward: the gradient at BatchNorm's output is the pooled dy of the
+// element's window where the mask is set, 0 elsewhere; dz, dgamma, dbeta from it.
+KernelPtr make_bn_relu_pool_bwd(const Node& n, Context& ctx, int stream, TensorId z, TensorId dy, TensorId mask,
+                                TensorId gamma, TensorId saved, TensorId dz, TensorId dgamma, TensorId dbeta);
+
 }  // namespace kiln::cuda
