@@ -361,18 +361,50 @@ __global__ void __launch_bounds__(kVecThreads) apply_group(const T* x, const T* 
 
 // cbr_pool_fwd's epilogue (ops.def): y = the max-pool of relu(bn(z)) over pool x pool windows
 // that tile z, and the routing mask over z. One thread per pooled pixel and group of eight
-// channels, so each mask byte (eight channels of one pixel of z) has one writer. The values
-// are bn_relu_one's and the window scan maxpool_fwd's (first maximum in window order, NaN
-// wins), so the unfused chain's bits; a bit is set where the pool took the element and the
-// ReLU passed it. Vec: 16-byte loads and stores (aligned maps).
+// channels, so each mask byte (eight channels of one pixel of z) has one writer; the group's
+// coefficients stay in registers, and the window's loads are all issued before the
+// arithmetic (P = 2, VGG's pool: four 16-byte loads in flight; P = 0: any window, read
+// position by position). The values are bn_relu_one's and the window scan maxpool_fwd's
+// (first maximum in window order, NaN wins), so the unfused chain's bits; a mask bit is set
+// where the pool took the element and the ReLU passed it. Vec: 16-byte loads and stores
+// (aligned maps). Thread indices are 32-bit (the host checks pixels x groups < 2^31).
+template <typename T>
+__device__ __forceinline__ void pool_take(const T (&a)[8], const float4 (&k)[8], int pos, T (&best)[8],
+                                          float (&bestf)[8], int (&at)[8]) {
+  unsigned unused = 0;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const T v = bn_relu_one(to_f(a[j]), static_cast<const T*>(nullptr), k[j], unused, j);
+    const float f = to_f(v);
+    if (f > bestf[j] || isnan(f) || at[j] < 0) {
+      bestf[j] = f;
+      best[j] = v;
+      at[j] = pos;
+    }
+  }
+}
+
 template <typename T, bool Vec>
-__global__ void apply_relu_pool(const T* z, T* y, uint8_t* mask, int64_t pooled_pixels, int cg, int hp, int wp,
-                                int pool, const float4* coef) {
-  KILN_GRID_STRIDE(t, pooled_pixels * cg) {
-    const int gi = static_cast<int>(t % cg);
-    const int64_t pix = t / cg, b = pix / (static_cast<int64_t>(hp) * wp);
-    const int ph = static_cast<int>((pix / wp) % hp), pw = static_cast<int>(pix % wp);
-    const int64_t zw = static_cast<int64_t>(wp) * pool, zh = static_cast<int64_t>(hp) * pool;
+__device__ __forceinline__ void load_group(const T* p, T (&v)[8]) {
+  if constexpr (Vec) {
+    load8(p, v);
+  } else {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) v[j] = p[j];
+  }
+}
+
+template <typename T, bool Vec, int P>
+__global__ void __launch_bounds__(kVecThreads) apply_relu_pool(const T* z, T* y, uint8_t* mask, int total, int cg,
+                                                                int hp, int wp, int pool_rt, const float4* coef) {
+  const int pool = P ? P : pool_rt;
+  const int zw = wp * pool;
+  for (int t = blockIdx.x * blockDim.x + threadIdx.x; t < total; t += gridDim.x * blockDim.x) {
+    const int gi = t % cg, pix = t / cg;
+    const int pq = pix / wp, pw = pix - pq * wp;  // pq = b hp + ph: z's image row of the window's top is pq * pool
+    float4 k[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) k[j] = coef[gi * 8 + j];
     alignas(16) T best[8];
     float bestf[8];
     int at[8];
@@ -381,41 +413,38 @@ __global__ void apply_relu_pool(const T* z, T* y, uint8_t* mask, int64_t pooled_
       bestf[j] = -INFINITY;
       at[j] = -1;
     }
-    for (int dh = 0; dh < pool; ++dh) {
-      for (int dw = 0; dw < pool; ++dw) {
-        const int64_t e = (((b * zh + ph * pool + dh) * zw + pw * pool + dw) * cg + gi) * 8;
-        alignas(16) T a[8];
-        if constexpr (Vec) {
-          load8(z + e, a);
-        } else {
+    // Element (pixel, group) of z's top-left window position; (dh, dw) moves by rows and pixels.
+    const int64_t top = ((static_cast<int64_t>(pq) * pool * zw + static_cast<int64_t>(pw) * pool) * cg + gi) * 8;
+    const int64_t drow = static_cast<int64_t>(zw) * cg * 8, dpix = static_cast<int64_t>(cg) * 8;
+    if constexpr (P == 2) {
+      alignas(16) T a[4][8];
+      load_group<T, Vec>(z + top, a[0]);
+      load_group<T, Vec>(z + top + dpix, a[1]);
+      load_group<T, Vec>(z + top + drow, a[2]);
+      load_group<T, Vec>(z + top + drow + dpix, a[3]);
 #pragma unroll
-          for (int j = 0; j < 8; ++j) a[j] = z[e + j];
-        }
-        unsigned unused = 0;
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          const T v = bn_relu_one(to_f(a[j]), static_cast<const T*>(nullptr), coef[gi * 8 + j], unused, j);
-          const float f = to_f(v);
-          if (f > bestf[j] || isnan(f) || at[j] < 0) {
-            bestf[j] = f;
-            best[j] = v;
-            at[j] = dh * pool + dw;
-          }
+      for (int q = 0; q < 4; ++q) pool_take(a[q], k, q, best, bestf, at);
+    } else {
+      for (int dh = 0; dh < pool; ++dh) {
+        for (int dw = 0; dw < pool; ++dw) {
+          alignas(16) T a[8];
+          load_group<T, Vec>(z + top + dh * drow + dw * dpix, a);
+          pool_take(a, k, dh * pool + dw, best, bestf, at);
         }
       }
     }
     if constexpr (Vec) {
-      store8(y + t * 8, best);
+      store8(y + static_cast<int64_t>(t) * 8, best);
     } else {
 #pragma unroll
-      for (int j = 0; j < 8; ++j) y[t * 8 + j] = best[j];
+      for (int j = 0; j < 8; ++j) y[static_cast<int64_t>(t) * 8 + j] = best[j];
     }
     for (int dh = 0; dh < pool; ++dh) {
       for (int dw = 0; dw < pool; ++dw) {
         unsigned bits = 0;
 #pragma unroll
         for (int j = 0; j < 8; ++j) bits |= (at[j] == dh * pool + dw && bestf[j] > 0.0f ? 1u : 0u) << j;
-        mask[((b * zh + ph * pool + dh) * zw + pw * pool + dw) * cg + gi] = static_cast<uint8_t>(bits);
+        mask[(top + dh * drow + dw * dpix) / 8] = static_cast<uint8_t>(bits);
       }
     }
   }
@@ -571,7 +600,9 @@ KernelPtr bn_forward(Context& ctx, int stream, const Nhwc& s, DType dt, const Bn
              "x", s.w, ", pool ", a.pool, ")");
   const bool pool_vec = a.pool && vec_fits(ctx.opts, d.rows * C, 8, {a.x, a.y});
   const int64_t pooled_pixels = a.pool ? d.rows / (a.pool * a.pool) : 0;
-  const unsigned pgrid = a.pool ? grid_for(ctx, pooled_pixels * (C / 8), kThreads) : 1;
+  KILN_CHECK(pooled_pixels * (C / 8) < (int64_t{1} << 31), Unsupported, "BatchNorm with a merged max-pool: ",
+             pooled_pixels, " pooled pixels x ", C / 8, " channel groups; the kernel indexes them in 32 bits");
+  const unsigned pgrid = a.pool ? grid_for(ctx, pooled_pixels * (C / 8), kVecThreads) : 1;
   const int hp = a.pool ? static_cast<int>(s.h / a.pool) : 0, wp = a.pool ? static_cast<int>(s.w / a.pool) : 0;
   const int chunks = a.sums ? 1 : v.on ? v.blocks : d.gy;
   const size_t coef_off = align256(sizeof(double2) * static_cast<size_t>(chunks) * static_cast<size_t>(C));
@@ -603,12 +634,15 @@ KernelPtr bn_forward(Context& ctx, int stream, const Nhwc& s, DType dt, const Bn
           partial, chunks, d.rows, C, a.eps, a.momentum, a.saved, a.rm, a.rv, a.gamma, a.beta, a.conv_bias, coef);
       KILN_LAUNCH_CHECK("bn stats finalize");
       if (a.pool) {
-        if (pool_vec) {
-          apply_relu_pool<T, true><<<pgrid, kThreads, 0, st>>>(x, y, a.mask, pooled_pixels, static_cast<int>(C / 8), hp,
-                                                               wp, a.pool, coef);
+        const int cg = static_cast<int>(C / 8), total = static_cast<int>(pooled_pixels * (C / 8));
+        if (a.pool == 2 && pool_vec) {
+          apply_relu_pool<T, true, 2><<<pgrid, kVecThreads, 0, st>>>(x, y, a.mask, total, cg, hp, wp, 2, coef);
+        } else if (a.pool == 2) {
+          apply_relu_pool<T, false, 2><<<pgrid, kVecThreads, 0, st>>>(x, y, a.mask, total, cg, hp, wp, 2, coef);
+        } else if (pool_vec) {
+          apply_relu_pool<T, true, 0><<<pgrid, kVecThreads, 0, st>>>(x, y, a.mask, total, cg, hp, wp, a.pool, coef);
         } else {
-          apply_relu_pool<T, false><<<pgrid, kThreads, 0, st>>>(x, y, a.mask, pooled_pixels, static_cast<int>(C / 8), hp,
-                                                                wp, a.pool, coef);
+          apply_relu_pool<T, false, 0><<<pgrid, kVecThreads, 0, st>>>(x, y, a.mask, total, cg, hp, wp, a.pool, coef);
         }
         KILN_LAUNCH_CHECK("bn apply + relu + max-pool + mask");
       } else if (gp.on && a.mask) {
@@ -814,7 +848,9 @@ KernelPtr make_bn_relu_pool_bwd(const Node& n, Context& ctx, int stream, TensorI
   expect_mask(ctx, n, mask, z);
   a.dy = ctx.ptr(dy);
   a.mask = ctx.ptr<uint8_t>(mask);
-  a.pm = PoolMap{pool, static_cast<int>(s.h), static_cast<int>(s.w)};
+  KILN_CHECK(s.numel() / s.c < (int64_t{1} << 31), Unsupported, op_name(n.op), " node '", n.label, "': ",
+             s.numel() / s.c, " pixels; the pooled backward indexes rows in 32 bits (at most 2^31)");
+  a.pm = PoolMap{pool, static_cast<int>(s.w)};
   return bn_backward(ctx, stream, s, ctx.tensor(z).dtype, a);
 }
 

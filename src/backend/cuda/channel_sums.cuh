@@ -74,12 +74,18 @@ __device__ __forceinline__ bool mask_bit(const uint8_t* mask, int64_t i) {
 // cbr_pool_bwd's dy is the gradient of z's max-pool (ops.def): row r of z (one pixel) reads
 // the dy row of the pool window that holds it, and the mask says whether the window routes
 // its gradient there. pool 0: dy has z's rows.
+// Since the pool tiles every image (pool divides z's height), image row q = b H + h of z
+// lies in pooled image row q / pool: one 32-bit division by the width (the kernels' rows are
+// below 2^31) instead of decomposing the row into image, height and width (the first form,
+// three 64-bit divisions a row, cost VGG16-BN's BN backward 2.9 ms a step on the H200).
 struct PoolMap {
-  int pool = 0, h = 0, w = 0;  // the pool's window (= stride); z's height and width
+  int pool = 0, w = 0;  // the pool's window (= stride); z's width
   __device__ __forceinline__ int64_t row(int64_t r) const {
     if (pool == 0) return r;
-    const int64_t x = r % w, rest = r / w, y = rest % h, b = rest / h;
-    return (b * (h / pool) + y / pool) * (w / pool) + x / pool;
+    const auto r32 = static_cast<uint32_t>(r), uw = static_cast<uint32_t>(w), up = static_cast<uint32_t>(pool);
+    const uint32_t q = r32 / uw, x = r32 - q * uw;
+    if (up == 2) return static_cast<int64_t>((q >> 1) * (uw >> 1) + (x >> 1));
+    return static_cast<int64_t>((q / up) * (uw / up) + x / up);
   }
 };
 
