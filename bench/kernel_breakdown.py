@@ -18,11 +18,12 @@ import sys
 
 # First match wins; the patterns are kernel-name fragments: kiln's own kernels by their names
 # in src/backend/cuda, PyTorch's (ATen, as traced by gpu_timeline.py for SPEC Q3's side of the
-# comparison) by their functors, cuDNN's and cuBLAS's by their families.
+# comparison) by their functors, cuDNN's and cuBLAS's by their families. apply_relu_pool is
+# BatchNorm's apply pass with a max-pool folded in (cbr_pool_fwd): counted as BatchNorm.
 KINDS = [
     ("BatchNorm", r"stats_partial|stats_finalize|sums_to_partial|apply_group|apply_kernel|apply_relu_mask|"
                   r"bwd_partial|bwd_finalize|bwd_dx|fwd_coef|bwd_coef|infer_kernel|local_stats|bwd_local|"
-                  r"combine_kernel|batchnorm|batch_norm"),
+                  r"combine_kernel|batchnorm|batch_norm|apply_relu_pool"),
     ("residual add / gradient sum", r"\badd_vec|\badd_kernel|CUDAFunctor_add"),
     # PyTorch: ReLU forward is clamp_min (launch_clamp_scalar), its backward threshold_backward.
     ("ReLU", r"relu_fwd|relu_bwd|clamp_scalar|threshold"),

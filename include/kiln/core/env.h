@@ -1,5 +1,5 @@
 // Switches read from the environment. Every optimisation can be turned off this way
-// (STYLE.md): KILN_FUSION, KILN_MEMORY_REUSE, KILN_CUDA_GRAPHS, KILN_STREAMS,
+// (STYLE.md): KILN_FUSION, KILN_FUSE_POOL, KILN_MEMORY_REUSE, KILN_CUDA_GRAPHS, KILN_STREAMS,
 // KILN_ENGINE_TABLE. A malformed value is an error, not a silent default.
 #pragma once
 #include <cstdint>
