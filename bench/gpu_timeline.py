@@ -7,7 +7,9 @@ reads a trace of the real run - tools/cupti_trace.cpp's CSV (the H200 has no Nsi
 `nsys stats --report cuda_gpu_trace --format csv` of `nsys profile
 --capture-range=cudaProfilerApi kiln bench ... --cuda-profiler-range`, in the same columns - and
 prints, per step: the span, the time at least one kernel, copy or memset was running (busy),
-the time nothing was (idle), how much of the busy time overlapped, the copies and memsets, the
+the time nothing was (idle), how much of the busy time overlapped, the copies and memsets,
+the busy time per phase (forward to the loss, backward to the optimizer, optimizer and AMP
+casts to the next step's first convolution), the
 largest idle gaps with what ran either side of them, and the heaviest kernels as they ran (to
 compare with the ncu replay's durations). `scripts/gpu-check.sh timeline` runs it.
 
@@ -17,6 +19,7 @@ import argparse
 import collections
 import csv
 import os
+import re
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -70,6 +73,53 @@ def kind(name):
     return "kernel"
 
 
+# The optimizer's first kernels, kiln's and PyTorch's: they end the backward phase.
+OPTIMIZER = re.compile(r"sgd|adamw|lars_|multi_tensor_apply|check_clip|non_finite|unscale")
+
+
+def busy_in(events, lo, hi):
+    """The time in [lo, hi) during which some activity ran."""
+    spans = sorted((max(s, lo), min(e, hi)) for s, e, _, _ in events if s < hi and e > lo)
+    busy, cur_s, cur_e = 0.0, None, None
+    for s, e in spans:
+        if cur_e is None or s > cur_e:
+            if cur_e is not None:
+                busy += cur_e - cur_s
+            cur_s, cur_e = s, e
+        else:
+            cur_e = max(cur_e, e)
+    return busy + (cur_e - cur_s if cur_e is not None else 0.0)
+
+
+def phases(events):
+    """Per step, the busy time of forward (to the end of the loss's first kernel), backward (to
+    the optimizer's first kernel) and optimizer + AMP casts (to the next step's first
+    convolution), averaged over the steps after the first (whose forward holds the range's
+    start) when there are several; None when the trace has no loss kernel."""
+    losses = [e for e in events if kind_of(e[3]) == "loss"]
+    if not losses:
+        return None
+    bounds = []  # (step start, forward end, backward end)
+    start, i = events[0][0], 0
+    while i < len(losses):
+        fwd_end = losses[i][1]
+        while i < len(losses) and losses[i][0] <= fwd_end + 1e6:  # the step's other loss kernels
+            i += 1
+        opt = next((e[0] for e in events if e[0] >= fwd_end and OPTIMIZER.search(e[3])), None)
+        if opt is None:
+            break
+        bounds.append((start, fwd_end, opt))
+        start = next((e[0] for e in events if e[0] > opt and kind_of(e[3]) == "convolutions and GEMMs"),
+                     max(e[1] for e in events))
+    if not bounds:
+        return None
+    ends = [b[0] for b in bounds[1:]] + [start]
+    rows = [(busy_in(events, s, f), busy_in(events, f, o), busy_in(events, o, end))
+            for (s, f, o), end in zip(bounds, ends)]
+    use = rows[1:] if len(rows) > 1 else rows
+    return [sum(r[j] for r in use) / len(use) for j in range(3)], len(use)
+
+
 def analyse(events, steps, top):
     span_start = events[0][0]
     span_end = max(e[1] for e in events)
@@ -109,6 +159,11 @@ def analyse(events, steps, top):
         f"{s} {t * ms:.2f}" for s, t in sorted(by_stream.items(), key=lambda kv: -kv[1])))
     out.append("kernel time by kind (ms / step, summed over streams): " + ", ".join(
         f"{k} {t * ms:.2f}" for k, t in sorted(by_family.items(), key=lambda kv: -kv[1])))
+    split = phases(events)
+    if split:
+        (f, b, o), n = split
+        out.append(f"per phase (ms, busy, mean of {n} step(s)): forward {f * 1e-6:.2f}, backward {b * 1e-6:.2f}, "
+                   f"optimizer and AMP casts {o * 1e-6:.2f}")
     others = sorted(((t, n) for n, (t, c) in by_kernel.items() if kind_of(n) == "other"), reverse=True)[:3]
     if others:
         out.append("heaviest kernels of kind 'other' (name them in kernel_breakdown.py's KINDS): " + "; ".join(

@@ -57,6 +57,22 @@ def main():
         out = r.stdout + r.stderr
         expect(r.returncode == 0 and "span 0.00 ms" in out and "void k<int, 2>(int)" in out, "the CUPTI trace", out)
 
+        # Phases: step 1 (conv 0-1 ms, loss 1-1.1, dgrad 1.2-2.2, sgd 2.3-2.5), step 2 alike from
+        # 3 ms; the mean is over steps after the first: forward 1.1, backward 1.0 (1.2-2.2 of
+        # 1.1-2.3), optimizer 0.2 (2.3-2.5; the window runs to the trace's end).
+        steps = os.path.join(d, "steps.csv")
+        with open(steps, "w") as f:
+            f.write("Start (ns),Duration (ns),Strm,Name\n")
+            for t0 in (0, 3000000):
+                f.write(f"{t0},1000000,7,sm90_xmma_fprop_implicit_gemm\n")
+                f.write(f"{t0 + 1000000},100000,7,softmax_ce_rows\n")
+                f.write(f"{t0 + 1200000},1000000,7,sm90_xmma_dgrad_implicit_gemm\n")
+                f.write(f"{t0 + 2300000},200000,7,sgd_kernel\n")
+        r = run(steps, "--steps", "2")
+        out = r.stdout + r.stderr
+        expect("per phase (ms, busy, mean of 1 step(s)): forward 1.10, backward 1.00, optimizer and AMP casts 0.20" in out,
+               "phases", out)
+
         bad = os.path.join(d, "bad.csv")
         with open(bad, "w") as f:
             f.write('"ID","Kernel Name","gpu__time_duration.sum"\n"0","k","1"\n')
