@@ -23,4 +23,47 @@ inline Node fused_part(OpKind op, std::vector<TensorId> in, std::vector<TensorId
   return n;
 }
 
+// The tensors of cbr_fwd and cbr_pool_fwd (ops.def: "x, w, gamma, beta, running_mean,
+// running_var, [b] -> z, y, saved, mask"; y pooled and the mask over z for cbr_pool_fwd),
+// unpacked with a backend's need_in / need_out (which name the missing role).
+struct CbrFwdTensors {
+  TensorId x, w, gamma, beta, rm, rv, b, z, y, saved, mask;
+};
+template <typename NeedIn, typename NeedOut>
+CbrFwdTensors cbr_fwd_tensors(const Node& n, NeedIn need_in, NeedOut need_out) {
+  return {need_in(n, 0, "x"),
+          need_in(n, 1, "w"),
+          need_in(n, 2, "gamma"),
+          need_in(n, 3, "beta"),
+          need_in(n, 4, "running_mean"),
+          need_in(n, 5, "running_var"),
+          n.in.size() > 6 ? n.in[6] : kNoTensor,
+          need_out(n, 0, "z"),
+          need_out(n, 1, "y"),
+          need_out(n, 2, "saved"),
+          need_out(n, 3, "mask")};
+}
+
+// The tensors of cbr_bwd and cbr_pool_bwd ("x, w, z, dy, mask, gamma, saved -> [dx], dw,
+// dgamma, dbeta, dz, [db]"; dy pooled and the mask over z for cbr_pool_bwd).
+struct CbrBwdTensors {
+  TensorId x, w, z, dy, mask, gamma, saved, dx, dw, dgamma, dbeta, dz, db;
+};
+template <typename NeedIn, typename NeedOut>
+CbrBwdTensors cbr_bwd_tensors(const Node& n, NeedIn need_in, NeedOut need_out) {
+  return {need_in(n, 0, "x"),
+          need_in(n, 1, "w"),
+          need_in(n, 2, "z"),
+          need_in(n, 3, "dy"),
+          need_in(n, 4, "mask"),
+          need_in(n, 5, "gamma"),
+          need_in(n, 6, "saved"),
+          n.out.size() > 0 ? n.out[0] : kNoTensor,
+          need_out(n, 1, "dw"),
+          need_out(n, 2, "dgamma"),
+          need_out(n, 3, "dbeta"),
+          need_out(n, 4, "dz"),
+          n.out.size() > 5 ? n.out[5] : kNoTensor};
+}
+
 }  // namespace kiln

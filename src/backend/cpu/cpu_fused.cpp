@@ -117,64 +117,68 @@ KernelPtr apply_mask(const float* dy, const uint8_t* mask, float* g, int64_t cou
   });
 }
 
+// The convolution bias a CBR's BatchNorm cancels (ops.def): the running mean tracks z + b,
+// i.e. gains momentum * b.
+KernelPtr cancelled_bias_moves_running_mean(const Node& n, Context& ctx, TensorId b, TensorId rm) {
+  expect_dtype(ctx, n, b, DType::F32, "b");
+  expect_numel(ctx, n, b, ctx.tensor(rm).numel(), "b (one per output channel)");
+  float* rmp = ctx.ptr<float>(rm);
+  const float* bp = ctx.ptr<float>(b);
+  const float m = n.attrs.bn_momentum;
+  const int64_t c = ctx.tensor(rm).numel();
+  return make_loop([=](Context&) {
+    for (int64_t i = 0; i < c; ++i) rmp[i] += m * bp[i];
+  });
+}
+
+// cbr_bwd and cbr_pool_bwd: `to_dz` writes the gradient at BatchNorm's output into dz; then
+// BatchNorm's backward in place there, the weight and data gradients (none for the first
+// layer), and the cancelled bias's gradient: the sum of dz per channel, exactly 0 (ops.def).
+KernelPtr cbr_backward(const Node& n, Context& ctx, const CbrBwdTensors& t, KernelPtr to_dz) {
+  std::vector<KernelPtr> parts;
+  parts.push_back(std::move(to_dz));
+  parts.push_back(
+      make_bn_bwd(fused_part(OpKind::bn_bwd, {t.z, t.dz, t.gamma, t.saved}, {t.dz, t.dgamma, t.dbeta}, n, "bn"), ctx));
+  parts.push_back(make_conv_bwd_weight(fused_part(OpKind::conv_bwd_weight, {t.x, t.dz}, {t.dw}, n, "wgrad"), ctx));
+  if (t.dx != kNoTensor) {
+    parts.push_back(make_conv_bwd_data(fused_part(OpKind::conv_bwd_data, {t.dz, t.w}, {t.dx}, n, "dgrad"), ctx));
+  }
+  if (t.db != kNoTensor) {
+    expect_dtype(ctx, n, t.db, DType::F32, "db");
+    float* dbp = ctx.ptr<float>(t.db);
+    const int64_t c = ctx.tensor(t.db).numel();
+    parts.push_back(make_loop([=](Context&) { std::fill(dbp, dbp + c, 0.0f); }));
+  }
+  return std::make_unique<Sequence>(std::move(parts));
+}
+
 }  // namespace
 
 // "x, w, gamma, beta, running_mean, running_var, [b] -> z, y, saved, mask"
 KernelPtr make_cbr_fwd(const Node& n, Context& ctx) {
   reject_accumulate(n);
-  const TensorId x = need_in(n, 0, "x"), w = need_in(n, 1, "w"), gamma = need_in(n, 2, "gamma"),
-                 beta = need_in(n, 3, "beta"), rm = need_in(n, 4, "running_mean"), rv = need_in(n, 5, "running_var"),
-                 b = in_at(n, 6);
-  const TensorId z = need_out(n, 0, "z"), y = need_out(n, 1, "y"), saved = need_out(n, 2, "saved"),
-                 mask = need_out(n, 3, "mask");
+  const auto [x, w, gamma, beta, rm, rv, b, z, y, saved, mask] = cbr_fwd_tensors(n, need_in, need_out);
   expect_mask(ctx, n, mask, y);
   std::vector<KernelPtr> parts;
   parts.push_back(make_conv_fwd(fused_part(OpKind::conv_fwd, {x, w}, {z}, n, "conv"), ctx));
   parts.push_back(
       make_bn_fwd_train(fused_part(OpKind::bn_fwd_train, {z, gamma, beta, rm, rv}, {y, saved}, n, "bn"), ctx));
   parts.push_back(relu_with_mask(ctx.ptr<float>(y), nullptr, ctx.ptr<uint8_t>(mask), ctx.tensor(y).numel()));
-  if (b != kNoTensor) {
-    // The bias BatchNorm cancels (ops.def): the running mean tracks z + b, i.e. gains m * b.
-    expect_dtype(ctx, n, b, DType::F32, "b");
-    expect_numel(ctx, n, b, ctx.tensor(rm).numel(), "b (one per output channel)");
-    float* rmp = ctx.ptr<float>(rm);
-    const float* bp = ctx.ptr<float>(b);
-    const float m = n.attrs.bn_momentum;
-    const int64_t c = ctx.tensor(rm).numel();
-    parts.push_back(make_loop([=](Context&) {
-      for (int64_t i = 0; i < c; ++i) rmp[i] += m * bp[i];
-    }));
-  }
+  if (b != kNoTensor) parts.push_back(cancelled_bias_moves_running_mean(n, ctx, b, rm));
   return std::make_unique<Sequence>(std::move(parts));
 }
 
 // "x, w, z, dy, mask, gamma, saved -> [dx], dw, dgamma, dbeta, dz, [db]"
 KernelPtr make_cbr_bwd(const Node& n, Context& ctx) {
   reject_accumulate(n);
-  const TensorId x = need_in(n, 0, "x"), w = need_in(n, 1, "w"), z = need_in(n, 2, "z"), dy = need_in(n, 3, "dy"),
-                 mask = need_in(n, 4, "mask"), gamma = need_in(n, 5, "gamma"), saved = need_in(n, 6, "saved");
-  const TensorId dx = out_at(n, 0), dw = need_out(n, 1, "dw"), dgamma = need_out(n, 2, "dgamma"),
-                 dbeta = need_out(n, 3, "dbeta"), dz = need_out(n, 4, "dz"), db = out_at(n, 5);
-  expect_same_size(ctx, n, z, dy);
-  expect_same_size(ctx, n, z, dz);
-  expect_mask(ctx, n, mask, dy);
-  std::vector<KernelPtr> parts;
+  const CbrBwdTensors t = cbr_bwd_tensors(n, need_in, need_out);
+  expect_same_size(ctx, n, t.z, t.dy);
+  expect_same_size(ctx, n, t.z, t.dz);
+  expect_mask(ctx, n, t.mask, t.dy);
   // The ReLU's backward into dz, then BatchNorm's backward in place there (oneDNN's BN
   // backward reads each diff_dst element before writing the same diff_src element).
-  parts.push_back(apply_mask(ctx.ptr<float>(dy), ctx.ptr<uint8_t>(mask), ctx.ptr<float>(dz), ctx.tensor(dy).numel()));
-  parts.push_back(make_bn_bwd(fused_part(OpKind::bn_bwd, {z, dz, gamma, saved}, {dz, dgamma, dbeta}, n, "bn"), ctx));
-  parts.push_back(make_conv_bwd_weight(fused_part(OpKind::conv_bwd_weight, {x, dz}, {dw}, n, "wgrad"), ctx));
-  if (dx != kNoTensor) {
-    parts.push_back(make_conv_bwd_data(fused_part(OpKind::conv_bwd_data, {dz, w}, {dx}, n, "dgrad"), ctx));
-  }
-  if (db != kNoTensor) {
-    // The cancelled bias's gradient: sum of dz per channel, exactly 0 (ops.def).
-    expect_dtype(ctx, n, db, DType::F32, "db");
-    float* dbp = ctx.ptr<float>(db);
-    const int64_t c = ctx.tensor(db).numel();
-    parts.push_back(make_loop([=](Context&) { std::fill(dbp, dbp + c, 0.0f); }));
-  }
-  return std::make_unique<Sequence>(std::move(parts));
+  return cbr_backward(
+      n, ctx, t, apply_mask(ctx.ptr<float>(t.dy), ctx.ptr<uint8_t>(t.mask), ctx.ptr<float>(t.dz), ctx.tensor(t.dy).numel()));
 }
 
 namespace {
@@ -211,11 +215,7 @@ PoolTiles pool_tiles(const Context& ctx, const Node& n, TensorId z, TensorId y) 
 // (tests, KILN_FUSE_FP32=1), and sharing it would cost a rebinding per run.
 KernelPtr make_cbr_pool_fwd(const Node& n, Context& ctx) {
   reject_accumulate(n);
-  const TensorId x = need_in(n, 0, "x"), w = need_in(n, 1, "w"), gamma = need_in(n, 2, "gamma"),
-                 beta = need_in(n, 3, "beta"), rm = need_in(n, 4, "running_mean"), rv = need_in(n, 5, "running_var"),
-                 b = in_at(n, 6);
-  const TensorId z = need_out(n, 0, "z"), y = need_out(n, 1, "y"), saved = need_out(n, 2, "saved"),
-                 mask = need_out(n, 3, "mask");
+  const auto [x, w, gamma, beta, rm, rv, b, z, y, saved, mask] = cbr_fwd_tensors(n, need_in, need_out);
   const PoolTiles t = pool_tiles(ctx, n, z, y);
   expect_dtype(ctx, n, y, DType::F32, "y");
   expect_mask(ctx, n, mask, z);
@@ -267,18 +267,7 @@ KernelPtr make_cbr_pool_fwd(const Node& n, Context& ctx) {
       mp[by] = static_cast<uint8_t>(bits);
     }
   }));
-  if (b != kNoTensor) {
-    // The bias BatchNorm cancels (ops.def), as in make_cbr_fwd.
-    expect_dtype(ctx, n, b, DType::F32, "b");
-    expect_numel(ctx, n, b, ctx.tensor(rm).numel(), "b (one per output channel)");
-    float* rmp = ctx.ptr<float>(rm);
-    const float* bp = ctx.ptr<float>(b);
-    const float m = n.attrs.bn_momentum;
-    const int64_t c = ctx.tensor(rm).numel();
-    parts.push_back(make_loop([=](Context&) {
-      for (int64_t i = 0; i < c; ++i) rmp[i] += m * bp[i];
-    }));
-  }
+  if (b != kNoTensor) parts.push_back(cancelled_bias_moves_running_mean(n, ctx, b, rm));
   return std::make_unique<Sequence>(std::move(parts), std::move(relu));
 }
 
@@ -287,34 +276,18 @@ KernelPtr make_cbr_pool_fwd(const Node& n, Context& ctx) {
 // (maxpool_bwd then relu_bwd), written to dz; then cbr_bwd's passes.
 KernelPtr make_cbr_pool_bwd(const Node& n, Context& ctx) {
   reject_accumulate(n);
-  const TensorId x = need_in(n, 0, "x"), w = need_in(n, 1, "w"), z = need_in(n, 2, "z"), dy = need_in(n, 3, "dy"),
-                 mask = need_in(n, 4, "mask"), gamma = need_in(n, 5, "gamma"), saved = need_in(n, 6, "saved");
-  const TensorId dx = out_at(n, 0), dw = need_out(n, 1, "dw"), dgamma = need_out(n, 2, "dgamma"),
-                 dbeta = need_out(n, 3, "dbeta"), dz = need_out(n, 4, "dz"), db = out_at(n, 5);
-  const PoolTiles t = pool_tiles(ctx, n, z, dy);
-  expect_same_size(ctx, n, z, dz);
-  expect_mask(ctx, n, mask, z);
-  const float* dyp = ctx.ptr<float>(dy);
-  const uint8_t* mp = ctx.ptr<uint8_t>(mask);
-  float* g = ctx.ptr<float>(dz);
+  const CbrBwdTensors io = cbr_bwd_tensors(n, need_in, need_out);
+  const PoolTiles t = pool_tiles(ctx, n, io.z, io.dy);
+  expect_same_size(ctx, n, io.z, io.dz);
+  expect_mask(ctx, n, io.mask, io.z);
+  const float* dyp = ctx.ptr<float>(io.dy);
+  const uint8_t* mp = ctx.ptr<uint8_t>(io.mask);
+  float* g = ctx.ptr<float>(io.dz);
   const int64_t count = t.z.numel();
-  std::vector<KernelPtr> parts;
-  parts.push_back(make_loop([=](Context&) {
+  return cbr_backward(n, ctx, io, make_loop([=](Context&) {
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < count; ++i) g[i] = (mp[i >> 3] >> (i & 7)) & 1u ? dyp[t.pooled(i)] : 0.0f;
   }));
-  parts.push_back(make_bn_bwd(fused_part(OpKind::bn_bwd, {z, dz, gamma, saved}, {dz, dgamma, dbeta}, n, "bn"), ctx));
-  parts.push_back(make_conv_bwd_weight(fused_part(OpKind::conv_bwd_weight, {x, dz}, {dw}, n, "wgrad"), ctx));
-  if (dx != kNoTensor) {
-    parts.push_back(make_conv_bwd_data(fused_part(OpKind::conv_bwd_data, {dz, w}, {dx}, n, "dgrad"), ctx));
-  }
-  if (db != kNoTensor) {
-    expect_dtype(ctx, n, db, DType::F32, "db");
-    float* dbp = ctx.ptr<float>(db);
-    const int64_t c = ctx.tensor(db).numel();
-    parts.push_back(make_loop([=](Context&) { std::fill(dbp, dbp + c, 0.0f); }));
-  }
-  return std::make_unique<Sequence>(std::move(parts));
 }
 
 // "x, gamma, beta, running_mean, running_var, residual -> y, saved, mask"
