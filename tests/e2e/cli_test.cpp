@@ -109,7 +109,8 @@ TEST(Cli, BadFlagValues) {
 // kiln bench on the CPU, staging every step (a loader's way) and once (a batch resident on
 // the device, PyTorch's reference's way): the same batch, so the same losses; the JSON line
 // says which; a mode that does not exist is one clear error, and so is the CUDA profiler
-// range on the CPU.
+// range on the CPU. The bench says what was fused, and the fused cnn (KILN_FUSE_FP32=1) gives
+// the unfused losses.
 TEST(Cli, BenchStagesEveryStepOrOnce) {
   const std::string common = "bench --model cnn --device cpu --batch 8 --steps 2 --warmup 3 --repeats 1";
   const Result every = kiln(common), once = kiln(common + " --stage once");
@@ -123,6 +124,17 @@ TEST(Cli, BenchStagesEveryStepOrOnce) {
   };
   EXPECT_FALSE(losses(every.out).empty()) << every.out;
   EXPECT_EQ(losses(every.out), losses(once.out));
+  // The CPU fuses in FP32 only when asked: the bench says what was fused.
+  EXPECT_NE(every.out.find("fused layers: 0 Conv+BN+ReLU (0 with their max-pool folded in"), std::string::npos)
+      << every.out;
+  {
+    kiln::test::ScopedEnv fuse("KILN_FUSE_FP32", "1");
+    const Result fused = kiln(common);
+    ASSERT_EQ(fused.code, 0) << fused.out;
+    EXPECT_NE(fused.out.find("fused layers: 4 Conv+BN+ReLU (2 with their max-pool folded in"), std::string::npos)
+        << fused.out;
+    EXPECT_EQ(losses(fused.out), losses(every.out)) << "the fused kernels are the unfused ones' arithmetic";
+  }
   const Result bad = kiln(common + " --stage twice");
   EXPECT_NE(bad.code, 0);
   EXPECT_NE(bad.out.find("--stage twice"), std::string::npos) << bad.out;

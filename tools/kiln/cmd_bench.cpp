@@ -68,6 +68,18 @@ int cmd_bench(int argc, char** argv) {
   engine.lock_memory();
   engine.compile(1);
   const double compile_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_compile).count();
+  if (dist::is_root()) {
+    // What the merge passes fused: a bench's figure depends on it (KILN_FUSION, KILN_FUSE_POOL).
+    int cbr = 0, pooled = 0, bar = 0;
+    for (const PlanNode* p : engine.plan().live()) {
+      cbr += p->op == PlanOp::CBR;
+      pooled += p->op == PlanOp::CBR && p->pool != 0;
+      bar += p->op == PlanOp::BnAddReLU;
+    }
+    std::printf("fused layers: %d Conv+BN+ReLU (%d with their max-pool folded in; KILN_FUSE_POOL=0 keeps pools "
+                "apart), %d BN+add+ReLU (KILN_FUSION=0 turns fusion off)\n",
+                cbr, pooled, bar);
+  }
   if (auto* api = dynamic_cast<CudaBackendApi*>(&engine.backend()); api && dist::is_root()) {
     const CudaBackendApi::EngineTableUse use = api->engine_table_use();
     std::printf("convolution engines: %d from the engine table%s%s, %d timed while compiling (%d of them timed "
