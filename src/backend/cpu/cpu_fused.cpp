@@ -11,6 +11,7 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "backend/cpu/cpu_util.h"
@@ -228,11 +229,13 @@ KernelPtr make_cbr_pool_fwd(const Node& n, Context& ctx) {
   float* yp = ctx.ptr<float>(y);
   uint8_t* mp = ctx.ptr<uint8_t>(mask);
   const int64_t count = t.z.numel();
+  // The z element each pooled element took, allocated here: run() allocates nothing.
+  auto took = std::make_shared<std::vector<int64_t>>(static_cast<size_t>(t.y.numel()));
   parts.push_back(make_loop([=](Context&) {
 #pragma omp parallel for simd schedule(static)
     for (int64_t i = 0; i < count; ++i) a[i] = !(a[i] <= 0.0f) ? a[i] : 0.0f;  // relu_fwd's
     // The max-pool: each pooled element's value and the z element it took.
-    std::vector<int64_t> arg(static_cast<size_t>(t.y.numel()));
+    int64_t* arg = took->data();
 #pragma omp parallel for schedule(static)
     for (int64_t row = 0; row < t.y.n * t.y.h; ++row) {
       const int64_t bi = row / t.y.h, ph = row % t.y.h;
@@ -251,7 +254,7 @@ KernelPtr make_cbr_pool_fwd(const Node& n, Context& ctx) {
           }
           const int64_t o = ((bi * t.y.h + ph) * t.y.w + pw) * t.z.c + c;
           yp[o] = best;
-          arg[static_cast<size_t>(o)] = at;
+          arg[o] = at;
         }
       }
     }
@@ -262,7 +265,7 @@ KernelPtr make_cbr_pool_fwd(const Node& n, Context& ctx) {
       unsigned bits = 0;
       for (int64_t j = 0; j < 8 && 8 * by + j < count; ++j) {
         const int64_t i = 8 * by + j;
-        bits |= (arg[static_cast<size_t>(t.pooled(i))] == i && a[i] > 0.0f ? 1u : 0u) << j;
+        bits |= (arg[t.pooled(i)] == i && a[i] > 0.0f ? 1u : 0u) << j;
       }
       mp[by] = static_cast<uint8_t>(bits);
     }
