@@ -43,20 +43,20 @@ std::atomic<uint64_t> g_stopped_at{0};  // CUPTI's clock at the last cudaProfile
 std::string g_out;
 
 constexpr size_t kBufferBytes = 8u << 20;  // CUPTI fills these and hands them back
-const CUpti_ActivityKind kKinds[] = {CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, CUPTI_ACTIVITY_KIND_MEMCPY,
-                                     CUPTI_ACTIVITY_KIND_MEMSET};
+const CUpti_ActivityKind kKinds[] = {CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL,
+                                     CUPTI_ACTIVITY_KIND_MEMCPY, CUPTI_ACTIVITY_KIND_MEMSET};
 
 [[noreturn]] void fail(const char* what, CUptiResult r) {
   const char* text = nullptr;
   cuptiGetResultString(r, &text);
-  std::fprintf(stderr, "kiln cupti trace: %s failed: %s (is libcupti the CUDA driver's version?)\n", what,
-               text ? text : "unknown CUPTI error");
+  std::fprintf(stderr, "kiln cupti trace: %s failed: %s (is libcupti the CUDA driver's version?)\n",
+               what, text ? text : "unknown CUPTI error");
   std::_Exit(70);
 }
-#define CUPTI_OK(call)                           \
-  do {                                           \
-    const CUptiResult r_ = (call);               \
-    if (r_ != CUPTI_SUCCESS) fail(#call, r_);    \
+#define CUPTI_OK(call)                        \
+  do {                                        \
+    const CUptiResult r_ = (call);            \
+    if (r_ != CUPTI_SUCCESS) fail(#call, r_); \
   } while (0)
 
 std::string demangle(const char* name) {
@@ -70,11 +70,16 @@ std::string demangle(const char* name) {
 
 const char* copy_kind(uint8_t kind) {
   switch (kind) {
-    case CUPTI_ACTIVITY_MEMCPY_KIND_HTOD: return "Host-to-Device";
-    case CUPTI_ACTIVITY_MEMCPY_KIND_DTOH: return "Device-to-Host";
-    case CUPTI_ACTIVITY_MEMCPY_KIND_DTOD: return "Device-to-Device";
-    case CUPTI_ACTIVITY_MEMCPY_KIND_PTOP: return "Peer-to-Peer";
-    default: return "other";
+    case CUPTI_ACTIVITY_MEMCPY_KIND_HTOD:
+      return "Host-to-Device";
+    case CUPTI_ACTIVITY_MEMCPY_KIND_DTOH:
+      return "Device-to-Host";
+    case CUPTI_ACTIVITY_MEMCPY_KIND_DTOD:
+      return "Device-to-Device";
+    case CUPTI_ACTIVITY_MEMCPY_KIND_PTOP:
+      return "Peer-to-Peer";
+    default:
+      return "other";
   }
 }
 
@@ -84,7 +89,8 @@ void CUPTIAPI buffer_requested(uint8_t** buffer, size_t* size, size_t* max_recor
   *max_records = 0;
 }
 
-void CUPTIAPI buffer_completed(CUcontext context, uint32_t stream, uint8_t* buffer, size_t, size_t valid) {
+void CUPTIAPI buffer_completed(CUcontext context, uint32_t stream, uint8_t* buffer, size_t,
+                               size_t valid) {
   std::vector<Activity> got;
   CUpti_Activity* record = nullptr;
   while (cuptiActivityGetNextRecord(buffer, valid, &record) == CUPTI_SUCCESS) {
@@ -97,7 +103,8 @@ void CUPTIAPI buffer_completed(CUcontext context, uint32_t stream, uint8_t* buff
       }
       case CUPTI_ACTIVITY_KIND_MEMCPY: {
         const auto* m = reinterpret_cast<const CUpti_ActivityMemcpy6*>(record);
-        got.push_back({m->start, m->end, m->streamId, std::string("[CUDA memcpy ") + copy_kind(m->copyKind) + "]"});
+        got.push_back({m->start, m->end, m->streamId,
+                       std::string("[CUDA memcpy ") + copy_kind(m->copyKind) + "]"});
         break;
       }
       case CUPTI_ACTIVITY_KIND_MEMSET: {
@@ -105,30 +112,39 @@ void CUPTIAPI buffer_completed(CUcontext context, uint32_t stream, uint8_t* buff
         got.push_back({m->start, m->end, m->streamId, "[CUDA memset]"});
         break;
       }
-      default: break;
+      default:
+        break;
     }
   }
   size_t dropped = 0;
-  if (cuptiActivityGetNumDroppedRecords(context, stream, &dropped) == CUPTI_SUCCESS) g_dropped += dropped;
+  if (cuptiActivityGetNumDroppedRecords(context, stream, &dropped) == CUPTI_SUCCESS)
+    g_dropped += dropped;
   std::free(buffer);
   std::lock_guard<std::mutex> lock(g_mutex);
-  g_activities.insert(g_activities.end(), std::make_move_iterator(got.begin()), std::make_move_iterator(got.end()));
+  g_activities.insert(g_activities.end(), std::make_move_iterator(got.begin()),
+                      std::make_move_iterator(got.end()));
 }
 
 void set_recording(bool on) {
-  if (g_recording.exchange(on) == on) return;  // cudaProfilerStart reaches us as runtime and driver calls
+  if (g_recording.exchange(on) == on)
+    return;  // cudaProfilerStart reaches us as runtime and driver calls
   for (CUpti_ActivityKind kind : kKinds) {
     CUPTI_OK(on ? cuptiActivityEnable(kind) : cuptiActivityDisable(kind));
   }
 }
 
-void CUPTIAPI on_api_call(void*, CUpti_CallbackDomain domain, CUpti_CallbackId id, const void* data) {
+void CUPTIAPI on_api_call(void*, CUpti_CallbackDomain domain, CUpti_CallbackId id,
+                          const void* data) {
   const auto* info = static_cast<const CUpti_CallbackData*>(data);
   if (info->callbackSite != CUPTI_API_ENTER) return;
-  const bool start = (domain == CUPTI_CB_DOMAIN_RUNTIME_API && id == CUPTI_RUNTIME_TRACE_CBID_cudaProfilerStart_v4000) ||
-                     (domain == CUPTI_CB_DOMAIN_DRIVER_API && id == CUPTI_DRIVER_TRACE_CBID_cuProfilerStart);
-  const bool stop = (domain == CUPTI_CB_DOMAIN_RUNTIME_API && id == CUPTI_RUNTIME_TRACE_CBID_cudaProfilerStop_v4000) ||
-                    (domain == CUPTI_CB_DOMAIN_DRIVER_API && id == CUPTI_DRIVER_TRACE_CBID_cuProfilerStop);
+  const bool start =
+      (domain == CUPTI_CB_DOMAIN_RUNTIME_API &&
+       id == CUPTI_RUNTIME_TRACE_CBID_cudaProfilerStart_v4000) ||
+      (domain == CUPTI_CB_DOMAIN_DRIVER_API && id == CUPTI_DRIVER_TRACE_CBID_cuProfilerStart);
+  const bool stop =
+      (domain == CUPTI_CB_DOMAIN_RUNTIME_API &&
+       id == CUPTI_RUNTIME_TRACE_CBID_cudaProfilerStop_v4000) ||
+      (domain == CUPTI_CB_DOMAIN_DRIVER_API && id == CUPTI_DRIVER_TRACE_CBID_cuProfilerStop);
   if (start) set_recording(true);
   if (stop) {
     uint64_t now = 0;
@@ -161,7 +177,8 @@ void write_trace() {
   if (g_stopped_at != 0) {
     const auto is_late = [](const Activity& a) { return a.end > g_stopped_at; };
     late = static_cast<size_t>(std::count_if(g_activities.begin(), g_activities.end(), is_late));
-    g_activities.erase(std::remove_if(g_activities.begin(), g_activities.end(), is_late), g_activities.end());
+    g_activities.erase(std::remove_if(g_activities.begin(), g_activities.end(), is_late),
+                       g_activities.end());
   }
   std::sort(g_activities.begin(), g_activities.end(),
             [](const Activity& a, const Activity& b) { return a.start < b.start; });
@@ -173,21 +190,29 @@ void write_trace() {
     for (const Activity& a : g_activities) {
       if (!ok) break;
       ok = std::fprintf(f, "%llu,%llu,%u,%s\n", static_cast<unsigned long long>(a.start),
-                        static_cast<unsigned long long>(a.end - a.start), a.stream, csv_quoted(a.name).c_str()) > 0;
+                        static_cast<unsigned long long>(a.end - a.start), a.stream,
+                        csv_quoted(a.name).c_str()) > 0;
     }
     ok = std::fclose(f) == 0 && ok;
   }
   if (!ok || std::rename(tmp.c_str(), g_out.c_str()) != 0) {
     std::remove(tmp.c_str());
-    std::fprintf(stderr, "kiln cupti trace: could not write %s (KILN_TRACE_OUT): check the folder exists and is writable\n",
+    std::fprintf(stderr,
+                 "kiln cupti trace: could not write %s (KILN_TRACE_OUT): check the folder exists "
+                 "and is writable\n",
                  g_out.c_str());
     return;
   }
-  std::fprintf(stderr, "kiln cupti trace: %zu activities written to %s%s\n", g_activities.size(), g_out.c_str(),
-               g_dropped ? (" (" + std::to_string(g_dropped.load()) + " records dropped)").c_str() : "");
+  std::fprintf(
+      stderr, "kiln cupti trace: %zu activities written to %s%s\n", g_activities.size(),
+      g_out.c_str(),
+      g_dropped ? (" (" + std::to_string(g_dropped.load()) + " records dropped)").c_str() : "");
   if (late != 0) {
-    std::fprintf(stderr, "kiln cupti trace: %zu activities left out: they end after cudaProfilerStop, so CUPTI's "
-                         "timestamps for them are wrong (a CUDA graph replayed more than once: trace one step)\n", late);
+    std::fprintf(
+        stderr,
+        "kiln cupti trace: %zu activities left out: they end after cudaProfilerStop, so CUPTI's "
+        "timestamps for them are wrong (a CUDA graph replayed more than once: trace one step)\n",
+        late);
   }
 }
 
@@ -197,16 +222,21 @@ void write_trace() {
 extern "C" int InitializeInjection(void) {
   const char* out = std::getenv("KILN_TRACE_OUT");
   if (out == nullptr || *out == '\0') {
-    std::fprintf(stderr, "kiln cupti trace: set KILN_TRACE_OUT to the CSV file to write (CUDA_INJECTION64_PATH "
-                         "loaded the tracer without it)\n");
+    std::fprintf(
+        stderr,
+        "kiln cupti trace: set KILN_TRACE_OUT to the CSV file to write (CUDA_INJECTION64_PATH "
+        "loaded the tracer without it)\n");
     std::_Exit(64);
   }
   g_out = out;
   const char* range = std::getenv("KILN_TRACE_RANGE");
   const std::string r = range ? range : "profiler";
   if (r != "profiler" && r != "all") {
-    std::fprintf(stderr, "kiln cupti trace: KILN_TRACE_RANGE=%s: use 'profiler' (between cudaProfilerStart and "
-                         "Stop, the default) or 'all'\n", r.c_str());
+    std::fprintf(
+        stderr,
+        "kiln cupti trace: KILN_TRACE_RANGE=%s: use 'profiler' (between cudaProfilerStart and "
+        "Stop, the default) or 'all'\n",
+        r.c_str());
     std::_Exit(64);
   }
   CUPTI_OK(cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed));
@@ -215,10 +245,15 @@ extern "C" int InitializeInjection(void) {
   } else {
     CUpti_SubscriberHandle subscriber = nullptr;
     CUPTI_OK(cuptiSubscribe(&subscriber, on_api_call, nullptr));
-    for (const auto& [domain, id] : {std::pair{CUPTI_CB_DOMAIN_RUNTIME_API, CUpti_CallbackId{CUPTI_RUNTIME_TRACE_CBID_cudaProfilerStart_v4000}},
-                                     std::pair{CUPTI_CB_DOMAIN_RUNTIME_API, CUpti_CallbackId{CUPTI_RUNTIME_TRACE_CBID_cudaProfilerStop_v4000}},
-                                     std::pair{CUPTI_CB_DOMAIN_DRIVER_API, CUpti_CallbackId{CUPTI_DRIVER_TRACE_CBID_cuProfilerStart}},
-                                     std::pair{CUPTI_CB_DOMAIN_DRIVER_API, CUpti_CallbackId{CUPTI_DRIVER_TRACE_CBID_cuProfilerStop}}}) {
+    for (const auto& [domain, id] :
+         {std::pair{CUPTI_CB_DOMAIN_RUNTIME_API,
+                    CUpti_CallbackId{CUPTI_RUNTIME_TRACE_CBID_cudaProfilerStart_v4000}},
+          std::pair{CUPTI_CB_DOMAIN_RUNTIME_API,
+                    CUpti_CallbackId{CUPTI_RUNTIME_TRACE_CBID_cudaProfilerStop_v4000}},
+          std::pair{CUPTI_CB_DOMAIN_DRIVER_API,
+                    CUpti_CallbackId{CUPTI_DRIVER_TRACE_CBID_cuProfilerStart}},
+          std::pair{CUPTI_CB_DOMAIN_DRIVER_API,
+                    CUpti_CallbackId{CUPTI_DRIVER_TRACE_CBID_cuProfilerStop}}}) {
       CUPTI_OK(cuptiEnableCallback(1, subscriber, domain, id));
     }
   }
