@@ -36,6 +36,24 @@ std::unique_ptr<Backend> make_backend(const std::string& device) {
   KILN_FAIL(InvalidArgument, "unknown device '", device, "'; use auto, cpu or cuda");
 }
 
+void normalize_u8(const uint8_t* in, int64_t pixels, const InputNormalization& norm, float* out) {
+  const size_t c = norm.mean.size();
+  KILN_CHECK(c > 0 && norm.std.size() == c, InvalidArgument, "uint8 input needs one mean and one std per channel, got ",
+             c, " and ", norm.std.size());
+  float scale[8], shift[8];
+  KILN_CHECK(c <= 8, InvalidArgument, "uint8 input of ", c, " channels; at most 8 are supported");
+  for (size_t k = 0; k < c; ++k) {
+    KILN_CHECK(norm.std[k] > 0, InvalidArgument, "input std of channel ", k, " must be > 0, got ", norm.std[k]);
+    scale[k] = 1.0f / (255.0f * norm.std[k]);
+    shift[k] = -norm.mean[k] / norm.std[k];
+  }
+  for (int64_t p = 0; p < pixels; ++p) {
+    for (size_t k = 0; k < c; ++k) out[k] = static_cast<float>(in[k]) * scale[k] + shift[k];
+    in += c;
+    out += c;
+  }
+}
+
 std::vector<float> read_floats(Backend& backend, const DTensor& t) {
   std::vector<float> out(static_cast<size_t>(t.numel()));
   if (t.dtype == DType::F32) {

@@ -7,6 +7,7 @@
 #include "kiln/core/error.h"
 #include "kiln/data/cifar.h"
 #include "kiln/data/idx.h"
+#include "kiln/data/input_batch.h"
 #include "kiln/data/image_folder.h"
 #include "kiln/data/synthetic.h"
 
@@ -105,6 +106,37 @@ Normalization normalization_for(const std::string& kind, int64_t channels) {
     n.std.assign(static_cast<size_t>(channels), n.std[0]);
   }
   return n;
+}
+
+}  // namespace kiln
+
+namespace kiln {
+
+Dataset::Encoded Dataset::encoded(int64_t) const {
+  KILN_FAIL(Unsupported, describe(), " has no encoded samples (only image folders do)");
+}
+
+void Dataset::mark_corrupt(int64_t, const std::string&) const {
+  KILN_FAIL(Unsupported, describe(), " has no files to mark corrupt");
+}
+
+const char* decode_where_name(DecodeWhere d) {
+  switch (d) {
+    case DecodeWhere::automatic:
+      return "auto";
+    case DecodeWhere::gpu:
+      return "gpu";
+    case DecodeWhere::cpu:
+      return "cpu";
+  }
+  return "?";
+}
+
+DecodeWhere parse_decode_where(const std::string& s) {
+  if (s == "auto") return DecodeWhere::automatic;
+  if (s == "gpu") return DecodeWhere::gpu;
+  if (s == "cpu") return DecodeWhere::cpu;
+  KILN_FAIL(InvalidArgument, "--decode ", s, " is not one of auto, gpu, cpu");
 }
 
 }  // namespace kiln

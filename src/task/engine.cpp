@@ -83,10 +83,28 @@ void Engine::compile(uint64_t seed) {
   init_weights(*this, seed);
 }
 
-void Engine::enqueue_step(const float* images, const int32_t* labels, float lr) {
+void Engine::stage(int slot, const InputView& in) {
+  const int set = (in.f32 != nullptr) + (in.u8 != nullptr) + (in.encoded != nullptr);
+  KILN_CHECK(set == 1, InvalidArgument, "a batch needs exactly one of float images, uint8 images or an encoded batch, got ",
+             set);
+  KILN_CHECK(in.encoded != nullptr || in.labels != nullptr, InvalidArgument, "a batch needs its labels");
+  KILN_CHECK(in.f32 != nullptr || in.norm != nullptr, InvalidArgument,
+             "uint8 and encoded batches need their normalisation (InputView::norm)");
+  if (in.f32) {
+    backend_->stage_batch(slot, in.f32, in.labels);
+  } else if (in.u8) {
+    backend_->stage_batch_u8(slot, in.u8, in.labels, *in.norm);
+  } else {
+    KILN_CHECK(in.encoded->batch == program_->options.batch, InvalidArgument, "an encoded batch of ",
+               in.encoded->batch, " for a step compiled for ", program_->options.batch);
+    backend_->stage_batch_encoded(slot, *in.encoded, *in.norm);
+  }
+}
+
+void Engine::enqueue_step(const InputView* input, float lr) {
   const Program& p = *program_;
-  if (images) {
-    backend_->stage_batch(slot_, images, labels);
+  if (input) {
+    stage(slot_, *input);
     staged_[slot_] = true;
   }
   backend_->write(p.tensor(p.io.lr), &lr);
@@ -98,10 +116,17 @@ void Engine::enqueue_step(const float* images, const int32_t* labels, float lr) 
 }
 
 std::optional<StepStats> Engine::train_step_async(const float* images, const int32_t* labels, float lr) {
-  require(Lifecycle::COMPILED, "train_step_async()");
   KILN_CHECK(images != nullptr && labels != nullptr, InvalidArgument, "train_step_async: images and labels are needed");
+  InputView in;
+  in.f32 = images;
+  in.labels = labels;
+  return train_step_async(in, lr);
+}
+
+std::optional<StepStats> Engine::train_step_async(const InputView& input, float lr) {
+  require(Lifecycle::COMPILED, "train_step_async()");
   const dist::Watch watch("a training step");  // S27: a rank gone mid-step must not hang this one
-  enqueue_step(images, labels, lr);
+  enqueue_step(&input, lr);
   const Program& p = *program_;
   std::optional<StepStats> before = pending_stats();
   pending_ = StatTickets{backend_->read_later(p.tensor(p.io.loss)), backend_->read_later(p.tensor(p.io.correct)),
@@ -133,7 +158,10 @@ StepStats Engine::train_step(const float* images, const int32_t* labels, float l
              "train_step: images and labels are needed (train_step_on_staged reuses a staged batch)");
   const dist::Watch watch("a training step");  // S27: a rank gone mid-step must not hang this one
   pending_stats();  // an async step's statistics are not handed over past a synchronous step
-  enqueue_step(images, labels, lr);
+  InputView in;
+  in.f32 = images;
+  in.labels = labels;
+  enqueue_step(&in, lr);
   return read_stats ? read_step_stats() : StepStats{};
 }
 
@@ -143,7 +171,7 @@ StepStats Engine::train_step_on_staged(float lr, bool read_stats) {
              " holds no training batch; train_step() stages one (two steps fill both slots)");
   const dist::Watch watch("a training step");
   pending_stats();
-  enqueue_step(nullptr, nullptr, lr);
+  enqueue_step(nullptr, lr);
   return read_stats ? read_step_stats() : StepStats{};
 }
 
@@ -163,24 +191,40 @@ StepStats Engine::read_step_stats() {
 }
 
 StepStats Engine::eval_batch(const float* images, const int32_t* labels, int64_t valid, bool ema) {
+  InputView in;
+  in.f32 = images;
+  in.labels = labels;
+  return eval_batch(in, valid, ema);
+}
+
+StepStats Engine::eval_batch(const InputView& input, int64_t valid, bool ema) {
   require(Lifecycle::COMPILED, "eval_batch()");
   const Program& p = *program_;
   KILN_CHECK(!ema || !p.eval_ema.empty(), InvalidArgument, "EMA evaluation needs EMA on (--ema)");
   const int64_t n = p.options.batch;
   KILN_CHECK(valid > 0 && valid <= n, InvalidArgument, "eval_batch: ", valid, " valid samples for batch ", n);
-  if (valid < n) {
-    // A last partial batch: pad with zeros and label -1, which the loss ignores.
+  InputView in = input;
+  if (valid < n && !in.encoded) {
+    // A last partial batch: pad with zeros and label -1, which the loss ignores. (An encoded
+    // batch carries its padding: labels -1 past its size.)
     const int64_t per = p.tensor(p.io.staged_images[0]).numel() / n;
-    pad_images_.assign(static_cast<size_t>(n * per), 0.0f);
     pad_labels_.assign(static_cast<size_t>(n), -1);
-    std::memcpy(pad_images_.data(), images, static_cast<size_t>(valid * per) * sizeof(float));
-    std::memcpy(pad_labels_.data(), labels, static_cast<size_t>(valid) * sizeof(int32_t));
-    images = pad_images_.data();
-    labels = pad_labels_.data();
+    KILN_CHECK(in.labels != nullptr, InvalidArgument, "a batch needs its labels");
+    std::memcpy(pad_labels_.data(), in.labels, static_cast<size_t>(valid) * sizeof(int32_t));
+    in.labels = pad_labels_.data();
+    if (in.f32) {
+      pad_images_.assign(static_cast<size_t>(n * per), 0.0f);
+      std::memcpy(pad_images_.data(), in.f32, static_cast<size_t>(valid * per) * sizeof(float));
+      in.f32 = pad_images_.data();
+    } else if (in.u8) {
+      pad_u8_.assign(static_cast<size_t>(n * per), 0);
+      std::memcpy(pad_u8_.data(), in.u8, static_cast<size_t>(valid * per));
+      in.u8 = pad_u8_.data();
+    }
   }
   // Evaluation always reads slot A; a training step staged there has already run.
   backend_->synchronize();
-  backend_->stage_batch(0, images, labels);
+  stage(0, in);
   staged_[0] = false;  // slot A now holds an evaluation batch
   backend_->run(ema ? Schedule::eval_ema : Schedule::eval, 0);
   StepStats s;

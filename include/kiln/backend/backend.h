@@ -3,10 +3,13 @@
 // includes the other. A backend allocates one buffer per region in compile() and nothing
 // after it.
 #pragma once
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "kiln/core/error.h"
+#include "kiln/data/input_batch.h"
 #include "kiln/graph/program.h"
 
 namespace kiln {
@@ -47,6 +50,26 @@ class Backend {
   // Stages a batch into input slot A/B; may return before the copy ends (the CUDA backend
   // overlaps it with the running step) — the next run(train, slot) waits for it.
   virtual void stage_batch(int slot, const float* images, const int32_t* labels) = 0;
+  // The same from uint8 NHWC pixels (a quarter of the bytes), normalised where they land: the
+  // CUDA backend copies the bytes and normalises on its transfer stream, the CPU backend in its
+  // staging pass. `norm` has one mean and std per channel.
+  virtual void stage_batch_u8(int slot, const uint8_t* images, const int32_t* labels,
+                              const InputNormalization& norm) = 0;
+  // Whether stage_batch_encoded decodes JPEGs on the device (CUDA builds with nvJPEG on a GPU
+  // that runs it); the reason when not, for the line the trainer prints.
+  virtual bool decodes_jpeg(std::string* why_not = nullptr) const {
+    if (why_not) *why_not = std::string(name()) + " backend has no JPEG decoder";
+    return false;
+  }
+  // Decodes, crops, resizes, flips and normalises an encoded batch into input slot A/B on the
+  // device (hardware JPEG engines where the GPU has them, else its CUDA cores; what nvJPEG
+  // refuses goes through batch.host_decode). Returns before the work ends, as stage_batch.
+  virtual void stage_batch_encoded(int slot, const EncodedBatch& batch,
+                                   const InputNormalization& norm) {
+    (void)slot, (void)batch, (void)norm;
+    KILN_FAIL(Unsupported, name(), " backend cannot decode JPEGs; use --decode cpu");
+  }
+  virtual DecodeCounters decode_counters() const { return {}; }
   virtual void synchronize() = 0;
 
   // Reads that do not stop the device (the training loop's statistics, S19: no host wait
@@ -70,6 +93,10 @@ class Backend {
 // "cpu" or "cuda"; "auto" = cuda when a GPU is present, else cpu.
 std::unique_ptr<Backend> make_backend(const std::string& device);
 bool cuda_available();
+
+// x = (p / 255 - mean[c]) / std[c] over `pixels` pixels of norm.mean.size() channels: the
+// host's normalisation of uint8 input (the CPU backend's staging; tests' reference).
+void normalize_u8(const uint8_t* in, int64_t pixels, const InputNormalization& norm, float* out);
 
 // Float helpers over read()/write() that convert from/to the tensor's dtype (F32/F16/BF16).
 std::vector<float> read_floats(Backend& backend, const DTensor& t);

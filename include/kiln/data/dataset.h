@@ -42,6 +42,27 @@ class Dataset {
   virtual std::string describe() const = 0;
   // Corrupt files met and replaced so far (only image folders have any; see image_folder.h).
   virtual int64_t corrupt_skipped() const { return 0; }
+
+  // Encoded access, for datasets of image files (image folders): the file's bytes and label,
+  // read without decoding, so that the decoder can be chosen later (DCT-scaled and cropped on
+  // the host, nvJPEG on the device). Corrupt files are replaced as sample() replaces them;
+  // `index` of the result is the file actually read. A decoder that later finds the file
+  // corrupt calls mark_corrupt(index, message) and asks for encoded(index + 1).
+  virtual bool has_encoded() const { return false; }
+  // encoded() returns the first file from `index` on (wrapping) that is not known corrupt,
+  // can be read and has a header that parses; its size and whether nvJPEG can take it come
+  // from that header.
+  struct Encoded {
+    int64_t index = 0;
+    std::vector<uint8_t> bytes;
+    int32_t label = 0;
+    std::string name;
+    int64_t height = 0, width = 0;
+    bool device_decodable = false;  // a complete JPEG in YCbCr or grey (not CMYK, not PNG)
+  };
+  virtual Encoded encoded(int64_t index) const;
+  virtual void mark_corrupt(int64_t index, const std::string& message) const;
+  virtual int64_t channels() const { return 0; }  // the channels sample() decodes to (0: fixed by the data)
 };
 
 // What the CLI's --data flag and a run file describe. Fields a kind does not use are ignored.

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "kiln/data/dataset.h"
+#include "kiln/data/sample_geometry.h"
 
 namespace kiln {
 
@@ -35,6 +36,32 @@ Image decode_png(const uint8_t* bytes, size_t size, int64_t channels, const std:
                  int64_t max_pixels = kMaxDecodePixels);
 Image decode_image(const uint8_t* bytes, size_t size, int64_t channels, const std::string& what,
                    int64_t max_pixels = kMaxDecodePixels);
+
+// What a file's header says, read without decoding pixels (the GPU path draws each sample's
+// geometry from it, and routes what nvJPEG cannot take to the host decoder).
+struct ImageInfo {
+  ImageFormat format = ImageFormat::Unknown;
+  int64_t height = 0, width = 0;
+  int64_t channels = 0;  // as stored: 1, 3 or 4 (CMYK / YCCK JPEG, RGBA PNG)
+  bool progressive = false;  // JPEG
+  bool cmyk = false;  // JPEG in CMYK or YCCK
+  bool complete = false;  // JPEG: the bytes end with the EOI marker (a truncated file does not)
+};
+// Error(Data) naming `what` for a file that is neither JPEG nor PNG or whose header is corrupt.
+ImageInfo read_image_info(const uint8_t* bytes, size_t size, const std::string& what);
+
+// Decodes just what `g` reads, at libjpeg's smallest DCT scale that keeps its detail
+// (dct_scale_for) and only the rows and columns of its window (jpeg_crop_scanline,
+// jpeg_skip_scanlines), then resamples into out (g.out_h() x g.out_w() x channels bytes). `g`
+// refers to the full-size image. PNGs decode whole, then resample. Errors as decode_image.
+// dct_scaling / crop = false decode the full image (tests compare the two).
+struct ResampledDecodeOptions {
+  bool dct_scaling = true;
+  bool crop = true;
+  int64_t max_pixels = kMaxDecodePixels;
+};
+void decode_resampled(const uint8_t* bytes, size_t size, int64_t channels, const SampleGeometry& g,
+                      uint8_t* out, const std::string& what, const ResampledDecodeOptions& o = {});
 
 // quality 1..100; images of 1 (grey), 3 (RGB) or 4 channels. Four channels are written as CMYK
 // with an Adobe marker, which readers take as Adobe's inverted CMYK: store 255 - ink.

@@ -32,6 +32,24 @@
 
 namespace kiln {
 
+// What next() hands out. float32: the Pipeline's float images. uint8: the pipeline as one
+// resampling per sample (Pipeline::geometry; image folders decode only what it reads), bytes
+// out, normalised where the batch lands. encoded: for a device that decodes JPEGs, the files'
+// bytes and each sample's geometry; what it cannot take is decoded here into host_pixels.
+// uint8 and encoded need Pipeline::geometric(); encoded needs Dataset::has_encoded().
+enum class LoaderOutput { float32, uint8, encoded };
+
+// Where the loader's time went, summed since start (the progress line's and summary's
+// loader rate, and the "input-bound" verdict).
+struct LoaderStats {
+  int64_t samples = 0;        // made by the workers
+  double make_seconds = 0;    // worker time spent making them, over all workers
+  double wait_seconds = 0;    // time next() waited for a batch not yet made
+  int workers = 0;
+  // Samples a second the workers give when none waits: samples / make_seconds * workers.
+  double rate() const { return make_seconds > 0 ? samples / make_seconds * (workers > 0 ? workers : 1) : 0; }
+};
+
 struct LoaderOptions {
   int64_t batch_size = 128;
   int workers = 2;  // 0: next() makes each batch itself, on the caller's thread
@@ -41,7 +59,11 @@ struct LoaderOptions {
   int rank = 0;
   int world = 1;
   int prefetch = 2;  // batches made ahead of the one next() is waiting for, at most
+  LoaderOutput output = LoaderOutput::float32;
 };
+
+// The machine's cores (std::thread::hardware_concurrency, at least 1): --workers' default.
+int default_loader_workers();
 
 class Loader {
  public:
@@ -55,6 +77,13 @@ class Loader {
   // returns the number of samples written (< batch_size only for a last partial batch when
   // drop_last is false), 0 when the epoch is done.
   int64_t next(float* images, int32_t* labels);
+  // The same in uint8 mode: batch_size*H*W*C bytes.
+  int64_t next_u8(uint8_t* images, int32_t* labels);
+  // The same in encoded mode: fills `batch` (its vectors are reused across calls) with the
+  // next batch's samples; batch.host_decode stays valid until the next call.
+  int64_t next_encoded(EncodedBatch& batch);
+  LoaderOutput output() const { return options_.output; }
+  LoaderStats stats() const;
   int64_t batches_per_epoch() const { return batches_; }
   int64_t samples_per_epoch() const { return samples_; }
   std::array<int64_t, 3> sample_hwc() const { return hwc_; }  // shape of one transformed sample

@@ -25,7 +25,9 @@
 #include <vector>
 
 #include "kiln/core/rng.h"
+#include "kiln/data/input_batch.h"
 #include "kiln/data/dataset.h"
+#include "kiln/data/sample_geometry.h"
 
 namespace kiln {
 
@@ -60,6 +62,15 @@ class Transform {
   virtual std::string describe() const = 0;
   virtual bool needs_unit_range() const { return false; }  // expects values in [0,1]
   virtual bool makes_unit_range() const { return false; }  // maps 0..255 to [0,1]
+  // The uint8 and GPU input paths (sample_geometry.h): a transform that moves pixels without
+  // changing their values composes into the sample's geometry, drawing from rng exactly as
+  // apply() does, and returns true; one that cannot (ColorJitter, or a crop after a flip)
+  // returns false and the pipeline stays on the float path. ToFloat and Normalize return true
+  // and leave the geometry as it is (the device applies them).
+  virtual bool compose(SampleGeometry& g, Rng& rng) const {
+    (void)g, (void)rng;
+    return false;
+  }
 };
 
 class ToFloat : public Transform {
@@ -168,6 +179,15 @@ class Pipeline {
   void apply(FloatImage& image, Rng& rng) const;
   std::string describe() const;  // "ToFloat(/255) -> RandomCrop(32, pad 4) -> ..."
   size_t size() const { return transforms_.size(); }
+
+  // Whether the uint8 / GPU path can run this pipeline: ToFloat, the geometric transforms,
+  // then at most one Normalize, last (the reason when not).
+  bool geometric(std::string* why_not = nullptr) const;
+  // The sample's geometry for a source of h x w, drawing from rng as operator() would, so both
+  // paths crop the same boxes. Needs geometric().
+  SampleGeometry geometry(int64_t h, int64_t w, Rng& rng) const;
+  // The final Normalize's statistics on [0,1] pixels (mean 0, std 1 per channel when none).
+  InputNormalization normalization(int64_t channels) const;
 
  private:
   std::vector<std::shared_ptr<const Transform>> transforms_;

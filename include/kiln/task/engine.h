@@ -29,6 +29,17 @@ struct EngineOptions {
   std::string device = "auto";  // auto, cpu, cuda
 };
 
+// A batch as the input pipeline hands it over: float images; uint8 pixels with their
+// normalisation; or an encoded batch that the backend decodes (Backend::decodes_jpeg).
+// Exactly one of f32, u8 and encoded is set.
+struct InputView {
+  const float* f32 = nullptr;
+  const uint8_t* u8 = nullptr;
+  const EncodedBatch* encoded = nullptr;
+  const int32_t* labels = nullptr;  // ignored for encoded (it carries its own)
+  const InputNormalization* norm = nullptr;  // u8 and encoded
+};
+
 struct StepStats {
   float loss = 0;          // mean cross-entropy of the batch
   int64_t top1 = 0, top5 = 0;  // hits in the batch
@@ -74,6 +85,7 @@ class Engine {
   // call and after pending_stats(), which waits for the newest step's statistics (a
   // synchronous train_step drops them).
   std::optional<StepStats> train_step_async(const float* images, const int32_t* labels, float lr);
+  std::optional<StepStats> train_step_async(const InputView& input, float lr);
   std::optional<StepStats> pending_stats();
   // A step on the batch already staged in the input slot this step uses (A and B alternate),
   // with no host copy: `kiln bench --stage once` trains on one fixed batch resident on the
@@ -81,6 +93,7 @@ class Engine {
   StepStats train_step_on_staged(float lr, bool read_stats = true);
   // Evaluation of one batch; `valid` < batch marks the rest as padding (not counted).
   StepStats eval_batch(const float* images, const int32_t* labels, int64_t valid, bool ema = false);
+  StepStats eval_batch(const InputView& input, int64_t valid, bool ema = false);
   int64_t steps_done() const { return steps_; }
   void set_steps_done(int64_t steps) { steps_ = steps; }
 
@@ -93,7 +106,8 @@ class Engine {
 
  private:
   void require(Lifecycle s, const char* what) const;
-  void enqueue_step(const float* images, const int32_t* labels, float lr);  // null images: the staged batch
+  void enqueue_step(const InputView* input, float lr);  // null: the batch already staged
+  void stage(int slot, const InputView& input);
   StepStats read_step_stats();
   struct StatTickets {
     uint64_t loss, correct, overflow, loss_scale;
@@ -110,6 +124,7 @@ class Engine {
   bool staged_[2] = {false, false};  // a batch was staged into input slot A / B
   std::optional<StatTickets> pending_;  // train_step_async's newest step, not yet collected
   std::vector<float> pad_images_;
+  std::vector<uint8_t> pad_u8_;
   std::vector<int32_t> pad_labels_;
 };
 

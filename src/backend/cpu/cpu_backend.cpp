@@ -168,6 +168,19 @@ class CpuBackend final : public Backend {
     write(p.tensor(p.io.staged_images[static_cast<size_t>(slot)]), images);
     write(p.tensor(p.io.staged_labels[static_cast<size_t>(slot)]), labels);
   }
+  // The last host pass: bytes to normalised floats straight into the slot.
+  void stage_batch_u8(int slot, const uint8_t* images, const int32_t* labels,
+                      const InputNormalization& norm) override {
+    const Program& p = *ctx_.program;
+    KILN_CHECK(slot == 0 || slot == 1, InvalidArgument, "stage_batch_u8: slot must be 0 or 1");
+    const DTensor& t = p.tensor(p.io.staged_images[static_cast<size_t>(slot)]);
+    KILN_CHECK(t.dtype == DType::F32, Internal, "staged images are ", dtype_name(t.dtype), ", not F32");
+    const int64_t channels = static_cast<int64_t>(norm.mean.size());
+    KILN_CHECK(channels > 0 && t.numel() % channels == 0, InvalidArgument, "stage_batch_u8: ", channels,
+               " channel statistics for an input of ", t.numel(), " values");
+    normalize_u8(images, t.numel() / channels, norm, reinterpret_cast<float*>(address(t)));
+    write(p.tensor(p.io.staged_labels[static_cast<size_t>(slot)]), labels);
+  }
   void synchronize() override {}
 
  private:

@@ -205,6 +205,19 @@ class CudaBackend final : public CudaBackendApi {
     st.copy_pending = true;
   }
 
+  // Until the device kernel lands: normalise on the host, then the float path.
+  void stage_batch_u8(int slot, const uint8_t* images, const int32_t* labels,
+                      const InputNormalization& norm) override {
+    const Program& p = *ctx_.program;
+    const DTensor& t = p.tensor(p.io.staged_images[static_cast<size_t>(slot)]);
+    const int64_t channels = static_cast<int64_t>(norm.mean.size());
+    KILN_CHECK(channels > 0 && t.numel() % channels == 0, InvalidArgument, "stage_batch_u8: ", channels,
+               " channel statistics for an input of ", t.numel(), " values");
+    u8_scratch_.resize(static_cast<size_t>(t.numel()));
+    normalize_u8(images, t.numel() / channels, norm, u8_scratch_.data());
+    stage_batch(slot, u8_scratch_.data(), labels);
+  }
+
   void synchronize() override {
     for (StreamRes& s : unique_streams()) CUDA_CHECK(cudaStreamSynchronize(s.stream));
   }
@@ -300,6 +313,7 @@ class CudaBackend final : public CudaBackendApi {
   }
 
  private:
+  std::vector<float> u8_scratch_;  // stage_batch_u8's host normalisation
   static constexpr int64_t kSmallWrite = 64;
   static constexpr size_t kSmallSlots = 64;
   struct LateReads {

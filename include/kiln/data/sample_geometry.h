@@ -1,0 +1,70 @@
+// A sample's crop, resize and flip collapsed into one resampling of the decoded image, so that
+// every input path computes the same pixels from the same random draws: the float transforms,
+// the uint8 CPU path (which decodes only the rows and columns the geometry reads, at the
+// smallest libjpeg DCT scale that keeps its detail) and the GPU path (nvJPEG, then one kernel).
+//
+// The filter is PIL's bilinear (a triangle), widened by the scale when shrinking, which is what
+// torchvision's RandomResizedCrop / Resize do with antialias=True and what PIL does: output
+// pixel i of an axis is centred on source coordinate origin + (i + 0.5) * scale; it weighs the
+// source pixels j of [lo, hi) inside the support by triangle((j + 0.5 - centre) / max(scale, 1)),
+// with the weights renormalised to sum to 1. [lo, hi) is the crop box for RandomResizedCrop
+// (PIL crops before resizing) and the image for Resize. Outputs outside [valid_lo, valid_hi)
+// are 0 (CenterCrop and RandomCrop padding), and so are source pixels outside the image.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+namespace kiln {
+
+struct ResampleAxis {
+  int64_t out = 0;  // output pixels
+  double origin = 0;
+  double scale = 1;  // source pixels per output pixel
+  int64_t lo = 0, hi = 0;  // source pixels the filter may read
+  int64_t valid_lo = 0, valid_hi = 0;  // outputs that read the source; the rest are 0
+
+  // One source pixel per output (scale 1, origin integral): a plain copy.
+  bool is_copy() const;
+  static ResampleAxis identity(int64_t size);
+};
+
+struct SampleGeometry {
+  int64_t src_h = 0, src_w = 0;  // the image the axes refer to
+  ResampleAxis y, x;
+  bool flip = false;  // mirror the output left to right (applied last)
+
+  int64_t out_h() const { return y.out; }
+  int64_t out_w() const { return x.out; }
+  bool operator==(const SampleGeometry& o) const;
+};
+
+// The source rows and columns the geometry reads (a decoder may skip the rest).
+struct SourceWindow {
+  int64_t top = 0, left = 0, height = 0, width = 0;
+};
+SourceWindow source_window(const SampleGeometry& g);
+
+// The same output expressed on a copy of the source scaled to new_h x new_w (libjpeg's DCT
+// scaling gives ceil(size * M / 8)) and cropped to start at (top, left) of the scaled image:
+// coordinates scale by new / old, the support stays the output pixel's footprint.
+SampleGeometry rescale_source(const SampleGeometry& g, int64_t new_h, int64_t new_w);
+SampleGeometry shift_source(const SampleGeometry& g, int64_t top, int64_t left, int64_t h,
+                            int64_t w);
+
+// The DCT scale M (of M/8, 1 <= M <= 8) to decode at: the smallest whose scaled image still
+// has at least one source pixel per output pixel in both axes, so only downsampling follows.
+int dct_scale_for(const SampleGeometry& g);
+
+// Resamples an 8-bit HWC image (rows `stride` bytes apart) into out (out_h x out_w x channels
+// bytes), rounding to nearest. The filter taps are computed once per axis (ResampleTaps).
+struct ResampleTaps {
+  std::vector<int32_t> first;  // per output: first source index
+  std::vector<int32_t> count;  // per output: number of taps (0: the output is 0)
+  std::vector<float> weight;   // per output, `max_taps` weights
+  int32_t max_taps = 0;
+};
+ResampleTaps resample_taps(const ResampleAxis& axis, int64_t src_size);
+void resample_u8(const uint8_t* src, int64_t src_h, int64_t src_w, int64_t channels,
+                 int64_t stride, const SampleGeometry& g, uint8_t* out);
+
+}  // namespace kiln
