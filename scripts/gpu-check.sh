@@ -26,6 +26,10 @@
 #     kernels  build, then Nsight Compute over two timed AMP steps at batch 256 of each of
 #            PROFILE_MODELS (default "resnet50 vgg16_bn") and bench/kernel_breakdown.py's table
 #            of GPU time per step by kernel kind (issue 5's breakdown; no tests run)
+#     jpeg   build, then (JPEG_TESTS=1: the GPU tests first) bench/jpeg_compare.sh for
+#            JPEG_MODELS (default "resnet50 vgg16_bn") and JPEG_ROWS (its default rows): training
+#            from a generated ImageNet-like JPEG folder, kiln per decode path beside
+#            torchvision's DataLoader, with the host cores busy in each row (issue 16)
 #     timeline  build, then for PROFILE_MODELS: tools/cupti_trace.cpp's trace of 5 timed AMP
 #            steps at batch 256, kiln's and PyTorch eager's (TIMELINE_TORCH=0: kiln's only), and
 #            bench/gpu_timeline.py's busy / idle split and kernel time by kind (what ncu's
@@ -100,6 +104,7 @@ targets=()  # all: everything
 [ "$MODE" = kernels ] && targets=(kiln kiln_cli)
 [ "$MODE" = timeline ] && targets=(kiln kiln_cli kiln_cupti_trace)
 [ "$MODE" = forms ] && targets=(kiln_conv_forms)
+[ "$MODE" = jpeg ] && targets=(kiln kiln_cli kiln_gpu_tests)
 if ! cmake --build "$BUILD" -j "$JOBS" ${targets[@]:+--target "${targets[@]}"} >"$LOGS/build.log" 2>&1; then
   grep -E 'error|FAILED' "$LOGS/build.log" | head -40
   note build "FAILED ($(since))"
@@ -129,6 +134,21 @@ if [ "$MODE" = tune ]; then
     done
   done
   cp configs/engines/*.tsv "$LOGS/" 2>/dev/null || true
+  finish
+fi
+
+if [ "$MODE" = jpeg ]; then
+  if [ "${JPEG_TESTS:-0}" = 1 ]; then
+    ctest --test-dir "$BUILD" -L gpu -j 8 --timeout 300 --output-on-failure >"$LOGS/ctest-gpu.log" 2>&1 || status=1
+    grep -E 'Failed|\*\*\*|Exception|Timeout' "$LOGS/ctest-gpu.log" | head -40
+    grep -E 'error|Failure|Expected|Which is|differ|> ' "$LOGS/ctest-gpu.log" | head -60
+    note "gpu tests" "$(ctest_line "$LOGS/ctest-gpu.log") ($(since))"
+  fi
+  LOGS="$LOGS/jpeg" BUILD="$BUILD" bash bench/jpeg_compare.sh "${JPEG_MODELS:-resnet50 vgg16_bn}" \
+    ${JPEG_ROWS:+"$JPEG_ROWS"} >"$LOGS/jpeg-compare.log" 2>&1 || status=1
+  grep -E '^== ' "$LOGS/jpeg-compare.log"
+  while IFS= read -r line; do SUMMARY+=("$line"); done < <(grep '^|' "$LOGS/jpeg-compare.log")
+  note "jpeg compare" "($(since))"
   finish
 fi
 
