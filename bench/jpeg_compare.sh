@@ -25,6 +25,7 @@ EPOCHS=${EPOCHS:-3}
 log=${LOGS:-$(mktemp -d)}
 mkdir -p "$log"
 
+for _ in $(seq 300); do [ -d "$ROOT.partial" ] || break; sleep 1; done  # another writer, still at it
 [ -d "$ROOT/train" ] || python3 bench/make_jpeg_folder.py "$ROOT" --jobs "$(nproc)" | tee "$log/folder.json"
 
 busy() { awk '/^cpu /{b=$2+$3+$4+$7+$8+$9; print b, b+$5+$6}' /proc/stat; }

@@ -85,10 +85,13 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--jobs", type=int, default=os.cpu_count())
     a = ap.parse_args()
-    work = [(a.root, "train", a.seed, k, a.train) for k in range(a.classes)]
-    work += [(a.root, "val", a.seed, k, a.val) for k in range(a.classes)]
+    # Written under ROOT.partial and renamed, so that a reader never sees half a folder.
+    part = a.root.rstrip("/") + ".partial"
+    work = [(part, "train", a.seed, k, a.train) for k in range(a.classes)]
+    work += [(part, "val", a.seed, k, a.val) for k in range(a.classes)]
     with ProcessPoolExecutor(a.jobs) as ex:
         res = list(ex.map(write_class, work))
+    os.rename(part, a.root)
     n = sum(r[3] for r in res)
     stats = {"images": n, "mean_kb": round(sum(r[0] for r in res) / n / 1024, 1),
              "progressive": sum(r[1] for r in res), "grey": sum(r[2] for r in res),
