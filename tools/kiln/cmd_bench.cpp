@@ -56,6 +56,11 @@ int bench_folder(const Flags& f, const std::string& model, const BluePrint& bp, 
   lo.batch_size = eo.compile.batch;
   lo.workers = static_cast<int>(f.i64("workers", default_loader_workers()));
   lo.output = device_jpeg && where != DecodeWhere::cpu ? LoaderOutput::encoded : LoaderOutput::uint8;
+  // --no-input-u8: the float32 path (full decode, float transforms, float copy), for comparison.
+  if (!f.on("input-u8", true)) {
+    KILN_CHECK(where != DecodeWhere::gpu, InvalidArgument, "--no-input-u8 decodes on the host; drop --decode gpu");
+    lo.output = LoaderOutput::float32;
+  }
   Loader loader(data, p, lo);
   engine.lock_memory();
   engine.compile(1);
@@ -63,6 +68,7 @@ int bench_folder(const Flags& f, const std::string& model, const BluePrint& bp, 
   const int64_t n = lo.batch_size;
   const auto hwc = loader.sample_hwc();
   std::vector<uint8_t> pixels(static_cast<size_t>(n * hwc[0] * hwc[1] * hwc[2]));
+  std::vector<float> floats(lo.output == LoaderOutput::float32 ? pixels.size() : 0);
   std::vector<int32_t> labels(static_cast<size_t>(n));
   EncodedBatch enc[2];
   int64_t epoch = 0, done = 0;
@@ -76,20 +82,25 @@ int bench_folder(const Flags& f, const std::string& model, const BluePrint& bp, 
     v.labels = labels.data();
     for (;;) {
       const int64_t got = lo.output == LoaderOutput::encoded ? loader.next_encoded(enc[slot])
-                                                              : loader.next_u8(pixels.data(), labels.data());
+                          : lo.output == LoaderOutput::uint8 ? loader.next_u8(pixels.data(), labels.data())
+                                                             : loader.next(floats.data(), labels.data());
       if (got == n) break;
       loader.start_epoch(++epoch);  // drop_last: 0 means the epoch ended
     }
     if (lo.output == LoaderOutput::encoded) {
       v.encoded = &enc[slot];
-    } else {
+    } else if (lo.output == LoaderOutput::uint8) {
       v.u8 = pixels.data();
+    } else {
+      v.f32 = floats.data();
     }
     if (input_only) {
       if (v.encoded) {
         backend.stage_batch_encoded(slot, *v.encoded, norm);
-      } else {
+      } else if (v.u8) {
         backend.stage_batch_u8(slot, v.u8, v.labels, norm);
+      } else {
+        backend.stage_batch(slot, v.f32, v.labels);
       }
       return StepStats{};
     }
@@ -121,7 +132,7 @@ int bench_folder(const Flags& f, const std::string& model, const BluePrint& bp, 
   const double median = rates[rates.size() / 2];
   const LoaderStats ls = loader.stats();
   const DecodeCounters dc = backend.decode_counters();
-  const char* decode = lo.output == LoaderOutput::encoded ? "gpu" : "cpu";
+  const char* decode = lo.output == LoaderOutput::encoded ? "gpu" : lo.output == LoaderOutput::uint8 ? "cpu" : "cpu-float32";
   std::printf("%s from %s, batch %lld, decode %s, %d workers on %s: %.1f images/s (median of %lld; loader alone "
               "%.0f images/s; %lld corrupt files skipped)\n",
               input_only ? "input pipeline" : model.c_str(), spec.root.c_str(), static_cast<long long>(n), decode,
@@ -168,6 +179,8 @@ int cmd_bench(int argc, char** argv) {
            {"input-only", "with --data folder: time the input pipeline alone, files to the staged input buffer",
             "off", true},
            {"decode", "with --data folder: auto, gpu or cpu", "auto", false},
+           {"input-u8", "with --data folder: uint8 pixels (--no-input-u8: the float32 path, for comparison)", "on",
+            true},
            {"workers", "with --data folder: loader threads (default: the machine's cores)", "", false},
            {"profile", "print where the time goes (CPU: per op kind; CUDA: per phase)", "off", true},
            {"cuda-profiler-range", "CUDA: record only the timed steps under an external profiler "
