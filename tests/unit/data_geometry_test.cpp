@@ -9,6 +9,7 @@
 
 #include "kiln/core/rng.h"
 #include "kiln/data/sample_geometry.h"
+#include "kiln/data/transforms.h"
 #include "unit/data_test_util.h"
 
 namespace kiln {
@@ -212,6 +213,101 @@ TEST(DataGeometry, DctScaleAndWindowRescaling) {
   EXPECT_EQ(full, part);
   data_test::expect_error([&] { resample_u8(img.data(), 300, 500, 3, 1500, b, full.data()); },
                           ErrorKind::InvalidArgument, {"geometry refers to 375x500"});
+}
+
+Image as_image(const std::vector<uint8_t>& px, int64_t h, int64_t w, int64_t c) {
+  Image img;
+  img.height = h, img.width = w, img.channels = c;
+  img.pixels = px;
+  return img;
+}
+
+// The float path (operator()) and the uint8 path (geometry + resample_u8, then the
+// normalisation the device would apply) on the same (seed, epoch, index) stream.
+void expect_paths_agree(const Pipeline& p, int64_t h, int64_t w, int64_t c, int samples) {
+  std::string why;
+  ASSERT_TRUE(p.geometric(&why)) << why;
+  const auto px = test_image(h, w, c, static_cast<uint64_t>(h + w));
+  const Image img = as_image(px, h, w, c);
+  const InputNormalization norm = p.normalization(c);
+  for (int i = 0; i < samples; ++i) {
+    Rng a = Rng::derive(3, 1, static_cast<uint64_t>(i)), b = a;
+    const FloatImage f = p(img, a);
+    const SampleGeometry g = p.geometry(h, w, b);
+    // Both paths drew the same numbers: the streams are in the same state.
+    EXPECT_EQ(a.next_u64(), b.next_u64());
+    ASSERT_EQ(f.height, g.out_h());
+    ASSERT_EQ(f.width, g.out_w());
+    std::vector<uint8_t> u(static_cast<size_t>(g.out_h() * g.out_w() * c));
+    resample_u8(px.data(), h, w, c, w * c, g, u.data());
+    // Within 1 level (plus float slack): the uint8 path rounds once, the float path does not.
+    double max_diff = 0;
+    for (size_t k = 0; k < u.size(); ++k) {
+      const size_t ch = k % static_cast<size_t>(c);
+      const double level = (f.data[k] * norm.std[ch] + norm.mean[ch]) * 255.0;
+      max_diff = std::max(max_diff, std::fabs(level - u[k]));
+    }
+    EXPECT_LE(max_diff, 0.5 + 1e-3) << p.describe() << " sample " << i;
+  }
+}
+
+TEST(DataGeometry, PipelineGeometryDrawsAsTheFloatPath) {
+  const std::vector<float> mean = {0.485f, 0.456f, 0.406f}, std = {0.229f, 0.224f, 0.225f};
+  Pipeline train;
+  train.add<ToFloat>().add<RandomResizedCrop>(224).add<RandomHorizontalFlip>().add<Normalize>(
+      mean, std);
+  expect_paths_agree(train, 375, 500, 3, 12);
+  Pipeline eval;
+  eval.add<ToFloat>().add<Resize>(256).add<CenterCrop>(224).add<Normalize>(mean, std);
+  expect_paths_agree(eval, 333, 500, 3, 2);
+  // CIFAR-style: a padded random crop, flipped; and a flip before crops (mirrored windows).
+  Pipeline cifar;
+  cifar.add<RandomCrop>(32, 4).add<RandomHorizontalFlip>().add<ToFloat>();
+  expect_paths_agree(cifar, 32, 32, 3, 20);
+  Pipeline flip_first;
+  flip_first.add<RandomHorizontalFlip>().add<RandomCrop>(20, 30, 3).add<CenterCrop>(16, 40);
+  expect_paths_agree(flip_first, 24, 33, 1, 20);
+  Pipeline flip_rrc;
+  flip_rrc.add<RandomHorizontalFlip>().add<RandomResizedCrop>(40, 30, std::array{0.2f, 1.0f},
+                                                               std::array{0.5f, 2.0f});
+  expect_paths_agree(flip_rrc, 64, 48, 1, 20);
+}
+
+TEST(DataGeometry, PipelineGeometricAndNormalization) {
+  std::string why;
+  Pipeline jitter;
+  jitter.add<ToFloat>().add<RandomResizedCrop>(8).add<ColorJitter>(0.4f, 0.4f, 0.4f);
+  EXPECT_FALSE(jitter.geometric(&why));
+  EXPECT_NE(why.find("ColorJitter"), std::string::npos) << why;
+  Pipeline twice;
+  twice.add<Resize>(16).add<RandomResizedCrop>(8);
+  EXPECT_FALSE(twice.geometric(&why));
+  EXPECT_NE(why.find("resamples twice"), std::string::npos) << why;
+  Rng rng(1);
+  data_test::expect_error([&] { twice.geometry(40, 30, rng); }, ErrorKind::InvalidArgument,
+                          {"resamples twice", "float path"});
+  Pipeline late;
+  late.add<ToFloat>().add<Normalize>(std::vector<float>{0.5f}, std::vector<float>{0.5f})
+      .add<CenterCrop>(4);
+  EXPECT_FALSE(late.geometric(&why));
+  EXPECT_NE(why.find("move Normalize to the end"), std::string::npos) << why;
+  // Statistics on [0,1] pixels: as given after ToFloat; divided by 255 without it (the float
+  // path then normalises 0..255 values); mean 0, std 1 (or 1/255) with no Normalize.
+  Pipeline unit;
+  unit.add<ToFloat>().add<Normalize>(std::vector<float>{0.5f, 0.25f}, std::vector<float>{0.2f, 2});
+  const InputNormalization n = unit.normalization(2);
+  EXPECT_EQ(n.mean, (std::vector<float>{0.5f, 0.25f}));
+  EXPECT_EQ(n.std, (std::vector<float>{0.2f, 2.0f}));
+  Pipeline bytes;
+  bytes.add<Normalize>(std::vector<float>{127.5f}, std::vector<float>{51});
+  EXPECT_FLOAT_EQ(bytes.normalization(1).mean[0], 0.5f);
+  EXPECT_FLOAT_EQ(bytes.normalization(1).std[0], 0.2f);
+  Pipeline none;
+  none.add<ToFloat>();
+  EXPECT_EQ(none.normalization(3).mean, (std::vector<float>{0, 0, 0}));
+  EXPECT_EQ(none.normalization(3).std, (std::vector<float>{1, 1, 1}));
+  data_test::expect_error([&] { unit.normalization(3); }, ErrorKind::InvalidArgument,
+                          {"2 channel statistics", "3 channels"});
 }
 
 }  // namespace
