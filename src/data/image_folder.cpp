@@ -84,6 +84,20 @@ bool ImageFolderDataset::known_corrupt(int64_t index) const {
   return corrupt_[static_cast<size_t>(index)].load(std::memory_order_relaxed) != 0;
 }
 
+void ImageFolderDataset::mark_corrupt(int64_t index, const std::string& message) const {
+  KILN_CHECK(index >= 0 && index < size(), InvalidArgument, "mark_corrupt: index ", index,
+             " is outside [0, ", size(), ") of ", describe());
+  if (!skip_corrupt_) {
+    KILN_FAIL(Data, message,
+              "; delete or replace the file, or let kiln skip corrupt images "
+              "(DatasetSpec::skip_corrupt = true)");
+  }
+  if (corrupt_[static_cast<size_t>(index)].exchange(1) == 0) {
+    corrupt_count_.fetch_add(1, std::memory_order_relaxed);
+    log_warn("skipping corrupt image (replaced by the next good one): ", message);
+  }
+}
+
 bool ImageFolderDataset::try_decode(int64_t index, Image& out) const {
   const std::string& path = files_[static_cast<size_t>(index)];
   try {
@@ -92,17 +106,46 @@ bool ImageFolderDataset::try_decode(int64_t index, Image& out) const {
     return true;
   } catch (const Error& e) {
     if (e.kind() != ErrorKind::Data) throw;
-    if (!skip_corrupt_) {
-      KILN_FAIL(Data, e.what(),
-                "; delete or replace the file, or let kiln skip corrupt images "
-                "(DatasetSpec::skip_corrupt = true)");
-    }
-    if (corrupt_[static_cast<size_t>(index)].exchange(1) == 0) {
-      corrupt_count_.fetch_add(1, std::memory_order_relaxed);
-      log_warn("skipping corrupt image (replaced by the next good one): ", e.what());
-    }
+    mark_corrupt(index, e.what());
     return false;
   }
+}
+
+bool ImageFolderDataset::try_read(int64_t index, Encoded& out) const {
+  const std::string& path = files_[static_cast<size_t>(index)];
+  try {
+    out.bytes = data_detail::read_file_bytes(path);
+    const ImageInfo info = read_image_info(out.bytes.data(), out.bytes.size(), path);
+    // Refused here, before any decoder sizes a buffer from the header (a decompression bomb).
+    KILN_CHECK(info.height > 0 && info.width > 0 && info.height <= kMaxDecodePixels / info.width,
+               Data, path, " declares ", info.height, "x", info.width,
+               " pixels, more than the limit of ", kMaxDecodePixels, " (a corrupt or hostile header)");
+    out.index = index;
+    out.label = labels_[static_cast<size_t>(index)];
+    out.name = path;
+    out.height = info.height;
+    out.width = info.width;
+    out.device_decodable = info.format == ImageFormat::Jpeg && !info.cmyk && info.complete;
+    return true;
+  } catch (const Error& e) {
+    if (e.kind() != ErrorKind::Data) throw;
+    mark_corrupt(index, e.what());
+    return false;
+  }
+}
+
+Dataset::Encoded ImageFolderDataset::encoded(int64_t index) const {
+  KILN_CHECK(index >= 0 && index < size(), InvalidArgument, "sample index ", index,
+             " is outside [0, ", size(), ") of ", describe());
+  Encoded e;
+  const int64_t n = size();
+  for (int64_t step = 0; step < n; ++step) {
+    const int64_t j = (index + step) % n;
+    if (known_corrupt(j)) continue;
+    if (try_read(j, e)) return e;
+  }
+  KILN_FAIL(Data, "every image in ", dir_, " is corrupt (", n,
+            " files); check the files, e.g. with `file` or an image viewer");
 }
 
 Sample ImageFolderDataset::sample(int64_t index) const {

@@ -1,6 +1,7 @@
 #include "kiln/data/loader.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <numeric>
 
@@ -8,6 +9,26 @@
 #include "kiln/core/rng.h"
 
 namespace kiln {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+const char* output_name(LoaderOutput o) {
+  switch (o) {
+    case LoaderOutput::float32:
+      return "float32";
+    case LoaderOutput::uint8:
+      return "uint8";
+    case LoaderOutput::encoded:
+      return "encoded";
+  }
+  return "?";
+}
+
+}  // namespace
+
+int default_loader_workers() { return std::max(1, static_cast<int>(std::thread::hardware_concurrency())); }
 
 Loader::Loader(std::shared_ptr<const Dataset> dataset, Pipeline transforms, LoaderOptions options)
     : dataset_(std::move(dataset)), pipeline_(std::move(transforms)), options_(options) {
@@ -34,8 +55,30 @@ Loader::Loader(std::shared_ptr<const Dataset> dataset, Pipeline transforms, Load
   // Every batch has a fixed shape; take it from sample 0 (the Pipeline's output size does not
   // depend on the random draws, only on the input size, and workers check each sample).
   Rng rng = Rng::derive(o.seed, 0, 1);
-  const FloatImage first = pipeline_(dataset_->sample(0).image, rng);
-  hwc_ = {first.height, first.width, first.channels};
+  if (o.output == LoaderOutput::float32) {
+    const FloatImage first = pipeline_(dataset_->sample(0).image, rng);
+    hwc_ = {first.height, first.width, first.channels};
+  } else {
+    std::string why;
+    KILN_CHECK(pipeline_.geometric(&why), InvalidArgument, "the ", output_name(o.output),
+               " input path runs the transforms as one crop-and-resize per sample, which the "
+               "pipeline ",
+               pipeline_.describe(), " cannot be: ", why,
+               "; use the float32 loader output (kiln train --decode cpu --no-input-u8)");
+    KILN_CHECK(o.output != LoaderOutput::encoded || dataset_->has_encoded(), InvalidArgument,
+               "encoded input needs a dataset of image files (an image folder); ",
+               dataset_->describe(), " has none: use the uint8 output");
+    int64_t h = 0, w = 0, c = 0;
+    if (dataset_->has_encoded()) {
+      const Dataset::Encoded e = dataset_->encoded(0);
+      h = e.height, w = e.width, c = dataset_->channels();
+    } else {
+      const Sample s = dataset_->sample(0);
+      h = s.image.height, w = s.image.width, c = s.image.channels;
+    }
+    const SampleGeometry g = pipeline_.geometry(h, w, rng);
+    hwc_ = {g.out_h(), g.out_w(), c};
+  }
   KILN_CHECK(sample_floats() > 0, InvalidArgument, "the transforms made an empty image");
 
   // One slot being copied out by next() plus `prefetch` being made ahead; with no workers the
@@ -43,9 +86,15 @@ Loader::Loader(std::shared_ptr<const Dataset> dataset, Pipeline transforms, Load
   const int slots = o.workers == 0 ? 1 : o.prefetch + 1;
   slots_.resize(static_cast<size_t>(slots));
   for (Slot& s : slots_) {
-    s.images.resize(static_cast<size_t>(o.batch_size * sample_floats()));
+    if (o.output == LoaderOutput::float32) {
+      s.images.resize(static_cast<size_t>(o.batch_size * sample_floats()));
+    } else {
+      s.pixels.resize(static_cast<size_t>(o.batch_size * sample_floats()));
+    }
+    if (o.output == LoaderOutput::encoded) s.encoded.resize(static_cast<size_t>(o.batch_size));
     s.labels.resize(static_cast<size_t>(o.batch_size));
   }
+  stats_.workers = o.workers;
   for (int w = 0; w < o.workers; ++w) threads_.emplace_back([this] { worker_loop(); });
 }
 
@@ -119,13 +168,82 @@ bool Loader::claim(int64_t max, int64_t& first, int64_t& count, uint64_t& genera
   return true;
 }
 
+SampleGeometry Loader::checked_geometry(int64_t h, int64_t w, Rng rng, int64_t index) const {
+  const SampleGeometry g = pipeline_.geometry(h, w, rng);
+  KILN_CHECK(g.out_h() == hwc_[0] && g.out_w() == hwc_[1], InvalidArgument, "the transforms make a ",
+             g.out_h(), "x", g.out_w(), " image from sample ", index, " but batches hold ", hwc_[0], "x",
+             hwc_[1],
+             " (the shape made from sample 0); end the pipeline with a fixed-size crop "
+             "(RandomResizedCrop, CenterCrop, RandomCrop) so that every sample has the same shape");
+  return g;
+}
+
+int32_t Loader::decode_on_host(Dataset::Encoded enc, const Rng& rng, uint8_t* out,
+                               EncodedImage* decoded) const {
+  // Each failure marks one more file corrupt, so this ends within size() rounds (encoded()
+  // throws once every file is marked).
+  for (int64_t round = 0;; ++round) {
+    const SampleGeometry g = checked_geometry(enc.height, enc.width, rng, enc.index);
+    try {
+      decode_resampled(enc.bytes.data(), enc.bytes.size(), hwc_[2], g, out, enc.name, options_.decode);
+      if (decoded) {
+        decoded->bytes.clear();
+        decoded->geometry = g;
+        decoded->name = enc.name;
+      }
+      return enc.label;
+    } catch (const Error& e) {
+      if (e.kind() != ErrorKind::Data) throw;
+      KILN_CHECK(round < dataset_->size(), Internal, dataset_->describe(),
+                 " keeps handing out files that fail to decode: ", e.what());
+      dataset_->mark_corrupt(enc.index, e.what());
+      enc = dataset_->encoded((enc.index + 1) % dataset_->size());
+    }
+  }
+}
+
+int32_t Loader::make_u8(int64_t index, const Rng& rng, uint8_t* out) const {
+  if (dataset_->has_encoded()) return decode_on_host(dataset_->encoded(index), rng, out, nullptr);
+  // Datasets held in memory (IDX, CIFAR, synthetic): the bytes are there, resample them.
+  const Sample s = dataset_->sample(index);
+  const Image& im = s.image;
+  KILN_CHECK(im.channels == hwc_[2], InvalidArgument, "sample ", index, " has ", im.channels,
+             " channels but batches hold ", hwc_[2], " (those of sample 0)");
+  const SampleGeometry g = checked_geometry(im.height, im.width, rng, index);
+  resample_u8(im.pixels.data(), im.height, im.width, im.channels, im.width * im.channels, g, out);
+  return s.label;
+}
+
 void Loader::make_one(int64_t position, Slot& slot, int64_t& error_at, std::exception_ptr& error) {
   const int64_t index = order_[static_cast<size_t>(position)];
   const int64_t k = position % options_.batch_size;
   try {
-    Sample s = dataset_->sample(index);
     Rng rng =
         Rng::derive(options_.seed, static_cast<uint64_t>(epoch_), static_cast<uint64_t>(index) + 1);
+    int32_t& label = slot.labels[static_cast<size_t>(k)];
+    uint8_t* pixels = options_.output == LoaderOutput::float32
+                          ? nullptr
+                          : slot.pixels.data() + k * sample_floats();
+    if (options_.output == LoaderOutput::uint8) {
+      label = make_u8(index, rng, pixels);
+      return;
+    }
+    if (options_.output == LoaderOutput::encoded) {
+      // The worker only reads the file and draws its geometry; the device decodes it, unless
+      // it cannot (PNG, CMYK, a truncated JPEG), and then it is decoded here.
+      Dataset::Encoded enc = dataset_->encoded(index);
+      EncodedImage& out = slot.encoded[static_cast<size_t>(k)];
+      if (!enc.device_decodable) {
+        label = decode_on_host(std::move(enc), rng, pixels, &out);
+        return;
+      }
+      out.geometry = checked_geometry(enc.height, enc.width, rng, enc.index);
+      out.name = std::move(enc.name);
+      out.bytes = std::move(enc.bytes);
+      label = enc.label;
+      return;
+    }
+    Sample s = dataset_->sample(index);
     const FloatImage img = pipeline_(s.image, rng);
     KILN_CHECK(img.height == hwc_[0] && img.width == hwc_[1] && img.channels == hwc_[2],
                InvalidArgument, "the transforms made a ", img.height, "x", img.width, "x",
@@ -136,7 +254,7 @@ void Loader::make_one(int64_t position, Slot& slot, int64_t& error_at, std::exce
                "has the same shape");
     std::memcpy(slot.images.data() + k * sample_floats(), img.data.data(),
                 static_cast<size_t>(sample_floats()) * sizeof(float));
-    slot.labels[static_cast<size_t>(k)] = s.label;
+    label = s.label;
   } catch (...) {
     if (error_at < 0) {  // positions rise, so the first failure is the lowest
       error_at = position;
@@ -152,10 +270,14 @@ void Loader::make_samples(int64_t first, int64_t count, uint64_t generation) {
   Slot& slot = slots_[static_cast<size_t>(batch) % slots_.size()];
   int64_t error_at = -1;
   std::exception_ptr error;
+  const auto t0 = Clock::now();
   for (int64_t p = first; p < first + count; ++p) make_one(p, slot, error_at, error);
+  const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
 
   std::lock_guard<std::mutex> lock(mutex_);
   --in_flight_;
+  stats_.samples += count;
+  stats_.make_seconds += secs;
   if (generation == generation_) {
     slot.remaining -= count;
     if (error && (slot.error_at < 0 || error_at < slot.error_at)) {
@@ -185,14 +307,16 @@ void Loader::worker_loop() {
   }
 }
 
-int64_t Loader::next(float* images, int32_t* labels) {
-  KILN_CHECK(images != nullptr && labels != nullptr, InvalidArgument,
-             "Loader::next needs image and label buffers, got null");
+Loader::Slot* Loader::wait_batch(const char* caller, LoaderOutput wanted) {
+  KILN_CHECK(options_.output == wanted, InvalidArgument, "Loader::", caller, " reads ",
+             output_name(wanted), " batches but this loader makes ", output_name(options_.output),
+             " ones (LoaderOptions::output); call the matching next function");
+  const auto t0 = Clock::now();
   std::unique_lock<std::mutex> lock(mutex_);
   KILN_CHECK(active_, State,
-             "Loader::next called with no epoch running; call start_epoch(e) "
+             "Loader::", caller, " called with no epoch running; call start_epoch(e) "
              "first (also after an error, which ends the epoch)");
-  if (consumed_ >= batches_) return 0;
+  if (consumed_ >= batches_) return nullptr;
   const int64_t batch = consumed_;
   Slot& slot = slots_[static_cast<size_t>(batch) % slots_.size()];
   auto ready = [&] { return slot.batch == batch && slot.remaining == 0; };
@@ -208,22 +332,86 @@ int64_t Loader::next(float* images, int32_t* labels) {
   } else {
     ready_cv_.wait(lock, ready);
   }
+  stats_.wait_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
   if (slot.error) {
     active_ = false;
     std::exception_ptr e = slot.error;
     lock.unlock();
     std::rethrow_exception(e);
   }
-  lock.unlock();
   // The slot is ours until consumed_ moves on: workers only claim batches < consumed_ + slots.
-  const int64_t n = batch_samples(batch);
-  std::memcpy(images, slot.images.data(), static_cast<size_t>(n * sample_floats()) * sizeof(float));
-  std::memcpy(labels, slot.labels.data(), static_cast<size_t>(n) * sizeof(int32_t));
-  lock.lock();
-  ++consumed_;
-  lock.unlock();
+  return &slot;
+}
+
+void Loader::release_batch() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    ++consumed_;
+  }
   work_cv_.notify_all();
+}
+
+int64_t Loader::next(float* images, int32_t* labels) {
+  KILN_CHECK(images != nullptr && labels != nullptr, InvalidArgument,
+             "Loader::next needs image and label buffers, got null");
+  Slot* slot = wait_batch("next", LoaderOutput::float32);
+  if (!slot) return 0;
+  const int64_t n = batch_samples(slot->batch);
+  std::memcpy(images, slot->images.data(), static_cast<size_t>(n * sample_floats()) * sizeof(float));
+  std::memcpy(labels, slot->labels.data(), static_cast<size_t>(n) * sizeof(int32_t));
+  release_batch();
   return n;
+}
+
+int64_t Loader::next_u8(uint8_t* images, int32_t* labels) {
+  KILN_CHECK(images != nullptr && labels != nullptr, InvalidArgument,
+             "Loader::next_u8 needs image and label buffers, got null");
+  Slot* slot = wait_batch("next_u8", LoaderOutput::uint8);
+  if (!slot) return 0;
+  const int64_t n = batch_samples(slot->batch);
+  std::memcpy(images, slot->pixels.data(), static_cast<size_t>(n * sample_floats()));
+  std::memcpy(labels, slot->labels.data(), static_cast<size_t>(n) * sizeof(int32_t));
+  release_batch();
+  return n;
+}
+
+int64_t Loader::next_encoded(EncodedBatch& out) {
+  Slot* slot = wait_batch("next_encoded", LoaderOutput::encoded);
+  if (!slot) return 0;
+  const int64_t bs = options_.batch_size, per = sample_floats();
+  const int64_t n = batch_samples(slot->batch);
+  out.size = n;
+  out.batch = bs;
+  out.height = hwc_[0], out.width = hwc_[1], out.channels = hwc_[2];
+  // Swaps, not copies: the file bytes and host pixels change hands, and the slot keeps the
+  // batch's previous buffers for its next use.
+  out.images.swap(slot->encoded);
+  out.images.resize(static_cast<size_t>(n));
+  slot->encoded.resize(static_cast<size_t>(bs));
+  out.host_pixels.swap(slot->pixels);
+  out.host_pixels.resize(static_cast<size_t>(bs * per));
+  slot->pixels.resize(static_cast<size_t>(bs * per));
+  std::fill(out.host_pixels.begin() + n * per, out.host_pixels.end(), uint8_t{0});
+  out.labels.assign(slot->labels.begin(), slot->labels.begin() + n);
+  out.labels.resize(static_cast<size_t>(bs), -1);
+  // Sample k again, on the host, from its own index and rng: what the worker drew.
+  std::vector<int64_t> indices(order_.begin() + slot->batch * bs, order_.begin() + slot->batch * bs + n);
+  const uint64_t epoch = static_cast<uint64_t>(epoch_);
+  out.host_decode = [this, epoch, indices = std::move(indices)](int64_t k, uint8_t* pixels, int32_t* label) {
+    KILN_CHECK(k >= 0 && k < static_cast<int64_t>(indices.size()), InvalidArgument, "host_decode: sample ", k,
+               " is outside the batch of ", indices.size());
+    const int64_t index = indices[static_cast<size_t>(k)];
+    const Rng rng = Rng::derive(options_.seed, epoch, static_cast<uint64_t>(index) + 1);
+    const int32_t l = decode_on_host(dataset_->encoded(index), rng, pixels, nullptr);
+    if (label) *label = l;
+  };
+  release_batch();
+  return n;
+}
+
+LoaderStats Loader::stats() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return stats_;
 }
 
 }  // namespace kiln

@@ -80,6 +80,68 @@ void check_size(const char* what, int64_t h, int64_t w) {
   KILN_CHECK(h > 0 && w > 0, InvalidArgument, what, " needs a positive size, got ", h, "x", w);
 }
 
+// CenterCrop's offset: larger than the image, zero padding split as torchvision does ((d)//2
+// before); otherwise round((size - crop) / 2), half to even.
+int64_t center_offset(int64_t size, int64_t crop) {
+  return crop > size ? -((crop - size) / 2) : py_round(static_cast<double>(size - crop) / 2.0);
+}
+
+// The axis that maps `out` outputs onto the source pixels [start, start + len), read only there
+// (PIL crops the box, then resizes it).
+ResampleAxis box_axis(int64_t start, int64_t len, int64_t out) {
+  ResampleAxis a;
+  a.out = out;
+  a.origin = static_cast<double>(start);
+  a.scale = static_cast<double>(len) / static_cast<double>(out);
+  a.lo = start, a.hi = start + len;
+  a.valid_lo = 0, a.valid_hi = out;
+  return a;
+}
+
+// Cropping c outputs starting at output `off` (negative: zero padding) of the axis.
+ResampleAxis crop_axis(const ResampleAxis& a, int64_t off, int64_t c) {
+  ResampleAxis r = a;
+  r.out = c;
+  r.origin = a.origin + static_cast<double>(off) * a.scale;
+  r.valid_lo = std::min(c, std::max<int64_t>(0, a.valid_lo - off));
+  r.valid_hi = std::max(r.valid_lo, std::min(c, a.valid_hi - off));
+  return r;
+}
+
+// A crop of the current output; after a flip, the window is mirrored onto the unflipped output.
+void compose_crop(SampleGeometry& g, int64_t top, int64_t left, int64_t h, int64_t w) {
+  if (g.flip) left = g.x.out - w - left;
+  g.y = crop_axis(g.y, top, h);
+  g.x = crop_axis(g.x, left, w);
+}
+
+// Nothing but (perhaps) a flip so far: a resize may still compose into one resampling.
+bool unresampled(const SampleGeometry& g) {
+  return g.y == ResampleAxis::identity(g.src_h) && g.x == ResampleAxis::identity(g.src_w);
+}
+
+// The float counterpart of resample_u8 (same taps, no rounding).
+template <int C>
+void resample_rows(const FloatImage& img, const ResampleTaps& tx, int64_t r0, int64_t r1,
+                   bool flip, std::vector<float>& rows) {
+  const int64_t c = C > 0 ? C : img.channels;
+  const int64_t out_w = static_cast<int64_t>(tx.count.size());
+  rows.assign(static_cast<size_t>((r1 - r0) * out_w * c), 0.0f);
+  for (int64_t r = r0; r < r1; ++r) {
+    const float* src = &img.data[static_cast<size_t>(r * img.width * c)];
+    float* dst = &rows[static_cast<size_t>((r - r0) * out_w * c)];
+    for (int64_t x = 0; x < out_w; ++x) {
+      float* d = dst + (flip ? out_w - 1 - x : x) * c;
+      const int32_t n = tx.count[static_cast<size_t>(x)];
+      const float* w = &tx.weight[static_cast<size_t>(x * tx.max_taps)];
+      const float* s = src + static_cast<int64_t>(tx.first[static_cast<size_t>(x)]) * c;
+      for (int32_t k = 0; k < n; ++k, s += c) {
+        for (int64_t ch = 0; ch < c; ++ch) d[ch] += w[k] * s[ch];
+      }
+    }
+  }
+}
+
 void clamp01(float& v) {
   v = std::min(1.0f, std::max(0.0f, v));
 }
@@ -179,6 +241,41 @@ FloatImage crop_image(const FloatImage& img, int64_t top, int64_t left, int64_t 
   return out;
 }
 
+FloatImage resample_float(const FloatImage& image, const SampleGeometry& g) {
+  KILN_CHECK(image.height == g.src_h && image.width == g.src_w, InvalidArgument,
+             "resample_float: the image is ", image.height, "x", image.width,
+             " but the geometry refers to ", g.src_h, "x", g.src_w);
+  const ResampleTaps ty = resample_taps(g.y, g.src_h);
+  const ResampleTaps tx = resample_taps(g.x, g.src_w);
+  int64_t r0 = g.src_h, r1 = 0;
+  for (size_t i = 0; i < ty.count.size(); ++i) {
+    if (ty.count[i] == 0) continue;
+    r0 = std::min<int64_t>(r0, ty.first[i]);
+    r1 = std::max<int64_t>(r1, ty.first[i] + ty.count[i]);
+  }
+  FloatImage out(g.y.out, g.x.out, image.channels);
+  if (r1 <= r0) return out;
+  std::vector<float> rows;
+  if (image.channels == 3) {
+    resample_rows<3>(image, tx, r0, r1, g.flip, rows);
+  } else if (image.channels == 1) {
+    resample_rows<1>(image, tx, r0, r1, g.flip, rows);
+  } else {
+    resample_rows<0>(image, tx, r0, r1, g.flip, rows);
+  }
+  const int64_t row = g.x.out * image.channels;
+  for (int64_t y = 0; y < g.y.out; ++y) {
+    const int32_t n = ty.count[static_cast<size_t>(y)];
+    const float* w = &ty.weight[static_cast<size_t>(y * ty.max_taps)];
+    float* o = &out.data[static_cast<size_t>(y * row)];
+    for (int32_t k = 0; k < n; ++k) {
+      const float* s = &rows[static_cast<size_t>((ty.first[static_cast<size_t>(y)] + k - r0) * row)];
+      for (int64_t i = 0; i < row; ++i) o[i] += w[k] * s[i];
+    }
+  }
+  return out;
+}
+
 FloatImage resize_bilinear(const FloatImage& image, int64_t h, int64_t w) {
   check_size("resize", h, w);
   return resize_box(image, {0, 0, image.height, image.width}, h, w);
@@ -230,8 +327,17 @@ CropBox RandomResizedCrop::sample_box(int64_t h, int64_t w, Rng& rng) const {
 }
 
 void RandomResizedCrop::apply(FloatImage& image, Rng& rng) const {
-  const CropBox box = sample_box(image.height, image.width, rng);
-  image = resize_box(image, box, height_, width_);
+  SampleGeometry g = SampleGeometry::identity(image.height, image.width);
+  compose(g, rng);
+  image = resample_float(image, g);
+}
+
+bool RandomResizedCrop::compose(SampleGeometry& g, Rng& rng) const {
+  if (!unresampled(g)) return false;  // a second resampling: not one filter any more
+  const CropBox b = sample_box(g.y.out, g.x.out, rng);
+  g.y = box_axis(b.top, b.height, height_);
+  g.x = box_axis(g.flip ? g.x.out - b.left - b.width : b.left, b.width, width_);
+  return true;
 }
 
 std::string RandomResizedCrop::describe() const {
@@ -257,6 +363,18 @@ void RandomCrop::apply(FloatImage& image, Rng& rng) const {
   image = crop_image(image, top - padding_, left - padding_, height_, width_);
 }
 
+bool RandomCrop::compose(SampleGeometry& g, Rng& rng) const {
+  // The same check and draws as apply(), on the current output's size.
+  const int64_t ph = g.y.out + 2 * padding_, pw = g.x.out + 2 * padding_;
+  KILN_CHECK(ph >= height_ && pw >= width_, InvalidArgument, "RandomCrop(", height_, "x", width_,
+             ", padding ", padding_, ") on a ", g.y.out, "x", g.x.out,
+             " image: the crop is larger than the padded image; add padding or a Resize first");
+  const int64_t top = static_cast<int64_t>(rng.below(static_cast<uint64_t>(ph - height_ + 1)));
+  const int64_t left = static_cast<int64_t>(rng.below(static_cast<uint64_t>(pw - width_ + 1)));
+  compose_crop(g, top - padding_, left - padding_, height_, width_);
+  return true;
+}
+
 std::string RandomCrop::describe() const {
   return "RandomCrop(" + std::to_string(height_) + "x" + std::to_string(width_) + ", pad " +
          std::to_string(padding_) + ")";
@@ -275,6 +393,11 @@ void RandomHorizontalFlip::apply(FloatImage& image, Rng& rng) const {
       std::swap_ranges(row + a * c, row + (a + 1) * c, row + b * c);
     }
   }
+}
+
+bool RandomHorizontalFlip::compose(SampleGeometry& g, Rng& rng) const {
+  if (rng.uniform() < p_) g.flip = !g.flip;
+  return true;
 }
 
 std::string RandomHorizontalFlip::describe() const {
@@ -322,11 +445,12 @@ std::string ColorJitter::describe() const {
   return os.str();
 }
 
-Normalize::Normalize(std::vector<float> mean, std::vector<float> std) : mean_(std::move(mean)) {
-  KILN_CHECK(!mean_.empty() && mean_.size() == std.size(), InvalidArgument,
+Normalize::Normalize(std::vector<float> mean, std::vector<float> std)
+    : mean_(std::move(mean)), std_(std::move(std)) {
+  KILN_CHECK(!mean_.empty() && mean_.size() == std_.size(), InvalidArgument,
              "Normalize needs one mean and one std per channel, got ", mean_.size(), " and ",
-             std.size());
-  for (float s : std) {
+             std_.size());
+  for (float s : std_) {
     KILN_CHECK(s > 0, InvalidArgument, "Normalize std must be > 0, got ", s);
     inv_std_.push_back(1.0f / s);
   }
@@ -349,7 +473,7 @@ std::string Normalize::describe() const {
   os << "Normalize(mean";
   for (float m : mean_) os << " " << m;
   os << ", std";
-  for (float s : inv_std_) os << " " << 1.0f / s;
+  for (float s : std_) os << " " << s;
   os << ")";
   return os.str();
 }
@@ -358,9 +482,16 @@ Resize::Resize(int64_t shorter_side) : shorter_(shorter_side) {
   check_size("Resize", shorter_side, shorter_side);
 }
 
-void Resize::apply(FloatImage& image, Rng&) const {
+void Resize::apply(FloatImage& image, Rng& rng) const {
   const int64_t h = image.height, w = image.width;
-  // torchvision: the long side is int(size * long / short), truncated.
+  SampleGeometry g = SampleGeometry::identity(h, w);
+  compose(g, rng);
+  image = resample_float(image, g);
+}
+
+bool Resize::compose(SampleGeometry& g, Rng&) const {
+  if (!unresampled(g)) return false;
+  const int64_t h = g.y.out, w = g.x.out;
   int64_t nh = shorter_, nw = shorter_;
   if (w <= h) {
     nh = static_cast<int64_t>(static_cast<double>(shorter_) * static_cast<double>(h) /
@@ -369,8 +500,11 @@ void Resize::apply(FloatImage& image, Rng&) const {
     nw = static_cast<int64_t>(static_cast<double>(shorter_) * static_cast<double>(w) /
                               static_cast<double>(h));
   }
-  if (nh == h && nw == w) return;
-  image = resize_box(image, {0, 0, h, w}, nh, nw);
+  if (nh == h && nw == w) return true;
+  // torchvision: the long side is int(size * long / short), truncated.
+  g.y = box_axis(0, h, nh);
+  g.x = box_axis(0, w, nw);
+  return true;
 }
 
 std::string Resize::describe() const {
@@ -382,14 +516,16 @@ CenterCrop::CenterCrop(int64_t height, int64_t width) : height_(height), width_(
 }
 
 void CenterCrop::apply(FloatImage& image, Rng&) const {
-  // Larger than the image: zero padding split as torchvision does ((d)//2 before); otherwise
-  // the offset is round((size - crop) / 2), half to even.
-  auto offset = [](int64_t size, int64_t crop) {
-    return crop > size ? -((crop - size) / 2) : py_round(static_cast<double>(size - crop) / 2.0);
-  };
   if (image.height == height_ && image.width == width_) return;
-  image = crop_image(image, offset(image.height, height_), offset(image.width, width_), height_,
-                     width_);
+  image = crop_image(image, center_offset(image.height, height_),
+                     center_offset(image.width, width_), height_, width_);
+}
+
+bool CenterCrop::compose(SampleGeometry& g, Rng&) const {
+  if (g.y.out == height_ && g.x.out == width_) return true;
+  compose_crop(g, center_offset(g.y.out, height_), center_offset(g.x.out, width_), height_,
+               width_);
+  return true;
 }
 
 std::string CenterCrop::describe() const {
@@ -413,6 +549,93 @@ FloatImage Pipeline::operator()(const Image& image, Rng& rng) const {
 
 void Pipeline::apply(FloatImage& image, Rng& rng) const {
   for (const auto& t : transforms_) t->apply(image, rng);
+}
+
+bool Pipeline::geometric(std::string* why_not) const {
+  auto no = [&](std::string why) {
+    if (why_not) *why_not = std::move(why);
+    return false;
+  };
+  const Transform* resampled = nullptr;  // the crop or resize so far, if any
+  const Transform* normalize = nullptr;
+  for (const auto& t : transforms_) {
+    const Transform* p = t.get();
+    if (normalize) {
+      return no(p->describe() + " follows " + normalize->describe() +
+                ": the uint8 / GPU path normalises last; move Normalize to the end");
+    }
+    if (dynamic_cast<const ToFloat*>(p) || dynamic_cast<const RandomHorizontalFlip*>(p)) continue;
+    if (dynamic_cast<const Normalize*>(p)) {
+      normalize = p;
+      continue;
+    }
+    if (dynamic_cast<const RandomResizedCrop*>(p) || dynamic_cast<const Resize*>(p)) {
+      if (resampled) {
+        return no(p->describe() + " after " + resampled->describe() +
+                  " resamples twice, which is not one resampling of the decoded image");
+      }
+      resampled = p;
+      continue;
+    }
+    if (dynamic_cast<const CenterCrop*>(p) || dynamic_cast<const RandomCrop*>(p)) {
+      resampled = resampled ? resampled : p;
+      continue;
+    }
+    // Any other transform (ColorJitter, or one defined elsewhere): whatever its compose() says
+    // on an unresampled image.
+    SampleGeometry g = SampleGeometry::identity(64, 64);
+    Rng rng(0);
+    if (resampled || !p->compose(g, rng)) {
+      return no(p->describe() +
+                " changes pixel values or does not compose into the sample's geometry; the "
+                "uint8 / GPU path only crops, resizes, flips and normalises");
+    }
+  }
+  return true;
+}
+
+SampleGeometry Pipeline::geometry(int64_t h, int64_t w, Rng& rng) const {
+  KILN_CHECK(h > 0 && w > 0, InvalidArgument, "Pipeline::geometry needs an image size, got ", h,
+             "x", w);
+  SampleGeometry g = SampleGeometry::identity(h, w);
+  for (const auto& t : transforms_) {
+    if (!t->compose(g, rng)) {
+      std::string why;
+      geometric(&why);
+      KILN_FAIL(InvalidArgument, "the pipeline ", describe(),
+                " has no uint8 / GPU geometry: ", why.empty() ? t->describe() : why,
+                "; use the float path (check Pipeline::geometric() first)");
+    }
+  }
+  return g;
+}
+
+InputNormalization Pipeline::normalization(int64_t channels) const {
+  KILN_CHECK(channels >= 1, InvalidArgument, "normalization needs a channel count, got ",
+             channels);
+  // The float path gives (p * f - m) / s with f = 255^-(ToFloats before Normalize); on [0,1]
+  // pixels that is (p / 255 - m / a) / (s / a) with a = 255 f (1 after one ToFloat).
+  double a = 255.0;
+  const Normalize* norm = nullptr;
+  for (const auto& t : transforms_) {
+    if (dynamic_cast<const ToFloat*>(t.get())) a /= 255.0;
+    if (const auto* n = dynamic_cast<const Normalize*>(t.get())) norm = n;
+  }
+  InputNormalization out;
+  for (int64_t k = 0; k < channels; ++k) {
+    double m = 0, s = 1;
+    if (norm) {
+      KILN_CHECK(norm->mean().size() == static_cast<size_t>(channels), InvalidArgument,
+                 norm->describe(), " has ", norm->mean().size(),
+                 " channel statistics but the images have ", channels,
+                 " channels; give one mean and std per channel");
+      m = norm->mean()[static_cast<size_t>(k)];
+      s = norm->std()[static_cast<size_t>(k)];
+    }
+    out.mean.push_back(static_cast<float>(m / a));
+    out.std.push_back(static_cast<float>(s / a));
+  }
+  return out;
 }
 
 std::string Pipeline::describe() const {

@@ -21,27 +21,37 @@ void Progress::update(int64_t epoch, int64_t epochs, int64_t step, int64_t steps
   // No loss yet (statistics arrive a step late): a dash, not a 0 that reads as a measurement.
   char loss_text[32] = "-";
   if (std::isfinite(loss)) std::snprintf(loss_text, sizeof loss_text, "%.4f", loss);
+  char input_text[64] = "";
+  if (loader_ips_ > 0) {
+    std::snprintf(input_text, sizeof input_text, " (loader %.0f img/s, waited %.0f%%)", loader_ips_,
+                  100.0 * wait_fraction_);
+  }
   if (bar_) {
     const int width = 30;
     const int filled = static_cast<int>(frac * width);
     char bar[64];
     for (int i = 0; i < width; ++i) bar[i] = i < filled ? '#' : '.';
     bar[width] = '\0';
-    std::printf("\repoch %lld/%lld [%s] %lld/%lld loss %s  %.0f img/s  lr %.4g  eta %.0fs   ",
+    std::printf("\repoch %lld/%lld [%s] %lld/%lld loss %s  %.0f img/s%s  lr %.4g  eta %.0fs   ",
                 static_cast<long long>(epoch), static_cast<long long>(epochs), bar, static_cast<long long>(step),
-                static_cast<long long>(steps), loss_text, ips, static_cast<double>(lr), eta);
+                static_cast<long long>(steps), loss_text, ips, input_text, static_cast<double>(lr), eta);
     std::fflush(stdout);
     drawn_ = true;
   } else if (plain_) {
     const int64_t decile = static_cast<int64_t>(frac * 10);
     if (decile != last_decile_ && (decile > 0 || step == 1)) {
       last_decile_ = decile;
-      std::printf("epoch %lld/%lld step %lld/%lld loss %s %.0f img/s lr %.4g eta %.0fs\n",
+      std::printf("epoch %lld/%lld step %lld/%lld loss %s %.0f img/s%s lr %.4g eta %.0fs\n",
                   static_cast<long long>(epoch), static_cast<long long>(epochs), static_cast<long long>(step),
-                  static_cast<long long>(steps), loss_text, ips, static_cast<double>(lr), eta);
+                  static_cast<long long>(steps), loss_text, ips, input_text, static_cast<double>(lr), eta);
       std::fflush(stdout);
     }
   }
+}
+
+void Progress::set_input(double loader_images_per_second, double wait_fraction) {
+  loader_ips_ = loader_images_per_second;
+  wait_fraction_ = wait_fraction;
 }
 
 void Progress::finish() {

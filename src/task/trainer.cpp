@@ -102,6 +102,81 @@ struct RunSetup {
   std::unique_ptr<Loader> train_loader, test_loader;
   std::unique_ptr<Engine> engine;
   std::array<int64_t, 3> hwc{};
+  InputNormalization train_norm, test_norm;  // the pipelines' Normalize, applied on the device
+};
+
+// How batches reach the device: the files' bytes for the device's JPEG decoder, uint8 pixels
+// decoded and cropped on the host (a quarter of float32's bytes), or float32 where the
+// pipeline is not one crop-and-resize (or --no-input-u8 asks for the reference path).
+LoaderOutput choose_input(const TrainConfig& c, const Pipeline& p, const Backend& b) {
+  std::string why;
+  const bool geometric = p.geometric(&why);
+  const bool folder = c.data == "folder";
+  if (c.decode == DecodeWhere::gpu) {
+    KILN_CHECK(folder, InvalidArgument, "--decode gpu decodes image files; --data ", c.data,
+               " holds none (use --decode auto or cpu)");
+    KILN_CHECK(geometric, InvalidArgument, "--decode gpu runs the transforms as one crop-and-resize per sample: ",
+               why, "; use --decode cpu");
+    std::string no_jpeg;
+    KILN_CHECK(b.decodes_jpeg(&no_jpeg), InvalidArgument, "--decode gpu: ", no_jpeg, "; use --decode cpu");
+  }
+  if (!geometric || !c.input_u8) return LoaderOutput::float32;
+  if (folder && c.decode != DecodeWhere::cpu && b.decodes_jpeg()) return LoaderOutput::encoded;
+  return LoaderOutput::uint8;
+}
+
+std::string input_line(LoaderOutput o, const TrainConfig& c, int workers) {
+  const std::string w = std::to_string(workers) + " worker" + (workers == 1 ? "" : "s");
+  switch (o) {
+    case LoaderOutput::encoded:
+      return "input: " + c.data + " decoded on the GPU (nvJPEG), " + w + " read files";
+    case LoaderOutput::uint8:
+      return "input: decoded on the host by " + w + ", uint8 to the device";
+    case LoaderOutput::float32:
+      break;
+  }
+  return "input: decoded and transformed on the host by " + w + ", float32 to the device" +
+         (c.input_u8 ? " (the pipeline is not one crop-and-resize)" : " (--no-input-u8)");
+}
+
+// One batch in the loader's output form, and the view the engine stages from. Encoded batches
+// alternate between two buffers: the device may still read the previous one's bytes.
+class InputBuffers {
+ public:
+  InputBuffers(const Loader& l, int64_t batch, InputNormalization norm) : norm_(std::move(norm)) {
+    const auto hwc = l.sample_hwc();
+    const size_t per = static_cast<size_t>(batch * hwc[0] * hwc[1] * hwc[2]);
+    if (l.output() == LoaderOutput::float32) f32_.resize(per);
+    if (l.output() == LoaderOutput::uint8) u8_.resize(per);
+    labels_.resize(static_cast<size_t>(batch));
+  }
+  int64_t next(Loader& l) {
+    if (l.output() == LoaderOutput::float32) return l.next(f32_.data(), labels_.data());
+    if (l.output() == LoaderOutput::uint8) return l.next_u8(u8_.data(), labels_.data());
+    cur_ ^= 1;
+    return l.next_encoded(enc_[cur_]);
+  }
+  InputView view() const {
+    InputView v;
+    v.norm = &norm_;
+    v.labels = labels_.data();
+    if (!f32_.empty()) {
+      v.f32 = f32_.data();
+    } else if (!u8_.empty()) {
+      v.u8 = u8_.data();
+    } else {
+      v.encoded = &enc_[cur_];
+    }
+    return v;
+  }
+
+ private:
+  InputNormalization norm_;
+  std::vector<float> f32_;
+  std::vector<uint8_t> u8_;
+  std::vector<int32_t> labels_;
+  EncodedBatch enc_[2];
+  int cur_ = 0;
 };
 
 // Datasets, loaders and the compiled engine for a run. The model's input follows the data.
@@ -125,12 +200,28 @@ RunSetup setup_run(const TrainConfig& c) {
   lo.seed = c.seed;
   lo.rank = dist::rank();
   lo.world = dist::world();
-  r.train_loader = std::make_unique<Loader>(r.train_set, make_pipeline(c, true, size, probe.input.channels), lo);
+  const Pipeline train_p = make_pipeline(c, true, size, probe.input.channels);
+  const Pipeline test_p = make_pipeline(c, false, size, probe.input.channels);
   LoaderOptions eo = lo;
   eo.shuffle = false;
   eo.drop_last = false;
-  r.test_loader = std::make_unique<Loader>(r.test_set, make_pipeline(c, false, size, probe.input.channels), eo);
+  // The sample shape (which the model's input follows) does not depend on the output form;
+  // the encoded form needs the backend, so the loaders start as uint8 and are remade below.
+  auto make_loaders = [&](LoaderOutput train_out, LoaderOutput test_out) {
+    lo.output = train_out;
+    eo.output = test_out;
+    r.train_loader.reset();
+    r.test_loader.reset();
+    r.train_loader = std::make_unique<Loader>(r.train_set, train_p, lo);
+    r.test_loader = std::make_unique<Loader>(r.test_set, test_p, eo);
+  };
+  auto host_form = [&](const Pipeline& p) {
+    return p.geometric() && c.input_u8 ? LoaderOutput::uint8 : LoaderOutput::float32;
+  };
+  make_loaders(host_form(train_p), host_form(test_p));
   r.hwc = r.train_loader->sample_hwc();
+  r.train_norm = train_p.normalization(r.hwc[2]);
+  r.test_norm = test_p.normalization(r.hwc[2]);
   zo.in_channels = static_cast<int>(r.hwc[2]);
   zo.image_size = static_cast<int>(r.hwc[0]);
   const BluePrint bp = make_model(c.model, zo);
@@ -156,6 +247,12 @@ RunSetup setup_run(const TrainConfig& c) {
   co.world = dist::world();
   co.sync_bn = c.sync_bn;
   r.engine = std::make_unique<Engine>(bp, eopt);
+  const LoaderOutput train_out = choose_input(c, train_p, r.engine->backend());
+  const LoaderOutput test_out = choose_input(c, test_p, r.engine->backend());
+  if (train_out != r.train_loader->output() || test_out != r.test_loader->output()) {
+    make_loaders(train_out, test_out);
+  }
+  if (dist::is_root()) log_info(input_line(train_out, c, c.workers));
   r.engine->lock_memory();
   r.engine->compile(c.seed);
   log_info("model ", c.model, " on ", r.engine->backend().caps().device, ": ", r.train_set->size(), " training and ",
@@ -167,15 +264,14 @@ struct EvalResult {
   double loss = 0, top1 = 0, top5 = 0;
 };
 
-EvalResult run_eval(Engine& engine, Loader& loader, bool ema, std::vector<float>& images,
-                    std::vector<int32_t>& labels) {
+EvalResult run_eval(Engine& engine, Loader& loader, bool ema, InputBuffers& input) {
   loader.start_epoch(0);
   double loss = 0;
   int64_t t1 = 0, t5 = 0, count = 0;
   while (true) {
-    const int64_t got = loader.next(images.data(), labels.data());
+    const int64_t got = input.next(loader);
     if (got == 0) break;
-    const StepStats s = engine.eval_batch(images.data(), labels.data(), got, ema);
+    const StepStats s = engine.eval_batch(input.view(), got, ema);
     loss += static_cast<double>(s.loss) * static_cast<double>(got);
     t1 += s.top1;
     t5 += s.top5;
@@ -192,9 +288,8 @@ TrainSummary evaluate(const TrainConfig& c) {
   const dist::FailureGuard failure_guard;  // S27: an error on one rank stops every rank
   RunSetup r = setup_run(c);
   if (!c.init_from.empty()) import_weights(*r.engine, c.init_from);
-  std::vector<float> images(static_cast<size_t>(c.batch_size * r.hwc[0] * r.hwc[1] * r.hwc[2]));
-  std::vector<int32_t> labels(static_cast<size_t>(c.batch_size));
-  const EvalResult e = run_eval(*r.engine, *r.test_loader, false, images, labels);
+  InputBuffers test_input(*r.test_loader, dist::split_batch(c.batch_size), r.test_norm);
+  const EvalResult e = run_eval(*r.engine, *r.test_loader, false, test_input);
   TrainSummary s;
   s.final_loss = e.loss;
   s.final_top1 = s.best_top1 = e.top1;
@@ -210,7 +305,6 @@ TrainSummary train(const TrainConfig& c) {
   engine.backend().set_profiling(c.profile);
   Loader& train_loader = *r.train_loader;
   Loader& test_loader = *r.test_loader;
-  const auto hwc = r.hwc;
   const auto& train_set = r.train_set;
   TrainState state;
   state.seed = c.seed;
@@ -237,13 +331,13 @@ TrainSummary train(const TrainConfig& c) {
              c.batch_size, "; use a smaller --batch-size");
   const int64_t total_steps = steps_per_epoch * c.epochs;
   const int64_t n = dist::split_batch(c.batch_size);  // per rank (S27)
-  std::vector<float> images(static_cast<size_t>(n * hwc[0] * hwc[1] * hwc[2]));
-  std::vector<int32_t> labels(static_cast<size_t>(n));
+  InputBuffers train_input(train_loader, n, r.train_norm), test_input(test_loader, n, r.test_norm);
   Progress progress(dist::is_root() ? c.progress : "none");
   int64_t stale = 0;
 
   for (int64_t epoch = state.epoch; epoch < c.epochs; ++epoch) {
     train_loader.start_epoch(epoch);
+    const double wait_before = train_loader.stats().wait_seconds;
     const auto t0 = Clock::now();
     double loss_sum = 0;
     int64_t seen = 0, hits = 0, overflows = 0, loss_count = 0;
@@ -259,12 +353,14 @@ TrainSummary train(const TrainConfig& c) {
       }
     };
     for (int64_t i = 0; i < steps_per_epoch; ++i) {
-      const int64_t got = train_loader.next(images.data(), labels.data());
+      const int64_t got = train_input.next(train_loader);
       if (got < n) break;
       const float lr = lr_at(c.lr, state.step, total_steps, steps_per_epoch);
-      account(engine.train_step_async(images.data(), labels.data(), lr));
+      account(engine.train_step_async(train_input.view(), lr));
       ++state.step;
       seen += n;
+      const LoaderStats ls = train_loader.stats();
+      progress.set_input(ls.rate(), (ls.wait_seconds - wait_before) / std::max(seconds_since(t0), 1e-9));
       progress.update(epoch + 1, c.epochs, i + 1, steps_per_epoch, loss_count ? loss_sum / loss_count : NAN,
                       static_cast<double>(seen) / std::max(seconds_since(t0), 1e-9), lr, seconds_since(t0));
     }
@@ -289,7 +385,7 @@ TrainSummary train(const TrainConfig& c) {
     const bool last = epoch + 1 == c.epochs;
     if ((epoch + 1) % c.eval_every == 0 || last) {
       for (int pass = 0; pass < (c.ema ? 2 : 1); ++pass) {
-        const EvalResult e = run_eval(engine, test_loader, pass == 1, images, labels);
+        const EvalResult e = run_eval(engine, test_loader, pass == 1, test_input);
         if (pass == 0) {
           row.push_back({"test_loss", e.loss});
           row.push_back({"test_top1", e.top1});
@@ -328,12 +424,32 @@ TrainSummary train(const TrainConfig& c) {
   double imgs = 0;
   for (size_t i = 0; i < sum.epoch_seconds.size(); ++i) imgs += static_cast<double>(steps_per_epoch * n * dist::world());
   sum.images_per_second = sum.train_seconds > 0 ? imgs / sum.train_seconds : 0;
+  // Which side bounded the run: the step waiting for batches more than a tenth of the time
+  // means a faster loader (more workers, --decode gpu) would speed it up.
+  const LoaderStats ls = train_loader.stats();
+  const DecodeCounters dc = engine.backend().decode_counters();
+  sum.input = train_loader.output() == LoaderOutput::encoded ? "encoded"
+              : train_loader.output() == LoaderOutput::uint8 ? "uint8"
+                                                             : "float32";
+  sum.loader_images_per_second = ls.rate();
+  sum.input_wait_fraction = sum.train_seconds > 0 ? ls.wait_seconds / sum.train_seconds : 0;
+  sum.skipped_images = train_set->corrupt_skipped() + r.test_set->corrupt_skipped();
+  if (dist::is_root()) {
+    log_info(sum.input_wait_fraction > 0.1 ? "input-bound" : "compute-bound", ": the step waited for the loader ",
+             static_cast<int>(std::lround(100 * sum.input_wait_fraction)), "% of the time (loader ",
+             static_cast<int64_t>(sum.loader_images_per_second), " images/s with ", ls.workers, " workers, training ",
+             static_cast<int64_t>(sum.images_per_second), " images/s)");
+  }
   std::ostringstream js;
   js << "{\"final_top1\":" << json_number(sum.final_top1) << ",\"final_top5\":" << json_number(sum.final_top5)
      << ",\"best_top1\":" << json_number(sum.best_top1) << ",\"epochs\":" << sum.epochs_run
      << ",\"steps\":" << sum.steps << ",\"train_seconds\":" << json_number(sum.train_seconds)
-     << ",\"images_per_second\":" << json_number(sum.images_per_second) << ",\"checkpoint\":" << json_string(sum.checkpoint)
-     << ",\"config\":" << config_json(c) << "}\n";
+     << ",\"images_per_second\":" << json_number(sum.images_per_second) << ",\"input\":" << json_string(sum.input)
+     << ",\"loader_images_per_second\":" << json_number(sum.loader_images_per_second)
+     << ",\"input_wait_fraction\":" << json_number(sum.input_wait_fraction)
+     << ",\"skipped_images\":" << sum.skipped_images << ",\"decoded\":{\"hardware\":" << dc.hardware
+     << ",\"gpu_hybrid\":" << dc.gpu_hybrid << ",\"host\":" << dc.host << "}"
+     << ",\"checkpoint\":" << json_string(sum.checkpoint) << ",\"config\":" << config_json(c) << "}\n";
   if (dist::is_root()) write_text_atomic((fs::path(c.output) / "summary.json").string(), js.str());
   return sum;
 }

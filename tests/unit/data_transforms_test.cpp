@@ -1,5 +1,6 @@
-// Transforms against values worked out by hand (and, for the bilinear resize, against what
-// torch.nn.functional.interpolate(mode='bilinear', align_corners=False) is known to give).
+// Transforms against values worked out by hand (for resize_bilinear, against what
+// torch.nn.functional.interpolate(mode='bilinear', align_corners=False) is known to give; for
+// the transforms' antialiased resize, against PIL's bilinear weights).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -12,6 +13,15 @@ namespace kiln {
 namespace {
 
 using data_test::expect_error;
+
+// ramp(4, 4, 1) (value 4y + x) halved by PIL's antialiased bilinear: support 2, so output 0 of
+// an axis weighs source 0, 1, 2 by 0.75, 0.75, 0.25 (normalised: 3/7, 3/7, 1/7) and output 1
+// weighs 1, 2, 3 by 1/7, 3/7, 3/7; the axis values are 5/7 and 16/7.
+void expect_halved_ramp(const FloatImage& d) {
+  ASSERT_EQ(d.data.size(), 4u);
+  const float want[4] = {25.0f / 7, 36.0f / 7, 69.0f / 7, 80.0f / 7};
+  for (int i = 0; i < 4; ++i) EXPECT_NEAR(d.data[static_cast<size_t>(i)], want[i], 1e-5f) << i;
+}
 
 FloatImage image_of(int64_t h, int64_t w, int64_t c, std::vector<float> values) {
   FloatImage img(h, w, c);
@@ -133,7 +143,26 @@ TEST(DataTransforms, ResizeShorterSide) {
   EXPECT_EQ(c.width, 3);
   FloatImage d = ramp(4, 4, 1);
   Resize(2).apply(d, rng);
-  EXPECT_EQ(d.data, (std::vector<float>{2.5f, 4.5f, 10.5f, 12.5f}));
+  expect_halved_ramp(d);
+}
+
+TEST(DataTransforms, AntialiasedUpsamplingIsHalfPixelBilinear) {
+  // When enlarging, PIL's triangle keeps support 1: output o blends the two source pixels
+  // around (o + 0.5) * in / out - 0.5, and at the edges the renormalised weights reproduce
+  // F.interpolate's clamping. So resample_float equals resize_bilinear up to float rounding.
+  const FloatImage src = ramp(5, 7, 3);
+  for (auto [h, w] : {std::pair<int64_t, int64_t>{5, 7}, {10, 14}, {13, 9}, {17, 29}}) {
+    const FloatImage a = resize_bilinear(src, h, w);
+    SampleGeometry g = SampleGeometry::identity(5, 7);
+    g.y.out = g.y.valid_hi = h;
+    g.y.scale = 5.0 / static_cast<double>(h);
+    g.x.out = g.x.valid_hi = w;
+    g.x.scale = 7.0 / static_cast<double>(w);
+    const FloatImage b = resample_float(src, g);
+    ASSERT_EQ(a.data.size(), b.data.size());
+    // Values up to 104: float weights and sums agree to ~1e-5 relative.
+    for (size_t i = 0; i < a.data.size(); ++i) ASSERT_NEAR(a.data[i], b.data[i], 2e-3f) << i;
+  }
 }
 
 TEST(DataTransforms, CenterCrop) {
@@ -165,7 +194,7 @@ TEST(DataTransforms, RandomResizedCropBoxes) {
   // On a square image the whole image is the box, and the output its resize.
   FloatImage img = ramp(4, 4, 1);
   square.apply(img, rng);
-  EXPECT_EQ(img.data, (std::vector<float>{2.5f, 4.5f, 10.5f, 12.5f}));
+  expect_halved_ramp(img);
   // Default parameters: boxes inside the image, with area and ratio in range (up to rounding).
   RandomResizedCrop rrc(8);
   for (int i = 0; i < 500; ++i) {

@@ -1,9 +1,12 @@
 // kiln bench: training steps per second on synthetic data (SPEC Q3). Warm-up steps are not
 // timed; the figure is the median over repeats of `steps` timed steps; the last line is JSON
-// for scripts (bench/compare.sh reads it).
+// for scripts (bench/compare.sh reads it). With --data folder the batches come from an image
+// folder through the loader; --input-only then times the input pipeline alone, from the files
+// to the staged input buffer, without the step.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <optional>
 #include <vector>
 
 #include "backend/cuda/cuda_backend.h"
@@ -12,10 +15,145 @@
 #include "kiln/blueprint/zoo.h"
 #include "kiln/core/error.h"
 #include "kiln/core/rng.h"
+#include "kiln/data/dataset.h"
+#include "kiln/data/loader.h"
+#include "kiln/data/transforms.h"
 #include "kiln/dist/dist.h"
 #include "kiln/task/engine.h"
 
 namespace kiln::cli {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Batches from an image folder with ImageNet's training transforms, through the loader, into
+// the staged input slots (--input-only) or through whole training steps.
+int bench_folder(const Flags& f, const std::string& model, const BluePrint& bp, const EngineOptions& eo) {
+  KILN_CHECK(f.str("data") == "folder", InvalidArgument, "kiln bench --data ", f.str("data"),
+             ": only an image folder (--data folder --data-dir DIR) is read by the bench; leave --data out "
+             "for synthetic batches");
+  KILN_CHECK(f.has("data-dir"), InvalidArgument, "kiln bench --data folder needs --data-dir DIR holding train/<class>/*.jpg");
+  KILN_CHECK(dist::world() == 1, InvalidArgument, "kiln bench --data folder runs in one process");
+  const bool input_only = f.on("input-only", false);
+  DatasetSpec spec;
+  spec.kind = "folder";
+  spec.root = f.str("data-dir");
+  spec.split = "train";
+  spec.channels = bp.input.channels;
+  const std::shared_ptr<Dataset> data = open_dataset(spec);
+  Pipeline p;
+  const Normalization stats = normalization_for("folder", bp.input.channels);
+  p.add<ToFloat>().add<RandomResizedCrop>(bp.input.height).add<RandomHorizontalFlip>(0.5f).add<Normalize>(
+      stats.mean, stats.std);
+  Engine engine(bp, eo);
+  Backend& backend = engine.backend();
+  const DecodeWhere where = parse_decode_where(f.str("decode", "auto"));
+  std::string no_jpeg;
+  const bool device_jpeg = backend.decodes_jpeg(&no_jpeg);
+  KILN_CHECK(where != DecodeWhere::gpu || device_jpeg, InvalidArgument, "--decode gpu: ", no_jpeg, "; use --decode cpu");
+  LoaderOptions lo;
+  lo.batch_size = eo.compile.batch;
+  lo.workers = static_cast<int>(f.i64("workers", default_loader_workers()));
+  lo.output = device_jpeg && where != DecodeWhere::cpu ? LoaderOutput::encoded : LoaderOutput::uint8;
+  // --no-input-u8: the float32 path (full decode, float transforms, float copy), for comparison.
+  if (!f.on("input-u8", true)) {
+    KILN_CHECK(where != DecodeWhere::gpu, InvalidArgument, "--no-input-u8 decodes on the host; drop --decode gpu");
+    lo.output = LoaderOutput::float32;
+  }
+  Loader loader(data, p, lo);
+  engine.lock_memory();
+  engine.compile(1);
+  const InputNormalization norm = p.normalization(bp.input.channels);
+  const int64_t n = lo.batch_size;
+  const auto hwc = loader.sample_hwc();
+  std::vector<uint8_t> pixels(static_cast<size_t>(n * hwc[0] * hwc[1] * hwc[2]));
+  std::vector<float> floats(lo.output == LoaderOutput::float32 ? pixels.size() : 0);
+  std::vector<int32_t> labels(static_cast<size_t>(n));
+  EncodedBatch enc[2];
+  int64_t epoch = 0, done = 0;
+  loader.start_epoch(epoch);
+  StepStats first{}, last{};
+  // One batch from the loader into slot A/B (alternating); a step on it unless input_only.
+  auto step = [&](bool read) {
+    const int slot = static_cast<int>(done++ % 2);
+    InputView v;
+    v.norm = &norm;
+    v.labels = labels.data();
+    for (;;) {
+      const int64_t got = lo.output == LoaderOutput::encoded ? loader.next_encoded(enc[slot])
+                          : lo.output == LoaderOutput::uint8 ? loader.next_u8(pixels.data(), labels.data())
+                                                             : loader.next(floats.data(), labels.data());
+      if (got == n) break;
+      loader.start_epoch(++epoch);  // drop_last: 0 means the epoch ended
+    }
+    if (lo.output == LoaderOutput::encoded) {
+      v.encoded = &enc[slot];
+    } else if (lo.output == LoaderOutput::uint8) {
+      v.u8 = pixels.data();
+    } else {
+      v.f32 = floats.data();
+    }
+    if (input_only) {
+      if (v.encoded) {
+        backend.stage_batch_encoded(slot, *v.encoded, norm);
+      } else if (v.u8) {
+        backend.stage_batch_u8(slot, v.u8, v.labels, norm);
+      } else {
+        backend.stage_batch(slot, v.f32, v.labels);
+      }
+      return StepStats{};
+    }
+    engine.train_step_async(v, 0.01f);
+    const std::optional<StepStats> s = read ? engine.pending_stats() : std::nullopt;
+    return s ? *s : StepStats{};
+  };
+  const int64_t steps = f.i64("steps", 50), warmup = f.i64("warmup", 10), repeats = f.i64("repeats", 3);
+  KILN_CHECK(steps > 0 && warmup >= 0 && repeats > 0, InvalidArgument, "--steps and --repeats must be > 0");
+  for (int64_t i = 0; i < warmup; ++i) {
+    const StepStats s = step(i == 0);
+    if (i == 0) first = s;
+  }
+  std::vector<double> rates;
+  for (int64_t r = 0; r < repeats; ++r) {
+    if (!input_only) engine.pending_stats();
+    backend.synchronize();
+    const auto t0 = Clock::now();
+    for (int64_t i = 0; i < steps; ++i) step(false);
+    if (!input_only) engine.pending_stats();
+    backend.synchronize();
+    const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+    rates.push_back(static_cast<double>(steps * n) / secs);
+    std::printf("repeat %lld: %.1f images/s (%.2f ms/batch)\n", static_cast<long long>(r + 1), rates.back(),
+                1e3 * secs / static_cast<double>(steps));
+  }
+  if (!input_only) last = step(true);
+  std::sort(rates.begin(), rates.end());
+  const double median = rates[rates.size() / 2];
+  const LoaderStats ls = loader.stats();
+  const DecodeCounters dc = backend.decode_counters();
+  const char* decode = lo.output == LoaderOutput::encoded ? "gpu" : lo.output == LoaderOutput::uint8 ? "cpu" : "cpu-float32";
+  std::printf("%s from %s, batch %lld, decode %s, %d workers on %s: %.1f images/s (median of %lld; loader alone "
+              "%.0f images/s; %lld corrupt files skipped)\n",
+              input_only ? "input pipeline" : model.c_str(), spec.root.c_str(), static_cast<long long>(n), decode,
+              lo.workers, backend.caps().device.c_str(), median, static_cast<long long>(repeats), ls.rate(),
+              static_cast<long long>(data->corrupt_skipped()));
+  std::printf("{\"bench\":\"%s\",\"model\":\"%s\",\"batch\":%lld,\"amp\":%s,\"decode\":\"%s\",\"workers\":%d,"
+              "\"images_per_second\":%.1f,\"loader_images_per_second\":%.1f,\"skipped_images\":%lld,"
+              "\"decoded\":{\"hardware\":%lld,\"gpu_hybrid\":%lld,\"host\":%lld}",
+              input_only ? "kiln-input" : "kiln-folder", model.c_str(), static_cast<long long>(n),
+              eo.compile.amp ? "true" : "false", decode, lo.workers, median, ls.rate(),
+              static_cast<long long>(data->corrupt_skipped()), static_cast<long long>(dc.hardware),
+              static_cast<long long>(dc.gpu_hybrid), static_cast<long long>(dc.host));
+  if (!input_only) {
+    std::printf(",\"first_loss\":%.5f,\"last_loss\":%.5f", static_cast<double>(first.loss),
+                static_cast<double>(last.loss));
+  }
+  std::printf("}\n");
+  return 0;
+}
+
+}  // namespace
 
 int cmd_bench(int argc, char** argv) {
   Flags f("bench", "--model NAME [--batch N] [--amp] [flags]",
@@ -35,6 +173,15 @@ int cmd_bench(int argc, char** argv) {
            {"stage", "every-step: copy the batch from the host each step, as a loader does; once: "
                      "train on a batch resident on the device, as PyTorch's reference does",
             "every-step", false},
+           {"data", "folder: batches from an image folder through the loader (default: one synthetic batch)", "",
+            false},
+           {"data-dir", "the image folder (holding train/<class>/*.jpg)", "", false},
+           {"input-only", "with --data folder: time the input pipeline alone, files to the staged input buffer",
+            "off", true},
+           {"decode", "with --data folder: auto, gpu or cpu", "auto", false},
+           {"input-u8", "with --data folder: uint8 pixels (--no-input-u8: the float32 path, for comparison)", "on",
+            true},
+           {"workers", "with --data folder: loader threads (default: the machine's cores)", "", false},
            {"profile", "print where the time goes (CPU: per op kind; CUDA: per phase)", "off", true},
            {"cuda-profiler-range", "CUDA: record only the timed steps under an external profiler "
                                    "(ncu --profile-from-start off; bench/kernel_breakdown.py)", "off", true}});
@@ -56,6 +203,7 @@ int cmd_bench(int argc, char** argv) {
   eo.compile.optimizer = f.str("opt", "sgd");
   eo.compile.weight_decay = 5e-5f;
   eo.compile.world = dist::world();
+  if (f.has("data") || f.on("input-only", false)) return bench_folder(f, model, bp, eo);
   const int64_t steps = f.i64("steps", 50), warmup = f.i64("warmup", 10), repeats = f.i64("repeats", 3);
   const std::string stage = f.str("stage", "every-step");
   KILN_CHECK(stage == "every-step" || stage == "once", InvalidArgument, "--stage ", stage,

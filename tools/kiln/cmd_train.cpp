@@ -5,6 +5,7 @@
 #include "flags.h"
 #include "kiln/blueprint/zoo.h"
 #include "kiln/core/error.h"
+#include "kiln/data/loader.h"
 #include "kiln/dist/dist.h"
 #include "kiln/task/checkpoint.h"
 #include "kiln/task/trainer.h"
@@ -43,7 +44,10 @@ std::vector<FlagSpec> train_flags() {
       {"resume", "continue from this checkpoint", "", false},
       {"init-from", "start from torchvision-named weights (safetensors)", "", false},
       {"seed", "seed for weights, shuffling and augmentation", "0", false},
-      {"workers", "data loader threads", "2", false},
+      {"workers", "data loader threads", std::to_string(default_loader_workers()) + ", the machine's cores", false},
+      {"decode", "where image files are decoded: auto (on the GPU when the build and device can), gpu or cpu", "auto",
+       false},
+      {"input-u8", "uint8 pixels to the device, normalised there (--no-input-u8: float32 from the host)", "on", true},
       {"device", "auto, cpu or cuda", "auto", false},
       {"hflip", "random horizontal flips", "on", true},
       {"crop-padding", "random crop with this much zero padding (0 = off)", "0", false},
@@ -90,7 +94,9 @@ TrainConfig to_config(const Flags& f) {
   c.resume = f.str("resume");
   c.init_from = f.str("init-from");
   c.seed = static_cast<uint64_t>(f.i64("seed", 0));
-  c.workers = static_cast<int>(f.i64("workers", c.workers));
+  c.workers = static_cast<int>(f.i64("workers", default_loader_workers()));
+  c.decode = parse_decode_where(f.str("decode", "auto"));
+  c.input_u8 = f.on("input-u8", true);
   c.device = f.str("device", c.device);
   c.hflip = f.on("hflip", c.hflip);
   c.crop_padding = static_cast<int>(f.i64("crop-padding", 0));

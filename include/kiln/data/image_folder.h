@@ -13,6 +13,11 @@
 // size. Why the next file rather than a random one: the replacement depends only on the tree, so
 // runs stay reproducible whatever the worker count. With skip_corrupt = false the first corrupt
 // file is Error(Data) naming it and telling how to skip such files instead.
+//
+// encoded() reads a file and its header without decoding (the uint8 and GPU paths decode
+// later); a header that fails, or declares more than kMaxDecodePixels, is corrupt there too.
+// A decoder that later fails on the pixels calls mark_corrupt(), with the same warning and
+// count, and asks for the next file: the replacement sample() would have made.
 #pragma once
 #include <atomic>
 #include <cstdint>
@@ -34,6 +39,10 @@ class ImageFolderDataset : public Dataset {
   Sample sample(int64_t index) const override;
   std::string describe() const override;
   int64_t corrupt_skipped() const override;
+  bool has_encoded() const override { return true; }
+  Encoded encoded(int64_t index) const override;
+  void mark_corrupt(int64_t index, const std::string& message) const override;
+  int64_t channels() const override { return channels_; }
 
   const std::vector<std::string>& classes() const { return classes_; }
   const std::string& file(int64_t index) const { return files_[static_cast<size_t>(index)]; }
@@ -42,6 +51,8 @@ class ImageFolderDataset : public Dataset {
  private:
   // Decodes file `index`; returns false (and records it) when it is corrupt and skipping is on.
   bool try_decode(int64_t index, Image& out) const;
+  // Reads file `index` and its header; false (and recorded) as try_decode.
+  bool try_read(int64_t index, Encoded& out) const;
   bool known_corrupt(int64_t index) const;
 
   std::string dir_;

@@ -1,5 +1,6 @@
-// Loader (SPEC S23): worker threads turn dataset samples into batches of transformed float
-// images, a few batches ahead of the trainer, into a ring of batch buffers.
+// Loader (SPEC S23): worker threads turn dataset samples into batches, a few batches ahead of
+// the trainer, into a ring of batch buffers: transformed float images, uint8 pixels cut by one
+// resampling per sample, or (for a device that decodes JPEGs) the files' bytes and geometries.
 //
 // Determinism: the epoch's order is a Fisher-Yates shuffle drawn from Rng::derive(seed, epoch),
 // and the transforms of dataset sample i in epoch e draw from Rng::derive(seed, e, i + 1) (+1 so
@@ -27,7 +28,10 @@
 #include <thread>
 #include <vector>
 
+#include "kiln/core/rng.h"
 #include "kiln/data/dataset.h"
+#include "kiln/data/image_codec.h"
+#include "kiln/data/input_batch.h"
 #include "kiln/data/transforms.h"
 
 namespace kiln {
@@ -60,6 +64,9 @@ struct LoaderOptions {
   int world = 1;
   int prefetch = 2;  // batches made ahead of the one next() is waiting for, at most
   LoaderOutput output = LoaderOutput::float32;
+  // uint8 and encoded: how image files are decoded on the host (tests turn the DCT scaling
+  // off to compare with the float path's full decode).
+  ResampledDecodeOptions decode;
 };
 
 // The machine's cores (std::thread::hardware_concurrency, at least 1): --workers' default.
@@ -95,7 +102,9 @@ class Loader {
     int64_t remaining = 0;  // samples still being made
     int64_t error_at = -1;  // the lowest sample position that failed, -1 if none
     std::exception_ptr error;
-    std::vector<float> images;
+    std::vector<float> images;         // float32
+    std::vector<uint8_t> pixels;       // uint8; encoded: the samples decoded on the host
+    std::vector<EncodedImage> encoded;  // encoded
     std::vector<int32_t> labels;
   };
 
@@ -105,6 +114,18 @@ class Loader {
   // Makes the samples at positions [first, first + count) of the epoch into their slot.
   void make_samples(int64_t first, int64_t count, uint64_t generation);
   void make_one(int64_t position, Slot& slot, int64_t& error_at, std::exception_ptr& error);
+  // One sample as uint8 (out: sample_bytes()); returns its label.
+  int32_t make_u8(int64_t index, const Rng& rng, uint8_t* out) const;
+  // Decodes `enc` on the host with its geometry; a file whose pixels turn out corrupt is
+  // marked so and the next good one is decoded instead, with the same rng (as sample() and
+  // the float path replace). Returns the label of the file decoded.
+  int32_t decode_on_host(Dataset::Encoded enc, const Rng& rng, uint8_t* out,
+                         EncodedImage* decoded) const;
+  SampleGeometry checked_geometry(int64_t h, int64_t w, Rng rng, int64_t index) const;
+  // The next batch's slot, made here when there are no workers; null when the epoch is done.
+  // release_batch() hands the slot back to the workers.
+  Slot* wait_batch(const char* caller, LoaderOutput wanted);
+  void release_batch();
   int64_t batch_samples(int64_t batch) const;
   int64_t sample_floats() const { return hwc_[0] * hwc_[1] * hwc_[2]; }
 
@@ -115,7 +136,7 @@ class Loader {
   int64_t per_rank_ = 0, samples_ = 0, batches_ = 0;
 
   // Epoch state, all under mutex_.
-  std::mutex mutex_;
+  mutable std::mutex mutex_;
   std::condition_variable work_cv_;   // workers: something to claim, or stop
   std::condition_variable ready_cv_;  // next(): a slot finished; start_epoch: work drained
   uint64_t generation_ = 0;           // bumped by start_epoch; stale work is discarded
@@ -128,6 +149,7 @@ class Loader {
   int64_t in_flight_ = 0;       // claims being worked on
   std::vector<Slot> slots_;
   std::vector<std::thread> threads_;
+  LoaderStats stats_;  // under mutex_
 };
 
 }  // namespace kiln

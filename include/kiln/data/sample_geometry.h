@@ -26,6 +26,7 @@ struct ResampleAxis {
   // One source pixel per output (scale 1, origin integral): a plain copy.
   bool is_copy() const;
   static ResampleAxis identity(int64_t size);
+  bool operator==(const ResampleAxis& o) const;
 };
 
 struct SampleGeometry {
@@ -35,19 +36,27 @@ struct SampleGeometry {
 
   int64_t out_h() const { return y.out; }
   int64_t out_w() const { return x.out; }
+  static SampleGeometry identity(int64_t h, int64_t w);  // the image as it is
   bool operator==(const SampleGeometry& o) const;
 };
 
-// The source rows and columns the geometry reads (a decoder may skip the rest).
+// The source rows and columns the geometry reads (a decoder may skip the rest): the union of
+// the taps of every output that reads the source, clipped to the image; empty when none does.
 struct SourceWindow {
   int64_t top = 0, left = 0, height = 0, width = 0;
 };
 SourceWindow source_window(const SampleGeometry& g);
 
-// The same output expressed on a copy of the source scaled to new_h x new_w (libjpeg's DCT
-// scaling gives ceil(size * M / 8)) and cropped to start at (top, left) of the scaled image:
-// coordinates scale by new / old, the support stays the output pixel's footprint.
+// The same output expressed on a copy of the source scaled to new_h x new_w, and on a window
+// h x w starting at (top, left) of the source: coordinates scale by new / old (or by the
+// factors given), the support stays the output pixel's footprint, lo / hi round to the nearest
+// scaled pixel. libjpeg's DCT scaling maps pixel j of the scaled image to source pixels
+// [8j / M, 8(j + 1) / M) and gives ceil(size * M / 8) pixels, so its factor is exactly M / 8,
+// not new / old: rescale_source_dct says so.
 SampleGeometry rescale_source(const SampleGeometry& g, int64_t new_h, int64_t new_w);
+SampleGeometry rescale_source(const SampleGeometry& g, int64_t new_h, int64_t new_w, double fy,
+                              double fx);
+SampleGeometry rescale_source_dct(const SampleGeometry& g, int m);
 SampleGeometry shift_source(const SampleGeometry& g, int64_t top, int64_t left, int64_t h,
                             int64_t w);
 
@@ -56,7 +65,8 @@ SampleGeometry shift_source(const SampleGeometry& g, int64_t top, int64_t left, 
 int dct_scale_for(const SampleGeometry& g);
 
 // Resamples an 8-bit HWC image (rows `stride` bytes apart) into out (out_h x out_w x channels
-// bytes), rounding to nearest. The filter taps are computed once per axis (ResampleTaps).
+// bytes), rounding to nearest. The filter taps are computed once per axis (ResampleTaps): PIL's
+// precompute_coeffs, with taps outside the image and zero-weight end taps dropped.
 struct ResampleTaps {
   std::vector<int32_t> first;  // per output: first source index
   std::vector<int32_t> count;  // per output: number of taps (0: the output is 0)

@@ -5,10 +5,11 @@
 // Semantics follow torchvision.transforms on tensors where it matters:
 //  - ToFloat is ToTensor's ÷255 (the pipeline converts bytes to floats 0..255 first);
 //  - RandomResizedCrop draws the box exactly as torchvision's get_params (10 tries, then the
-//    centre fallback) and resizes with bilinear interpolation, half-pixel centres
-//    (align_corners=False). Difference: no antialiasing when shrinking (torchvision's default
-//    antialias=True, and PIL, low-pass filter first); kiln matches F.interpolate(bilinear,
-//    antialias=False). Resize has the same difference;
+//    centre fallback) and resizes it with PIL's antialiased bilinear filter (sample_geometry.h),
+//    as torchvision does with its default antialias=True and as PIL does: when shrinking, the
+//    triangle widens to the output pixel's footprint; when enlarging it is plain bilinear with
+//    half-pixel centres. Resize uses the same filter. Crops, resizes and flips compose into one
+//    SampleGeometry (Transform::compose), so the float, uint8 and GPU paths give the same pixels;
 //  - RandomCrop pads with zeros on all four sides, then picks the corner uniformly;
 //  - ColorJitter applies brightness, contrast, saturation and hue in a random order with
 //    factors drawn as torchvision does, clamping to [0,1] after each, so it needs ToFloat
@@ -52,8 +53,11 @@ struct FloatImage {
 FloatImage to_float_image(const Image& image);
 // The h x w window whose top-left corner is (top, left); pixels outside the image are zero.
 FloatImage crop_image(const FloatImage& image, int64_t top, int64_t left, int64_t h, int64_t w);
-// Bilinear, half-pixel centres, edge pixels clamped (F.interpolate, align_corners=False).
+// Bilinear, half-pixel centres, edge pixels clamped (F.interpolate, align_corners=False,
+// antialias=False): no low-pass when shrinking. The transforms use resample_float instead.
 FloatImage resize_bilinear(const FloatImage& image, int64_t h, int64_t w);
+// The float counterpart of resample_u8: the same taps, no rounding.
+FloatImage resample_float(const FloatImage& image, const SampleGeometry& g);
 
 class Transform {
  public:
@@ -64,9 +68,10 @@ class Transform {
   virtual bool makes_unit_range() const { return false; }  // maps 0..255 to [0,1]
   // The uint8 and GPU input paths (sample_geometry.h): a transform that moves pixels without
   // changing their values composes into the sample's geometry, drawing from rng exactly as
-  // apply() does, and returns true; one that cannot (ColorJitter, or a crop after a flip)
-  // returns false and the pipeline stays on the float path. ToFloat and Normalize return true
-  // and leave the geometry as it is (the device applies them).
+  // apply() does, and returns true; one that cannot (ColorJitter, or a resize after a crop or
+  // another resize: two resamplings) returns false and the pipeline stays on the float path. A
+  // crop after a flip composes as the mirrored crop. ToFloat and Normalize return true and
+  // leave the geometry as it is (the device applies them).
   virtual bool compose(SampleGeometry& g, Rng& rng) const {
     (void)g, (void)rng;
     return false;
@@ -78,6 +83,7 @@ class ToFloat : public Transform {
   void apply(FloatImage& image, Rng& rng) const override;
   std::string describe() const override { return "ToFloat(/255)"; }
   bool makes_unit_range() const override { return true; }
+  bool compose(SampleGeometry&, Rng&) const override { return true; }
 };
 
 struct CropBox {
@@ -92,6 +98,7 @@ class RandomResizedCrop : public Transform {
                     std::array<float, 2> ratio);
   void apply(FloatImage& image, Rng& rng) const override;
   std::string describe() const override;
+  bool compose(SampleGeometry& g, Rng& rng) const override;  // false after a crop or resize
   // torchvision's RandomResizedCrop.get_params for an image of h x w.
   CropBox sample_box(int64_t h, int64_t w, Rng& rng) const;
 
@@ -106,6 +113,7 @@ class RandomCrop : public Transform {
   RandomCrop(int64_t height, int64_t width, int64_t padding);
   void apply(FloatImage& image, Rng& rng) const override;
   std::string describe() const override;
+  bool compose(SampleGeometry& g, Rng& rng) const override;
 
  private:
   int64_t height_, width_, padding_;
@@ -116,6 +124,7 @@ class RandomHorizontalFlip : public Transform {
   explicit RandomHorizontalFlip(float p = 0.5f);
   void apply(FloatImage& image, Rng& rng) const override;
   std::string describe() const override;
+  bool compose(SampleGeometry& g, Rng& rng) const override;
 
  private:
   float p_;
@@ -138,9 +147,12 @@ class Normalize : public Transform {
   Normalize(std::vector<float> mean, std::vector<float> std);
   void apply(FloatImage& image, Rng& rng) const override;
   std::string describe() const override;
+  bool compose(SampleGeometry&, Rng&) const override { return true; }
+  const std::vector<float>& mean() const { return mean_; }
+  const std::vector<float>& std() const { return std_; }
 
  private:
-  std::vector<float> mean_, inv_std_;
+  std::vector<float> mean_, std_, inv_std_;
 };
 
 class Resize : public Transform {
@@ -148,6 +160,7 @@ class Resize : public Transform {
   explicit Resize(int64_t shorter_side);
   void apply(FloatImage& image, Rng& rng) const override;
   std::string describe() const override;
+  bool compose(SampleGeometry& g, Rng& rng) const override;  // false after a crop or resize
 
  private:
   int64_t shorter_;
@@ -159,6 +172,7 @@ class CenterCrop : public Transform {
   CenterCrop(int64_t height, int64_t width);
   void apply(FloatImage& image, Rng& rng) const override;
   std::string describe() const override;
+  bool compose(SampleGeometry& g, Rng& rng) const override;
 
  private:
   int64_t height_, width_;
@@ -186,7 +200,9 @@ class Pipeline {
   // The sample's geometry for a source of h x w, drawing from rng as operator() would, so both
   // paths crop the same boxes. Needs geometric().
   SampleGeometry geometry(int64_t h, int64_t w, Rng& rng) const;
-  // The final Normalize's statistics on [0,1] pixels (mean 0, std 1 per channel when none).
+  // The final Normalize's statistics on [0,1] pixels (mean 0, std 1 per channel when none),
+  // such that (p / 255 - mean) / std is what the float path gives: without a ToFloat before
+  // it, the float path's values are 0..255, so mean and std come out divided by 255.
   InputNormalization normalization(int64_t channels) const;
 
  private:

@@ -34,7 +34,10 @@ struct TrainConfig {
   std::string resume;                 // checkpoint to continue from
   std::string init_from;              // torchvision-named weights to start from
   uint64_t seed = 0;
-  int workers = 2;
+  int workers = 2;                    // the CLI's default: default_loader_workers()
+  DecodeWhere decode = DecodeWhere::automatic;  // where image files are decoded (--decode)
+  bool input_u8 = true;               // uint8 pixels to the device where the pipeline allows;
+                                      // false: float32 from the host (the reference path)
   std::string device = "auto";
   bool hflip = true;                  // random horizontal flip
   int crop_padding = 0;               // random crop with this padding (0 = off)
@@ -60,6 +63,10 @@ struct TrainSummary {
   double train_seconds = 0;           // wall time of the training epochs (without evaluation)
   std::vector<double> epoch_seconds;  // per epoch, training only
   double images_per_second = 0;
+  std::string input;                  // the loader's output: encoded, uint8 or float32
+  double loader_images_per_second = 0;  // the training loader's own rate (LoaderStats::rate)
+  double input_wait_fraction = 0;     // share of training time the step waited for a batch
+  int64_t skipped_images = 0;         // corrupt files replaced (both splits)
   std::string metrics_csv, metrics_jsonl, checkpoint;
 };
 
