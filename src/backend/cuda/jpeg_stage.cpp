@@ -306,6 +306,15 @@ void JpegStage::host_sample(const EncodedBatch& b, int64_t k, bool decode, cudaS
 }
 
 JpegStage::Prepared JpegStage::prepare(const EncodedBatch& b, cudaStream_t stream) {
+  try {
+    return prepare_batch(b, stream);
+  } catch (...) {
+    warn_cuda("cudaStreamSynchronize", cudaStreamSynchronize(stream));  // what was enqueued ends first
+    throw;
+  }
+}
+
+JpegStage::Prepared JpegStage::prepare_batch(const EncodedBatch& b, cudaStream_t stream) {
   KILN_CHECK(b.batch > 0 && b.size >= 0 && b.size <= b.batch && static_cast<int64_t>(b.images.size()) == b.size &&
                  static_cast<int64_t>(b.labels.size()) == b.batch,
              InvalidArgument, "encoded batch: ", b.size, " samples of ", b.batch, " with ", b.images.size(),

@@ -48,6 +48,7 @@ class JpegStage {
   };
   // Enqueues the decodes of `batch` and the descriptors' upload on `stream`; returns before
   // the device is done. The caller then launches launch_stage_samples and calls finished().
+  // An exception (host_decode's, a CUDA error) leaves no decode in flight on the buffers.
   Prepared prepare(const EncodedBatch& batch, cudaStream_t stream);
   void finished(cudaStream_t stream);
 
@@ -55,6 +56,7 @@ class JpegStage {
 
  private:
   struct Nv;  // nvJPEG's handles, states and buffers (jpeg_stage.cpp)
+  Prepared prepare_batch(const EncodedBatch& batch, cudaStream_t stream);
   void ensure_host_buffers(const EncodedBatch& batch);
   uint8_t* arena_reserve(int64_t bytes, cudaStream_t stream, int64_t* offset);
   void host_sample(const EncodedBatch& batch, int64_t k, bool decode, cudaStream_t stream);
