@@ -57,6 +57,36 @@ if(NOT KILN_CUDA STREQUAL "OFF")
 endif()
 message(STATUS "kiln: CUDA backend ${KILN_WITH_CUDA}")
 
+# nvJPEG (GPU JPEG decode, issue 16): the toolkit's where it has one (the GPU machine's CUDA 13.0
+# does, so it links and runs with its own), else the pinned wheel's header and library that
+# scripts/setup.sh stages in .deps/nvjpeg. Without either, the CUDA backend builds without its
+# JPEG decoder (Backend::decodes_jpeg says why) and images are decoded on the host.
+set(KILN_WITH_NVJPEG OFF)
+if(KILN_WITH_CUDA)
+  find_path(KILN_NVJPEG_TOOLKIT_INCLUDE nvjpeg.h HINTS ${CUDAToolkit_INCLUDE_DIRS} NO_DEFAULT_PATH)
+  add_library(kiln_nvjpeg INTERFACE)
+  if(TARGET CUDA::nvjpeg AND KILN_NVJPEG_TOOLKIT_INCLUDE)
+    target_link_libraries(kiln_nvjpeg INTERFACE CUDA::nvjpeg)
+    set(KILN_WITH_NVJPEG ON)
+    message(STATUS "kiln: nvJPEG from the CUDA toolkit (${CUDAToolkit_LIBRARY_DIR})")
+  else()
+    find_path(KILN_NVJPEG_INCLUDE nvjpeg.h HINTS ${KILN_DEPS_DIR}/nvjpeg/include NO_DEFAULT_PATH)
+    find_library(KILN_NVJPEG_LIB nvjpeg HINTS ${KILN_DEPS_DIR}/nvjpeg/lib NO_DEFAULT_PATH)
+    if(KILN_NVJPEG_INCLUDE AND KILN_NVJPEG_LIB)
+      target_include_directories(kiln_nvjpeg SYSTEM INTERFACE ${KILN_NVJPEG_INCLUDE})
+      target_link_libraries(kiln_nvjpeg INTERFACE ${KILN_NVJPEG_LIB})
+      set(KILN_WITH_NVJPEG ON)
+      message(STATUS "kiln: nvJPEG from ${KILN_NVJPEG_LIB} (staged by scripts/setup.sh)")
+    else()
+      message(STATUS "kiln: nvJPEG not found (neither in the CUDA toolkit nor in .deps/nvjpeg, which "
+                     "scripts/setup.sh stages): the CUDA backend decodes no JPEGs")
+    endif()
+  endif()
+  if(KILN_WITH_NVJPEG)
+    target_compile_definitions(kiln_nvjpeg INTERFACE KILN_HAVE_NVJPEG=1)
+  endif()
+endif()
+
 # Data parallel (S27): MPI starts the processes (mpirun, srun) and carries the CPU
 # collectives; NCCL the GPU ones. Both optional: without MPI kiln runs one process and says
 # so when asked for more; without NCCL the CUDA backend trains on one GPU only.

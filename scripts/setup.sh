@@ -9,6 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 DEPS=.deps
 CUDNN_FRONTEND_VERSION=1.16.0   # pinned; header-only
+NVJPEG_VERSION=13.0.1.86        # pinned; the GPU machine's CUDA 13.0 toolkit has nvJPEG 13.0.1
 mkdir -p "$DEPS"
 
 need_pkgs=()
@@ -57,6 +58,43 @@ PY
     echo "setup: cuDNN frontend ${CUDNN_FRONTEND_VERSION} headers in $DEPS/cudnn-frontend"
   else
     echo "setup: could not download nvidia-cudnn-frontend; the CUDA backend will not be built"
+  fi
+  rm -rf "$tmp"
+fi
+# nvJPEG's header and library from the pinned wheel (never committed), for toolkits without
+# nvJPEG: the build links against it, the GPU machine runs with its own toolkit's libnvjpeg.
+if [ ! -f "$DEPS/nvjpeg/include/nvjpeg.h" ]; then
+  tmp=$(mktemp -d)
+  got=""
+  for plat in manylinux_2_28_x86_64 manylinux2014_x86_64 manylinux_2_17_x86_64 manylinux_2_27_x86_64; do
+    if python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.11 \
+        --platform "$plat" -d "$tmp" "nvidia-nvjpeg==${NVJPEG_VERSION}" 2>/dev/null; then
+      got=1
+      break
+    fi
+  done
+  if [ -n "$got" ]; then
+    mkdir -p "$DEPS/nvjpeg/include" "$DEPS/nvjpeg/lib"
+    python3 - "$tmp" "$DEPS/nvjpeg" <<'PY'
+import sys, zipfile, glob, os
+whl = glob.glob(os.path.join(sys.argv[1], "*.whl"))[0]
+with zipfile.ZipFile(whl) as z:
+    for n in z.namelist():
+        base = os.path.basename(n)
+        if n.endswith("/include/nvjpeg.h"):
+            dst = os.path.join(sys.argv[2], "include", base)
+        elif "/lib/libnvjpeg.so" in n:
+            dst = os.path.join(sys.argv[2], "lib", base)
+        else:
+            continue
+        with z.open(n) as src, open(dst, "wb") as out:
+            out.write(src.read())
+PY
+    # The linker looks for libnvjpeg.so; the wheel has only the versioned name.
+    for lib in "$DEPS"/nvjpeg/lib/libnvjpeg.so.*; do ln -sf "$(basename "$lib")" "$DEPS/nvjpeg/lib/libnvjpeg.so"; done
+    echo "setup: nvJPEG ${NVJPEG_VERSION} header and library in $DEPS/nvjpeg"
+  else
+    echo "setup: could not download nvidia-nvjpeg; the GPU JPEG decoder will not be built"
   fi
   rm -rf "$tmp"
 fi

@@ -12,6 +12,9 @@
 // Staging (S19): stage_batch() copies into a pinned host buffer and from there, on the
 // transfer stream, into input slot A or B, so the copy overlaps the step in flight; the copy
 // waits for the last phase that read the slot, and phases that read the slot wait for it.
+// stage_batch_u8 moves uint8 pixels (a quarter of the bytes) and normalises them there;
+// stage_batch_encoded decodes JPEGs with nvJPEG and resamples them there (jpeg_stage.h), both
+// on the same stream and under the same events.
 #include "backend/cuda/cuda_backend.h"
 
 #include <cuda_profiler_api.h>
@@ -24,6 +27,8 @@
 
 #include "backend/cuda/cuda_common.h"
 #include "backend/cuda/graph_capture.h"
+#include "backend/cuda/input_stage.h"
+#include "backend/cuda/jpeg_stage.h"
 #include "backend/cuda/side_stream.h"
 #include "kiln/core/env.h"
 #include "kiln/core/log.h"
@@ -205,18 +210,69 @@ class CudaBackend final : public CudaBackendApi {
     st.copy_pending = true;
   }
 
-  // Until the device kernel lands: normalise on the host, then the float path.
+  // The bytes go through the slot's pinned buffer (a quarter of its size is used) into a
+  // device copy, which a kernel normalises into the slot once the slot's last reader is done.
   void stage_batch_u8(int slot, const uint8_t* images, const int32_t* labels,
                       const InputNormalization& norm) override {
+    KILN_CHECK(ctx_.program != nullptr, State, "cuda backend: stage_batch_u8() before compile()");
+    KILN_CHECK(slot == 0 || slot == 1, InvalidArgument, "stage_batch_u8: slot must be 0 or 1");
     const Program& p = *ctx_.program;
+    Staging& st = staging_[static_cast<size_t>(slot)];
+    KILN_CHECK(st.host != nullptr, State, "stage_batch_u8: the program has no staged input slot ", slot);
     const DTensor& t = p.tensor(p.io.staged_images[static_cast<size_t>(slot)]);
     const int64_t channels = static_cast<int64_t>(norm.mean.size());
     KILN_CHECK(channels > 0 && t.numel() % channels == 0, InvalidArgument, "stage_batch_u8: ", channels,
                " channel statistics for an input of ", t.numel(), " values");
-    u8_scratch_.resize(static_cast<size_t>(t.numel()));
-    normalize_u8(images, t.numel() / channels, norm, u8_scratch_.data());
-    stage_batch(slot, u8_scratch_.data(), labels);
+    const NormParams np = make_norm_params(norm, channels, "stage_batch_u8");
+    const auto bytes = static_cast<size_t>(t.numel());
+    if (!st.dev_u8) CUDA_CHECK(cudaMalloc(&st.dev_u8, bytes));
+    CUDA_CHECK(cudaEventSynchronize(st.copied));  // the pinned buffer's previous copy
+    std::memcpy(st.host, images, bytes);
+    std::memcpy(static_cast<uint8_t*>(st.host) + st.img_bytes, labels, st.lab_bytes);
+    cudaStream_t s = ctx_.streams[2].stream;
+    CUDA_CHECK(cudaMemcpyAsync(st.dev_u8, st.host, bytes, cudaMemcpyHostToDevice, s));
+    if (st.read_recorded) CUDA_CHECK(cudaStreamWaitEvent(s, st.read, 0));
+    launch_normalize_u8(static_cast<const uint8_t*>(st.dev_u8), t.numel() / channels, np, address(t), t.dtype, s);
+    CUDA_CHECK(cudaMemcpyAsync(address(p.tensor(p.io.staged_labels[static_cast<size_t>(slot)])),
+                               static_cast<uint8_t*>(st.host) + st.img_bytes, st.lab_bytes, cudaMemcpyHostToDevice, s));
+    CUDA_CHECK(cudaEventRecord(st.copied, s));
+    st.copy_pending = true;
   }
+
+  bool decodes_jpeg(std::string* why_not) const override {
+    return JpegStage::available(jpeg_options(), why_not);
+  }
+
+  // Decodes go first on the transfer stream (they touch only the stage's own buffers, so they
+  // may run while the step still reads the slot); the kernel that writes the slot waits for
+  // the slot's last reader.
+  void stage_batch_encoded(int slot, const EncodedBatch& batch, const InputNormalization& norm) override {
+    KILN_CHECK(ctx_.program != nullptr, State, "cuda backend: stage_batch_encoded() before compile()");
+    KILN_CHECK(slot == 0 || slot == 1, InvalidArgument, "stage_batch_encoded: slot must be 0 or 1");
+    const Program& p = *ctx_.program;
+    Staging& st = staging_[static_cast<size_t>(slot)];
+    KILN_CHECK(st.host != nullptr, State, "stage_batch_encoded: the program has no staged input slot ", slot);
+    const DTensor& t = p.tensor(p.io.staged_images[static_cast<size_t>(slot)]);
+    const DTensor& lt = p.tensor(p.io.staged_labels[static_cast<size_t>(slot)]);
+    KILN_CHECK(batch.batch * batch.height * batch.width * batch.channels == t.numel() && lt.numel() == batch.batch,
+               InvalidArgument, "stage_batch_encoded: a batch of ", batch.batch, " x ", batch.height, "x", batch.width,
+               "x", batch.channels, " for an input slot of ", t.numel(), " values and ", lt.numel(), " labels");
+    KILN_CHECK(lt.dtype == DType::I32, Internal, "stage_batch_encoded: labels are ", dtype_name(lt.dtype), ", not I32");
+    const NormParams np = make_norm_params(norm, batch.channels, "stage_batch_encoded");
+    if (!jpeg_) jpeg_ = std::make_unique<JpegStage>(jpeg_options());
+    cudaStream_t s = ctx_.streams[2].stream;
+    const JpegStage::Prepared prep = jpeg_->prepare(batch, s);
+    if (st.read_recorded) CUDA_CHECK(cudaStreamWaitEvent(s, st.read, 0));
+    launch_stage_samples(prep.descs, batch.batch, batch.height, batch.width, np, address(t), t.dtype, s);
+    CUDA_CHECK(cudaMemcpyAsync(address(lt), prep.labels, static_cast<size_t>(lt.bytes()), cudaMemcpyHostToDevice, s));
+    jpeg_->finished(s);
+    CUDA_CHECK(cudaEventRecord(st.copied, s));
+    st.copy_pending = true;
+    decoded_.hardware += prep.counts.hardware;
+    decoded_.gpu_hybrid += prep.counts.gpu_hybrid;
+    decoded_.host += prep.counts.host;
+  }
+  DecodeCounters decode_counters() const override { return decoded_; }
 
   void synchronize() override {
     for (StreamRes& s : unique_streams()) CUDA_CHECK(cudaStreamSynchronize(s.stream));
@@ -313,7 +369,11 @@ class CudaBackend final : public CudaBackendApi {
   }
 
  private:
-  std::vector<float> u8_scratch_;  // stage_batch_u8's host normalisation
+  JpegStageOptions jpeg_options() const {
+    return JpegStageOptions{ctx_.opts.nvjpeg, ctx_.opts.nvjpeg_hardware, ctx_.opts.nvjpeg_roi};
+  }
+  std::unique_ptr<JpegStage> jpeg_;  // made at the first stage_batch_encoded
+  DecodeCounters decoded_;           // summed over every JpegStage this backend made
   static constexpr int64_t kSmallWrite = 64;
   static constexpr size_t kSmallSlots = 64;
   struct LateReads {
@@ -332,6 +392,7 @@ class CudaBackend final : public CudaBackendApi {
 
   struct Staging {
     void* host = nullptr;
+    void* dev_u8 = nullptr;  // stage_batch_u8's device copy of the bytes, made at its first call
     size_t img_bytes = 0, lab_bytes = 0;
     cudaEvent_t copied = nullptr;  // the H2D copy into the slot ended
     cudaEvent_t read = nullptr;    // the last phase that reads the slot ended
@@ -596,8 +657,10 @@ class CudaBackend final : public CudaBackendApi {
       }
       list->clear();  // kernels and graphs go before the handles and buffers they use
     }
+    jpeg_.reset();  // it waits for its last batch; its buffers go before the streams
     for (Staging& st : staging_) {
       if (st.host) warn("cudaFreeHost", cudaFreeHost(st.host));
+      if (st.dev_u8) warn("cudaFree", cudaFree(st.dev_u8));
       for (cudaEvent_t ev : {st.copied, st.read}) {
         if (ev) warn("cudaEventDestroy", cudaEventDestroy(ev));
       }

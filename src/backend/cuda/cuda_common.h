@@ -102,6 +102,13 @@ struct Options {
   // KILN_TUNE=<file>: measure every engine of every convolution graph while compiling and
   // merge the three fastest of each into <file> (what `kiln tune` does).
   std::string tune_path;
+  // The GPU JPEG decoder (jpeg_stage.h). KILN_NVJPEG=0: no nvJPEG, every image of an encoded
+  // batch is decoded on the host (batch.host_decode) and only resampled on the GPU;
+  // KILN_NVJPEG_HARDWARE=0: no hardware JPEG engines, nvJPEG's hybrid decoder for every image;
+  // KILN_NVJPEG_ROI=0: decode whole images, not only the rows and columns the crop reads.
+  bool nvjpeg = true;
+  bool nvjpeg_hardware = true;
+  bool nvjpeg_roi = true;
 };
 Options options_from_env();
 

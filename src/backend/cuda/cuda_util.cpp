@@ -50,6 +50,9 @@ Options options_from_env() {
   o.tune_path = env_string("KILN_TUNE", "");
   o.autotune = env_flag("KILN_AUTOTUNE", !o.deterministic);
   o.autotune_cache = o.autotune ? autotune_cache_dir(env_string("KILN_AUTOTUNE_CACHE", "")) : "";
+  o.nvjpeg = env_flag("KILN_NVJPEG", true);
+  o.nvjpeg_hardware = env_flag("KILN_NVJPEG_HARDWARE", true);
+  o.nvjpeg_roi = env_flag("KILN_NVJPEG_ROI", true);
   return o;
 }
 
