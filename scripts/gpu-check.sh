@@ -139,7 +139,8 @@ fi
 
 if [ "$MODE" = jpeg ]; then
   if [ "${JPEG_TESTS:-0}" = 1 ]; then
-    ctest --test-dir "$BUILD" -L gpu -j 8 --timeout 300 --output-on-failure >"$LOGS/ctest-gpu.log" 2>&1 || status=1
+    ctest --test-dir "$BUILD" -L gpu -R "${JPEG_TESTS_REGEX:-.}" -j 8 --timeout 300 --output-on-failure \
+      >"$LOGS/ctest-gpu.log" 2>&1 || status=1
     grep -E 'Failed|\*\*\*|Exception|Timeout' "$LOGS/ctest-gpu.log" | head -40
     grep -E 'error|Failure|Expected|Which is|differ|> ' "$LOGS/ctest-gpu.log" | head -60
     note "gpu tests" "$(ctest_line "$LOGS/ctest-gpu.log") ($(since))"
