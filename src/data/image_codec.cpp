@@ -14,10 +14,20 @@
 #include <jerror.h>
 // clang-format on
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <memory>
 
 #include "kiln/core/error.h"
+
+// jpeg_crop_scanline and jpeg_skip_scanlines: libjpeg-turbo 1.5 and later. Elsewhere the
+// cropped decode reads (and drops) the rows above the window and decodes full rows.
+#if defined(LIBJPEG_TURBO_VERSION_NUMBER) && LIBJPEG_TURBO_VERSION_NUMBER >= 1005000
+#define KILN_JPEG_CROP 1
+#else
+#define KILN_JPEG_CROP 0
+#endif
 
 namespace kiln {
 namespace {
@@ -111,25 +121,31 @@ struct JpegDecodeState {
   bool too_large = false;
 };
 
+// Error handlers and the memory source, before setjmp and jpeg_create_decompress.
+void jpeg_setup(const uint8_t* bytes, size_t size, jpeg_decompress_struct& cinfo,
+                JpegErrorMgr& err, jpeg_source_mgr& src) {
+  cinfo.err = jpeg_std_error(&err.mgr);
+  err.mgr.error_exit = jpeg_on_error;
+  err.mgr.emit_message = jpeg_on_message;
+  err.truncated = false;
+  err.message[0] = '\0';
+  src.init_source = src_init;
+  src.fill_input_buffer = src_fill;
+  src.skip_input_data = src_skip;
+  src.resync_to_restart = jpeg_resync_to_restart;
+  src.term_source = src_term;
+  src.next_input_byte = bytes;
+  src.bytes_in_buffer = size;
+}
+
 // Returns false with st.err.message set on failure.
 bool jpeg_decode_raw(const uint8_t* bytes, size_t size, int64_t max_pixels, JpegDecodeState& st) {
-  st.cinfo.err = jpeg_std_error(&st.err.mgr);
-  st.err.mgr.error_exit = jpeg_on_error;
-  st.err.mgr.emit_message = jpeg_on_message;
-  st.err.truncated = false;
-  st.err.message[0] = '\0';
+  jpeg_setup(bytes, size, st.cinfo, st.err, st.src);
   if (setjmp(st.err.jump)) {
     jpeg_destroy_decompress(&st.cinfo);
     return false;
   }
   jpeg_create_decompress(&st.cinfo);
-  st.src.init_source = src_init;
-  st.src.fill_input_buffer = src_fill;
-  st.src.skip_input_data = src_skip;
-  st.src.resync_to_restart = jpeg_resync_to_restart;
-  st.src.term_source = src_term;
-  st.src.next_input_byte = bytes;
-  st.src.bytes_in_buffer = size;
   st.cinfo.src = &st.src;
   jpeg_read_header(&st.cinfo, TRUE);
   const J_COLOR_SPACE in = st.cinfo.jpeg_color_space;
@@ -157,6 +173,157 @@ bool jpeg_decode_raw(const uint8_t* bytes, size_t size, int64_t max_pixels, Jpeg
     jpeg_read_scanlines(&st.cinfo, &row, 1);
   }
   jpeg_finish_decompress(&st.cinfo);
+  jpeg_destroy_decompress(&st.cinfo);
+  return true;
+}
+
+// Whether the bytes end with the EOI marker, ignoring the zero padding some writers append.
+bool ends_with_eoi(const uint8_t* bytes, size_t size) {
+  while (size > 0 && bytes[size - 1] == 0) --size;
+  return size >= 2 && bytes[size - 2] == 0xFF && bytes[size - 1] == JPEG_EOI;
+}
+
+struct JpegInfoState {
+  jpeg_decompress_struct cinfo;
+  JpegErrorMgr err;
+  jpeg_source_mgr src;
+  int64_t height = 0, width = 0, components = 0;
+  bool progressive = false, cmyk = false;
+};
+
+bool jpeg_read_info(const uint8_t* bytes, size_t size, JpegInfoState& st) {
+  jpeg_setup(bytes, size, st.cinfo, st.err, st.src);
+  if (setjmp(st.err.jump)) {
+    jpeg_destroy_decompress(&st.cinfo);
+    return false;
+  }
+  jpeg_create_decompress(&st.cinfo);
+  st.cinfo.src = &st.src;
+  jpeg_read_header(&st.cinfo, TRUE);
+  st.height = st.cinfo.image_height;
+  st.width = st.cinfo.image_width;
+  st.components = st.cinfo.num_components;
+  st.progressive = st.cinfo.progressive_mode;
+  st.cmyk = st.cinfo.jpeg_color_space == JCS_CMYK || st.cinfo.jpeg_color_space == JCS_YCCK;
+  jpeg_destroy_decompress(&st.cinfo);
+  return true;
+}
+
+// The cropped, DCT-scaled decode: only plain data and pointers here (see the file's comment);
+// the window's pixels go to a buffer the caller owns.
+struct JpegWindowState {
+  jpeg_decompress_struct cinfo;
+  JpegErrorMgr err;
+  jpeg_source_mgr src;
+  std::vector<uint8_t>* raw = nullptr;  // the window: rows x width x raw_channels
+  int64_t image_h = 0, image_w = 0;  // the full-size image
+  int64_t scaled_h = 0, scaled_w = 0;  // after DCT scaling
+  int64_t top = 0, left = 0, rows = 0, width = 0;  // the decoded window, scaled coordinates
+  int64_t raw_channels = 0;
+  bool cmyk = false;  // left to the full decode
+  bool too_large = false;
+  bool size_mismatch = false;  // the geometry refers to another size
+};
+
+// Reads the window of `want` (scaled coordinates, computed by `plan` once the scaled size is
+// known) and stops. Returns false with st.err.message set on failure.
+struct WindowPlan {
+  const SampleGeometry* g;
+  bool dct_scaling, crop;
+  int64_t max_pixels;
+  SampleGeometry scaled;  // g on the scaled image
+};
+
+bool jpeg_decode_window(const uint8_t* bytes, size_t size, WindowPlan& plan, JpegWindowState& st) {
+  jpeg_setup(bytes, size, st.cinfo, st.err, st.src);
+  if (setjmp(st.err.jump)) {
+    jpeg_destroy_decompress(&st.cinfo);
+    return false;
+  }
+  jpeg_create_decompress(&st.cinfo);
+  st.cinfo.src = &st.src;
+  jpeg_read_header(&st.cinfo, TRUE);
+  st.image_h = st.cinfo.image_height;
+  st.image_w = st.cinfo.image_width;
+  const J_COLOR_SPACE in = st.cinfo.jpeg_color_space;
+  st.cmyk = in == JCS_CMYK || in == JCS_YCCK;
+  st.too_large = st.image_h * st.image_w > plan.max_pixels;
+  st.size_mismatch = st.image_h != plan.g->src_h || st.image_w != plan.g->src_w;
+  if (st.cmyk || st.too_large || st.size_mismatch) {
+    jpeg_destroy_decompress(&st.cinfo);
+    return true;
+  }
+  st.cinfo.out_color_space = in == JCS_GRAYSCALE ? JCS_GRAYSCALE : JCS_RGB;
+  st.cinfo.quantize_colors = FALSE;
+  const int m = plan.dct_scaling ? dct_scale_for(*plan.g) : 8;
+  st.cinfo.scale_num = static_cast<unsigned>(m);
+  st.cinfo.scale_denom = 8;
+  jpeg_calc_output_dimensions(&st.cinfo);
+  st.scaled_h = st.cinfo.output_height;
+  st.scaled_w = st.cinfo.output_width;
+  // libjpeg-turbo gives ceil(size * M / 8) with the exact factor M / 8; a library that rounds
+  // the scale to one it supports gets the factor of the size it produced.
+  if (st.scaled_h == (st.image_h * m + 7) / 8 && st.scaled_w == (st.image_w * m + 7) / 8) {
+    plan.scaled = rescale_source_dct(*plan.g, m);
+  } else {
+    plan.scaled = rescale_source(*plan.g, st.scaled_h, st.scaled_w);
+  }
+  SourceWindow win = plan.crop ? source_window(plan.scaled)
+                               : SourceWindow{0, 0, st.scaled_h, st.scaled_w};
+  if (win.height <= 0 || win.width <= 0) win = {0, 0, 1, 1};  // nothing read: decode a pixel
+  jpeg_start_decompress(&st.cinfo);
+  st.raw_channels = st.cinfo.output_components;
+  // Fancy (smooth) chroma upsampling replicates the edge of a cropped region where the full
+  // decode sees the neighbouring column, so the crop keeps a margin of one iMCU (at most 16
+  // scaled pixels) beyond the window on each side: the window's own pixels stay exact.
+  const int64_t margin = plan.crop ? 16 : 0;
+  const int64_t x0 = std::max<int64_t>(0, win.left - margin);
+  const int64_t x1 = std::min<int64_t>(st.cinfo.output_width, win.left + win.width + margin);
+  JDIMENSION xoff = static_cast<JDIMENSION>(x0), width = static_cast<JDIMENSION>(x1 - x0);
+#if KILN_JPEG_CROP
+  // Widens the window to iMCU columns: the returned offset and width are what is decoded.
+  if (plan.crop && (xoff != 0 || width != st.cinfo.output_width)) {
+    jpeg_crop_scanline(&st.cinfo, &xoff, &width);
+  }
+  if (win.top > 0) jpeg_skip_scanlines(&st.cinfo, static_cast<JDIMENSION>(win.top));
+#else
+  xoff = 0, width = st.cinfo.output_width;
+#endif
+  st.left = xoff;
+  st.width = width;
+  const size_t full_stride = static_cast<size_t>(st.cinfo.output_width) * st.raw_channels;
+  const size_t stride = static_cast<size_t>(st.width * st.raw_channels);
+  st.raw->resize(std::max(stride, full_stride) * static_cast<size_t>(win.height + 1));
+  // Rows above the window (only where the library cannot skip them) are read and overwritten.
+  while (static_cast<int64_t>(st.cinfo.output_scanline) < win.top) {
+    JSAMPROW row = st.raw->data();
+    jpeg_read_scanlines(&st.cinfo, &row, 1);
+  }
+  st.top = st.cinfo.output_scanline;
+  const int64_t bottom = win.top + win.height;
+  while (static_cast<int64_t>(st.cinfo.output_scanline) < bottom) {
+    JSAMPROW row = st.raw->data() + stride * (st.cinfo.output_scanline - st.top);
+    jpeg_read_scanlines(&st.cinfo, &row, 1);
+  }
+  st.rows = st.cinfo.output_scanline - st.top;
+  if (st.cinfo.output_scanline < st.cinfo.output_height && !ends_with_eoi(bytes, size)) {
+    // Stopping early would miss a truncation past the window: the data does not end with EOI
+    // (truncated, or trailing bytes), so decode on to the end, where libjpeg can tell.
+    // (Skipping to the very end would not read the data: skip all but the last row, read it.)
+#if KILN_JPEG_CROP
+    const JDIMENSION rest = st.cinfo.output_height - st.cinfo.output_scanline;
+    if (rest > 1) jpeg_skip_scanlines(&st.cinfo, rest - 1);
+#endif
+    while (st.cinfo.output_scanline < st.cinfo.output_height) {
+      JSAMPROW row = st.raw->data() + stride * static_cast<size_t>(win.height);
+      jpeg_read_scanlines(&st.cinfo, &row, 1);
+    }
+  }
+  if (st.cinfo.output_scanline >= st.cinfo.output_height) {
+    jpeg_finish_decompress(&st.cinfo);
+  } else {
+    jpeg_abort_decompress(&st.cinfo);
+  }
   jpeg_destroy_decompress(&st.cinfo);
   return true;
 }
@@ -191,7 +358,8 @@ struct JpegEncodeState {
   std::vector<uint8_t> out;
 };
 
-bool jpeg_encode_raw(const Image& image, int quality, JpegEncodeState& st) {
+bool jpeg_encode_raw(const Image& image, int quality, const JpegEncodeOptions& o,
+                     JpegEncodeState& st) {
   st.cinfo.err = jpeg_std_error(&st.err.mgr);
   st.err.mgr.error_exit = jpeg_on_error;
   st.err.mgr.emit_message = jpeg_on_message;
@@ -214,6 +382,13 @@ bool jpeg_encode_raw(const Image& image, int quality, JpegEncodeState& st) {
                                                   : JCS_CMYK;
   jpeg_set_defaults(&st.cinfo);
   jpeg_set_quality(&st.cinfo, quality, TRUE);
+  if (image.channels == 3) {  // the luma's sampling factors; chroma stays 1x1
+    const int h = o.subsampling == JpegSubsampling::s444 ? 1 : 2;
+    const int v = o.subsampling == JpegSubsampling::s420 ? 2 : 1;
+    st.cinfo.comp_info[0].h_samp_factor = h;
+    st.cinfo.comp_info[0].v_samp_factor = v;
+  }
+  if (o.progressive) jpeg_simple_progression(&st.cinfo);
   jpeg_start_compress(&st.cinfo, TRUE);
   const size_t stride = static_cast<size_t>(image.width * image.channels);
   while (st.cinfo.next_scanline < st.cinfo.image_height) {
@@ -409,7 +584,124 @@ Image decode_image(const uint8_t* bytes, size_t size, int64_t channels, const st
             " bytes, unknown magic); the file is corrupt or has the wrong extension");
 }
 
-std::vector<uint8_t> encode_jpeg(const Image& image, int quality) {
+ImageInfo read_image_info(const uint8_t* bytes, size_t size, const std::string& what) {
+  ImageInfo info;
+  info.format = sniff_image_format(bytes, size);
+  if (info.format == ImageFormat::Jpeg) {
+    auto st = std::make_unique<JpegInfoState>();
+    KILN_CHECK(jpeg_read_info(bytes, size, *st), Data, what, ": corrupt JPEG header (libjpeg: ",
+               st->err.message, ")");
+    KILN_CHECK(!st->err.truncated, Data, what,
+               ": truncated JPEG (the data ends inside the header)");
+    info.height = st->height;
+    info.width = st->width;
+    info.channels = st->components;
+    info.progressive = st->progressive;
+    info.cmyk = st->cmyk;
+    info.complete = ends_with_eoi(bytes, size);
+    return info;
+  }
+  if (info.format == ImageFormat::Png) {
+    // The IHDR chunk comes first: length 13, "IHDR", width, height (big-endian), bit depth,
+    // colour type.
+    KILN_CHECK(size >= 8 + 8 + 13 && std::memcmp(bytes + 12, "IHDR", 4) == 0, Data, what,
+               ": corrupt PNG (no IHDR chunk after the signature)");
+    auto be32 = [&](size_t at) {
+      return (uint32_t{bytes[at]} << 24) | (uint32_t{bytes[at + 1]} << 16) |
+             (uint32_t{bytes[at + 2]} << 8) | uint32_t{bytes[at + 3]};
+    };
+    info.width = be32(16);
+    info.height = be32(20);
+    const uint8_t color = bytes[25];
+    KILN_CHECK(info.width > 0 && info.height > 0 && info.width <= 0x7fffffff &&
+                   info.height <= 0x7fffffff && (color <= 6 && color != 1 && color != 5),
+               Data, what, ": corrupt PNG header (", info.width, "x", info.height,
+               ", colour type ", int{color}, ")");
+    static const int kChannels[7] = {1, 0, 3, 3, 2, 0, 4};  // grey, -, RGB, palette, GA, -, RGBA
+    info.channels = kChannels[color];
+    info.complete = size >= 12 && std::memcmp(bytes + size - 8, "IEND", 4) == 0;
+    return info;
+  }
+  KILN_FAIL(Data, what, ": neither JPEG nor PNG (", size,
+            " bytes, unknown magic); the file is corrupt or has the wrong extension");
+}
+
+namespace {
+
+// The geometry's output from a decoded image, converting channels as decode_image does; grey
+// to 3 channels is resampled first and replicated after (the same values, a third of the work).
+void resample_converted(const uint8_t* raw, int64_t h, int64_t w, int64_t raw_channels,
+                        int64_t channels, const SampleGeometry& g, uint8_t* out) {
+  if (raw_channels == channels) {
+    resample_u8(raw, h, w, channels, w * channels, g, out);
+    return;
+  }
+  if (raw_channels == 1 && channels == 3) {
+    thread_local std::vector<uint8_t> grey;
+    const int64_t n = g.out_h() * g.out_w();
+    grey.resize(static_cast<size_t>(n));
+    resample_u8(raw, h, w, 1, w, g, grey.data());
+    for (int64_t p = n - 1; p >= 0; --p) out[3 * p] = out[3 * p + 1] = out[3 * p + 2] = grey[p];
+    return;
+  }
+  thread_local std::vector<uint8_t> conv;
+  conv.resize(static_cast<size_t>(h * w * channels));
+  convert_channels(raw, h * w, raw_channels, false, channels, conv.data());
+  resample_u8(conv.data(), h, w, channels, w * channels, g, out);
+}
+
+void check_geometry(const SampleGeometry& g, int64_t h, int64_t w, const char* format,
+                    const std::string& what) {
+  KILN_CHECK(g.src_h == h && g.src_w == w, InvalidArgument, what, ": the sample geometry refers "
+             "to a ", g.src_h, "x", g.src_w, " image but the ", format, " is ", h, "x", w,
+             "; draw it from the file's read_image_info");
+}
+
+}  // namespace
+
+void decode_resampled(const uint8_t* bytes, size_t size, int64_t channels, const SampleGeometry& g,
+                      uint8_t* out, const std::string& what, const ResampledDecodeOptions& o) {
+  check_channels(channels);
+  KILN_CHECK(g.src_h > 0 && g.src_w > 0 && g.out_h() > 0 && g.out_w() > 0, InvalidArgument, what,
+             ": decode_resampled needs a geometry with a source and output size, got ", g.src_h,
+             "x", g.src_w, " -> ", g.out_h(), "x", g.out_w());
+  // Checked here, not inside the libjpeg calls (where a throw would skip their cleanup).
+  for (const ResampleAxis* a : {&g.y, &g.x}) {
+    KILN_CHECK(a->scale > 0 && std::isfinite(a->scale) && std::isfinite(a->origin) &&
+                   a->lo <= a->hi,
+               InvalidArgument, what, ": invalid sample geometry (scale ", a->scale, ", origin ",
+               a->origin, ", lo ", a->lo, ", hi ", a->hi, ")");
+  }
+  const ImageFormat format = sniff_image_format(bytes, size);
+  if (format == ImageFormat::Png) {
+    const Image img = decode_png(bytes, size, channels, what, o.max_pixels);
+    check_geometry(g, img.height, img.width, "PNG", what);
+    resample_u8(img.pixels.data(), img.height, img.width, channels, img.width * channels, g, out);
+    return;
+  }
+  KILN_CHECK(format == ImageFormat::Jpeg, Data, what, ": neither JPEG nor PNG (", size,
+             " bytes, unknown magic); the file is corrupt or has the wrong extension");
+  thread_local std::vector<uint8_t> raw;
+  auto st = std::make_unique<JpegWindowState>();
+  st->raw = &raw;
+  WindowPlan plan{&g, o.dct_scaling, o.crop, o.max_pixels, {}};
+  const bool ok = jpeg_decode_window(bytes, size, plan, *st);
+  KILN_CHECK(ok, Data, what, ": corrupt JPEG (libjpeg: ", st->err.message, ")");
+  KILN_CHECK(!st->too_large, Data, what, ": JPEG of ", st->image_w, "x", st->image_h, kTooLarge,
+             o.max_pixels, "; treating the file as corrupt");
+  KILN_CHECK(!st->err.truncated, Data, what,
+             ": truncated JPEG (the data ends before the image does)");
+  check_geometry(g, st->image_h, st->image_w, "JPEG", what);
+  if (st->cmyk) {  // rare: the full decode converts CMYK, then the plain resample
+    const Image img = decode_jpeg(bytes, size, channels, what, o.max_pixels);
+    resample_u8(img.pixels.data(), img.height, img.width, channels, img.width * channels, g, out);
+    return;
+  }
+  const SampleGeometry local = shift_source(plan.scaled, st->top, st->left, st->rows, st->width);
+  resample_converted(raw.data(), st->rows, st->width, st->raw_channels, channels, local, out);
+}
+
+std::vector<uint8_t> encode_jpeg(const Image& image, int quality, const JpegEncodeOptions& o) {
   KILN_CHECK(image.channels == 1 || image.channels == 3 || image.channels == 4, InvalidArgument,
              "JPEG encoding takes 1, 3 or 4 (CMYK) channels, not ", image.channels);
   KILN_CHECK(quality >= 1 && quality <= 100, InvalidArgument, "JPEG quality ", quality,
@@ -418,7 +710,7 @@ std::vector<uint8_t> encode_jpeg(const Image& image, int quality) {
                  image.pixels.size() == static_cast<size_t>(image.numel()),
              InvalidArgument, "cannot encode an empty or inconsistent image");
   auto st = std::make_unique<JpegEncodeState>();
-  KILN_CHECK(jpeg_encode_raw(image, quality, *st), Internal,
+  KILN_CHECK(jpeg_encode_raw(image, quality, o, *st), Internal,
              "JPEG encoding failed (libjpeg: ", st->err.message, ")");
   return std::move(st->out);
 }

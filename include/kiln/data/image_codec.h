@@ -42,10 +42,12 @@ Image decode_image(const uint8_t* bytes, size_t size, int64_t channels, const st
 struct ImageInfo {
   ImageFormat format = ImageFormat::Unknown;
   int64_t height = 0, width = 0;
-  int64_t channels = 0;  // as stored: 1, 3 or 4 (CMYK / YCCK JPEG, RGBA PNG)
+  int64_t channels = 0;  // as stored: 1, 3 or 4 (CMYK / YCCK JPEG, RGBA PNG); 2: grey+alpha PNG
   bool progressive = false;  // JPEG
   bool cmyk = false;  // JPEG in CMYK or YCCK
-  bool complete = false;  // JPEG: the bytes end with the EOI marker (a truncated file does not)
+  // The bytes end with the EOI marker, trailing zero padding ignored (a truncated file does
+  // not); PNG: with the IEND chunk.
+  bool complete = false;
 };
 // Error(Data) naming `what` for a file that is neither JPEG nor PNG or whose header is corrupt.
 ImageInfo read_image_info(const uint8_t* bytes, size_t size, const std::string& what);
@@ -53,8 +55,10 @@ ImageInfo read_image_info(const uint8_t* bytes, size_t size, const std::string& 
 // Decodes just what `g` reads, at libjpeg's smallest DCT scale that keeps its detail
 // (dct_scale_for) and only the rows and columns of its window (jpeg_crop_scanline,
 // jpeg_skip_scanlines), then resamples into out (g.out_h() x g.out_w() x channels bytes). `g`
-// refers to the full-size image. PNGs decode whole, then resample. Errors as decode_image.
-// dct_scaling / crop = false decode the full image (tests compare the two).
+// refers to the full-size image (InvalidArgument when the file is another size). PNGs and
+// CMYK JPEGs decode whole, then resample. Errors as decode_image; decoding stops after the
+// window's last row when the data ends with EOI, else it runs to the end so that truncation is
+// still caught. dct_scaling / crop = false decode the full image (tests compare the two).
 struct ResampledDecodeOptions {
   bool dct_scaling = true;
   bool crop = true;
@@ -65,7 +69,14 @@ void decode_resampled(const uint8_t* bytes, size_t size, int64_t channels, const
 
 // quality 1..100; images of 1 (grey), 3 (RGB) or 4 channels. Four channels are written as CMYK
 // with an Adobe marker, which readers take as Adobe's inverted CMYK: store 255 - ink.
-std::vector<uint8_t> encode_jpeg(const Image& image, int quality);
+// Options: a progressive scan script (jpeg_simple_progression) and the chroma subsampling of
+// colour images (libjpeg's default is 4:2:0).
+enum class JpegSubsampling { s444, s422, s420 };
+struct JpegEncodeOptions {
+  bool progressive = false;
+  JpegSubsampling subsampling = JpegSubsampling::s420;
+};
+std::vector<uint8_t> encode_jpeg(const Image& image, int quality, const JpegEncodeOptions& o = {});
 // 1, 2 (grey+alpha), 3 or 4 (RGBA) channels, 8-bit, lossless.
 std::vector<uint8_t> encode_png(const Image& image);
 
