@@ -10,7 +10,7 @@
 #
 #   bench/jpeg_compare.sh [MODELS] [ROWS]
 #   ROWS: any of synthetic input-gpu input-cpu input-float train-gpu train-cpu train-float
-#         torch torch-eval; *-float is the host's float path (--uint8-input off), the one kiln
+#         torch torch-eval; *-float is the host's float path (--no-input-u8), the one kiln
 #         had before issue 16; train-base runs kiln train with no --decode (older builds)
 # Environment: BUILD (default build-gpu), JPEG_ROOT (default /tmp/kiln-jpegs; made if missing),
 # WORKERS (default the cores), EPOCHS (default 3: the first warms up), LOGS.
@@ -42,7 +42,7 @@ PY
 
 decode_flags() {
   case $1 in
-    float) echo "--decode cpu --uint8-input off" ;;
+    float) echo "--decode cpu --no-input-u8" ;;
     base) echo "" ;;
     *) echo "--decode $1" ;;
   esac
@@ -62,7 +62,7 @@ for m in $MODELS; do
         row "$m" "$r" "$v" "$(cores_between "$b0" "$(busy)")" "kiln bench" ;;
       input-*)
         "$BUILD"/kiln bench --input-only --model "$m" --batch 256 --amp --data folder --data-dir "$ROOT" \
-          --random-resized-crop $(decode_flags "${r#input-}") --workers "$WORKERS" --steps 40 >"$out" 2>&1
+          $(decode_flags "${r#input-}") --workers "$WORKERS" --steps 40 >"$out" 2>&1
         v=$(grep '^{"bench":"kiln-input"' "$out" | tail -1 | python3 -c "import json,sys; print(json.loads(sys.stdin.read() or '{}').get('images_per_second','nan'))")
         row "$m" "$r" "$v" "$(cores_between "$b0" "$(busy)")" "files to the staged input buffer, no step" ;;
       train-*|eval-*)

@@ -125,7 +125,10 @@ bool ImageFolderDataset::try_read(int64_t index, Encoded& out) const {
     out.name = path;
     out.height = info.height;
     out.width = info.width;
-    out.device_decodable = info.format == ImageFormat::Jpeg && !info.cmyk && info.complete;
+    // Progressive JPEGs go to the loader's workers: the hardware engines refuse them, and
+    // nvJPEG's hybrid decoder would run their Huffman decoding on the one staging thread
+    // (1,894 images/s on the H200, bench/RESULTS.md), where 16 workers decode them in parallel.
+    out.device_decodable = info.format == ImageFormat::Jpeg && !info.cmyk && info.complete && !info.progressive;
     return true;
   } catch (const Error& e) {
     if (e.kind() != ErrorKind::Data) throw;

@@ -548,8 +548,7 @@ TEST(GpuInputKernel, ResampleMatchesFloat64Reference) {
 }
 
 // stage_batch_u8 moves bytes and normalises on the device: the same floats as normalize_u8
-// (bit for bit: no FMA contraction), so the same as stage_batch of the host's floats; in F16,
-// their rounding.
+// (bit for bit: no FMA contraction), so the same as stage_batch of the host's floats.
 TEST(GpuInputKernel, StageBatchU8EqualsHostNormalisation) {
   KILN_REQUIRE_GPU();
   const int64_t N = 5, H = 7, W = 9, C = 3;
@@ -576,11 +575,8 @@ TEST(GpuInputKernel, StageBatchU8EqualsHostNormalisation) {
     normalize_u8(px2.data(), N * H * W, norm, want2.data());
     EXPECT_EQ(slots.images(0), want2);
   }
-  {
-    Slots slots(N, H, W, C, DType::F16);
-    slots.backend().stage_batch_u8(0, px.data(), labels.data(), norm);
-    EXPECT_EQ(slots.images(0), round_f16(want));
-  }
+  // F16 slots: the kernel's F16 store is checked in ResampleMatchesFloat64Reference; a
+  // program with F16 staged images does not validate (staged inputs are F32 under AMP too).
 }
 
 }  // namespace

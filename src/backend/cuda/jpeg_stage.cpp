@@ -219,7 +219,8 @@ JpegStage::~JpegStage() {
                   static_cast<void*>(bits_)}) {
     if (p) warn_cuda("cudaFreeHost", cudaFreeHost(p));
   }
-  for (void* p : {static_cast<void*>(dev_descs_), static_cast<void*>(dev_pixels_), static_cast<void*>(arena_)}) {
+  for (void* p : {static_cast<void*>(dev_descs_), static_cast<void*>(dev_pixels_), static_cast<void*>(arena_),
+                  static_cast<void*>(pad_)}) {
     if (p) warn_cuda("cudaFree", cudaFree(p));
   }
   if (done_) warn_cuda("cudaEventDestroy", cudaEventDestroy(done_));
@@ -499,11 +500,35 @@ JpegStage::Prepared JpegStage::prepare_batch(const EncodedBatch& b, cudaStream_t
         prm.push_back(q);
         any_roi = any_roi || p.roi;
       }
+      // The batched state is set up once, for the compiled batch: setting it up again for each
+      // batch's count of engine images (which varies with the progressive / CMYK files in it)
+      // bounded the step at 1,842 images/s on the H200 (bench/RESULTS.md). The call is padded
+      // to that size with copies of the first image, decoded into a scratch buffer no one reads.
+      const int full = std::max(n, static_cast<int>(b.batch));
+      if (n < full) {
+        const Plan& p0 = hw_list.front();
+        const int64_t pad_bytes = align256(p0.h * p0.w * b.channels);
+        if (pad_bytes > pad_cap_) {
+          if (pad_) CUDA_CHECK(cudaFree(pad_));  // the last batch's decodes ended (done_ above)
+          pad_ = nullptr;
+          CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&pad_), static_cast<size_t>(pad_bytes)));
+          pad_cap_ = pad_bytes;
+        }
+        nvjpegImage_t pad_dst{};
+        pad_dst.channel[0] = pad_;
+        pad_dst.pitch[0] = dst.front().pitch[0];
+        for (int i = n; i < full; ++i) {
+          hd.push_back(hd.front());
+          hl.push_back(hl.front());
+          dst.push_back(pad_dst);
+          prm.push_back(prm.front());
+        }
+      }
       bool ok = true;
-      if (nv.hw_batch != n || nv.hw_format != format) {
+      if (nv.hw_batch != full || nv.hw_format != format) {
         const int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-        ok = NVJPEG_TRY(nvjpegDecodeBatchedInitialize(nv.hw, nv.hw_state, n, threads, format), "the batch");
-        nv.hw_batch = ok ? n : -1;
+        ok = NVJPEG_TRY(nvjpegDecodeBatchedInitialize(nv.hw, nv.hw_state, full, threads, format), "the batch");
+        nv.hw_batch = ok ? full : -1;
         nv.hw_format = format;
       }
       if (ok) {

@@ -79,6 +79,9 @@ class JpegStage {
   int64_t arena_cap_ = 0, arena_used_ = 0;
   uint8_t* bits_ = nullptr;
   int64_t bits_cap_ = 0;
+  // Where the copies that pad an engine call to the compiled batch decode (never read).
+  uint8_t* pad_ = nullptr;
+  int64_t pad_cap_ = 0;
 };
 
 }  // namespace kiln::cuda
