@@ -308,9 +308,10 @@ void Loader::worker_loop() {
 }
 
 Loader::Slot* Loader::wait_batch(const char* caller, LoaderOutput wanted) {
+  static const char* const reader[] = {"next", "next_u8", "next_encoded"};
   KILN_CHECK(options_.output == wanted, InvalidArgument, "Loader::", caller, " reads ",
              output_name(wanted), " batches but this loader makes ", output_name(options_.output),
-             " ones (LoaderOptions::output); call the matching next function");
+             " ones (LoaderOptions::output); call Loader::", reader[static_cast<int>(options_.output)]);
   const auto t0 = Clock::now();
   std::unique_lock<std::mutex> lock(mutex_);
   KILN_CHECK(active_, State,

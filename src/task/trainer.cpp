@@ -252,7 +252,7 @@ RunSetup setup_run(const TrainConfig& c) {
   if (train_out != r.train_loader->output() || test_out != r.test_loader->output()) {
     make_loaders(train_out, test_out);
   }
-  if (dist::is_root()) log_info(input_line(train_out, c, c.workers));
+  if (dist::is_root()) std::printf("%s\n", input_line(train_out, c, c.workers).c_str());
   r.engine->lock_memory();
   r.engine->compile(c.seed);
   log_info("model ", c.model, " on ", r.engine->backend().caps().device, ": ", r.train_set->size(), " training and ",
@@ -435,10 +435,10 @@ TrainSummary train(const TrainConfig& c) {
   sum.input_wait_fraction = sum.train_seconds > 0 ? ls.wait_seconds / sum.train_seconds : 0;
   sum.skipped_images = train_set->corrupt_skipped() + r.test_set->corrupt_skipped();
   if (dist::is_root()) {
-    log_info(sum.input_wait_fraction > 0.1 ? "input-bound" : "compute-bound", ": the step waited for the loader ",
-             static_cast<int>(std::lround(100 * sum.input_wait_fraction)), "% of the time (loader ",
-             static_cast<int64_t>(sum.loader_images_per_second), " images/s with ", ls.workers, " workers, training ",
-             static_cast<int64_t>(sum.images_per_second), " images/s)");
+    std::printf("%s: the step waited for the loader %.0f%% of the time (loader %.0f images/s with %d workers, "
+                "training %.0f images/s)\n",
+                sum.input_wait_fraction > 0.1 ? "input-bound" : "compute-bound", 100 * sum.input_wait_fraction,
+                sum.loader_images_per_second, ls.workers, sum.images_per_second);
   }
   std::ostringstream js;
   js << "{\"final_top1\":" << json_number(sum.final_top1) << ",\"final_top5\":" << json_number(sum.final_top5)
