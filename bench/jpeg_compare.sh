@@ -9,6 +9,7 @@
 # Each row gives the host cores busy during it (from /proc/stat). Prints a markdown table.
 #
 #   bench/jpeg_compare.sh [MODELS] [ROWS]
+#   MODELS entries may name their own rows: "resnet50=synthetic,train-gpu vgg16_bn=synthetic"
 #   ROWS: any of synthetic input-gpu input-cpu input-float train-gpu train-cpu train-float
 #         torch torch-eval; *-float is the host's float path (--no-input-u8), the one kiln
 #         had before issue 16; train-base runs kiln train with no --decode (older builds)
@@ -51,8 +52,11 @@ decode_flags() {
 table=()
 row() { table+=("| $1 | $2 | $3 | $4 | $5 |"); echo "== $1 $2: $3 img/s, $4 cores busy ($5)"; }
 
-for m in $MODELS; do
-  for r in $ROWS; do
+for entry in $MODELS; do
+  m=${entry%%=*}
+  rows=$ROWS
+  [ "$entry" != "$m" ] && rows=${entry#*=} && rows=${rows//,/ }
+  for r in $rows; do
     out="$log/${m}_${r}.txt"
     b0=$(busy)
     case $r in

@@ -85,6 +85,9 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--jobs", type=int, default=os.cpu_count())
     a = ap.parse_args()
+    if os.path.isdir(os.path.join(a.root, "train")):
+        print(json.dumps({"jpeg_folder": a.root, "exists": True}))
+        return 0
     # Written under ROOT.partial and renamed, so that a reader never sees half a folder.
     part = a.root.rstrip("/") + ".partial"
     work = [(part, "train", a.seed, k, a.train) for k in range(a.classes)]

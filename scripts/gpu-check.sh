@@ -26,7 +26,8 @@
 #     kernels  build, then Nsight Compute over two timed AMP steps at batch 256 of each of
 #            PROFILE_MODELS (default "resnet50 vgg16_bn") and bench/kernel_breakdown.py's table
 #            of GPU time per step by kernel kind (issue 5's breakdown; no tests run)
-#     jpeg   build, then (JPEG_TESTS=1: the GPU tests first) bench/jpeg_compare.sh for
+#     jpeg   build, then (JPEG_TESTS=1: the GPU tests first; =after: last; JPEG_TESTS_REGEX
+#            picks them) bench/jpeg_compare.sh for
 #            JPEG_MODELS (default "resnet50 vgg16_bn") and JPEG_ROWS (its default rows): training
 #            from a generated ImageNet-like JPEG folder, kiln per decode path beside
 #            torchvision's DataLoader, with the host cores busy in each row (issue 16)
@@ -138,18 +139,20 @@ if [ "$MODE" = tune ]; then
 fi
 
 if [ "$MODE" = jpeg ]; then
-  if [ "${JPEG_TESTS:-0}" = 1 ]; then
+  jpeg_tests() {
     ctest --test-dir "$BUILD" -L gpu -R "${JPEG_TESTS_REGEX:-.}" -j 8 --timeout 300 --output-on-failure \
       >"$LOGS/ctest-gpu.log" 2>&1 || status=1
     grep -E 'Failed|\*\*\*|Exception|Timeout' "$LOGS/ctest-gpu.log" | head -40
     grep -E 'error|Failure|Expected|Which is|differ|> ' "$LOGS/ctest-gpu.log" | head -60
     note "gpu tests" "$(ctest_line "$LOGS/ctest-gpu.log") ($(since))"
-  fi
+  }
+  [ "${JPEG_TESTS:-0}" = 1 ] && jpeg_tests
   LOGS="$LOGS/jpeg" BUILD="$BUILD" bash bench/jpeg_compare.sh "${JPEG_MODELS:-resnet50 vgg16_bn}" \
     ${JPEG_ROWS:+"$JPEG_ROWS"} >"$LOGS/jpeg-compare.log" 2>&1 || status=1
   grep -E '^== ' "$LOGS/jpeg-compare.log"
   while IFS= read -r line; do SUMMARY+=("$line"); done < <(grep '^|' "$LOGS/jpeg-compare.log")
   note "jpeg compare" "($(since))"
+  [ "${JPEG_TESTS:-0}" = after ] && jpeg_tests
   finish
 fi
 

@@ -415,3 +415,29 @@ TEST(DataImageFolderEncoded, ReadsBytesAndHeadersAndReplacesBadFiles) {
 
 }  // namespace
 }  // namespace kiln
+
+namespace kiln {
+namespace {
+
+// Progressive JPEGs stay with the loader's workers (the hardware engines refuse them, and the
+// hybrid decoder would run on the one staging thread): the encoded path decodes them on the
+// host, with the same pixels as the uint8 path.
+TEST(DataImageFolderEncoded, ProgressiveJpegsAreDecodedOnTheHost) {
+  TempDir dir;
+  const std::vector<uint8_t> base = encode_jpeg(pattern(40, 36, 3, 1), 90);
+  JpegEncodeOptions prog;
+  prog.progressive = true;
+  const std::vector<uint8_t> pj = encode_jpeg(pattern(40, 36, 3, 2), 90, prog);
+  write_file(dir.file("train/a/0base.jpg"), base);
+  write_file(dir.file("train/a/1prog.jpg"), pj);
+  ImageFolderDataset ds(dir.file("train"), 3, true);
+  EXPECT_TRUE(ds.encoded(0).device_decodable);
+  const Dataset::Encoded e = ds.encoded(1);
+  EXPECT_EQ(e.index, 1);
+  EXPECT_EQ(e.bytes, pj);
+  EXPECT_FALSE(e.device_decodable);
+  EXPECT_EQ(ds.corrupt_skipped(), 0);
+}
+
+}  // namespace
+}  // namespace kiln
