@@ -257,12 +257,17 @@ SampleGeometry shift_source(const SampleGeometry& g, int64_t top, int64_t left, 
 
 int dct_scale_for(const SampleGeometry& g) {
   // The smallest M with scale * M / 8 >= 1 (a little slack for scales like 8/3 computed in
-  // floating point), in both axes.
+  // floating point) in both axes, rounded up to a power of two: libjpeg-turbo has SIMD IDCTs
+  // for 1/8, 2/8 and 4/8 only; 3/8, 5/8, 6/8 and 7/8 run plain C (and 12x12 or 14x14 IDCTs for
+  // subsampled chroma), slower than the full-size decode they replace.
   auto need = [](double scale) {
     const double m = std::ceil(8.0 / scale - 1e-9);
     return static_cast<int>(std::min(8.0, std::max(1.0, m)));
   };
-  return std::max(need(g.y.scale), need(g.x.scale));
+  const int m = std::max(need(g.y.scale), need(g.x.scale));
+  int p = 1;
+  while (p < m) p *= 2;
+  return p;
 }
 
 void resample_u8(const uint8_t* src, int64_t src_h, int64_t src_w, int64_t channels,

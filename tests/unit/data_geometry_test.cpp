@@ -183,14 +183,15 @@ TEST(DataGeometry, InvalidOutputsAndPaddingAreZero) {
 }
 
 TEST(DataGeometry, DctScaleAndWindowRescaling) {
-  // 375 x 500 -> 224 x 224: the shorter axis decides (375 / 224 = 1.67: 5/8 keeps >= 1 source
-  // pixel per output, 4/8 would not), not the longer (500 / 224 = 2.23 alone would allow 4/8).
+  // 375 x 500 -> 224 x 224: the shorter axis decides (375 / 224 = 1.67 needs 5/8, 500 / 224
+  // alone would allow 4/8), and 5/8 rounds up to the power of two 8/8.
   SampleGeometry g = box_geometry(375, 500, 0, 0, 375, 500, 224, 224, false);
-  EXPECT_EQ(dct_scale_for(g), 5);
+  EXPECT_EQ(dct_scale_for(g), 8);
   EXPECT_EQ(dct_scale_for(box_geometry(500, 500, 0, 0, 500, 500, 224, 224, false)), 4);
   EXPECT_EQ(dct_scale_for(box_geometry(375, 500, 0, 0, 100, 100, 224, 224, false)), 8);
   EXPECT_EQ(dct_scale_for(box_geometry(2000, 2000, 0, 0, 2000, 2000, 224, 224, false)), 1);
-  EXPECT_EQ(dct_scale_for(box_geometry(300, 300, 0, 0, 300, 300, 100, 100, false)), 3);  // 8/3
+  EXPECT_EQ(dct_scale_for(box_geometry(300, 300, 0, 0, 300, 300, 100, 100, false)), 4);  // 3/8
+  EXPECT_EQ(dct_scale_for(box_geometry(900, 900, 0, 0, 900, 900, 224, 224, false)), 2);
   // DCT scaling 4/8 of 375 x 500 gives ceil: 188 x 250, with the factor exactly 1/2.
   const SampleGeometry s = rescale_source_dct(g, 4);
   EXPECT_EQ(s.src_h, 188);
