@@ -26,10 +26,9 @@ Image photo(int64_t h, int64_t w, int64_t c, uint64_t seed) {
   for (int64_t y = 0; y < h; ++y) {
     for (int64_t x = 0; x < w; ++x) {
       for (int64_t k = 0; k < c; ++k) {
-        const double v = 60 + 0.25 * x + 0.2 * y + 25 * k +
-                         30 * std::sin(0.045 * x + 0.03 * y + k) +
-                         20 * std::cos(0.11 * y - 0.02 * x) * std::sin(0.07 * x) +
-                         6 * (rng.uniform() - 0.5);
+        const double v =
+            60 + 0.25 * x + 0.2 * y + 25 * k + 30 * std::sin(0.045 * x + 0.03 * y + k) +
+            20 * std::cos(0.11 * y - 0.02 * x) * std::sin(0.07 * x) + 6 * (rng.uniform() - 0.5);
         img.pixels[static_cast<size_t>((y * w + x) * c + k)] =
             static_cast<uint8_t>(std::lround(std::min(255.0, std::max(0.0, v))));
       }
@@ -139,11 +138,11 @@ TEST(DataCodecGeometry, DctScaledDecodeIsCloseToTheFullDecode) {
       }
     }
     EXPECT_GE(scaled, 8) << "too few of the geometries use DCT scaling for the test to mean much";
-    std::printf("  %lldx%lldx%lld %s: DCT-scaled vs full (%d of 22 scaled), worst mean %.3f, "
-                "max %d levels\n",
-                static_cast<long long>(k.h), static_cast<long long>(k.w),
-                static_cast<long long>(k.c), k.progressive ? "progressive" : "baseline", scaled,
-                worst.mean, worst.max);
+    std::printf(
+        "  %lldx%lldx%lld %s: DCT-scaled vs full (%d of 22 scaled), worst mean %.3f, "
+        "max %d levels\n",
+        static_cast<long long>(k.h), static_cast<long long>(k.w), static_cast<long long>(k.c),
+        k.progressive ? "progressive" : "baseline", scaled, worst.mean, worst.max);
   }
 }
 
@@ -225,7 +224,8 @@ TEST(DataCodecGeometry, ReadImageInfo) {
   // Truncated in the scan data (of a larger image, whose headers are a small part of the file):
   // the header is intact, the EOI marker is missing.
   const auto large = encode_jpeg(photo(200, 300, 3, 8), 90);
-  const std::vector<uint8_t> cut(large.begin(), large.begin() + static_cast<long>(large.size() / 2));
+  const std::vector<uint8_t> cut(large.begin(),
+                                 large.begin() + static_cast<long>(large.size() / 2));
   i = read_image_info(cut.data(), cut.size(), "cut.jpg");
   EXPECT_EQ(i.width, 300);
   EXPECT_FALSE(i.complete);
