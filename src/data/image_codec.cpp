@@ -701,6 +701,9 @@ void decode_resampled(const uint8_t* bytes, size_t size, int64_t channels, const
   }
   const SampleGeometry local = shift_source(plan.scaled, st->top, st->left, st->rows, st->width);
   resample_converted(raw.data(), st->rows, st->width, st->raw_channels, channels, local, out);
+  // The buffer is kept for the next sample, unless one huge image grew it (each loader thread
+  // has one).
+  if (raw.capacity() > (size_t{64} << 20)) std::vector<uint8_t>().swap(raw);
 }
 
 std::vector<uint8_t> encode_jpeg(const Image& image, int quality, const JpegEncodeOptions& o) {
