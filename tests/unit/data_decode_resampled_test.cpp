@@ -165,6 +165,24 @@ TEST(DataCodecGeometry, FullDecodeOptionsMatchDecodeImage) {
   }
 }
 
+TEST(DataCodecGeometry, TinyImages) {
+  // Images smaller than one iMCU, and outputs larger and smaller than them: the window logic
+  // (crop widened to the image, rows skipped) still gives the full decode's pixels.
+  for (auto [h, w] : {std::pair<int64_t, int64_t>{1, 1}, {2, 3}, {9, 17}, {16, 16}, {33, 8}}) {
+    for (int64_t c : {int64_t{1}, int64_t{3}}) {
+      const auto jpg = encode_jpeg(photo(h, w, c, static_cast<uint64_t>(h * w)), 90);
+      for (int64_t size : {1, 5, 24}) {
+        for (const SampleGeometry& g : geometries(h, w, 4, size)) {
+          EXPECT_EQ(decode(jpg, 3, g, false, true), decode(jpg, 3, g, false, false))
+              << h << "x" << w << "x" << c << " to " << size;
+          EXPECT_EQ(decode(jpg, 3, g, true, true), decode(jpg, 3, g, true, false))
+              << h << "x" << w << "x" << c << " to " << size << ", DCT-scaled";
+        }
+      }
+    }
+  }
+}
+
 TEST(DataCodecGeometry, BadInput) {
   const Image img = photo(256, 256, 3, 4);
   const auto jpg = encode_jpeg(img, 90);
