@@ -122,8 +122,8 @@ struct JpegDecodeState {
 };
 
 // Error handlers and the memory source, before setjmp and jpeg_create_decompress.
-void jpeg_setup(const uint8_t* bytes, size_t size, jpeg_decompress_struct& cinfo,
-                JpegErrorMgr& err, jpeg_source_mgr& src) {
+void jpeg_setup(const uint8_t* bytes, size_t size, jpeg_decompress_struct& cinfo, JpegErrorMgr& err,
+                jpeg_source_mgr& src) {
   cinfo.err = jpeg_std_error(&err.mgr);
   err.mgr.error_exit = jpeg_on_error;
   err.mgr.emit_message = jpeg_on_message;
@@ -215,9 +215,9 @@ struct JpegWindowState {
   jpeg_decompress_struct cinfo;
   JpegErrorMgr err;
   jpeg_source_mgr src;
-  std::vector<uint8_t>* raw = nullptr;  // the window: rows x width x raw_channels
-  int64_t image_h = 0, image_w = 0;  // the full-size image
-  int64_t scaled_h = 0, scaled_w = 0;  // after DCT scaling
+  std::vector<uint8_t>* raw = nullptr;             // the window: rows x width x raw_channels
+  int64_t image_h = 0, image_w = 0;                // the full-size image
+  int64_t scaled_h = 0, scaled_w = 0;              // after DCT scaling
   int64_t top = 0, left = 0, rows = 0, width = 0;  // the decoded window, scaled coordinates
   int64_t raw_channels = 0;
   bool cmyk = false;  // left to the full decode
@@ -268,8 +268,8 @@ bool jpeg_decode_window(const uint8_t* bytes, size_t size, WindowPlan& plan, Jpe
   } else {
     plan.scaled = rescale_source(*plan.g, st.scaled_h, st.scaled_w);
   }
-  SourceWindow win = plan.crop ? source_window(plan.scaled)
-                               : SourceWindow{0, 0, st.scaled_h, st.scaled_w};
+  SourceWindow win =
+      plan.crop ? source_window(plan.scaled) : SourceWindow{0, 0, st.scaled_h, st.scaled_w};
   if (win.height <= 0 || win.width <= 0) win = {0, 0, 1, 1};  // nothing read: decode a pixel
   jpeg_start_decompress(&st.cinfo);
   st.raw_channels = st.cinfo.output_components;
@@ -589,8 +589,8 @@ ImageInfo read_image_info(const uint8_t* bytes, size_t size, const std::string& 
   info.format = sniff_image_format(bytes, size);
   if (info.format == ImageFormat::Jpeg) {
     auto st = std::make_unique<JpegInfoState>();
-    KILN_CHECK(jpeg_read_info(bytes, size, *st), Data, what, ": corrupt JPEG header (libjpeg: ",
-               st->err.message, ")");
+    KILN_CHECK(jpeg_read_info(bytes, size, *st), Data, what,
+               ": corrupt JPEG header (libjpeg: ", st->err.message, ")");
     KILN_CHECK(!st->err.truncated, Data, what,
                ": truncated JPEG (the data ends inside the header)");
     info.height = st->height;
@@ -615,8 +615,8 @@ ImageInfo read_image_info(const uint8_t* bytes, size_t size, const std::string& 
     const uint8_t color = bytes[25];
     KILN_CHECK(info.width > 0 && info.height > 0 && info.width <= 0x7fffffff &&
                    info.height <= 0x7fffffff && (color <= 6 && color != 1 && color != 5),
-               Data, what, ": corrupt PNG header (", info.width, "x", info.height,
-               ", colour type ", int{color}, ")");
+               Data, what, ": corrupt PNG header (", info.width, "x", info.height, ", colour type ",
+               int{color}, ")");
     static const int kChannels[7] = {1, 0, 3, 3, 2, 0, 4};  // grey, -, RGB, palette, GA, -, RGBA
     info.channels = kChannels[color];
     info.complete = size >= 12 && std::memcmp(bytes + size - 8, "IEND", 4) == 0;
@@ -652,8 +652,10 @@ void resample_converted(const uint8_t* raw, int64_t h, int64_t w, int64_t raw_ch
 
 void check_geometry(const SampleGeometry& g, int64_t h, int64_t w, const char* format,
                     const std::string& what) {
-  KILN_CHECK(g.src_h == h && g.src_w == w, InvalidArgument, what, ": the sample geometry refers "
-             "to a ", g.src_h, "x", g.src_w, " image but the ", format, " is ", h, "x", w,
+  KILN_CHECK(g.src_h == h && g.src_w == w, InvalidArgument, what,
+             ": the sample geometry refers "
+             "to a ",
+             g.src_h, "x", g.src_w, " image but the ", format, " is ", h, "x", w,
              "; draw it from the file's read_image_info");
 }
 
@@ -667,10 +669,10 @@ void decode_resampled(const uint8_t* bytes, size_t size, int64_t channels, const
              "x", g.src_w, " -> ", g.out_h(), "x", g.out_w());
   // Checked here, not inside the libjpeg calls (where a throw would skip their cleanup).
   for (const ResampleAxis* a : {&g.y, &g.x}) {
-    KILN_CHECK(a->scale > 0 && std::isfinite(a->scale) && std::isfinite(a->origin) &&
-                   a->lo <= a->hi,
-               InvalidArgument, what, ": invalid sample geometry (scale ", a->scale, ", origin ",
-               a->origin, ", lo ", a->lo, ", hi ", a->hi, ")");
+    KILN_CHECK(
+        a->scale > 0 && std::isfinite(a->scale) && std::isfinite(a->origin) && a->lo <= a->hi,
+        InvalidArgument, what, ": invalid sample geometry (scale ", a->scale, ", origin ",
+        a->origin, ", lo ", a->lo, ", hi ", a->hi, ")");
   }
   const ImageFormat format = sniff_image_format(bytes, size);
   if (format == ImageFormat::Png) {
@@ -699,6 +701,9 @@ void decode_resampled(const uint8_t* bytes, size_t size, int64_t channels, const
   }
   const SampleGeometry local = shift_source(plan.scaled, st->top, st->left, st->rows, st->width);
   resample_converted(raw.data(), st->rows, st->width, st->raw_channels, channels, local, out);
+  // The buffer is kept for the next sample, unless one huge image grew it (each loader thread
+  // has one).
+  if (raw.capacity() > (size_t{64} << 20)) std::vector<uint8_t>().swap(raw);
 }
 
 std::vector<uint8_t> encode_jpeg(const Image& image, int quality, const JpegEncodeOptions& o) {

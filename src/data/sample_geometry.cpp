@@ -51,7 +51,9 @@ inline v4f load4(const float* p) {
   std::memcpy(&v, p, sizeof v);
   return v;
 }
-inline void store4(float* p, v4f v) { std::memcpy(p, &v, sizeof v); }
+inline void store4(float* p, v4f v) {
+  std::memcpy(p, &v, sizeof v);
+}
 
 // Horizontal pass of one source row (as floats, with slack after its end for max_taps pixels
 // and 4 floats) into out_w x 3 floats (one float of slack after the end). Every output runs
@@ -216,8 +218,8 @@ ResampleAxis rescale_axis(const ResampleAxis& a, double f) {
 
 SampleGeometry rescale_source(const SampleGeometry& g, int64_t new_h, int64_t new_w) {
   KILN_CHECK(new_h > 0 && new_w > 0 && g.src_h > 0 && g.src_w > 0, InvalidArgument,
-             "rescale_source needs positive sizes, got ", g.src_h, "x", g.src_w, " -> ", new_h,
-             "x", new_w);
+             "rescale_source needs positive sizes, got ", g.src_h, "x", g.src_w, " -> ", new_h, "x",
+             new_w);
   return rescale_source(g, new_h, new_w, static_cast<double>(new_h) / static_cast<double>(g.src_h),
                         static_cast<double>(new_w) / static_cast<double>(g.src_w));
 }
@@ -244,8 +246,8 @@ SampleGeometry rescale_source_dct(const SampleGeometry& g, int m) {
 
 SampleGeometry shift_source(const SampleGeometry& g, int64_t top, int64_t left, int64_t h,
                             int64_t w) {
-  KILN_CHECK(h > 0 && w > 0, InvalidArgument, "shift_source needs a positive window, got ", h,
-             "x", w);
+  KILN_CHECK(h > 0 && w > 0, InvalidArgument, "shift_source needs a positive window, got ", h, "x",
+             w);
   SampleGeometry r = g;
   r.src_h = h, r.src_w = w;
   r.y.origin -= static_cast<double>(top);
@@ -257,16 +259,21 @@ SampleGeometry shift_source(const SampleGeometry& g, int64_t top, int64_t left, 
 
 int dct_scale_for(const SampleGeometry& g) {
   // The smallest M with scale * M / 8 >= 1 (a little slack for scales like 8/3 computed in
-  // floating point), in both axes.
+  // floating point) in both axes, rounded up to a power of two: libjpeg-turbo has SIMD IDCTs
+  // for 1/8, 2/8 and 4/8 only; 3/8, 5/8, 6/8 and 7/8 run plain C (and 12x12 or 14x14 IDCTs for
+  // subsampled chroma), slower than the full-size decode they replace.
   auto need = [](double scale) {
     const double m = std::ceil(8.0 / scale - 1e-9);
     return static_cast<int>(std::min(8.0, std::max(1.0, m)));
   };
-  return std::max(need(g.y.scale), need(g.x.scale));
+  const int m = std::max(need(g.y.scale), need(g.x.scale));
+  int p = 1;
+  while (p < m) p *= 2;
+  return p;
 }
 
-void resample_u8(const uint8_t* src, int64_t src_h, int64_t src_w, int64_t channels,
-                 int64_t stride, const SampleGeometry& g, uint8_t* out) {
+void resample_u8(const uint8_t* src, int64_t src_h, int64_t src_w, int64_t channels, int64_t stride,
+                 const SampleGeometry& g, uint8_t* out) {
   KILN_CHECK(src_h == g.src_h && src_w == g.src_w, InvalidArgument, "resample_u8: the image is ",
              src_h, "x", src_w, " but the geometry refers to ", g.src_h, "x", g.src_w,
              "; shift or rescale the geometry to the decoded image");

@@ -122,8 +122,8 @@ bool unresampled(const SampleGeometry& g) {
 
 // The float counterpart of resample_u8 (same taps, no rounding).
 template <int C>
-void resample_rows(const FloatImage& img, const ResampleTaps& tx, int64_t r0, int64_t r1,
-                   bool flip, std::vector<float>& rows) {
+void resample_rows(const FloatImage& img, const ResampleTaps& tx, int64_t r0, int64_t r1, bool flip,
+                   std::vector<float>& rows) {
   const int64_t c = C > 0 ? C : img.channels;
   const int64_t out_w = static_cast<int64_t>(tx.count.size());
   rows.assign(static_cast<size_t>((r1 - r0) * out_w * c), 0.0f);
@@ -269,7 +269,8 @@ FloatImage resample_float(const FloatImage& image, const SampleGeometry& g) {
     const float* w = &ty.weight[static_cast<size_t>(y * ty.max_taps)];
     float* o = &out.data[static_cast<size_t>(y * row)];
     for (int32_t k = 0; k < n; ++k) {
-      const float* s = &rows[static_cast<size_t>((ty.first[static_cast<size_t>(y)] + k - r0) * row)];
+      const float* s =
+          &rows[static_cast<size_t>((ty.first[static_cast<size_t>(y)] + k - r0) * row)];
       for (int64_t i = 0; i < row; ++i) o[i] += w[k] * s[i];
     }
   }
@@ -523,8 +524,7 @@ void CenterCrop::apply(FloatImage& image, Rng&) const {
 
 bool CenterCrop::compose(SampleGeometry& g, Rng&) const {
   if (g.y.out == height_ && g.x.out == width_) return true;
-  compose_crop(g, center_offset(g.y.out, height_), center_offset(g.x.out, width_), height_,
-               width_);
+  compose_crop(g, center_offset(g.y.out, height_), center_offset(g.x.out, width_), height_, width_);
   return true;
 }
 
@@ -611,8 +611,7 @@ SampleGeometry Pipeline::geometry(int64_t h, int64_t w, Rng& rng) const {
 }
 
 InputNormalization Pipeline::normalization(int64_t channels) const {
-  KILN_CHECK(channels >= 1, InvalidArgument, "normalization needs a channel count, got ",
-             channels);
+  KILN_CHECK(channels >= 1, InvalidArgument, "normalization needs a channel count, got ", channels);
   // The float path gives (p * f - m) / s with f = 255^-(ToFloats before Normalize); on [0,1]
   // pixels that is (p / 255 - m / a) / (s / a) with a = 255 f (1 after one ToFloat).
   double a = 255.0;

@@ -57,7 +57,8 @@ void decode_windows(const uint8_t* data, size_t size, const kiln::Image* decoded
   uint64_t seed = size;
   for (size_t i = size > 8 ? size - 8 : 0; i < size; ++i) seed = seed * 131 + data[i];
   kiln::Pipeline p;
-  p.add<kiln::RandomResizedCrop>(1 + static_cast<int64_t>(seed % 48)).add<kiln::RandomHorizontalFlip>();
+  p.add<kiln::RandomResizedCrop>(1 + static_cast<int64_t>(seed % 48))
+      .add<kiln::RandomHorizontalFlip>();
   kiln::Rng rng(seed);
   const kiln::SampleGeometry g = p.geometry(info.height, info.width, rng);
   std::vector<uint8_t> out(static_cast<size_t>(g.out_h() * g.out_w() * 3));

@@ -17,8 +17,8 @@ namespace {
 
 // One axis of the reference: out pixels from the source box [b0, b1) of an image of n pixels.
 std::vector<std::vector<std::pair<int64_t, double>>> ref_coeffs(double b0, double b1, int64_t out,
-                                                               int64_t clamp_lo,
-                                                               int64_t clamp_hi) {
+                                                                int64_t clamp_lo,
+                                                                int64_t clamp_hi) {
   const double scale = (b1 - b0) / static_cast<double>(out);
   const double fs = scale < 1 ? 1 : scale;
   const double support = 1.0 * fs;
@@ -42,9 +42,9 @@ std::vector<std::vector<std::pair<int64_t, double>>> ref_coeffs(double b0, doubl
 }
 
 // PIL's crop-then-resize of box (top, left, bh, bw) to oh x ow, mirrored when flip.
-std::vector<double> ref_resample(const std::vector<uint8_t>& img, int64_t w, int64_t c,
-                                 int64_t top, int64_t left, int64_t bh, int64_t bw, int64_t oh,
-                                 int64_t ow, bool flip) {
+std::vector<double> ref_resample(const std::vector<uint8_t>& img, int64_t w, int64_t c, int64_t top,
+                                 int64_t left, int64_t bh, int64_t bw, int64_t oh, int64_t ow,
+                                 bool flip) {
   // Coordinates relative to the crop, clamped to it (PIL's resize of the cropped image).
   const auto ky = ref_coeffs(0, static_cast<double>(bh), oh, 0, bh);
   const auto kx = ref_coeffs(0, static_cast<double>(bw), ow, 0, bw);
@@ -83,8 +83,8 @@ std::vector<uint8_t> test_image(int64_t h, int64_t w, int64_t c, uint64_t seed) 
   return img;
 }
 
-SampleGeometry box_geometry(int64_t h, int64_t w, int64_t top, int64_t left, int64_t bh,
-                            int64_t bw, int64_t oh, int64_t ow, bool flip) {
+SampleGeometry box_geometry(int64_t h, int64_t w, int64_t top, int64_t left, int64_t bh, int64_t bw,
+                            int64_t oh, int64_t ow, bool flip) {
   SampleGeometry g = SampleGeometry::identity(h, w);
   auto axis = [](int64_t start, int64_t len, int64_t out) {
     ResampleAxis a;
@@ -124,8 +124,7 @@ TEST(DataGeometry, ResampleMatchesPilBilinearReference) {
     const SampleGeometry g = box_geometry(k.h, k.w, k.top, k.left, k.bh, k.bw, k.oh, k.ow, k.flip);
     std::vector<uint8_t> out(static_cast<size_t>(k.oh * k.ow * k.c), 7);
     resample_u8(img.data(), k.h, k.w, k.c, k.w * k.c, g, out.data());
-    const auto want =
-        ref_resample(img, k.w, k.c, k.top, k.left, k.bh, k.bw, k.oh, k.ow, k.flip);
+    const auto want = ref_resample(img, k.w, k.c, k.top, k.left, k.bh, k.bw, k.oh, k.ow, k.flip);
     double max_diff = 0;
     int64_t off_by_one = 0;
     for (size_t i = 0; i < out.size(); ++i) {
@@ -151,7 +150,8 @@ TEST(DataGeometry, IdentityAndCropAreCopies) {
   resample_u8(img.data(), 20, 30, 3, 90, crop, c.data());
   for (int64_t y = 0; y < 10; ++y) {
     for (int64_t x = 0; x < 12 * 3; ++x) {
-      ASSERT_EQ(c[static_cast<size_t>(y * 36 + x)], img[static_cast<size_t>((y + 3) * 90 + 12 + x)]);
+      ASSERT_EQ(c[static_cast<size_t>(y * 36 + x)],
+                img[static_cast<size_t>((y + 3) * 90 + 12 + x)]);
     }
   }
   // A copy reads exactly its pixels (zero-weight neighbours are trimmed).
@@ -183,14 +183,15 @@ TEST(DataGeometry, InvalidOutputsAndPaddingAreZero) {
 }
 
 TEST(DataGeometry, DctScaleAndWindowRescaling) {
-  // 375 x 500 -> 224 x 224: the shorter axis decides (375 / 224 = 1.67: 5/8 keeps >= 1 source
-  // pixel per output, 4/8 would not), not the longer (500 / 224 = 2.23 alone would allow 4/8).
+  // 375 x 500 -> 224 x 224: the shorter axis decides (375 / 224 = 1.67 needs 5/8, 500 / 224
+  // alone would allow 4/8), and 5/8 rounds up to the power of two 8/8.
   SampleGeometry g = box_geometry(375, 500, 0, 0, 375, 500, 224, 224, false);
-  EXPECT_EQ(dct_scale_for(g), 5);
+  EXPECT_EQ(dct_scale_for(g), 8);
   EXPECT_EQ(dct_scale_for(box_geometry(500, 500, 0, 0, 500, 500, 224, 224, false)), 4);
   EXPECT_EQ(dct_scale_for(box_geometry(375, 500, 0, 0, 100, 100, 224, 224, false)), 8);
   EXPECT_EQ(dct_scale_for(box_geometry(2000, 2000, 0, 0, 2000, 2000, 224, 224, false)), 1);
-  EXPECT_EQ(dct_scale_for(box_geometry(300, 300, 0, 0, 300, 300, 100, 100, false)), 3);  // 8/3
+  EXPECT_EQ(dct_scale_for(box_geometry(300, 300, 0, 0, 300, 300, 100, 100, false)), 4);  // 3/8
+  EXPECT_EQ(dct_scale_for(box_geometry(900, 900, 0, 0, 900, 900, 224, 224, false)), 2);
   // DCT scaling 4/8 of 375 x 500 gives ceil: 188 x 250, with the factor exactly 1/2.
   const SampleGeometry s = rescale_source_dct(g, 4);
   EXPECT_EQ(s.src_h, 188);
@@ -254,8 +255,8 @@ void expect_paths_agree(const Pipeline& p, int64_t h, int64_t w, int64_t c, int 
 TEST(DataGeometry, PipelineGeometryDrawsAsTheFloatPath) {
   const std::vector<float> mean = {0.485f, 0.456f, 0.406f}, std = {0.229f, 0.224f, 0.225f};
   Pipeline train;
-  train.add<ToFloat>().add<RandomResizedCrop>(224).add<RandomHorizontalFlip>().add<Normalize>(
-      mean, std);
+  train.add<ToFloat>().add<RandomResizedCrop>(224).add<RandomHorizontalFlip>().add<Normalize>(mean,
+                                                                                              std);
   expect_paths_agree(train, 375, 500, 3, 12);
   Pipeline eval;
   eval.add<ToFloat>().add<Resize>(256).add<CenterCrop>(224).add<Normalize>(mean, std);
@@ -269,7 +270,7 @@ TEST(DataGeometry, PipelineGeometryDrawsAsTheFloatPath) {
   expect_paths_agree(flip_first, 24, 33, 1, 20);
   Pipeline flip_rrc;
   flip_rrc.add<RandomHorizontalFlip>().add<RandomResizedCrop>(40, 30, std::array{0.2f, 1.0f},
-                                                               std::array{0.5f, 2.0f});
+                                                              std::array{0.5f, 2.0f});
   expect_paths_agree(flip_rrc, 64, 48, 1, 20);
 }
 
@@ -287,7 +288,8 @@ TEST(DataGeometry, PipelineGeometricAndNormalization) {
   data_test::expect_error([&] { twice.geometry(40, 30, rng); }, ErrorKind::InvalidArgument,
                           {"resamples twice", "float path"});
   Pipeline late;
-  late.add<ToFloat>().add<Normalize>(std::vector<float>{0.5f}, std::vector<float>{0.5f})
+  late.add<ToFloat>()
+      .add<Normalize>(std::vector<float>{0.5f}, std::vector<float>{0.5f})
       .add<CenterCrop>(4);
   EXPECT_FALSE(late.geometric(&why));
   EXPECT_NE(why.find("move Normalize to the end"), std::string::npos) << why;

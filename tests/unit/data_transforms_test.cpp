@@ -160,8 +160,8 @@ TEST(DataTransforms, AntialiasedUpsamplingIsHalfPixelBilinear) {
     g.x.scale = 7.0 / static_cast<double>(w);
     const FloatImage b = resample_float(src, g);
     ASSERT_EQ(a.data.size(), b.data.size());
-    // Values up to 104: float weights and sums agree to ~1e-5 relative.
-    for (size_t i = 0; i < a.data.size(); ++i) ASSERT_NEAR(a.data[i], b.data[i], 2e-3f) << i;
+    // Values up to 104, float weights and sums: measured 1.5e-5 at most (edges included).
+    for (size_t i = 0; i < a.data.size(); ++i) ASSERT_NEAR(a.data[i], b.data[i], 1e-4f) << i;
   }
 }
 

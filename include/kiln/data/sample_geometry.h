@@ -60,8 +60,10 @@ SampleGeometry rescale_source_dct(const SampleGeometry& g, int m);
 SampleGeometry shift_source(const SampleGeometry& g, int64_t top, int64_t left, int64_t h,
                             int64_t w);
 
-// The DCT scale M (of M/8, 1 <= M <= 8) to decode at: the smallest whose scaled image still
+// The DCT scale M (of M/8: 1, 2, 4 or 8) to decode at: the smallest whose scaled image still
 // has at least one source pixel per output pixel in both axes, so only downsampling follows.
+// Powers of two only: libjpeg-turbo's other scales have no SIMD IDCT and are slower than the
+// full-size decode.
 int dct_scale_for(const SampleGeometry& g);
 
 // Resamples an 8-bit HWC image (rows `stride` bytes apart) into out (out_h x out_w x channels
