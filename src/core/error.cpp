@@ -15,6 +15,7 @@ const char* error_kind_name(ErrorKind kind) {
     case ErrorKind::Io: return "i/o error";
     case ErrorKind::Unsupported: return "unsupported";
     case ErrorKind::Backend: return "backend error";
+    case ErrorKind::Numeric: return "divergence";
     case ErrorKind::Internal: return "internal error";
   }
   return "error";

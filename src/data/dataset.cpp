@@ -53,7 +53,9 @@ std::shared_ptr<Dataset> open_dataset(const DatasetSpec& spec) {
     // Images first, so that a missing images file is the one reported.
     const std::string images = mnist_file(root, spec.split, true);
     const std::string labels = mnist_file(root, spec.split, false);
-    return IdxDataset::open(images, labels, kind + " " + spec.split);
+    // MNIST and Fashion-MNIST have ten classes whatever the labels say; a generic idx file
+    // takes its count from its labels (the trainer checks the other split against it).
+    return IdxDataset::open(images, labels, kind + " " + spec.split, kind == "idx" ? 0 : 10);
   }
   if (kind == "cifar10" || kind == "cifar100") {
     const int classes = kind == "cifar10" ? 10 : 100;
@@ -68,7 +70,7 @@ std::shared_ptr<Dataset> open_dataset(const DatasetSpec& spec) {
                "an image-folder dataset needs a directory "
                "(--data DIR) holding <split>/<class>/*.jpg");
     return std::make_shared<ImageFolderDataset>(image_folder_split_dir(spec.root, spec.split),
-                                                spec.channels, spec.skip_corrupt);
+                                                spec.channels, spec.skip_corrupt, spec.max_image_pixels);
   }
   KILN_FAIL(InvalidArgument, "unknown dataset kind '", kind, "'; valid kinds: ", kinds_list());
 }

@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 
 #include "kiln/core/error.h"
@@ -13,13 +14,19 @@
 namespace kiln::data_detail {
 
 std::vector<uint8_t> read_file_bytes(const std::string& path) {
+  // fopen() opens a directory too, and ftell() then reports 2^63-1 bytes: the reserve below
+  // would throw std::bad_alloc with no path.
+  std::error_code ec;
+  KILN_CHECK(!std::filesystem::is_directory(path, ec), Data, "data file '", path,
+             "' is a directory, not a file; point --data at the directory that holds the files, "
+             "or give the file's own path");
   std::unique_ptr<FILE, int (*)(FILE*)> f(std::fopen(path.c_str(), "rb"), &std::fclose);
-  KILN_CHECK(f != nullptr, Data, "cannot open data file ", path, ": ", std::strerror(errno),
+  KILN_CHECK(f != nullptr, Data, "cannot open data file '", path, "': ", std::strerror(errno),
              "; check the path (and --data) or download the dataset");
   std::vector<uint8_t> bytes;
   if (std::fseek(f.get(), 0, SEEK_END) == 0) {
     const long end = std::ftell(f.get());
-    if (end > 0) bytes.reserve(static_cast<size_t>(end));
+    if (end > 0 && end < (long{1} << 34)) bytes.reserve(static_cast<size_t>(end));
     std::fseek(f.get(), 0, SEEK_SET);
   }
   // Read in chunks rather than trusting ftell, so pipes and files that change size still work.

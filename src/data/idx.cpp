@@ -97,7 +97,7 @@ IdxArray read_idx(const std::string& path) {
 }
 
 IdxDataset::IdxDataset(IdxArray images, IdxArray labels, const std::string& images_what,
-                       const std::string& labels_what, std::string name)
+                       const std::string& labels_what, std::string name, int64_t classes)
     : images_(std::move(images)) {
   const auto& d = images_.dims;
   KILN_CHECK(d.size() == 3 || d.size() == 4, Data, images_what,
@@ -119,18 +119,29 @@ IdxDataset::IdxDataset(IdxArray images, IdxArray labels, const std::string& imag
              " labels; they must come from the same split (train-* with train-*, t10k-* with "
              "t10k-*)");
   labels_ = std::move(labels.data);
-  num_classes_ = 1 + *std::max_element(labels_.begin(), labels_.end());
+  if (classes > 0) {
+    // One bad label byte would otherwise grow the model by up to 246 classes, silently.
+    for (size_t i = 0; i < labels_.size(); ++i) {
+      KILN_CHECK(labels_[i] < classes, Data, "'", labels_what, "': label ", int{labels_[i]},
+                 " at index ", i, " is outside 0..", classes - 1, " (", name, " has ", classes,
+                 " classes); the file is corrupt, download it again");
+    }
+    num_classes_ = classes;
+  } else {
+    num_classes_ = 1 + *std::max_element(labels_.begin(), labels_.end());
+  }
   description_ = name + ": " + std::to_string(count_) + " images of " + std::to_string(height_) +
                  "x" + std::to_string(width_) + "x" + std::to_string(channels_) + " from " +
                  images_what;
 }
 
 std::shared_ptr<IdxDataset> IdxDataset::open(const std::string& images_path,
-                                             const std::string& labels_path, std::string name) {
+                                             const std::string& labels_path, std::string name,
+                                             int64_t classes) {
   IdxArray images = read_idx(images_path);  // in this order, so errors name the images first
   IdxArray labels = read_idx(labels_path);
   return std::make_shared<IdxDataset>(std::move(images), std::move(labels), images_path,
-                                      labels_path, std::move(name));
+                                      labels_path, std::move(name), classes);
 }
 
 Sample IdxDataset::sample(int64_t index) const {

@@ -533,7 +533,7 @@ Image finish(const std::vector<uint8_t>& raw, int64_t h, int64_t w, int64_t raw_
   return img;
 }
 
-const char* kTooLarge = " pixels, more than the decoding limit of ";
+const char* kTooLarge = " pixels, more than the decoding limit (--max-image-pixels) of ";
 
 }  // namespace
 

@@ -38,12 +38,27 @@ std::string image_folder_split_dir(const std::string& root, const std::string& s
             root, "/<split>/<class>/*.jpg with split train, val or test");
 }
 
-ImageFolderDataset::ImageFolderDataset(const std::string& dir, int64_t channels, bool skip_corrupt)
-    : dir_(dir), channels_(channels), skip_corrupt_(skip_corrupt) {
+ImageFolderDataset::ImageFolderDataset(const std::string& dir, int64_t channels, bool skip_corrupt,
+                                       int64_t max_pixels)
+    : dir_(dir), channels_(channels), skip_corrupt_(skip_corrupt), max_pixels_(max_pixels) {
   KILN_CHECK(channels == 1 || channels == 3, InvalidArgument,
              "image folders decode to 1 or 3 channels, not ", channels);
   KILN_CHECK(fs::is_directory(dir), Data, "image folder ", dir,
              " is not a directory; expected <root>/<split>/<class>/*.jpg");
+  try {
+    list_files(dir);
+  } catch (const fs::filesystem_error& e) {
+    // A symlink loop (ELOOP), an unreadable sub-directory (EACCES), a name too long.
+    KILN_FAIL(Data, "cannot list image folder '", dir, "': ", e.code().message(), " at '",
+              e.path1().string(), "'", e.code() == std::errc::too_many_symbolic_link_levels
+              ? " (a symbolic link loop)" : "",
+              "; remove or fix that entry, or point --data elsewhere");
+  }
+  corrupt_ = std::make_unique<std::atomic<uint8_t>[]>(files_.size());
+  for (size_t i = 0; i < files_.size(); ++i) corrupt_[i].store(0, std::memory_order_relaxed);
+}
+
+void ImageFolderDataset::list_files(const std::string& dir) {
   for (const auto& entry :
        fs::directory_iterator(dir, fs::directory_options::follow_directory_symlink)) {
     if (entry.is_directory()) classes_.push_back(entry.path().filename().string());
@@ -66,8 +81,6 @@ ImageFolderDataset::ImageFolderDataset(const std::string& dir, int64_t channels,
     files_.insert(files_.end(), found.begin(), found.end());
     labels_.insert(labels_.end(), found.size(), static_cast<int32_t>(c));
   }
-  corrupt_ = std::make_unique<std::atomic<uint8_t>[]>(files_.size());
-  for (size_t i = 0; i < files_.size(); ++i) corrupt_[i].store(0, std::memory_order_relaxed);
 }
 
 std::string ImageFolderDataset::describe() const {
@@ -102,7 +115,7 @@ bool ImageFolderDataset::try_decode(int64_t index, Image& out) const {
   const std::string& path = files_[static_cast<size_t>(index)];
   try {
     const std::vector<uint8_t> bytes = data_detail::read_file_bytes(path);
-    out = decode_image(bytes.data(), bytes.size(), channels_, path);
+    out = decode_image(bytes.data(), bytes.size(), channels_, path, max_pixels_);
     return true;
   } catch (const Error& e) {
     if (e.kind() != ErrorKind::Data) throw;

@@ -120,7 +120,10 @@ MetricsWriter::MetricsWriter(const std::string& csv_path, const std::string& jso
     if (!csv_path_.empty()) {
       if (mode == Mode::Append && ::access(csv_path_.c_str(), F_OK) == 0) {
         const std::string existing = read_file_text(csv_path_);
-        if (!existing.empty()) columns_ = csv_first_record(existing);
+        if (!existing.empty()) {
+          columns_ = csv_first_record(existing);
+          header_written_ = true;
+        }
       }
       csv_fd_ = open_output(csv_path_, mode);
       if (mode == Mode::Append) end_partial_line(csv_fd_, csv_path_);
@@ -144,7 +147,8 @@ MetricsWriter::MetricsWriter(MetricsWriter&& other) noexcept
       jsonl_path_(std::move(other.jsonl_path_)),
       csv_fd_(std::exchange(other.csv_fd_, -1)),
       jsonl_fd_(std::exchange(other.jsonl_fd_, -1)),
-      columns_(std::move(other.columns_)) {}
+      columns_(std::move(other.columns_)),
+      header_written_(other.header_written_) {}
 
 MetricsWriter& MetricsWriter::operator=(MetricsWriter&& other) noexcept {
   if (this != &other) {
@@ -154,6 +158,7 @@ MetricsWriter& MetricsWriter::operator=(MetricsWriter&& other) noexcept {
     csv_fd_ = std::exchange(other.csv_fd_, -1);
     jsonl_fd_ = std::exchange(other.jsonl_fd_, -1);
     columns_ = std::move(other.columns_);
+    header_written_ = other.header_written_;
   }
   return *this;
 }
@@ -162,6 +167,26 @@ void MetricsWriter::close_files() {
   if (csv_fd_ >= 0) ::close(csv_fd_);
   if (jsonl_fd_ >= 0) ::close(jsonl_fd_);
   csv_fd_ = jsonl_fd_ = -1;
+}
+
+void MetricsWriter::declare_columns(std::vector<std::string> columns) {
+  KILN_CHECK(!columns.empty(), InvalidArgument, "declare_columns needs at least one column");
+  std::set<std::string> keys;
+  for (const std::string& k : columns) {
+    KILN_CHECK(!k.empty() && keys.insert(k).second, InvalidArgument, "metric column '", k,
+               "' is empty or declared twice");
+  }
+  if (header_written_) {
+    std::string have, want;
+    for (const auto& k : columns_) have += (have.empty() ? "" : ",") + k;
+    for (const auto& k : columns) want += (want.empty() ? "" : ",") + k;
+    KILN_CHECK(columns == columns_, InvalidArgument, "'", csv_path_, "' has the columns ", have,
+               " but this run writes ", want,
+               "; resume with the flags of the first run (e.g. the same --ema), or write to a new "
+               "--output");
+    return;
+  }
+  columns_ = std::move(columns);
 }
 
 void MetricsWriter::write(const MetricsRow& row) {
@@ -178,8 +203,10 @@ void MetricsWriter::write(const MetricsRow& row) {
   std::vector<std::string> columns = columns_;
   std::string csv;
   if (csv_fd_ >= 0) {
-    if (columns.empty()) {
-      for (const auto& kv : row) columns.push_back(kv.first);
+    if (!header_written_) {
+      if (columns.empty()) {
+        for (const auto& kv : row) columns.push_back(kv.first);
+      }
       for (size_t i = 0; i < columns.size(); ++i) {
         if (i) csv += ',';
         csv += csv_field(columns[i]);
@@ -213,6 +240,7 @@ void MetricsWriter::write(const MetricsRow& row) {
   if (csv_fd_ >= 0) {
     write_all(csv_fd_, csv, csv_path_);
     columns_ = std::move(columns);
+    header_written_ = true;
   }
   if (jsonl_fd_ >= 0) write_all(jsonl_fd_, json, jsonl_path_);
 }

@@ -7,11 +7,13 @@
 #include <cstdio>
 #include <filesystem>
 #include <sstream>
+#include <thread>
 
 #include "kiln/blueprint/zoo.h"
 #include "kiln/core/error.h"
 #include "kiln/core/log.h"
 #include "kiln/data/dataset.h"
+#include "kiln/data/image_folder.h"
 #include "kiln/dist/dist.h"
 #include "kiln/data/loader.h"
 #include "kiln/data/transforms.h"
@@ -32,15 +34,43 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
+// Loader threads beyond this only contend for the cores (and 100000 threads cannot start).
+int64_t max_workers() {
+  const int64_t cores = std::max<unsigned>(std::thread::hardware_concurrency(), 1u);
+  return std::min<int64_t>(1024, std::max<int64_t>(16, 4 * cores));
+}
+
+// The largest side kiln compiles for: a 8192^2 RGB batch of one is already 800 MB of FP32
+// input; past this an allocation fails deep inside the memory plan with no name.
+constexpr int64_t kMaxImageSize = 8192;
+// No schedule needs more; epochs x steps must not overflow int64 (the LR schedule's length).
+constexpr int64_t kMaxEpochs = 1000000;
+
 void check_config(const TrainConfig& c) {
-  KILN_CHECK(c.epochs > 0, InvalidArgument, "--epochs must be > 0, got ", c.epochs);
+  KILN_CHECK(c.epochs > 0 && c.epochs <= kMaxEpochs, InvalidArgument, "--epochs must be in 1..", kMaxEpochs,
+             ", got ", c.epochs);
   KILN_CHECK(c.batch_size > 0, InvalidArgument, "--batch-size must be > 0, got ", c.batch_size);
-  KILN_CHECK(c.workers >= 0, InvalidArgument, "--workers must be >= 0");
+  KILN_CHECK(c.workers >= 0 && c.workers <= max_workers(), InvalidArgument, "--workers ", c.workers,
+             " is outside 0..", max_workers(), " (", std::thread::hardware_concurrency(),
+             " cores here; more loader threads than 4 per core only contend); give at most ", max_workers());
   KILN_CHECK(c.eval_every > 0, InvalidArgument, "--eval-every must be > 0 epochs");
   KILN_CHECK(c.stop_after_epochs >= 0, InvalidArgument, "--stop-after-epochs must be >= 0");
   KILN_CHECK(c.momentum >= 0 && c.momentum < 1, InvalidArgument, "--momentum must be in [0, 1)");
-  KILN_CHECK(c.weight_decay >= 0, InvalidArgument, "--weight-decay must be >= 0");
+  KILN_CHECK(c.weight_decay >= 0 && std::isfinite(c.weight_decay), InvalidArgument,
+             "--weight-decay must be a finite number >= 0, got ", c.weight_decay);
+  KILN_CHECK(c.clip_grad >= 0 && std::isfinite(c.clip_grad), InvalidArgument,
+             "--clip-grad must be a finite number >= 0 (0 = off), got ", c.clip_grad);
   KILN_CHECK(c.ema_decay > 0 && c.ema_decay < 1, InvalidArgument, "--ema-decay must be in (0, 1)");
+  KILN_CHECK(c.num_classes >= 0 && c.num_classes <= (int64_t{1} << 24), InvalidArgument,
+             "--num-classes must be in 0..", int64_t{1} << 24, " (0 = the dataset's), got ", c.num_classes);
+  KILN_CHECK(c.max_steps_per_epoch >= 0, InvalidArgument, "--max-steps must be >= 0 (0 = the whole epoch), got ",
+             c.max_steps_per_epoch);
+  KILN_CHECK(c.image_size >= 0 && c.image_size <= kMaxImageSize, InvalidArgument, "--image-size must be in 0..",
+             kMaxImageSize, " (0 = the model's default), got ", c.image_size);
+  KILN_CHECK(c.max_image_pixels > 0, InvalidArgument, "--max-image-pixels must be > 0, got ", c.max_image_pixels);
+  KILN_CHECK(c.resume.empty() || c.init_from.empty(), InvalidArgument, "--resume ", c.resume,
+             " continues a run with its own weights, which would replace those of --init-from ", c.init_from,
+             "; give one of the two");
   KILN_CHECK(c.progress == "auto" || c.progress == "bar" || c.progress == "plain" || c.progress == "none",
              InvalidArgument, "--progress must be auto, bar, plain or none");
   KILN_CHECK(!c.output.empty(), InvalidArgument, "--output must name a folder");
@@ -59,6 +89,7 @@ DatasetSpec dataset_spec(const TrainConfig& c, bool train, int64_t h, int64_t w,
   s.channels = ch;
   s.classes = classes;
   s.seed = c.seed + (train ? 0 : 1);
+  s.max_image_pixels = c.max_image_pixels;
   return s;
 }
 
@@ -179,8 +210,46 @@ class InputBuffers {
   int cur_ = 0;
 };
 
+std::string hwc_str(const std::array<int64_t, 3>& s) {
+  return std::to_string(s[0]) + "x" + std::to_string(s[1]) + "x" + std::to_string(s[2]);
+}
+
+std::string join_names(const std::vector<std::string>& v) {
+  std::string s;
+  for (const std::string& x : v) s += (s.empty() ? "'" : ", '") + x + "'";
+  return s.empty() ? "none" : s;
+}
+
+// The training split decides the class set; the evaluation split must use the same one, or
+// its labels mean other classes (an image folder's labels are positions in its own sorted
+// folder list, so one missing folder shifts every later label).
+void check_same_classes(const Dataset& train, const Dataset& test) {
+  const auto* tf = dynamic_cast<const ImageFolderDataset*>(&train);
+  const auto* ef = dynamic_cast<const ImageFolderDataset*>(&test);
+  if (tf && ef) {
+    std::vector<std::string> missing, extra;
+    for (const std::string& k : tf->classes()) {
+      if (!std::binary_search(ef->classes().begin(), ef->classes().end(), k)) missing.push_back(k);
+    }
+    for (const std::string& k : ef->classes()) {
+      if (!std::binary_search(tf->classes().begin(), tf->classes().end(), k)) extra.push_back(k);
+    }
+    KILN_CHECK(missing.empty() && extra.empty(), Data, "the class folders of '", ef->dir(),
+               "' differ from the training split's '", tf->dir(), "': missing ", join_names(missing),
+               ", extra ", join_names(extra),
+               "; labels are positions in the sorted folder list, so every split needs the same class folders "
+               "(add the missing class folders with their images, or remove the extra ones)");
+    return;
+  }
+  KILN_CHECK(test.num_classes() <= train.num_classes(), Data, test.describe(), " has labels up to ",
+             test.num_classes() - 1, " but the training split (", train.describe(), ") has ", train.num_classes(),
+             " classes; the two splits must come from the same dataset");
+}
+
 // Datasets, loaders and the compiled engine for a run. The model's input follows the data.
-RunSetup setup_run(const TrainConfig& c) {
+// Without `training` (kiln eval) the training split is not opened: the test split alone
+// decides the shape and the class count, so a dataset with only a test split evaluates.
+RunSetup setup_run(const TrainConfig& c, bool training) {
   check_config(c);
   dist::init(c.distributed);  // S27: MPI when started as several processes (mpirun, srun)
   RunSetup r;
@@ -188,11 +257,26 @@ RunSetup setup_run(const TrainConfig& c) {
   zo.num_classes = static_cast<int>(c.num_classes);
   zo.image_size = static_cast<int>(c.image_size);
   const BluePrint probe = make_model(c.model, zo);
-  r.train_set = open_dataset(dataset_spec(c, true, probe.input.height, probe.input.width, probe.input.channels,
-                                          probe.num_classes));
+  if (training) {
+    r.train_set = open_dataset(dataset_spec(c, true, probe.input.height, probe.input.width, probe.input.channels,
+                                            probe.num_classes));
+  }
   r.test_set = open_dataset(dataset_spec(c, false, probe.input.height, probe.input.width, probe.input.channels,
                                          probe.num_classes));
-  if (zo.num_classes == 0) zo.num_classes = static_cast<int>(r.train_set->num_classes());
+  const Dataset& ref = training ? *r.train_set : *r.test_set;  // decides the classes and the shape
+  if (training) check_same_classes(*r.train_set, *r.test_set);
+  KILN_CHECK(c.num_classes == 0 || c.num_classes >= ref.num_classes(), Data, "--num-classes ", c.num_classes,
+             " is fewer than the ", ref.num_classes(), " classes of ", ref.describe(),
+             "; drop --num-classes (0 takes the dataset's) or give at least ", ref.num_classes());
+  if (ref.num_classes() == 1) {
+    log_warn(ref.describe(), " has one class: every prediction is right, so loss and accuracy say nothing");
+  }
+  if (zo.num_classes == 0) zo.num_classes = static_cast<int>(ref.num_classes());
+  // Folders are normalised with ImageNet's three-channel statistics; say which model wants what
+  // rather than that the statistics disagree with a request the user never made.
+  KILN_CHECK(c.data != "folder" || probe.input.channels == 3, InvalidArgument, "model '", c.model, "' takes ",
+             probe.input.channels, "-channel images but an image folder gives 3-channel (RGB) ones; use a model "
+             "built for RGB input, e.g. --model resnet18_small or vgg11_bn_small for small images");
   const int64_t size = probe.input.height;
   LoaderOptions lo;
   lo.batch_size = dist::split_batch(c.batch_size);  // this rank's share of the global batch (S27)
@@ -206,27 +290,39 @@ RunSetup setup_run(const TrainConfig& c) {
   eo.shuffle = false;
   eo.drop_last = false;
   // The sample shape (which the model's input follows) does not depend on the output form;
-  // the encoded form needs the backend, so the loaders start as uint8 and are remade below.
+  // the encoded form needs the backend, so the loaders start in a host form and are remade below.
   auto make_loaders = [&](LoaderOutput train_out, LoaderOutput test_out) {
     lo.output = train_out;
     eo.output = test_out;
     r.train_loader.reset();
     r.test_loader.reset();
-    r.train_loader = std::make_unique<Loader>(r.train_set, train_p, lo);
+    if (training) r.train_loader = std::make_unique<Loader>(r.train_set, train_p, lo);
     r.test_loader = std::make_unique<Loader>(r.test_set, test_p, eo);
   };
   auto host_form = [&](const Pipeline& p) {
     return p.geometric() && c.input_u8 ? LoaderOutput::uint8 : LoaderOutput::float32;
   };
   make_loaders(host_form(train_p), host_form(test_p));
-  r.hwc = r.train_loader->sample_hwc();
+  const auto test_hwc = r.test_loader->sample_hwc();
+  r.hwc = training ? r.train_loader->sample_hwc() : test_hwc;
+  // Every batch buffer is sized for the training shape: a test split of another shape would
+  // be written past its end (each Loader takes its shape from its own sample 0).
+  KILN_CHECK(test_hwc == r.hwc, Data, "the test split (", r.test_set->describe(), ") has ", hwc_str(test_hwc),
+             " samples but the training split (", ref.describe(), ") has ", hwc_str(r.hwc),
+             "; both splits must have images of one shape, check the test files");
+  // IDX and CIFAR images are used at their own size (no resize in the pipeline).
+  KILN_CHECK(c.image_size == 0 || c.image_size == r.hwc[0] || c.data == "folder" || c.data == "synthetic",
+             InvalidArgument, "--image-size ", c.image_size, " has no effect on ", c.data, " data, whose images are ",
+             hwc_str(r.hwc), " and are not resized; drop --image-size");
   r.train_norm = train_p.normalization(r.hwc[2]);
   r.test_norm = test_p.normalization(r.hwc[2]);
   zo.in_channels = static_cast<int>(r.hwc[2]);
   zo.image_size = static_cast<int>(r.hwc[0]);
   const BluePrint bp = make_model(c.model, zo);
+  // With a training split the test split was checked against it above; for kiln eval this is
+  // the test split's own check against the model.
   KILN_CHECK(r.hwc[0] == bp.input.height && r.hwc[1] == bp.input.width && r.hwc[2] == bp.input.channels, Data,
-             "the dataset gives ", r.hwc[0], "x", r.hwc[1], "x", r.hwc[2], " samples but model '", c.model,
+             "the dataset (", ref.describe(), ") gives ", hwc_str(r.hwc), " samples but model '", c.model,
              "' takes ", bp.input.height, "x", bp.input.width, "x", bp.input.channels,
              "; pass --image-size or another --model");
   EngineOptions eopt;
@@ -247,18 +343,37 @@ RunSetup setup_run(const TrainConfig& c) {
   co.world = dist::world();
   co.sync_bn = c.sync_bn;
   r.engine = std::make_unique<Engine>(bp, eopt);
+  if (c.tf32 && std::string(r.engine->backend().name()) == "cpu") {
+    log_warn("--tf32 has no effect on the CPU (its FP32 convolutions and matmuls are FP32)");
+  }
   const LoaderOutput train_out = choose_input(c, train_p, r.engine->backend());
   const LoaderOutput test_out = choose_input(c, test_p, r.engine->backend());
-  if (train_out != r.train_loader->output() || test_out != r.test_loader->output()) {
+  if ((training && train_out != r.train_loader->output()) || test_out != r.test_loader->output()) {
     make_loaders(train_out, test_out);
   }
-  if (dist::is_root()) std::printf("%s\n", input_line(train_out, c, c.workers).c_str());
+  if (dist::is_root()) std::printf("%s\n", input_line(training ? train_out : test_out, c, c.workers).c_str());
   r.engine->lock_memory();
   r.engine->compile(c.seed);
-  log_info("model ", c.model, " on ", r.engine->backend().caps().device, ": ", r.train_set->size(), " training and ",
-           r.test_set->size(), " test samples, batch ", c.batch_size);
+  log_info("model ", c.model, " on ", r.engine->backend().caps().device, ": ", training ? r.train_set->size() : 0,
+           " training and ", r.test_set->size(), " test samples, batch ", c.batch_size);
   return r;
 }
+
+// A fresh run that stops before its first metrics row (a divergence, a data error in the
+// first epoch) leaves no empty metrics files and no empty output folder behind (SPEC Q1).
+struct EmptyRunCleanup {
+  std::filesystem::path output;
+  bool made_output = false, fresh = false;
+  int64_t rows = 0;
+  ~EmptyRunCleanup() {
+    if (!fresh || rows > 0) return;
+    std::error_code ec;
+    for (const char* f : {"metrics.csv", "metrics.jsonl"}) {
+      if (std::filesystem::file_size(output / f, ec) == 0 && !ec) std::filesystem::remove(output / f, ec);
+    }
+    if (made_output && std::filesystem::is_empty(output, ec) && !ec) std::filesystem::remove(output, ec);
+  }
+};
 
 struct EvalResult {
   double loss = 0, top1 = 0, top5 = 0;
@@ -286,7 +401,7 @@ EvalResult run_eval(Engine& engine, Loader& loader, bool ema, InputBuffers& inpu
 
 TrainSummary evaluate(const TrainConfig& c) {
   const dist::FailureGuard failure_guard;  // S27: an error on one rank stops every rank
-  RunSetup r = setup_run(c);
+  RunSetup r = setup_run(c, false);
   if (!c.init_from.empty()) import_weights(*r.engine, c.init_from);
   InputBuffers test_input(*r.test_loader, dist::split_batch(c.batch_size), r.test_norm);
   const EvalResult e = run_eval(*r.engine, *r.test_loader, false, test_input);
@@ -300,7 +415,7 @@ TrainSummary evaluate(const TrainConfig& c) {
 TrainSummary train(const TrainConfig& c) {
   namespace fs = std::filesystem;
   const dist::FailureGuard failure_guard;  // S27: an error on one rank stops every rank
-  RunSetup r = setup_run(c);
+  RunSetup r = setup_run(c, true);
   Engine& engine = *r.engine;
   engine.backend().set_profiling(c.profile);
   Loader& train_loader = *r.train_loader;
@@ -317,6 +432,10 @@ TrainSummary train(const TrainConfig& c) {
   }
   check_replicas_agree(engine, state.step, c.resume.empty() ? "initialisation" : "resuming");  // S27
 
+  EmptyRunCleanup cleanup;
+  cleanup.output = c.output;
+  cleanup.made_output = !fs::exists(c.output);
+  cleanup.fresh = c.resume.empty() && dist::is_root();
   fs::create_directories(c.output);
   TrainSummary sum;
   sum.metrics_csv = (fs::path(c.output) / "metrics.csv").string();
@@ -324,6 +443,16 @@ TrainSummary train(const TrainConfig& c) {
   sum.checkpoint = (fs::path(c.output) / "last.safetensors").string();
   MetricsWriter metrics(dist::is_root() ? sum.metrics_csv : "", dist::is_root() ? sum.metrics_jsonl : "",  // S27
                         c.resume.empty() ? MetricsWriter::Mode::Truncate : MetricsWriter::Mode::Append);
+  // Every column a row of this run can hold, before the first row: an epoch that is not
+  // evaluated leaves the test columns empty, and a resumed run appends under the same header.
+  std::vector<std::string> columns = {"epoch",         "step",
+                                      "lr",            "train_loss",
+                                      "train_top1",    "epoch_seconds",
+                                      "images_per_second", "overflow_steps",
+                                      "test_loss",     "test_top1",
+                                      "test_top5"};
+  if (c.ema) columns.insert(columns.end(), {"ema_test_top1", "ema_test_top5"});
+  metrics.declare_columns(columns);
 
   const int64_t full = train_loader.batches_per_epoch();
   const int64_t steps_per_epoch = c.max_steps_per_epoch > 0 ? std::min(full, c.max_steps_per_epoch) : full;
@@ -334,6 +463,20 @@ TrainSummary train(const TrainConfig& c) {
   InputBuffers train_input(train_loader, n, r.train_norm), test_input(test_loader, n, r.test_norm);
   Progress progress(dist::is_root() ? c.progress : "none");
   int64_t stale = 0;
+  // AMP skips an overflowed step and halves the scale; a scale stuck at its floor of 1 while
+  // steps keep overflowing means the model itself has diverged.
+  constexpr int64_t kMaxFloorOverflows = 50;
+  int64_t floor_overflows = 0;
+  auto diverged = [&](int64_t epoch, const std::string& what) {
+    const bool have = state.epoch > 0 && dist::is_root() && fs::exists(sum.checkpoint);
+    KILN_FAIL(Numeric, "training diverged in epoch ", epoch + 1, " near step ", state.step, ": ", what,
+              "; the weights are no longer finite, so nothing of this epoch is saved. ",
+              have ? "The last good checkpoint is '" + sum.checkpoint + "' (after epoch " +
+                         std::to_string(state.epoch) + "); continue from it with --resume and "
+                   : std::string("No checkpoint was written yet; "),
+              "lower --lr (now ", c.lr.base_lr, "), --weight-decay (now ", c.weight_decay,
+              ") or set --clip-grad");
+  };
 
   for (int64_t epoch = state.epoch; epoch < c.epochs; ++epoch) {
     train_loader.start_epoch(epoch);
@@ -347,10 +490,19 @@ TrainSummary train(const TrainConfig& c) {
       if (!s) return;
       hits += s->top1;
       overflows += s->overflow ? 1 : 0;
-      if (std::isfinite(s->loss)) {
-        loss_sum += s->loss;
-        ++loss_count;
+      if (s->overflow) {
+        // The step changed nothing (S9); only a scale that cannot fall further is a failure.
+        floor_overflows = s->loss_scale <= 1.0f ? floor_overflows + 1 : 0;
+        if (floor_overflows >= kMaxFloorOverflows) {
+          diverged(epoch, "AMP's loss scale sat at its floor of 1 for " + std::to_string(floor_overflows) +
+                              " overflowing steps in a row");
+        }
+        return;
       }
+      floor_overflows = 0;
+      if (!std::isfinite(s->loss)) diverged(epoch, "the training loss is " + std::to_string(s->loss));
+      loss_sum += s->loss;
+      ++loss_count;
     };
     for (int64_t i = 0; i < steps_per_epoch; ++i) {
       const int64_t got = train_input.next(train_loader);
@@ -408,6 +560,7 @@ TrainSummary train(const TrainConfig& c) {
       progress.line(epoch + 1, c.epochs, secs, row);
     }
     metrics.write(row);
+    ++cleanup.rows;
     state.epoch = epoch + 1;
     if (dist::is_root()) save_checkpoint(engine, sum.checkpoint, state);  // rank 0 writes (S27)
     ++sum.epochs_run;

@@ -2,6 +2,9 @@
 // folded in, top-1/top-5 counts including ties, large logits, bad labels; finite differences.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <limits>
+
 #include "op/cpu_op_test_util.h"
 
 namespace kiln::test {
@@ -101,6 +104,30 @@ TEST(CpuOpSoftmaxCeTopK, TiesFollowTheStableOrder) {
   const ref::SoftmaxCe r = ref::softmax_ce(ref::to_double(z), labels, n, k, 1.0);
   EXPECT_EQ(r.top1, 2);
   EXPECT_EQ(r.top5, 4);
+}
+
+// A diverged model's logits (NaN, or +/-inf) are a miss at top-1 and top-5: NaN compares
+// false, so ranking alone would count every such row as a hit and report 100%.
+//  0: all NaN                  -> miss (was a hit)
+//  1: label's logit NaN        -> miss (was a hit)
+//  2: label's logit +inf       -> miss (a finite rank, but no trustworthy score)
+//  3: another logit -inf       -> miss
+//  4: finite, label the max    -> hit
+TEST(CpuOpSoftmaxCeTopK, NonFiniteLogitsAreMisses) {
+  const int64_t k = 6;
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  const std::vector<std::vector<float>> rows = {{nan, nan, nan, nan, nan, nan}, {1, nan, 0, 0, 0, 0},
+                                                {0, 0, inf, 0, 0, 0},           {5, 0, 0, -inf, 0, 0},
+                                                {5, 0, 0, 0, 0, 0}};
+  const std::vector<int32_t> labels = {0, 1, 2, 0, 0};
+  std::vector<float> z;
+  for (const auto& r : rows) z.insert(z.end(), r.begin(), r.end());
+  CeProgram p(static_cast<int64_t>(rows.size()), k, false);
+  p.run(z, labels, 1.0f);
+  const auto counts = p.h.read_i32(p.correct);
+  EXPECT_EQ(counts[0], 1);  // row 4 only
+  EXPECT_EQ(counts[1], 1);
+  EXPECT_FALSE(std::isfinite(p.h.read(p.loss)[0])) << "the loss still shows the NaN";
 }
 
 // A label outside [0, classes) is a data error naming the sample, not a wild read.

@@ -184,6 +184,37 @@ TEST(DataIdx, MissingFilesSayWhatWasExpected) {
   expect_error([&] { open_dataset(spec); }, ErrorKind::Data, {"/nonexistent/a"});
 }
 
+// MNIST has ten classes whatever its label bytes say: one byte set to 200 is an error naming
+// the file and the index, not a 201-class model. A generic idx file takes 1 + its largest.
+TEST(DataIdx, LabelOutsideTheKnownClassCountNamesFileAndIndex) {
+  TempDir dir;
+  const std::string labels = dir.file("train-labels-idx1-ubyte");
+  write_file(dir.file("train-images-idx3-ubyte"), idx_bytes({3, 2, 2}, std::vector<uint8_t>(12, 1)));
+  write_file(labels, idx_bytes({3}, {0, 200, 9}));
+  DatasetSpec spec;
+  spec.kind = "mnist";
+  spec.root = dir.path();
+  expect_error([&] { open_dataset(spec); }, ErrorKind::Data, {labels, "label 200", "index 1", "0..9"});
+  write_file(labels, idx_bytes({3}, {0, 3, 1}));
+  EXPECT_EQ(open_dataset(spec)->num_classes(), 10) << "the dataset's count, not 1 + the largest label";
+  spec.kind = "idx";
+  spec.idx_images = dir.file("train-images-idx3-ubyte");
+  spec.idx_labels = labels;
+  EXPECT_EQ(open_dataset(spec)->num_classes(), 4);
+}
+
+// A directory where a file belongs: fopen() opens it and ftell() says 2^63-1 bytes; the error
+// names the path instead of std::bad_alloc.
+TEST(DataIdx, DirectoryInPlaceOfAFileIsADataError) {
+  TempDir dir;
+  std::filesystem::create_directories(dir.file("train-images-idx3-ubyte"));
+  write_file(dir.file("train-labels-idx1-ubyte"), idx_bytes({1}, {0}));
+  DatasetSpec spec;
+  spec.kind = "mnist";
+  spec.root = dir.path();
+  expect_error([&] { open_dataset(spec); }, ErrorKind::Data, {dir.file("train-images-idx3-ubyte"), "is a directory"});
+}
+
 TEST(DataIdx, IdxKindTakesExplicitFiles) {
   TempDir dir;
   write_file(dir.file("a.idx"), idx_bytes({1, 2, 2}, {1, 2, 3, 4}));

@@ -88,6 +88,38 @@ TEST(IoMetrics, AppendContinuesAResumedRun) {
   EXPECT_EQ(test::slurp(jsonl), "{\"step\":1}\n");
 }
 
+// Declared columns (the trainer's: test_* exist before the first evaluated epoch): a row
+// without them leaves empty cells, a later row may fill them, and no header is written
+// before the first row. Appending under a different header is refused before any write.
+TEST(IoMetrics, DeclaredColumnsComeBeforeTheFirstRow) {
+  test::ScratchDir dir;
+  const std::string csv = dir.file("m.csv");
+  {
+    MetricsWriter w(csv, "");
+    w.declare_columns({"epoch", "train_loss", "test_top1"});
+    EXPECT_EQ(test::slurp(csv), "") << "no header before the first row";
+    w.write({{"epoch", 1}, {"train_loss", 2.0}});
+    w.write({{"epoch", 2}, {"train_loss", 1.5}, {"test_top1", 50.0}});
+  }
+  EXPECT_EQ(test::slurp(csv), "epoch,train_loss,test_top1\n1,2,\n2,1.5,50\n");
+  {
+    MetricsWriter w(csv, "", MetricsWriter::Mode::Append);
+    w.declare_columns({"epoch", "train_loss", "test_top1"});
+    w.write({{"epoch", 3}, {"train_loss", 1.0}});
+  }
+  EXPECT_EQ(test::slurp(csv), "epoch,train_loss,test_top1\n1,2,\n2,1.5,50\n3,1,\n");
+  MetricsWriter w(csv, "", MetricsWriter::Mode::Append);
+  try {
+    w.declare_columns({"epoch", "train_loss", "test_top1", "ema_test_top1"});
+    FAIL() << "expected Error(InvalidArgument)";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::InvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("m.csv"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("ema_test_top1"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(test::slurp(csv), "epoch,train_loss,test_top1\n1,2,\n2,1.5,50\n3,1,\n");
+}
+
 TEST(IoMetrics, AppendToAMissingFileStartsIt) {
   test::ScratchDir dir;
   MetricsWriter w(dir.file("m.csv"), "", MetricsWriter::Mode::Append);

@@ -1,4 +1,5 @@
 // kiln train / eval / export.
+#include <cstdint>
 #include <cstdio>
 
 #include "cli.h"
@@ -20,7 +21,7 @@ std::vector<FlagSpec> train_flags() {
       {"data", "dataset: fashion-mnist, mnist, cifar10, cifar100, folder, synthetic", "fashion-mnist", false},
       {"data-dir", "dataset location (fashion-mnist: /usr/share/datasets/fashion-mnist)", "", false},
       {"epochs", "epochs to train", "5", false},
-      {"batch-size", "batch size (-b)", "128", false},
+      {"batch-size", "batch size", "128", false, 'b'},
       {"lr", "peak learning rate", "0.1", false},
       {"sched", "schedule: onecycle, cosine, step, multistep, poly, constant", "onecycle", false},
       {"warmup-epochs", "linear warm-up epochs (not for onecycle)", "0", false},
@@ -55,6 +56,7 @@ std::vector<FlagSpec> train_flags() {
       {"image-size", "input size (0 = the model's default)", "0", false},
       {"num-classes", "classes (0 = the dataset's)", "0", false},
       {"max-steps", "at most this many steps per epoch (0 = all)", "0", false},
+      {"max-image-pixels", "image folders: a larger image is skipped as corrupt (width x height)", "67108864", false},
       {"synthetic-size", "samples in the synthetic dataset", "0", false},
       {"progress", "auto, bar, plain or none", "auto", false},
       {"fusion", "fused ops where the device has them", "on", true},
@@ -62,6 +64,13 @@ std::vector<FlagSpec> train_flags() {
       {"distributed", "data parallel over MPI even when no launcher variables say so (mpirun and srun are detected)", "off", true},
       {"sync-bn", "with several processes, BatchNorm statistics over the global batch (--no-sync-bn: per process)", "on", true},
   };
+}
+
+// An integer flag that must fit its field; the range check comes before the narrowing cast.
+int64_t int_flag(const Flags& f, const std::string& name, int64_t fallback, int64_t lo, int64_t hi) {
+  const int64_t v = f.i64(name, fallback);
+  KILN_CHECK(v >= lo && v <= hi, InvalidArgument, "--", name, " must be in ", lo, "..", hi, ", got ", v);
+  return v;
 }
 
 TrainConfig to_config(const Flags& f) {
@@ -93,18 +102,20 @@ TrainConfig to_config(const Flags& f) {
   c.output = f.str("output", c.output);
   c.resume = f.str("resume");
   c.init_from = f.str("init-from");
-  c.seed = static_cast<uint64_t>(f.i64("seed", 0));
-  c.workers = static_cast<int>(f.i64("workers", default_loader_workers()));
+  c.seed = static_cast<uint64_t>(int_flag(f, "seed", 0, 0, INT64_MAX));
+  // The trainer refuses more workers than the machine can use; this only keeps the cast exact.
+  c.workers = static_cast<int>(int_flag(f, "workers", default_loader_workers(), INT32_MIN, INT32_MAX));
   c.decode = parse_decode_where(f.str("decode", "auto"));
   c.input_u8 = f.on("input-u8", true);
   c.device = f.str("device", c.device);
   c.hflip = f.on("hflip", c.hflip);
-  c.crop_padding = static_cast<int>(f.i64("crop-padding", 0));
+  c.crop_padding = static_cast<int>(int_flag(f, "crop-padding", 0, 0, 1 << 16));
   c.random_resized_crop = f.on("random-resized-crop", false);
   c.image_size = f.i64("image-size", 0);
   c.num_classes = f.i64("num-classes", 0);
   c.max_steps_per_epoch = f.i64("max-steps", 0);
   c.synthetic_size = f.i64("synthetic-size", 0);
+  c.max_image_pixels = f.i64("max-image-pixels", c.max_image_pixels);
   c.progress = f.str("progress", c.progress);
   c.fusion = f.on("fusion", true);
   c.profile = f.on("profile", false);
@@ -134,8 +145,26 @@ int cmd_train(int argc, char** argv) {
   return 0;
 }
 
+// Training-only flags: kiln eval refuses them (as unknown flags, listing its own) rather than
+// accepting and ignoring them.
+bool eval_uses(const std::string& name) {
+  static const char* const kTrainingOnly[] = {
+      "epochs",      "lr",          "sched",     "warmup-epochs",     "min-lr",         "step-size",
+      "milestones",  "gamma",       "opt",       "momentum",          "nesterov",       "weight-decay",
+      "clip-grad",   "ema",         "ema-decay", "eval-every",        "early-stop",     "stop-after-epochs",
+      "output",      "resume",      "init-from", "hflip",             "crop-padding",   "random-resized-crop",
+      "max-steps",   "profile"};
+  for (const char* t : kTrainingOnly) {
+    if (name == t) return false;
+  }
+  return true;
+}
+
 int cmd_eval(int argc, char** argv) {
-  std::vector<FlagSpec> specs = train_flags();
+  std::vector<FlagSpec> specs;
+  for (const FlagSpec& s : train_flags()) {
+    if (eval_uses(s.name)) specs.push_back(s);
+  }
   specs.push_back({"weights", "checkpoint or torchvision-named weights to evaluate", "", false});
   Flags f("eval", "--model NAME --weights FILE [flags]", specs);
   if (!f.parse(argc, argv, 2)) return 0;

@@ -1,5 +1,7 @@
 #include "flags.h"
 
+#include <cerrno>
+#include <climits>
 #include <cstdio>
 #include <cstdlib>
 #include <sstream>
@@ -26,7 +28,8 @@ std::string Flags::help() const {
   std::ostringstream os;
   os << "usage: kiln " << command_ << " " << usage_ << "\n\nflags:\n";
   for (const FlagSpec& s : specs_) {
-    std::string left = "  --" + s.name + (s.is_switch ? "" : " VALUE");
+    std::string left = std::string(s.short_name ? std::string("  -") + s.short_name + ", " : "  ") + "--" +
+                       s.name + (s.is_switch ? "" : " VALUE");
     if (left.size() < 28) left.resize(28, ' ');
     os << left << " " << s.help;
     if (!s.fallback.empty()) os << " (default " << s.fallback << ")";
@@ -50,6 +53,13 @@ bool Flags::parse(int argc, char** argv, int first) {
   std::string config;
   for (int i = first; i < argc; ++i) {
     std::string a = argv[i];
+    if (a.size() == 2 && a[0] == '-' && a[1] != '-') {
+      for (const FlagSpec& s : specs_) {
+        if (s.short_name == a[1]) a = "--" + s.name;
+      }
+      KILN_CHECK(a.rfind("--", 0) == 0, InvalidArgument, "unknown flag ", argv[i], " for 'kiln ", command_,
+                 "'; run kiln ", command_, " --help for its flags");
+    }
     if (a.rfind("--", 0) != 0 || a == "--") {
       positional_.push_back(a);
       continue;
@@ -110,8 +120,11 @@ int64_t Flags::i64(const std::string& name, int64_t fallback) const {
   if (!has(name)) return fallback;
   const std::string v = str(name);
   char* end = nullptr;
+  errno = 0;
   const long long x = std::strtoll(v.c_str(), &end, 10);
   KILN_CHECK(!v.empty() && end && *end == '\0', InvalidArgument, "--", name, " takes an integer, got '", v, "'");
+  // strtoll clamps an overflowing value to 2^63-1 silently.
+  KILN_CHECK(errno != ERANGE, InvalidArgument, "--", name, " ", v, " is out of range (at most ", LLONG_MAX, ")");
   return x;
 }
 

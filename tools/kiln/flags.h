@@ -1,6 +1,6 @@
 // A small flag parser for the kiln CLI: each command declares its flags (name, help, and
 // whether it takes a value); `--name value`, `--name=value` and, for switches, `--name` /
-// `--no-name` are accepted; `--config FILE` merges a YAML/JSON run file underneath the
+// `--no-name` are accepted, and `-x value` for a flag with a short name; `--config FILE` merges a YAML/JSON run file underneath the
 // command line. An unknown flag is an error that lists the command's flags.
 #pragma once
 #include <map>
@@ -14,6 +14,7 @@ struct FlagSpec {
   std::string help;
   std::string fallback;  // shown in --help; "" = none
   bool is_switch = false;
+  char short_name = 0;  // e.g. 'b' for -b, as torchvision's scripts spell --batch-size; 0 = none
 };
 
 class Flags {

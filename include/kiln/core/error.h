@@ -20,6 +20,7 @@ enum class ErrorKind {
   Io,               // the file system said no
   Unsupported,      // the backend cannot run this op / dtype
   Backend,          // a library call (oneDNN, CUDA, cuDNN, cuBLAS, NCCL, MPI) failed
+  Numeric,          // training diverged: a non-finite loss, or AMP's scale stuck at its floor
   Internal,         // a bug in kiln
 };
 

@@ -84,6 +84,7 @@ struct DatasetSpec {
   // become luma). skip_corrupt: see image_folder.h.
   int64_t channels = 3;
   bool skip_corrupt = true;
+  int64_t max_image_pixels = int64_t{1} << 26;  // image_codec.h's kMaxDecodePixels
 
   // synthetic: `samples` images of height x width x channels random bytes, `classes` labels,
   // all drawn from `seed`.

@@ -29,10 +29,14 @@ IdxArray read_idx(const std::string& path);
 class IdxDataset : public Dataset {
  public:
   // images_what / labels_what name the sources in errors; name is the kind for describe().
+  // classes > 0 is the dataset's known class count (10 for MNIST and Fashion-MNIST): a label
+  // at or above it is Error(Data) naming the file and the index. classes = 0 (a generic idx
+  // file) takes 1 + the largest label.
   IdxDataset(IdxArray images, IdxArray labels, const std::string& images_what,
-             const std::string& labels_what, std::string name);
+             const std::string& labels_what, std::string name, int64_t classes = 0);
   static std::shared_ptr<IdxDataset> open(const std::string& images_path,
-                                          const std::string& labels_path, std::string name);
+                                          const std::string& labels_path, std::string name,
+                                          int64_t classes = 0);
 
   int64_t size() const override { return count_; }
   int64_t num_classes() const override { return num_classes_; }

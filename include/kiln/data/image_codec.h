@@ -28,8 +28,10 @@ enum class ImageFormat { Unknown, Jpeg, Png };
 ImageFormat sniff_image_format(const uint8_t* bytes, size_t size);
 
 // channels: 1 or 3. Images of more than max_pixels are refused as corrupt before any pixel
-// memory is allocated, so that a forged header cannot make a worker allocate gigabytes.
-inline constexpr int64_t kMaxDecodePixels = int64_t{1} << 28;
+// memory is allocated, so that a forged header cannot make a worker allocate gigabytes. The
+// default, 64 Mpixel (192 MB decoded as RGB), is far above any training image; a worker
+// per core decoding 2^28-pixel files at once would need gigabytes each (--max-image-pixels).
+inline constexpr int64_t kMaxDecodePixels = int64_t{1} << 26;
 Image decode_jpeg(const uint8_t* bytes, size_t size, int64_t channels, const std::string& what,
                   int64_t max_pixels = kMaxDecodePixels);
 Image decode_png(const uint8_t* bytes, size_t size, int64_t channels, const std::string& what,

@@ -26,13 +26,16 @@
 #include <vector>
 
 #include "kiln/data/dataset.h"
+#include "kiln/data/image_codec.h"
 
 namespace kiln {
 
 class ImageFolderDataset : public Dataset {
  public:
-  // dir is root/<split>; channels 1 or 3.
-  ImageFolderDataset(const std::string& dir, int64_t channels, bool skip_corrupt);
+  // dir is root/<split>; channels 1 or 3. An image of more than max_pixels is corrupt (skipped
+  // and counted as such when skip_corrupt is on).
+  ImageFolderDataset(const std::string& dir, int64_t channels, bool skip_corrupt,
+                     int64_t max_pixels = kMaxDecodePixels);
 
   int64_t size() const override { return static_cast<int64_t>(files_.size()); }
   int64_t num_classes() const override { return static_cast<int64_t>(classes_.size()); }
@@ -45,10 +48,13 @@ class ImageFolderDataset : public Dataset {
   int64_t channels() const override { return channels_; }
 
   const std::vector<std::string>& classes() const { return classes_; }
+  const std::string& dir() const { return dir_; }
   const std::string& file(int64_t index) const { return files_[static_cast<size_t>(index)]; }
   int32_t label(int64_t index) const { return labels_[static_cast<size_t>(index)]; }
 
  private:
+  // Fills classes_, files_ and labels_ from dir (std::filesystem errors pass through).
+  void list_files(const std::string& dir);
   // Decodes file `index`; returns false (and records it) when it is corrupt and skipping is on.
   bool try_decode(int64_t index, Image& out) const;
   // Reads file `index` and its header; false (and recorded) as try_decode.
@@ -58,6 +64,7 @@ class ImageFolderDataset : public Dataset {
   std::string dir_;
   int64_t channels_;
   bool skip_corrupt_;
+  int64_t max_pixels_;
   std::vector<std::string> classes_;
   std::vector<std::string> files_;
   std::vector<int32_t> labels_;

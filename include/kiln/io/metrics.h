@@ -1,7 +1,7 @@
 // Metrics files (SPEC S24): one row per call to a CSV file and to a JSON-lines file, written
 // and handed to the kernel at once (a crash loses at most the row being written, and
-// `tail -f` shows progress live). The CSV's columns are fixed by the first row, or by the
-// header already in the file when appending after a resume.
+// `tail -f` shows progress live). The CSV's columns are fixed by declare_columns(), or else by
+// the first row, or by the header already in the file when appending after a resume.
 #pragma once
 #include <concepts>
 #include <cstdint>
@@ -58,6 +58,11 @@ class MetricsWriter {
   // naming the key. The JSON line holds exactly the row's keys, in its order.
   void write(const MetricsRow& row);
 
+  // Fixes the CSV's columns before the first row, for rows that hold only some of them (an
+  // epoch without evaluation). The header is written with the first row. When appending to a
+  // file whose header differs, Error(InvalidArgument) naming the file and the columns.
+  void declare_columns(std::vector<std::string> columns);
+
   // The CSV's columns (empty until fixed).
   const std::vector<std::string>& columns() const { return columns_; }
 
@@ -69,6 +74,7 @@ class MetricsWriter {
   int csv_fd_ = -1;
   int jsonl_fd_ = -1;
   std::vector<std::string> columns_;
+  bool header_written_ = false;  // columns_ may be declared before the header is in the file
 };
 
 }  // namespace kiln

@@ -46,6 +46,7 @@ struct TrainConfig {
   int64_t num_classes = 0;            // 0 = the dataset's
   int64_t max_steps_per_epoch = 0;    // 0 = the whole epoch (for quick runs and tests)
   int64_t synthetic_size = 0;         // synthetic dataset length (0 = 50 batches)
+  int64_t max_image_pixels = int64_t{1} << 26;  // image folders: larger images are skipped as corrupt
   std::string progress = "auto";      // auto, bar, plain, none
   bool fusion = true;
   float clip_grad = 0.0f;

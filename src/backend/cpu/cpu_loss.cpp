@@ -8,8 +8,9 @@
 // Ranking (shared with the CUDA kernel): the label's rank is the number of classes with a
 // larger logit plus the number with an equal logit and a smaller index -- the order of a
 // stable descending sort, where argmax picks the first maximum (torch.argmax's documented
-// rule). A hit at k means rank < k. A NaN logit compares false, so a row of NaNs counts as a
-// hit; its loss is NaN, which the overflow check catches.
+// rule). A hit at k means rank < k. A row with any NaN or infinite logit is a miss at every
+// k: NaN compares false, so ranking alone would count a row of NaNs as a hit, and a diverged
+// model would report 100%.
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -62,7 +63,11 @@ KernelPtr make_softmax_ce(const Node& n, Context& ctx) {
                  b, " is outside [0, ", K,
                  "); check the dataset's class count against the model's");
       float mx = row[0];
-      for (int64_t j = 1; j < K; ++j) mx = std::max(mx, row[j]);
+      bool finite = std::isfinite(row[0]);
+      for (int64_t j = 1; j < K; ++j) {
+        mx = std::max(mx, row[j]);
+        finite = finite && std::isfinite(row[j]);
+      }
       double sum = 0.0;
       for (int64_t j = 0; j < K; ++j) {
         e[static_cast<size_t>(j)] = std::exp(static_cast<double>(row[j]) - mx);
@@ -73,8 +78,8 @@ KernelPtr make_softmax_ce(const Node& n, Context& ctx) {
       const float zy = row[y];
       int64_t rank = 0;
       for (int64_t j = 0; j < K; ++j) rank += (row[j] > zy) || (row[j] == zy && j < y);
-      top1 += rank < 1;
-      top5 += rank < 5;
+      top1 += finite && rank < 1;
+      top5 += finite && rank < 5;
       if (dzp) {
         float* d = dzp + b * K;
         const double inv = 1.0 / sum;

@@ -3,7 +3,8 @@
 // max, sum of exponentials (in double, as the CPU), loss term, the label's rank and, when
 // asked, dlogits = (softmax - onehot) * loss_scale / V; a one-block pass sums the rows in a
 // fixed order (deterministic). Ranking: classes with a larger logit, plus equal logits with
-// a smaller index (a stable descending sort; argmax takes the first maximum).
+// a smaller index (a stable descending sort; argmax takes the first maximum). A row with a
+// NaN or infinite logit is a miss (as the CPU): NaN compares false and would rank first.
 // A label < 0 marks padding (ops.def): its row counts in neither loss, hits nor gradient,
 // and V is the number of valid rows. A label >= classes cannot be reported from the device,
 // so it poisons the step instead: its loss term and dlogits row are NaN, which the overflow
@@ -36,7 +37,7 @@ __global__ void softmax_ce_rows(const T* z, const int32_t* labels, int64_t N, in
   } tmp;
   __shared__ float s_max;
   __shared__ double s_sum;
-  __shared__ int s_valid, s_rank;
+  __shared__ int s_valid, s_rank, s_bad;
   const int64_t b = blockIdx.x;
   const T* row = z + b * K;
   const int32_t y = labels[b];
@@ -74,17 +75,21 @@ __global__ void softmax_ce_rows(const T* z, const int32_t* labels, int64_t N, in
 
   const float zy = to_f(row[y]);
   double sum = 0.0;
-  int rank = 0;
+  int rank = 0, bad = 0;
   for (int64_t j = threadIdx.x; j < K; j += kThreads) {
     const float zj = to_f(row[j]);
     sum += exp(static_cast<double>(zj) - static_cast<double>(mx));
     rank += (zj > zy) || (zj == zy && j < y);
+    bad += !isfinite(zj);
   }
   sum = DoubleReduce(tmp.d).Sum(sum);
   if (threadIdx.x == 0) s_sum = sum;
   __syncthreads();
   rank = IntReduce(tmp.i).Sum(rank);
   if (threadIdx.x == 0) s_rank = rank;
+  __syncthreads();
+  bad = IntReduce(tmp.i).Sum(bad);
+  if (threadIdx.x == 0) s_bad = bad;
   __syncthreads();
   sum = s_sum;
 
@@ -99,7 +104,8 @@ __global__ void softmax_ce_rows(const T* z, const int32_t* labels, int64_t N, in
   }
   if (threadIdx.x == 0) {
     const double lse = static_cast<double>(mx) + log(sum);
-    rows[b] = RowOut{lse - static_cast<double>(zy), 1, s_rank < 1, s_rank < 5};
+    const bool ok = s_bad == 0;
+    rows[b] = RowOut{lse - static_cast<double>(zy), 1, ok && s_rank < 1, ok && s_rank < 5};
   }
 }
 
