@@ -4,13 +4,16 @@
 # model at batch 256 in AMP:
 #   synthetic     kiln bench (no input pipeline): the speed the folder runs are held to
 #   input-*       kiln bench --input-only: files to the staged input buffer, no step, per path
+#   folder-*      kiln bench --data folder: training steps fed from the folder, per path, timed
+#                 over many steps with no epoch boundary (the train-* rows' epochs are short)
 #   train-*       kiln train on the folder, per decode path (last epoch's images/s)
 #   torch         bench/torch_jpeg.py: ImageFolder + DataLoader, same transforms and model
 # Each row gives the host cores busy during it (from /proc/stat). Prints a markdown table.
 #
 #   bench/jpeg_compare.sh [MODELS] [ROWS]
 #   MODELS entries may name their own rows: "resnet50=synthetic,train-gpu vgg16_bn=synthetic"
-#   ROWS: any of synthetic input-gpu input-cpu input-float train-gpu train-cpu train-float
+#   ROWS: any of synthetic input-gpu input-cpu input-float folder-gpu folder-cpu train-gpu
+#         train-cpu train-float
 #         torch torch-eval; *-float is the host's float path (--no-input-u8), the one kiln
 #         had before issue 16; train-base runs kiln train with no --decode (older builds)
 # Environment: BUILD (default build-gpu), JPEG_ROOT (default /tmp/kiln-jpegs; made if missing),
@@ -64,6 +67,11 @@ for entry in $MODELS; do
         "$BUILD"/kiln bench --model "$m" --batch 256 --amp --steps 30 --warmup 5 --repeats 3 >"$out" 2>&1
         v=$(grep '^{"bench":"kiln"' "$out" | tail -1 | python3 -c "import json,sys; print(json.loads(sys.stdin.read() or '{}').get('images_per_second','nan'))")
         row "$m" "$r" "$v" "$(cores_between "$b0" "$(busy)")" "kiln bench" ;;
+      folder-*)
+        "$BUILD"/kiln bench --model "$m" --batch 256 --amp --data folder --data-dir "$ROOT" \
+          $(decode_flags "${r#folder-}") --workers "$WORKERS" --steps 60 --warmup 10 --repeats 3 >"$out" 2>&1
+        v=$(grep '^{"bench":"kiln-folder"' "$out" | tail -1 | python3 -c "import json,sys; print(json.loads(sys.stdin.read() or '{}').get('images_per_second','nan'))")
+        row "$m" "$r" "$v" "$(cores_between "$b0" "$(busy)")" "kiln bench --data folder: steps fed from the files" ;;
       input-*)
         "$BUILD"/kiln bench --input-only --model "$m" --batch 256 --amp --data folder --data-dir "$ROOT" \
           $(decode_flags "${r#input-}") --workers "$WORKERS" --steps 40 >"$out" 2>&1
