@@ -231,7 +231,8 @@ const Reference& reference(const std::string& model) {
   static std::map<std::string, Reference> refs;
   auto it = refs.find(model);
   if (it != refs.end()) return it->second;
-  const fs::path root = scratch("reference_" + model);
+  // Per process: ctest runs the tests that need it side by side.
+  const fs::path root = scratch("reference_" + model + "_" + std::to_string(::getpid()));
   const Result r = kiln(run_args(root, root / "out", model));
   EXPECT_EQ(r.code, 0) << r.out;
   Reference ref{tensors(root / "out" / "last.safetensors"), metric_rows(root / "out")};
