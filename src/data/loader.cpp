@@ -111,7 +111,10 @@ int64_t Loader::batch_samples(int64_t batch) const {
   return std::min(options_.batch_size, samples_ - batch * options_.batch_size);
 }
 
-void Loader::start_epoch(int64_t epoch) {
+void Loader::start_epoch(int64_t epoch, int64_t first_batch) {
+  KILN_CHECK(first_batch >= 0 && first_batch <= batches_, InvalidArgument, "start_epoch: batch ", first_batch,
+             " is outside the epoch's 0..", batches_, " batches (a checkpoint made with another --batch-size "
+             "or dataset?)");
   std::unique_lock<std::mutex> lock(mutex_);
   // Retire the old epoch: nothing new is claimed, and what is being made is waited for, because
   // it writes into the slots we are about to reuse.
@@ -134,8 +137,9 @@ void Loader::start_epoch(int64_t epoch) {
     order_[static_cast<size_t>(k)] = perm[static_cast<size_t>(options_.rank + k * options_.world)];
   }
   epoch_ = epoch;
-  next_position_ = 0;
-  consumed_ = 0;
+  // The shuffle above is the whole epoch's, so skipping is only moving the cursor.
+  next_position_ = first_batch * options_.batch_size;
+  consumed_ = first_batch;
   for (Slot& s : slots_) {
     s.batch = -1;
     s.remaining = 0;

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <set>
 
@@ -189,7 +190,7 @@ void MetricsWriter::declare_columns(std::vector<std::string> columns) {
   columns_ = std::move(columns);
 }
 
-void MetricsWriter::write(const MetricsRow& row) {
+MetricsWriter::Lines MetricsWriter::format_with(const MetricsRow& row, std::vector<std::string>& columns) const {
   KILN_CHECK(!row.empty(), InvalidArgument, "a metrics row needs at least one value");
   std::set<std::string> keys;
   for (const auto& [key, value] : row) {
@@ -197,52 +198,143 @@ void MetricsWriter::write(const MetricsRow& row) {
     KILN_CHECK(keys.insert(key).second, InvalidArgument, "metric '", key,
                "' appears twice in one row; give each metric once");
   }
+  Lines out;
+  if (!csv_path_.empty()) {  // JSON lines alone take any keys
+    if (columns.empty()) {
+      for (const auto& kv : row) columns.push_back(kv.first);
+    }
+    for (const auto& kv : row) {
+      KILN_CHECK(std::find(columns.begin(), columns.end(), kv.first) != columns.end(), InvalidArgument,
+                 "metric '", kv.first, "' is not a column of '", csv_path_,
+                 "' (a CSV's columns are fixed by its first row); include '", kv.first, "' in the first row written");
+    }
+    for (size_t i = 0; i < columns.size(); ++i) {
+      if (i) out.csv += ',';
+      for (const auto& kv : row) {
+        if (kv.first == columns[i]) out.csv += kv.second.csv();
+      }
+    }
+    out.csv += '\n';
+  }
+  out.jsonl = "{";
+  for (size_t i = 0; i < row.size(); ++i) {
+    if (i) out.jsonl += ',';
+    out.jsonl += json_string(row[i].first);
+    out.jsonl += ':';
+    out.jsonl += row[i].second.json();
+  }
+  out.jsonl += "}\n";
+  return out;
+}
 
+MetricsWriter::Lines MetricsWriter::format(const MetricsRow& row) const {
+  std::vector<std::string> columns = columns_;
+  return format_with(row, columns);
+}
+
+void MetricsWriter::write(const MetricsRow& row) {
   // Check everything before writing anything, so a bad row reaches neither file; the columns
   // are kept only once the header that fixes them is written.
   std::vector<std::string> columns = columns_;
-  std::string csv;
-  if (csv_fd_ >= 0) {
+  const Lines lines = format_with(row, columns);
+  columns_ = std::move(columns);
+  write_lines(lines);
+}
+
+void MetricsWriter::write_lines(const Lines& lines) {
+  // One write() per line: the kernel has the whole row at once (no stdio buffer to flush).
+  if (csv_fd_ >= 0 && !lines.csv.empty()) {
+    std::string csv;
     if (!header_written_) {
-      if (columns.empty()) {
-        for (const auto& kv : row) columns.push_back(kv.first);
-      }
-      for (size_t i = 0; i < columns.size(); ++i) {
+      KILN_CHECK(!columns_.empty(), InvalidArgument, "'", csv_path_,
+                 "' has no header and no columns were declared; call declare_columns first");
+      for (size_t i = 0; i < columns_.size(); ++i) {
         if (i) csv += ',';
-        csv += csv_field(columns[i]);
+        csv += csv_field(columns_[i]);
       }
       csv += '\n';
     }
-    for (const auto& kv : row) {
-      KILN_CHECK(std::find(columns.begin(), columns.end(), kv.first) != columns.end(),
-                 InvalidArgument, "metric '", kv.first, "' is not a column of '", csv_path_,
-                 "' (a CSV's columns are fixed by its first row); include '", kv.first,
-                 "' in the first row written");
-    }
-    for (size_t i = 0; i < columns.size(); ++i) {
-      if (i) csv += ',';
-      for (const auto& kv : row) {
-        if (kv.first == columns[i]) csv += kv.second.csv();
-      }
-    }
-    csv += '\n';
-  }
-  std::string json = "{";
-  for (size_t i = 0; i < row.size(); ++i) {
-    if (i) json += ',';
-    json += json_string(row[i].first);
-    json += ':';
-    json += row[i].second.json();
-  }
-  json += "}\n";
-
-  // One write() per line: the kernel has the whole row at once (no stdio buffer to flush).
-  if (csv_fd_ >= 0) {
-    write_all(csv_fd_, csv, csv_path_);
-    columns_ = std::move(columns);
+    write_all(csv_fd_, csv + lines.csv, csv_path_);
     header_written_ = true;
   }
-  if (jsonl_fd_ >= 0) write_all(jsonl_fd_, json, jsonl_path_);
+  if (jsonl_fd_ >= 0 && !lines.jsonl.empty()) write_all(jsonl_fd_, lines.jsonl, jsonl_path_);
+}
+
+namespace {
+
+// The lines of `text` that end in a newline; a last line cut short is dropped.
+std::vector<std::string> whole_lines(const std::string& text) {
+  std::vector<std::string> lines;
+  for (size_t at = 0;;) {
+    const size_t nl = text.find('\n', at);
+    if (nl == std::string::npos) break;
+    lines.push_back(text.substr(at, nl + 1 - at));
+    at = nl + 1;
+  }
+  return lines;
+}
+
+bool parse_int(const std::string& s, int64_t& v) {
+  if (s.empty()) return false;
+  char* end = nullptr;
+  errno = 0;
+  const long long x = std::strtoll(s.c_str(), &end, 10);
+  if (errno != 0 || !end || *end != '\0') return false;
+  v = x;
+  return true;
+}
+
+}  // namespace
+
+MetricsTrim truncate_metrics(const std::string& csv_path, const std::string& jsonl_path, const std::string& key,
+                             int64_t max) {
+  MetricsTrim t;
+  if (!csv_path.empty() && ::access(csv_path.c_str(), F_OK) == 0) {
+    const std::string text = read_file_text(csv_path);
+    const std::vector<std::string> lines = whole_lines(text);
+    if (!lines.empty()) {
+      const std::vector<std::string> header = csv_first_record(lines[0]);
+      const auto col = std::find(header.begin(), header.end(), key);
+      KILN_CHECK(col != header.end(), InvalidArgument, "'", csv_path, "' has no column '", key,
+                 "' to cut the rows after a checkpoint by; resume into the run's own folder or give a new --output");
+      std::string kept = lines[0];
+      for (size_t i = 1; i < lines.size(); ++i) {
+        const std::vector<std::string> f = csv_first_record(lines[i]);
+        const size_t c = static_cast<size_t>(col - header.begin());
+        int64_t v = 0;
+        if (c < f.size() && parse_int(f[c], v) && v <= max) {
+          kept += lines[i];
+          t.csv_has_max |= v == max;
+        } else {
+          ++t.removed_csv;
+        }
+      }
+      if (kept.size() != text.size()) write_text_atomic(csv_path, kept);
+    }
+  }
+  if (!jsonl_path.empty() && ::access(jsonl_path.c_str(), F_OK) == 0) {
+    const std::string text = read_file_text(jsonl_path);
+    const std::string needle = json_string(key) + ":";
+    std::string kept;
+    for (const std::string& line : whole_lines(text)) {
+      const size_t at = line.find(needle);
+      int64_t v = 0;
+      bool ok = false;
+      if (at != std::string::npos) {
+        const size_t from = at + needle.size();
+        const size_t to = line.find_first_not_of("-0123456789", from);
+        ok = parse_int(line.substr(from, to == std::string::npos ? std::string::npos : to - from), v);
+      }
+      if (ok && v <= max) {
+        kept += line;
+        t.jsonl_has_max |= v == max;
+      } else {
+        ++t.removed_jsonl;
+      }
+    }
+    if (kept.size() != text.size()) write_text_atomic(jsonl_path, kept);
+  }
+  return t;
 }
 
 }  // namespace kiln

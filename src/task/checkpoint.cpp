@@ -1,5 +1,7 @@
 #include "kiln/task/checkpoint.h"
 
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <set>
 
@@ -74,6 +76,10 @@ int64_t meta_int(const StFile& f, const std::string& key, const std::string& fil
   } catch (const std::logic_error&) {
     KILN_FAIL(Checkpoint, file, ": metadata '", key, "' = '", s, "' is not an integer");
   }
+}
+
+int64_t meta_int_or(const StFile& f, const std::string& key, int64_t fallback, const std::string& file) {
+  return f.metadata.count(key) ? meta_int(f, key, file) : fallback;  // older checkpoints lack it
 }
 
 std::string bn_of(const std::string& buffer) { return buffer.substr(0, buffer.rfind('.')); }
@@ -189,6 +195,17 @@ void save_checkpoint(Engine& engine, const std::string& path, const TrainState& 
   f.metadata["seed"] = std::to_string(state.seed);
   f.metadata["best_top1"] = std::to_string(state.best_top1);
   f.metadata["config"] = state.config;
+  f.metadata["step_in_epoch"] = std::to_string(state.step_in_epoch);
+  f.metadata["stale_epochs"] = std::to_string(state.stale_epochs);
+  char hex[64];
+  std::snprintf(hex, sizeof(hex), "%a", state.sums.loss_sum);
+  f.metadata["epoch_loss_sum"] = hex;
+  f.metadata["epoch_loss_count"] = std::to_string(state.sums.loss_count);
+  f.metadata["epoch_seen"] = std::to_string(state.sums.seen);
+  f.metadata["epoch_hits"] = std::to_string(state.sums.hits);
+  f.metadata["epoch_overflows"] = std::to_string(state.sums.overflows);
+  if (!state.row_csv.empty()) f.metadata["metrics_row_csv"] = state.row_csv;
+  if (!state.row_jsonl.empty()) f.metadata["metrics_row_jsonl"] = state.row_jsonl;
   write_safetensors(path, f);
 }
 
@@ -229,7 +246,23 @@ TrainState load_checkpoint(Engine& engine, const std::string& path) {
   s.seed = static_cast<uint64_t>(meta_int(f, "seed", path));
   s.best_top1 = std::atof(meta(f, "best_top1", path).c_str());
   s.config = meta(f, "config", path);
-  KILN_CHECK(s.epoch >= 0 && s.step >= 0, Checkpoint, path, ": negative epoch or step in the metadata");
+  s.step_in_epoch = meta_int_or(f, "step_in_epoch", 0, path);
+  s.stale_epochs = meta_int_or(f, "stale_epochs", 0, path);
+  if (f.metadata.count("epoch_loss_sum")) {
+    const std::string& v = f.metadata.at("epoch_loss_sum");
+    char* end = nullptr;
+    s.sums.loss_sum = std::strtod(v.c_str(), &end);
+    KILN_CHECK(!v.empty() && end && *end == '\0', Checkpoint, path, ": metadata 'epoch_loss_sum' = '", v,
+               "' is not a number");
+  }
+  s.sums.loss_count = meta_int_or(f, "epoch_loss_count", 0, path);
+  s.sums.seen = meta_int_or(f, "epoch_seen", 0, path);
+  s.sums.hits = meta_int_or(f, "epoch_hits", 0, path);
+  s.sums.overflows = meta_int_or(f, "epoch_overflows", 0, path);
+  if (f.metadata.count("metrics_row_csv")) s.row_csv = f.metadata.at("metrics_row_csv");
+  if (f.metadata.count("metrics_row_jsonl")) s.row_jsonl = f.metadata.at("metrics_row_jsonl");
+  KILN_CHECK(s.epoch >= 0 && s.step >= 0 && s.step_in_epoch >= 0, Checkpoint, path,
+             ": negative epoch or step in the metadata");
   engine.set_steps_done(s.step);
   return s;
 }

@@ -3,9 +3,11 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <csignal>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 #include <sstream>
 #include <thread>
 
@@ -23,6 +25,7 @@
 #include "kiln/task/checkpoint.h"
 #include "kiln/task/distributed.h"
 #include "task/progress.h"
+#include "task/run_folder.h"
 
 namespace kiln {
 
@@ -55,6 +58,11 @@ void check_config(const TrainConfig& c) {
              " cores here; more loader threads than 4 per core only contend); give at most ", max_workers());
   KILN_CHECK(c.eval_every > 0, InvalidArgument, "--eval-every must be > 0 epochs");
   KILN_CHECK(c.stop_after_epochs >= 0, InvalidArgument, "--stop-after-epochs must be >= 0");
+  KILN_CHECK(c.stop_after_steps >= 0, InvalidArgument, "--stop-after-steps must be >= 0, got ", c.stop_after_steps);
+  KILN_CHECK(c.save_every_steps >= 0, InvalidArgument, "--save-every-steps must be >= 0 (0 = off), got ",
+             c.save_every_steps);
+  KILN_CHECK(c.save_every_minutes >= 0 && std::isfinite(c.save_every_minutes), InvalidArgument,
+             "--save-every-minutes must be a finite number >= 0 (0 = off), got ", c.save_every_minutes);
   KILN_CHECK(c.momentum >= 0 && c.momentum < 1, InvalidArgument, "--momentum must be in [0, 1)");
   KILN_CHECK(c.weight_decay >= 0 && std::isfinite(c.weight_decay), InvalidArgument,
              "--weight-decay must be a finite number >= 0, got ", c.weight_decay);
@@ -114,6 +122,8 @@ Pipeline make_pipeline(const TrainConfig& c, bool train, int64_t size, int64_t c
 }  // namespace
 
 std::string config_json(const TrainConfig& c) {
+  std::string milestones;  // a string, so that every value is one flat token
+  for (int64_t m : c.lr.milestones) milestones += (milestones.empty() ? "" : ",") + std::to_string(m);
   std::ostringstream os;
   os << "{\"model\":" << json_string(c.model) << ",\"data\":" << json_string(c.data)
      << ",\"epochs\":" << c.epochs << ",\"batch_size\":" << c.batch_size << ",\"lr\":" << json_number(c.lr.base_lr)
@@ -122,7 +132,9 @@ std::string config_json(const TrainConfig& c) {
      << ",\"nesterov\":" << (c.nesterov ? "true" : "false") << ",\"amp\":" << (c.amp ? "true" : "false")
      << ",\"tf32\":" << (c.tf32 ? "true" : "false")
      << ",\"ema\":" << (c.ema ? "true" : "false") << ",\"seed\":" << c.seed << ",\"device\":" << json_string(c.device)
-     << "}";
+     << ",\"warmup_epochs\":" << json_number(c.lr.warmup_epochs) << ",\"min_lr\":" << json_number(c.lr.min_lr)
+     << ",\"step_size\":" << c.lr.step_size << ",\"milestones\":" << json_string(milestones)
+     << ",\"gamma\":" << json_number(c.lr.gamma) << ",\"max_steps\":" << c.max_steps_per_epoch << "}";
   return os.str();
 }
 
@@ -397,6 +409,23 @@ EvalResult run_eval(Engine& engine, Loader& loader, bool ema, InputBuffers& inpu
   return {loss / n, 100.0 * static_cast<double>(t1) / n, 100.0 * static_cast<double>(t5) / n};
 }
 
+// Whether a checkpoint's weights are finite: a step can turn them NaN while its own loss (taken
+// before the update) is still finite, and a NaN checkpoint would replace the last good one.
+bool all_finite(Engine& engine) {
+  for (const ParamDesc& d : engine.program().params) {
+    for (float v : engine.read_param(d.name)) {
+      if (!std::isfinite(v)) return false;
+    }
+  }
+  return true;
+}
+
+std::string position(const TrainState& s, int64_t steps_per_epoch) {
+  if (s.step_in_epoch == 0) return "after epoch " + std::to_string(s.epoch);
+  return "at step " + std::to_string(s.step) + " (epoch " + std::to_string(s.epoch + 1) + ", step " +
+         std::to_string(s.step_in_epoch) + " of " + std::to_string(steps_per_epoch) + ")";
+}
+
 }  // namespace
 
 TrainSummary evaluate(const TrainConfig& c) {
@@ -415,7 +444,33 @@ TrainSummary evaluate(const TrainConfig& c) {
 TrainSummary train(const TrainConfig& c) {
   namespace fs = std::filesystem;
   const dist::FailureGuard failure_guard;  // S27: an error on one rank stops every rank
+  check_config(c);
+  // Declared before the lock, so that it runs after the lock is released (and its file gone).
+  EmptyRunCleanup cleanup;
+  cleanup.output = c.output;
+  cleanup.made_output = !fs::exists(c.output);
+  std::optional<StopSignals> signals(std::in_place);
+  std::optional<RunFolderLock> lock;
+  if (dist::launch_env().rank == 0) {
+    fs::create_directories(c.output);
+    lock.emplace(c.output);
+    cleanup.fresh = c.resume.empty();  // only once the folder is ours: another run's files are not
+    const std::vector<std::string> stale = remove_stale_temp_files(c.output);
+    if (!stale.empty()) {
+      std::string names;
+      for (const std::string& s : stale) names += (names.empty() ? "" : ", ") + s;
+      log_info("removed ", stale.size(), " temporary file(s) of runs that no longer exist from '", c.output,
+               "': ", names);
+    }
+  }
   RunSetup r = setup_run(c, true);
+  if (dist::world() > 1) {
+    // The ranks would stop at different steps and wait for each other forever; a signal ends
+    // a data-parallel run at once, as it did before.
+    const int early = StopSignals::pending();
+    signals.reset();
+    if (early) std::raise(early);
+  }
   Engine& engine = *r.engine;
   engine.backend().set_profiling(c.profile);
   Loader& train_loader = *r.train_loader;
@@ -425,22 +480,47 @@ TrainSummary train(const TrainConfig& c) {
   state.seed = c.seed;
   state.config = config_json(c);
   if (!c.init_from.empty()) import_weights(engine, c.init_from);
-  if (!c.resume.empty()) {
-    state = load_checkpoint(engine, c.resume);
-    state.config = config_json(c);
-    log_info("resumed from ", c.resume, " after epoch ", state.epoch, " (step ", state.step, ")");
-  }
-  check_replicas_agree(engine, state.step, c.resume.empty() ? "initialisation" : "resuming");  // S27
-
-  EmptyRunCleanup cleanup;
-  cleanup.output = c.output;
-  cleanup.made_output = !fs::exists(c.output);
-  cleanup.fresh = c.resume.empty() && dist::is_root();
-  fs::create_directories(c.output);
   TrainSummary sum;
   sum.metrics_csv = (fs::path(c.output) / "metrics.csv").string();
   sum.metrics_jsonl = (fs::path(c.output) / "metrics.jsonl").string();
   sum.checkpoint = (fs::path(c.output) / "last.safetensors").string();
+  const int64_t full = train_loader.batches_per_epoch();
+  const int64_t steps_per_epoch = c.max_steps_per_epoch > 0 ? std::min(full, c.max_steps_per_epoch) : full;
+  KILN_CHECK(steps_per_epoch > 0, Data, "the training set has ", train_set->size(), " samples, fewer than one batch of ",
+             c.batch_size, "; use a smaller --batch-size");
+  if (!c.resume.empty()) {
+    state = load_checkpoint(engine, c.resume);
+    state.config = config_json(c);
+    KILN_CHECK(state.step_in_epoch < steps_per_epoch, Checkpoint, "'", c.resume, "' stopped at step ",
+               state.step_in_epoch, " of epoch ", state.epoch + 1, " but this run's epochs have ", steps_per_epoch,
+               " steps; resume with the first run's --batch-size, --max-steps and dataset");
+    if (state.epoch >= c.epochs) {
+      // Nothing to train: the summary, metrics and checkpoint stay as the finished run left them.
+      if (dist::is_root()) {
+        std::printf("the run of '%s' is complete: %lld of %lld epochs done (step %lld); nothing changed. To train "
+                    "longer, give a larger --epochs with --resume-override\n",
+                    c.resume.c_str(), static_cast<long long>(state.epoch), static_cast<long long>(c.epochs),
+                    static_cast<long long>(state.step));
+      }
+      sum.complete = true;
+      sum.steps = state.step;
+      sum.best_top1 = state.best_top1;
+      return sum;
+    }
+    log_info("resumed from ", c.resume, " ", position(state, steps_per_epoch));
+  }
+  check_replicas_agree(engine, state.step, c.resume.empty() ? "initialisation" : "resuming");  // S27
+
+  // A resumed run continues after the checkpoint's step: rows past it would be written twice,
+  // and the epoch row the checkpoint holds is missing when the kill came between the two.
+  MetricsTrim trim;
+  if (!c.resume.empty() && dist::is_root()) {
+    trim = truncate_metrics(sum.metrics_csv, sum.metrics_jsonl, "step", state.step);
+    if (trim.removed_csv + trim.removed_jsonl > 0) {
+      log_info("removed ", std::max(trim.removed_csv, trim.removed_jsonl), " metrics row(s) after step ", state.step,
+               " (the checkpoint's); this run writes them again");
+    }
+  }
   MetricsWriter metrics(dist::is_root() ? sum.metrics_csv : "", dist::is_root() ? sum.metrics_jsonl : "",  // S27
                         c.resume.empty() ? MetricsWriter::Mode::Truncate : MetricsWriter::Mode::Append);
   // Every column a row of this run can hold, before the first row: an epoch that is not
@@ -453,43 +533,53 @@ TrainSummary train(const TrainConfig& c) {
                                       "test_top5"};
   if (c.ema) columns.insert(columns.end(), {"ema_test_top1", "ema_test_top5"});
   metrics.declare_columns(columns);
+  if (!c.resume.empty() && dist::is_root() && state.step_in_epoch == 0) {
+    metrics.write_lines({trim.csv_has_max ? "" : state.row_csv, trim.jsonl_has_max ? "" : state.row_jsonl});
+  }
 
-  const int64_t full = train_loader.batches_per_epoch();
-  const int64_t steps_per_epoch = c.max_steps_per_epoch > 0 ? std::min(full, c.max_steps_per_epoch) : full;
-  KILN_CHECK(steps_per_epoch > 0, Data, "the training set has ", train_set->size(), " samples, fewer than one batch of ",
-             c.batch_size, "; use a smaller --batch-size");
   const int64_t total_steps = steps_per_epoch * c.epochs;
   const int64_t n = dist::split_batch(c.batch_size);  // per rank (S27)
   InputBuffers train_input(train_loader, n, r.train_norm), test_input(test_loader, n, r.test_norm);
   Progress progress(dist::is_root() ? c.progress : "none");
-  int64_t stale = 0;
   // AMP skips an overflowed step and halves the scale; a scale stuck at its floor of 1 while
   // steps keep overflowing means the model itself has diverged.
   constexpr int64_t kMaxFloorOverflows = 50;
   int64_t floor_overflows = 0;
+  std::string saved_at;  // where the checkpoint on disk stands, for messages
+  int64_t saved_step = state.step;  // a resumed run's checkpoint is already on disk
+  if (!c.resume.empty()) saved_at = position(state, steps_per_epoch);
   auto diverged = [&](int64_t epoch, const std::string& what) {
-    const bool have = state.epoch > 0 && dist::is_root() && fs::exists(sum.checkpoint);
+    const bool have = !saved_at.empty() && dist::is_root() && fs::exists(sum.checkpoint);
     KILN_FAIL(Numeric, "training diverged in epoch ", epoch + 1, " near step ", state.step, ": ", what,
-              "; the weights are no longer finite, so nothing of this epoch is saved. ",
-              have ? "The last good checkpoint is '" + sum.checkpoint + "' (after epoch " +
-                         std::to_string(state.epoch) + "); continue from it with --resume and "
+              "; the weights are no longer finite, so nothing since the last checkpoint is saved. ",
+              have ? "The last good checkpoint is '" + sum.checkpoint + "' (" + saved_at +
+                         "); continue from it with --resume and "
                    : std::string("No checkpoint was written yet; "),
               "lower --lr (now ", c.lr.base_lr, "), --weight-decay (now ", c.weight_decay,
               ") or set --clip-grad");
   };
+  auto save = [&](int64_t epoch) {
+    if (!dist::is_root()) return;  // rank 0 writes (S27)
+    if (!all_finite(engine)) diverged(epoch, "the weights after step " + std::to_string(state.step) + " are not finite");
+    save_checkpoint(engine, sum.checkpoint, state);
+    saved_at = position(state, steps_per_epoch);
+    saved_step = state.step;
+  };
+  auto last_save = Clock::now();
+  const int64_t first_step = state.step;
 
-  for (int64_t epoch = state.epoch; epoch < c.epochs; ++epoch) {
-    train_loader.start_epoch(epoch);
+  for (int64_t epoch = state.epoch; epoch < c.epochs && !sum.stop_signal; ++epoch) {
+    const int64_t start = epoch == state.epoch ? state.step_in_epoch : 0;
+    train_loader.start_epoch(epoch, start);
     const double wait_before = train_loader.stats().wait_seconds;
     const auto t0 = Clock::now();
-    double loss_sum = 0;
-    int64_t seen = 0, hits = 0, overflows = 0, loss_count = 0;
+    EpochSums es = start > 0 ? state.sums : EpochSums{};
     // Each step's statistics arrive one step late (Engine::train_step_async): the host loads
     // the next batch while the device runs this one, instead of waiting for it.
     auto account = [&](const std::optional<StepStats>& s) {
       if (!s) return;
-      hits += s->top1;
-      overflows += s->overflow ? 1 : 0;
+      es.hits += s->top1;
+      es.overflows += s->overflow ? 1 : 0;
       if (s->overflow) {
         // The step changed nothing (S9); only a scale that cannot fall further is a failure.
         floor_overflows = s->loss_scale <= 1.0f ? floor_overflows + 1 : 0;
@@ -501,24 +591,58 @@ TrainSummary train(const TrainConfig& c) {
       }
       floor_overflows = 0;
       if (!std::isfinite(s->loss)) diverged(epoch, "the training loss is " + std::to_string(s->loss));
-      loss_sum += s->loss;
-      ++loss_count;
+      es.loss_sum += s->loss;
+      ++es.loss_count;
     };
-    for (int64_t i = 0; i < steps_per_epoch; ++i) {
+    // A mid-epoch checkpoint: the step's statistics are collected first, so that it holds
+    // everything up to this step and the resumed epoch's row is the uninterrupted one's.
+    auto save_mid_epoch = [&](int64_t steps_done) {
+      account(engine.pending_stats());
+      engine.backend().synchronize();
+      state.step_in_epoch = steps_done;
+      state.sums = es;
+      state.row_csv.clear();
+      state.row_jsonl.clear();
+      save(epoch);
+      last_save = Clock::now();
+    };
+    for (int64_t i = start; i < steps_per_epoch; ++i) {
+      // Between steps: the step a signal interrupted has finished, the next has not begun.
+      if (const int sig = signals ? StopSignals::pending() : 0) {
+        progress.finish();
+        if (state.step > saved_step) save_mid_epoch(i);
+        sum.stop_signal = sig;
+        break;
+      }
       const int64_t got = train_input.next(train_loader);
       if (got < n) break;
       const float lr = lr_at(c.lr, state.step, total_steps, steps_per_epoch);
       account(engine.train_step_async(train_input.view(), lr));
       ++state.step;
-      seen += n;
+      es.seen += n;
       const LoaderStats ls = train_loader.stats();
       progress.set_input(ls.rate(), (ls.wait_seconds - wait_before) / std::max(seconds_since(t0), 1e-9));
-      progress.update(epoch + 1, c.epochs, i + 1, steps_per_epoch, loss_count ? loss_sum / loss_count : NAN,
-                      static_cast<double>(seen) / std::max(seconds_since(t0), 1e-9), lr, seconds_since(t0));
+      progress.update(epoch + 1, c.epochs, i + 1, steps_per_epoch,
+                      es.loss_count ? es.loss_sum / static_cast<double>(es.loss_count) : NAN,
+                      static_cast<double>(es.seen) / std::max(seconds_since(t0), 1e-9), lr, seconds_since(t0));
+      if (i + 1 == steps_per_epoch) break;  // the epoch's own checkpoint follows
+      const bool by_steps = c.save_every_steps > 0 && state.step % c.save_every_steps == 0;
+      const bool by_time = c.save_every_minutes > 0 && seconds_since(last_save) >= 60 * c.save_every_minutes;
+      const bool stop_here = c.stop_after_steps > 0 && state.step - first_step >= c.stop_after_steps;
+      if (by_steps || by_time || stop_here) {
+        save_mid_epoch(i + 1);
+        if (dist::is_root() && (by_steps || by_time)) log_info("checkpoint ", saved_at, ": ", sum.checkpoint);
+      }
+      if (stop_here) {
+        progress.finish();
+        sum.stopped_early = true;
+        break;
+      }
     }
+    if (sum.stop_signal || sum.stopped_early) break;
     account(engine.pending_stats());  // the epoch's last step
     engine.backend().synchronize();
-    reduce_train_sums(loss_sum, loss_count, seen, hits);  // S27: the epoch over every rank
+    reduce_train_sums(es.loss_sum, es.loss_count, es.seen, es.hits);  // S27: the epoch over every rank
     if (!c.sync_bn) average_bn_running_stats(engine);    // S27: per-rank BN, before eval and save
     const double secs = seconds_since(t0);
     progress.finish();
@@ -529,11 +653,11 @@ TrainSummary train(const TrainConfig& c) {
     MetricsRow row{{"epoch", epoch + 1},
                    {"step", state.step},
                    {"lr", static_cast<double>(lr_at(c.lr, std::max<int64_t>(state.step - 1, 0), total_steps, steps_per_epoch))},
-                   {"train_loss", loss_count ? loss_sum / loss_count : NAN},
-                   {"train_top1", seen ? 100.0 * static_cast<double>(hits) / static_cast<double>(seen) : 0.0},
+                   {"train_loss", es.loss_count ? es.loss_sum / static_cast<double>(es.loss_count) : NAN},
+                   {"train_top1", es.seen ? 100.0 * static_cast<double>(es.hits) / static_cast<double>(es.seen) : 0.0},
                    {"epoch_seconds", secs},
-                   {"images_per_second", static_cast<double>(seen) / secs},
-                   {"overflow_steps", overflows}};
+                   {"images_per_second", static_cast<double>(es.seen) / secs},
+                   {"overflow_steps", es.overflows}};
     const bool last = epoch + 1 == c.epochs;
     if ((epoch + 1) % c.eval_every == 0 || last) {
       for (int pass = 0; pass < (c.ema ? 2 : 1); ++pass) {
@@ -547,9 +671,9 @@ TrainSummary train(const TrainConfig& c) {
           sum.final_loss = e.loss;
           if (e.top1 > state.best_top1) {
             state.best_top1 = e.top1;
-            stale = 0;
+            state.stale_epochs = 0;
           } else {
-            stale += c.eval_every;
+            state.stale_epochs += c.eval_every;
           }
         } else {
           row.push_back({"ema_test_top1", e.top1});
@@ -559,19 +683,39 @@ TrainSummary train(const TrainConfig& c) {
       }
       progress.line(epoch + 1, c.epochs, secs, row);
     }
-    metrics.write(row);
-    ++cleanup.rows;
+    // The checkpoint first, holding the row: a kill between the two leaves a checkpoint whose
+    // row a resume writes, never a row whose epoch is not saved.
     state.epoch = epoch + 1;
-    if (dist::is_root()) save_checkpoint(engine, sum.checkpoint, state);  // rank 0 writes (S27)
+    state.step_in_epoch = 0;
+    state.sums = EpochSums{};
+    const MetricsWriter::Lines lines = metrics.format(row);
+    state.row_csv = lines.csv;
+    state.row_jsonl = lines.jsonl;
+    save(epoch);
+    last_save = Clock::now();
+    metrics.write_lines(lines);
+    ++cleanup.rows;
     ++sum.epochs_run;
-    if (c.stop_after_epochs > 0 && sum.epochs_run >= c.stop_after_epochs && epoch + 1 < c.epochs) {
-      log_info("stopping after ", sum.epochs_run, " epoch(s) as asked; continue with --resume ", sum.checkpoint);
+    const bool steps_reached = c.stop_after_steps > 0 && state.step - first_step >= c.stop_after_steps;
+    if ((steps_reached || (c.stop_after_epochs > 0 && sum.epochs_run >= c.stop_after_epochs)) && epoch + 1 < c.epochs) {
+      log_info("stopping after ", sum.epochs_run, " epoch(s) as asked");
+      sum.stopped_early = true;
       break;
     }
-    if (c.early_stop > 0 && stale >= c.early_stop) {
-      log_info("early stop: no better test top-1 for ", stale, " epochs");
+    if (c.early_stop > 0 && state.stale_epochs >= c.early_stop) {
+      log_info("early stop: no better test top-1 for ", state.stale_epochs, " epochs");
       break;
     }
+    // A signal during the evaluation or the save: the epoch's checkpoint is the one to resume.
+    if (const int sig = signals ? StopSignals::pending() : 0) {
+      if (epoch + 1 < c.epochs) sum.stop_signal = sig;
+    }
+  }
+  sum.steps = state.step;
+  sum.saved_at = saved_at;
+  if (sum.stop_signal || sum.stopped_early) {
+    sum.best_top1 = state.best_top1;
+    return sum;  // not finished: summary.json is the finished run's
   }
   sum.best_top1 = state.best_top1;
   double imgs = 0;

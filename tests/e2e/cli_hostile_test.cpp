@@ -267,7 +267,7 @@ TEST(CliHostileDivergence, LastGoodCheckpointIsKept) {
   ASSERT_EQ(good.code, 0) << good.out;
   const std::string ckpt = (out / "last.safetensors").string();
   const kiln::StFile before = kiln::read_safetensors(ckpt);
-  const Result bad = kiln(base + " --lr 1e6 --resume " + ckpt);
+  const Result bad = kiln(base + " --lr 1e6 --resume-override --resume " + ckpt);  // a new --lr on resume needs the override
   EXPECT_EQ(bad.code, 2) << bad.out;
   EXPECT_NE(bad.out.find("diverged in epoch 2"), std::string::npos) << bad.out;
   EXPECT_NE(bad.out.find("The last good checkpoint is '" + ckpt + "' (after epoch 1)"), std::string::npos) << bad.out;

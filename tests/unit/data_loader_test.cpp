@@ -41,8 +41,8 @@ struct Epoch {
   std::vector<std::vector<int32_t>> labels;
 };
 
-Epoch run_epoch(Loader& loader, int64_t epoch) {
-  loader.start_epoch(epoch);
+Epoch run_epoch(Loader& loader, int64_t epoch, int64_t first_batch = 0) {
+  loader.start_epoch(epoch, first_batch);
   const auto hwc = loader.sample_hwc();
   const int64_t per = hwc[0] * hwc[1] * hwc[2];
   Epoch e;
@@ -69,6 +69,32 @@ std::vector<int32_t> flatten(const Epoch& e) {
   std::vector<int32_t> all;
   for (const auto& l : e.labels) all.insert(all.end(), l.begin(), l.end());
   return all;
+}
+
+// A resumed mid-epoch checkpoint starts the loader at its batch: the rest of the epoch is the
+// uninterrupted epoch's tail, and the skipped batches are never made (the sample that would
+// fail sits in batch 0, before the start).
+TEST(DataLoader, StartsAnEpochAtAGivenBatch) {
+  LoaderOptions o;
+  o.batch_size = 8;
+  o.seed = 3;
+  for (int workers : {0, 2}) {
+    o.workers = workers;
+    Loader whole(std::make_shared<CountingDataset>(64), random_pipeline(), o);
+    const Epoch full = run_epoch(whole, 2);
+    ASSERT_EQ(full.labels.size(), 8u);
+    const int32_t first_in_batch0 = full.labels[0][0];
+    Loader tail(std::make_shared<CountingDataset>(64, first_in_batch0), random_pipeline(), o);
+    const Epoch rest = run_epoch(tail, 2, 5);
+    ASSERT_EQ(rest.labels.size(), 3u) << "workers " << workers;
+    for (size_t b = 0; b < 3; ++b) {
+      EXPECT_EQ(rest.labels[b], full.labels[b + 5]) << "workers " << workers << " batch " << b + 5;
+      EXPECT_EQ(rest.images[b], full.images[b + 5]) << "workers " << workers << " batch " << b + 5;
+    }
+    EXPECT_EQ(run_epoch(tail, 2, 8).labels.size(), 0u);  // started at the end: nothing left
+  }
+  Loader l(std::make_shared<CountingDataset>(64), random_pipeline(), o);
+  expect_error([&] { l.start_epoch(0, 9); }, ErrorKind::InvalidArgument, {"batch 9", "0..8"});
 }
 
 TEST(DataLoader, SameSeedSameBatchesForAnyWorkerCount) {

@@ -1,15 +1,20 @@
 // kiln train / eval / export.
 #include <cstdint>
 #include <cstdio>
+#include <filesystem>
+#include <stdexcept>
 
 #include "cli.h"
 #include "flags.h"
 #include "kiln/blueprint/zoo.h"
 #include "kiln/core/error.h"
+#include "kiln/core/log.h"
+#include "kiln/io/safetensors.h"
 #include "kiln/data/loader.h"
 #include "kiln/dist/dist.h"
 #include "kiln/task/checkpoint.h"
 #include "kiln/task/trainer.h"
+#include "task/run_folder.h"
 
 namespace kiln::cli {
 
@@ -41,8 +46,15 @@ std::vector<FlagSpec> train_flags() {
       {"eval-every", "evaluate every N epochs", "1", false},
       {"early-stop", "stop after N epochs without a better test top-1 (0 = never)", "0", false},
       {"stop-after-epochs", "end this run after N epochs, leaving a checkpoint to --resume (0 = never)", "0", false},
+      {"stop-after-steps", "end this run after N steps, leaving a mid-epoch checkpoint to --resume (0 = never)", "0",
+       false},
+      {"save-every-steps", "also write last.safetensors every N steps, mid-epoch (0 = off)", "0", false},
+      {"save-every-minutes",
+       "also write last.safetensors every M minutes of training, mid-epoch, so a kill loses minutes, not an epoch (0 = off)",
+       "10", false},
       {"output", "folder for metrics.csv, metrics.jsonl, last.safetensors, summary.json", "runs/default", false},
-      {"resume", "continue from this checkpoint", "", false},
+      {"resume", "continue from this checkpoint, with its seed, batch size and schedule", "", false},
+      {"resume-override", "with --resume, let flags change the checkpoint's seed, batch size or schedule", "off", true},
       {"init-from", "start from torchvision-named weights (safetensors)", "", false},
       {"seed", "seed for weights, shuffling and augmentation", "0", false},
       {"workers", "data loader threads", std::to_string(default_loader_workers()) + ", the machine's cores", false},
@@ -99,6 +111,9 @@ TrainConfig to_config(const Flags& f) {
   c.eval_every = f.i64("eval-every", 1);
   c.early_stop = f.i64("early-stop", 0);
   c.stop_after_epochs = f.i64("stop-after-epochs", 0);
+  c.stop_after_steps = f.i64("stop-after-steps", 0);
+  c.save_every_steps = f.i64("save-every-steps", 0);
+  c.save_every_minutes = f.f64("save-every-minutes", c.save_every_minutes);
   c.output = f.str("output", c.output);
   c.resume = f.str("resume");
   c.init_from = f.str("init-from");
@@ -125,6 +140,110 @@ TrainConfig to_config(const Flags& f) {
   return c;
 }
 
+// One value of config_json's flat object as its JSON text (a string with its quotes); "" when
+// the key is absent (a checkpoint from before it was recorded).
+std::string config_value(const std::string& json, const std::string& key) {
+  const std::string needle = "\"" + key + "\":";
+  const size_t at = json.find(needle);
+  if (at == std::string::npos) return "";
+  size_t i = at + needle.size();
+  if (i < json.size() && json[i] == '"') {
+    for (size_t j = i + 1; j < json.size(); ++j) {
+      if (json[j] == '\\') ++j;
+      else if (json[j] == '"') return json.substr(i, j + 1 - i);
+    }
+    return "";
+  }
+  const size_t end = json.find_first_of(",}", i);
+  return end == std::string::npos ? "" : json.substr(i, end - i);
+}
+
+std::string unquoted(const std::string& v) {
+  return v.size() >= 2 && v.front() == '"' ? v.substr(1, v.size() - 2) : v;
+}
+
+// What --resume takes from the checkpoint's run: a different value changes the data order,
+// the batches or the learning rate of the steps still to come.
+struct ResumedSetting {
+  const char* flag;
+  const char* key;  // in config_json
+  void (*set)(TrainConfig&, const std::string&);
+};
+
+const ResumedSetting kResumed[] = {
+    {"seed", "seed", [](TrainConfig& c, const std::string& v) { c.seed = std::stoull(v); }},
+    {"batch-size", "batch_size", [](TrainConfig& c, const std::string& v) { c.batch_size = std::stoll(v); }},
+    {"epochs", "epochs", [](TrainConfig& c, const std::string& v) { c.epochs = std::stoll(v); }},
+    {"max-steps", "max_steps", [](TrainConfig& c, const std::string& v) { c.max_steps_per_epoch = std::stoll(v); }},
+    {"sched", "sched", [](TrainConfig& c, const std::string& v) { c.lr.kind = unquoted(v); }},
+    {"lr", "lr", [](TrainConfig& c, const std::string& v) { c.lr.base_lr = std::stof(v); }},
+    {"warmup-epochs", "warmup_epochs", [](TrainConfig& c, const std::string& v) { c.lr.warmup_epochs = std::stod(v); }},
+    {"min-lr", "min_lr", [](TrainConfig& c, const std::string& v) { c.lr.min_lr = std::stof(v); }},
+    {"step-size", "step_size", [](TrainConfig& c, const std::string& v) { c.lr.step_size = std::stoll(v); }},
+    {"gamma", "gamma", [](TrainConfig& c, const std::string& v) { c.lr.gamma = std::stof(v); }},
+    {"milestones", "milestones",
+     [](TrainConfig& c, const std::string& v) {
+       c.lr.milestones.clear();
+       const std::string list = unquoted(v);
+       for (size_t at = 0; at < list.size();) {
+         const size_t comma = std::min(list.find(',', at), list.size());
+         c.lr.milestones.push_back(std::stoll(list.substr(at, comma - at)));
+         at = comma + 1;
+       }
+     }},
+};
+
+// --resume continues the checkpoint's run: a setting of kResumed that is not given takes the
+// checkpoint's value; one given that contradicts it is refused, or with --resume-override taken
+// and logged.
+void adopt_checkpoint_config(const Flags& f, TrainConfig& c) {
+  const StFile ck = read_safetensors(c.resume);
+  const auto it = ck.metadata.find("config");
+  if (it == ck.metadata.end()) return;  // not a kiln checkpoint: load_checkpoint says so
+  const bool override_ok = f.on("resume-override", false);
+  for (const ResumedSetting& s : kResumed) {
+    const std::string was = config_value(it->second, s.key);
+    const std::string now = config_value(config_json(c), s.key);
+    if (was.empty() || was == "null" || was == now) continue;
+    if (!f.has(s.flag)) {
+      try {
+        s.set(c, was);
+      } catch (const std::logic_error&) {
+        KILN_FAIL(Checkpoint, "'", c.resume, "': its config's '", s.key, "' = ", was, " is not a valid --", s.flag);
+      }
+      continue;
+    }
+    KILN_CHECK(override_ok, InvalidArgument, "--", s.flag, " ", unquoted(now), " contradicts the checkpoint '",
+               c.resume, "', whose run has --", s.flag, " ", unquoted(was), "; drop --", s.flag,
+               " to continue with the checkpoint's, or add --resume-override to change it");
+    log_warn("--resume-override: --", s.flag, " ", unquoted(now), " replaces the checkpoint's ", unquoted(was));
+  }
+}
+
+// The command line that continues this run: the same arguments, --resume naming `checkpoint`.
+std::string resume_command(int argc, char** argv, const std::string& checkpoint) {
+  auto quoted = [](const std::string& a) {
+    if (!a.empty() && a.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_=./,:+@%") ==
+                          std::string::npos) {
+      return a;
+    }
+    std::string q = "'";
+    for (char ch : a) q += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
+    return q + "'";
+  };
+  std::string cmd = quoted(argv[0]);
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--resume" && i + 1 < argc) {
+      ++i;
+      continue;
+    }
+    if (a.rfind("--resume=", 0) == 0) continue;
+    cmd += " " + quoted(a);
+  }
+  return cmd + " --resume " + quoted(checkpoint);
+}
+
 }  // namespace
 
 int cmd_train(int argc, char** argv) {
@@ -132,10 +251,25 @@ int cmd_train(int argc, char** argv) {
   if (!f.parse(argc, argv, 2)) return 0;
   KILN_CHECK(f.positional().empty(), InvalidArgument, "kiln train takes no positional argument ('",
              f.positional().empty() ? "" : f.positional()[0], "'); use --model NAME");
-  const TrainConfig c = to_config(f);
+  TrainConfig c = to_config(f);
+  KILN_CHECK(!f.on("resume-override", false) || !c.resume.empty(), InvalidArgument,
+             "--resume-override only applies with --resume CHECKPOINT");
+  if (!c.resume.empty() && c.init_from.empty()) adopt_checkpoint_config(f, c);
   const TrainSummary s = train(c);
   dist::finalize();  // S27: every process ends together; one prints the summary
-  if (!dist::is_root()) return 0;
+  if (!dist::is_root()) return s.stop_signal ? 128 + s.stop_signal : 0;
+  if (s.complete) return 0;
+  if (s.stop_signal || s.stopped_early) {
+    const std::string why = s.stop_signal ? std::string("stopped by ") + signal_name(s.stop_signal) : "stopped as asked";
+    if (s.saved_at.empty()) {
+      std::printf("%s before the first step of this run; nothing to save\n", why.c_str());
+    } else {
+      std::printf("%s; checkpoint %s: %s\nresume with: %s\n", why.c_str(), s.saved_at.c_str(), s.checkpoint.c_str(),
+                  resume_command(argc, argv, s.checkpoint).c_str());
+    }
+    std::fflush(stdout);
+    return s.stop_signal ? 128 + s.stop_signal : 0;
+  }
   std::printf("done: %lld epochs, %lld steps, test top-1 %.2f%% (best %.2f%%), top-5 %.2f%%", static_cast<long long>(s.epochs_run),
               static_cast<long long>(s.steps), s.final_top1, s.best_top1, s.final_top5);
   if (s.ema_top1 >= 0) std::printf(", EMA top-1 %.2f%%", s.ema_top1);
@@ -153,7 +287,7 @@ bool eval_uses(const std::string& name) {
       "milestones",  "gamma",       "opt",       "momentum",          "nesterov",       "weight-decay",
       "clip-grad",   "ema",         "ema-decay", "eval-every",        "early-stop",     "stop-after-epochs",
       "output",      "resume",      "init-from", "hflip",             "crop-padding",   "random-resized-crop",
-      "max-steps",   "profile"};
+      "max-steps",   "profile",     "stop-after-steps", "save-every-steps", "save-every-minutes", "resume-override"};
   for (const char* t : kTrainingOnly) {
     if (name == t) return false;
   }
@@ -200,6 +334,12 @@ int cmd_export(int argc, char** argv) {
   Engine engine(make_model(f.str("model"), zo), eo);
   engine.lock_memory();
   engine.compile();
+  // Writing the weights over the checkpoint would replace the training state (moments, loss
+  // scale, position) with a file --resume refuses.
+  std::error_code same_ec;
+  KILN_CHECK(!std::filesystem::equivalent(f.str("checkpoint"), f.str("output"), same_ec), InvalidArgument,
+             "kiln export --output '", f.str("output"), "' is the checkpoint '", f.str("checkpoint"),
+             "' itself; writing the weights there would replace its training state. Give another --output");
   import_weights(engine, f.str("checkpoint"));
   export_weights(engine, f.str("output"));
   std::printf("wrote %s\n", f.str("output").c_str());

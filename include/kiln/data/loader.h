@@ -79,7 +79,10 @@ class Loader {
   Loader(const Loader&) = delete;
   Loader& operator=(const Loader&) = delete;
 
-  void start_epoch(int64_t epoch);  // resets and starts prefetching that epoch
+  // Resets and starts prefetching that epoch from batch `first_batch` (a resumed mid-epoch
+  // checkpoint): the batches before it are neither read nor decoded, and every later batch is
+  // the one an uninterrupted epoch would give (each sample draws from (seed, epoch, index)).
+  void start_epoch(int64_t epoch, int64_t first_batch = 0);
   // Copies the next batch into images (NHWC float32, batch_size*H*W*C) and labels (int32);
   // returns the number of samples written (< batch_size only for a last partial batch when
   // drop_last is false), 0 when the epoch is done.

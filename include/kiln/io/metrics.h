@@ -58,6 +58,16 @@ class MetricsWriter {
   // naming the key. The JSON line holds exactly the row's keys, in its order.
   void write(const MetricsRow& row);
 
+  // The CSV and JSON lines write(row) appends (each with its newline, no header), without
+  // writing them: a checkpoint keeps its epoch's row this way. The same checks as write().
+  struct Lines {
+    std::string csv, jsonl;
+  };
+  Lines format(const MetricsRow& row) const;
+  // Appends lines made by format() (either may be empty to skip that file), after the header
+  // when the CSV has none yet.
+  void write_lines(const Lines& lines);
+
   // Fixes the CSV's columns before the first row, for rows that hold only some of them (an
   // epoch without evaluation). The header is written with the first row. When appending to a
   // file whose header differs, Error(InvalidArgument) naming the file and the columns.
@@ -68,6 +78,7 @@ class MetricsWriter {
 
  private:
   void close_files();
+  Lines format_with(const MetricsRow& row, std::vector<std::string>& columns) const;
 
   std::string csv_path_;
   std::string jsonl_path_;
@@ -76,5 +87,18 @@ class MetricsWriter {
   std::vector<std::string> columns_;
   bool header_written_ = false;  // columns_ may be declared before the header is in the file
 };
+
+// What truncate_metrics kept and removed.
+struct MetricsTrim {
+  int64_t removed_csv = 0, removed_jsonl = 0;
+  bool csv_has_max = false, jsonl_has_max = false;  // a row whose key equals `max` was kept
+};
+
+// Keeps the header and the rows whose integer column `key` is at most `max` (a resumed run
+// continues after its checkpoint's step, so later rows would be written twice), rewriting
+// each file atomically when it changes; a row cut short (no final newline) is removed too.
+// A missing file is left missing.
+MetricsTrim truncate_metrics(const std::string& csv_path, const std::string& jsonl_path, const std::string& key,
+                             int64_t max);
 
 }  // namespace kiln

@@ -11,12 +11,28 @@
 
 namespace kiln {
 
+// The training statistics of an epoch so far: a mid-epoch checkpoint holds them so that the
+// resumed epoch's metrics row is the uninterrupted one's.
+struct EpochSums {
+  double loss_sum = 0;  // saved exactly (hexadecimal), the row's mean must not move
+  int64_t loss_count = 0, seen = 0, hits = 0, overflows = 0;
+};
+
+// What a checkpoint holds beside the tensors. The loader's draws are a pure function of
+// (seed, epoch, sample index) and dropout's masks of (seed, step), so epoch, step_in_epoch,
+// step and seed are every random stream's state; the loss scale is saved with the tensors.
 struct TrainState {
-  int64_t epoch = 0;  // epochs completed
-  int64_t step = 0;   // optimizer steps taken
+  int64_t epoch = 0;          // epochs completed
+  int64_t step = 0;           // optimizer steps taken
+  int64_t step_in_epoch = 0;  // steps of epoch `epoch` (0-based) taken; 0 at an epoch's end
   uint64_t seed = 0;
   double best_top1 = 0;
-  std::string config;  // the run's options, for the record
+  int64_t stale_epochs = 0;   // epochs without a better top-1 (early stop)
+  EpochSums sums;             // of the epoch in progress (step_in_epoch > 0)
+  std::string config;         // the run's options (config_json), checked on resume
+  // The finished epoch's metrics row, written to the metrics files after this checkpoint: a
+  // run killed between the two gets it back on resume.
+  std::string row_csv, row_jsonl;
 };
 
 void save_checkpoint(Engine& engine, const std::string& path, const TrainState& state);

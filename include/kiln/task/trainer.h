@@ -30,6 +30,12 @@ struct TrainConfig {
   int64_t early_stop = 0;             // epochs without a better top-1 before stopping; 0 = never
   int64_t stop_after_epochs = 0;      // end after this many epochs of this run, as if interrupted
                                       // (the schedule still spans `epochs`); 0 = run to the end
+  int64_t stop_after_steps = 0;       // the same after this many steps of this run, mid-epoch
+  // Mid-epoch checkpoints (last.safetensors, as at an epoch's end): every N steps, and every M
+  // minutes of training; 0 turns either off. Ten minutes bound what a kill loses on a long
+  // epoch while a checkpoint's few seconds stay a small share of the time.
+  int64_t save_every_steps = 0;
+  double save_every_minutes = 10;
   std::string output = "runs/default";
   std::string resume;                 // checkpoint to continue from
   std::string init_from;              // torchvision-named weights to start from
@@ -69,6 +75,10 @@ struct TrainSummary {
   double input_wait_fraction = 0;     // share of training time the step waited for a batch
   int64_t skipped_images = 0;         // corrupt files replaced (both splits)
   std::string metrics_csv, metrics_jsonl, checkpoint;
+  int stop_signal = 0;        // SIGINT, SIGTERM or SIGHUP stopped the run between two steps
+  bool stopped_early = false; // --stop-after-epochs or --stop-after-steps ended it
+  bool complete = false;      // --resume of a run that had done all its epochs: nothing ran
+  std::string saved_at;       // where the checkpoint on disk stands ("after epoch 2", "at step 7 (...)"); "" if none
 };
 
 // Validates the configuration (clear errors naming the flag) and runs it.
