@@ -75,6 +75,8 @@ if(KILN_WITH_CUDA)
     if(KILN_NVJPEG_INCLUDE AND KILN_NVJPEG_LIB)
       target_include_directories(kiln_nvjpeg SYSTEM INTERFACE ${KILN_NVJPEG_INCLUDE})
       target_link_libraries(kiln_nvjpeg INTERFACE ${KILN_NVJPEG_LIB})
+      # An installed kiln (and its users' link) finds the staged library where it lies.
+      get_filename_component(KILN_NVJPEG_LIB_DIR ${KILN_NVJPEG_LIB} DIRECTORY)
       set(KILN_WITH_NVJPEG ON)
       message(STATUS "kiln: nvJPEG from ${KILN_NVJPEG_LIB} (staged by scripts/setup.sh)")
     else()

@@ -114,14 +114,6 @@ Normalization normalization_for(const std::string& kind, int64_t channels) {
 
 namespace kiln {
 
-Dataset::Encoded Dataset::encoded(int64_t) const {
-  KILN_FAIL(Unsupported, describe(), " has no encoded samples (only image folders do)");
-}
-
-void Dataset::mark_corrupt(int64_t, const std::string&) const {
-  KILN_FAIL(Unsupported, describe(), " has no files to mark corrupt");
-}
-
 const char* decode_where_name(DecodeWhere d) {
   switch (d) {
     case DecodeWhere::automatic:

@@ -130,9 +130,9 @@ bool ImageFolderDataset::try_read(int64_t index, Encoded& out) const {
     out.bytes = data_detail::read_file_bytes(path);
     const ImageInfo info = read_image_info(out.bytes.data(), out.bytes.size(), path);
     // Refused here, before any decoder sizes a buffer from the header (a decompression bomb).
-    KILN_CHECK(info.height > 0 && info.width > 0 && info.height <= kMaxDecodePixels / info.width,
+    KILN_CHECK(info.height > 0 && info.width > 0 && info.height <= max_pixels_ / info.width,
                Data, path, " declares ", info.height, "x", info.width,
-               " pixels, more than the limit of ", kMaxDecodePixels, " (a corrupt or hostile header)");
+               " pixels, more than the limit of ", max_pixels_, " (a corrupt or hostile header; --max-image-pixels raises the limit)");
     out.index = index;
     out.label = labels_[static_cast<size_t>(index)];
     out.name = path;

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "support/cli_run.h"
 #include "kiln/data/image_codec.h"
 #include "kiln/io/safetensors.h"
 
@@ -24,38 +25,11 @@ namespace {
 
 namespace fs = std::filesystem;
 
-struct Result {
-  int code = -1;
-  std::string out;  // stdout and stderr together
-};
+using Result = kiln::test::CliResult;
+Result kiln(const std::string& args) { return kiln::test::run_kiln(args); }
 
-Result kiln(const std::string& args) {
-  const std::string cmd = std::string(KILN_CLI_PATH) + " " + args + " 2>&1";
-  Result r;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return r;
-  std::array<char, 4096> buf{};
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  const int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
-
-void write_bytes(const fs::path& path, const std::vector<uint8_t>& bytes) {
-  fs::create_directories(path.parent_path());
-  std::ofstream f(path, std::ios::binary);
-  f.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
-}
-
-std::vector<uint8_t> idx_file(const std::vector<uint32_t>& dims, const std::vector<uint8_t>& data) {
-  std::vector<uint8_t> out = {0, 0, 0x08, static_cast<uint8_t>(dims.size())};
-  for (uint32_t d : dims) {
-    for (int s = 24; s >= 0; s -= 8) out.push_back(static_cast<uint8_t>(d >> s));
-  }
-  out.insert(out.end(), data.begin(), data.end());
-  return out;
-}
+using kiln::test::idx_file;
+using kiln::test::write_bytes;
 
 // An MNIST-style split: n images of h x w (bytes varying with the index), labels i % 10.
 void idx_split(const fs::path& dir, const std::string& prefix, uint32_t n, uint32_t h, uint32_t w) {

@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "support/cli_run.h"
 #include "kiln/io/safetensors.h"
 
 namespace {
@@ -116,20 +117,8 @@ Result kiln(const std::string& args) {
   return {code, c.out()};
 }
 
-void write_bytes(const fs::path& path, const std::vector<uint8_t>& bytes) {
-  fs::create_directories(path.parent_path());
-  std::ofstream f(path, std::ios::binary);
-  f.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
-}
-
-std::vector<uint8_t> idx_file(const std::vector<uint32_t>& dims, const std::vector<uint8_t>& data) {
-  std::vector<uint8_t> out = {0, 0, 0x08, static_cast<uint8_t>(dims.size())};
-  for (uint32_t d : dims) {
-    for (int s = 24; s >= 0; s -= 8) out.push_back(static_cast<uint8_t>(d >> s));
-  }
-  out.insert(out.end(), data.begin(), data.end());
-  return out;
-}
+using kiln::test::idx_file;
+using kiln::test::write_bytes;
 
 // An MNIST-style split of n 28x28 images whose pixels depend on the label, so that the
 // models learn something and the weights move every step.
@@ -210,15 +199,8 @@ std::string resume_line(const std::string& out) {
 
 // Runs a command line as the user would paste it.
 Result run_shell(const std::string& cmd) {
-  Result r{-1, ""};
-  FILE* p = popen(("KILN_LOG=info " + cmd + " 2>&1").c_str(), "r");
-  if (!p) return r;
-  std::array<char, 4096> buf{};
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  const int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
+  const kiln::test::CliResult c = kiln::test::run_shell("KILN_LOG=info " + cmd);
+  return {c.code, c.out};
 }
 
 // The uninterrupted run every interrupted one is compared with (made once per model).

@@ -11,27 +11,13 @@
 #include <fstream>
 #include <string>
 
+#include "support/cli_run.h"
 #include "support/scoped_env.h"
 
 namespace {
 
-struct Result {
-  int code = -1;
-  std::string out;  // stdout and stderr together
-};
-
-Result kiln(const std::string& args) {
-  const std::string cmd = std::string(KILN_CLI_PATH) + " " + args + " 2>&1";
-  Result r;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return r;
-  std::array<char, 4096> buf{};
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  const int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
+using Result = kiln::test::CliResult;
+Result kiln(const std::string& args) { return kiln::test::run_kiln(args); }
 
 TEST(Cli, PlanProgramAndMemoryOfResNet50) {
   const Result plan = kiln("plan resnet50");

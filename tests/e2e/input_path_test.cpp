@@ -12,6 +12,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "support/cli_run.h"
 #include "kiln/blueprint/zoo.h"
 #include "kiln/data/image_codec.h"
 #include "kiln/task/engine.h"
@@ -24,23 +25,8 @@ namespace {
 namespace fs = std::filesystem;
 using data_test::write_file;
 
-struct Result {
-  int code = -1;
-  std::string out;  // stdout and stderr together
-};
-
-Result kiln_cli(const std::string& args) {
-  const std::string cmd = std::string(KILN_CLI_PATH) + " " + args + " 2>&1";
-  Result r;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return r;
-  std::array<char, 4096> buf{};
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  const int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
+using Result = kiln::test::CliResult;
+Result kiln_cli(const std::string& args) { return kiln::test::run_kiln(args); }
 
 std::string read_text(const std::string& path) {
   std::ifstream f(path);

@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "kiln/core/error.h"
+
 namespace kiln {
 
 // An 8-bit image, rows of pixels with interleaved channels (HWC), as files store them.
@@ -60,8 +62,15 @@ class Dataset {
     int64_t height = 0, width = 0;
     bool device_decodable = false;  // a complete JPEG in YCbCr or grey (not CMYK, not PNG)
   };
-  virtual Encoded encoded(int64_t index) const;
-  virtual void mark_corrupt(int64_t index, const std::string& message) const;
+  // Inline so that a dataset compiled alone (the fuzz targets) links without dataset.cpp.
+  virtual Encoded encoded(int64_t index) const {
+    (void)index;
+    KILN_FAIL(Unsupported, describe(), " has no encoded samples (only image folders do)");
+  }
+  virtual void mark_corrupt(int64_t index, const std::string& message) const {
+    (void)index, (void)message;
+    KILN_FAIL(Unsupported, describe(), " has no files to mark corrupt");
+  }
   virtual int64_t channels() const { return 0; }  // the channels sample() decodes to (0: fixed by the data)
 };
 
