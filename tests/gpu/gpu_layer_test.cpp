@@ -4,6 +4,8 @@
 // exactly.
 #include <gtest/gtest.h>
 
+#include <limits>
+
 #include <cstdio>
 #include <string>
 #include <utility>
@@ -350,6 +352,36 @@ TEST_P(GpuLayer, SoftmaxCrossEntropy) {
     KILN_EXPECT_CLOSE(t, dz, amp ? kSumFloor : kEltFloor, "softmax_ce dlogits");
     EXPECT_EQ(t.gpu().read_i32(correct), t.cpu().read_i32(correct)) << "top-1/top-5 counts differ";
   }
+}
+
+// A row with a NaN or infinite logit is a miss at top-1 and top-5 (a diverged model must not
+// count as accurate), as on the CPU (tests/op/cpu_loss_test.cpp, the same rows).
+TEST_P(GpuLayer, SoftmaxCrossEntropyNonFiniteLogitsAreMisses) {
+  KILN_REQUIRE_GPU();
+  const bool amp = GetParam();
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  const std::vector<std::vector<float>> rows = {{nan, nan, nan, nan, nan, nan}, {1, nan, 0, 0, 0, 0},
+                                                {0, 0, inf, 0, 0, 0},           {5, 0, 0, -inf, 0, 0},
+                                                {5, 0, 0, 0, 0, 0}};
+  const int64_t N = static_cast<int64_t>(rows.size()), K = 6;
+  Pair t(amp);
+  const TensorId z = t.add("logits", {N, K}, Kind::Feature), lab = t.add("labels", {N}, Kind::I32);
+  const TensorId scale = t.add("loss_scale", {1}, Kind::F32, Region::scalars);
+  const TensorId loss = t.add("loss", {1}, Kind::F32, Region::scalars);
+  const TensorId correct = t.add("correct", {2}, Kind::I32, Region::scalars);
+  const TensorId dz = t.add("dlogits", {N, K}, Kind::Feature);
+  t.node(OpKind::softmax_ce, {z, lab, scale}, {loss, correct, dz});
+  t.compile();
+  std::vector<float> zv;
+  for (const auto& r : rows) zv.insert(zv.end(), r.begin(), r.end());
+  t.set(z, zv);
+  t.set_i32(lab, {0, 1, 2, 0, 0});
+  t.set(scale, {1.0f});
+  t.run();
+  const std::vector<int32_t> gpu = t.gpu().read_i32(correct);
+  EXPECT_EQ(gpu[0], 1) << "top-1: only the finite row 4 is a hit";
+  EXPECT_EQ(gpu[1], 1) << "top-5: only the finite row 4 is a hit";
+  EXPECT_EQ(gpu, t.cpu().read_i32(correct));
 }
 
 INSTANTIATE_TEST_SUITE_P(Cuda, GpuLayer, ::testing::Values(false, true),
