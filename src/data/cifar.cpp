@@ -12,8 +12,8 @@ CifarRecords parse_cifar(const uint8_t* bytes, size_t size, int label_bytes, int
   KILN_CHECK(label_bytes == 1 || label_bytes == 2, InvalidArgument,
              "CIFAR records have 1 (CIFAR-10) or 2 (CIFAR-100) label bytes, not ", label_bytes);
   const size_t record = static_cast<size_t>(label_bytes) + kCifarPixels;
-  KILN_CHECK(size > 0, Data, what, ": empty CIFAR file; download the binary version again");
-  KILN_CHECK(size % record == 0, Data, what, ": ", size, " bytes is not a whole number of ", record,
+  KILN_CHECK(size > 0, Data, "'", what, "': empty CIFAR file; download the binary version again");
+  KILN_CHECK(size % record == 0, Data, "'", what, "': ", size, " bytes is not a whole number of ", record,
              "-byte CIFAR-", num_classes, " records (", size / record, " records and ",
              size % record,
              " bytes left over); the file is truncated, or it is the other "
@@ -26,7 +26,7 @@ CifarRecords parse_cifar(const uint8_t* bytes, size_t size, int label_bytes, int
   for (int64_t r = 0; r < out.count; ++r) {
     const uint8_t* rec = bytes + static_cast<size_t>(r) * record;
     const uint8_t label = rec[label_bytes - 1];  // CIFAR-100: the fine label follows the coarse
-    KILN_CHECK(label < num_classes, Data, what, ": record ", r, " has label ",
+    KILN_CHECK(label < num_classes, Data, "'", what, "': record ", r, " has label ",
                static_cast<int>(label), ", outside 0..", num_classes - 1,
                "; the file is corrupt or belongs to the other CIFAR (10 vs 100)");
     out.labels[static_cast<size_t>(r)] = label;
@@ -104,7 +104,7 @@ std::vector<std::string> cifar_files(const std::string& root, const std::string&
   std::vector<std::string> files;
   for (const std::string& n : names) {
     const fs::path p = dir / n;
-    KILN_CHECK(fs::exists(p), Data, "missing CIFAR-", classes, " file ", p.string(),
+    KILN_CHECK(fs::exists(p), Data, "missing CIFAR-", classes, " file '", p.string(), "'",
                "; point --data at the extracted binary version (cifar-", classes,
                classes == 10 ? "-binary.tar.gz, directory cifar-10-batches-bin"
                              : "-binary.tar.gz, directory cifar-100-binary",

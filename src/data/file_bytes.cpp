@@ -35,7 +35,7 @@ std::vector<uint8_t> read_file_bytes(const std::string& path) {
   while ((n = std::fread(chunk, 1, sizeof chunk, f.get())) > 0) {
     bytes.insert(bytes.end(), chunk, chunk + n);
   }
-  KILN_CHECK(!std::ferror(f.get()), Data, "error while reading data file ", path, ": ",
+  KILN_CHECK(!std::ferror(f.get()), Data, "error while reading data file '", path, "': ",
              std::strerror(errno), "; check the disk and the file");
   return bytes;
 }
@@ -65,7 +65,7 @@ std::vector<uint8_t> gunzip(const uint8_t* bytes, size_t size, const std::string
   size_t input_left = size;
   for (;;) {
     if (produced == out.size()) {
-      KILN_CHECK(out.size() < max_output, Data, what, ": gzip data inflates past ", max_output,
+      KILN_CHECK(out.size() < max_output, Data, "'", what, "': gzip data inflates past ", max_output,
                  " bytes, more than any dataset file kiln reads; the file is not "
                  "what it claims to be, download it again");
       out.resize(std::min(max_output, out.size() * 2));
@@ -83,17 +83,16 @@ std::vector<uint8_t> gunzip(const uint8_t* bytes, size_t size, const std::string
     if (rc == Z_STREAM_END) {
       // Another gzip member may follow (gzip -c a b > c); anything else after it is garbage.
       if (input_left == 0) break;
-      KILN_CHECK(is_gzip(zs.next_in, input_left), Data, what, ": ", input_left,
+      KILN_CHECK(is_gzip(zs.next_in, input_left), Data, "'", what, "': ", input_left,
                  " bytes of garbage after the end of the gzip stream; download the file again");
       KILN_CHECK(inflateReset(&zs) == Z_OK, Internal, "zlib inflateReset failed");
       continue;
     }
-    KILN_CHECK(rc == Z_OK || rc == Z_BUF_ERROR, Data, what,
-               ": corrupt gzip data (zlib: ", zs.msg ? zs.msg : "error ",
+    KILN_CHECK(rc == Z_OK || rc == Z_BUF_ERROR, Data, "'", what, "': corrupt gzip data (zlib: ", zs.msg ? zs.msg : "error ",
                zs.msg ? "" : std::to_string(rc), "); download the file again");
     if (rc == Z_BUF_ERROR || (input_left == 0 && zs.avail_out != 0)) {
       // No progress possible: the input ended before the stream did.
-      KILN_CHECK(!(input_left == 0), Data, what, ": the gzip stream is truncated (", size,
+      KILN_CHECK(!(input_left == 0), Data, "'", what, "': the gzip stream is truncated (", size,
                  " bytes read, it ends early); the download was probably interrupted, download "
                  "it again");
     }

@@ -43,21 +43,21 @@ std::string dims_str(const std::vector<int64_t>& dims) {
 }
 
 IdxArray parse_raw_idx(const uint8_t* bytes, size_t size, const std::string& what) {
-  KILN_CHECK(size >= 4, Data, what, ": too short for an IDX file (", size,
+  KILN_CHECK(size >= 4, Data, "'", what, "': too short for an IDX file (", size,
              " bytes, the header alone needs 4+); the file is truncated, download it again");
-  KILN_CHECK(bytes[0] == 0 && bytes[1] == 0, Data, what, ": not an IDX file (magic ",
+  KILN_CHECK(bytes[0] == 0 && bytes[1] == 0, Data, "'", what, "': not an IDX file (magic ",
              static_cast<int>(bytes[0]), " ", static_cast<int>(bytes[1]),
              ", expected 0 0, or 0x1f 0x8b for gzip); check that --data points at the MNIST-style "
              "idx files");
   const uint8_t type = bytes[2];
-  KILN_CHECK(type == kIdxUnsignedByte, Data, what, ": IDX element type 0x", std::hex,
+  KILN_CHECK(type == kIdxUnsignedByte, Data, "'", what, "': IDX element type 0x", std::hex,
              static_cast<int>(type), std::dec, " (", idx_type_name(type),
              ") is not supported; kiln reads unsigned-byte (0x08) image and label files");
   const int ndims = bytes[3];
-  KILN_CHECK(ndims >= 1 && ndims <= 4, Data, what, ": IDX header says ", ndims,
+  KILN_CHECK(ndims >= 1 && ndims <= 4, Data, "'", what, "': IDX header says ", ndims,
              " dimensions; image files have 3 (N x H x W) or 4, label files 1");
   const size_t header = 4 + 4 * static_cast<size_t>(ndims);
-  KILN_CHECK(size >= header, Data, what, ": truncated IDX header (", size, " bytes, ", header,
+  KILN_CHECK(size >= header, Data, "'", what, "': truncated IDX header (", size, " bytes, ", header,
              " needed for ", ndims, " dimensions); download the file again");
 
   IdxArray out;
@@ -66,14 +66,14 @@ IdxArray parse_raw_idx(const uint8_t* bytes, size_t size, const std::string& wha
     const uint32_t d = read_be32(bytes + 4 + 4 * i);
     out.dims.push_back(d);
     total *= d;  // each factor < 2^32 and we stop at 2^32 below, so no overflow
-    KILN_CHECK(total <= kMaxIdxBytes, Data, what, ": IDX dimensions ", dims_str(out.dims),
+    KILN_CHECK(total <= kMaxIdxBytes, Data, "'", what, "': IDX dimensions ", dims_str(out.dims),
                "... describe more than ", kMaxIdxBytes, " bytes; the header is corrupt");
   }
   const size_t body = size - header;
-  KILN_CHECK(body >= total, Data, what, ": truncated: the header says ", dims_str(out.dims), " = ",
+  KILN_CHECK(body >= total, Data, "'", what, "': truncated: the header says ", dims_str(out.dims), " = ",
              total, " bytes of data but the file has only ", body,
              "; the download was probably interrupted, download it again");
-  KILN_CHECK(body == total, Data, what, ": ", body - total, " unexpected bytes after the ",
+  KILN_CHECK(body == total, Data, "'", what, "': ", body - total, " unexpected bytes after the ",
              dims_str(out.dims), " array; the file is not a single IDX array, check it");
   out.data.assign(bytes + header, bytes + header + total);
   return out;
@@ -100,20 +100,17 @@ IdxDataset::IdxDataset(IdxArray images, IdxArray labels, const std::string& imag
                        const std::string& labels_what, std::string name, int64_t classes)
     : images_(std::move(images)) {
   const auto& d = images_.dims;
-  KILN_CHECK(d.size() == 3 || d.size() == 4, Data, images_what,
-             ": an image file must have 3 "
+  KILN_CHECK(d.size() == 3 || d.size() == 4, Data, "'", images_what, "': an image file must have 3 "
              "(N x H x W) or 4 (N x H x W x C) dimensions, it has ",
              dims_str(d), "; did you swap the images and labels files?");
-  KILN_CHECK(labels.dims.size() == 1, Data, labels_what,
-             ": a label file must have 1 dimension "
+  KILN_CHECK(labels.dims.size() == 1, Data, "'", labels_what, "': a label file must have 1 dimension "
              "(N), it has ",
              dims_str(labels.dims), "; did you swap the images and labels files?");
   count_ = d[0];
   height_ = d[1];
   width_ = d[2];
   channels_ = d.size() == 4 ? d[3] : 1;
-  KILN_CHECK(count_ > 0 && height_ > 0 && width_ > 0 && channels_ > 0, Data, images_what,
-             ": empty image array (", dims_str(d), "); the file is corrupt");
+  KILN_CHECK(count_ > 0 && height_ > 0 && width_ > 0 && channels_ > 0, Data, "'", images_what, "': empty image array (", dims_str(d), "); the file is corrupt");
   KILN_CHECK(labels.dims[0] == count_, Data, "IDX files disagree: ", images_what, " holds ", count_,
              " images but ", labels_what, " holds ", labels.dims[0],
              " labels; they must come from the same split (train-* with train-*, t10k-* with "

@@ -24,7 +24,7 @@ bool is_image_file(const fs::path& p) {
 }  // namespace
 
 std::string image_folder_split_dir(const std::string& root, const std::string& split) {
-  KILN_CHECK(fs::is_directory(root), Data, "image folder root ", root,
+  KILN_CHECK(fs::is_directory(root), Data, "image folder root '", root, "'",
              " is not a directory; point --data at a directory holding <split>/<class>/*.jpg");
   const fs::path dir = fs::path(root) / split;
   if (fs::is_directory(dir)) return dir.string();
@@ -33,8 +33,8 @@ std::string image_folder_split_dir(const std::string& root, const std::string& s
   if (!other.empty() && fs::is_directory(fs::path(root) / other)) {
     return (fs::path(root) / other).string();
   }
-  KILN_FAIL(Data, "image folder split directory ", dir.string(), " does not exist",
-            other.empty() ? "" : " (nor " + (fs::path(root) / other).string() + ")", "; expected ",
+  KILN_FAIL(Data, "image folder split directory '", dir.string(), "' does not exist",
+            other.empty() ? "" : " (nor '" + (fs::path(root) / other).string() + "')", "; expected ",
             root, "/<split>/<class>/*.jpg with split train, val or test");
 }
 
@@ -43,7 +43,7 @@ ImageFolderDataset::ImageFolderDataset(const std::string& dir, int64_t channels,
     : dir_(dir), channels_(channels), skip_corrupt_(skip_corrupt), max_pixels_(max_pixels) {
   KILN_CHECK(channels == 1 || channels == 3, InvalidArgument,
              "image folders decode to 1 or 3 channels, not ", channels);
-  KILN_CHECK(fs::is_directory(dir), Data, "image folder ", dir,
+  KILN_CHECK(fs::is_directory(dir), Data, "image folder '", dir, "'",
              " is not a directory; expected <root>/<split>/<class>/*.jpg");
   try {
     list_files(dir);
@@ -63,8 +63,8 @@ void ImageFolderDataset::list_files(const std::string& dir) {
        fs::directory_iterator(dir, fs::directory_options::follow_directory_symlink)) {
     if (entry.is_directory()) classes_.push_back(entry.path().filename().string());
   }
-  KILN_CHECK(!classes_.empty(), Data, "image folder ", dir,
-             " has no class sub-directories; expected ", dir, "/<class>/*.jpg");
+  KILN_CHECK(!classes_.empty(), Data, "image folder '", dir, "'",
+             " has no class sub-directories; expected '", dir, "/<class>/*.jpg'");
   std::sort(classes_.begin(), classes_.end());
   for (size_t c = 0; c < classes_.size(); ++c) {
     std::vector<std::string> found;
@@ -75,7 +75,7 @@ void ImageFolderDataset::list_files(const std::string& dir) {
         found.push_back(entry.path().string());
       }
     }
-    KILN_CHECK(!found.empty(), Data, "class directory ", class_dir.string(),
+    KILN_CHECK(!found.empty(), Data, "class directory '", class_dir.string(), "'",
                " holds no .jpg, .jpeg or .png file; remove it or add its images");
     std::sort(found.begin(), found.end());
     files_.insert(files_.end(), found.begin(), found.end());
@@ -131,7 +131,7 @@ bool ImageFolderDataset::try_read(int64_t index, Encoded& out) const {
     const ImageInfo info = read_image_info(out.bytes.data(), out.bytes.size(), path);
     // Refused here, before any decoder sizes a buffer from the header (a decompression bomb).
     KILN_CHECK(info.height > 0 && info.width > 0 && info.height <= max_pixels_ / info.width,
-               Data, path, " declares ", info.height, "x", info.width,
+               Data, "'", path, "' declares ", info.height, "x", info.width,
                " pixels, more than the limit of ", max_pixels_, " (a corrupt or hostile header; --max-image-pixels raises the limit)");
     out.index = index;
     out.label = labels_[static_cast<size_t>(index)];
@@ -160,7 +160,7 @@ Dataset::Encoded ImageFolderDataset::encoded(int64_t index) const {
     if (known_corrupt(j)) continue;
     if (try_read(j, e)) return e;
   }
-  KILN_FAIL(Data, "every image in ", dir_, " is corrupt (", n,
+  KILN_FAIL(Data, "every image in '", dir_, "' is corrupt (", n,
             " files); check the files, e.g. with `file` or an image viewer");
 }
 
@@ -177,7 +177,7 @@ Sample ImageFolderDataset::sample(int64_t index) const {
       return s;
     }
   }
-  KILN_FAIL(Data, "every image in ", dir_, " is corrupt (", n,
+  KILN_FAIL(Data, "every image in '", dir_, "' is corrupt (", n,
             " files); check the files, e.g. with `file` or an image viewer");
 }
 

@@ -45,7 +45,7 @@ std::vector<float> as_floats(const StTensor& t, const std::string& name, const s
       v[i] = t.dtype == DType::F16 ? half_to_float(h) : bf16_to_float(h);
     }
   } else {
-    KILN_FAIL(Checkpoint, file, ": tensor '", name, "' is ", dtype_name(t.dtype), "; expected F32, F16 or BF16");
+    KILN_FAIL(Checkpoint, "'", file, "': tensor '", name, "' is ", dtype_name(t.dtype), "; expected F32, F16 or BF16");
   }
   return v;
 }
@@ -53,16 +53,16 @@ std::vector<float> as_floats(const StTensor& t, const std::string& name, const s
 const StTensor& need(const StFile& f, const std::string& name, const std::vector<int64_t>& shape,
                      const std::string& file) {
   auto it = f.tensors.find(name);
-  KILN_CHECK(it != f.tensors.end(), Checkpoint, file, ": tensor '", name,
+  KILN_CHECK(it != f.tensors.end(), Checkpoint, "'", file, "': tensor '", name,
              "' is missing; the file was not made for this model (or is damaged)");
-  KILN_CHECK(it->second.shape == shape, Checkpoint, file, ": tensor '", name, "' has shape ",
+  KILN_CHECK(it->second.shape == shape, Checkpoint, "'", file, "': tensor '", name, "' has shape ",
              Shape(it->second.shape).str(), " but the model needs ", Shape(shape).str());
   return it->second;
 }
 
 std::string meta(const StFile& f, const std::string& key, const std::string& file) {
   auto it = f.metadata.find(key);
-  KILN_CHECK(it != f.metadata.end(), Checkpoint, file, ": metadata '", key, "' is missing; not a kiln checkpoint");
+  KILN_CHECK(it != f.metadata.end(), Checkpoint, "'", file, "': metadata '", key, "' is missing; not a kiln checkpoint");
   return it->second;
 }
 
@@ -71,10 +71,10 @@ int64_t meta_int(const StFile& f, const std::string& key, const std::string& fil
   try {
     size_t used = 0;
     const long long v = std::stoll(s, &used);
-    KILN_CHECK(used == s.size(), Checkpoint, file, ": metadata '", key, "' = '", s, "' is not an integer");
+    KILN_CHECK(used == s.size(), Checkpoint, "'", file, "': metadata '", key, "' = '", s, "' is not an integer");
     return v;
   } catch (const std::logic_error&) {
-    KILN_FAIL(Checkpoint, file, ": metadata '", key, "' = '", s, "' is not an integer");
+    KILN_FAIL(Checkpoint, "'", file, "': metadata '", key, "' = '", s, "' is not an integer");
   }
 }
 
@@ -212,11 +212,11 @@ void save_checkpoint(Engine& engine, const std::string& path, const TrainState& 
 TrainState load_checkpoint(Engine& engine, const std::string& path) {
   const StFile f = read_safetensors(path);
   const Program& p = engine.program();
-  KILN_CHECK(meta(f, "format", path) == kFormat, Checkpoint, path, ": format '", meta(f, "format", path),
+  KILN_CHECK(meta(f, "format", path) == kFormat, Checkpoint, "'", path, "': format '", meta(f, "format", path),
              "' is not ", kFormat, "; to start from plain weights use --init-from");
-  KILN_CHECK(meta(f, "model", path) == p.model, Checkpoint, path, ": made for model '", meta(f, "model", path),
+  KILN_CHECK(meta(f, "model", path) == p.model, Checkpoint, "'", path, "': made for model '", meta(f, "model", path),
              "', not '", p.model, "'; pass --model ", meta(f, "model", path));
-  KILN_CHECK(meta(f, "optimizer", path) == p.options.optimizer, Checkpoint, path, ": made with optimizer '",
+  KILN_CHECK(meta(f, "optimizer", path) == p.options.optimizer, Checkpoint, "'", path, "': made with optimizer '",
              meta(f, "optimizer", path), "'; resume with --opt ", meta(f, "optimizer", path));
   import_weights(engine, path);  // parameters and running statistics
   for (Region r : {Region::moment1, Region::moment2, Region::ema_f32}) {
@@ -236,7 +236,7 @@ TrainState load_checkpoint(Engine& engine, const std::string& path) {
   }
   const StTensor& scale = need(f, "kiln.loss_scale", {}, path);
   const StTensor& good = need(f, "kiln.good_steps", {}, path);
-  KILN_CHECK(scale.dtype == DType::F32 && good.dtype == DType::I32, Checkpoint, path,
+  KILN_CHECK(scale.dtype == DType::F32 && good.dtype == DType::I32, Checkpoint, "'", path, "'",
              ": loss-scale state has the wrong dtype");
   engine.backend().write(p.tensor(p.io.loss_scale), scale.data.data());
   engine.backend().write(p.tensor(p.io.good_steps), good.data.data());
@@ -252,7 +252,7 @@ TrainState load_checkpoint(Engine& engine, const std::string& path) {
     const std::string& v = f.metadata.at("epoch_loss_sum");
     char* end = nullptr;
     s.sums.loss_sum = std::strtod(v.c_str(), &end);
-    KILN_CHECK(!v.empty() && end && *end == '\0', Checkpoint, path, ": metadata 'epoch_loss_sum' = '", v,
+    KILN_CHECK(!v.empty() && end && *end == '\0', Checkpoint, "'", path, "': metadata 'epoch_loss_sum' = '", v,
                "' is not a number");
   }
   s.sums.loss_count = meta_int_or(f, "epoch_loss_count", 0, path);
@@ -261,7 +261,7 @@ TrainState load_checkpoint(Engine& engine, const std::string& path) {
   s.sums.overflows = meta_int_or(f, "epoch_overflows", 0, path);
   if (f.metadata.count("metrics_row_csv")) s.row_csv = f.metadata.at("metrics_row_csv");
   if (f.metadata.count("metrics_row_jsonl")) s.row_jsonl = f.metadata.at("metrics_row_jsonl");
-  KILN_CHECK(s.epoch >= 0 && s.step >= 0 && s.step_in_epoch >= 0, Checkpoint, path,
+  KILN_CHECK(s.epoch >= 0 && s.step >= 0 && s.step_in_epoch >= 0, Checkpoint, "'", path, "'",
              ": negative epoch or step in the metadata");
   engine.set_steps_done(s.step);
   return s;

@@ -137,10 +137,10 @@ TEST(DataImageCodec, RoundTripsAndCorruptInput) {
   // truncated. (A busy 64x64 image, so that the headers are a small part of the file.)
   const auto busy = encode_jpeg(make_image(64, 64, 3, png_pattern), 90);
   expect_error([&] { decode_jpeg(busy.data(), busy.size() / 2, 3, "half.jpg"); }, ErrorKind::Data,
-               {"half.jpg", "truncated"});
+               {"'half.jpg'", "truncated"});
   std::vector<uint8_t> junk = {0xFF, 0xD8, 0xFF, 0x00, 1, 2, 3, 4, 5, 6, 7, 8};
   expect_error([&] { decode_image(junk.data(), junk.size(), 3, "junk.jpg"); }, ErrorKind::Data,
-               {"junk.jpg", "corrupt JPEG"});
+               {"'junk.jpg'", "corrupt JPEG"});
   std::vector<uint8_t> cut_png(png.begin(), png.begin() + static_cast<long>(png.size()) - 20);
   expect_error([&] { decode_image(cut_png.data(), cut_png.size(), 3, "cut.png"); }, ErrorKind::Data,
                {"cut.png", "PNG"});
@@ -253,7 +253,7 @@ TEST_F(DataImageFolder, SplitsAndLayoutErrors) {
   spec.kind = "folder";
   spec.root = dir_.path();
   spec.split = "val";
-  expect_error([&] { open_dataset(spec); }, ErrorKind::Data, {"val", "does not exist"});
+  expect_error([&] { open_dataset(spec); }, ErrorKind::Data, {"'" + dir_.path() + "/val' does not exist"});
   // "val" finds a "test" directory.
   write_file(dir_.path() + "/test/ant/y.png", encode_png(make_image(2, 2, 3, png_pattern)));
   EXPECT_EQ(open_dataset(spec)->size(), 1);
