@@ -82,7 +82,7 @@ void check_config(const TrainConfig& c) {
   KILN_CHECK(c.progress == "auto" || c.progress == "bar" || c.progress == "plain" || c.progress == "none",
              InvalidArgument, "--progress must be auto, bar, plain or none");
   KILN_CHECK(!c.output.empty(), InvalidArgument, "--output must name a folder");
-  check_schedule(c.lr);
+  check_schedule(c.lr, c.epochs);
 }
 
 DatasetSpec dataset_spec(const TrainConfig& c, bool train, int64_t h, int64_t w, int64_t ch, int64_t classes) {
