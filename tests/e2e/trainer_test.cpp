@@ -9,6 +9,7 @@
 
 #include "kiln/blueprint/zoo.h"
 #include "kiln/core/error.h"
+#include "kiln/data/transforms.h"
 #include "kiln/io/safetensors.h"
 #include "kiln/task/checkpoint.h"
 #include "kiln/task/trainer.h"
@@ -69,6 +70,29 @@ TEST(Trainer, WritesMetricsCheckpointAndSummary) {
   for (const auto& e : fs::directory_iterator(out)) {
     EXPECT_EQ(e.path().string().find(".tmp"), std::string::npos) << "temporary file left: " << e.path();
   }
+}
+
+// --color-jitter joins the training pipeline after the crop and flip, before Normalize; the
+// test split is not jittered, and the jittered pipeline leaves the uint8 path.
+TEST(Trainer, ColorJitterJoinsTheTrainingPipeline) {
+  TrainConfig c;
+  c.data = "cifar10";
+  c.crop_padding = 4;
+  const Pipeline plain = input_pipeline(c, true, 32, 3);
+  EXPECT_EQ(plain.describe().find("ColorJitter"), std::string::npos) << plain.describe();
+  EXPECT_TRUE(plain.geometric());
+  c.color_jitter = {0.4f, 0.3f, 0.2f, 0.1f};
+  const Pipeline train_p = input_pipeline(c, true, 32, 3);
+  const std::string d = train_p.describe();
+  const size_t flip = d.find("RandomHorizontalFlip"), jitter = d.find("ColorJitter(brightness 0.4, contrast 0.3, "
+                                                                        "saturation 0.2, hue 0.1)"),
+               norm = d.find("Normalize");
+  ASSERT_NE(jitter, std::string::npos) << d;
+  EXPECT_LT(d.find("RandomCrop"), flip) << d;
+  EXPECT_LT(flip, jitter) << d;
+  EXPECT_LT(jitter, norm) << d;
+  EXPECT_FALSE(train_p.geometric());
+  EXPECT_EQ(input_pipeline(c, false, 32, 3).describe().find("ColorJitter"), std::string::npos);
 }
 
 // Statistics arrive a step late, so the first progress line has no loss yet: it shows a dash,
