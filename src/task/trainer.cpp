@@ -68,6 +68,10 @@ void check_config(const TrainConfig& c) {
              "--weight-decay must be a finite number >= 0, got ", c.weight_decay);
   KILN_CHECK(c.clip_grad >= 0 && std::isfinite(c.clip_grad), InvalidArgument,
              "--clip-grad must be a finite number >= 0 (0 = off), got ", c.clip_grad);
+  const auto& cj = c.color_jitter;
+  KILN_CHECK(cj[0] >= 0 && cj[1] >= 0 && cj[2] >= 0 && cj[3] >= 0 && cj[3] <= 0.5f, InvalidArgument,
+             "--color-jitter ", cj[0], ",", cj[1], ",", cj[2], ",", cj[3],
+             ": brightness, contrast and saturation must be >= 0 and hue in [0, 0.5]");
   KILN_CHECK(c.ema_decay > 0 && c.ema_decay < 1, InvalidArgument, "--ema-decay must be in (0, 1)");
   KILN_CHECK(c.num_classes >= 0 && c.num_classes <= (int64_t{1} << 24), InvalidArgument,
              "--num-classes must be in 0..", int64_t{1} << 24, " (0 = the dataset's), got ", c.num_classes);
@@ -82,7 +86,7 @@ void check_config(const TrainConfig& c) {
   KILN_CHECK(c.progress == "auto" || c.progress == "bar" || c.progress == "plain" || c.progress == "none",
              InvalidArgument, "--progress must be auto, bar, plain or none");
   KILN_CHECK(!c.output.empty(), InvalidArgument, "--output must name a folder");
-  check_schedule(c.lr);
+  check_schedule(c.lr, c.epochs);
 }
 
 DatasetSpec dataset_spec(const TrainConfig& c, bool train, int64_t h, int64_t w, int64_t ch, int64_t classes) {
@@ -101,7 +105,9 @@ DatasetSpec dataset_spec(const TrainConfig& c, bool train, int64_t h, int64_t w,
   return s;
 }
 
-Pipeline make_pipeline(const TrainConfig& c, bool train, int64_t size, int64_t channels) {
+}  // namespace
+
+Pipeline input_pipeline(const TrainConfig& c, bool train, int64_t size, int64_t channels) {
   Pipeline p;
   p.add<ToFloat>();
   if (c.data == "folder") {
@@ -114,16 +120,18 @@ Pipeline make_pipeline(const TrainConfig& c, bool train, int64_t size, int64_t c
   }
   if (train && c.crop_padding > 0) p.add<RandomCrop>(size, static_cast<int64_t>(c.crop_padding));
   if (train && c.hflip) p.add<RandomHorizontalFlip>(0.5f);
+  const auto& cj = c.color_jitter;
+  if (train && (cj[0] > 0 || cj[1] > 0 || cj[2] > 0 || cj[3] > 0)) p.add<ColorJitter>(cj[0], cj[1], cj[2], cj[3]);
   const Normalization norm = normalization_for(c.data, channels);
   p.add<Normalize>(norm.mean, norm.std);
   return p;
 }
 
-}  // namespace
-
 std::string config_json(const TrainConfig& c) {
   std::string milestones;  // a string, so that every value is one flat token
   for (int64_t m : c.lr.milestones) milestones += (milestones.empty() ? "" : ",") + std::to_string(m);
+  std::string color_jitter;
+  for (float v : c.color_jitter) color_jitter += (color_jitter.empty() ? "" : ",") + json_number(v);
   std::ostringstream os;
   os << "{\"model\":" << json_string(c.model) << ",\"data\":" << json_string(c.data)
      << ",\"epochs\":" << c.epochs << ",\"batch_size\":" << c.batch_size << ",\"lr\":" << json_number(c.lr.base_lr)
@@ -134,7 +142,8 @@ std::string config_json(const TrainConfig& c) {
      << ",\"ema\":" << (c.ema ? "true" : "false") << ",\"seed\":" << c.seed << ",\"device\":" << json_string(c.device)
      << ",\"warmup_epochs\":" << json_number(c.lr.warmup_epochs) << ",\"min_lr\":" << json_number(c.lr.min_lr)
      << ",\"step_size\":" << c.lr.step_size << ",\"milestones\":" << json_string(milestones)
-     << ",\"gamma\":" << json_number(c.lr.gamma) << ",\"max_steps\":" << c.max_steps_per_epoch << "}";
+     << ",\"gamma\":" << json_number(c.lr.gamma) << ",\"max_steps\":" << c.max_steps_per_epoch
+     << ",\"color_jitter\":" << json_string(color_jitter) << "}";
   return os.str();
 }
 
@@ -296,8 +305,8 @@ RunSetup setup_run(const TrainConfig& c, bool training) {
   lo.seed = c.seed;
   lo.rank = dist::rank();
   lo.world = dist::world();
-  const Pipeline train_p = make_pipeline(c, true, size, probe.input.channels);
-  const Pipeline test_p = make_pipeline(c, false, size, probe.input.channels);
+  const Pipeline train_p = input_pipeline(c, true, size, probe.input.channels);
+  const Pipeline test_p = input_pipeline(c, false, size, probe.input.channels);
   LoaderOptions eo = lo;
   eo.shuffle = false;
   eo.drop_last = false;

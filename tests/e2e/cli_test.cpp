@@ -162,4 +162,29 @@ TEST(Cli, CorruptCheckpointIsRefused) {
   EXPECT_FALSE(std::filesystem::exists(out));
 }
 
+// --color-jitter (and its run-file key) reaches the training pipeline, which is then not one
+// crop-and-resize: the run says its batches go to the device as float32.
+TEST(Cli, ColorJitterFromTheCommandLineAndARunFile) {
+  const std::string common = "train --model cnn --data synthetic --synthetic-size 32 --batch-size 16 --epochs 1 "
+                             "--device cpu --workers 1 --progress none --output ";
+  const Result flag = kiln(common + testing::TempDir() + "/cli_jitter_flag --color-jitter 0.4");
+  ASSERT_EQ(flag.code, 0) << flag.out;
+  EXPECT_NE(flag.out.find("float32 to the device (the pipeline is not one crop-and-resize)"), std::string::npos)
+      << flag.out;
+  const std::string path = testing::TempDir() + "/jitter_run.yaml";
+  std::ofstream(path) << "color_jitter: [0.4, 0.3, 0.2, 0.1]\n";
+  const Result file = kiln(common + testing::TempDir() + "/cli_jitter_file --config " + path);
+  ASSERT_EQ(file.code, 0) << file.out;
+  EXPECT_NE(file.out.find("float32 to the device"), std::string::npos) << file.out;
+  const Result plain = kiln(common + testing::TempDir() + "/cli_jitter_none");
+  ASSERT_EQ(plain.code, 0) << plain.out;
+  EXPECT_NE(plain.out.find("uint8 to the device"), std::string::npos) << plain.out;
+  const Result two = kiln(common + testing::TempDir() + "/cli_jitter_two --color-jitter 0.4,0.4");
+  EXPECT_NE(two.code, 0);
+  EXPECT_NE(two.out.find("--color-jitter '0.4,0.4' has 2 values"), std::string::npos) << two.out;
+  const Result hue = kiln(common + testing::TempDir() + "/cli_jitter_hue --color-jitter 0.4,0.4,0.4,0.7");
+  EXPECT_NE(hue.code, 0);
+  EXPECT_NE(hue.out.find("hue in [0, 0.5]"), std::string::npos) << hue.out;
+}
+
 }  // namespace

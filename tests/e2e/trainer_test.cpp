@@ -5,10 +5,13 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 
 #include "kiln/blueprint/zoo.h"
 #include "kiln/core/error.h"
+#include "kiln/data/transforms.h"
+#include "kiln/io/json.h"
 #include "kiln/io/safetensors.h"
 #include "kiln/task/checkpoint.h"
 #include "kiln/task/trainer.h"
@@ -50,6 +53,24 @@ int count_lines(const std::string& path) {
   return n;
 }
 
+// The last row of a metrics CSV, by column name.
+std::map<std::string, std::string> last_row(const std::string& path) {
+  std::ifstream in(path);
+  std::string header, line, row;
+  std::getline(in, header);
+  while (std::getline(in, line)) row = line;
+  auto split = [](const std::string& l) {
+    std::vector<std::string> v;
+    std::stringstream ss(l);
+    for (std::string cell; std::getline(ss, cell, ',');) v.push_back(cell);
+    return v;
+  };
+  const std::vector<std::string> names = split(header), cells = split(row);
+  std::map<std::string, std::string> out;
+  for (size_t i = 0; i < names.size() && i < cells.size(); ++i) out[names[i]] = cells[i];
+  return out;
+}
+
 TEST(Trainer, WritesMetricsCheckpointAndSummary) {
   const std::string out = fresh_dir("outputs");
   const TrainSummary s = train(small_run(out, 2));
@@ -59,16 +80,61 @@ TEST(Trainer, WritesMetricsCheckpointAndSummary) {
   EXPECT_EQ(count_lines(out + "/metrics.jsonl"), 2);
   EXPECT_TRUE(fs::exists(out + "/last.safetensors"));
   EXPECT_TRUE(fs::exists(out + "/summary.json"));
-  EXPECT_GE(s.final_top1, 0.0);
-  EXPECT_GE(s.ema_top1, 0.0);
-  std::ifstream csv(out + "/metrics.csv");
-  std::string header;
-  std::getline(csv, header);
-  EXPECT_NE(header.find("test_top1"), std::string::npos) << header;
-  EXPECT_NE(header.find("ema_test_top1"), std::string::npos) << header;
+  // Random pixels and labels teach nothing, so accuracy is not the check: what the run reports
+  // is. The test split is 96 / 5 = 19 images, so top-1 is a whole number of them, top-5 holds
+  // top-1, and the summary, the last metrics row and summary.json give the same numbers.
+  const std::map<std::string, std::string> last = last_row(out + "/metrics.csv");
+  for (const char* col : {"epoch", "step", "lr", "train_loss", "test_top1", "test_top5", "ema_test_top1"}) {
+    ASSERT_TRUE(last.count(col)) << col << " missing from metrics.csv";
+  }
+  EXPECT_EQ(last.at("epoch"), "2");
+  EXPECT_EQ(last.at("step"), "12");
+  for (double top1 : {s.final_top1, s.ema_top1}) {
+    const double hits = top1 * 19 / 100;
+    EXPECT_NEAR(hits, std::round(hits), 1e-6) << top1 << "% is not a count of 19 images";
+    EXPECT_GE(top1, 0.0);
+    EXPECT_LE(top1, 100.0);
+  }
+  EXPECT_GE(s.final_top5, s.final_top1);
+  // The CSV's 9 significant digits: 1e-6 relative.
+  EXPECT_NEAR(std::stod(last.at("test_top1")), s.final_top1, 1e-6 * 100);
+  EXPECT_NEAR(std::stod(last.at("test_top5")), s.final_top5, 1e-6 * 100);
+  EXPECT_NEAR(std::stod(last.at("ema_test_top1")), s.ema_top1, 1e-6 * 100);
+  EXPECT_TRUE(std::isfinite(std::stod(last.at("train_loss")))) << last.at("train_loss");
+  // The row's lr is the schedule's at the epoch's last step (11 of 12).
+  const TrainConfig c = small_run(out, 2);
+  EXPECT_NEAR(std::stod(last.at("lr")), lr_at(c.lr, 11, 12, 6), 1e-6 * c.lr.base_lr);
+  std::stringstream summary;
+  summary << std::ifstream(out + "/summary.json").rdbuf();
+  EXPECT_NE(summary.str().find("\"epochs\":2,\"steps\":12"), std::string::npos) << summary.str();
+  EXPECT_NE(summary.str().find("{\"final_top1\":" + json_number(s.final_top1) + ","), std::string::npos)
+      << summary.str();
   for (const auto& e : fs::directory_iterator(out)) {
     EXPECT_EQ(e.path().string().find(".tmp"), std::string::npos) << "temporary file left: " << e.path();
   }
+}
+
+// --color-jitter joins the training pipeline after the crop and flip, before Normalize; the
+// test split is not jittered, and the jittered pipeline leaves the uint8 path.
+TEST(Trainer, ColorJitterJoinsTheTrainingPipeline) {
+  TrainConfig c;
+  c.data = "cifar10";
+  c.crop_padding = 4;
+  const Pipeline plain = input_pipeline(c, true, 32, 3);
+  EXPECT_EQ(plain.describe().find("ColorJitter"), std::string::npos) << plain.describe();
+  EXPECT_TRUE(plain.geometric());
+  c.color_jitter = {0.4f, 0.3f, 0.2f, 0.1f};
+  const Pipeline train_p = input_pipeline(c, true, 32, 3);
+  const std::string d = train_p.describe();
+  const size_t flip = d.find("RandomHorizontalFlip"), jitter = d.find("ColorJitter(brightness 0.4, contrast 0.3, "
+                                                                        "saturation 0.2, hue 0.1)"),
+               norm = d.find("Normalize");
+  ASSERT_NE(jitter, std::string::npos) << d;
+  EXPECT_LT(d.find("RandomCrop"), flip) << d;
+  EXPECT_LT(flip, jitter) << d;
+  EXPECT_LT(jitter, norm) << d;
+  EXPECT_FALSE(train_p.geometric());
+  EXPECT_EQ(input_pipeline(c, false, 32, 3).describe().find("ColorJitter"), std::string::npos);
 }
 
 // Statistics arrive a step late, so the first progress line has no loss yet: it shows a dash,

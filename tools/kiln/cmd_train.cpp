@@ -1,6 +1,9 @@
 // kiln train / eval / export.
+#include <array>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <stdexcept>
 
@@ -29,10 +32,12 @@ std::vector<FlagSpec> train_flags() {
       {"batch-size", "batch size", "128", false, 'b'},
       {"lr", "peak learning rate", "0.1", false},
       {"sched", "schedule: onecycle, cosine, step, multistep, poly, constant", "onecycle", false},
-      {"warmup-epochs", "linear warm-up epochs (not for onecycle)", "0", false},
+      {"warmup-epochs",
+       "linear warm-up epochs; with onecycle, its rising phase (PyTorch's pct_start = warmup / epochs; 0: 30% of the run)",
+       "0", false},
       {"min-lr", "cosine floor", "0", false},
       {"step-size", "step schedule: epochs between decays", "30", false},
-      {"milestones", "multistep schedule: epochs, comma-separated", "", false},
+      {"milestones", "multistep schedule (only): epochs, comma-separated", "", false},
       {"gamma", "step/multistep decay factor", "0.1", false},
       {"opt", "optimizer: sgd, adamw, lars", "sgd", false},
       {"momentum", "SGD/LARS momentum", "0.9", false},
@@ -65,6 +70,11 @@ std::vector<FlagSpec> train_flags() {
       {"hflip", "random horizontal flips", "on", true},
       {"crop-padding", "random crop with this much zero padding (0 = off)", "0", false},
       {"random-resized-crop", "ImageNet-style RandomResizedCrop (image folders)", "off", true},
+      {"color-jitter",
+       "ColorJitter on training images after the crop and flip: one value for brightness, contrast and saturation "
+       "(timm's 0.4), or B,C,S[,H]. Not a crop-and-resize, so batches go to the device as float32 (no uint8 or GPU "
+       "decode path)",
+       "", false},
       {"image-size", "input size (0 = the model's default)", "0", false},
       {"num-classes", "classes (0 = the dataset's)", "0", false},
       {"max-steps", "at most this many steps per epoch (0 = all)", "0", false},
@@ -83,6 +93,29 @@ int64_t int_flag(const Flags& f, const std::string& name, int64_t fallback, int6
   const int64_t v = f.i64(name, fallback);
   KILN_CHECK(v >= lo && v <= hi, InvalidArgument, "--", name, " must be in ", lo, "..", hi, ", got ", v);
   return v;
+}
+
+// --color-jitter V (brightness, contrast and saturation V, as timm's) or B,C,S[,H].
+std::array<float, 4> color_jitter_flag(const Flags& f) {
+  std::array<float, 4> out{};
+  if (!f.has("color-jitter")) return out;
+  const std::string text = f.str("color-jitter");
+  std::vector<float> v;
+  for (size_t at = 0; at <= text.size();) {
+    const size_t comma = std::min(text.find(',', at), text.size());
+    const std::string item = text.substr(at, comma - at);
+    char* end = nullptr;
+    const float x = std::strtof(item.c_str(), &end);
+    KILN_CHECK(!item.empty() && end && *end == '\0' && std::isfinite(x), InvalidArgument, "--color-jitter '", text,
+               "': '", item, "' is not a number; give one value (e.g. 0.4) or brightness,contrast,saturation[,hue]");
+    v.push_back(x);
+    at = comma + 1;
+  }
+  KILN_CHECK(v.size() == 1 || v.size() == 3 || v.size() == 4, InvalidArgument, "--color-jitter '", text, "' has ",
+             v.size(), " values; give one (brightness, contrast and saturation alike) or B,C,S[,H]");
+  if (v.size() == 1) v = {v[0], v[0], v[0]};
+  for (size_t i = 0; i < v.size(); ++i) out[i] = v[i];
+  return out;
 }
 
 TrainConfig to_config(const Flags& f) {
@@ -126,6 +159,7 @@ TrainConfig to_config(const Flags& f) {
   c.hflip = f.on("hflip", c.hflip);
   c.crop_padding = static_cast<int>(int_flag(f, "crop-padding", 0, 0, 1 << 16));
   c.random_resized_crop = f.on("random-resized-crop", false);
+  c.color_jitter = color_jitter_flag(f);
   c.image_size = f.i64("image-size", 0);
   c.num_classes = f.i64("num-classes", 0);
   c.max_steps_per_epoch = f.i64("max-steps", 0);
@@ -287,6 +321,7 @@ bool eval_uses(const std::string& name) {
       "milestones",  "gamma",       "opt",       "momentum",          "nesterov",       "weight-decay",
       "clip-grad",   "ema",         "ema-decay", "eval-every",        "early-stop",     "stop-after-epochs",
       "output",      "resume",      "init-from", "hflip",             "crop-padding",   "random-resized-crop",
+      "color-jitter",
       "max-steps",   "profile",     "stop-after-steps", "save-every-steps", "save-every-minutes", "resume-override"};
   for (const char* t : kTrainingOnly) {
     if (name == t) return false;

@@ -16,7 +16,8 @@ struct LrSchedule {
   int64_t step_size = 30;           // step: epochs between decays
   std::vector<int64_t> milestones;  // multistep: epochs
   float power = 1.0f;               // poly
-  double warmup_epochs = 0;         // linear warm-up from warmup_start * base_lr
+  double warmup_epochs = 0;         // linear warm-up from warmup_start * base_lr; onecycle: the
+                                    // rising phase (pct_start = warmup_epochs / epochs)
   float warmup_start = 0.0f;
   // onecycle (PyTorch's OneCycleLR defaults): rise for pct_start of the run from
   // base/div_factor, cosine down to base/(div_factor*final_div_factor).
@@ -26,7 +27,9 @@ struct LrSchedule {
 // Rate for `step` (0-based) of a run of `total_steps`, `steps_per_epoch` steps an epoch.
 float lr_at(const LrSchedule& s, int64_t step, int64_t total_steps, int64_t steps_per_epoch);
 
-// Validates a schedule (unknown kind, negative values) with an error naming the flag.
+// Validates a schedule (unknown kind, negative values, a flag its kind does not read) with an
+// error naming the flag; the second form also checks it against the run's length.
 void check_schedule(const LrSchedule& s);
+void check_schedule(const LrSchedule& s, int64_t epochs);
 
 }  // namespace kiln

@@ -2,6 +2,7 @@
 // N epochs (top-1/top-5, and the EMA weights when on), a progress line with images/s and
 // ETA, metrics to CSV and JSON lines, checkpoints, early stop, deterministic seeds.
 #pragma once
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -10,6 +11,8 @@
 #include "kiln/task/engine.h"
 
 namespace kiln {
+
+class Pipeline;
 
 struct TrainConfig {
   std::string model = "cnn";
@@ -48,6 +51,9 @@ struct TrainConfig {
   bool hflip = true;                  // random horizontal flip
   int crop_padding = 0;               // random crop with this padding (0 = off)
   bool random_resized_crop = false;   // ImageNet-style training crop
+  // ColorJitter on training images after the crop and flip: brightness, contrast, saturation,
+  // hue (all 0 = off). Not a crop-and-resize, so the training batches take the float32 path.
+  std::array<float, 4> color_jitter{};
   int64_t image_size = 0;             // 0 = the model's default
   int64_t num_classes = 0;            // 0 = the dataset's
   int64_t max_steps_per_epoch = 0;    // 0 = the whole epoch (for quick runs and tests)
@@ -86,6 +92,10 @@ TrainSummary train(const TrainConfig& config);
 
 // Evaluates the weights given by config.init_from on the test split (no training).
 TrainSummary evaluate(const TrainConfig& config);
+
+// The host transforms of the training (train) or test split's samples, for a model whose input
+// is size x size x channels.
+Pipeline input_pipeline(const TrainConfig& config, bool train, int64_t size, int64_t channels);
 
 // The run's options as JSON (stored in checkpoints and the summary).
 std::string config_json(const TrainConfig& config);
