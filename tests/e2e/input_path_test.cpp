@@ -41,19 +41,7 @@ std::string fresh_dir(const std::string& name) {
   return d;
 }
 
-Image pattern(int64_t h, int64_t w, int64_t c, int seed) {
-  Image im;
-  im.height = h, im.width = w, im.channels = c;
-  for (int64_t y = 0; y < h; ++y) {
-    for (int64_t x = 0; x < w; ++x) {
-      for (int64_t k = 0; k < c; ++k) {
-        const double v = 127 + 90 * std::sin(0.23 * x + 0.4 * k + seed) * std::cos(0.19 * y - 0.3 * seed);
-        im.pixels.push_back(static_cast<uint8_t>(std::lround(v)));
-      }
-    }
-  }
-  return im;
-}
+Image pattern(int64_t h, int64_t w, int64_t c, int seed) { return data_test::smooth_pattern(h, w, c, seed); }
 
 // A PNG header declaring 200000 x 200000 pixels (4e10: a decompression bomb), valid CRC.
 std::vector<uint8_t> png_bomb() {

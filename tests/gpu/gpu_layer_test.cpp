@@ -325,6 +325,21 @@ TEST_P(GpuLayer, FullyConnected) {
   }
 }
 
+// One softmax_ce node of N rows of K logits on both backends, compiled.
+struct CePair {
+  Pair t;
+  TensorId z, lab, scale, loss, correct, dz;
+  CePair(bool amp, int64_t N, int64_t K) : t(amp) {
+    z = t.add("logits", {N, K}, Kind::Feature), lab = t.add("labels", {N}, Kind::I32);
+    scale = t.add("loss_scale", {1}, Kind::F32, Region::scalars);
+    loss = t.add("loss", {1}, Kind::F32, Region::scalars);
+    correct = t.add("correct", {2}, Kind::I32, Region::scalars);
+    dz = t.add("dlogits", {N, K}, Kind::Feature);
+    t.node(OpKind::softmax_ce, {z, lab, scale}, {loss, correct, dz});
+    t.compile();
+  }
+};
+
 TEST_P(GpuLayer, SoftmaxCrossEntropy) {
   KILN_REQUIRE_GPU();
   const bool amp = GetParam();
@@ -332,14 +347,9 @@ TEST_P(GpuLayer, SoftmaxCrossEntropy) {
   for (const auto& d : dims) {
     const int64_t N = d[0], K = d[1];
     SCOPED_TRACE(::testing::Message() << "softmax_ce " << N << "x" << K);
-    Pair t(amp);
-    const TensorId z = t.add("logits", {N, K}, Kind::Feature), lab = t.add("labels", {N}, Kind::I32);
-    const TensorId scale = t.add("loss_scale", {1}, Kind::F32, Region::scalars);
-    const TensorId loss = t.add("loss", {1}, Kind::F32, Region::scalars);
-    const TensorId correct = t.add("correct", {2}, Kind::I32, Region::scalars);
-    const TensorId dz = t.add("dlogits", {N, K}, Kind::Feature);
-    t.node(OpKind::softmax_ce, {z, lab, scale}, {loss, correct, dz});
-    t.compile();
+    CePair ce(amp, N, K);
+    Pair& t = ce.t;
+    const TensorId z = ce.z, lab = ce.lab, scale = ce.scale, loss = ce.loss, correct = ce.correct, dz = ce.dz;
     t.set_random(z, 51, -4.0f, 4.0f);
     Rng rng(52);
     std::vector<int32_t> labels(static_cast<size_t>(N));
@@ -364,14 +374,9 @@ TEST_P(GpuLayer, SoftmaxCrossEntropyNonFiniteLogitsAreMisses) {
                                                 {0, 0, inf, 0, 0, 0},           {5, 0, 0, -inf, 0, 0},
                                                 {5, 0, 0, 0, 0, 0}};
   const int64_t N = static_cast<int64_t>(rows.size()), K = 6;
-  Pair t(amp);
-  const TensorId z = t.add("logits", {N, K}, Kind::Feature), lab = t.add("labels", {N}, Kind::I32);
-  const TensorId scale = t.add("loss_scale", {1}, Kind::F32, Region::scalars);
-  const TensorId loss = t.add("loss", {1}, Kind::F32, Region::scalars);
-  const TensorId correct = t.add("correct", {2}, Kind::I32, Region::scalars);
-  const TensorId dz = t.add("dlogits", {N, K}, Kind::Feature);
-  t.node(OpKind::softmax_ce, {z, lab, scale}, {loss, correct, dz});
-  t.compile();
+  CePair ce(amp, N, K);
+  Pair& t = ce.t;
+  const TensorId z = ce.z, lab = ce.lab, scale = ce.scale, correct = ce.correct;
   std::vector<float> zv;
   for (const auto& r : rows) zv.insert(zv.end(), r.begin(), r.end());
   t.set(z, zv);

@@ -18,20 +18,7 @@ using data_test::expect_error;
 using data_test::TempDir;
 using data_test::write_file;
 
-// Smooth enough that JPEG keeps it close, busy enough that a wrong crop shows.
-Image pattern(int64_t h, int64_t w, int64_t c, int seed) {
-  Image im;
-  im.height = h, im.width = w, im.channels = c;
-  for (int64_t y = 0; y < h; ++y) {
-    for (int64_t x = 0; x < w; ++x) {
-      for (int64_t k = 0; k < c; ++k) {
-        const double v = 127 + 90 * std::sin(0.21 * x + 0.5 * k + seed) * std::cos(0.17 * y - 0.3 * seed);
-        im.pixels.push_back(static_cast<uint8_t>(std::lround(v)));
-      }
-    }
-  }
-  return im;
-}
+Image pattern(int64_t h, int64_t w, int64_t c, int seed) { return data_test::smooth_pattern(h, w, c, seed); }
 
 // A JPEG whose header parses but whose scan asks for Huffman tables that were never defined:
 // decoding fails after the header (a file broken mid-stream).

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <cmath>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -12,6 +13,8 @@
 #include <stdexcept>
 #include <string>
 #include <vector>
+
+#include "kiln/data/dataset.h"
 
 #include "kiln/core/error.h"
 
@@ -74,6 +77,21 @@ inline void expect_error(const std::function<void()>& f, ErrorKind kind,
           << "message lacks '" << p << "': " << e.what();
     }
   }
+}
+
+// Smooth enough that JPEG keeps it close, busy enough that a wrong crop shows.
+inline Image smooth_pattern(int64_t h, int64_t w, int64_t c, int seed) {
+  Image im;
+  im.height = h, im.width = w, im.channels = c;
+  for (int64_t y = 0; y < h; ++y) {
+    for (int64_t x = 0; x < w; ++x) {
+      for (int64_t k = 0; k < c; ++k) {
+        const double v = 127 + 90 * std::sin(0.21 * x + 0.5 * k + seed) * std::cos(0.17 * y - 0.3 * seed);
+        im.pixels.push_back(static_cast<uint8_t>(std::lround(v)));
+      }
+    }
+  }
+  return im;
 }
 
 }  // namespace kiln::data_test
