@@ -98,6 +98,7 @@ for entry in $MODELS; do
       *) echo "unknown row $r"; exit 2 ;;
     esac
     [ -s "$out" ] && grep -iE "error|fail" "$out" | head -3
+    grep -h "host ms per batch" "$out" 2>/dev/null
   done
 done
 echo

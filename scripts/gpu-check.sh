@@ -105,7 +105,7 @@ targets=()  # all: everything
 [ "$MODE" = kernels ] && targets=(kiln kiln_cli)
 [ "$MODE" = timeline ] && targets=(kiln kiln_cli kiln_cupti_trace)
 [ "$MODE" = forms ] && targets=(kiln_conv_forms)
-[ "$MODE" = jpeg ] && targets=(kiln kiln_cli kiln_gpu_tests)
+[ "$MODE" = jpeg ] && targets=(kiln kiln_cli kiln_gpu_tests kiln_cupti_trace)
 if ! cmake --build "$BUILD" -j "$JOBS" ${targets[@]:+--target "${targets[@]}"} >"$LOGS/build.log" 2>&1; then
   grep -E 'error|FAILED' "$LOGS/build.log" | head -40
   note build "FAILED ($(since))"
@@ -149,9 +149,29 @@ if [ "$MODE" = jpeg ]; then
   [ "${JPEG_TESTS:-0}" = 1 ] && jpeg_tests
   LOGS="$LOGS/jpeg" BUILD="$BUILD" bash bench/jpeg_compare.sh "${JPEG_MODELS:-resnet50 vgg16_bn}" \
     ${JPEG_ROWS:+"$JPEG_ROWS"} >"$LOGS/jpeg-compare.log" 2>&1 || status=1
-  grep -E '^== ' "$LOGS/jpeg-compare.log"
+  grep -E '^== |host ms per batch' "$LOGS/jpeg-compare.log"
   while IFS= read -r line; do SUMMARY+=("$line"); done < <(grep '^|' "$LOGS/jpeg-compare.log")
   note "jpeg compare" "($(since))"
+  # JPEG_TRACE=1: tools/cupti_trace.cpp's trace of 5 steps fed from the folder with GPU decode
+  # (the decode, resample and step kernels per stream: does the step wait for its input, or
+  # do the input's kernels slow the step?), for the first of JPEG_MODELS.
+  tracer="$BUILD/libkiln_cupti_trace.so"
+  if [ "${JPEG_TRACE:-0}" = 1 ] && [ -f "$tracer" ]; then
+    m=${JPEG_MODELS:-resnet50}; m=${m%% *}; m=${m%%=*}
+    csv="$LOGS/trace-folder-$m.csv"
+    if CUDA_INJECTION64_PATH="$tracer" KILN_TRACE_OUT="$csv" "$BUILD/kiln" bench --model "$m" --batch 256 --amp \
+         --data folder --data-dir "${JPEG_ROOT:-/tmp/kiln-jpegs}" --decode gpu --steps 5 --warmup 10 --repeats 1 \
+         --cuda-profiler-range >"$LOGS/traced-folder-$m.log" 2>&1 &&
+       python3 bench/gpu_timeline.py "$csv" --steps 5 --top 15 >"$LOGS/timeline-folder-$m.txt" 2>&1; then
+      note "trace folder" "$(head -1 "$LOGS/timeline-folder-$m.txt")"
+      sed -n '2,30p' "$LOGS/timeline-folder-$m.txt"
+      grep 'host ms' "$LOGS/traced-folder-$m.log"
+      gzip -f "$csv"
+    else
+      status=1
+      note "trace folder" "FAILED: $(tail -2 "$LOGS/traced-folder-$m.log" 2>/dev/null | cut -c1-150)"
+    fi
+  fi
   [ "${JPEG_TESTS:-0}" = after ] && jpeg_tests
   finish
 fi

@@ -74,12 +74,17 @@ int bench_folder(const Flags& f, const std::string& model, const BluePrint& bp, 
   int64_t epoch = 0, done = 0;
   loader.start_epoch(epoch);
   StepStats first{}, last{};
+  // Host time per part of a batch, summed over the timed repeats: where the thread that feeds
+  // the device spends a step (the GPU idles if these add up to more than its step).
+  double next_s = 0, step_s = 0;
+  bool timing = false;
   // One batch from the loader into slot A/B (alternating); a step on it unless input_only.
   auto step = [&](bool read) {
     const int slot = static_cast<int>(done++ % 2);
     InputView v;
     v.norm = &norm;
     v.labels = labels.data();
+    const auto t_next = Clock::now();
     for (;;) {
       const int64_t got = lo.output == LoaderOutput::encoded ? loader.next_encoded(enc[slot])
                           : lo.output == LoaderOutput::uint8 ? loader.next_u8(pixels.data(), labels.data())
@@ -87,6 +92,16 @@ int bench_folder(const Flags& f, const std::string& model, const BluePrint& bp, 
       if (got == n) break;
       loader.start_epoch(++epoch);  // drop_last: 0 means the epoch ended
     }
+    const auto t_step = Clock::now();
+    if (timing) next_s += std::chrono::duration<double>(t_step - t_next).count();
+    struct StepTimer {
+      const bool on;
+      const Clock::time_point t0;
+      double& sum;
+      ~StepTimer() {
+        if (on) sum += std::chrono::duration<double>(Clock::now() - t0).count();
+      }
+    } step_timer{timing, t_step, step_s};
     if (lo.output == LoaderOutput::encoded) {
       v.encoded = &enc[slot];
     } else if (lo.output == LoaderOutput::uint8) {
@@ -115,6 +130,13 @@ int bench_folder(const Flags& f, const std::string& model, const BluePrint& bp, 
     if (i == 0) first = s;
   }
   std::vector<double> rates;
+  const DecodeCounters dc0 = backend.decode_counters();
+  auto* cuda_api = dynamic_cast<CudaBackendApi*>(&backend);
+  const bool profiler_range = f.on("cuda-profiler-range", false);
+  KILN_CHECK(!profiler_range || cuda_api != nullptr, InvalidArgument,
+             "--cuda-profiler-range needs the CUDA backend (--device cuda)");
+  if (profiler_range) cuda_api->profiler_range(true);
+  timing = true;
   for (int64_t r = 0; r < repeats; ++r) {
     if (!input_only) engine.pending_stats();
     backend.synchronize();
@@ -127,11 +149,27 @@ int bench_folder(const Flags& f, const std::string& model, const BluePrint& bp, 
     std::printf("repeat %lld: %.1f images/s (%.2f ms/batch)\n", static_cast<long long>(r + 1), rates.back(),
                 1e3 * secs / static_cast<double>(steps));
   }
+  timing = false;
+  if (profiler_range) cuda_api->profiler_range(false);
   if (!input_only) last = step(true);
   std::sort(rates.begin(), rates.end());
   const double median = rates[rates.size() / 2];
   const LoaderStats ls = loader.stats();
   const DecodeCounters dc = backend.decode_counters();
+  const double timed = static_cast<double>(steps * repeats);
+  auto per_batch_ms = [&](double end, double begin) { return 1e3 * (end - begin) / timed; };
+  std::printf("host ms per batch: loader %.2f, %s %.2f", 1e3 * next_s / timed,
+              input_only ? "staging" : "staging + step launch + wait for the previous step", 1e3 * step_s / timed);
+  if (dc.batches > dc0.batches) {
+    std::printf(" (of it staging encoded batches %.2f: bitstream copy %.2f, parse and plan %.2f, engine call %.2f, "
+                "hybrid decoder %.2f, host images %.2f)",
+                per_batch_ms(dc.stage_seconds, dc0.stage_seconds), per_batch_ms(dc.copy_seconds, dc0.copy_seconds),
+                per_batch_ms(dc.parse_seconds, dc0.parse_seconds),
+                per_batch_ms(dc.engine_call_seconds, dc0.engine_call_seconds),
+                per_batch_ms(dc.hybrid_seconds, dc0.hybrid_seconds),
+                per_batch_ms(dc.host_decode_seconds, dc0.host_decode_seconds));
+  }
+  std::printf("\n");
   const char* decode = lo.output == LoaderOutput::encoded ? "gpu" : lo.output == LoaderOutput::uint8 ? "cpu" : "cpu-float32";
   std::printf("%s from %s, batch %lld, decode %s, %d workers on %s: %.1f images/s (median of %lld; loader alone "
               "%.0f images/s; %lld corrupt files skipped)\n",

@@ -52,6 +52,15 @@ struct DecodeCounters {
   int64_t hardware = 0;  // images decoded on the JPEG engines
   int64_t gpu_hybrid = 0;  // on the GPU's CUDA cores (nvJPEG's hybrid / GPU backend)
   int64_t host = 0;  // decoded on the host: not JPEG, CMYK, or refused by nvJPEG
+  int64_t batches = 0;  // encoded batches staged
+  // Host seconds the staging thread spent in those batches (what it cannot spend enqueuing
+  // steps): in all, and in its parts.
+  double stage_seconds = 0;  // the whole stage_batch_encoded call
+  double copy_seconds = 0;  // bitstreams into pinned memory
+  double parse_seconds = 0;  // headers, the engines' support checks, the plan
+  double engine_call_seconds = 0;  // inside nvjpegDecodeBatched(Ex)
+  double hybrid_seconds = 0;  // the hybrid decoder's images (host Huffman)
+  double host_decode_seconds = 0;  // images decoded or copied from the host
 };
 
 }  // namespace kiln

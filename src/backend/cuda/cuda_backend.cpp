@@ -20,6 +20,7 @@
 #include <cuda_profiler_api.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -259,6 +260,7 @@ class CudaBackend final : public CudaBackendApi {
                "x", batch.channels, " for an input slot of ", t.numel(), " values and ", lt.numel(), " labels");
     KILN_CHECK(lt.dtype == DType::I32, Internal, "stage_batch_encoded: labels are ", dtype_name(lt.dtype), ", not I32");
     const NormParams np = make_norm_params(norm, batch.channels, "stage_batch_encoded");
+    const auto t0 = std::chrono::steady_clock::now();
     if (!jpeg_) jpeg_ = std::make_unique<JpegStage>(jpeg_options());
     cudaStream_t s = ctx_.streams[2].stream;
     const JpegStage::Prepared prep = jpeg_->prepare(batch, s);
@@ -271,6 +273,13 @@ class CudaBackend final : public CudaBackendApi {
     decoded_.hardware += prep.counts.hardware;
     decoded_.gpu_hybrid += prep.counts.gpu_hybrid;
     decoded_.host += prep.counts.host;
+    decoded_.batches += 1;
+    decoded_.copy_seconds += prep.counts.copy_seconds;
+    decoded_.parse_seconds += prep.counts.parse_seconds;
+    decoded_.engine_call_seconds += prep.counts.engine_call_seconds;
+    decoded_.hybrid_seconds += prep.counts.hybrid_seconds;
+    decoded_.host_decode_seconds += prep.counts.host_decode_seconds;
+    decoded_.stage_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
   DecodeCounters decode_counters() const override { return decoded_; }
 

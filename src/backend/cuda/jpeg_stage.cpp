@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <mutex>
@@ -20,6 +21,10 @@
 namespace kiln::cuda {
 
 namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
 
 void warn_cuda(const char* what, cudaError_t e) {
   if (e != cudaSuccess) std::fprintf(stderr, "kiln: %s failed: %s\n", what, cudaGetErrorString(e));
@@ -286,7 +291,8 @@ uint8_t* JpegStage::arena_reserve(int64_t bytes, cudaStream_t stream, int64_t* o
   return arena_ + *offset;
 }
 
-void JpegStage::host_sample(const EncodedBatch& b, int64_t k, bool decode, cudaStream_t stream) {
+void JpegStage::host_sample(const EncodedBatch& b, int64_t k, bool decode, cudaStream_t stream, DecodeCounters& counts) {
+  const auto t0 = std::chrono::steady_clock::now();
   const auto sb = static_cast<size_t>(sample_bytes_);
   uint8_t* pinned = host_pixels_ + static_cast<size_t>(k) * sb;
   if (decode) {
@@ -304,6 +310,7 @@ void JpegStage::host_sample(const EncodedBatch& b, int64_t k, bool decode, cudaS
   CUDA_CHECK(cudaMemcpyAsync(dev, pinned, sb, cudaMemcpyHostToDevice, stream));
   host_descs_[k] = copy_desc(dev, b.height, b.width, b.channels);
   arena_offset_[static_cast<size_t>(k)] = -1;
+  counts.host_decode_seconds += seconds_since(t0);
 }
 
 JpegStage::Prepared JpegStage::prepare(const EncodedBatch& b, cudaStream_t stream) {
@@ -340,10 +347,10 @@ JpegStage::Prepared JpegStage::prepare_batch(const EncodedBatch& b, cudaStream_t
   for (int64_t k = 0; k < b.size; ++k) {
     const EncodedImage& im = b.images[static_cast<size_t>(k)];
     if (im.bytes.empty()) {
-      host_sample(b, k, /*decode=*/false, stream);
+      host_sample(b, k, /*decode=*/false, stream, out.counts);
       ++out.counts.host;
     } else if (!nv_) {
-      host_sample(b, k, /*decode=*/true, stream);
+      host_sample(b, k, /*decode=*/true, stream, out.counts);
       ++out.counts.host;
     } else {
       jpegs.push_back(k);
@@ -370,6 +377,7 @@ JpegStage::Prepared JpegStage::prepare_batch(const EncodedBatch& b, cudaStream_t
     }
     std::vector<const unsigned char*> data(static_cast<size_t>(b.batch), nullptr);
     std::vector<size_t> length(static_cast<size_t>(b.batch), 0);
+    auto t_phase = std::chrono::steady_clock::now();
     int64_t at = 0;
     for (int64_t k : jpegs) {
       const std::vector<uint8_t>& src = b.images[static_cast<size_t>(k)].bytes;
@@ -378,6 +386,8 @@ JpegStage::Prepared JpegStage::prepare_batch(const EncodedBatch& b, cudaStream_t
       length[static_cast<size_t>(k)] = src.size();
       at += align256(static_cast<int64_t>(src.size()));
     }
+    out.counts.copy_seconds += seconds_since(t_phase);
+    t_phase = std::chrono::steady_clock::now();
     if (nv.hw && nv.hw_params.size() < static_cast<size_t>(b.batch)) {
       const size_t have = nv.hw_params.size();
       nv.hw_params.resize(static_cast<size_t>(b.batch), nullptr);
@@ -394,7 +404,7 @@ JpegStage::Prepared JpegStage::prepare_batch(const EncodedBatch& b, cudaStream_t
     };
     std::vector<Plan> hw_list, dec_list;
     auto to_host = [&](int64_t k) {
-      host_sample(b, k, /*decode=*/true, stream);
+      host_sample(b, k, /*decode=*/true, stream, out.counts);
       ++out.counts.host;
     };
     for (int64_t k : jpegs) {
@@ -478,6 +488,7 @@ JpegStage::Prepared JpegStage::prepare_batch(const EncodedBatch& b, cudaStream_t
       host_descs_[p.k] = p.desc;
       return off;
     };
+    out.counts.parse_seconds += seconds_since(t_phase);
     // (a) The engines, in one call.
     if (!hw_list.empty()) {
       const int n = static_cast<int>(hw_list.size());
@@ -532,9 +543,11 @@ JpegStage::Prepared JpegStage::prepare_batch(const EncodedBatch& b, cudaStream_t
         nv.hw_format = format;
       }
       if (ok) {
+        const auto t_call = std::chrono::steady_clock::now();
         const nvjpegStatus_t s =
             any_roi ? nvjpegDecodeBatchedEx(nv.hw, nv.hw_state, hd.data(), hl.data(), dst.data(), prm.data(), stream)
                     : nvjpegDecodeBatched(nv.hw, nv.hw_state, hd.data(), hl.data(), dst.data(), stream);
+        out.counts.engine_call_seconds += seconds_since(t_call);
         ok = s == NVJPEG_STATUS_SUCCESS;
         if (!ok && any_roi) {
           // A region decode the engines said they take and then refused: whole images on the
@@ -559,6 +572,7 @@ JpegStage::Prepared JpegStage::prepare_batch(const EncodedBatch& b, cudaStream_t
       }
     }
     // (b) The hybrid decoder, one image at a time, two states in turn.
+    t_phase = std::chrono::steady_clock::now();
     for (Plan& p : dec_list) {
       const EncodedImage& im = b.images[static_cast<size_t>(p.k)];
       Nv::Dec& d = nv.decs[static_cast<size_t>(nv.next_dec)];
@@ -611,6 +625,7 @@ JpegStage::Prepared JpegStage::prepare_batch(const EncodedBatch& b, cudaStream_t
         to_host(p.k);
       }
     }
+    out.counts.hybrid_seconds += seconds_since(t_phase);
   }
 #endif
   // Every window is in place: the descriptors get their pointers, then go to the device.

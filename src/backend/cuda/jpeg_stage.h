@@ -59,7 +59,7 @@ class JpegStage {
   Prepared prepare_batch(const EncodedBatch& batch, cudaStream_t stream);
   void ensure_host_buffers(const EncodedBatch& batch);
   uint8_t* arena_reserve(int64_t bytes, cudaStream_t stream, int64_t* offset);
-  void host_sample(const EncodedBatch& batch, int64_t k, bool decode, cudaStream_t stream);
+  void host_sample(const EncodedBatch& batch, int64_t k, bool decode, cudaStream_t stream, DecodeCounters& counts);
 
   JpegStageOptions opts_;
   std::unique_ptr<Nv> nv_;
