@@ -4,7 +4,8 @@
 // sample_geometry.h contract; a mixed batch (baseline, progressive, grey, CMYK from the host,
 // a corrupt file and a PNG that fall to host_decode, padding) against the host's pixels; and
 // stage_batch_u8 against normalize_u8. Each runs with the hardware engines on and off
-// (KILN_NVJPEG_HARDWARE), region decode on and off (KILN_NVJPEG_ROI), and nvJPEG off
+// (KILN_NVJPEG_HARDWARE), region decode on and off (KILN_NVJPEG_ROI), nvJPEG's memory cache
+// off (KILN_NVJPEG_CACHE), and nvJPEG off
 // (KILN_NVJPEG=0: everything through host_decode). Skipped without a GPU, and the nvJPEG cases
 // where decodes_jpeg() says no (a build without nvJPEG).
 #include <cuda_runtime.h>
@@ -200,12 +201,14 @@ struct Switches {
   const char* nvjpeg;
   const char* hardware;
   const char* roi;
+  const char* cache;
 };
 const Switches kSwitches[] = {
-    {"Defaults", "1", "1", "1"},
-    {"NoHardware", "1", "0", "1"},
-    {"NoRoi", "1", "1", "0"},
-    {"NoNvjpeg", "0", "1", "1"},
+    {"Defaults", "1", "1", "1", "1"},
+    {"NoHardware", "1", "0", "1", "1"},
+    {"NoRoi", "1", "1", "0", "1"},
+    {"NoCache", "1", "1", "1", "0"},
+    {"NoNvjpeg", "0", "1", "1", "1"},
 };
 
 class GpuJpeg : public ::testing::TestWithParam<Switches> {
@@ -216,6 +219,7 @@ class GpuJpeg : public ::testing::TestWithParam<Switches> {
     env_.push_back(std::make_unique<ScopedEnv>("KILN_NVJPEG", s.nvjpeg));
     env_.push_back(std::make_unique<ScopedEnv>("KILN_NVJPEG_HARDWARE", s.hardware));
     env_.push_back(std::make_unique<ScopedEnv>("KILN_NVJPEG_ROI", s.roi));
+    env_.push_back(std::make_unique<ScopedEnv>("KILN_NVJPEG_CACHE", s.cache));
   }
   bool nvjpeg_on() const { return std::string(GetParam().nvjpeg) == "1"; }
   bool hardware_off() const { return std::string(GetParam().hardware) == "0"; }

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "backend/cuda/cuda_common.h"
+#include "backend/cuda/stream_ordered_cache.h"
 #include "kiln/core/log.h"
 
 #if KILN_HAVE_NVJPEG
@@ -83,6 +84,10 @@ bool ends_with_eoi(const std::vector<uint8_t>& b) {
 
 #if KILN_HAVE_NVJPEG
 struct JpegStage::Nv {
+  // Declared first, so destroyed last: every handle, state and buffer below allocates from it.
+  std::unique_ptr<StreamOrderedCache> cache;  // KILN_NVJPEG_CACHE; null: CUDA's allocators
+  nvjpegDevAllocatorV2_t dev_alloc{};
+  nvjpegPinnedAllocatorV2_t pinned_alloc{};
   nvjpegHandle_t hw = nullptr;   // NVJPEG_BACKEND_HARDWARE, when the GPU has engines
   nvjpegHandle_t gen = nullptr;  // NVJPEG_BACKEND_DEFAULT: the decoupled decoder's
   nvjpegJpegState_t hw_state = nullptr;
@@ -108,6 +113,7 @@ struct JpegStage::Nv {
   int next_dec = 0;
 
   ~Nv() {
+    if (cache) warn_cuda("cudaDeviceSynchronize", cudaDeviceSynchronize());  // nothing reads the cache's blocks
     for (Dec& d : decs) {
       if (d.done) {
         if (d.pending) warn_cuda("cudaEventSynchronize", cudaEventSynchronize(d.done));
@@ -127,10 +133,37 @@ struct JpegStage::Nv {
     if (gen) warn_nvjpeg("nvjpegDestroy", nvjpegDestroy(gen));
   }
 
-  void create(bool want_hardware) {
+  // A handle on `backend`, with the cache's allocators when there is a cache.
+  unsigned flags = NVJPEG_FLAGS_DEFAULT;
+  nvjpegStatus_t make_handle(nvjpegBackend_t backend, nvjpegHandle_t* h) {
+    return cache ? nvjpegCreateExV2(backend, &dev_alloc, &pinned_alloc, flags, h)
+                 : nvjpegCreateEx(backend, nullptr, nullptr, flags, h);
+  }
+
+  void create(bool want_hardware, bool use_cache, bool pipeline) {
+    // nvJPEG's batched hardware decode buffers images ahead by default; KILN_NVJPEG_PIPELINE=0
+    // turns that off (NVJPEG_FLAGS_HW_DECODE_NO_PIPELINE).
+    if (!pipeline) flags |= NVJPEG_FLAGS_HW_DECODE_NO_PIPELINE;
+    if (use_cache) {
+      cache = std::make_unique<StreamOrderedCache>();
+      dev_alloc.dev_ctx = cache.get();
+      dev_alloc.dev_malloc = [](void* c, void** p, size_t n, cudaStream_t s) {
+        return static_cast<StreamOrderedCache*>(c)->device_alloc(p, n, s);
+      };
+      dev_alloc.dev_free = [](void* c, void* p, size_t, cudaStream_t s) {
+        return static_cast<StreamOrderedCache*>(c)->device_free(p, s);
+      };
+      pinned_alloc.pinned_ctx = cache.get();
+      pinned_alloc.pinned_malloc = [](void* c, void** p, size_t n, cudaStream_t s) {
+        return static_cast<StreamOrderedCache*>(c)->pinned_alloc(p, n, s);
+      };
+      pinned_alloc.pinned_free = [](void* c, void* p, size_t, cudaStream_t s) {
+        return static_cast<StreamOrderedCache*>(c)->pinned_free(p, s);
+      };
+    }
     if (want_hardware) {
       // The engines exist only on some GPUs (A100, H100, H200): a refusal here is normal.
-      if (nvjpegCreateEx(NVJPEG_BACKEND_HARDWARE, nullptr, nullptr, NVJPEG_FLAGS_DEFAULT, &hw) == NVJPEG_STATUS_SUCCESS) {
+      if (make_handle(NVJPEG_BACKEND_HARDWARE, &hw) == NVJPEG_STATUS_SUCCESS) {
         if (nvjpegGetHardwareDecoderInfo(hw, &engines, &cores) != NVJPEG_STATUS_SUCCESS || engines == 0) {
           warn_nvjpeg("nvjpegDestroy", nvjpegDestroy(hw));
           hw = nullptr;
@@ -144,12 +177,17 @@ struct JpegStage::Nv {
       NVJPEG_CHECK(nvjpegJpegStateCreate(hw, &hw_state));
       NVJPEG_CHECK(nvjpegJpegStreamCreate(hw, &hw_probe));
     }
-    NVJPEG_CHECK(nvjpegCreateEx(NVJPEG_BACKEND_DEFAULT, nullptr, nullptr, NVJPEG_FLAGS_DEFAULT, &gen));
+    NVJPEG_CHECK(make_handle(NVJPEG_BACKEND_DEFAULT, &gen));
     NVJPEG_CHECK(nvjpegDecoderCreate(gen, NVJPEG_BACKEND_HYBRID, &dec));
     for (Dec& d : decs) {
       NVJPEG_CHECK(nvjpegDecoderStateCreate(gen, dec, &d.state));
-      NVJPEG_CHECK(nvjpegBufferPinnedCreate(gen, nullptr, &d.pinned));
-      NVJPEG_CHECK(nvjpegBufferDeviceCreate(gen, nullptr, &d.device));
+      if (cache) {
+        NVJPEG_CHECK(nvjpegBufferPinnedCreateV2(gen, &pinned_alloc, &d.pinned));
+        NVJPEG_CHECK(nvjpegBufferDeviceCreateV2(gen, &dev_alloc, &d.device));
+      } else {
+        NVJPEG_CHECK(nvjpegBufferPinnedCreate(gen, nullptr, &d.pinned));
+        NVJPEG_CHECK(nvjpegBufferDeviceCreate(gen, nullptr, &d.device));
+      }
       NVJPEG_CHECK(nvjpegStateAttachPinnedBuffer(d.state, d.pinned));
       NVJPEG_CHECK(nvjpegStateAttachDeviceBuffer(d.state, d.device));
       NVJPEG_CHECK(nvjpegJpegStreamCreate(gen, &d.stream));
@@ -159,7 +197,8 @@ struct JpegStage::Nv {
     log_info("nvjpeg: ",
              hw ? "hardware JPEG engines (" + std::to_string(engines) + " engines, " + std::to_string(cores) +
                       " cores each), the hybrid decoder for what they refuse"
-                : std::string("hybrid decoder (no hardware JPEG engines in use)"));
+                : std::string("hybrid decoder (no hardware JPEG engines in use)"),
+             cache ? "; its memory is cached and reused" : "; its memory comes from CUDA's allocators (KILN_NVJPEG_CACHE=0)");
   }
 };
 #else
@@ -210,7 +249,7 @@ JpegStage::JpegStage(const JpegStageOptions& o) : opts_(o) {
   if (opts_.nvjpeg && available(opts_, &why)) {
     nv_ = std::make_unique<Nv>();
     nv_->hw_roi = opts_.roi;
-    nv_->create(opts_.hardware);
+    nv_->create(opts_.hardware, opts_.cache, opts_.pipeline);
   } else if (opts_.nvjpeg) {
     log_warn("nvjpeg: ", why, "; JPEGs are decoded on the host");
   }
@@ -234,6 +273,14 @@ JpegStage::~JpegStage() {
 bool JpegStage::uses_hardware() const {
 #if KILN_HAVE_NVJPEG
   return nv_ && nv_->hw;
+#else
+  return false;
+#endif
+}
+
+bool JpegStage::caches_memory() const {
+#if KILN_HAVE_NVJPEG
+  return nv_ && nv_->cache;
 #else
   return false;
 #endif

@@ -29,6 +29,8 @@ struct JpegStageOptions {
   bool nvjpeg = true;    // KILN_NVJPEG
   bool hardware = true;  // KILN_NVJPEG_HARDWARE
   bool roi = true;       // KILN_NVJPEG_ROI
+  bool cache = true;     // KILN_NVJPEG_CACHE: nvJPEG's memory from a StreamOrderedCache
+  bool pipeline = true;  // KILN_NVJPEG_PIPELINE: nvJPEG's own buffering in batched hardware decode
 };
 
 class JpegStage {
@@ -53,6 +55,7 @@ class JpegStage {
   void finished(cudaStream_t stream);
 
   bool uses_hardware() const;  // the hardware engines are in use (else the hybrid decoder)
+  bool caches_memory() const;  // nvJPEG allocates from a StreamOrderedCache
 
  private:
   struct Nv;  // nvJPEG's handles, states and buffers (jpeg_stage.cpp)
