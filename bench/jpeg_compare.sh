@@ -7,13 +7,15 @@
 #   folder-*      kiln bench --data folder: training steps fed from the folder, per path, timed
 #                 over many steps with no epoch boundary (the train-* rows' epochs are short)
 #   train-*       kiln train on the folder, per decode path (last epoch's images/s)
+#   eval-*        kiln eval of the val split (Resize + CenterCrop) per decode path, with the
+#                 weights an earlier train-* row of the model saved
 #   torch         bench/torch_jpeg.py: ImageFolder + DataLoader, same transforms and model
 # Each row gives the host cores busy during it (from /proc/stat). Prints a markdown table.
 #
 #   bench/jpeg_compare.sh [MODELS] [ROWS]
 #   MODELS entries may name their own rows: "resnet50=synthetic,train-gpu vgg16_bn=synthetic"
 #   ROWS: any of synthetic input-gpu input-cpu input-float folder-gpu folder-cpu train-gpu
-#         train-cpu train-float
+#         train-cpu train-float eval-gpu eval-cpu
 #         torch torch-eval; *-float is the host's float path (--no-input-u8), the one kiln
 #         had before issue 16; train-base runs kiln train with no --decode (older builds)
 # Environment: BUILD (default build-gpu), JPEG_ROOT (default /tmp/kiln-jpegs; made if missing),
@@ -77,7 +79,18 @@ for entry in $MODELS; do
           $(decode_flags "${r#input-}") --workers "$WORKERS" --steps 40 >"$out" 2>&1
         v=$(grep '^{"bench":"kiln-input"' "$out" | tail -1 | python3 -c "import json,sys; print(json.loads(sys.stdin.read() or '{}').get('images_per_second','nan'))")
         row "$m" "$r" "$v" "$(cores_between "$b0" "$(busy)")" "files to the staged input buffer, no step" ;;
-      train-*|eval-*)
+      eval-*)
+        ckpt=$(ls "$log"/run_"${m}"_train-*/last.safetensors 2>/dev/null | head -1)
+        v=nan
+        if [ -n "$ckpt" ]; then
+          "$BUILD"/kiln eval --model "$m" --amp --batch-size 256 --data folder --data-dir "$ROOT" \
+            $(decode_flags "${r#*-}") --workers "$WORKERS" --weights "$ckpt" >"$out" 2>&1
+          v=$(grep -o '([0-9.]* images/s)' "$out" | tail -1 | tr -d '(' | cut -d' ' -f1)
+        else
+          echo "no train-* row of $m ran before $r: nothing to evaluate" >"$out"
+        fi
+        row "$m" "$r" "${v:-nan}" "$(cores_between "$b0" "$(busy)")" "kiln eval of the val split, Resize(256) + CenterCrop(224)" ;;
+      train-*)
         dir="$log/run_${m}_${r}"
         rm -rf "$dir"
         "$BUILD"/kiln train --model "$m" --amp --batch-size 256 --data folder --data-dir "$ROOT" --random-resized-crop \

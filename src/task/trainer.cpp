@@ -398,9 +398,11 @@ struct EmptyRunCleanup {
 
 struct EvalResult {
   double loss = 0, top1 = 0, top5 = 0;
+  double images_per_second = 0;  // the pass's wall time, loader start included
 };
 
 EvalResult run_eval(Engine& engine, Loader& loader, bool ema, InputBuffers& input) {
+  const auto t0 = Clock::now();
   loader.start_epoch(0);
   double loss = 0;
   int64_t t1 = 0, t5 = 0, count = 0;
@@ -415,7 +417,8 @@ EvalResult run_eval(Engine& engine, Loader& loader, bool ema, InputBuffers& inpu
   }
   reduce_eval_sums(loss, t1, t5, count);  // over the ranks' shards (S27)
   const double n = static_cast<double>(std::max<int64_t>(count, 1));
-  return {loss / n, 100.0 * static_cast<double>(t1) / n, 100.0 * static_cast<double>(t5) / n};
+  return {loss / n, 100.0 * static_cast<double>(t1) / n, 100.0 * static_cast<double>(t5) / n,
+          static_cast<double>(count) / std::max(seconds_since(t0), 1e-9)};
 }
 
 // Whether a checkpoint's weights are finite: a step can turn them NaN while its own loss (taken
@@ -447,6 +450,7 @@ TrainSummary evaluate(const TrainConfig& c) {
   s.final_loss = e.loss;
   s.final_top1 = s.best_top1 = e.top1;
   s.final_top5 = e.top5;
+  s.eval_images_per_second = e.images_per_second;
   return s;
 }
 
@@ -676,6 +680,7 @@ TrainSummary train(const TrainConfig& c) {
           row.push_back({"test_top1", e.top1});
           row.push_back({"test_top5", e.top5});
           sum.final_top1 = e.top1;
+          sum.eval_images_per_second = e.images_per_second;
           sum.final_top5 = e.top5;
           sum.final_loss = e.loss;
           if (e.top1 > state.best_top1) {
@@ -753,6 +758,7 @@ TrainSummary train(const TrainConfig& c) {
      << ",\"images_per_second\":" << json_number(sum.images_per_second) << ",\"input\":" << json_string(sum.input)
      << ",\"loader_images_per_second\":" << json_number(sum.loader_images_per_second)
      << ",\"input_wait_fraction\":" << json_number(sum.input_wait_fraction)
+     << ",\"eval_images_per_second\":" << json_number(sum.eval_images_per_second)
      << ",\"skipped_images\":" << sum.skipped_images << ",\"decoded\":{\"hardware\":" << dc.hardware
      << ",\"gpu_hybrid\":" << dc.gpu_hybrid << ",\"host\":" << dc.host << "}"
      << ",\"checkpoint\":" << json_string(sum.checkpoint) << ",\"config\":" << config_json(c) << "}\n";

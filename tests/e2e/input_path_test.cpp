@@ -137,6 +137,9 @@ TEST(InputPath, TrainDecodeCpuGivesTheFloatPathsLosses) {
   EXPECT_GE(u8.loader_images_per_second, 0.0);
   EXPECT_GE(u8.input_wait_fraction, 0.0);
   EXPECT_LE(u8.input_wait_fraction, 1.0);
+  // The final evaluation is timed: its images over its wall time.
+  EXPECT_GT(u8.eval_images_per_second, 0.0);
+  EXPECT_TRUE(std::isfinite(u8.eval_images_per_second));
 }
 
 TEST(InputPath, BadFilesAreSkippedOnceAndCounted) {
@@ -177,6 +180,7 @@ TEST(InputPath, BadFilesAreSkippedOnceAndCounted) {
     EXPECT_NE(summary.find(u8 ? "\"input\":\"uint8\"" : "\"input\":\"float32\""), std::string::npos) << summary;
     EXPECT_NE(summary.find("\"loader_images_per_second\":"), std::string::npos) << summary;
     EXPECT_NE(summary.find("\"input_wait_fraction\":"), std::string::npos) << summary;
+    EXPECT_NE(summary.find("\"eval_images_per_second\":"), std::string::npos) << summary;
   }
 }
 

@@ -346,7 +346,8 @@ int cmd_eval(int argc, char** argv) {
   const TrainSummary s = evaluate(c);
   dist::finalize();
   if (!dist::is_root()) return 0;
-  std::printf("test top-1 %.2f%%, top-5 %.2f%%, loss %.4f\n", s.final_top1, s.final_top5, s.final_loss);
+  std::printf("test top-1 %.2f%%, top-5 %.2f%%, loss %.4f (%.0f images/s)\n", s.final_top1, s.final_top5,
+              s.final_loss, s.eval_images_per_second);
   return 0;
 }
 

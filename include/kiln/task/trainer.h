@@ -79,6 +79,7 @@ struct TrainSummary {
   std::string input;                  // the loader's output: encoded, uint8 or float32
   double loader_images_per_second = 0;  // the training loader's own rate (LoaderStats::rate)
   double input_wait_fraction = 0;     // share of training time the step waited for a batch
+  double eval_images_per_second = 0;  // the last evaluation pass's (all ranks' images, its wall time)
   int64_t skipped_images = 0;         // corrupt files replaced (both splits)
   std::string metrics_csv, metrics_jsonl, checkpoint;
   int stop_signal = 0;        // SIGINT, SIGTERM or SIGHUP stopped the run between two steps

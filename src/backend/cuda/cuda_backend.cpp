@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <map>
@@ -717,6 +718,16 @@ class CudaBackend final : public CudaBackendApi {
   SmallWrites small_;
   LateReads late_;
 };
+
+// More hardware work queues than CUDA's default 8, set when the library loads, before anything
+// initialises CUDA. nvJPEG's batched hardware decode enqueues on 14 streams of its own; with 8
+// queues some of them share one with the step's CUDA graph, so the decode's copies and kernels
+// wait behind the whole step and its host thread with them (bench/RESULTS.md, 2026-12-01).
+// A value the user exported wins (CUDA_DEVICE_MAX_CONNECTIONS=8 restores CUDA's default).
+[[maybe_unused]] const bool kMoreConnections = [] {
+  setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", /*overwrite=*/0);
+  return true;
+}();
 
 }  // namespace
 }  // namespace cuda
