@@ -380,8 +380,7 @@ class CudaBackend final : public CudaBackendApi {
 
  private:
   JpegStageOptions jpeg_options() const {
-    return JpegStageOptions{ctx_.opts.nvjpeg, ctx_.opts.nvjpeg_hardware, ctx_.opts.nvjpeg_roi, ctx_.opts.nvjpeg_cache,
-                            ctx_.opts.nvjpeg_pipeline};
+    return JpegStageOptions{ctx_.opts.nvjpeg, ctx_.opts.nvjpeg_hardware, ctx_.opts.nvjpeg_roi, ctx_.opts.nvjpeg_cache};
   }
   std::unique_ptr<JpegStage> jpeg_;  // made at the first stage_batch_encoded
   DecodeCounters decoded_;           // summed over every JpegStage this backend made

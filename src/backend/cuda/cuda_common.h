@@ -107,12 +107,10 @@ struct Options {
   // KILN_NVJPEG_HARDWARE=0: no hardware JPEG engines, nvJPEG's hybrid decoder for every image;
   // KILN_NVJPEG_ROI=0: decode whole images, not only the rows and columns the crop reads.
   // KILN_NVJPEG_CACHE=0: nvJPEG allocates through CUDA's own allocators (stream_ordered_cache.h).
-  // KILN_NVJPEG_PIPELINE=0: NVJPEG_FLAGS_HW_DECODE_NO_PIPELINE.
   bool nvjpeg = true;
   bool nvjpeg_hardware = true;
   bool nvjpeg_roi = true;
   bool nvjpeg_cache = true;
-  bool nvjpeg_pipeline = true;
 };
 Options options_from_env();
 

@@ -54,7 +54,6 @@ Options options_from_env() {
   o.nvjpeg_hardware = env_flag("KILN_NVJPEG_HARDWARE", true);
   o.nvjpeg_roi = env_flag("KILN_NVJPEG_ROI", true);
   o.nvjpeg_cache = env_flag("KILN_NVJPEG_CACHE", true);
-  o.nvjpeg_pipeline = env_flag("KILN_NVJPEG_PIPELINE", true);
   return o;
 }
 

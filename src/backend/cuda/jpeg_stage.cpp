@@ -134,16 +134,12 @@ struct JpegStage::Nv {
   }
 
   // A handle on `backend`, with the cache's allocators when there is a cache.
-  unsigned flags = NVJPEG_FLAGS_DEFAULT;
   nvjpegStatus_t make_handle(nvjpegBackend_t backend, nvjpegHandle_t* h) {
-    return cache ? nvjpegCreateExV2(backend, &dev_alloc, &pinned_alloc, flags, h)
-                 : nvjpegCreateEx(backend, nullptr, nullptr, flags, h);
+    return cache ? nvjpegCreateExV2(backend, &dev_alloc, &pinned_alloc, NVJPEG_FLAGS_DEFAULT, h)
+                 : nvjpegCreateEx(backend, nullptr, nullptr, NVJPEG_FLAGS_DEFAULT, h);
   }
 
-  void create(bool want_hardware, bool use_cache, bool pipeline) {
-    // nvJPEG's batched hardware decode buffers images ahead by default; KILN_NVJPEG_PIPELINE=0
-    // turns that off (NVJPEG_FLAGS_HW_DECODE_NO_PIPELINE).
-    if (!pipeline) flags |= NVJPEG_FLAGS_HW_DECODE_NO_PIPELINE;
+  void create(bool want_hardware, bool use_cache) {
     if (use_cache) {
       cache = std::make_unique<StreamOrderedCache>();
       dev_alloc.dev_ctx = cache.get();
@@ -249,7 +245,7 @@ JpegStage::JpegStage(const JpegStageOptions& o) : opts_(o) {
   if (opts_.nvjpeg && available(opts_, &why)) {
     nv_ = std::make_unique<Nv>();
     nv_->hw_roi = opts_.roi;
-    nv_->create(opts_.hardware, opts_.cache, opts_.pipeline);
+    nv_->create(opts_.hardware, opts_.cache);
   } else if (opts_.nvjpeg) {
     log_warn("nvjpeg: ", why, "; JPEGs are decoded on the host");
   }

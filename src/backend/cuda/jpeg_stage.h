@@ -30,7 +30,6 @@ struct JpegStageOptions {
   bool hardware = true;  // KILN_NVJPEG_HARDWARE
   bool roi = true;       // KILN_NVJPEG_ROI
   bool cache = true;     // KILN_NVJPEG_CACHE: nvJPEG's memory from a StreamOrderedCache
-  bool pipeline = true;  // KILN_NVJPEG_PIPELINE: nvJPEG's own buffering in batched hardware decode
 };
 
 class JpegStage {

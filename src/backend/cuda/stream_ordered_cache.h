@@ -1,14 +1,14 @@
 // Device and pinned host memory for nvJPEG (its V2 allocator interface: every allocation and
 // release names a stream), kept for reuse instead of returned to CUDA.
 //
-// Why: with CUDA's own allocators nvJPEG's batched hardware decode calls cudaFree/cudaFreeHost
-// as its buffers change size, and each of those waits for the whole device, so the decode of
-// batch n+1 could not begin until step n had ended and the GPU sat idle while the engines
-// worked. Here a release only records an event on its stream; a later request takes a block of
-// the same size class once that event says the stream is done with it (pinned memory: the host
-// may write it at once, so the event must have passed) or makes the new stream wait for it
-// (device memory: the ordering stays on the GPU). Nothing is freed until the cache is destroyed,
-// which the owner does only after the device has finished with it.
+// Why: cudaFree and cudaFreeHost wait for the whole device, so an nvJPEG call that frees a
+// buffer to grow it would wait for the step running beside it. Here a release only records an
+// event on its stream; a later request takes a block of the same size class once that event says
+// the stream is done with it (pinned memory: the host may write it at once, so the event must have
+// passed) or makes the new stream wait for it (device memory: the ordering stays on the GPU).
+// Nothing is freed until the cache is destroyed, after the device has finished with it. On the
+// benchmark folder it made no measured difference (bench/RESULTS.md, 2026-12-01); it stays on
+// because the measured fast configuration has it (KILN_NVJPEG_CACHE=0 turns it off).
 #pragma once
 #include <cuda_runtime.h>
 
