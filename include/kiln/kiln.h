@@ -18,6 +18,7 @@
 #include "kiln/core/error.h"
 #include "kiln/core/rng.h"
 #include "kiln/core/shape.h"
+#include "kiln/core/switches.h"
 #include "kiln/dist/dist.h"
 #include "kiln/graph/compiler.h"
 #include "kiln/graph/memory_plan.h"

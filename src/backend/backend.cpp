@@ -4,9 +4,9 @@
 
 namespace kiln {
 
-std::unique_ptr<Backend> make_cpu_backend();
+std::unique_ptr<Backend> make_cpu_backend(const Switches& switches);
 #if defined(KILN_HAVE_CUDA)
-std::unique_ptr<Backend> make_cuda_backend();
+std::unique_ptr<Backend> make_cuda_backend(const Switches& switches);
 bool cuda_device_present();
 void cuda_bind_rank_device();  // src/backend/cuda/dist.cu: one GPU per process (S27)
 #endif
@@ -19,20 +19,20 @@ bool cuda_available() {
 #endif
 }
 
-std::unique_ptr<Backend> make_backend(const std::string& device) {
-  if (device == "cpu") return make_cpu_backend();
+std::unique_ptr<Backend> make_backend(const std::string& device, const Switches& switches) {
+  if (device == "cpu") return make_cpu_backend(switches);
   if (device == "cuda" || device == "gpu") {
 #if defined(KILN_HAVE_CUDA)
     KILN_CHECK(cuda_device_present(), InvalidArgument,
                "--device cuda: no CUDA GPU is visible; use --device cpu");
     cuda_bind_rank_device();
-    return make_cuda_backend();
+    return make_cuda_backend(switches);
 #else
     KILN_FAIL(InvalidArgument, "--device cuda: this kiln was built without the CUDA backend ",
               "(configure with a CUDA toolkit and KILN_CUDA=ON); use --device cpu");
 #endif
   }
-  if (device == "auto") return make_backend(cuda_available() ? "cuda" : "cpu");
+  if (device == "auto") return make_backend(cuda_available() ? "cuda" : "cpu", switches);
   KILN_FAIL(InvalidArgument, "unknown device '", device, "'; use auto, cpu or cuda");
 }
 

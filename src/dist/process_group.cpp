@@ -12,7 +12,6 @@
 #include <thread>
 #include <vector>
 
-#include "kiln/core/env.h"
 #include "kiln/core/error.h"
 #include "kiln/core/log.h"
 #include "kiln/dist/dist.h"
@@ -238,13 +237,14 @@ int local_rank() {
   return st().local_rank;
 }
 
-void init(bool force) {
+void init(bool force, int64_t timeout_s) {
   State& s = st();
   std::unique_lock<std::mutex> lock(s.mu);
   if (s.mpi) return;
   const LaunchEnv env = launch_env();
   if (env.world <= 1 && !force) return;  // one process: no MPI at all
 #if !defined(KILN_HAVE_MPI)
+  (void)timeout_s;
   KILN_FAIL(Unsupported, "this kiln was built without MPI, but ",
             env.source.empty() ? std::string("--distributed") : env.source, " asks for ", env.world,
             " processes; install an MPI (Debian: libopenmpi-dev openmpi-bin, as scripts/setup.sh "
@@ -252,7 +252,7 @@ void init(bool force) {
 #else
   KILN_CHECK(!s.finalized, State,
              "the process group was already finalised; MPI cannot start twice in one process");
-  s.timeout_s = static_cast<int>(env_int("KILN_DIST_TIMEOUT", 600));
+  s.timeout_s = static_cast<int>(timeout_s);
   KILN_CHECK(s.timeout_s > 0, InvalidArgument,
              "KILN_DIST_TIMEOUT must be a number of seconds > 0, is ", s.timeout_s);
   s.rank = env.rank;

@@ -3,7 +3,6 @@
 #include <cmath>
 #include <cstring>
 
-#include "kiln/core/env.h"
 #include "kiln/core/error.h"
 #include "kiln/core/rng.h"
 #include "kiln/dist/dist.h"
@@ -23,9 +22,8 @@ const char* lifecycle_name(Lifecycle s) {
 
 Engine::Engine(const BluePrint& blueprint, EngineOptions options)
     : blueprint_(blueprint), options_(std::move(options)) {
-  options_.fusion = options_.fusion && env_flag("KILN_FUSION", true);
-  options_.compile.memory_reuse = options_.compile.memory_reuse && env_flag("KILN_MEMORY_REUSE", true);
-  backend_ = make_backend(options_.device);
+  options_.compile.memory_reuse = options_.switches.memory_reuse;
+  backend_ = make_backend(options_.device, options_.switches);
   const BackendCaps caps = backend_->caps();
   if (options_.compile.amp) {
     const bool ok = options_.compile.amp_dtype == DType::BF16 ? caps.bf16 : caps.fp16;
@@ -37,16 +35,19 @@ Engine::Engine(const BluePrint& blueprint, EngineOptions options)
 
 PlanOptions fusion_options(const BackendCaps& caps, EngineOptions& o) {
   PlanOptions po;
-  po.fusion = o.fusion;
+  const Switches& sw = o.switches;
+  po.fusion = sw.fusion;
   po.amp = o.compile.amp;
   // SyncBN (S27) splits BatchNorm into ops that the fused CBR / BN+add+ReLU kernels lack.
   const bool sync_bn = o.compile.world > 1 && o.compile.sync_bn;
   po.backend_fuses_cbr = caps.fused_cbr && !sync_bn;
-  po.backend_fuses_cbr_pool = caps.fused_cbr_pool && !sync_bn && env_flag("KILN_FUSE_POOL", true);
+  po.backend_fuses_cbr_pool = caps.fused_cbr_pool && !sync_bn && sw.fuse_pool;
   po.backend_fuses_bn_add_relu = caps.fused_bn_add_relu && !sync_bn;
-  po.backend_fuses_fp32 = caps.fused_fp32 && (o.fuse_fp32 || env_flag("KILN_FUSE_FP32", caps.fp32_fusion_default));
+  // The CPU does not fuse in FP32 by default: there the fused program gives the same bits at
+  // the same speed, so it is the tests' tool for checking fused programs.
+  po.backend_fuses_fp32 = caps.fused_fp32 && resolve(sw.fuse_fp32, caps.fp32_fusion_default);
   // Only the fused BN+add+ReLU takes a second gradient, so this changes nothing without fusion.
-  o.compile.fuse_grad_sum = caps.fused_grad_sum && o.fusion && env_flag("KILN_FUSE_GRAD_SUM", true);
+  o.compile.fuse_grad_sum = caps.fused_grad_sum && sw.fusion && sw.fuse_grad_sum;
   return po;
 }
 

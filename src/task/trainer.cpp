@@ -138,7 +138,7 @@ std::string config_json(const TrainConfig& c) {
      << ",\"sched\":" << json_string(c.lr.kind) << ",\"opt\":" << json_string(c.optimizer)
      << ",\"momentum\":" << json_number(c.momentum) << ",\"weight_decay\":" << json_number(c.weight_decay)
      << ",\"nesterov\":" << (c.nesterov ? "true" : "false") << ",\"amp\":" << (c.amp ? "true" : "false")
-     << ",\"tf32\":" << (c.tf32 ? "true" : "false")
+     << ",\"tf32\":" << (c.switches.tf32 ? "true" : "false")
      << ",\"ema\":" << (c.ema ? "true" : "false") << ",\"seed\":" << c.seed << ",\"device\":" << json_string(c.device)
      << ",\"warmup_epochs\":" << json_number(c.lr.warmup_epochs) << ",\"min_lr\":" << json_number(c.lr.min_lr)
      << ",\"step_size\":" << c.lr.step_size << ",\"milestones\":" << json_string(milestones)
@@ -272,7 +272,7 @@ void check_same_classes(const Dataset& train, const Dataset& test) {
 // decides the shape and the class count, so a dataset with only a test split evaluates.
 RunSetup setup_run(const TrainConfig& c, bool training) {
   check_config(c);
-  dist::init(c.distributed);  // S27: MPI when started as several processes (mpirun, srun)
+  dist::init(c.distributed, c.switches.dist_timeout);  // S27: MPI when started as several processes (mpirun, srun)
   RunSetup r;
   ZooOptions zo;
   zo.num_classes = static_cast<int>(c.num_classes);
@@ -348,11 +348,11 @@ RunSetup setup_run(const TrainConfig& c, bool training) {
              "; pass --image-size or another --model");
   EngineOptions eopt;
   eopt.device = c.device;
-  eopt.fusion = c.fusion;
+  eopt.switches = c.switches;
   CompileOptions& co = eopt.compile;
   co.batch = lo.batch_size;
   co.amp = c.amp;
-  co.tf32 = c.tf32;
+  co.tf32 = c.switches.tf32;
   co.ema = c.ema;
   co.ema_decay = c.ema_decay;
   co.optimizer = c.optimizer;
@@ -364,7 +364,7 @@ RunSetup setup_run(const TrainConfig& c, bool training) {
   co.world = dist::world();
   co.sync_bn = c.sync_bn;
   r.engine = std::make_unique<Engine>(bp, eopt);
-  if (c.tf32 && std::string(r.engine->backend().name()) == "cpu") {
+  if (c.switches.tf32 && std::string(r.engine->backend().name()) == "cpu") {
     log_warn("--tf32 has no effect on the CPU (its FP32 convolutions and matmuls are FP32)");
   }
   const LoaderOutput train_out = choose_input(c, train_p, r.engine->backend());
@@ -485,7 +485,7 @@ TrainSummary train(const TrainConfig& c) {
     if (early) std::raise(early);
   }
   Engine& engine = *r.engine;
-  engine.backend().set_profiling(c.profile);
+  engine.backend().set_profiling(c.switches.profile);
   Loader& train_loader = *r.train_loader;
   Loader& test_loader = *r.test_loader;
   const auto& train_set = r.train_set;
@@ -659,7 +659,7 @@ TrainSummary train(const TrainConfig& c) {
     if (!c.sync_bn) average_bn_running_stats(engine);    // S27: per-rank BN, before eval and save
     const double secs = seconds_since(t0);
     progress.finish();
-    if (c.profile) std::printf("%s", engine.backend().profile_report().c_str());
+    if (c.switches.profile) std::printf("%s", engine.backend().profile_report().c_str());
     sum.epoch_seconds.push_back(secs);
     sum.train_seconds += secs;
     sum.steps = state.step;

@@ -8,17 +8,23 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "kiln/core/log.h"
+#include "kiln/core/switches.h"
 #include "kiln/dist/dist.h"
 
 int main(int argc, char** argv) {
-  if (!std::getenv("KILN_LOG")) setenv("KILN_LOG", "warn", 0);
+  kiln::Switches quiet;  // quiet logs unless KILN_LOG says otherwise
+  quiet.log = "warn";
+  kiln::Switches::set_base(quiet);
+  const kiln::Switches switches = kiln::Switches::from_environment();
+  kiln::set_log_level(switches.log_level());
   ::testing::InitGoogleTest(&argc, argv);
   // The fault case "a rank fails to start": rank 1 leaves before the process group exists.
   const char* fault = std::getenv("KILN_TEST_FAULT");
   const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
   if (fault && rank && std::strcmp(fault, "start") == 0 && std::strcmp(rank, "1") == 0)
     std::_Exit(6);
-  kiln::dist::init();
+  kiln::dist::init(false, switches.dist_timeout);  // mpirun -x KILN_DIST_TIMEOUT=... in CMake
   const int rc = RUN_ALL_TESTS();
   kiln::dist::finalize();
   return rc;

@@ -12,12 +12,15 @@
 #include <string>
 
 #include "support/cli_run.h"
-#include "support/scoped_env.h"
 
 namespace {
 
 using Result = kiln::test::CliResult;
 Result kiln(const std::string& args) { return kiln::test::run_kiln(args); }
+// kiln with KILN_* variables in its own environment (the edge reads them), not the test's.
+Result kiln_with(const std::string& variables, const std::string& args) {
+  return kiln::test::run_shell(variables + " " + KILN_CLI_PATH + " " + args);
+}
 
 TEST(Cli, PlanProgramAndMemoryOfResNet50) {
   const Result plan = kiln("plan resnet50");
@@ -41,10 +44,44 @@ TEST(Cli, ProgramShowsTheEnginesFusionChoice) {
   ASSERT_EQ(plain.code, 0) << plain.out;
   EXPECT_EQ(plain.out.find("cbr_fwd"), std::string::npos) << plain.out;
   EXPECT_NE(plain.out.find("relu_fwd"), std::string::npos) << plain.out;
-  kiln::test::ScopedEnv fuse("KILN_FUSE_FP32", "1");
-  const Result fused = kiln("program cnn --device cpu --batch 8");
+  const Result fused = kiln_with("KILN_FUSE_FP32=1", "program cnn --device cpu --batch 8");
   ASSERT_EQ(fused.code, 0) << fused.out;
   EXPECT_NE(fused.out.find("cbr_fwd"), std::string::npos) << fused.out;
+}
+
+// kiln switches prints switches.def's table with the values in force; a flag given beats its
+// variable (the table's rule); a malformed variable stops any command with one error naming
+// the variable and what it accepts.
+TEST(Cli, SwitchesTableAndItsRule) {
+  const Result plain = kiln("switches");
+  ASSERT_EQ(plain.code, 0) << plain.out;
+  for (const char* v : {"KILN_LOG", "KILN_FUSION", "KILN_CUDA_GRAPHS", "KILN_NVJPEG_ROI", "KILN_DIST_TIMEOUT"})
+    EXPECT_NE(plain.out.find(v), std::string::npos) << v << "\n" << plain.out;
+  EXPECT_NE(plain.out.find("A flag given on the command line wins"), std::string::npos) << plain.out;
+  auto row = [](const std::string& out, const std::string& variable) {
+    const size_t at = out.find("  " + variable + " ");
+    return at == std::string::npos ? std::string() : out.substr(at, out.find('\n', at) - at);
+  };
+  const Result off = kiln_with("KILN_FUSION=0 KILN_CBR_FORM=genstats", "switches");
+  ASSERT_EQ(off.code, 0) << off.out;
+  EXPECT_NE(row(off.out, "KILN_FUSION").find(" 0* "), std::string::npos) << off.out;
+  EXPECT_NE(row(off.out, "KILN_CBR_FORM").find(" genstats* "), std::string::npos) << off.out;
+  const Result flag = kiln_with("KILN_FUSION=0", "switches --fusion");
+  ASSERT_EQ(flag.code, 0) << flag.out;
+  EXPECT_NE(row(flag.out, "KILN_FUSION").find(" 1 "), std::string::npos) << "the flag wins\n" << flag.out;
+  EXPECT_EQ(kiln("--help-switches").out, plain.out);
+  // The rule reaches the program: --fusion over KILN_FUSION=0 fuses, KILN_FUSION=0 alone does not.
+  const std::string program = "program cnn --device cpu --batch 8";
+  EXPECT_EQ(kiln_with("KILN_FUSE_FP32=1 KILN_FUSION=0", program).out.find("cbr_fwd"), std::string::npos);
+  EXPECT_NE(kiln_with("KILN_FUSE_FP32=1 KILN_FUSION=0", program + " --fusion").out.find("cbr_fwd"),
+            std::string::npos);
+  const Result bad = kiln_with("KILN_CBR_FORM=bogus", "plan cnn");
+  EXPECT_NE(bad.code, 0);
+  EXPECT_NE(bad.out.find("KILN_CBR_FORM=bogus is not accepted; use one of kiln|genstats"), std::string::npos)
+      << bad.out;
+  const Result bad_bool = kiln_with("KILN_FUSION=maybe", "switches");
+  EXPECT_NE(bad_bool.code, 0);
+  EXPECT_NE(bad_bool.out.find("KILN_FUSION=maybe"), std::string::npos) << bad_bool.out;
 }
 
 TEST(Cli, HelpListsCommandsAndFlags) {
@@ -114,8 +151,7 @@ TEST(Cli, BenchStagesEveryStepOrOnce) {
   EXPECT_NE(every.out.find("fused layers: 0 Conv+BN+ReLU (0 with their max-pool folded in"), std::string::npos)
       << every.out;
   {
-    kiln::test::ScopedEnv fuse("KILN_FUSE_FP32", "1");
-    const Result fused = kiln(common);
+    const Result fused = kiln_with("KILN_FUSE_FP32=1", common);
     ASSERT_EQ(fused.code, 0) << fused.out;
     EXPECT_NE(fused.out.find("fused layers: 4 Conv+BN+ReLU (2 with their max-pool folded in"), std::string::npos)
         << fused.out;

@@ -15,7 +15,6 @@
 #include "support/async_stats_check.h"
 #include "support/engine_state.h"
 #include "support/learnable_batch.h"
-#include "support/scoped_env.h"
 
 namespace kiln {
 namespace {
@@ -26,7 +25,6 @@ using test::fused_node_count;
 using test::params_and_buffers;
 using test::folded_grad_sum_count;
 using test::pooled_cbr_count;
-using test::ScopedEnv;
 
 EngineOptions cpu_options(int64_t batch) {
   EngineOptions o;
@@ -154,7 +152,7 @@ std::map<std::string, std::vector<float>> three_steps_then_eval(const BluePrint&
 }
 
 // Fusion on and off (issue 5's passes, the CPU's fused kernels in FP32, opted into with
-// EngineOptions::fuse_fp32): the programs differ
+// Switches::fuse_fp32): the programs differ
 // - CBR and BN+add+ReLU nodes, a bit mask instead of the ReLU output, no BN-output map - and
 // three steps give the same losses, every weight and BN running statistic bit for bit, since
 // the fused kernels are compositions of the unfused ones. VGG's convolutions carry biases,
@@ -173,8 +171,8 @@ TEST(Switches, FusionOffAndOnAgree) {
     std::vector<int> fused_nodes;
     for (bool fusion : {false, true}) {
       EngineOptions o = cpu_options(4);
-      o.fusion = fusion;
-      o.fuse_fp32 = true;
+      o.switches.fusion = fusion;
+      o.switches.fuse_fp32 = Auto::on;
       results[fusion ? 1 : 0] = three_steps_then_eval(bp, b, o, [&](const Engine& e) {
         fused_nodes.push_back(fused_node_count(e));
       });
@@ -205,15 +203,16 @@ TEST(Switches, FusionOffAndOnAgree) {
   }
 }
 
-// KILN_FUSE_FP32=1 asks for fusion in FP32 as EngineOptions::fuse_fp32 does (the switch the
-// GPU A/B of FP32 fusion uses); without either, an FP32 program is not fused.
-TEST(Switches, FuseFp32EnvironmentSwitch) {
+// Switches::fuse_fp32 (KILN_FUSE_FP32) on asks for fusion in FP32 (the switch the GPU A/B of
+// FP32 fusion uses); off, or left to the CPU backend (auto), an FP32 program is not fused.
+TEST(Switches, FuseFp32Switch) {
   const BluePrint bp = make_model("cnn");
-  for (const char* env : {"0", "1"}) {
-    ScopedEnv e_env("KILN_FUSE_FP32", env);
-    Engine e(bp, cpu_options(4));
+  for (const Auto fuse : {Auto::off, Auto::automatic, Auto::on}) {
+    EngineOptions o = cpu_options(4);
+    o.switches.fuse_fp32 = fuse;
+    Engine e(bp, o);
     e.lock_memory();
-    if (env[0] == '1') {
+    if (fuse == Auto::on) {
       EXPECT_EQ(fused_node_count(e), 8) << "the cnn's four Conv+BN+ReLU, forward and backward";
     } else {
       EXPECT_EQ(fused_node_count(e), 0);
@@ -231,9 +230,9 @@ TEST(Switches, GradientSumFoldingOffAndOnAgree) {
   std::vector<std::map<std::string, std::vector<float>>> results(2);
   std::vector<int> folded;
   for (const bool fold : {false, true}) {
-    ScopedEnv env("KILN_FUSE_GRAD_SUM", fold ? "1" : "0");
     EngineOptions o = cpu_options(4);
-    o.fuse_fp32 = true;
+    o.switches.fuse_grad_sum = fold;
+    o.switches.fuse_fp32 = Auto::on;
     results[fold ? 1 : 0] = three_steps_then_eval(bp, b, o, [&](const Engine& e) {
       folded.push_back(folded_grad_sum_count(e));
     });
@@ -254,9 +253,9 @@ TEST(Switches, PoolFoldingOffAndOnAgree) {
     std::vector<std::map<std::string, std::vector<float>>> results(2);
     std::vector<int> pooled;
     for (const bool fold : {false, true}) {
-      ScopedEnv env("KILN_FUSE_POOL", fold ? "1" : "0");
       EngineOptions o = cpu_options(4);
-      o.fuse_fp32 = true;
+      o.switches.fuse_pool = fold;
+      o.switches.fuse_fp32 = Auto::on;
       results[fold ? 1 : 0] = three_steps_then_eval(bp, b, o, [&](const Engine& e) {
         pooled.push_back(pooled_cbr_count(e));
       });

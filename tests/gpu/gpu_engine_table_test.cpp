@@ -1,4 +1,4 @@
-// The engine experience table on the GPU (SPEC S16, issue 5): KILN_TUNE measures every
+// The engine experience table on the GPU (SPEC S16, issue 5): Switches::tune measures every
 // engine of every convolution graph of a model and writes the table; a compile with the table
 // takes every convolution engine from it; a winner that no longer builds falls back to the
 // backups, and a table of which nothing builds falls back to cuDNN's heuristics. The steps
@@ -27,9 +27,10 @@ struct Outcome {
   float loss = 0.0f;
 };
 
-Outcome compile_and_step(bool amp = true) {
+Outcome compile_and_step(bool amp, const Switches& switches) {
   const BluePrint bp = make_model("resnet18_small");
   EngineOptions o;
+  o.switches = switches;
   o.device = "cuda";
   o.compile.batch = 8;
   o.compile.amp = amp;
@@ -67,12 +68,11 @@ TEST(GpuEngineTable, TuneLookUpAndFallBack) {
   KILN_REQUIRE_GPU();
   const std::string path = ::testing::TempDir() + "/kiln_gpu_engine_table.tsv";
   std::remove(path.c_str());
-  ScopedEnv no_autotune("KILN_AUTOTUNE", "0");  // a table miss takes the heuristics here
-  Outcome tuned;
-  {
-    ScopedEnv tune("KILN_TUNE", path.c_str());
-    tuned = compile_and_step();
-  }
+  Switches sw = Switches::from_environment();
+  sw.autotune = Auto::off;  // a table miss takes the heuristics here
+  Switches tune = sw;
+  tune.tune = path;
+  const Outcome tuned = compile_and_step(true, tune);
   const int plans = tuned.use.from_table + tuned.use.heuristics;
   EXPECT_GT(plans, 0);
   EXPECT_EQ(tuned.use.heuristics, 0) << "every convolution graph has at least one engine that runs";
@@ -88,33 +88,24 @@ TEST(GpuEngineTable, TuneLookUpAndFallBack) {
                 e.choices.size());
   }
 
+  Switches use = sw, off = sw;
+  use.engine_table = path;
+  off.engine_table = "0";
   Outcome from_table, heuristics, backups, nothing;
-  {
-    ScopedEnv use("KILN_ENGINE_TABLE", path.c_str());
-    from_table = compile_and_step();
-  }
+  from_table = compile_and_step(true, use);
   EXPECT_EQ(from_table.use.from_table, plans);
   EXPECT_EQ(from_table.use.heuristics, 0);
-  {
-    ScopedEnv off("KILN_ENGINE_TABLE", "0");
-    heuristics = compile_and_step();
-  }
+  heuristics = compile_and_step(true, off);
   EXPECT_EQ(heuristics.use.from_table, 0);
   EXPECT_EQ(heuristics.use.heuristics, plans);
   int with_backup = 0;
   for (const EngineEntry& e : table.entries()) with_backup += e.choices.size() > 1;
   spoil(path, false);
-  {
-    ScopedEnv use("KILN_ENGINE_TABLE", path.c_str());
-    backups = compile_and_step();
-  }
+  backups = compile_and_step(true, use);
   EXPECT_EQ(backups.use.from_table + backups.use.heuristics, plans);
   if (with_backup > 0) EXPECT_GT(backups.use.from_table, 0) << "backups are tried when the winner is missing";
   spoil(path, true);
-  {
-    ScopedEnv use("KILN_ENGINE_TABLE", path.c_str());
-    nothing = compile_and_step();
-  }
+  nothing = compile_and_step(true, use);
   EXPECT_EQ(nothing.use.from_table, 0);
   EXPECT_EQ(nothing.use.heuristics, plans);
   for (const Outcome* o : {&from_table, &heuristics, &backups, &nothing}) {
@@ -130,25 +121,21 @@ TEST(GpuEngineTable, TuneLookUpAndFallBack) {
 // loss), AMP ones in FP16 rounding of the same sums (1e-2).
 TEST(GpuAutotune, OffAndOnTrainAlike) {
   KILN_REQUIRE_GPU();
-  ScopedEnv no_table("KILN_ENGINE_TABLE", "0");
+  Switches no_table = Switches::from_environment();
+  no_table.engine_table = "0";
   for (const bool amp : {false, true}) {
     SCOPED_TRACE(amp ? "amp" : "fp32");
-    const Outcome on = compile_and_step(amp), again = compile_and_step(amp);
+    const Outcome on = compile_and_step(amp, no_table), again = compile_and_step(amp, no_table);
     const int plans = on.use.autotuned + on.use.heuristics;
     EXPECT_GT(plans, 0);
     EXPECT_EQ(on.use.autotuned, plans) << "every graph has an engine that runs";
     EXPECT_EQ(on.use.from_table, 0);
     EXPECT_EQ(again.use.autotuned, plans);
     EXPECT_EQ(again.loss, on.loss) << "the same process takes the same engines: the same bits";
-    Outcome off, det;
-    {
-      ScopedEnv e("KILN_AUTOTUNE", "0");
-      off = compile_and_step(amp);
-    }
-    {
-      ScopedEnv e("KILN_DETERMINISTIC", "1");
-      det = compile_and_step(amp);
-    }
+    Switches no_autotune = no_table, deterministic = no_table;
+    no_autotune.autotune = Auto::off;
+    deterministic.deterministic = true;
+    const Outcome off = compile_and_step(amp, no_autotune), det = compile_and_step(amp, deterministic);
     for (const Outcome* o : {&off, &det}) {
       EXPECT_EQ(o->use.autotuned, 0);
       EXPECT_EQ(o->use.heuristics, plans);

@@ -92,9 +92,11 @@ struct Net {
 };
 
 std::vector<std::vector<float>> run_net(bool amp, const char* graphs, const char* streams, int runs) {
-  ScopedEnv g("KILN_CUDA_GRAPHS", graphs), s("KILN_STREAMS", streams);
+  Switches sw = Switches::from_environment();
+  sw.set("cuda_graphs", graphs, "KILN_CUDA_GRAPHS");
+  sw.set("streams", streams, "KILN_STREAMS");
   Net net(amp);
-  net.h.compile(make_backend("cuda"));
+  net.h.compile(make_backend("cuda", sw));
   net.init();
   for (int i = 0; i < runs; ++i) net.h.run();
   return net.outputs();

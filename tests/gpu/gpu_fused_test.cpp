@@ -32,13 +32,14 @@ TEST_P(GpuFusedCbr, EqualsConvBnReluBitForBit) {
   if (amp && t.k % 8 != 0)
     GTEST_SKIP() << "FP16 convolutions want output channels in multiples of 8";
   // Input channels that are not (the first layer's 3) run on zero-padded copies.
-  ScopedEnv pad("KILN_PAD_CHANNELS", amp && t.c % 8 != 0 ? "1" : "0");
-  ScopedEnv det("KILN_DETERMINISTIC", "1");
+  Switches sw = Switches::from_environment();
+  sw.pad_channels = amp && t.c % 8 != 0;
+  sw.deterministic = true;
   for (const char* vec : {"1", "0"}) {
-    ScopedEnv v("KILN_VECTOR_KERNELS", vec);
+    sw.vector_kernels = vec[0] == '1';
     SCOPED_TRACE(::testing::Message()
                  << t.name << (amp ? " AMP" : " FP32") << ", vector kernels " << vec);
-    fused::cbr_equals_chain(t, amp, "cuda");
+    fused::cbr_equals_chain(t, amp, "cuda", sw);
   }
 }
 
@@ -70,12 +71,13 @@ class GpuFusedCbrPool : public ::testing::TestWithParam<std::tuple<PoolCase, boo
 TEST_P(GpuFusedCbrPool, EqualsConvBnReluMaxPoolBitForBit) {
   KILN_REQUIRE_GPU();
   const auto& [c, amp] = GetParam();
-  ScopedEnv pad("KILN_PAD_CHANNELS", amp && c.cbr.c % 8 != 0 ? "1" : "0");
-  ScopedEnv det("KILN_DETERMINISTIC", "1");
+  Switches sw = Switches::from_environment();
+  sw.pad_channels = amp && c.cbr.c % 8 != 0;
+  sw.deterministic = true;
   for (const char* vec : {"1", "0"}) {
-    ScopedEnv v("KILN_VECTOR_KERNELS", vec);
+    sw.vector_kernels = vec[0] == '1';
     SCOPED_TRACE(::testing::Message() << c.cbr.name << (amp ? " AMP" : " FP32") << ", vector kernels " << vec);
-    fused::cbr_pool_equals_chain(c.cbr, c.pool, amp, "cuda");
+    fused::cbr_pool_equals_chain(c.cbr, c.pool, amp, "cuda", sw);
   }
 }
 
@@ -110,8 +112,9 @@ struct CbrForward {
 };
 
 CbrForward run_cbr_forward(const CbrCase& t, bool amp, const char* form) {
-  ScopedEnv f("KILN_CBR_FORM", form);
-  ScopedEnv pad("KILN_PAD_CHANNELS", amp && t.c % 8 != 0 ? "1" : "0");
+  Switches sw = Switches::from_environment();
+  sw.cbr_form = form;
+  sw.pad_channels = amp && t.c % 8 != 0;
   const int64_t p = (t.h + 2 * t.pad - t.r) / t.st + 1, q = (t.w + 2 * t.pad - t.r) / t.st + 1;
   const Shape xs{t.n, t.h, t.w, t.c}, ys{t.n, p, q, t.k}, ws{t.k, t.r, t.r, t.c};
   OpHarness h(amp);
@@ -123,7 +126,7 @@ CbrForward run_cbr_forward(const CbrCase& t, bool amp, const char* form) {
   const TensorId z = m.feature("z", ys), y = m.feature("y", ys);
   const TensorId mask = h.tensor("mask", {(ys.numel() + 7) / 8}, Region::aux, DType::U8);
   h.node(OpKind::cbr_fwd, {x, w, gamma, beta, rm, rv}, {z, y, saved, mask}, fused::conv_bn_attrs(t.r, t.st, t.pad));
-  h.compile(make_backend("cuda"));
+  h.compile(make_backend("cuda", sw));
   h.write(x, random_values(static_cast<size_t>(xs.numel()), 1));
   h.write(w, random_values(static_cast<size_t>(ws.numel()), 2, -0.5f, 0.5f));
   h.write(gamma, random_values(static_cast<size_t>(t.k), 4, 0.5f, 1.5f));
@@ -179,8 +182,9 @@ class GpuFusedCbrBias : public ::testing::TestWithParam<bool> {};
 
 TEST_P(GpuFusedCbrBias, BiasMovesOnlyTheRunningMean) {
   KILN_REQUIRE_GPU();
-  ScopedEnv det("KILN_DETERMINISTIC", "1");
-  fused::cbr_bias_moves_only_the_running_mean(GetParam(), "cuda", 1e-6);
+  Switches sw = Switches::from_environment();
+  sw.deterministic = true;
+  fused::cbr_bias_moves_only_the_running_mean(GetParam(), "cuda", 1e-6, sw);
 }
 
 INSTANTIATE_TEST_SUITE_P(Cuda, GpuFusedCbrBias, ::testing::Bool(),
@@ -191,13 +195,14 @@ class GpuFusedBnAddRelu : public ::testing::TestWithParam<std::tuple<Shape, bool
 TEST_P(GpuFusedBnAddRelu, EqualsBnAddReluBitForBit) {
   KILN_REQUIRE_GPU();
   const auto& [s, amp] = GetParam();
+  Switches sw = Switches::from_environment();
   for (const char* vec : {"1", "0"}) {
-    ScopedEnv v("KILN_VECTOR_KERNELS", vec);
+    sw.vector_kernels = vec[0] == '1';
     for (const bool two_grads : {false, true}) {
       SCOPED_TRACE(::testing::Message()
                    << s.str() << (amp ? " AMP" : " FP32") << ", vector kernels " << vec
                    << (two_grads ? ", two gradients (dy2)" : ""));
-      fused::bn_add_relu_equals_chain(s, amp, "cuda", two_grads);
+      fused::bn_add_relu_equals_chain(s, amp, "cuda", two_grads, sw);
     }
   }
 }
@@ -238,10 +243,9 @@ INSTANTIATE_TEST_SUITE_P(Shapes, GpuFusedBnAddRelu,
 // The fused program is compiled twice: with the residual blocks' gradient sums left to add
 // passes (KILN_FUSE_GRAD_SUM=0), and as it is by default, with them folded into the
 // BN+add+ReLU backward; both must give the same bits.
-// FP32 takes the same path where fusion is asked for in FP32 (EngineOptions::fuse_fp32,
+// FP32 takes the same path where fusion is asked for in FP32 (Switches::fuse_fp32,
 // KILN_FUSE_FP32=1): the same kernels in float, the same bits demanded.
 void fused_steps_equal_unfused(bool amp, const std::vector<std::string>& models) {
-  ScopedEnv det("KILN_DETERMINISTIC", "1");
   for (const std::string& model : models) {
     SCOPED_TRACE(model + (amp ? " AMP" : " FP32"));
     const bool vgg = model.rfind("vgg", 0) == 0;
@@ -254,14 +258,15 @@ void fused_steps_equal_unfused(bool amp, const std::vector<std::string>& models)
     std::vector<int> fused_nodes, folded;
     for (const int config : {0, 1, 2}) {
       const bool fusion = config > 0;
-      ScopedEnv grad_sum("KILN_FUSE_GRAD_SUM", config == 2 ? "1" : "0");
       EngineOptions o;
       o.device = "cuda";
       o.compile.batch = 4;
       o.compile.amp = amp;
       o.compile.momentum = 0.9f;
-      o.fusion = fusion;
-      o.fuse_fp32 = !amp;
+      o.switches.deterministic = true;
+      o.switches.fuse_grad_sum = config == 2;
+      o.switches.fusion = fusion;
+      if (!amp) o.switches.fuse_fp32 = Auto::on;
       Engine e(bp, o);
       e.lock_memory();
       e.compile(5);
@@ -331,7 +336,6 @@ TEST(GpuFusedStep, FusedStepsEqualUnfusedBitForBitFp32) {
 // pool's and the ReLU's arithmetic), and the folded program has its pooled CBR nodes.
 TEST(GpuFusedStep, PoolFoldingOffAndOnBitForBit) {
   KILN_REQUIRE_GPU();
-  ScopedEnv det("KILN_DETERMINISTIC", "1");
   for (const bool amp : {true, false}) {
     const std::string model = "vgg11_bn_small";
     SCOPED_TRACE(model + (amp ? " AMP" : " FP32"));
@@ -340,13 +344,14 @@ TEST(GpuFusedStep, PoolFoldingOffAndOnBitForBit) {
     std::vector<std::map<std::string, std::vector<float>>> results(2);
     std::vector<int> pooled;
     for (const bool fold : {false, true}) {
-      ScopedEnv env("KILN_FUSE_POOL", fold ? "1" : "0");
       EngineOptions o;
       o.device = "cuda";
       o.compile.batch = 4;
       o.compile.amp = amp;
       o.compile.momentum = 0.9f;
-      o.fuse_fp32 = !amp;
+      o.switches.deterministic = true;
+      o.switches.fuse_pool = fold;
+      if (!amp) o.switches.fuse_fp32 = Auto::on;
       Engine e(bp, o);
       e.lock_memory();
       e.compile(5);

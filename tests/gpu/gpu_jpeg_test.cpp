@@ -159,7 +159,8 @@ std::vector<uint8_t> round_u8(const std::vector<double>& v) {
 struct Slots {
   OpHarness h{/*amp=*/true};
   TensorId img[2]{}, lab[2]{};
-  Slots(int64_t n, int64_t hh, int64_t w, int64_t c, DType dtype = DType::F32) {
+  Slots(int64_t n, int64_t hh, int64_t w, int64_t c, DType dtype = DType::F32,
+        const Switches& switches = Switches::from_environment()) {
     Program& p = h.program();
     p.train.clear();
     for (int s = 0; s < 2; ++s) {
@@ -180,7 +181,7 @@ struct Slots {
     }
     p.train.push_back(Phase{PhaseKind::forward_backward, "forward_backward", 0, {}});
     h.node(OpKind::add, {input, input}, {sum});
-    h.compile(make_backend("cuda"));
+    h.compile(make_backend("cuda", switches));
   }
   Backend& backend() { return h.backend(); }
   std::vector<float> images(int s) { return h.read(img[s]); }
@@ -196,14 +197,14 @@ InputNormalization identity_norm(int64_t c) {
   return {std::vector<float>(static_cast<size_t>(c), 0.0f), std::vector<float>(static_cast<size_t>(c), 1.0f / 255.0f)};
 }
 
-struct Switches {
+struct DecodeSwitches {
   const char* name;
   const char* nvjpeg;
   const char* hardware;
   const char* roi;
   const char* cache;
 };
-const Switches kSwitches[] = {
+const DecodeSwitches kSwitches[] = {
     {"Defaults", "1", "1", "1", "1"},
     {"NoHardware", "1", "0", "1", "1"},
     {"NoRoi", "1", "1", "0", "1"},
@@ -211,15 +212,15 @@ const Switches kSwitches[] = {
     {"NoNvjpeg", "0", "1", "1", "1"},
 };
 
-class GpuJpeg : public ::testing::TestWithParam<Switches> {
+class GpuJpeg : public ::testing::TestWithParam<DecodeSwitches> {
  protected:
   void SetUp() override {
     if (!cuda_available()) GTEST_SKIP() << "no CUDA GPU on this machine";
-    const Switches& s = GetParam();
-    env_.push_back(std::make_unique<ScopedEnv>("KILN_NVJPEG", s.nvjpeg));
-    env_.push_back(std::make_unique<ScopedEnv>("KILN_NVJPEG_HARDWARE", s.hardware));
-    env_.push_back(std::make_unique<ScopedEnv>("KILN_NVJPEG_ROI", s.roi));
-    env_.push_back(std::make_unique<ScopedEnv>("KILN_NVJPEG_CACHE", s.cache));
+    const DecodeSwitches& s = GetParam();
+    switches_.set("nvjpeg", s.nvjpeg, "KILN_NVJPEG");
+    switches_.set("nvjpeg_hardware", s.hardware, "KILN_NVJPEG_HARDWARE");
+    switches_.set("nvjpeg_roi", s.roi, "KILN_NVJPEG_ROI");
+    switches_.set("nvjpeg_cache", s.cache, "KILN_NVJPEG_CACHE");
   }
   bool nvjpeg_on() const { return std::string(GetParam().nvjpeg) == "1"; }
   bool hardware_off() const { return std::string(GetParam().hardware) == "0"; }
@@ -232,7 +233,7 @@ class GpuJpeg : public ::testing::TestWithParam<Switches> {
     }
     return false;
   }
-  std::vector<std::unique_ptr<ScopedEnv>> env_;
+  Switches switches_ = Switches::from_environment();
 };
 
 // Tolerance of nvJPEG against libjpeg-turbo, in levels of 255: both implement the JPEG spec's
@@ -273,7 +274,7 @@ TEST_P(GpuJpeg, DecodesLikeLibjpegTurbo) {
     files.push_back({"grey_progressive", encode_test_jpeg(grey, 90, 1, 1, true), 1, 1, true, 1});
     const int64_t n = static_cast<int64_t>(files.size());
     for (int64_t out_c : {int64_t{3}, int64_t{1}}) {
-      Slots slots(n, h, w, out_c);
+      Slots slots(n, h, w, out_c, DType::F32, switches_);
       if (skip_without_nvjpeg(slots.backend())) GTEST_SKIP() << "this build or GPU has no nvJPEG";
       EncodedBatch b;
       b.size = b.batch = n, b.height = h, b.width = w, b.channels = out_c;
@@ -385,7 +386,7 @@ TEST_P(GpuJpeg, MixedBatchMatchesTheHostPath) {
     host_out[static_cast<size_t>(k)] = px;
   };
 
-  Slots slots(batch, H, W, C);
+  Slots slots(batch, H, W, C, DType::F32, switches_);
   if (skip_without_nvjpeg(slots.backend())) GTEST_SKIP() << "this build or GPU has no nvJPEG";
   const InputNormalization norm = imagenet_norm(C);
   for (int round = 0; round < 2; ++round) {  // twice: the second batch reuses every buffer
@@ -445,7 +446,7 @@ TEST_P(GpuJpeg, MixedBatchMatchesTheHostPath) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Switches, GpuJpeg, ::testing::ValuesIn(kSwitches),
-                         [](const ::testing::TestParamInfo<Switches>& i) { return std::string(i.param.name); });
+                         [](const ::testing::TestParamInfo<DecodeSwitches>& i) { return std::string(i.param.name); });
 
 // ---- the resample kernel alone ---------------------------------------------------------------
 

@@ -19,6 +19,13 @@ namespace {
 
 class GpuLayer : public ::testing::TestWithParam<bool> {};  // param: AMP
 
+// The switches with kiln's 16-byte kernels on ("1") or off ("0").
+Switches vector_kernels(const char* vec) {
+  Switches s = Switches::from_environment();
+  s.vector_kernels = vec[0] == '1';
+  return s;
+}
+
 // FP32 convolution plans on Winograd / FFT engines in the GPU side's last compile.
 int transformed_plans(Pair& t) {
   auto* api = dynamic_cast<CudaBackendApi*>(&t.gpu().backend());
@@ -32,9 +39,10 @@ struct ConvCase {
 
 // fp32_tol > 0 (FP32 only): check against the float64 reference at that tolerance instead of
 // against the CPU, printing the errors. Returns how many of the three convolution plans took Winograd / FFT engines.
-int check_conv(const ConvCase& c, bool amp, double fp32_tol = 0) {
+int check_conv(const ConvCase& c, bool amp, double fp32_tol = 0,
+               const Switches& switches = Switches::from_environment()) {
   const int64_t p = (c.h + 2 * c.pad - c.r) / c.st + 1, q = (c.w + 2 * c.pad - c.s) / c.st + 1;
-  Pair t(amp);
+  Pair t(amp, switches);
   const TensorId x = t.add("x", {c.n, c.h, c.w, c.c}, Kind::Feature);
   const TensorId w = t.add("w", {c.k, c.r, c.s, c.c}, Kind::Weight);
   const TensorId b = c.bias ? t.add("b", {c.k}, Kind::F32, Region::params_f32) : kNoTensor;
@@ -110,12 +118,13 @@ TEST(GpuLayerFp32, ConvWinogradAndFft) {
   const ConvCase cases[] = {{8, 28, 28, 64, 64, 3, 3, 1, 1, false},
                             {4, 14, 14, 128, 128, 3, 3, 1, 1, true}, {2, 9, 9, 8, 16, 3, 3, 1, 1, true}};
   for (const char* mode : {"only", "0"}) {
-    ScopedEnv winograd("KILN_FP32_WINOGRAD", mode);
+    Switches winograd = Switches::from_environment();
+    winograd.fp32_winograd = mode;
     int transformed = 0;
     for (const ConvCase& c : cases) {
       SCOPED_TRACE(::testing::Message() << "KILN_FP32_WINOGRAD=" << mode << " conv 3x3 n" << c.n << " " << c.h
                                         << "x" << c.w << " c" << c.c << " k" << c.k);
-      const int plans = check_conv(c, false, kGpuFp32Tol);
+      const int plans = check_conv(c, false, kGpuFp32Tol, winograd);
       std::printf("  KILN_FP32_WINOGRAD=%s n%lld %lldx%lld c%lld k%lld: %d of 3 plans on Winograd / FFT engines\n",
                   mode, static_cast<long long>(c.n), static_cast<long long>(c.h), static_cast<long long>(c.w),
                   static_cast<long long>(c.c), static_cast<long long>(c.k), plans);
@@ -136,14 +145,15 @@ TEST(GpuLayerFp32, ConvWinogradAndFft) {
 TEST_P(GpuLayer, ConvPaddedChannels) {
   KILN_REQUIRE_GPU();
   const bool amp = GetParam();
-  ScopedEnv pad("KILN_PAD_CHANNELS", "1");
+  Switches pad = Switches::from_environment();
+  pad.pad_channels = true;
   const ConvCase cases[] = {{2, 12, 12, 3, 16, 3, 3, 1, 1, true},
                             {2, 9, 9, 5, 8, 3, 3, 2, 1, false},
                             {2, 15, 13, 3, 16, 7, 7, 2, 3, false}};
   for (const ConvCase& c : cases) {
     SCOPED_TRACE(::testing::Message() << "padded conv " << c.r << "x" << c.s << "/" << c.st << " c" << c.c
                                       << " k" << c.k);
-    check_conv(c, amp);
+    check_conv(c, amp, 0, pad);
   }
 }
 
@@ -154,10 +164,10 @@ TEST_P(GpuLayer, BatchNormTrainInferBackward) {
   const int64_t shapes[][4] = {{4, 7, 5, 16}, {2, 3, 3, 3}, {8, 14, 14, 64}, {2, 1, 1, 40}};
   for (const char* vec : {"1", "0"})
   for (const auto& s : shapes) {
-    ScopedEnv env("KILN_VECTOR_KERNELS", vec);
+    const Switches sw = vector_kernels(vec);
     SCOPED_TRACE(::testing::Message() << "bn C=" << s[3] << " N*H*W=" << s[0] * s[1] * s[2] << " vector kernels " << vec);
     const int64_t C = s[3];
-    Pair t(amp);
+    Pair t(amp, sw);
     const TensorId x = t.add("x", {s[0], s[1], s[2], C}, Kind::Feature);
     const TensorId gamma = t.add("gamma", {C}, Kind::F32, Region::params_f32);
     const TensorId beta = t.add("beta", {C}, Kind::F32, Region::params_f32);
@@ -200,9 +210,9 @@ TEST_P(GpuLayer, ReluAddDropout) {
   KILN_REQUIRE_GPU();
   const bool amp = GetParam();
   for (const char* vec : {"1", "0"}) {
-  ScopedEnv env("KILN_VECTOR_KERNELS", vec);
+  const Switches sw = vector_kernels(vec);
   SCOPED_TRACE(::testing::Message() << "vector kernels " << vec);
-  Pair t(amp);
+  Pair t(amp, sw);
   const Shape s{3, 5, 7, 24};
   const TensorId x = t.add("x", s, Kind::Feature), y = t.add("y", s, Kind::Feature);
   const TensorId dy = t.add("dy", s, Kind::Feature), dx = t.add("dx", s, Kind::Feature);
@@ -254,12 +264,12 @@ TEST_P(GpuLayer, Pooling) {
   // Max pooling has 16-byte kernels (channels in vectors of 8 f16 / 4 f32) and scalar ones.
   for (const char* vec : {"1", "0"})
   for (const PoolCase& c : cases) {
-    ScopedEnv env("KILN_VECTOR_KERNELS", vec);
+    const Switches sw = vector_kernels(vec);
     SCOPED_TRACE(::testing::Message() << "pool " << c.k << "/" << c.st << " pad " << c.pad << " h " << c.h
                                       << ", vector kernels " << vec);
     const int64_t n = 2, h = c.h, w = 10, ch = 16;
     const int64_t p = (h + 2 * c.pad - c.k) / c.st + 1, q = (w + 2 * c.pad - c.k) / c.st + 1;
-    Pair t(amp);
+    Pair t(amp, sw);
     const TensorId x = t.add("x", {n, h, w, ch}, Kind::Feature);
     const TensorId ym = t.add("ymax", {n, p, q, ch}, Kind::Feature), am = t.add("argmax", {n, p, q, ch}, Kind::I32);
     const TensorId ya = t.add("yavg", {n, p, q, ch}, Kind::Feature);

@@ -1,26 +1,30 @@
-// The CUDA backend's environment switches (cuda_common.h's Options), read without a GPU: the
-// defaults the H200 measurements chose, each switch's values, and one clear error naming the
-// variable and its choices for a value it does not know.
+// The CUDA backend's switches (switches.def, as cuda_common.h's Options), made without a GPU:
+// the defaults the H200 measurements chose, each switch's values, and one clear error naming
+// the variable and its choices for a value it does not know.
 #include <gtest/gtest.h>
 
 // The options live in the CUDA backend, which a CPU-only build (KILN_CUDA=OFF) does not have.
 #if defined(KILN_HAVE_CUDA)
+#include <map>
 #include <string>
 
 #include "backend/cuda/cuda_common.h"
 #include "kiln/core/error.h"
-#include "support/scoped_env.h"
 
 namespace kiln::cuda {
 namespace {
 
-using test::ScopedEnv;
-using test::ScopedUnset;
+// Options as a process with these variables (and no others) gets them.
+Options options_with(const std::map<std::string, std::string>& vars) {
+  auto get = [&](const char* name) -> const char* {
+    auto it = vars.find(name);
+    return it == vars.end() ? nullptr : it->second.c_str();
+  };
+  return options_from_switches(Switches::parse(get, Switches{}));
+}
 
 TEST(CudaOptions, DefaultsAreTheMeasuredOnes) {
-  const ScopedUnset a("KILN_FP32_WINOGRAD"), b("KILN_SIDE_WGRAD"), c("KILN_CBR_FORM"),
-      d("KILN_TF32");
-  const Options o = options_from_env();
+  const Options o = options_with({});
   EXPECT_EQ(o.fp32_winograd, Fp32Winograd::allowed)
       << "FP32 Winograd/FFT: 1.52x on FP32 VGG16-BN, within 1e-5";
   EXPECT_FALSE(o.side_wgrad) << "side-stream weight gradients: no gain on the H200";
@@ -29,28 +33,16 @@ TEST(CudaOptions, DefaultsAreTheMeasuredOnes) {
 }
 
 TEST(CudaOptions, Fp32WinogradValues) {
-  {
-    ScopedEnv e("KILN_FP32_WINOGRAD", "0");
-    EXPECT_EQ(options_from_env().fp32_winograd, Fp32Winograd::off);
-  }
-  {
-    ScopedEnv e("KILN_FP32_WINOGRAD", "1");
-    EXPECT_EQ(options_from_env().fp32_winograd, Fp32Winograd::allowed);
-  }
-  {
-    ScopedEnv e("KILN_FP32_WINOGRAD", "only");
-    EXPECT_EQ(options_from_env().fp32_winograd, Fp32Winograd::only);
-  }
-  {
-    ScopedEnv e("KILN_FP32_WINOGRAD", "off");  // the words every switch takes
-    EXPECT_EQ(options_from_env().fp32_winograd, Fp32Winograd::off);
-  }
+  EXPECT_EQ(options_with({{"KILN_FP32_WINOGRAD", "0"}}).fp32_winograd, Fp32Winograd::off);
+  EXPECT_EQ(options_with({{"KILN_FP32_WINOGRAD", "1"}}).fp32_winograd, Fp32Winograd::allowed);
+  EXPECT_EQ(options_with({{"KILN_FP32_WINOGRAD", "only"}}).fp32_winograd, Fp32Winograd::only);
+  // the words every switch takes
+  EXPECT_EQ(options_with({{"KILN_FP32_WINOGRAD", "off"}}).fp32_winograd, Fp32Winograd::off);
 }
 
 void expect_refused(const char* name, const char* value, const char* choices) {
-  ScopedEnv e(name, value);
   try {
-    options_from_env();
+    options_with({{name, value}});
     ADD_FAILURE() << name << "=" << value << " was accepted";
   } catch (const Error& err) {
     const std::string what = err.what();
@@ -61,9 +53,8 @@ void expect_refused(const char* name, const char* value, const char* choices) {
 }
 
 TEST(CudaOptions, UnknownValuesAreOneClearError) {
-  expect_refused("KILN_FP32_WINOGRAD", "sometimes",
-                 "0 (no Winograd or FFT in FP32), 1 (allowed) or only");
-  expect_refused("KILN_CBR_FORM", "mlperf", "use kiln (the default) or genstats");
+  expect_refused("KILN_FP32_WINOGRAD", "sometimes", "use one of 0|1|only");
+  expect_refused("KILN_CBR_FORM", "mlperf", "use one of kiln|genstats");
 }
 
 }  // namespace

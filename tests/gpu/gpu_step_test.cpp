@@ -101,16 +101,17 @@ StepsRun six_steps(const std::string& model, bool amp, bool optimised, const cha
   std::vector<float> img;
   std::vector<int32_t> lab;
   learnable(bp, 8, img, lab);
-  ScopedEnv det("KILN_DETERMINISTIC", "1");
-  ScopedEnv g("KILN_CUDA_GRAPHS", optimised ? "1" : "0"), st("KILN_STREAMS", optimised ? "3" : "1"),
-      side("KILN_SIDE_WGRAD", side_wgrad);
   EngineOptions o;
+  o.switches.deterministic = true;
+  o.switches.cuda_graphs = optimised;
+  o.switches.streams = optimised ? 3 : 1;
+  o.switches.set("side_wgrad", side_wgrad, "KILN_SIDE_WGRAD");
   o.device = "cuda";
   o.compile.batch = 8;
   o.compile.amp = amp;
   o.compile.momentum = 0.9f;
   o.compile.weight_decay = 5e-4f;
-  o.compile.memory_reuse = optimised;
+  o.switches.memory_reuse = optimised;
   Engine e(bp, o);
   e.lock_memory();
   e.compile(21);
@@ -178,10 +179,10 @@ TEST(GpuStep, SideStreamWeightGradientsOffAndOnBitForBit) {
 // and a ticket overwritten by 64 newer reads too.
 TEST(GpuStep, AsyncStatsEqualSyncOneStepLate) {
   KILN_REQUIRE_GPU();
-  ScopedEnv det("KILN_DETERMINISTIC", "1");  // two engines: the same engines, the same bits
   for (const bool amp : {false, true}) {
     SCOPED_TRACE(amp ? "amp" : "fp32");
     EngineOptions o;
+    o.switches.deterministic = true;  // two engines: the same engines, the same bits
     o.device = "cuda";
     o.compile.batch = 8;
     o.compile.amp = amp;
@@ -189,6 +190,7 @@ TEST(GpuStep, AsyncStatsEqualSyncOneStepLate) {
     async_stats_equal_sync("resnet18_small", o, 5);
   }
   EngineOptions o;
+  o.switches.deterministic = true;
   o.device = "cuda";
   o.compile.batch = 4;
   Engine e(make_model("cnn"), o);
@@ -283,8 +285,8 @@ void every_tensor_matches(const std::string& model) {
     o.compile.batch = 8;
     o.compile.momentum = 0.9f;
     o.compile.weight_decay = 5e-4f;
-    o.compile.memory_reuse = false;
-    o.fusion = false;  // one program for both: the CPU fuses in FP32, CUDA only under AMP
+    o.switches.memory_reuse = false;
+    o.switches.fusion = false;  // one program for both: the CPU fuses in FP32, CUDA only under AMP
     engines.push_back(std::make_unique<Engine>(bp, o));
     engines.back()->lock_memory();
     engines.back()->compile(21);

@@ -21,7 +21,6 @@
 #include "kiln/core/dtype.h"
 #include "kiln/core/rng.h"
 #include "support/op_harness.h"
-#include "support/scoped_env.h"
 
 namespace kiln::test {
 
@@ -94,7 +93,9 @@ enum class Kind {
 // One Program built twice: on the CPU backend (FP32) and on the CUDA backend (AMP or not).
 class Pair {
  public:
-  explicit Pair(bool amp) : amp_(amp), cpu_(false), gpu_(amp) {}
+  // `switches`: the CUDA backend's (tests set fields, e.g. vector_kernels, pad_channels).
+  explicit Pair(bool amp, Switches switches = Switches::from_environment())
+      : amp_(amp), switches_(std::move(switches)), cpu_(false), gpu_(amp) {}
 
   TensorId add(const std::string& name, Shape shape, Kind kind, Region region = Region::features) {
     DType gd = DType::F32, cd = DType::F32;
@@ -129,7 +130,7 @@ class Pair {
   }
   void compile() {
     cpu_.compile(make_backend("cpu"));
-    gpu_.compile(make_backend("cuda"));
+    gpu_.compile(make_backend("cuda", switches_));
   }
   // Writes the same values to both (rounded to f16 first where the GPU tensor is f16).
   std::vector<float> set(TensorId id, std::vector<float> v) {
@@ -158,6 +159,7 @@ class Pair {
 
  private:
   bool amp_;
+  Switches switches_;
   OpHarness cpu_, gpu_;
 };
 

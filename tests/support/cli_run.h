@@ -18,10 +18,11 @@ struct CliResult {
   std::string out;  // stdout and stderr together
 };
 
-// A shell command line, its stdout and stderr captured together.
+// A shell command line, its stdout and stderr captured together. The kiln it starts logs at
+// warn, as the tests do (test_main.cpp), unless KILN_LOG says otherwise.
 inline CliResult run_shell(const std::string& cmd) {
   CliResult r;
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+  FILE* p = popen(("export KILN_LOG=\"${KILN_LOG:-warn}\"; " + cmd + " 2>&1").c_str(), "r");
   if (!p) return r;
   std::array<char, 4096> buf{};
   size_t n;

@@ -93,7 +93,8 @@ struct CbrCase {
   bool first_layer;
 };
 
-inline void cbr_equals_chain(const CbrCase& t, bool amp, const char* backend) {
+inline void cbr_equals_chain(const CbrCase& t, bool amp, const char* backend,
+                             const Switches& switches = Switches::from_environment()) {
   const int64_t p = (t.h + 2 * t.pad - t.r) / t.st + 1, q = (t.w + 2 * t.pad - t.r) / t.st + 1;
   const Shape xs{t.n, t.h, t.w, t.c}, ys{t.n, p, q, t.k}, ws{t.k, t.r, t.r, t.c};
   OpHarness h(amp);
@@ -131,7 +132,7 @@ inline void cbr_equals_chain(const CbrCase& t, bool amp, const char* backend) {
   h.node(OpKind::cbr_fwd, {x, w, gamma, beta, rm_f, rv_f}, {z_f, y_f, saved_f, mask}, a);
   h.node(OpKind::cbr_bwd, {x, w, z_f, dy, mask, gamma, saved_f},
          {t.first_layer ? kNoTensor : dx_f, dw_f, dg_f, db_f, dz_f}, a);
-  h.compile(make_backend(backend));
+  h.compile(make_backend(backend, switches));
   h.write(x, random_values(static_cast<size_t>(xs.numel()), 1));
   h.write(w, random_values(static_cast<size_t>(ws.numel()), 2, -0.5f, 0.5f));
   h.write(dy, random_values(static_cast<size_t>(ys.numel()), 3));
@@ -158,7 +159,8 @@ inline void cbr_equals_chain(const CbrCase& t, bool amp, const char* backend) {
 // its argmax) and their backwards: z, the pooled y, statistics and every gradient equal, and
 // the mask holds exactly the elements the unfused max-pool took where the ReLU passed them
 // (ops.def). The map's height and width after the convolution must be multiples of pool.
-inline void cbr_pool_equals_chain(const CbrCase& t, int pool, bool amp, const char* backend) {
+inline void cbr_pool_equals_chain(const CbrCase& t, int pool, bool amp, const char* backend,
+                                  const Switches& switches = Switches::from_environment()) {
   const int64_t p = (t.h + 2 * t.pad - t.r) / t.st + 1, q = (t.w + 2 * t.pad - t.r) / t.st + 1;
   ASSERT_TRUE(p % pool == 0 && q % pool == 0) << "the case's map does not tile by " << pool;
   const Shape xs{t.n, t.h, t.w, t.c}, zs{t.n, p, q, t.k}, ys{t.n, p / pool, q / pool, t.k}, ws{t.k, t.r, t.r, t.c};
@@ -199,7 +201,7 @@ inline void cbr_pool_equals_chain(const CbrCase& t, int pool, bool amp, const ch
   h.node(OpKind::cbr_pool_fwd, {x, w, gamma, beta, rm_f, rv_f}, {z_f, y_f, saved_f, mask}, fa);
   h.node(OpKind::cbr_pool_bwd, {x, w, z_f, dy, mask, gamma, saved_f},
          {t.first_layer ? kNoTensor : dx_f, dw_f, dg_f, db_f, dz_f}, fa);
-  h.compile(make_backend(backend));
+  h.compile(make_backend(backend, switches));
   h.write(x, random_values(static_cast<size_t>(xs.numel()), 41));
   h.write(w, random_values(static_cast<size_t>(ws.numel()), 42, -0.5f, 0.5f));
   h.write(dy, random_values(static_cast<size_t>(ys.numel()), 43));
@@ -243,8 +245,8 @@ inline void cbr_pool_equals_chain(const CbrCase& t, int pool, bool amp, const ch
 
 // two_grads: the output's gradient has two contributions, dy and dy2 - the unfused chain sums
 // them with an add node, the fused op takes dy2 (ops.def; CompileOptions::fuse_grad_sum).
-inline void bn_add_relu_equals_chain(const Shape& s, bool amp, const char* backend,
-                                     bool two_grads = false) {
+inline void bn_add_relu_equals_chain(const Shape& s, bool amp, const char* backend, bool two_grads = false,
+                                     const Switches& switches = Switches::from_environment()) {
   const int64_t c = s[3];
   OpHarness h(amp);
   const Maker m{h, amp};
@@ -281,7 +283,7 @@ inline void bn_add_relu_equals_chain(const Shape& s, bool amp, const char* backe
   std::vector<TensorId> bwd_in{x, dy, mask, gamma, saved_f};
   if (two_grads) bwd_in.push_back(dy2);
   h.node(OpKind::bn_add_relu_bwd, bwd_in, {dx_f, dres_f, dg_f, db_f}, a);
-  h.compile(make_backend(backend));
+  h.compile(make_backend(backend, switches));
   const auto n = static_cast<size_t>(s.numel()), cn = static_cast<size_t>(c);
   h.write(x, random_values(n, 11, 1.0f, 3.0f));
   h.write(r, random_values(n, 12));
@@ -305,7 +307,8 @@ inline void bn_add_relu_equals_chain(const Shape& s, bool amp, const char* backe
 
 // The evaluation form (bn_relu_infer) against bn_fwd_infer, [add,] relu_fwd on the same
 // inputs: equal values (+0 and -0 alike), with and without the residual.
-inline void bn_relu_infer_equals_chain(const Shape& s, bool amp, const char* backend, bool residual) {
+inline void bn_relu_infer_equals_chain(const Shape& s, bool amp, const char* backend, bool residual,
+                                       const Switches& switches = Switches::from_environment()) {
   const int64_t c = s[3];
   OpHarness h(amp);
   const Maker m{h, amp};
@@ -322,7 +325,7 @@ inline void bn_relu_infer_equals_chain(const Shape& s, bool amp, const char* bac
   std::vector<TensorId> in{x, gamma, beta, rm, rv};
   if (residual) in.push_back(r);
   h.node(OpKind::bn_relu_infer, in, {y_f}, a);
-  h.compile(make_backend(backend));
+  h.compile(make_backend(backend, switches));
   const auto n = static_cast<size_t>(s.numel()), cn = static_cast<size_t>(c);
   h.write(x, random_values(n, 21, -2.0f, 3.0f));
   if (residual) h.write(r, random_values(n, 22));
@@ -340,7 +343,8 @@ inline void bn_relu_infer_equals_chain(const Shape& s, bool amp, const char* bac
 // cbr with a convolution bias (VGG's), which BatchNorm cancels (ops.def), against cbr without
 // it: z, y, mask, statistics and gradients equal; the running mean moved by momentum * b (the
 // host forms it in float; rm_tol allows a backend that forms it in double); db is 0.
-inline void cbr_bias_moves_only_the_running_mean(bool amp, const char* backend, double rm_tol) {
+inline void cbr_bias_moves_only_the_running_mean(bool amp, const char* backend, double rm_tol,
+                                                 const Switches& switches = Switches::from_environment()) {
   const int64_t n = 4, hh = 10, ww = 9, c = 16, k = 32;
   const Shape xs{n, hh, ww, c}, ys{n, hh, ww, k}, ws{k, 3, 3, c};
   OpHarness h(amp);
@@ -381,7 +385,7 @@ inline void cbr_bias_moves_only_the_running_mean(bool amp, const char* backend, 
     h.node(OpKind::cbr_fwd, in, {e.z, e.y, e.saved, e.mask}, a);
     h.node(OpKind::cbr_bwd, {x, w, e.z, dy, e.mask, gamma, e.saved}, out, a);
   }
-  h.compile(make_backend(backend));
+  h.compile(make_backend(backend, switches));
   const auto kn = static_cast<size_t>(k);
   h.write(x, random_values(static_cast<size_t>(xs.numel()), 31));
   h.write(w, random_values(static_cast<size_t>(ws.numel()), 32, -0.5f, 0.5f));

@@ -43,7 +43,6 @@
 #include "kiln/task/checkpoint.h"
 #include "kiln/task/engine.h"
 #include "support/learnable_batch.h"
-#include "support/scoped_env.h"
 
 namespace kiln::test {
 
@@ -247,12 +246,12 @@ inline GoldenErrors run_golden_step(const std::string& python, const GoldenStep&
   o.compile.weight_decay = g.weight_decay;
   // Every forward tensor keeps its value after the step, for kiln_choices (placement only:
   // the kernels and their order are the same).
-  o.compile.memory_reuse = false;
+  o.switches.memory_reuse = false;
   // kiln_choices reads each ReLU's decisions from its output map, which a max-pool folded into
   // a CBR never writes (ops.def's cbr_pool_fwd). So the golden step keeps pools apart; the
   // folded form equals this program bit for bit (GpuFusedStep.PoolFoldingOffAndOnBitForBit,
   // Switches.PoolFoldingOffAndOnAgree), which carries the comparison over.
-  ScopedEnv keep_pools("KILN_FUSE_POOL", "0");
+  o.switches.fuse_pool = false;
   Engine e(bp, o);
   e.lock_memory();
   e.compile(g.seed);  // torchvision's initialisation, drawn on the host

@@ -5,6 +5,8 @@
 #include <string>
 
 #include "kiln/core/error.h"
+#include "kiln/core/log.h"
+#include "kiln/core/switches.h"
 
 namespace kiln::cli {
 
@@ -19,7 +21,8 @@ static const char* kUsage =
     "  program   print the compiled phases and their nodes\n"
     "  memory    print the memory plan: regions and their sizes\n"
     "  bench     time training steps on synthetic data (images/s)\n"
-    "  tune      measure cuDNN's engines for a model's convolutions (the engine table, GPU)\n";
+    "  tune      measure cuDNN's engines for a model's convolutions (the engine table, GPU)\n"
+    "  switches  print every KILN_* switch: its variable, value, default and meaning\n";
 
 int run(int argc, char** argv) {
   if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h") || !std::strcmp(argv[1], "help")) {
@@ -27,6 +30,8 @@ int run(int argc, char** argv) {
     return argc < 2 ? 2 : 0;
   }
   const std::string cmd = argv[1];
+  // The edge: every KILN_* variable is checked once, before any work (a bad one is an error).
+  set_log_level(Switches::from_environment().log_level());
   if (cmd == "train") return cmd_train(argc, argv);
   if (cmd == "eval") return cmd_eval(argc, argv);
   if (cmd == "export") return cmd_export(argc, argv);
@@ -35,6 +40,7 @@ int run(int argc, char** argv) {
   if (cmd == "program") return cmd_program(argc, argv);
   if (cmd == "bench") return cmd_bench(argc, argv);
   if (cmd == "tune") return cmd_tune(argc, argv);
+  if (cmd == "switches" || cmd == "--help-switches") return cmd_switches(argc, argv);
   KILN_FAIL(InvalidArgument, "unknown command '", cmd, "'; run kiln --help for the list");
 }
 

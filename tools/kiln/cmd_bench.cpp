@@ -225,7 +225,8 @@ int cmd_bench(int argc, char** argv) {
                                    "(ncu --profile-from-start off; bench/kernel_breakdown.py)", "off", true}});
   if (!f.parse(argc, argv, 2)) return 0;
   // S27: under mpirun or srun, one process per GPU, each with --batch; the figure is the sum.
-  dist::init();
+  const Switches switches = switches_from(f);
+  dist::init(false, switches.dist_timeout);
   std::string model = f.str("model", "resnet50");
   if (!f.has("model") && !f.positional().empty()) model = f.positional()[0];
   ZooOptions zo;
@@ -234,10 +235,10 @@ int cmd_bench(int argc, char** argv) {
   const BluePrint bp = make_model(model, zo);
   EngineOptions eo;
   eo.device = f.str("device", "auto");
-  eo.fusion = f.on("fusion", true);
+  eo.switches = switches;
   eo.compile.batch = f.i64("batch", f.i64("batch-size", 256));
   eo.compile.amp = f.on("amp", false);
-  eo.compile.tf32 = f.on("tf32", false);
+  eo.compile.tf32 = switches.tf32;
   eo.compile.optimizer = f.str("opt", "sgd");
   eo.compile.weight_decay = 5e-5f;
   eo.compile.world = dist::world();
@@ -305,7 +306,7 @@ int cmd_bench(int argc, char** argv) {
     }
   }
 
-  engine.backend().set_profiling(f.on("profile", false));
+  engine.backend().set_profiling(eo.switches.profile);
   StepStats first{}, last{};
   // The first two steps always stage (they fill input slots A and B).
   auto step = [&](int64_t i, bool read) {
@@ -336,7 +337,7 @@ int cmd_bench(int argc, char** argv) {
   if (profiler_range) cuda_api->profiler_range(false);
   last = step(done++, true);
   if (!dist::is_root()) return 0;
-  if (f.on("profile", false)) std::printf("%s", engine.backend().profile_report().c_str());
+  if (eo.switches.profile) std::printf("%s", engine.backend().profile_report().c_str());
   std::sort(rates.begin(), rates.end());
   const double median = rates[rates.size() / 2];
   std::printf("%s batch %lld %s on %s: %.1f images/s (median of %lld), compile %.1fs, loss %.4f -> %.4f\n",

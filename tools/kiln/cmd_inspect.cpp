@@ -5,7 +5,6 @@
 #include "flags.h"
 #include "kiln/backend/backend.h"
 #include "kiln/blueprint/zoo.h"
-#include "kiln/core/env.h"
 #include "kiln/core/error.h"
 #include "kiln/graph/compiler.h"
 #include "kiln/graph/memory_plan.h"
@@ -21,8 +20,8 @@ std::vector<FlagSpec> common_flags() {
           {"batch", "batch size", "256", false},
           {"batch-size", "same as --batch", "", false},
           {"amp", "FP16 mixed precision", "off", true},
-          {"fusion", "fused CBR / BN+add+ReLU where the device has them (KILN_FUSION=0 turns off)", "on", true},
-          {"memory-reuse", "activation memory reuse by liveness (KILN_MEMORY_REUSE=0 turns off)", "on", true},
+          {"fusion", "fused CBR / BN+add+ReLU where the device has them (KILN_FUSION)", "on", true},
+          {"memory-reuse", "activation memory reuse by liveness (KILN_MEMORY_REUSE)", "on", true},
           {"device", "whose capabilities steer the passes: auto, cpu, cuda", "auto", false},
           {"num-classes", "classes (0 = the form's default)", "0", false},
           {"image-size", "input height and width (0 = the form's default)", "0", false},
@@ -45,11 +44,11 @@ Inspect build(const Flags& f) {
   zo.image_size = static_cast<int>(f.i64("image-size", 0));
   const BluePrint bp = make_model(model, zo);
   EngineOptions eo;
+  eo.switches = switches_from(f);
   eo.compile.amp = f.on("amp", false);
-  eo.fusion = f.on("fusion", true) && env_flag("KILN_FUSION", true);
   PlanOptions po;
   po.amp = eo.compile.amp;
-  po.fusion = eo.fusion;
+  po.fusion = eo.switches.fusion;
   const std::string device = f.str("device", "auto");
   KILN_CHECK(device == "auto" || device == "cpu" || device == "cuda", InvalidArgument,
              "--device must be auto, cpu or cuda, got '", device, "'");
@@ -57,7 +56,7 @@ Inspect build(const Flags& f) {
   // the CPU under --amp, which the Engine refuses; a CUDA plan asked for without a GPU).
   const bool cuda = device == "cuda" || (device == "auto" && cuda_available());
   if (!cuda || cuda_available()) {
-    const BackendCaps caps = make_backend(cuda ? "cuda" : "cpu")->caps();
+    const BackendCaps caps = make_backend(cuda ? "cuda" : "cpu", eo.switches)->caps();
     if (!eo.compile.amp || caps.fp16) po = fusion_options(caps, eo);
   }
   Inspect r{make_plan(bp, po), {}};
@@ -65,7 +64,7 @@ Inspect build(const Flags& f) {
   co.batch = f.i64("batch", f.i64("batch-size", 256));
   co.amp = po.amp;
   co.fuse_grad_sum = eo.compile.fuse_grad_sum;
-  co.memory_reuse = f.on("memory-reuse", true) && env_flag("KILN_MEMORY_REUSE", true);
+  co.memory_reuse = eo.switches.memory_reuse;
   co.optimizer = f.str("optimizer", "sgd");
   co.ema = f.on("ema", false);
   r.program = compile_program(r.plan, co);

@@ -138,7 +138,6 @@ TrainConfig to_config(const Flags& f) {
   c.weight_decay = static_cast<float>(f.f64("weight-decay", c.weight_decay));
   c.clip_grad = static_cast<float>(f.f64("clip-grad", 0));
   c.amp = f.on("amp", false);
-  c.tf32 = f.on("tf32", false);
   c.ema = f.on("ema", false);
   c.ema_decay = static_cast<float>(f.f64("ema-decay", c.ema_decay));
   c.eval_every = f.i64("eval-every", 1);
@@ -166,8 +165,7 @@ TrainConfig to_config(const Flags& f) {
   c.synthetic_size = f.i64("synthetic-size", 0);
   c.max_image_pixels = f.i64("max-image-pixels", c.max_image_pixels);
   c.progress = f.str("progress", c.progress);
-  c.fusion = f.on("fusion", true);
-  c.profile = f.on("profile", false);
+  c.switches = switches_from(f);  // --fusion, --tf32, --profile over KILN_*
   c.distributed = f.on("distributed", false);
   c.sync_bn = f.on("sync-bn", true);
   if (c.optimizer == "sgd" && c.momentum == 0.0f) c.nesterov = false;

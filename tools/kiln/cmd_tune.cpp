@@ -37,10 +37,10 @@ int cmd_tune(int argc, char** argv) {
   zo.image_size = static_cast<int>(f.i64("image-size", 0));
   const BluePrint bp = make_model(model, zo);
   const std::string out = f.str("out", "");
-  setenv("KILN_TUNE", out.empty() ? "auto" : out.c_str(), 1);
   EngineOptions eo;
   eo.device = "cuda";
-  eo.fusion = f.on("fusion", true);
+  eo.switches = switches_from(f);
+  eo.switches.tune = out.empty() ? "auto" : out;
   eo.compile.batch = f.i64("batch", f.i64("batch-size", 256));
   eo.compile.amp = f.on("amp", false);
   Engine engine(bp, eo);

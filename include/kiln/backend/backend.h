@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "kiln/core/error.h"
+#include "kiln/core/switches.h"
 #include "kiln/data/input_batch.h"
 #include "kiln/graph/program.h"
 
@@ -23,7 +24,7 @@ struct BackendCaps {
   bool fused_bn_add_relu = false;
   bool fused_fp32 = false;     // the fused kernels run in FP32 too (not only under AMP)
   bool fused_grad_sum = false; // bn_add_relu_bwd takes a second gradient (dy2, ops.def)
-  bool fp32_fusion_default = false;  // fuse in FP32 unless asked not to (KILN_FUSE_FP32=0)
+  bool fp32_fusion_default = false;  // fuse in FP32 unless asked not to (Switches::fuse_fp32)
 };
 
 // Which list of phases to run.
@@ -83,15 +84,17 @@ class Backend {
   virtual uint64_t read_later(const DTensor& t) = 0;
   virtual void collect(uint64_t ticket, void* host) = 0;
 
-  // Timings for `kiln train --profile` / KILN_PROFILE=1: from the next run() on, the backend
+  // Timings for `kiln train --profile` (Switches::profile): from the next run() on, the backend
   // records where the time goes (CPU: per op kind; CUDA: per phase, from CUDA events), and
   // profile_report() prints it (empty when profiling is off).
   virtual void set_profiling(bool on) { (void)on; }
   virtual std::string profile_report() { return {}; }
 };
 
-// "cpu" or "cuda"; "auto" = cuda when a GPU is present, else cpu.
-std::unique_ptr<Backend> make_backend(const std::string& device);
+// "cpu" or "cuda"; "auto" = cuda when a GPU is present, else cpu. The backend keeps the
+// switches it is given (switches.def); nothing below reads the environment.
+std::unique_ptr<Backend> make_backend(const std::string& device,
+                                      const Switches& switches = Switches::from_environment());
 bool cuda_available();
 
 // x = (p / 255 - mean[c]) / std[c] over `pixels` pixels of norm.mean.size() channels: the

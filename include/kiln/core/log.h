@@ -1,4 +1,5 @@
-// Logging to stderr with a level set by KILN_LOG (error, warn, info, debug).
+// Logging to stderr with a level: the KILN_LOG switch (error, warn, info, debug) at first,
+// set_log_level after.
 #pragma once
 #include "kiln/core/error.h"
 

@@ -22,6 +22,7 @@
 #include <string>
 
 #include "kiln/core/dtype.h"
+#include "kiln/core/switches.h"
 
 namespace kiln::dist {
 
@@ -46,8 +47,9 @@ bool mpi_built();
 // Starts the process group: MPI_Init when the environment says world > 1 or when `force`,
 // then checks MPI's rank and size against the environment (an error naming the variables
 // when they disagree). Idempotent; a later call with force = true after a plain start
-// (world 1, no MPI) starts MPI then.
-void init(bool force = false);
+// (world 1, no MPI) starts MPI then. `timeout_s`: how long a collective may wait before its
+// process exits with status 3 (the edge passes Switches::dist_timeout).
+void init(bool force = false, int64_t timeout_s = Switches{}.dist_timeout);
 bool active();  // MPI is running (world may be 1 when forced)
 int rank();     // 0 before init
 int world();    // 1 before init

@@ -97,7 +97,7 @@ struct CompileOptions {
   // FP32 convolutions and matmuls may use TF32 tensor cores (GPU; --tf32 or KILN_TF32=1).
   // Off by default: FP32 means FP32. PyTorch's cuDNN convolutions allow TF32 by default.
   bool tf32 = false;
-  bool memory_reuse = true;   // KILN_MEMORY_REUSE=0 turns it off
+  bool memory_reuse = true;   // the Engine sets it from Switches::memory_reuse
   // A fused BN+add+ReLU backward whose output gradient has two contributions takes both
   // (bn_add_relu_bwd's dy2) instead of an add node summing them first; set by the Engine
   // from the backend's caps and KILN_FUSE_GRAD_SUM.

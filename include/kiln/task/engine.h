@@ -9,6 +9,7 @@
 
 #include "kiln/backend/backend.h"
 #include "kiln/blueprint/blueprint.h"
+#include "kiln/core/switches.h"
 #include "kiln/graph/program.h"
 #include "kiln/plan/arch_plan.h"
 
@@ -19,13 +20,9 @@ const char* lifecycle_name(Lifecycle s);
 
 struct EngineOptions {
   CompileOptions compile;
-  bool fusion = true;         // KILN_FUSION=0 turns it off
-  // Fusion in FP32 too, on a backend whose fused kernels run in FP32. The CUDA backend fuses
-  // in FP32 by default (BackendCaps::fp32_fusion_default; KILN_FUSE_FP32=0 turns it off);
-  // the CPU does not: there the fused program gives the same bits at the same speed (measured
-  // on the cnn, bench/RESULTS.md), so it is the tests' tool for checking fused programs.
-  // KILN_FUSE_FP32=1 asks for it too.
-  bool fuse_fp32 = false;
+  // The switches (switches.def): the process's KILN_* variables unless a field is set. The
+  // Engine passes them to the backend and sets compile.memory_reuse from them.
+  Switches switches = Switches::from_environment();
   std::string device = "auto";  // auto, cpu, cuda
 };
 
@@ -48,7 +45,7 @@ struct StepStats {
 };
 
 // The fusion the Engine asks of the planner and compiler for a backend's capabilities and
-// the switches (KILN_FUSE_FP32, KILN_FUSE_GRAD_SUM): the plan options returned, and
+// o.switches (fusion, fuse_fp32, fuse_pool, fuse_grad_sum): the plan options returned, and
 // o.compile.fuse_grad_sum set. `kiln plan` and `kiln program` print the same choice.
 PlanOptions fusion_options(const BackendCaps& caps, EngineOptions& o);
 

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "kiln/algo/lr_schedule.h"
+#include "kiln/core/switches.h"
 #include "kiln/task/engine.h"
 
 namespace kiln {
@@ -26,7 +27,6 @@ struct TrainConfig {
   float weight_decay = 5e-4f;
   bool nesterov = true;
   bool amp = false;
-  bool tf32 = false;  // FP32 convolutions and matmuls may use TF32 (GPU)
   bool ema = false;
   float ema_decay = 0.999f;
   int64_t eval_every = 1;             // epochs
@@ -60,9 +60,10 @@ struct TrainConfig {
   int64_t synthetic_size = 0;         // synthetic dataset length (0 = 50 batches)
   int64_t max_image_pixels = int64_t{1} << 26;  // image folders: larger images are skipped as corrupt
   std::string progress = "auto";      // auto, bar, plain, none
-  bool fusion = true;
   float clip_grad = 0.0f;
-  bool profile = false;
+  // fusion, tf32, profile and every other switch (switches.def): the process's KILN_*
+  // variables unless a field is set (kiln train's --fusion, --tf32 and --profile set them).
+  Switches switches = Switches::from_environment();
   // Data parallel (S27): several processes (mpirun, srun) are detected from the launcher's
   // environment; `distributed` starts MPI even without it. batch_size is the global batch.
   bool distributed = false;

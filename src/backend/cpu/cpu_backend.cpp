@@ -10,7 +10,6 @@
 
 #include "backend/cpu/cpu_kernel.h"
 #include "kiln/backend/backend.h"
-#include "kiln/core/env.h"
 #include "kiln/core/error.h"
 
 namespace kiln {
@@ -32,6 +31,7 @@ struct AlignedFree {
 
 class CpuBackend final : public Backend {
  public:
+  explicit CpuBackend(bool profile_switch) : profile_switch_(profile_switch) {}
   const char* name() const override { return "cpu"; }
   BackendCaps caps() const override {
     BackendCaps c;
@@ -46,13 +46,15 @@ class CpuBackend final : public Backend {
   }
 
   ~CpuBackend() override {
-    if (profiling_ && env_flag("KILN_PROFILE", false)) std::fputs(profile_report().c_str(), stderr);
+    // Switches::profile set by a program that never asked for the report: print it here.
+    if (profiling_ && profile_switch_ && !reported_) std::fputs(profile_report().c_str(), stderr);
   }
 
   void set_profiling(bool on) override { profiling_ = on; }
 
   // Time per op kind since profiling started, largest first.
   std::string profile_report() override {
+    reported_ = true;
     if (profile_.empty()) return {};
     std::vector<std::pair<double, std::string>> rows;
     double total = 0;
@@ -73,7 +75,7 @@ class CpuBackend final : public Backend {
   }
 
   void compile(const Program& program) override {
-    profiling_ = profiling_ || env_flag("KILN_PROFILE", false);
+    profiling_ = profiling_ || profile_switch_;
     KILN_CHECK(program.memory.locked, State, "cpu backend: compile() needs a locked memory plan; ",
                "run plan_memory (the lifecycle's MEMORY_LOCKED step) first");
     KILN_CHECK(!program.options.amp, Unsupported, "the CPU backend runs FP32 only; drop --amp ",
@@ -208,6 +210,7 @@ class CpuBackend final : public Backend {
   std::array<std::unique_ptr<uint8_t, AlignedFree>, kRegionCount> regions_;
   std::vector<std::vector<cpu::KernelPtr>> train_, eval_, eval_ema_, init_;
   bool profiling_ = false;
+  bool profile_switch_ = false, reported_ = false;
   std::vector<std::string> ops_;
   std::map<const cpu::Kernel*, std::string> kernel_op_;
   std::map<std::string, double> profile_;
@@ -217,6 +220,8 @@ class CpuBackend final : public Backend {
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cpu_backend() { return std::make_unique<CpuBackend>(); }
+std::unique_ptr<Backend> make_cpu_backend(const Switches& switches) {
+  return std::make_unique<CpuBackend>(switches.profile);
+}
 
 }  // namespace kiln

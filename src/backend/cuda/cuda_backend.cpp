@@ -32,7 +32,6 @@
 #include "backend/cuda/input_stage.h"
 #include "backend/cuda/jpeg_stage.h"
 #include "backend/cuda/side_stream.h"
-#include "kiln/core/env.h"
 #include "kiln/core/log.h"
 
 namespace kiln {
@@ -70,11 +69,11 @@ struct PhaseExec {
 
 class CudaBackend final : public CudaBackendApi {
  public:
-  CudaBackend() {
-    ctx_.opts = options_from_env();
+  explicit CudaBackend(const Switches& switches) {
+    ctx_.opts = options_from_switches(switches);
     env_tf32_ = ctx_.opts.tf32;
     profile_ = ctx_.opts.profile;
-    profile_ops_ = env_flag("KILN_PROFILE_OPS", false);
+    profile_ops_ = ctx_.opts.profile_ops;
   }
   ~CudaBackend() override { release(); }
 
@@ -393,7 +392,7 @@ class CudaBackend final : public CudaBackendApi {
     std::array<size_t, kLateReadSlots> bytes{};
     uint64_t next = 0;
   };
-  bool env_tf32_ = false;  // KILN_TF32=1; a program's CompileOptions::tf32 also allows it
+  bool env_tf32_ = false;  // Switches::tf32; a program's CompileOptions::tf32 also allows it
   struct SmallWrites {
     void* host = nullptr;
     std::array<cudaEvent_t, kSmallSlots> done{};
@@ -741,6 +740,8 @@ bool cuda_device_present() {
   return n > 0;
 }
 
-std::unique_ptr<Backend> make_cuda_backend() { return std::make_unique<cuda::CudaBackend>(); }
+std::unique_ptr<Backend> make_cuda_backend(const Switches& switches) {
+  return std::make_unique<cuda::CudaBackend>(switches);
+}
 
 }  // namespace kiln

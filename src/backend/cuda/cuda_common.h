@@ -23,6 +23,7 @@
 
 #include "kiln/core/error.h"
 #include "kiln/core/log.h"
+#include "kiln/core/switches.h"
 #include "kiln/graph/program.h"
 
 namespace kiln::cuda {
@@ -58,7 +59,7 @@ inline constexpr double kAutotuneReportSeconds = 15;  // a progress line per thi
 
 enum class Fp32Winograd { off, allowed, only };
 
-// Switches read once from the environment (STYLE.md: every optimisation can be turned off).
+// The CUDA backend's switches (switches.def) in the form its kernels use.
 struct Options {
   bool graphs = true;   // KILN_CUDA_GRAPHS=0: launch node by node
   bool streams = true;  // KILN_STREAMS=1 (or 0): everything on one stream
@@ -77,6 +78,7 @@ struct Options {
   // autotune_cache_dir: empty = none).
   std::string autotune_cache;
   bool profile = false; // KILN_PROFILE=1: per-phase event timings
+  bool profile_ops = false;  // KILN_PROFILE_OPS=1: per-op event timings too
   bool vector_kernels = true;  // KILN_VECTOR_KERNELS=0: one element per thread, no 16-byte paths
   // KILN_PAD_CHANNELS=1: FP16/BF16 convolutions whose input channels are not a multiple of 8
   // run on zero-padded copies (conv.cpp); opt-in: slower on the H200 (bench/RESULTS.md).
@@ -112,7 +114,7 @@ struct Options {
   bool nvjpeg_roi = true;
   bool nvjpeg_cache = true;
 };
-Options options_from_env();
+Options options_from_switches(const Switches& switches);
 
 struct StreamRes {
   cudaStream_t stream = nullptr;

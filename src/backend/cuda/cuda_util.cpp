@@ -1,11 +1,9 @@
-// Helpers shared by the CUDA kernels: error reporting, node checks, environment switches.
+// Helpers shared by the CUDA kernels: error reporting, node checks, the switches as Options.
 #include <cublas_api.h>
 
 #include <algorithm>
-#include <cctype>
 
 #include "backend/cuda/cuda_common.h"
-#include "kiln/core/env.h"
 
 namespace kiln::cuda {
 
@@ -20,40 +18,30 @@ void throw_cublas(const char* call, cublasStatus_t e, const char* file, int line
             file, ":", line);
 }
 
-Options options_from_env() {
+Options options_from_switches(const Switches& sw) {
   Options o;
-  o.graphs = env_flag("KILN_CUDA_GRAPHS", true);
-  // KILN_STREAMS is a count: 1 puts every phase on one stream.
-  o.streams = env_int("KILN_STREAMS", kStreams) > 1;
-  o.tf32 = env_flag("KILN_TF32", false);
-  // A switch like the others (1/on/true/yes, 0/off/false/no), or "only".
-  const std::string winograd_env = env_string("KILN_FP32_WINOGRAD", "1");
-  std::string winograd = winograd_env;
-  std::transform(winograd.begin(), winograd.end(), winograd.begin(), ::tolower);
-  const bool on = winograd == "1" || winograd == "on" || winograd == "true" || winograd == "yes";
-  const bool off = winograd == "0" || winograd == "off" || winograd == "false" || winograd == "no";
-  KILN_CHECK(on || off || winograd == "only", InvalidArgument, "KILN_FP32_WINOGRAD=", winograd_env,
-             " is not a choice; use 0 (no Winograd or FFT in FP32), 1 (allowed) or only");
-  o.fp32_winograd = on ? Fp32Winograd::allowed : off ? Fp32Winograd::off : Fp32Winograd::only;
-  o.side_wgrad = env_flag("KILN_SIDE_WGRAD", false);
-  o.profile = env_flag("KILN_PROFILE", false);
-  o.vector_kernels = env_flag("KILN_VECTOR_KERNELS", true);
-  o.pad_channels = env_flag("KILN_PAD_CHANNELS", false);
-  const std::string form = env_string("KILN_CBR_FORM", "kiln");
-  KILN_CHECK(form == "kiln" || form == "genstats", InvalidArgument, "KILN_CBR_FORM=", form,
-             " is not a CBR form; use kiln (the default) or genstats");
-  o.cbr_genstats = form == "genstats";
-  o.deterministic = env_flag("KILN_DETERMINISTIC", false);
-  const std::string table = env_string("KILN_ENGINE_TABLE", "");
+  o.graphs = sw.cuda_graphs;
+  o.streams = sw.streams_on();
+  o.tf32 = sw.tf32;
+  o.fp32_winograd = sw.fp32_winograd == "1" ? Fp32Winograd::allowed
+                    : sw.fp32_winograd == "0" ? Fp32Winograd::off : Fp32Winograd::only;
+  o.side_wgrad = sw.side_wgrad;
+  o.profile = sw.profile;
+  o.profile_ops = sw.profile_ops;
+  o.vector_kernels = sw.vector_kernels;
+  o.pad_channels = sw.pad_channels;
+  o.cbr_genstats = sw.cbr_form == "genstats";
+  o.deterministic = sw.deterministic;
+  const std::string& table = sw.engine_table;
   o.engine_table = table != "0" && table != "off" && table != "false";
   if (o.engine_table) o.engine_table_path = table;
-  o.tune_path = env_string("KILN_TUNE", "");
-  o.autotune = env_flag("KILN_AUTOTUNE", !o.deterministic);
-  o.autotune_cache = o.autotune ? autotune_cache_dir(env_string("KILN_AUTOTUNE_CACHE", "")) : "";
-  o.nvjpeg = env_flag("KILN_NVJPEG", true);
-  o.nvjpeg_hardware = env_flag("KILN_NVJPEG_HARDWARE", true);
-  o.nvjpeg_roi = env_flag("KILN_NVJPEG_ROI", true);
-  o.nvjpeg_cache = env_flag("KILN_NVJPEG_CACHE", true);
+  o.tune_path = sw.tune;
+  o.autotune = resolve(sw.autotune, !o.deterministic);
+  o.autotune_cache = o.autotune ? autotune_cache_dir(sw.autotune_cache) : "";
+  o.nvjpeg = sw.nvjpeg;
+  o.nvjpeg_hardware = sw.nvjpeg_hardware;
+  o.nvjpeg_roi = sw.nvjpeg_roi;
+  o.nvjpeg_cache = sw.nvjpeg_cache;
   return o;
 }
 
