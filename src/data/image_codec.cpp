@@ -627,23 +627,23 @@ namespace {
 // The geometry's output from a decoded image, converting channels as decode_image does; grey
 // to 3 channels is resampled first and replicated after (the same values, a third of the work).
 void resample_converted(const uint8_t* raw, int64_t h, int64_t w, int64_t raw_channels,
-                        int64_t channels, const SampleGeometry& g, uint8_t* out) {
+                        int64_t channels, const SampleGeometry& g, uint8_t* out, ResampleOrder order) {
   if (raw_channels == channels) {
-    resample_u8(raw, h, w, channels, w * channels, g, out);
+    resample_u8(raw, h, w, channels, w * channels, g, out, order);
     return;
   }
   if (raw_channels == 1 && channels == 3) {
     thread_local std::vector<uint8_t> grey;
     const int64_t n = g.out_h() * g.out_w();
     grey.resize(static_cast<size_t>(n));
-    resample_u8(raw, h, w, 1, w, g, grey.data());
+    resample_u8(raw, h, w, 1, w, g, grey.data(), order);
     for (int64_t p = n - 1; p >= 0; --p) out[3 * p] = out[3 * p + 1] = out[3 * p + 2] = grey[p];
     return;
   }
   thread_local std::vector<uint8_t> conv;
   conv.resize(static_cast<size_t>(h * w * channels));
   convert_channels(raw, h * w, raw_channels, false, channels, conv.data());
-  resample_u8(conv.data(), h, w, channels, w * channels, g, out);
+  resample_u8(conv.data(), h, w, channels, w * channels, g, out, order);
 }
 
 void check_geometry(const SampleGeometry& g, int64_t h, int64_t w, const char* format,
@@ -672,7 +672,7 @@ void decode_resampled(const uint8_t* bytes, size_t size, int64_t channels, const
   if (format == ImageFormat::Png) {
     const Image img = decode_png(bytes, size, channels, what, o.max_pixels);
     check_geometry(g, img.height, img.width, "PNG", what);
-    resample_u8(img.pixels.data(), img.height, img.width, channels, img.width * channels, g, out);
+    resample_u8(img.pixels.data(), img.height, img.width, channels, img.width * channels, g, out, o.resample);
     return;
   }
   KILN_CHECK(format == ImageFormat::Jpeg, Data, "'", what, "': neither JPEG nor PNG (", size,
@@ -689,11 +689,11 @@ void decode_resampled(const uint8_t* bytes, size_t size, int64_t channels, const
   check_geometry(g, st->image_h, st->image_w, "JPEG", what);
   if (st->cmyk) {  // rare: the full decode converts CMYK, then the plain resample
     const Image img = decode_jpeg(bytes, size, channels, what, o.max_pixels);
-    resample_u8(img.pixels.data(), img.height, img.width, channels, img.width * channels, g, out);
+    resample_u8(img.pixels.data(), img.height, img.width, channels, img.width * channels, g, out, o.resample);
     return;
   }
   const SampleGeometry local = shift_source(plan.scaled, st->top, st->left, st->rows, st->width);
-  resample_converted(raw.data(), st->rows, st->width, st->raw_channels, channels, local, out);
+  resample_converted(raw.data(), st->rows, st->width, st->raw_channels, channels, local, out, o.resample);
   // The buffer is kept for the next sample, unless one huge image grew it (each loader thread
   // has one).
   if (raw.capacity() > (size_t{64} << 20)) std::vector<uint8_t>().swap(raw);

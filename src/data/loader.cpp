@@ -214,7 +214,8 @@ int32_t Loader::make_u8(int64_t index, const Rng& rng, uint8_t* out) const {
   KILN_CHECK(im.channels == hwc_[2], InvalidArgument, "sample ", index, " has ", im.channels,
              " channels but batches hold ", hwc_[2], " (those of sample 0)");
   const SampleGeometry g = checked_geometry(im.height, im.width, rng, index);
-  resample_u8(im.pixels.data(), im.height, im.width, im.channels, im.width * im.channels, g, out);
+  resample_u8(im.pixels.data(), im.height, im.width, im.channels, im.width * im.channels, g, out,
+              options_.decode.resample);
   return s.label;
 }
 

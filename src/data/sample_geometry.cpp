@@ -1,10 +1,9 @@
-// PIL's antialiased bilinear resampling (Resample.c: precompute_coeffs, then a horizontal and a
-// vertical pass), with float accumulation and one rounding at the end.
+// The sample geometry and PIL's antialiased bilinear filter taps (Resample.c: precompute_coeffs);
+// the kernels that apply them to 8-bit images are in resample.cpp.
 #include "kiln/data/sample_geometry.h"
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 
 #include "kiln/core/error.h"
 
@@ -25,7 +24,8 @@ void check_axis(const ResampleAxis& a, const char* name) {
              " > valid_hi ", a.valid_hi);
 }
 
-// The source index range [first, first + count) that outputs with count > 0 read.
+}  // namespace
+
 void tap_span(const ResampleTaps& t, int64_t* lo, int64_t* hi) {
   *lo = 0, *hi = 0;
   bool any = false;
@@ -37,89 +37,6 @@ void tap_span(const ResampleTaps& t, int64_t* lo, int64_t* hi) {
     any = true;
   }
 }
-
-// Per-thread scratch, reused across samples: one source row as floats, and the horizontal
-// pass's output rows.
-thread_local std::vector<float> tl_src;
-thread_local std::vector<float> tl_rows;
-
-// Four floats, loaded and stored unaligned (GCC / clang vector extension: SSE on x86, NEON on
-// ARM), holding one RGB pixel plus a lane that is ignored.
-typedef float v4f __attribute__((vector_size(16)));
-inline v4f load4(const float* p) {
-  v4f v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-inline void store4(float* p, v4f v) {
-  std::memcpy(p, &v, sizeof v);
-}
-
-// Horizontal pass of one source row (as floats, with slack after its end for max_taps pixels
-// and 4 floats) into out_w x 3 floats (one float of slack after the end). Every output runs
-// max_taps taps (the unused weights are 0, over finite pixels), four outputs at a time so that
-// their sums are independent chains. Outputs with no taps are 0; the order is mirrored when
-// flip, so the vertical pass needs no flip.
-void horizontal_row3(const float* src, const ResampleTaps& tx, bool flip, float* dst) {
-  const int64_t out_w = static_cast<int64_t>(tx.count.size());
-  const int32_t nk = tx.max_taps;
-  auto at = [&](int64_t i) { return flip ? out_w - 1 - i : i; };
-  // Each 4-float store spills one float into the next pixel: stores go in increasing address
-  // order, so the spill is overwritten by that pixel's own store.
-  int64_t i = 0;
-  for (; i + 4 <= out_w; i += 4) {
-    const int64_t x[4] = {at(i), at(i + 1), at(i + 2), at(i + 3)};
-    const float* w[4];
-    const float* s[4];
-    for (int j = 0; j < 4; ++j) {
-      w[j] = tx.weight.data() + x[j] * nk;
-      s[j] = src + static_cast<int64_t>(tx.first[static_cast<size_t>(x[j])]) * 3;
-    }
-    v4f a0 = {0, 0, 0, 0}, a1 = a0, a2 = a0, a3 = a0;
-    for (int32_t k = 0; k < nk; ++k) {
-      a0 += w[0][k] * load4(s[0] + 3 * k);
-      a1 += w[1][k] * load4(s[1] + 3 * k);
-      a2 += w[2][k] * load4(s[2] + 3 * k);
-      a3 += w[3][k] * load4(s[3] + 3 * k);
-    }
-    store4(dst + i * 3, a0);
-    store4(dst + i * 3 + 3, a1);
-    store4(dst + i * 3 + 6, a2);
-    store4(dst + i * 3 + 9, a3);
-  }
-  for (; i < out_w; ++i) {
-    const int64_t x = at(i);
-    const float* w = tx.weight.data() + x * nk;
-    const float* s = src + static_cast<int64_t>(tx.first[static_cast<size_t>(x)]) * 3;
-    v4f a = {0, 0, 0, 0};
-    for (int32_t k = 0; k < nk; ++k) a += w[k] * load4(s + 3 * k);
-    store4(dst + i * 3, a);
-  }
-}
-
-void horizontal_row(const float* src, const ResampleTaps& tx, int64_t c, bool flip, float* dst) {
-  const int64_t out_w = static_cast<int64_t>(tx.count.size());
-  const int32_t stride = tx.max_taps;
-  for (int64_t x = 0; x < out_w; ++x) {
-    float* d = dst + (flip ? out_w - 1 - x : x) * c;
-    const int32_t n = tx.count[static_cast<size_t>(x)];
-    const float* w = tx.weight.data() + x * stride;
-    const float* s = src + static_cast<int64_t>(tx.first[static_cast<size_t>(x)]) * c;
-    if (c == 1) {
-      float a = 0;
-      for (int32_t k = 0; k < n; ++k) a += w[k] * s[k];
-      d[0] = a;
-      continue;
-    }
-    for (int64_t ch = 0; ch < c; ++ch) {
-      float a = 0;
-      for (int32_t k = 0; k < n; ++k) a += w[k] * s[k * c + ch];
-      d[ch] = a;
-    }
-  }
-}
-
-}  // namespace
 
 bool ResampleAxis::is_copy() const {
   return scale == 1.0 && origin == std::floor(origin);
@@ -270,77 +187,6 @@ int dct_scale_for(const SampleGeometry& g) {
   int p = 1;
   while (p < m) p *= 2;
   return p;
-}
-
-void resample_u8(const uint8_t* src, int64_t src_h, int64_t src_w, int64_t channels, int64_t stride,
-                 const SampleGeometry& g, uint8_t* out) {
-  KILN_CHECK(src_h == g.src_h && src_w == g.src_w, InvalidArgument, "resample_u8: the image is ",
-             src_h, "x", src_w, " but the geometry refers to ", g.src_h, "x", g.src_w,
-             "; shift or rescale the geometry to the decoded image");
-  KILN_CHECK(channels >= 1 && stride >= src_w * channels, InvalidArgument,
-             "resample_u8: ", channels, " channels with a row stride of ", stride, " bytes for ",
-             src_w, " pixels");
-  const ResampleTaps ty = resample_taps(g.y, src_h);
-  const ResampleTaps tx = resample_taps(g.x, src_w);
-  const int64_t out_h = g.y.out, out_w = g.x.out, c = channels;
-  const int64_t row = out_w * c;
-  int64_t r0, r1, c0, c1;
-  tap_span(ty, &r0, &r1);
-  tap_span(tx, &c0, &c1);
-  std::vector<float>& rows = tl_rows;
-  std::vector<float>& srow = tl_src;
-  if (rows.size() < static_cast<size_t>((r1 - r0) * row + 4)) {
-    rows.resize(static_cast<size_t>((r1 - r0) * row + 4));
-  }
-  // Slack for max_taps pixels past the end (read with weight 0: the values must be finite, and
-  // resize's zeros and converted bytes are) and for 4-float loads.
-  const size_t srow_size = static_cast<size_t>((src_w + tx.max_taps) * c + 4);
-  if (srow.size() < srow_size) srow.resize(srow_size);
-  for (int64_t r = r0; r < r1; ++r) {
-    // Only the columns the taps read are converted; the rest of srow is never read.
-    const uint8_t* s = src + r * stride;
-    for (int64_t i = c0 * c; i < c1 * c; ++i) srow[static_cast<size_t>(i)] = s[i];
-    float* d = rows.data() + (r - r0) * row;
-    if (c == 3) {
-      horizontal_row3(srow.data(), tx, g.flip, d);
-    } else {
-      horizontal_row(srow.data(), tx, c, g.flip, d);
-    }
-  }
-  thread_local std::vector<float> acc;
-  acc.resize(static_cast<size_t>(row));
-  for (int64_t y = 0; y < out_h; ++y) {
-    uint8_t* o = out + y * row;
-    const int32_t n = ty.count[static_cast<size_t>(y)];
-    if (n == 0) {
-      std::memset(o, 0, static_cast<size_t>(row));
-      continue;
-    }
-    const float* w = ty.weight.data() + y * ty.max_taps;
-    const float* base = rows.data() + (ty.first[static_cast<size_t>(y)] - r0) * row;
-    float* a = acc.data();
-    if (n == 1) {
-      for (int64_t i = 0; i < row; ++i) a[i] = 0.0f;
-    } else {
-      const float w0 = w[0];
-      for (int64_t i = 0; i < row; ++i) a[i] = w0 * base[i];
-      for (int32_t k = 1; k < n - 1; ++k) {
-        const float wk = w[k];
-        const float* s = base + k * row;
-        for (int64_t i = 0; i < row; ++i) a[i] += wk * s[i];
-      }
-    }
-    // The last tap, rounding and the store in one pass. The weights are >= 0 and sum to at
-    // most 1, so values lie in [0, 255] up to float error; the clamp only guards that error.
-    const float wl = w[n - 1];
-    const float* sl = base + (n - 1) * row;
-    for (int64_t i = 0; i < row; ++i) {
-      float v = a[i] + wl * sl[i] + 0.5f;
-      v = v < 0.0f ? 0.0f : v;
-      v = v > 255.0f ? 255.0f : v;
-      o[i] = static_cast<uint8_t>(static_cast<int32_t>(v));
-    }
-  }
 }
 
 }  // namespace kiln

@@ -24,6 +24,7 @@
 #include "kiln/io/file.h"
 #include "kiln/task/checkpoint.h"
 #include "kiln/task/distributed.h"
+#include "task/divergence_watch.h"
 #include "task/progress.h"
 #include "task/run_folder.h"
 
@@ -305,6 +306,8 @@ RunSetup setup_run(const TrainConfig& c, bool training) {
   lo.seed = c.seed;
   lo.rank = dist::rank();
   lo.world = dist::world();
+  lo.decode.resample =
+      c.switches.resample_vertical_first ? ResampleOrder::vertical_first : ResampleOrder::horizontal_first;
   const Pipeline train_p = input_pipeline(c, true, size, probe.input.channels);
   const Pipeline test_p = input_pipeline(c, false, size, probe.input.channels);
   LoaderOptions eo = lo;
@@ -554,10 +557,7 @@ TrainSummary train(const TrainConfig& c) {
   const int64_t n = dist::split_batch(c.batch_size);  // per rank (S27)
   InputBuffers train_input(train_loader, n, r.train_norm), test_input(test_loader, n, r.test_norm);
   Progress progress(dist::is_root() ? c.progress : "none");
-  // AMP skips an overflowed step and halves the scale; a scale stuck at its floor of 1 while
-  // steps keep overflowing means the model itself has diverged.
-  constexpr int64_t kMaxFloorOverflows = 50;
-  int64_t floor_overflows = 0;
+  DivergenceWatch divergence;
   std::string saved_at;  // where the checkpoint on disk stands, for messages
   int64_t saved_step = state.step;  // a resumed run's checkpoint is already on disk
   if (!c.resume.empty()) saved_at = position(state, steps_per_epoch);
@@ -593,17 +593,8 @@ TrainSummary train(const TrainConfig& c) {
       if (!s) return;
       es.hits += s->top1;
       es.overflows += s->overflow ? 1 : 0;
-      if (s->overflow) {
-        // The step changed nothing (S9); only a scale that cannot fall further is a failure.
-        floor_overflows = s->loss_scale <= 1.0f ? floor_overflows + 1 : 0;
-        if (floor_overflows >= kMaxFloorOverflows) {
-          diverged(epoch, "AMP's loss scale sat at its floor of 1 for " + std::to_string(floor_overflows) +
-                              " overflowing steps in a row");
-        }
-        return;
-      }
-      floor_overflows = 0;
-      if (!std::isfinite(s->loss)) diverged(epoch, "the training loss is " + std::to_string(s->loss));
+      if (const std::string why = divergence.observe(*s); !why.empty()) diverged(epoch, why);
+      if (s->overflow) return;  // the step changed nothing (S9)
       es.loss_sum += s->loss;
       ++es.loss_count;
     };

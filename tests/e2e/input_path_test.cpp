@@ -97,6 +97,29 @@ TEST(InputPath, CpuStageBatchU8EqualsStageBatchOfNormalizedFloats) {
   EXPECT_FLOAT_EQ(ref[0], (11 / 255.0f - 0.2860f) / 0.3530f);
 }
 
+// normalize_u8 has loops for 1 and 3 channels laid out for SIMD, 16 pixels at a time: bit for
+// bit the per-value formula (the GPU kernel's reference), across block edges and tails, as
+// the generic loop computes it for other channel counts.
+TEST(InputPath, NormalizeU8IsThePerValueFormula) {
+  const std::vector<float> mean = {0.485f, 0.456f, 0.406f, 0.5f},
+                           std = {0.229f, 0.224f, 0.225f, 0.25f};
+  for (size_t c = 1; c <= 4; ++c) {
+    const InputNormalization norm{{mean.begin(), mean.begin() + c}, {std.begin(), std.begin() + c}};
+    for (int64_t pixels : {1, 15, 16, 17, 100}) {
+      std::vector<uint8_t> px(static_cast<size_t>(pixels) * c);
+      for (size_t i = 0; i < px.size(); ++i) px[i] = static_cast<uint8_t>((i * 37 + 11) % 256);
+      std::vector<float> got(px.size());
+      normalize_u8(px.data(), pixels, norm, got.data());
+      for (size_t i = 0; i < px.size(); ++i) {
+        const size_t k = i % c;
+        const float want =
+            static_cast<float>(px[i]) * (1.0f / (255.0f * std[k])) - mean[k] / std[k];
+        ASSERT_EQ(got[i], want) << c << " channels, " << pixels << " pixels, value " << i;
+      }
+    }
+  }
+}
+
 TrainConfig folder_run(const std::string& data, const std::string& out) {
   TrainConfig c;
   c.model = "resnet18_small";

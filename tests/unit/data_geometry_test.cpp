@@ -106,10 +106,18 @@ struct Case {
   bool flip;
 };
 
+// Both orders of the separable passes: each must meet every bound on its own.
+const ResampleOrder kOrders[] = {ResampleOrder::horizontal_first, ResampleOrder::vertical_first};
+const char* order_name(ResampleOrder o) {
+  return o == ResampleOrder::vertical_first ? "vertical_first" : "horizontal_first";
+}
+
 TEST(DataGeometry, ResampleMatchesPilBilinearReference) {
-  // Down- and upscaling, non-integral scales, boxes touching and away from the edges, 1 and 3
-  // channels, flipped and not. Bound 1 level: the reference is exact, ours accumulates in
-  // float and rounds once, so only values within ~1e-4 of a .5 boundary may round the other way.
+  // Down- and upscaling, non-integral scales, boxes touching and away from the edges, 1 to 4
+  // channels, flipped and not, 1 to 60 horizontal taps (the vertical-first pass has a kernel
+  // per tap count up to 6 and one for more), odd widths. Bound 1 level: the reference is exact,
+  // ours accumulates in float and rounds once, so only values within ~1e-4 of a .5 boundary may
+  // round the other way.
   const Case cases[] = {
       {375, 500, 3, 40, 70, 300, 280, 224, 224, false},  // typical RandomResizedCrop
       {375, 500, 3, 0, 0, 375, 500, 224, 224, true},     // whole image, anisotropic
@@ -118,40 +126,88 @@ TEST(DataGeometry, ResampleMatchesPilBilinearReference) {
       {64, 64, 1, 5, 9, 50, 40, 7, 5, false},            // strong shrink (support 8)
       {16, 16, 3, 0, 0, 16, 16, 16, 16, false},          // identity
       {20, 30, 1, 3, 4, 10, 10, 10, 10, true},           // a plain crop, flipped
+      {90, 301, 3, 2, 1, 77, 300, 31, 10, true},         // x: 60 taps
+      {41, 67, 3, 0, 5, 41, 60, 23, 34, false},          // x: 4 taps
+      {50, 61, 3, 1, 2, 48, 59, 17, 20, true},           // x: 6 taps
+      {29, 31, 4, 0, 0, 29, 31, 19, 23, false},          // 4 channels
+      {33, 17, 2, 3, 1, 25, 15, 30, 7, true},            // 2 channels, up in y
+      {12, 9, 3, 0, 0, 12, 9, 1, 1, false},              // one output pixel
   };
-  for (const Case& k : cases) {
-    const auto img = test_image(k.h, k.w, k.c, static_cast<uint64_t>(k.h * 31 + k.w));
-    const SampleGeometry g = box_geometry(k.h, k.w, k.top, k.left, k.bh, k.bw, k.oh, k.ow, k.flip);
-    std::vector<uint8_t> out(static_cast<size_t>(k.oh * k.ow * k.c), 7);
-    resample_u8(img.data(), k.h, k.w, k.c, k.w * k.c, g, out.data());
-    const auto want = ref_resample(img, k.w, k.c, k.top, k.left, k.bh, k.bw, k.oh, k.ow, k.flip);
-    double max_diff = 0;
-    int64_t off_by_one = 0;
-    for (size_t i = 0; i < out.size(); ++i) {
-      const double d = std::fabs(out[i] - std::min(255.0, std::max(0.0, want[i])));
-      max_diff = std::max(max_diff, d);
-      off_by_one += std::fabs(out[i] - std::floor(want[i] + 0.5)) > 0;
+  for (const ResampleOrder order : kOrders) {
+    for (const Case& k : cases) {
+      const auto img = test_image(k.h, k.w, k.c, static_cast<uint64_t>(k.h * 31 + k.w));
+      const SampleGeometry g =
+          box_geometry(k.h, k.w, k.top, k.left, k.bh, k.bw, k.oh, k.ow, k.flip);
+      std::vector<uint8_t> out(static_cast<size_t>(k.oh * k.ow * k.c), 7);
+      resample_u8(img.data(), k.h, k.w, k.c, k.w * k.c, g, out.data(), order);
+      const auto want = ref_resample(img, k.w, k.c, k.top, k.left, k.bh, k.bw, k.oh, k.ow, k.flip);
+      double max_diff = 0;
+      int64_t off_by_one = 0;
+      for (size_t i = 0; i < out.size(); ++i) {
+        const double d = std::fabs(out[i] - std::min(255.0, std::max(0.0, want[i])));
+        max_diff = std::max(max_diff, d);
+        off_by_one += std::fabs(out[i] - std::floor(want[i] + 0.5)) > 0;
+      }
+      EXPECT_LE(max_diff, 1.0) << k.h << "x" << k.w << " box " << k.bh << "x" << k.bw << " -> "
+                               << k.oh << "x" << k.ow << " " << order_name(order);
+      // Rounding the other way happens only next to a .5 boundary: rare.
+      EXPECT_LE(off_by_one, static_cast<int64_t>(out.size() / 100 + 1)) << order_name(order);
     }
-    EXPECT_LE(max_diff, 1.0) << k.h << "x" << k.w << " box " << k.bh << "x" << k.bw << " -> "
-                             << k.oh << "x" << k.ow;
-    // Rounding the other way happens only next to a .5 boundary: rare.
-    EXPECT_LE(off_by_one, static_cast<int64_t>(out.size() / 100 + 1));
   }
+}
+
+TEST(DataGeometry, ResampleOrdersAgreeOnRandomCrops) {
+  // RandomResizedCrop draws on images of odd sizes, to outputs smaller and larger than the
+  // crops, grey and RGB, flipped or not. Each order stays within 1 level of the exact
+  // reference; the two differ only where float rounding (~1e-5 of a level) tips a value lying
+  // that close to a .5 boundary, 2e-4 of the values here: allowed 1e-3 of them.
+  Rng draw(21);
+  int64_t values = 0, differ = 0;
+  for (int i = 0; i < 24; ++i) {
+    const int64_t h = 20 + static_cast<int64_t>(draw.below(150));
+    const int64_t w = 20 + static_cast<int64_t>(draw.below(150));
+    const int64_t c = draw.below(4) == 0 ? 1 : 3;
+    const int64_t oh = 5 + static_cast<int64_t>(draw.below(120));
+    const int64_t ow = 5 + static_cast<int64_t>(draw.below(120));
+    Pipeline p;
+    p.add<RandomResizedCrop>(oh, ow, std::array{0.08f, 1.0f}, std::array{0.75f, 4.0f / 3.0f})
+        .add<RandomHorizontalFlip>();
+    Rng rng = Rng::derive(5, 0, static_cast<uint64_t>(i));
+    const SampleGeometry g = p.geometry(h, w, rng);
+    const auto img = test_image(h, w, c, static_cast<uint64_t>(i));
+    // The crop box in whole pixels, as RandomResizedCrop draws it (origin and lo agree).
+    const int64_t top = g.y.lo, left = g.x.lo, bh = g.y.hi - g.y.lo, bw = g.x.hi - g.x.lo;
+    const auto want = ref_resample(img, w, c, top, left, bh, bw, oh, ow, g.flip);
+    std::vector<uint8_t> hf(static_cast<size_t>(oh * ow * c)), vf(hf.size());
+    resample_u8(img.data(), h, w, c, w * c, g, hf.data(), ResampleOrder::horizontal_first);
+    resample_u8(img.data(), h, w, c, w * c, g, vf.data(), ResampleOrder::vertical_first);
+    for (size_t k = 0; k < hf.size(); ++k) {
+      const double exact = std::min(255.0, std::max(0.0, want[k]));
+      ASSERT_LE(std::fabs(hf[k] - exact), 1.0) << "crop " << i << " value " << k;
+      ASSERT_LE(std::fabs(vf[k] - exact), 1.0) << "crop " << i << " value " << k;
+      differ += hf[k] != vf[k];
+    }
+    values += static_cast<int64_t>(hf.size());
+  }
+  EXPECT_LE(differ, values / 1000 + 1) << differ << " of " << values << " values differ";
 }
 
 TEST(DataGeometry, IdentityAndCropAreCopies) {
   const auto img = test_image(20, 30, 3, 5);
-  std::vector<uint8_t> out(20 * 30 * 3);
-  resample_u8(img.data(), 20, 30, 3, 90, SampleGeometry::identity(20, 30), out.data());
-  EXPECT_EQ(out, img);
   const SampleGeometry crop = box_geometry(20, 30, 3, 4, 10, 12, 10, 12, false);
   EXPECT_TRUE(crop.y.is_copy() && crop.x.is_copy());
-  std::vector<uint8_t> c(10 * 12 * 3);
-  resample_u8(img.data(), 20, 30, 3, 90, crop, c.data());
-  for (int64_t y = 0; y < 10; ++y) {
-    for (int64_t x = 0; x < 12 * 3; ++x) {
-      ASSERT_EQ(c[static_cast<size_t>(y * 36 + x)],
-                img[static_cast<size_t>((y + 3) * 90 + 12 + x)]);
+  for (const ResampleOrder order : kOrders) {
+    std::vector<uint8_t> out(20 * 30 * 3);
+    resample_u8(img.data(), 20, 30, 3, 90, SampleGeometry::identity(20, 30), out.data(), order);
+    EXPECT_EQ(out, img) << order_name(order);
+    std::vector<uint8_t> c(10 * 12 * 3);
+    resample_u8(img.data(), 20, 30, 3, 90, crop, c.data(), order);
+    for (int64_t y = 0; y < 10; ++y) {
+      for (int64_t x = 0; x < 12 * 3; ++x) {
+        ASSERT_EQ(c[static_cast<size_t>(y * 36 + x)],
+                  img[static_cast<size_t>((y + 3) * 90 + 12 + x)])
+            << order_name(order);
+      }
     }
   }
   // A copy reads exactly its pixels (zero-weight neighbours are trimmed).
@@ -172,12 +228,21 @@ TEST(DataGeometry, InvalidOutputsAndPaddingAreZero) {
   g.y.lo = g.x.lo = -1;
   g.y.hi = g.x.hi = 3;
   g.y.valid_hi = g.x.valid_hi = 4;
-  std::vector<uint8_t> out(16);
-  resample_u8(img.data(), 2, 2, 1, 2, g, out.data());
-  EXPECT_EQ(out, (std::vector<uint8_t>{0, 0, 0, 0, 0, 10, 20, 0, 0, 30, 40, 0, 0, 0, 0, 0}));
-  g.x.valid_lo = 2;  // the left half does not read the source
-  resample_u8(img.data(), 2, 2, 1, 2, g, out.data());
-  EXPECT_EQ(out, (std::vector<uint8_t>{0, 0, 0, 0, 0, 0, 20, 0, 0, 0, 40, 0, 0, 0, 0, 0}));
+  for (const ResampleOrder order : kOrders) {
+    SampleGeometry h = g;
+    std::vector<uint8_t> out(16, 7);
+    resample_u8(img.data(), 2, 2, 1, 2, h, out.data(), order);
+    EXPECT_EQ(out, (std::vector<uint8_t>{0, 0, 0, 0, 0, 10, 20, 0, 0, 30, 40, 0, 0, 0, 0, 0}))
+        << order_name(order);
+    h.x.valid_lo = 2;  // the left half does not read the source
+    resample_u8(img.data(), 2, 2, 1, 2, h, out.data(), order);
+    EXPECT_EQ(out, (std::vector<uint8_t>{0, 0, 0, 0, 0, 0, 20, 0, 0, 0, 40, 0, 0, 0, 0, 0}))
+        << order_name(order);
+    h.y.valid_hi = 0;  // no output reads the source
+    resample_u8(img.data(), 2, 2, 1, 2, h, out.data(), order);
+    EXPECT_EQ(out, std::vector<uint8_t>(16, 0)) << order_name(order);
+  }
+  g.x.valid_lo = 2;
   EXPECT_EQ(source_window(g).left, 1);
   EXPECT_EQ(source_window(g).width, 1);
 }
@@ -208,10 +273,12 @@ TEST(DataGeometry, DctScaleAndWindowRescaling) {
   const SampleGeometry shifted = shift_source(b, win.top, win.left, win.height, win.width);
   const auto img = test_image(375, 500, 3, 9);
   std::vector<uint8_t> full(224 * 224 * 3), part(224 * 224 * 3);
-  resample_u8(img.data(), 375, 500, 3, 1500, b, full.data());
-  resample_u8(img.data() + (win.top * 500 + win.left) * 3, win.height, win.width, 3, 1500, shifted,
-              part.data());
-  EXPECT_EQ(full, part);
+  for (const ResampleOrder order : kOrders) {
+    resample_u8(img.data(), 375, 500, 3, 1500, b, full.data(), order);
+    resample_u8(img.data() + (win.top * 500 + win.left) * 3, win.height, win.width, 3, 1500,
+                shifted, part.data(), order);
+    EXPECT_EQ(full, part) << order_name(order);
+  }
   data_test::expect_error([&] { resample_u8(img.data(), 300, 500, 3, 1500, b, full.data()); },
                           ErrorKind::InvalidArgument, {"geometry refers to 375x500"});
 }
@@ -239,16 +306,20 @@ void expect_paths_agree(const Pipeline& p, int64_t h, int64_t w, int64_t c, int 
     EXPECT_EQ(a.next_u64(), b.next_u64());
     ASSERT_EQ(f.height, g.out_h());
     ASSERT_EQ(f.width, g.out_w());
-    std::vector<uint8_t> u(static_cast<size_t>(g.out_h() * g.out_w() * c));
-    resample_u8(px.data(), h, w, c, w * c, g, u.data());
-    // Within 1 level (plus float slack): the uint8 path rounds once, the float path does not.
-    double max_diff = 0;
-    for (size_t k = 0; k < u.size(); ++k) {
-      const size_t ch = k % static_cast<size_t>(c);
-      const double level = (f.data[k] * norm.std[ch] + norm.mean[ch]) * 255.0;
-      max_diff = std::max(max_diff, std::fabs(level - u[k]));
+    for (const ResampleOrder order : kOrders) {
+      std::vector<uint8_t> u(static_cast<size_t>(g.out_h() * g.out_w() * c));
+      resample_u8(px.data(), h, w, c, w * c, g, u.data(), order);
+      // Within half a level (plus float slack): the uint8 path rounds once, the float path
+      // does not.
+      double max_diff = 0;
+      for (size_t k = 0; k < u.size(); ++k) {
+        const size_t ch = k % static_cast<size_t>(c);
+        const double level = (f.data[k] * norm.std[ch] + norm.mean[ch]) * 255.0;
+        max_diff = std::max(max_diff, std::fabs(level - u[k]));
+      }
+      EXPECT_LE(max_diff, 0.5 + 1e-3)
+          << p.describe() << " sample " << i << " " << order_name(order);
     }
-    EXPECT_LE(max_diff, 0.5 + 1e-3) << p.describe() << " sample " << i;
   }
 }
 

@@ -116,36 +116,42 @@ void expect_same(const std::vector<EncodedBatch>& a, const std::vector<EncodedBa
 }
 
 TEST(DataLoaderU8, MatchesTheFloatPathOnAFolder) {
-  TempDir dir;
-  write_folder(dir.path(), 6, {{"c1/p.png", encode_png(pattern(30, 41, 3, 3))}});
-  auto ds = open_folder(dir.path());
-  LoaderOptions o;
-  o.batch_size = 4;
-  o.seed = 11;
-  o.workers = 2;
-  Loader f32(ds, crop_pipeline(), o);
-  o.output = LoaderOutput::uint8;
-  // The float path decodes whole images; compare against the same decode (the cropped decode's
-  // edge columns, chroma-upsampled without their neighbours, and the DCT-scaled one differ by a
-  // few levels: the codec's own tests bound them).
-  o.decode.dct_scaling = false;
-  o.decode.crop = false;
-  Loader u8(ds, crop_pipeline(), o);
-  ASSERT_EQ(u8.sample_hwc(), f32.sample_hwc());
-  ASSERT_EQ(u8.sample_hwc(), (std::array<int64_t, 3>{24, 24, 3}));
-  const Batches b = run_u8(u8, 2);
-  f32.start_epoch(2);
-  const int64_t per = 24 * 24 * 3;
-  std::vector<float> images(static_cast<size_t>(4 * per));
-  std::vector<int32_t> labels(4);
-  ASSERT_EQ(b.labels.size(), 3u);  // 13 files, batches of 4
-  for (size_t i = 0; i < b.labels.size(); ++i) {
-    ASSERT_EQ(f32.next(images.data(), labels.data()), 4);
-    EXPECT_EQ(b.labels[i], labels);
-    // Both resample the same box with the same filter; uint8 rounds once to the nearest level.
-    for (int64_t j = 0; j < 4 * per; ++j) {
-      ASSERT_NEAR(b.pixels[i][static_cast<size_t>(j)], images[static_cast<size_t>(j)] * 255.0f, 1.0f)
-          << "batch " << i << " value " << j;
+  // Both orders of the resample's passes (KILN_RESAMPLE_VERTICAL_FIRST), each within a level.
+  for (const ResampleOrder order : {ResampleOrder::horizontal_first, ResampleOrder::vertical_first}) {
+    SCOPED_TRACE(order == ResampleOrder::vertical_first ? "vertical first" : "horizontal first");
+    TempDir dir;
+    write_folder(dir.path(), 6, {{"c1/p.png", encode_png(pattern(30, 41, 3, 3))}});
+    auto ds = open_folder(dir.path());
+    LoaderOptions o;
+    o.batch_size = 4;
+    o.seed = 11;
+    o.workers = 2;
+    Loader f32(ds, crop_pipeline(), o);
+    o.output = LoaderOutput::uint8;
+    o.decode.resample = order;
+    // The float path decodes whole images; compare against the same decode (the cropped decode's
+    // edge columns, chroma-upsampled without their neighbours, and the DCT-scaled one differ by a
+    // few levels: the codec's own tests bound them).
+    o.decode.dct_scaling = false;
+    o.decode.crop = false;
+    Loader u8(ds, crop_pipeline(), o);
+    ASSERT_EQ(u8.sample_hwc(), f32.sample_hwc());
+    ASSERT_EQ(u8.sample_hwc(), (std::array<int64_t, 3>{24, 24, 3}));
+    const Batches b = run_u8(u8, 2);
+    f32.start_epoch(2);
+    const int64_t per = 24 * 24 * 3;
+    std::vector<float> images(static_cast<size_t>(4 * per));
+    std::vector<int32_t> labels(4);
+    ASSERT_EQ(b.labels.size(), 3u);  // 13 files, batches of 4
+    for (size_t i = 0; i < b.labels.size(); ++i) {
+      ASSERT_EQ(f32.next(images.data(), labels.data()), 4);
+      EXPECT_EQ(b.labels[i], labels);
+      // Both resample the same box with the same filter; uint8 rounds once to the nearest level.
+      for (int64_t j = 0; j < 4 * per; ++j) {
+        ASSERT_NEAR(b.pixels[i][static_cast<size_t>(j)], images[static_cast<size_t>(j)] * 255.0f,
+                    1.0f)
+            << "batch " << i << " value " << j;
+      }
     }
   }
 }

@@ -65,6 +65,7 @@ struct ResampledDecodeOptions {
   bool dct_scaling = true;
   bool crop = true;
   int64_t max_pixels = kMaxDecodePixels;
+  ResampleOrder resample = ResampleOrder::vertical_first;  // KILN_RESAMPLE_VERTICAL_FIRST
 };
 void decode_resampled(const uint8_t* bytes, size_t size, int64_t channels, const SampleGeometry& g,
                       uint8_t* out, const std::string& what, const ResampledDecodeOptions& o = {});

@@ -66,9 +66,8 @@ SampleGeometry shift_source(const SampleGeometry& g, int64_t top, int64_t left, 
 // full-size decode.
 int dct_scale_for(const SampleGeometry& g);
 
-// Resamples an 8-bit HWC image (rows `stride` bytes apart) into out (out_h x out_w x channels
-// bytes), rounding to nearest. The filter taps are computed once per axis (ResampleTaps): PIL's
-// precompute_coeffs, with taps outside the image and zero-weight end taps dropped.
+// The filter taps of one axis, computed once per sample: PIL's precompute_coeffs, with taps
+// outside the image and zero-weight end taps dropped.
 struct ResampleTaps {
   std::vector<int32_t> first;  // per output: first source index
   std::vector<int32_t> count;  // per output: number of taps (0: the output is 0)
@@ -76,7 +75,18 @@ struct ResampleTaps {
   int32_t max_taps = 0;
 };
 ResampleTaps resample_taps(const ResampleAxis& axis, int64_t src_size);
+// The source index range [lo, hi) that outputs with count > 0 read; empty (0, 0) when none do.
+void tap_span(const ResampleTaps& t, int64_t* lo, int64_t* hi);
+
+// Resamples an 8-bit HWC image (rows `stride` bytes apart) into out (out_h x out_w x channels
+// bytes), accumulating in float and rounding to nearest once. The two orders of the separable
+// passes differ only by float rounding (about 1e-5 of a level): vertical_first (the default)
+// runs the horizontal pass, the costlier one, on output rows only; horizontal_first is the
+// order of PIL and of the float transforms (the switch KILN_RESAMPLE_VERTICAL_FIRST=0 picks it,
+// through ResampledDecodeOptions).
+enum class ResampleOrder { horizontal_first, vertical_first };
 void resample_u8(const uint8_t* src, int64_t src_h, int64_t src_w, int64_t channels,
-                 int64_t stride, const SampleGeometry& g, uint8_t* out);
+                 int64_t stride, const SampleGeometry& g, uint8_t* out,
+                 ResampleOrder order = ResampleOrder::vertical_first);
 
 }  // namespace kiln
