@@ -21,7 +21,7 @@ from ._kiln import (  # noqa: F401  (the public names)
 __all__ = [
     "BluePrint", "DeviceError", "Engine", "Error", "FileError", "InvalidArgumentError", "Layer",
     "StepStats", "adaptive_avgpool", "avgpool", "bn2d", "cbr", "conv", "dropout", "fc", "flatten",
-    "gap", "identity", "load", "maxpool", "relu", "residual", "save", "seq", "train", "train_flags", "zoo",
+    "Memory", "Plan", "gap", "identity", "load", "maxpool", "memory", "plan", "relu", "residual", "save", "seq", "train", "train_flags", "zoo",
     "zoo_names",
 ]
 
@@ -122,6 +122,52 @@ class Engine:
 
     def __repr__(self):
         return f"Engine({self.model.name}, batch={self.batch}, state={self.state})"
+
+
+class Plan:
+    """What the planner made of a model (`kiln plan`): print it for the CLI's text.
+    layers: the plan's nodes after fusion; notes: what each pass did."""
+
+    def __init__(self, engine: Engine):
+        self.model = engine.model.name
+        self.text = engine._e.plan_text()
+        self.layers = engine._e.plan_layers()
+        self.notes = list(engine._e.plan_notes())
+
+    def __str__(self):
+        return self.text
+
+    def __repr__(self):
+        return f"Plan({self.model}, {self.layers} layers)"
+
+
+class Memory:
+    """The step's memory (`kiln memory`): print it for the CLI's text. regions: bytes by
+    region; total_bytes; features_without_reuse: the features region without liveness reuse."""
+
+    def __init__(self, engine: Engine):
+        self.model = engine.model.name
+        self.batch = engine.batch
+        self.text = engine._e.memory_text()
+        self.regions, self.total_bytes, self.features_without_reuse = engine._e.memory_bytes()
+
+    def __str__(self):
+        return self.text
+
+    def __repr__(self):
+        return f"Memory({self.model}, batch={self.batch}, total_bytes={self.total_bytes})"
+
+
+def plan(model, amp: bool = False, device: str = "auto") -> Plan:
+    """The plan of a model (a BluePrint or zoo name) as the Engine would build it on `device`."""
+    return Plan(Engine(model, batch=1, amp=amp, device=device, compile=False))
+
+
+def memory(model, batch: int = 256, amp: bool = False, device: str = "auto") -> Memory:
+    """The memory of a model's compiled step at this batch (nothing is allocated)."""
+    e = Engine(model, batch=batch, amp=amp, device=device, compile=False)
+    e.lock_memory()
+    return Memory(e)
 
 
 def save(engine: Engine, path) -> None:

@@ -7,11 +7,14 @@
 #include <nanobind/stl/vector.h>
 
 #include <memory>
+#include <mutex>
 #include <sstream>
 
 #include "bind.h"
 #include "kiln/core/error.h"
 #include "kiln/data/input_batch.h"
+#include "kiln/graph/memory_plan.h"
+#include "kiln/plan/arch_plan.h"
 #include "kiln/task/checkpoint.h"
 #include "kiln/task/engine.h"
 
@@ -87,6 +90,7 @@ class PyEngine {
     StepStats s;
     {
       nb::gil_scoped_release unlocked;
+      const std::lock_guard<std::mutex> one_step(step_mutex_);
       engine_->train_step_async(in, lr);
       s = *engine_->pending_stats();
     }
@@ -99,6 +103,7 @@ class PyEngine {
     StepStats s;
     {
       nb::gil_scoped_release unlocked;
+      const std::lock_guard<std::mutex> one_step(step_mutex_);
       s = engine_->eval_batch(in, b.count, ema);
     }
     return to_py(s, b.count);
@@ -183,6 +188,7 @@ class PyEngine {
   }
 
   std::unique_ptr<Engine> engine_;
+  std::mutex step_mutex_;  // without the GIL, two Python threads could step one engine at once
   int64_t h_, w_, c_, classes_;
   InputNormalization norm_;
 };
@@ -292,6 +298,21 @@ void bind_engine(nb::module_& m) {
       .def("eval_step", &PyEngine::eval_step, "images"_a, "labels"_a, nb::kw_only(), "ema"_a = false)
       .def("state_dict", &state_dict)
       .def("load_state_dict", &load_state_dict, "state_dict"_a, "strict"_a = true)
+      .def("plan_text", [](PyEngine& e) { return describe_plan(e.engine().plan()); })
+      .def("plan_layers", [](PyEngine& e) { return e.engine().plan().live().size(); })
+      .def("plan_notes", [](PyEngine& e) { return e.engine().plan().notes; })
+      .def("memory_text", [](PyEngine& e) { return describe_memory(e.engine().program()); })
+      .def("memory_bytes",
+           [](PyEngine& e) {
+             const MemoryPlan& mp = e.engine().program().memory;
+             nb::dict d;
+             for (int r = 0; r < kRegionCount; ++r) {
+               if (mp.region_bytes[static_cast<size_t>(r)] > 0) {
+                 d[region_name(static_cast<Region>(r))] = mp.region_bytes[static_cast<size_t>(r)];
+               }
+             }
+             return nb::make_tuple(d, mp.total(), mp.features_without_reuse);
+           })
       .def("save_weights", [](PyEngine& e, const std::string& path) { export_weights(e.engine(), path); }, "path"_a)
       .def("load_weights", [](PyEngine& e, const std::string& path) { import_weights(e.engine(), path); }, "path"_a);
 }

@@ -137,3 +137,11 @@ def test_dlpack_producers(fashion):
     ref = e.eval_step(xf, y[:16])
     st = e.eval_step(DLPackOnly(xf.transpose(0, 3, 1, 2)), DLPackOnly(y[:16]))
     assert (st.loss, st.correct1) == (ref.loss, ref.correct1)
+
+
+def test_plan_and_memory_print_what_the_cli_prints():
+    p = kiln.plan("resnet18_small", device="cpu")
+    assert p.layers > 10 and "layer1.0" in str(p)
+    m = kiln.memory("cnn", batch=64, device="cpu")
+    assert m.total_bytes == sum(m.regions.values()) and m.total_bytes > 0
+    assert m.features_without_reuse > 0 and str(m).strip()
