@@ -9,8 +9,6 @@
 """
 from __future__ import annotations
 
-import numpy as _np
-
 from . import _kiln
 from ._kiln import (  # noqa: F401  (the public names)
     BluePrint, DeviceError, Error, FileError, InvalidArgumentError, Layer, StepStats,
@@ -100,13 +98,15 @@ class Engine:
         """Loads torchvision-named tensors (NumPy or torch), as a torchvision model's
         state_dict() gives them; every parameter and buffer must be there with its shape, and
         with strict, nothing else."""
+        import numpy as np  # here, not at import: the wheel's build imports kiln for its stub
+
         sd = {}
         for k, v in state_dict.items():
             if hasattr(v, "detach"):  # a torch tensor
                 v = v.detach().cpu()
                 v = v.numpy() if k.endswith("num_batches_tracked") else v.float().contiguous().numpy()
             if not k.endswith("num_batches_tracked"):
-                v = _np.ascontiguousarray(v, dtype=_np.float32)
+                v = np.ascontiguousarray(v, dtype=np.float32)
             sd[k] = v
         self._e.load_state_dict(sd, strict)
 

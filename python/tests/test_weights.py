@@ -75,3 +75,26 @@ def test_save_and_load_files(tmp_path):
             np.testing.assert_array_equal(v, b.state_dict()[k], err_msg=k)
     with pytest.raises(FileNotFoundError):
         b.load(tmp_path / "missing.safetensors")
+
+
+def test_torchvision_resnet18_both_ways():
+    torch = pytest.importorskip("torch")
+    torchvision = pytest.importorskip("torchvision")
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((4, 64, 64, 3)).astype(np.float32)  # NHWC
+    y = np.array([0, 1, 2, 3])
+    e = kiln.Engine(kiln.zoo("resnet18", num_classes=10, image_size=64), batch=4, device="cpu", seed=1)
+    tv = torchvision.models.resnet18(num_classes=10).eval()
+
+    def tv_loss():
+        with torch.no_grad():
+            logits = tv(torch.from_numpy(x).permute(0, 3, 1, 2).contiguous())
+            return torch.nn.functional.cross_entropy(logits, torch.from_numpy(y)).item()
+
+    # FP32 on both sides; the sums run in other orders, so 1e-4 relative on the loss.
+    tv.load_state_dict(e.state_dict(as_torch=True))
+    assert tv_loss() == pytest.approx(e.eval_step(x, y).loss, rel=1e-4)
+    tv2 = torchvision.models.resnet18(num_classes=10).eval()
+    e.load_state_dict(tv2.state_dict())
+    tv = tv2
+    assert tv_loss() == pytest.approx(e.eval_step(x, y).loss, rel=1e-4)
