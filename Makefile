@@ -9,7 +9,7 @@ CMAKE_FLAGS ?=
 all: build
 
 setup:
-	bash scripts/setup.sh
+	KILN_BUILD_DIR=$(BUILD) bash scripts/setup.sh
 
 configure: setup
 	cmake -S . -B $(BUILD) -G "$(GENERATOR)" -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS)

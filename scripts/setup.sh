@@ -98,4 +98,16 @@ PY
   fi
   rm -rf "$tmp"
 fi
+# The Python module's build and tests (SPEC S30): a venv in the build folder with the pinned
+# packages of python/requirements-dev.txt; the CMake project builds kiln._kiln when it is there.
+PYENV="${KILN_BUILD_DIR:-build}/pyenv"
+if [ ! -x "$PYENV/bin/pytest" ] && command -v python3 >/dev/null 2>&1; then
+  if python3 -m venv "$PYENV" >/dev/null 2>&1 &&
+      "$PYENV/bin/python" -m pip install -q --disable-pip-version-check -r python/requirements-dev.txt; then
+    echo "setup: Python venv with nanobind and pytest in $PYENV"
+  else
+    rm -rf "$PYENV"
+    echo "setup: could not make the Python venv $PYENV (python3-venv, or PyPI); the Python module will not be built"
+  fi
+fi
 echo "setup: done"

@@ -155,8 +155,9 @@ StFile export_state_dict(Engine& engine) {
 
 void export_weights(Engine& engine, const std::string& path) { write_safetensors(path, export_state_dict(engine)); }
 
-void import_weights(Engine& engine, const std::string& path) {
-  const StFile f = read_safetensors(path);
+void import_weights(Engine& engine, const std::string& path) { import_state_dict(engine, read_safetensors(path), path); }
+
+void import_state_dict(Engine& engine, const StFile& f, const std::string& path) {
   const Program& p = engine.program();
   for (const ParamDesc& d : p.params) {
     const StTensor& t = need(f, d.name, d.torch_shape.dims, path);

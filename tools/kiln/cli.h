@@ -1,10 +1,15 @@
 // The kiln command line's commands.
 #pragma once
+#include <vector>
+
+#include "flags.h"
 #include "kiln/core/switches.h"
 
-namespace kiln::cli {
+namespace kiln {
+struct TrainConfig;
+}
 
-class Flags;
+namespace kiln::cli {
 
 int run(int argc, char** argv);
 
@@ -21,5 +26,10 @@ int cmd_switches(int argc, char** argv);
 // The switches a command runs with: the KILN_* variables, then the flags given that name a
 // switch (--fusion, --memory-reuse, --tf32, --profile) over them (switches.def's rule).
 Switches switches_from(const Flags& f);
+
+// kiln train's flags, the one table that the CLI, run files and Python's kiln.train share, and
+// the run they describe (--resume adopts the checkpoint's settings).
+std::vector<FlagSpec> train_flags();
+TrainConfig train_config(const Flags& f);
 
 }  // namespace kiln::cli

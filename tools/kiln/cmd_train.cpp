@@ -21,8 +21,6 @@
 
 namespace kiln::cli {
 
-namespace {
-
 std::vector<FlagSpec> train_flags() {
   return {
       {"model", "model from the zoo (kiln plan --help lists them)", "cnn", false},
@@ -87,6 +85,8 @@ std::vector<FlagSpec> train_flags() {
       {"sync-bn", "with several processes, BatchNorm statistics over the global batch (--no-sync-bn: per process)", "on", true},
   };
 }
+
+namespace {
 
 // An integer flag that must fit its field; the range check comes before the narrowing cast.
 int64_t int_flag(const Flags& f, const std::string& name, int64_t fallback, int64_t lo, int64_t hi) {
@@ -278,15 +278,20 @@ std::string resume_command(int argc, char** argv, const std::string& checkpoint)
 
 }  // namespace
 
-int cmd_train(int argc, char** argv) {
-  Flags f("train", "[flags]", train_flags());
-  if (!f.parse(argc, argv, 2)) return 0;
+TrainConfig train_config(const Flags& f) {
   KILN_CHECK(f.positional().empty(), InvalidArgument, "kiln train takes no positional argument ('",
              f.positional().empty() ? "" : f.positional()[0], "'); use --model NAME");
   TrainConfig c = to_config(f);
   KILN_CHECK(!f.on("resume-override", false) || !c.resume.empty(), InvalidArgument,
              "--resume-override only applies with --resume CHECKPOINT");
   if (!c.resume.empty() && c.init_from.empty()) adopt_checkpoint_config(f, c);
+  return c;
+}
+
+int cmd_train(int argc, char** argv) {
+  Flags f("train", "[flags]", train_flags());
+  if (!f.parse(argc, argv, 2)) return 0;
+  const TrainConfig c = train_config(f);
   const TrainSummary s = train(c);
   dist::finalize();  // S27: every process ends together; one prints the summary
   if (!dist::is_root()) return s.stop_signal ? 128 + s.stop_signal : 0;

@@ -46,6 +46,8 @@ void export_weights(Engine& engine, const std::string& path);
 // Loads parameters and running statistics by torchvision name from a state_dict saved with
 // safetensors (F32, F16 or BF16); every parameter and buffer of the model must be there.
 void import_weights(Engine& engine, const std::string& path);
+// The same from tensors in memory (the Python module's load_state_dict); `what` names them.
+void import_state_dict(Engine& engine, const StFile& file, const std::string& what);
 
 // kiln layout (conv KRSC, fc columns H,W,C) ↔ torchvision layout (conv OIHW, fc columns C,H,W).
 std::vector<float> to_torch_layout(const ParamDesc& p, const std::vector<float>& kiln_values);

@@ -1,0 +1,206 @@
+"""kiln for Python: compiled CNN training steps from NumPy arrays and PyTorch tensors.
+
+    import kiln
+    model = kiln.zoo("cnn")                       # or kiln.BluePrint(..., kiln.seq(...))
+    engine = kiln.Engine(model, batch=128)        # planned, memory placed, compiled
+    stats = engine.train_step(images, labels, lr=0.05)   # images NHWC float32
+    sd = engine.state_dict()                      # torchvision names and layouts
+    summary = kiln.train(model="cnn", epochs=1)   # the CLI's trainer, its flags as keywords
+"""
+from __future__ import annotations
+
+from . import _kiln
+from ._kiln import (  # noqa: F401  (the public names)
+    BluePrint, DeviceError, Error, FileError, InvalidArgumentError, Layer, StepStats,
+    adaptive_avgpool, avgpool, bn2d, cbr, conv, dropout, fc, flatten, gap, identity, maxpool,
+    relu, residual, seq, train_flags, zoo, zoo_names,
+)
+
+__all__ = [
+    "BluePrint", "DeviceError", "Engine", "Error", "FileError", "InvalidArgumentError", "Layer",
+    "StepStats", "adaptive_avgpool", "avgpool", "bn2d", "cbr", "conv", "dropout", "fc", "flatten",
+    "Memory", "Plan", "gap", "identity", "load", "maxpool", "memory", "plan", "relu", "residual", "save", "seq", "train", "train_flags", "zoo",
+    "zoo_names",
+]
+
+
+class Engine:
+    """A model compiled into one training step (kiln::Engine).
+
+    model: a BluePrint (kiln.zoo(...) or one built with the DSL) or a zoo name.
+    batch: the batch the step is compiled for (eval_step also takes fewer).
+    amp: FP16 mixed precision (GPU). device: "auto", "cpu" or "cuda".
+    seed: torchvision's initialisation from this seed. compile=False stops in PLANNING, for
+    lock_memory() and compile(seed) by hand. mean/std: per-channel normalisation (0..1 units)
+    for uint8 batches. The optimizer options are kiln's CompileOptions.
+    """
+
+    def __init__(self, model, batch=32, amp=False, device="auto", seed=0, compile=True,
+                 optimizer="sgd", momentum=0.9, weight_decay=0.0, nesterov=False, ema=False,
+                 ema_decay=0.9999, clip_grad=0.0, mean=None, std=None):
+        if isinstance(model, str):
+            model = zoo(model)
+        self.model = model
+        self._e = _kiln._Engine(model, batch, amp, device, seed, compile, optimizer, momentum,
+                                weight_decay, nesterov, ema, ema_decay, clip_grad,
+                                list(mean or []), list(std or []))
+
+    @property
+    def state(self) -> str:
+        """The lifecycle: "PLANNING", "MEMORY_LOCKED" or "COMPILED"."""
+        return self._e.state
+
+    @property
+    def batch(self) -> int:
+        """The batch the step was compiled for."""
+        return self._e.batch
+
+    @property
+    def backend(self) -> str:
+        """The backend running the step ("cpu" or "cuda")."""
+        return self._e.backend
+
+    @property
+    def steps(self) -> int:
+        """Training steps taken."""
+        return self._e.steps
+
+    def lock_memory(self) -> None:
+        """PLANNING -> MEMORY_LOCKED: compile the program and place its memory."""
+        self._e.lock_memory()
+
+    def compile(self, seed: int = 0) -> None:
+        """MEMORY_LOCKED -> COMPILED: allocate, prepare every node, initialise the weights."""
+        self._e.compile(seed)
+
+    def train_step(self, images, labels, *, lr: float) -> StepStats:
+        """One SGD/AdamW/LARS step on a batch; returns its StepStats.
+
+        images: [batch, H, W, C] float32 (NHWC), or [batch, C, H, W] in channels_last memory,
+        or uint8 with the engine's mean/std; a NumPy array or anything with __dlpack__.
+        labels: [batch] int32 or int64.
+        """
+        return self._e.train_step(images, labels, lr=lr)
+
+    def eval_step(self, images, labels, *, ema: bool = False) -> StepStats:
+        """Loss and accuracy of a batch (up to `batch` images) without training."""
+        return self._e.eval_step(images, labels, ema=ema)
+
+    def state_dict(self, as_torch: bool = False) -> dict:
+        """Parameters and BatchNorm buffers under torchvision's names and layouts (OIHW)."""
+        sd = self._e.state_dict()
+        if as_torch:
+            import torch
+            sd = {k: torch.from_numpy(v) for k, v in sd.items()}
+        return sd
+
+    def load_state_dict(self, state_dict, strict: bool = True) -> None:
+        """Loads torchvision-named tensors (NumPy or torch), as a torchvision model's
+        state_dict() gives them; every parameter and buffer must be there with its shape, and
+        with strict, nothing else."""
+        import numpy as np  # here, not at import: the wheel's build imports kiln for its stub
+
+        sd = {}
+        for k, v in state_dict.items():
+            if hasattr(v, "detach"):  # a torch tensor
+                v = v.detach().cpu()
+                v = v.numpy() if k.endswith("num_batches_tracked") else v.float().contiguous().numpy()
+            if not k.endswith("num_batches_tracked"):
+                v = np.ascontiguousarray(v, dtype=np.float32)
+            sd[k] = v
+        self._e.load_state_dict(sd, strict)
+
+    def save(self, path) -> None:
+        """Writes the weights as safetensors under torchvision's names, as `kiln export` does
+        (safetensors.torch.load_file gives a state_dict torchvision loads)."""
+        self._e.save_weights(str(path))
+
+    def load(self, path) -> None:
+        """Loads torchvision-named safetensors weights: an export, a torchvision model's
+        save_file, or a kiln checkpoint's weights."""
+        self._e.load_weights(str(path))
+
+    def __repr__(self):
+        return f"Engine({self.model.name}, batch={self.batch}, state={self.state})"
+
+
+class Plan:
+    """What the planner made of a model (`kiln plan`): print it for the CLI's text.
+    layers: the plan's nodes after fusion; notes: what each pass did."""
+
+    def __init__(self, engine: Engine):
+        self.model = engine.model.name
+        self.text = engine._e.plan_text()
+        self.layers = engine._e.plan_layers()
+        self.notes = list(engine._e.plan_notes())
+
+    def __str__(self):
+        return self.text
+
+    def __repr__(self):
+        return f"Plan({self.model}, {self.layers} layers)"
+
+
+class Memory:
+    """The step's memory (`kiln memory`): print it for the CLI's text. regions: bytes by
+    region; total_bytes; features_without_reuse: the features region without liveness reuse."""
+
+    def __init__(self, engine: Engine):
+        self.model = engine.model.name
+        self.batch = engine.batch
+        self.text = engine._e.memory_text()
+        self.regions, self.total_bytes, self.features_without_reuse = engine._e.memory_bytes()
+
+    def __str__(self):
+        return self.text
+
+    def __repr__(self):
+        return f"Memory({self.model}, batch={self.batch}, total_bytes={self.total_bytes})"
+
+
+def plan(model, amp: bool = False, device: str = "auto") -> Plan:
+    """The plan of a model (a BluePrint or zoo name) as the Engine would build it on `device`."""
+    return Plan(Engine(model, batch=1, amp=amp, device=device, compile=False))
+
+
+def memory(model, batch: int = 256, amp: bool = False, device: str = "auto") -> Memory:
+    """The memory of a model's compiled step at this batch (nothing is allocated)."""
+    e = Engine(model, batch=batch, amp=amp, device=device, compile=False)
+    e.lock_memory()
+    return Memory(e)
+
+
+def save(engine: Engine, path) -> None:
+    """engine.save(path): the weights as torchvision-named safetensors."""
+    engine.save(path)
+
+
+def load(engine: Engine, path) -> None:
+    """engine.load(path): torchvision-named safetensors weights into the engine."""
+    engine.load(path)
+
+
+_FLAGS = {name: is_switch for name, _, _, is_switch in train_flags()}
+
+
+def train(**kwargs) -> dict:
+    """Runs kiln's trainer; each keyword is a `kiln train` flag with '_' for '-'
+    (kiln.train_flags() lists them; config= reads a run file underneath). Returns the summary.
+
+        kiln.train(model="cnn", data="fashion-mnist", epochs=1, max_steps=50, progress="none")
+    """
+    args = []
+    for key, value in kwargs.items():
+        flag = key.replace("_", "-")
+        if flag != "config" and flag not in _FLAGS:
+            close = sorted(f.replace("-", "_") for f in _FLAGS if flag.split("-")[0] in f)
+            hint = f"; did you mean {', '.join(close)}" if close else ""
+            raise TypeError(f"kiln.train() got an unexpected keyword '{key}'{hint} "
+                            f"(kiln.train_flags() lists every flag)")
+        if _FLAGS.get(flag):
+            args.append(f"--{flag}" if value else f"--no-{flag}")
+        elif isinstance(value, (list, tuple)):
+            args.append(f"--{flag}={','.join(str(v) for v in value)}")
+        else:
+            args.append(f"--{flag}={value}")
+    return _kiln._train(args)

@@ -1,0 +1,320 @@
+// kiln.Engine: a compiled training step driven from Python. Batches come as NumPy arrays or
+// anything with __dlpack__ (torch tensors): NHWC, or NCHW whose memory is NHWC (channels_last),
+// float32, or uint8 normalised with the engine's mean/std. The GIL is released while a step runs.
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <memory>
+#include <mutex>
+#include <sstream>
+
+#include "bind.h"
+#include "kiln/core/error.h"
+#include "kiln/data/input_batch.h"
+#include "kiln/graph/memory_plan.h"
+#include "kiln/plan/arch_plan.h"
+#include "kiln/task/checkpoint.h"
+#include "kiln/task/engine.h"
+
+namespace kiln::py {
+
+using namespace nb::literals;
+using Array = nb::ndarray<nb::ro>;
+
+namespace {
+
+// What a step returns; top1/top5 are fractions of the batch's labelled samples.
+struct PyStats {
+  double loss = 0, top1 = 0, top5 = 0;
+  int64_t correct1 = 0, correct5 = 0, count = 0;
+  bool overflowed = false;
+  double loss_scale = 1;
+};
+
+PyStats to_py(const StepStats& s, int64_t count) {
+  PyStats p;
+  p.loss = s.loss;
+  p.correct1 = s.top1;
+  p.correct5 = s.top5;
+  p.count = count;
+  p.top1 = count ? static_cast<double>(s.top1) / static_cast<double>(count) : 0;
+  p.top5 = count ? static_cast<double>(s.top5) / static_cast<double>(count) : 0;
+  p.overflowed = s.overflow;
+  p.loss_scale = s.loss_scale;
+  return p;
+}
+
+std::string dims_str(const Array& a, bool strides) {
+  std::ostringstream os;
+  os << "[";
+  for (size_t i = 0; i < a.ndim(); ++i) os << (i ? ", " : "") << (strides ? a.stride(i) : static_cast<int64_t>(a.shape(i)));
+  os << "]";
+  return os.str();
+}
+
+std::string dtype_str(const nb::dlpack::dtype& d) {
+  const char* kind = d.code == static_cast<uint8_t>(nb::dlpack::dtype_code::Float)  ? "float"
+                     : d.code == static_cast<uint8_t>(nb::dlpack::dtype_code::Int) ? "int"
+                     : d.code == static_cast<uint8_t>(nb::dlpack::dtype_code::UInt) ? "uint"
+                     : d.code == static_cast<uint8_t>(nb::dlpack::dtype_code::Bool) ? "bool"
+                                                                                      : "other";
+  return std::string(kind) + std::to_string(d.bits);
+}
+
+class PyEngine {
+ public:
+  PyEngine(const BluePrint& model, EngineOptions o, bool compile_now, uint64_t seed, std::vector<float> mean,
+           std::vector<float> std_)
+      : engine_(std::make_unique<Engine>(model, std::move(o))), h_(model.input.height), w_(model.input.width),
+        c_(model.input.channels), classes_(model.num_classes) {
+    norm_.mean = std::move(mean);
+    norm_.std = std::move(std_);
+    KILN_CHECK(norm_.mean.size() == norm_.std.size(), InvalidArgument, "mean has ", norm_.mean.size(),
+               " values but std has ", norm_.std.size(), "; give one of each per channel (", c_, ")");
+    KILN_CHECK(norm_.mean.empty() || norm_.mean.size() == static_cast<size_t>(c_), InvalidArgument,
+               "mean/std need one value per input channel (", c_, "), got ", norm_.mean.size());
+    if (compile_now) {
+      engine_->lock_memory();
+      engine_->compile(seed);
+    }
+  }
+
+  Engine& engine() { return *engine_; }
+  int64_t batch() const { return engine_->options().compile.batch; }
+
+  PyStats train_step(const Array& images, const Array& labels, float lr) {
+    Batch b = batch_of(images, labels, "train_step", false);
+    InputView in = b.view(norm_);
+    StepStats s;
+    {
+      nb::gil_scoped_release unlocked;
+      const std::lock_guard<std::mutex> one_step(step_mutex_);
+      engine_->train_step_async(in, lr);
+      s = *engine_->pending_stats();
+    }
+    return to_py(s, b.count);
+  }
+
+  PyStats eval_step(const Array& images, const Array& labels, bool ema) {
+    Batch b = batch_of(images, labels, "eval_step", true);
+    InputView in = b.view(norm_);
+    StepStats s;
+    {
+      nb::gil_scoped_release unlocked;
+      const std::lock_guard<std::mutex> one_step(step_mutex_);
+      s = engine_->eval_batch(in, b.count, ema);
+    }
+    return to_py(s, b.count);
+  }
+
+ private:
+  struct Batch {
+    const float* f32 = nullptr;
+    const uint8_t* u8 = nullptr;
+    std::vector<int32_t> labels;
+    int64_t count = 0;
+    InputView view(const InputNormalization& norm) const {
+      InputView v;
+      v.f32 = f32;
+      v.u8 = u8;
+      v.labels = labels.data();
+      v.norm = &norm;
+      return v;
+    }
+  };
+
+  // Checks a batch against the compiled step and names what was expected when it disagrees.
+  Batch batch_of(const Array& images, const Array& labels, const char* what, bool partial_ok) {
+    const int64_t n = batch();
+    std::ostringstream want;
+    want << "[" << n << ", " << h_ << ", " << w_ << ", " << c_ << "] (NHWC), or [" << n << ", " << c_ << ", " << h_
+         << ", " << w_ << "] in channels_last memory";
+    KILN_CHECK(images.device_type() == nb::device::cpu::value, InvalidArgument, what,
+               ": images are on a device (DLPack device type ", images.device_type(),
+               "); this build takes host memory: pass tensor.cpu()");
+    const bool is_f32 = images.dtype() == nb::dtype<float>();
+    const bool is_u8 = images.dtype() == nb::dtype<uint8_t>();
+    KILN_CHECK(is_f32 || is_u8, InvalidArgument, what, ": images must be float32 (or uint8 with the engine's mean/std), got ",
+               dtype_str(images.dtype()));
+    KILN_CHECK(!is_u8 || !norm_.mean.empty(), InvalidArgument, what,
+               ": uint8 images need the normalisation: kiln.Engine(..., mean=[...], std=[...]) (0..1 units, per channel)");
+    KILN_CHECK(images.ndim() == 4, InvalidArgument, what, ": images must be ", want.str(), ", got shape ",
+               dims_str(images, false));
+    const int64_t count = static_cast<int64_t>(images.shape(0));
+    KILN_CHECK(count == n || (partial_ok && count > 0 && count < n), InvalidArgument, what, ": the step was compiled for a batch of ", n,
+               partial_ok ? " (or fewer)" : "", ", got ", count, " images (shape ", dims_str(images, false), ")");
+    // Element strides of N, H, W, C in NHWC memory; a dimension of size 1 may have any stride.
+    const int64_t nhwc[4] = {h_ * w_ * c_, w_ * c_, c_, 1};
+    auto matches = [&](const int order[4]) {  // order: the array's axis holding N, H, W, C
+      for (int k = 0; k < 4; ++k) {
+        const int64_t size[4] = {count, h_, w_, c_};
+        if (static_cast<int64_t>(images.shape(order[k])) != size[k]) return false;
+        if (size[k] > 1 && images.stride(order[k]) != nhwc[k]) return false;
+      }
+      return true;
+    };
+    static const int kNHWC[4] = {0, 1, 2, 3}, kNCHW[4] = {0, 2, 3, 1};
+    KILN_CHECK(matches(kNHWC) || matches(kNCHW), InvalidArgument, what, ": images must be ", want.str(),
+               ", dense; got shape ", dims_str(images, false), " with element strides ", dims_str(images, true),
+               " (np.ascontiguousarray, or tensor.contiguous(memory_format=torch.channels_last), makes a copy that fits)");
+    Batch b;
+    b.count = count;
+    if (is_f32) b.f32 = static_cast<const float*>(images.data());
+    else b.u8 = static_cast<const uint8_t*>(images.data());
+    b.labels = labels_of(labels, count, what);
+    return b;
+  }
+
+  std::vector<int32_t> labels_of(const Array& labels, int64_t count, const char* what) const {
+    KILN_CHECK(labels.device_type() == nb::device::cpu::value, InvalidArgument, what,
+               ": labels are on a device; pass labels.cpu()");
+    KILN_CHECK(labels.ndim() == 1 && static_cast<int64_t>(labels.shape(0)) == count, InvalidArgument, what,
+               ": labels must be one-dimensional with one label per image (", count, "), got shape ",
+               dims_str(labels, false));
+    const bool i32 = labels.dtype() == nb::dtype<int32_t>(), i64 = labels.dtype() == nb::dtype<int64_t>();
+    KILN_CHECK(i32 || i64, InvalidArgument, what, ": labels must be int32 or int64, got ", dtype_str(labels.dtype()));
+    std::vector<int32_t> out(static_cast<size_t>(count));
+    const int64_t step = labels.stride(0);
+    for (int64_t i = 0; i < count; ++i) {
+      const int64_t v = i32 ? static_cast<const int32_t*>(labels.data())[i * step]
+                            : static_cast<const int64_t*>(labels.data())[i * step];
+      KILN_CHECK(v >= 0 && v < classes_, InvalidArgument, what, ": label ", v, " at index ", i, " is outside 0..",
+                 classes_ - 1);
+      out[static_cast<size_t>(i)] = static_cast<int32_t>(v);
+    }
+    return out;
+  }
+
+  std::unique_ptr<Engine> engine_;
+  std::mutex step_mutex_;  // without the GIL, two Python threads could step one engine at once
+  int64_t h_, w_, c_, classes_;
+  InputNormalization norm_;
+};
+
+// A safetensors tensor as a NumPy array that owns its bytes.
+nb::object to_numpy(StTensor&& t) {
+  auto* bytes = new std::vector<uint8_t>(std::move(t.data));
+  nb::capsule owner(bytes, [](void* p) noexcept { delete static_cast<std::vector<uint8_t>*>(p); });
+  std::vector<size_t> shape(t.shape.begin(), t.shape.end());
+  nb::dlpack::dtype dt = t.dtype == DType::I64 ? nb::dtype<int64_t>()
+                         : t.dtype == DType::I32 ? nb::dtype<int32_t>() : nb::dtype<float>();
+  KILN_CHECK(t.dtype == DType::F32 || t.dtype == DType::I64 || t.dtype == DType::I32, Internal,
+             "state_dict: unexpected dtype ", dtype_name(t.dtype));
+  nb::ndarray<nb::numpy> a(bytes->data(), shape.size(), shape.data(), owner, nullptr, dt);
+  return nb::cast(a);
+}
+
+nb::dict state_dict(PyEngine& e) {
+  StFile f = export_state_dict(e.engine());
+  nb::dict out;
+  for (auto& [name, t] : f.tensors) out[nb::str(name.c_str())] = to_numpy(std::move(t));
+  return out;
+}
+
+// Float32 C-contiguous arrays by torchvision name (python/kiln/__init__.py converts tensors).
+void load_state_dict(PyEngine& e, nb::dict sd, bool strict) {
+  StFile f;
+  std::vector<std::string> unexpected;
+  const Program& p = e.engine().program();
+  auto known = [&](const std::string& n) {
+    for (const ParamDesc& d : p.params) if (d.name == n) return true;
+    for (const BufferDesc& b : p.buffers) if (b.name == n) return true;
+    return n.size() > 20 && n.compare(n.size() - 20, 20, ".num_batches_tracked") == 0;
+  };
+  for (auto [k, v] : sd) {
+    const std::string name = nb::cast<std::string>(k);
+    if (!known(name)) {
+      unexpected.push_back(name);
+      continue;
+    }
+    if (name.size() > 20 && name.compare(name.size() - 20, 20, ".num_batches_tracked") == 0) continue;
+    auto a = nb::cast<nb::ndarray<nb::ro, float, nb::c_contig, nb::device::cpu>>(v);
+    StTensor t;
+    t.dtype = DType::F32;
+    for (size_t i = 0; i < a.ndim(); ++i) t.shape.push_back(static_cast<int64_t>(a.shape(i)));
+    const auto* bytes = reinterpret_cast<const uint8_t*>(a.data());
+    t.data.assign(bytes, bytes + a.size() * sizeof(float));
+    f.tensors[name] = std::move(t);
+  }
+  if (strict && !unexpected.empty()) {
+    std::string names;
+    for (const std::string& n : unexpected) names += (names.empty() ? "'" : ", '") + n + "'";
+    KILN_FAIL(InvalidArgument, "load_state_dict: ", unexpected.size(), " tensor(s) the model does not have: ", names,
+              " (strict=False ignores them)");
+  }
+  import_state_dict(e.engine(), f, "state_dict");
+}
+
+}  // namespace
+
+void bind_engine(nb::module_& m) {
+  nb::class_<PyStats>(m, "StepStats", "What a step gives back: loss, top-1/top-5 (fractions of the batch), overflow.")
+      .def_ro("loss", &PyStats::loss, "mean cross-entropy of the batch")
+      .def_ro("top1", &PyStats::top1, "fraction of the batch whose label is the top class")
+      .def_ro("top5", &PyStats::top5, "fraction of the batch whose label is among the top five")
+      .def_ro("correct1", &PyStats::correct1, "top-1 hits")
+      .def_ro("correct5", &PyStats::correct5, "top-5 hits")
+      .def_ro("count", &PyStats::count, "labelled samples in the batch")
+      .def_ro("overflowed", &PyStats::overflowed, "AMP: the gradients overflowed and the step was skipped")
+      .def_ro("loss_scale", &PyStats::loss_scale, "AMP's loss scale after the step")
+      .def("__repr__", [](const PyStats& s) {
+        std::ostringstream os;
+        os << "StepStats(loss=" << s.loss << ", top1=" << s.top1 << ", top5=" << s.top5
+           << ", overflowed=" << (s.overflowed ? "True" : "False") << ")";
+        return os.str();
+      });
+
+  nb::class_<PyEngine>(m, "_Engine")
+      .def(
+          "__init__",
+          [](PyEngine* self, const BluePrint& model, int64_t batch, bool amp, const std::string& device, uint64_t seed,
+             bool compile, const std::string& optimizer, float momentum, float weight_decay, bool nesterov, bool ema,
+             float ema_decay, float clip_grad, std::vector<float> mean, std::vector<float> std_) {
+            EngineOptions o;
+            o.device = device;
+            o.compile.batch = batch;
+            o.compile.amp = amp;
+            o.compile.optimizer = optimizer;
+            o.compile.momentum = momentum;
+            o.compile.weight_decay = weight_decay;
+            o.compile.nesterov = nesterov;
+            o.compile.ema = ema;
+            o.compile.ema_decay = ema_decay;
+            o.compile.clip_grad = clip_grad;
+            o.compile.dropout_seed = seed;
+            new (self) PyEngine(model, std::move(o), compile, seed, std::move(mean), std::move(std_));
+          },
+          "model"_a, "batch"_a, "amp"_a, "device"_a, "seed"_a, "compile"_a, "optimizer"_a, "momentum"_a,
+          "weight_decay"_a, "nesterov"_a, "ema"_a, "ema_decay"_a, "clip_grad"_a, "mean"_a, "std"_a)
+      .def_prop_ro("state", [](PyEngine& e) { return std::string(lifecycle_name(e.engine().state())); })
+      .def_prop_ro("batch", &PyEngine::batch)
+      .def_prop_ro("backend", [](PyEngine& e) { return std::string(e.engine().backend().name()); })
+      .def_prop_ro("steps", [](PyEngine& e) { return e.engine().steps_done(); })
+      .def("lock_memory", [](PyEngine& e) { e.engine().lock_memory(); })
+      .def("compile", [](PyEngine& e, uint64_t seed) { e.engine().compile(seed); }, "seed"_a = 0)
+      .def("train_step", &PyEngine::train_step, "images"_a, "labels"_a, nb::kw_only(), "lr"_a)
+      .def("eval_step", &PyEngine::eval_step, "images"_a, "labels"_a, nb::kw_only(), "ema"_a = false)
+      .def("state_dict", &state_dict)
+      .def("load_state_dict", &load_state_dict, "state_dict"_a, "strict"_a = true)
+      .def("plan_text", [](PyEngine& e) { return describe_plan(e.engine().plan()); })
+      .def("plan_layers", [](PyEngine& e) { return e.engine().plan().live().size(); })
+      .def("plan_notes", [](PyEngine& e) { return e.engine().plan().notes; })
+      .def("memory_text", [](PyEngine& e) { return describe_memory(e.engine().program()); })
+      .def("memory_bytes",
+           [](PyEngine& e) {
+             const MemoryPlan& mp = e.engine().program().memory;
+             nb::dict d;
+             for (int r = 0; r < kRegionCount; ++r) {
+               if (mp.region_bytes[static_cast<size_t>(r)] > 0) {
+                 d[region_name(static_cast<Region>(r))] = mp.region_bytes[static_cast<size_t>(r)];
+               }
+             }
+             return nb::make_tuple(d, mp.total(), mp.features_without_reuse);
+           })
+      .def("save_weights", [](PyEngine& e, const std::string& path) { export_weights(e.engine(), path); }, "path"_a)
+      .def("load_weights", [](PyEngine& e, const std::string& path) { import_weights(e.engine(), path); }, "path"_a);
+}
+
+}  // namespace kiln::py

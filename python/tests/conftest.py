@@ -1,0 +1,34 @@
+"""Shared pieces of kiln's Python tests: Fashion-MNIST from Debian's dataset-fashion-mnist."""
+import gzip
+import os
+
+import numpy as np
+import pytest
+
+FASHION = "/usr/share/datasets/fashion-mnist"
+# Fashion-MNIST's mean and std, as kiln's trainer normalises it.
+MEAN, STD = 0.2860, 0.3530
+
+
+def _idx(path):
+    with gzip.open(path, "rb") as f:
+        data = f.read()
+    dims = data[3]
+    shape = [int.from_bytes(data[4 + 4 * i:8 + 4 * i], "big") for i in range(dims)]
+    return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * dims).reshape(shape)
+
+
+@pytest.fixture(scope="session")
+def fashion():
+    """The first 6,400 training images as uint8 [N, 28, 28, 1] and int64 labels."""
+    images = os.path.join(FASHION, "train-images-idx3-ubyte.gz")
+    if not os.path.exists(images):
+        pytest.skip("Fashion-MNIST is not installed (scripts/setup.sh installs dataset-fashion-mnist)")
+    x = _idx(images)[:6400, :, :, None].copy()
+    y = _idx(os.path.join(FASHION, "train-labels-idx1-ubyte.gz"))[:6400].astype(np.int64)
+    return x, y
+
+
+def normalised(x_u8):
+    """uint8 pixels to float32 NHWC, normalised as the trainer does."""
+    return ((x_u8.astype(np.float32) / 255.0 - MEAN) / STD).astype(np.float32)
