@@ -44,6 +44,7 @@ std::vector<FlagSpec> train_flags() {
       {"nesterov", "Nesterov momentum", "on", true},
       {"weight-decay", "weight decay (not applied to BatchNorm and biases)", "5e-4", false},
       {"clip-grad", "clip each |gradient| to this value (0 = off)", "0", false},
+      {"clip-grad-norm", "scale the gradients so that their global L2 norm is at most this (0 = off)", "0", false},
       {"amp", "FP16 mixed precision (GPU)", "off", true},
       {"tf32", "FP32 convolutions and matmuls may use TF32 (GPU; PyTorch's cuDNN default)", "off", true},
       {"ema", "keep an EMA of the weights and evaluate it too", "off", true},
@@ -137,6 +138,7 @@ TrainConfig to_config(const Flags& f) {
   c.nesterov = f.on("nesterov", c.nesterov);
   c.weight_decay = static_cast<float>(f.f64("weight-decay", c.weight_decay));
   c.clip_grad = static_cast<float>(f.f64("clip-grad", 0));
+  c.clip_grad_norm = static_cast<float>(f.f64("clip-grad-norm", 0));
   c.amp = f.on("amp", false);
   c.ema = f.on("ema", false);
   c.ema_decay = static_cast<float>(f.f64("ema-decay", c.ema_decay));
@@ -319,7 +321,7 @@ bool eval_uses(const std::string& name) {
       "milestones",  "gamma",       "opt",       "momentum",          "nesterov",       "weight-decay",
       "clip-grad",   "ema",         "ema-decay", "eval-every",        "early-stop",     "stop-after-epochs",
       "output",      "resume",      "init-from", "hflip",             "crop-padding",   "random-resized-crop",
-      "color-jitter",
+      "color-jitter", "clip-grad-norm",
       "max-steps",   "profile",     "stop-after-steps", "save-every-steps", "save-every-minutes", "resume-override"};
   for (const char* t : kTrainingOnly) {
     if (name == t) return false;
