@@ -424,7 +424,9 @@ class Compiler {
           outs.push_back(dlogits);
           f.saved[n.id] = {dlogits};
         }
-        nodes.push_back(make_node(OpKind::softmax_ce, {x(), labels_, p_.io.loss_scale}, outs, {},
+        Attrs a;
+        a.label_smoothing = p_.options.label_smoothing;  // evaluation too, as torchvision's criterion
+        nodes.push_back(make_node(OpKind::softmax_ce, {x(), labels_, p_.io.loss_scale}, outs, a,
                                   train ? "loss fwd+bwd" : "loss eval"));
         if (train) p_.io.logits = x();
         break;

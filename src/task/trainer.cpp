@@ -70,6 +70,8 @@ void check_config(const TrainConfig& c) {
              "--clip-grad must be a finite number >= 0 (0 = off), got ", c.clip_grad);
   KILN_CHECK(c.clip_grad_norm >= 0 && std::isfinite(c.clip_grad_norm), InvalidArgument,
              "--clip-grad-norm must be a finite number >= 0 (0 = off), got ", c.clip_grad_norm);
+  KILN_CHECK(c.label_smoothing >= 0 && c.label_smoothing < 1, InvalidArgument,
+             "--label-smoothing must be in [0, 1) (0 = off), got ", c.label_smoothing);
   const auto& cj = c.color_jitter;
   KILN_CHECK(cj[0] >= 0 && cj[1] >= 0 && cj[2] >= 0 && cj[3] >= 0 && cj[3] <= 0.5f, InvalidArgument,
              "--color-jitter ", cj[0], ",", cj[1], ",", cj[2], ",", cj[3],
@@ -146,7 +148,8 @@ std::string config_json(const TrainConfig& c) {
      << ",\"step_size\":" << c.lr.step_size << ",\"milestones\":" << json_string(milestones)
      << ",\"gamma\":" << json_number(c.lr.gamma) << ",\"max_steps\":" << c.max_steps_per_epoch
      << ",\"color_jitter\":" << json_string(color_jitter) << ",\"clip_grad\":" << json_number(c.clip_grad)
-     << ",\"clip_grad_norm\":" << json_number(c.clip_grad_norm) << "}";
+     << ",\"clip_grad_norm\":" << json_number(c.clip_grad_norm)
+     << ",\"label_smoothing\":" << json_number(c.label_smoothing) << "}";
   return os.str();
 }
 
@@ -364,6 +367,7 @@ RunSetup setup_run(const TrainConfig& c, bool training) {
   co.nesterov = c.nesterov;
   co.clip_grad = c.clip_grad;
   co.clip_grad_norm = c.clip_grad_norm;
+  co.label_smoothing = c.label_smoothing;
   co.dropout_seed = c.seed + static_cast<uint64_t>(dist::rank());  // each rank its own masks
   co.world = dist::world();
   co.sync_bn = c.sync_bn;

@@ -1,7 +1,8 @@
 // Recipe options of the training step on the CPU executor, through the compiled program:
 // AdamW's bias correction counts only the steps it applied (a skipped step, as GradScaler's,
 // leaves it), also across a checkpoint; --clip-grad-norm bounds the step's norm and is the
-// unclipped step when the cap is above the norm.
+// unclipped step when the cap is above the norm; label smoothing changes the loss as
+// torch's CrossEntropyLoss(label_smoothing) does.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -127,6 +128,34 @@ TEST(RecipeClipGradNorm, BoundsTheStepNormAndIsOffAboveTheNorm) {
   const float cap = static_cast<float>(grad_norm / 4);
   const auto [clipped_w, clipped_norm] = run(cap);
   EXPECT_NEAR(clipped_norm, 0.1 * cap, 1e-3 * 0.1 * cap);
+}
+
+// Label smoothing in the compiled loss: the program's loss on a batch against torch's
+// formula from the program's own logits (the forward does not depend on e). One float64
+// reference per row: -(1 - e) logp[y] - (e / K) sum logp; 1e-5 relative (FP32 logits).
+TEST(RecipeLabelSmoothing, TheStepsLossIsTorchsSmoothedLoss) {
+  const BluePrint bp = make_model("mlp");
+  const test::LearnableBatch batch = test::learnable_batch(bp, 8, 41);
+  EngineOptions o = cpu_options(8);
+  o.compile.label_smoothing = 0.1f;
+  o.switches.memory_reuse = false;  // the logits stay readable after the backward
+  auto e = compiled(bp, o);
+  const StepStats s = e->train_step(batch.images.data(), batch.labels.data(), 0.0f);
+  const DTensor& lt = e->program().tensor(e->program().io.logits);
+  std::vector<float> z(static_cast<size_t>(lt.numel()));
+  e->backend().read(lt, z.data());
+  const int64_t k = lt.shape[1];
+  double want = 0;
+  for (int64_t b = 0; b < 8; ++b) {
+    const float* row = z.data() + b * k;
+    double mx = row[0], sum = 0, logp_sum = 0;
+    for (int64_t j = 1; j < k; ++j) mx = std::max(mx, static_cast<double>(row[j]));
+    for (int64_t j = 0; j < k; ++j) sum += std::exp(row[j] - mx);
+    for (int64_t j = 0; j < k; ++j) logp_sum += row[j] - mx - std::log(sum);
+    const double logp_y = row[batch.labels[static_cast<size_t>(b)]] - mx - std::log(sum);
+    want += (-(0.9 * logp_y) - 0.1 / static_cast<double>(k) * logp_sum) / 8.0;
+  }
+  EXPECT_NEAR(s.loss, want, 1e-5 * want);
 }
 
 }  // namespace

@@ -45,6 +45,7 @@ std::vector<FlagSpec> train_flags() {
       {"weight-decay", "weight decay (not applied to BatchNorm and biases)", "5e-4", false},
       {"clip-grad", "clip each |gradient| to this value (0 = off)", "0", false},
       {"clip-grad-norm", "scale the gradients so that their global L2 norm is at most this (0 = off)", "0", false},
+      {"label-smoothing", "cross-entropy label smoothing in [0, 1) (0 = off)", "0", false},
       {"amp", "FP16 mixed precision (GPU)", "off", true},
       {"tf32", "FP32 convolutions and matmuls may use TF32 (GPU; PyTorch's cuDNN default)", "off", true},
       {"ema", "keep an EMA of the weights and evaluate it too", "off", true},
@@ -139,6 +140,7 @@ TrainConfig to_config(const Flags& f) {
   c.weight_decay = static_cast<float>(f.f64("weight-decay", c.weight_decay));
   c.clip_grad = static_cast<float>(f.f64("clip-grad", 0));
   c.clip_grad_norm = static_cast<float>(f.f64("clip-grad-norm", 0));
+  c.label_smoothing = static_cast<float>(f.f64("label-smoothing", 0));
   c.amp = f.on("amp", false);
   c.ema = f.on("ema", false);
   c.ema_decay = static_cast<float>(f.f64("ema-decay", c.ema_decay));

@@ -42,6 +42,8 @@ struct Attrs {
   float clip = 0.0f;
   // grad_norm: the global L2 norm's cap (torch.nn.utils.clip_grad_norm_'s max_norm).
   float max_norm = 0.0f;
+  // softmax_ce: label smoothing epsilon in [0, 1).
+  float label_smoothing = 0.0f;
   // loss_scale_update: double after this many clean steps (0 = never grow); floor 1.
   int64_t growth_interval = 0;
   // sgd / lars / adamw / ema hyperparameters that do not change during a run (the learning

@@ -118,6 +118,7 @@ struct CompileOptions {
   int64_t loss_scale_growth_interval = 2000;  // 0 = the scale only falls, as in the source
   float clip_grad = 0.0f;                    // |unscaled gradient| cap; 0 = off
   float clip_grad_norm = 0.0f;               // global L2 norm cap of the gradients; 0 = off
+  float label_smoothing = 0.0f;              // softmax-CE target smoothing in [0, 1)
   uint64_t dropout_seed = 0;
   // Data parallel (S27): processes that train this program together, each on `batch`
   // samples (see data_parallel.h); 1 = no communication at all.
