@@ -72,6 +72,8 @@ void check_config(const TrainConfig& c) {
              "--clip-grad-norm must be a finite number >= 0 (0 = off), got ", c.clip_grad_norm);
   KILN_CHECK(c.label_smoothing >= 0 && c.label_smoothing < 1, InvalidArgument,
              "--label-smoothing must be in [0, 1) (0 = off), got ", c.label_smoothing);
+  KILN_CHECK(c.keep_last >= 0 && c.keep_last <= kMaxEpochs, InvalidArgument, "--keep-last must be in 0..", kMaxEpochs,
+             " (0 = no epoch checkpoints), got ", c.keep_last);
   const auto& cj = c.color_jitter;
   KILN_CHECK(cj[0] >= 0 && cj[1] >= 0 && cj[2] >= 0 && cj[3] >= 0 && cj[3] <= 0.5f, InvalidArgument,
              "--color-jitter ", cj[0], ",", cj[1], ",", cj[2], ",", cj[3],
@@ -680,6 +682,7 @@ TrainSummary train(const TrainConfig& c) {
                    {"images_per_second", static_cast<double>(es.seen) / secs},
                    {"overflow_steps", es.overflows}};
     const bool last = epoch + 1 == c.epochs;
+    bool new_best = false;
     if ((epoch + 1) % c.eval_every == 0 || last) {
       for (int pass = 0; pass < (c.ema ? 2 : 1); ++pass) {
         const EvalResult e = run_eval(engine, test_loader, pass == 1, test_input);
@@ -691,6 +694,9 @@ TrainSummary train(const TrainConfig& c) {
           sum.eval_images_per_second = e.images_per_second;
           sum.final_top5 = e.top5;
           sum.final_loss = e.loss;
+          // A tie with no best file yet (0% so far) is kept too: best.safetensors always exists.
+          new_best = e.top1 > state.best_top1 ||
+                     (e.top1 == state.best_top1 && !fs::exists(fs::path(c.output) / "best.safetensors"));
           if (e.top1 > state.best_top1) {
             state.best_top1 = e.top1;
             state.stale_epochs = 0;
@@ -714,6 +720,7 @@ TrainSummary train(const TrainConfig& c) {
     state.row_csv = lines.csv;
     state.row_jsonl = lines.jsonl;
     save(epoch);
+    if (dist::is_root()) keep_epoch_copies(sum.checkpoint, epoch + 1, new_best, c.keep_last);
     last_save = Clock::now();
     metrics.write_lines(lines);
     ++cleanup.rows;

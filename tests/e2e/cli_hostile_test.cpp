@@ -185,6 +185,8 @@ const Case kCases[] = {
      {"--label-smoothing must be in [0, 1)"}, ""},
     {"label_smoothing_negative", mnist, "train" + kTiny + " --data-dir DATA --output OUT --label-smoothing -0.1", 2,
      {"--label-smoothing must be in [0, 1)"}, ""},
+    {"keep_last_negative", mnist, "train" + kTiny + " --data-dir DATA --output OUT --keep-last -1", 2,
+     {"--keep-last must be in 0..1000000"}, ""},
     {"seed_negative", mnist, "train" + kTiny + " --data-dir DATA --output OUT --seed -1", 2, {"--seed"}, ""},
     {"epochs_overflow", mnist, "train" + kTiny + " --data-dir DATA --output OUT --epochs 99999999999999999999", 2,
      {"--epochs", "out of range"}, ""},

@@ -60,6 +60,7 @@ std::vector<FlagSpec> train_flags() {
        "also write last.safetensors every M minutes of training, mid-epoch, so a kill loses minutes, not an epoch (0 = off)",
        "10", false},
       {"output", "folder for metrics.csv, metrics.jsonl, last.safetensors, summary.json", "runs/default", false},
+      {"keep-last", "also keep the last K epochs' checkpoints as epoch-N.safetensors (0 = none)", "0", false},
       {"resume", "continue from this checkpoint, with its seed, batch size and schedule", "", false},
       {"resume-override", "with --resume, let flags change the checkpoint's seed, batch size or schedule", "off", true},
       {"init-from", "start from torchvision-named weights (safetensors)", "", false},
@@ -141,6 +142,7 @@ TrainConfig to_config(const Flags& f) {
   c.clip_grad = static_cast<float>(f.f64("clip-grad", 0));
   c.clip_grad_norm = static_cast<float>(f.f64("clip-grad-norm", 0));
   c.label_smoothing = static_cast<float>(f.f64("label-smoothing", 0));
+  c.keep_last = f.i64("keep-last", 0);
   c.amp = f.on("amp", false);
   c.ema = f.on("ema", false);
   c.ema_decay = static_cast<float>(f.f64("ema-decay", c.ema_decay));
@@ -323,7 +325,7 @@ bool eval_uses(const std::string& name) {
       "milestones",  "gamma",       "opt",       "momentum",          "nesterov",       "weight-decay",
       "clip-grad",   "ema",         "ema-decay", "eval-every",        "early-stop",     "stop-after-epochs",
       "output",      "resume",      "init-from", "hflip",             "crop-padding",   "random-resized-crop",
-      "color-jitter", "clip-grad-norm",
+      "color-jitter", "clip-grad-norm", "keep-last",
       "max-steps",   "profile",     "stop-after-steps", "save-every-steps", "save-every-minutes", "resume-override"};
   for (const char* t : kTrainingOnly) {
     if (name == t) return false;
