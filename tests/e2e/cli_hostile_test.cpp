@@ -187,6 +187,8 @@ const Case kCases[] = {
      {"--label-smoothing must be in [0, 1)"}, ""},
     {"keep_last_negative", mnist, "train" + kTiny + " --data-dir DATA --output OUT --keep-last -1", 2,
      {"--keep-last must be in 0..1000000"}, ""},
+    {"deterministic_not_a_switch_value", mnist, "train" + kTiny + " --data-dir DATA --output OUT --deterministic=maybe",
+     2, {"--deterministic is a switch"}, ""},
     {"seed_negative", mnist, "train" + kTiny + " --data-dir DATA --output OUT --seed -1", 2, {"--seed"}, ""},
     {"epochs_overflow", mnist, "train" + kTiny + " --data-dir DATA --output OUT --epochs 99999999999999999999", 2,
      {"--epochs", "out of range"}, ""},

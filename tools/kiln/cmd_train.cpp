@@ -85,6 +85,7 @@ std::vector<FlagSpec> train_flags() {
       {"synthetic-size", "samples in the synthetic dataset", "0", false},
       {"progress", "auto, bar, plain or none", "auto", false},
       {"fusion", "fused ops where the device has them", "on", true},
+      {"deterministic", "refuse cuDNN engines that are not bitwise reproducible (KILN_DETERMINISTIC)", "off", true},
       {"profile", "print time per phase (GPU)", "off", true},
       {"distributed", "data parallel over MPI even when no launcher variables say so (mpirun and srun are detected)", "off", true},
       {"sync-bn", "with several processes, BatchNorm statistics over the global batch (--no-sync-bn: per process)", "on", true},
@@ -171,7 +172,7 @@ TrainConfig to_config(const Flags& f) {
   c.synthetic_size = f.i64("synthetic-size", 0);
   c.max_image_pixels = f.i64("max-image-pixels", c.max_image_pixels);
   c.progress = f.str("progress", c.progress);
-  c.switches = switches_from(f);  // --fusion, --tf32, --profile over KILN_*
+  c.switches = switches_from(f);  // --fusion, --tf32, --profile, --deterministic over KILN_*
   c.distributed = f.on("distributed", false);
   c.sync_bn = f.on("sync-bn", true);
   if (c.optimizer == "sgd" && c.momentum == 0.0f) c.nesterov = false;
