@@ -96,7 +96,7 @@ std::string fill(std::string s, const fs::path& data, const fs::path& out) {
   return s;
 }
 
-const std::string kDone = "last.safetensors metrics.csv metrics.jsonl summary.json";
+const std::string kDone = "best.safetensors last.safetensors metrics.csv metrics.jsonl summary.json";
 
 const Case kCases[] = {
     // Heap overflow: the test split's buffer was sized for the training shape.
