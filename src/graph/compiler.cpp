@@ -243,6 +243,10 @@ class Compiler {
     io.good_steps = tensor("good_steps", Region::scalars, Shape{1}, DType::I32, Layout::Flat);
     io.lr = tensor("lr", Region::scalars, Shape{1}, DType::F32, Layout::Flat);
     io.step = tensor("step", Region::scalars, Shape{1}, DType::I32, Layout::Flat);
+    io.optimizer_steps = tensor("optimizer_steps", Region::scalars, Shape{1}, DType::I32, Layout::Flat);
+    if (p_.options.clip_grad_norm > 0) {
+      io.clip_coef = tensor("clip_coef", Region::scalars, Shape{1}, DType::F32, Layout::Flat);
+    }
     const Shape& in = plan_.input;
     const int64_t n = p_.options.batch;
     for (int s = 0; s < 2; ++s) {
@@ -420,7 +424,9 @@ class Compiler {
           outs.push_back(dlogits);
           f.saved[n.id] = {dlogits};
         }
-        nodes.push_back(make_node(OpKind::softmax_ce, {x(), labels_, p_.io.loss_scale}, outs, {},
+        Attrs a;
+        a.label_smoothing = p_.options.label_smoothing;  // evaluation too, as torchvision's criterion
+        nodes.push_back(make_node(OpKind::softmax_ce, {x(), labels_, p_.io.loss_scale}, outs, a,
                                   train ? "loss fwd+bwd" : "loss eval"));
         if (train) p_.io.logits = x();
         break;
@@ -620,12 +626,19 @@ class Compiler {
       p_.train.push_back(std::move(ph));
     }
     const Range all{0, p_.param_elems};
-    if (o.amp || o.clip_grad > 0) {
+    if (o.amp || o.clip_grad > 0 || o.clip_grad_norm > 0) {
       Phase ph{PhaseKind::check_scale, "check_scale", 1, {}};
-      Attrs a;
-      a.clip = o.clip_grad;
       const TensorId g = range_tensor(Region::grads_f32, all, "all");
-      ph.nodes.push_back(make_node(OpKind::check_clip, {g, p_.io.loss_scale}, {p_.io.overflow, g}, a, "grads"));
+      if (o.amp || o.clip_grad > 0) {
+        Attrs a;
+        a.clip = o.clip_grad;
+        ph.nodes.push_back(make_node(OpKind::check_clip, {g, p_.io.loss_scale}, {p_.io.overflow, g}, a, "grads"));
+      }
+      if (o.clip_grad_norm > 0) {  // after the per-element clip, as a script calling both would
+        Attrs a;
+        a.max_norm = o.clip_grad_norm;
+        ph.nodes.push_back(make_node(OpKind::grad_norm, {g, p_.io.loss_scale}, {p_.io.clip_coef}, a, "grad norm"));
+      }
       p_.train.push_back(std::move(ph));
     }
     build_optimizer();
@@ -678,11 +691,13 @@ class Compiler {
       const TensorId g = range_tensor(Region::grads_f32, r, what);
       if (o.optimizer == "sgd") {
         const TensorId m = o.momentum != 0.0f ? range_tensor(Region::moment1, r, what) : kNoTensor;
-        ph.nodes.push_back(make_node(OpKind::sgd, {w, g, m, io.lr, io.loss_scale, io.overflow}, {w, m}, a, "sgd " + what));
+        ph.nodes.push_back(make_node(OpKind::sgd, {w, g, m, io.lr, io.loss_scale, io.overflow, io.clip_coef}, {w, m},
+                                     a, "sgd " + what));
       } else if (o.optimizer == "adamw") {
         const TensorId m = range_tensor(Region::moment1, r, what);
         const TensorId v = range_tensor(Region::moment2, r, what);
-        ph.nodes.push_back(make_node(OpKind::adamw, {w, g, m, v, io.lr, io.loss_scale, io.overflow, io.step},
+        ph.nodes.push_back(make_node(OpKind::adamw,
+                                     {w, g, m, v, io.lr, io.loss_scale, io.overflow, io.optimizer_steps, io.clip_coef},
                                      {w, m, v}, a, "adamw " + what));
       }
     };
@@ -697,8 +712,8 @@ class Compiler {
         const Region regions[3] = {Region::params_f32, Region::grads_f32, Region::moment1};
         TensorId t[3];
         for (int i = 0; i < 3; ++i) t[i] = d.tensor[static_cast<size_t>(regions[i])];
-        ph.nodes.push_back(make_node(OpKind::lars, {t[0], t[1], t[2], io.lr, io.loss_scale, io.overflow}, {t[0], t[2]},
-                                     a, "lars " + d.name));
+        ph.nodes.push_back(make_node(OpKind::lars, {t[0], t[1], t[2], io.lr, io.loss_scale, io.overflow, io.clip_coef},
+                                     {t[0], t[2]}, a, "lars " + d.name));
       }
       if (!no_decay_range_.empty()) {
         const TensorId w = range_tensor(Region::params_f32, no_decay_range_, "no_decay");
@@ -706,11 +721,18 @@ class Compiler {
         const TensorId m = range_tensor(Region::moment1, no_decay_range_, "no_decay");
         Attrs a = base;
         a.weight_decay = 0.0f;
-        ph.nodes.push_back(make_node(OpKind::sgd, {w, g, m, io.lr, io.loss_scale, io.overflow}, {w, m}, a, "sgd no_decay"));
+        ph.nodes.push_back(make_node(OpKind::sgd, {w, g, m, io.lr, io.loss_scale, io.overflow, io.clip_coef}, {w, m},
+                                     a, "sgd no_decay"));
       }
     } else {
       emit(decay_range_, o.weight_decay, "decay");
       emit(no_decay_range_, 0.0f, "no_decay");
+    }
+    // After every adamw node has read it: AdamW's t counts applied updates only, as PyTorch's
+    // state['step'] under GradScaler, which skips optimizer.step() on overflow.
+    if (o.optimizer == "adamw") {
+      ph.nodes.push_back(make_node(OpKind::step_count, {io.overflow, io.optimizer_steps}, {io.optimizer_steps}, {},
+                                   "optimizer steps"));
     }
     p_.train.push_back(std::move(ph));
   }
@@ -778,6 +800,7 @@ class Compiler {
     ph.nodes.push_back(make_node(OpKind::fill, {}, {p_.io.loss_scale}, scale, "loss scale"));
     ph.nodes.push_back(make_node(OpKind::fill, {}, {p_.io.overflow}, {}, "overflow flag"));
     ph.nodes.push_back(make_node(OpKind::fill, {}, {p_.io.good_steps}, {}, "good steps"));
+    ph.nodes.push_back(make_node(OpKind::fill, {}, {p_.io.optimizer_steps}, {}, "optimizer steps"));
     const Range all{0, p_.param_elems};
     if (o.amp && !decay_range_.empty()) {
       ph.nodes.push_back(make_node(OpKind::cast, {range_tensor(Region::params_f32, decay_range_, "compute")},

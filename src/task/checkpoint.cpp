@@ -186,6 +186,11 @@ void save_checkpoint(Engine& engine, const std::string& path, const TrainState& 
   engine.backend().read(p.tensor(p.io.good_steps), &good);
   f.tensors["kiln.loss_scale"] = scalar_tensor<float>(DType::F32, scale);
   f.tensors["kiln.good_steps"] = scalar_tensor<int32_t>(DType::I32, good);
+  if (p.options.optimizer == "adamw") {  // AdamW's t (the only reader of the count)
+    int32_t applied = 0;
+    engine.backend().read(p.tensor(p.io.optimizer_steps), &applied);
+    f.tensors["kiln.optimizer_steps"] = scalar_tensor<int32_t>(DType::I32, applied);
+  }
   f.metadata["format"] = kFormat;
   f.metadata["model"] = p.model;
   f.metadata["optimizer"] = p.options.optimizer;
@@ -264,6 +269,16 @@ TrainState load_checkpoint(Engine& engine, const std::string& path) {
   if (f.metadata.count("metrics_row_jsonl")) s.row_jsonl = f.metadata.at("metrics_row_jsonl");
   KILN_CHECK(s.epoch >= 0 && s.step >= 0 && s.step_in_epoch >= 0, Checkpoint, "'", path, "'",
              ": negative epoch or step in the metadata");
+  // AdamW's t: older checkpoints lack it, and their runs counted every step.
+  int32_t applied = static_cast<int32_t>(s.step);
+  if (f.tensors.count("kiln.optimizer_steps")) {
+    const StTensor& t = need(f, "kiln.optimizer_steps", {}, path);
+    KILN_CHECK(t.dtype == DType::I32, Checkpoint, "'", path, "': kiln.optimizer_steps has the wrong dtype");
+    std::memcpy(&applied, t.data.data(), sizeof(applied));
+    KILN_CHECK(applied >= 0 && applied <= s.step, Checkpoint, "'", path, "': kiln.optimizer_steps ", applied,
+               " is outside [0, step ", s.step, "]");
+  }
+  engine.backend().write(p.tensor(p.io.optimizer_steps), &applied);
   engine.set_steps_done(s.step);
   return s;
 }

@@ -10,10 +10,12 @@
 #include <csignal>
 #include <cstring>
 #include <filesystem>
+#include <span>
 #include <string>
 
 #include "kiln/core/error.h"
 #include "kiln/core/log.h"
+#include "kiln/io/file.h"
 
 namespace kiln {
 
@@ -129,5 +131,29 @@ StopSignals::~StopSignals() {
 }
 
 int StopSignals::pending() { return g_signal.load(); }
+
+// The device state is read once (last.safetensors); best and epoch-N are copies of its bytes.
+void keep_epoch_copies(const std::string& last, int64_t epoch, bool best, int64_t keep_last) {
+  if (!best && keep_last == 0) return;
+  const std::vector<uint8_t> bytes = read_file_bytes(last);
+  const std::span<const uint8_t> piece(bytes);
+  const std::filesystem::path dir = std::filesystem::path(last).parent_path();
+  if (best) write_file_atomic((dir / "best.safetensors").string(), {&piece, 1});
+  if (keep_last == 0) return;
+  write_file_atomic((dir / ("epoch-" + std::to_string(epoch) + ".safetensors")).string(), {&piece, 1});
+  const std::string head = "epoch-", ext = ".safetensors";
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    // Only epoch-<digits>.safetensors; temporary files and anything else stay.
+    const std::string name = e.path().filename().string();
+    if (name.size() <= head.size() + ext.size() || name.rfind(head, 0) != 0 ||
+        name.compare(name.size() - ext.size(), ext.size(), ext) != 0) {
+      continue;
+    }
+    const std::string digits = name.substr(head.size(), name.size() - head.size() - ext.size());
+    if (digits.size() > 18 || digits.find_first_not_of("0123456789") != std::string::npos) continue;
+    if (std::stoll(digits) <= epoch - keep_last) std::filesystem::remove(e.path(), ec);
+  }
+}
 
 }  // namespace kiln

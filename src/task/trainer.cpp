@@ -69,6 +69,12 @@ void check_config(const TrainConfig& c) {
              "--weight-decay must be a finite number >= 0, got ", c.weight_decay);
   KILN_CHECK(c.clip_grad >= 0 && std::isfinite(c.clip_grad), InvalidArgument,
              "--clip-grad must be a finite number >= 0 (0 = off), got ", c.clip_grad);
+  KILN_CHECK(c.clip_grad_norm >= 0 && std::isfinite(c.clip_grad_norm), InvalidArgument,
+             "--clip-grad-norm must be a finite number >= 0 (0 = off), got ", c.clip_grad_norm);
+  KILN_CHECK(c.label_smoothing >= 0 && c.label_smoothing < 1, InvalidArgument,
+             "--label-smoothing must be in [0, 1) (0 = off), got ", c.label_smoothing);
+  KILN_CHECK(c.keep_last >= 0 && c.keep_last <= kMaxEpochs, InvalidArgument, "--keep-last must be in 0..", kMaxEpochs,
+             " (0 = no epoch checkpoints), got ", c.keep_last);
   const auto& cj = c.color_jitter;
   KILN_CHECK(cj[0] >= 0 && cj[1] >= 0 && cj[2] >= 0 && cj[3] >= 0 && cj[3] <= 0.5f, InvalidArgument,
              "--color-jitter ", cj[0], ",", cj[1], ",", cj[2], ",", cj[3],
@@ -144,7 +150,9 @@ std::string config_json(const TrainConfig& c) {
      << ",\"warmup_epochs\":" << json_number(c.lr.warmup_epochs) << ",\"min_lr\":" << json_number(c.lr.min_lr)
      << ",\"step_size\":" << c.lr.step_size << ",\"milestones\":" << json_string(milestones)
      << ",\"gamma\":" << json_number(c.lr.gamma) << ",\"max_steps\":" << c.max_steps_per_epoch
-     << ",\"color_jitter\":" << json_string(color_jitter) << "}";
+     << ",\"color_jitter\":" << json_string(color_jitter) << ",\"clip_grad\":" << json_number(c.clip_grad)
+     << ",\"clip_grad_norm\":" << json_number(c.clip_grad_norm)
+     << ",\"label_smoothing\":" << json_number(c.label_smoothing) << "}";
   return os.str();
 }
 
@@ -363,6 +371,8 @@ RunSetup setup_run(const TrainConfig& c, bool training) {
   co.weight_decay = c.weight_decay;
   co.nesterov = c.nesterov;
   co.clip_grad = c.clip_grad;
+  co.clip_grad_norm = c.clip_grad_norm;
+  co.label_smoothing = c.label_smoothing;
   co.dropout_seed = c.seed + static_cast<uint64_t>(dist::rank());  // each rank its own masks
   co.world = dist::world();
   co.sync_bn = c.sync_bn;
@@ -663,6 +673,7 @@ TrainSummary train(const TrainConfig& c) {
                    {"images_per_second", static_cast<double>(es.seen) / secs},
                    {"overflow_steps", es.overflows}};
     const bool last = epoch + 1 == c.epochs;
+    bool new_best = false;
     if ((epoch + 1) % c.eval_every == 0 || last) {
       for (int pass = 0; pass < (c.ema ? 2 : 1); ++pass) {
         const EvalResult e = run_eval(engine, test_loader, pass == 1, test_input);
@@ -674,6 +685,9 @@ TrainSummary train(const TrainConfig& c) {
           sum.eval_images_per_second = e.images_per_second;
           sum.final_top5 = e.top5;
           sum.final_loss = e.loss;
+          // A tie with no best file yet (0% so far) is kept too: best.safetensors always exists.
+          new_best = e.top1 > state.best_top1 ||
+                     (e.top1 == state.best_top1 && !fs::exists(fs::path(c.output) / "best.safetensors"));
           if (e.top1 > state.best_top1) {
             state.best_top1 = e.top1;
             state.stale_epochs = 0;
@@ -697,6 +711,7 @@ TrainSummary train(const TrainConfig& c) {
     state.row_csv = lines.csv;
     state.row_jsonl = lines.jsonl;
     save(epoch);
+    if (dist::is_root()) keep_epoch_copies(sum.checkpoint, epoch + 1, new_best, c.keep_last);
     last_save = Clock::now();
     metrics.write_lines(lines);
     ++cleanup.rows;

@@ -96,7 +96,7 @@ std::string fill(std::string s, const fs::path& data, const fs::path& out) {
   return s;
 }
 
-const std::string kDone = "last.safetensors metrics.csv metrics.jsonl summary.json";
+const std::string kDone = "best.safetensors last.safetensors metrics.csv metrics.jsonl summary.json";
 
 const Case kCases[] = {
     // Heap overflow: the test split's buffer was sized for the training shape.
@@ -177,6 +177,18 @@ const Case kCases[] = {
      {"--max-steps"}, ""},
     {"clip_grad_negative", mnist, "train" + kTiny + " --data-dir DATA --output OUT --clip-grad -1", 2,
      {"--clip-grad"}, ""},
+    {"clip_grad_norm_negative", mnist, "train" + kTiny + " --data-dir DATA --output OUT --clip-grad-norm -1", 2,
+     {"--clip-grad-norm must be a finite number >= 0"}, ""},
+    {"clip_grad_norm_nan", mnist, "train" + kTiny + " --data-dir DATA --output OUT --clip-grad-norm nan", 2,
+     {"--clip-grad-norm must be a finite number >= 0"}, ""},
+    {"label_smoothing_one", mnist, "train" + kTiny + " --data-dir DATA --output OUT --label-smoothing 1", 2,
+     {"--label-smoothing must be in [0, 1)"}, ""},
+    {"label_smoothing_negative", mnist, "train" + kTiny + " --data-dir DATA --output OUT --label-smoothing -0.1", 2,
+     {"--label-smoothing must be in [0, 1)"}, ""},
+    {"keep_last_negative", mnist, "train" + kTiny + " --data-dir DATA --output OUT --keep-last -1", 2,
+     {"--keep-last must be in 0..1000000"}, ""},
+    {"deterministic_not_a_switch_value", mnist, "train" + kTiny + " --data-dir DATA --output OUT --deterministic=maybe",
+     2, {"--deterministic is a switch"}, ""},
     {"seed_negative", mnist, "train" + kTiny + " --data-dir DATA --output OUT --seed -1", 2, {"--seed"}, ""},
     {"epochs_overflow", mnist, "train" + kTiny + " --data-dir DATA --output OUT --epochs 99999999999999999999", 2,
      {"--epochs", "out of range"}, ""},

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <string>
 
 #include "support/cli_run.h"
@@ -79,6 +80,13 @@ TEST(Cli, SwitchesTableAndItsRule) {
   EXPECT_NE(bad.code, 0);
   EXPECT_NE(bad.out.find("KILN_CBR_FORM=bogus is not accepted; use one of kiln|genstats"), std::string::npos)
       << bad.out;
+  // --deterministic is the flag of KILN_DETERMINISTIC, under the same rule.
+  EXPECT_NE(row(kiln_with("KILN_DETERMINISTIC=1", "switches").out, "KILN_DETERMINISTIC").find(" 1* "),
+            std::string::npos);
+  const Result det = kiln_with("KILN_DETERMINISTIC=0", "switches --deterministic");
+  EXPECT_NE(row(det.out, "KILN_DETERMINISTIC").find(" 1* "), std::string::npos) << "the flag wins\n" << det.out;
+  const Result nondet = kiln_with("KILN_DETERMINISTIC=1", "switches --no-deterministic");
+  EXPECT_NE(row(nondet.out, "KILN_DETERMINISTIC").find(" 0 "), std::string::npos) << nondet.out;
   const Result bad_bool = kiln_with("KILN_FUSION=maybe", "switches");
   EXPECT_NE(bad_bool.code, 0);
   EXPECT_NE(bad_bool.out.find("KILN_FUSION=maybe"), std::string::npos) << bad_bool.out;
@@ -221,6 +229,33 @@ TEST(Cli, ColorJitterFromTheCommandLineAndARunFile) {
   const Result hue = kiln(common + testing::TempDir() + "/cli_jitter_hue --color-jitter 0.4,0.4,0.4,0.7");
   EXPECT_NE(hue.code, 0);
   EXPECT_NE(hue.out.find("hue in [0, 0.5]"), std::string::npos) << hue.out;
+}
+
+// The recipe flags from the command line and as run-file keys: --label-smoothing,
+// --clip-grad-norm and --keep-last train, the summary's config records them, and --keep-last 1
+// leaves the last epoch's checkpoint beside last and best; --deterministic is accepted.
+TEST(Cli, RecipeFlagsFromTheCommandLineAndARunFile) {
+  const std::string common = "train --model mlp --data synthetic --synthetic-size 32 --batch-size 16 --epochs 2 "
+                             "--device cpu --workers 1 --progress none --output ";
+  auto check = [](const Result& r, const std::string& out) {
+    ASSERT_EQ(r.code, 0) << r.out;
+    std::stringstream summary;
+    summary << std::ifstream(out + "/summary.json").rdbuf();
+    EXPECT_NE(summary.str().find("\"clip_grad_norm\":1.5"), std::string::npos) << summary.str();
+    EXPECT_NE(summary.str().find("\"label_smoothing\":0.25"), std::string::npos) << summary.str();
+    EXPECT_TRUE(std::filesystem::exists(out + "/best.safetensors"));
+    EXPECT_TRUE(std::filesystem::exists(out + "/epoch-2.safetensors"));
+    EXPECT_FALSE(std::filesystem::exists(out + "/epoch-1.safetensors"));
+  };
+  const std::string flag_out = testing::TempDir() + "/cli_recipe_flags";
+  std::filesystem::remove_all(flag_out);
+  check(kiln(common + flag_out + " --label-smoothing 0.25 --clip-grad-norm 1.5 --keep-last 1 --deterministic"),
+        flag_out);
+  const std::string path = testing::TempDir() + "/recipe_run.yaml";
+  std::ofstream(path) << "label_smoothing: 0.25\nclip_grad_norm: 1.5\nkeep_last: 1\ndeterministic: true\n";
+  const std::string file_out = testing::TempDir() + "/cli_recipe_file";
+  std::filesystem::remove_all(file_out);
+  check(kiln(common + file_out + " --config " + path), file_out);
 }
 
 }  // namespace

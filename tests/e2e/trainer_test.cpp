@@ -114,6 +114,89 @@ TEST(Trainer, WritesMetricsCheckpointAndSummary) {
   }
 }
 
+// Every row of a metrics CSV, by column name.
+std::vector<std::map<std::string, std::string>> all_rows(const std::string& path) {
+  std::ifstream in(path);
+  std::string header, line;
+  std::getline(in, header);
+  auto split = [](const std::string& l) {
+    std::vector<std::string> v;
+    std::stringstream ss(l);
+    for (std::string cell; std::getline(ss, cell, ',');) v.push_back(cell);
+    return v;
+  };
+  const std::vector<std::string> names = split(header);
+  std::vector<std::map<std::string, std::string>> rows;
+  while (std::getline(in, line)) {
+    const std::vector<std::string> cells = split(line);
+    std::map<std::string, std::string> r;
+    for (size_t i = 0; i < names.size() && i < cells.size(); ++i) r[names[i]] = cells[i];
+    rows.push_back(r);
+  }
+  return rows;
+}
+
+// best.safetensors is the checkpoint of the first epoch with the run's best test top-1 (its
+// metadata says which epoch and which top-1, the metrics rows say which epoch that is);
+// --keep-last 2 leaves epoch-3 and epoch-4 of 4 epochs, each equal to last.safetensors as it
+// was after that epoch (epoch-4 is last itself); no temporary file stays. A resumed run keeps
+// counting: two more epochs leave epoch-5 and epoch-6 only.
+TEST(Trainer, KeepsBestAndTheLastKEpochCheckpoints) {
+  const std::string out = fresh_dir("keep_last");
+  TrainConfig c = small_run(out, 6);
+  c.ema = false;
+  c.keep_last = 2;
+  c.stop_after_epochs = 4;
+  const TrainSummary s = train(c);
+  ASSERT_EQ(s.epochs_run, 4);
+  for (int e = 1; e <= 4; ++e) {
+    EXPECT_EQ(fs::exists(out + "/epoch-" + std::to_string(e) + ".safetensors"), e >= 3) << "epoch " << e;
+  }
+  auto bytes = [](const std::string& p) {
+    std::stringstream b;
+    b << std::ifstream(p, std::ios::binary).rdbuf();
+    return b.str();
+  };
+  EXPECT_EQ(bytes(out + "/epoch-4.safetensors"), bytes(out + "/last.safetensors"));
+  EXPECT_EQ(read_safetensors(out + "/epoch-3.safetensors").metadata.at("epoch"), "3");
+  const auto rows = all_rows(out + "/metrics.csv");
+  ASSERT_EQ(rows.size(), 4u);
+  int best_epoch = 0;
+  double best = -1;
+  for (const auto& r : rows) {
+    const double t = std::stod(r.at("test_top1"));
+    if (t > best) {
+      best = t;
+      best_epoch = std::stoi(r.at("epoch"));
+    }
+  }
+  ASSERT_TRUE(fs::exists(out + "/best.safetensors"));
+  const StFile b = read_safetensors(out + "/best.safetensors");
+  EXPECT_EQ(b.metadata.at("epoch"), std::to_string(best_epoch));
+  EXPECT_NEAR(std::stod(b.metadata.at("best_top1")), best, 1e-6 * 100);
+  c.resume = out + "/last.safetensors";
+  c.stop_after_epochs = 0;
+  train(c);
+  for (int e = 1; e <= 6; ++e) {
+    EXPECT_EQ(fs::exists(out + "/epoch-" + std::to_string(e) + ".safetensors"), e >= 5) << "epoch " << e;
+  }
+  for (const auto& e : fs::directory_iterator(out)) {
+    EXPECT_EQ(e.path().string().find(".tmp"), std::string::npos) << "temporary file left: " << e.path();
+  }
+}
+
+// Without --keep-last no epoch-N file is written; best is.
+TEST(Trainer, NoEpochCheckpointsWithoutKeepLast) {
+  const std::string out = fresh_dir("no_keep_last");
+  TrainConfig c = small_run(out, 2);
+  c.ema = false;
+  train(c);
+  EXPECT_TRUE(fs::exists(out + "/best.safetensors"));
+  for (const auto& e : fs::directory_iterator(out)) {
+    EXPECT_NE(e.path().filename().string().rfind("epoch-", 0), 0u) << e.path();
+  }
+}
+
 // --color-jitter joins the training pipeline after the crop and flip, before Normalize; the
 // test split is not jittered, and the jittered pipeline leaves the uint8 path.
 TEST(Trainer, ColorJitterJoinsTheTrainingPipeline) {

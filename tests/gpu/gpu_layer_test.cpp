@@ -339,13 +339,15 @@ TEST_P(GpuLayer, FullyConnected) {
 struct CePair {
   Pair t;
   TensorId z, lab, scale, loss, correct, dz;
-  CePair(bool amp, int64_t N, int64_t K) : t(amp) {
+  CePair(bool amp, int64_t N, int64_t K, float smoothing = 0.0f) : t(amp) {
     z = t.add("logits", {N, K}, Kind::Feature), lab = t.add("labels", {N}, Kind::I32);
     scale = t.add("loss_scale", {1}, Kind::F32, Region::scalars);
     loss = t.add("loss", {1}, Kind::F32, Region::scalars);
     correct = t.add("correct", {2}, Kind::I32, Region::scalars);
     dz = t.add("dlogits", {N, K}, Kind::Feature);
-    t.node(OpKind::softmax_ce, {z, lab, scale}, {loss, correct, dz});
+    Attrs a;
+    a.label_smoothing = smoothing;
+    t.node(OpKind::softmax_ce, {z, lab, scale}, {loss, correct, dz}, a);
     t.compile();
   }
 };
@@ -357,20 +359,23 @@ TEST_P(GpuLayer, SoftmaxCrossEntropy) {
   for (const auto& d : dims) {
     const int64_t N = d[0], K = d[1];
     SCOPED_TRACE(::testing::Message() << "softmax_ce " << N << "x" << K);
-    CePair ce(amp, N, K);
-    Pair& t = ce.t;
-    const TensorId z = ce.z, lab = ce.lab, scale = ce.scale, loss = ce.loss, correct = ce.correct, dz = ce.dz;
-    t.set_random(z, 51, -4.0f, 4.0f);
-    Rng rng(52);
-    std::vector<int32_t> labels(static_cast<size_t>(N));
-    for (auto& l : labels) l = static_cast<int32_t>(rng.below(static_cast<uint64_t>(K)));
-    t.set_i32(lab, labels);
-    t.set(scale, {amp ? 8192.0f : 1.0f});
-    t.run();
-    KILN_EXPECT_CLOSE(t, loss, kEltFloor, "softmax_ce loss");
-    // dlogits = (p - onehot) scale / N: its largest entries are ~scale / N.
-    KILN_EXPECT_CLOSE(t, dz, amp ? kSumFloor : kEltFloor, "softmax_ce dlogits");
-    EXPECT_EQ(t.gpu().read_i32(correct), t.cpu().read_i32(correct)) << "top-1/top-5 counts differ";
+    for (float smoothing : {0.0f, 0.1f}) {  // label smoothing: the CPU's formula (tests/op)
+      SCOPED_TRACE(::testing::Message() << "label smoothing " << smoothing);
+      CePair ce(amp, N, K, smoothing);
+      Pair& t = ce.t;
+      const TensorId z = ce.z, lab = ce.lab, scale = ce.scale, loss = ce.loss, correct = ce.correct, dz = ce.dz;
+      t.set_random(z, 51, -4.0f, 4.0f);
+      Rng rng(52);
+      std::vector<int32_t> labels(static_cast<size_t>(N));
+      for (auto& l : labels) l = static_cast<int32_t>(rng.below(static_cast<uint64_t>(K)));
+      t.set_i32(lab, labels);
+      t.set(scale, {amp ? 8192.0f : 1.0f});
+      t.run();
+      KILN_EXPECT_CLOSE(t, loss, kEltFloor, "softmax_ce loss");
+      // dlogits = (p - onehot) scale / N: its largest entries are ~scale / N.
+      KILN_EXPECT_CLOSE(t, dz, amp ? kSumFloor : kEltFloor, "softmax_ce dlogits");
+      EXPECT_EQ(t.gpu().read_i32(correct), t.cpu().read_i32(correct)) << "top-1/top-5 counts differ";
+    }
   }
 }
 

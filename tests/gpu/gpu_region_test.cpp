@@ -108,6 +108,42 @@ TEST(GpuRegion, CheckClipAndLossScale) {
   }
 }
 
+// grad_norm's factor (double sums in another order: the FP32 factor within 1 ulp), the SGD
+// step that takes it, and step_count over applied and skipped steps, as on the CPU.
+TEST(GpuRegion, GradNormAndStepCount) {
+  KILN_REQUIRE_GPU();
+  Pair t(false);
+  const TensorId w = t.add("w", {kLen}, Kind::F32, Region::params_f32);
+  const TensorId g = t.add("g", {kLen}, Kind::F32, Region::grads_f32);
+  const TensorId lr = t.add("lr", {1}, Kind::F32, Region::scalars);
+  const TensorId scale = t.add("loss_scale", {1}, Kind::F32, Region::scalars);
+  const TensorId ov = t.add("overflow", {1}, Kind::I32, Region::scalars);
+  const TensorId coef = t.add("clip_coef", {1}, Kind::F32, Region::scalars);
+  const TensorId count = t.add("optimizer_steps", {1}, Kind::I32, Region::scalars);
+  Attrs c;
+  c.max_norm = 1.0f;
+  t.node(OpKind::grad_norm, {g, scale}, {coef}, c);
+  Attrs a;
+  t.node(OpKind::sgd, {w, g, kNoTensor, lr, scale, ov, coef}, {w, kNoTensor}, a);
+  t.node(OpKind::step_count, {ov, count}, {count});
+  t.compile();
+  t.set_random(w, 83);
+  t.set(lr, {0.05f});
+  t.set(scale, {256.0f});
+  t.set_i32(count, {0});
+  const bool skipped[] = {false, true, false};
+  for (int it = 0; it < 3; ++it) {
+    t.set_random(g, 95 + static_cast<uint64_t>(it), -256.0f, 256.0f);
+    t.set_i32(ov, {skipped[it] ? 1 : 0});
+    t.run();
+    EXPECT_LE(max_ulp(t.gpu().read(coef), t.cpu().read(coef)), 1) << "clip factor, step " << it;
+  }
+  EXPECT_LT(t.cpu().read(coef)[0], 1.0f) << "the cap is below the norm: the factor clips";
+  EXPECT_LE(max_ulp(t.gpu().read(w), t.cpu().read(w)), 2) << "weights";
+  EXPECT_EQ(t.gpu().read_i32(count), (std::vector<int32_t>{2}));
+  EXPECT_EQ(t.cpu().read_i32(count), (std::vector<int32_t>{2}));
+}
+
 struct OptCase {
   const char* name;
   OpKind op;

@@ -14,7 +14,7 @@ struct CeProgram {
   OpHarness h;
   int64_t n, k;
   TensorId z, labels, scale, loss, correct, dz = kNoTensor;
-  CeProgram(int64_t n_, int64_t k_, bool with_grad = true) : n(n_), k(k_) {
+  CeProgram(int64_t n_, int64_t k_, bool with_grad = true, float smoothing = 0.0f) : n(n_), k(k_) {
     z = h.tensor("logits", {n, k});
     labels = h.tensor("labels", {n}, Region::input_a, DType::I32);
     scale = h.tensor("loss_scale", {1}, Region::scalars);
@@ -25,7 +25,9 @@ struct CeProgram {
       dz = h.tensor("dlogits", {n, k});
       out.push_back(dz);
     }
-    h.node(OpKind::softmax_ce, {z, labels, scale}, out);
+    Attrs a;
+    a.label_smoothing = smoothing;
+    h.node(OpKind::softmax_ce, {z, labels, scale}, out, a);
     compile_cpu(h);
   }
   void run(const std::vector<float>& zv, const std::vector<int32_t>& lv, float s) {
@@ -205,6 +207,91 @@ TEST(CpuOpSoftmaxCeGrad, KernelGradientMatchesFiniteDifferencesOfKernelLoss) {
     fd[i] = (lp - lm) / (static_cast<double>(z0 + h) - static_cast<double>(z0 - h));
   }
   KILN_EXPECT_REL(g, fd, 1.0, 2e-4, "kernel dlogits vs fd");
+}
+
+// ---- label smoothing ---------------------------------------------------------------------------
+
+// torch.nn.CrossEntropyLoss(label_smoothing=e) in float64, in its own form: log-softmax, then
+// loss_n = -(1 - e) logp[y] - (e / K) sum_j logp[j], the mean over the rows; its gradient
+// (softmax - (1 - e) onehot - e / K) / N, here times the loss scale as kiln's dlogits.
+struct SmoothRef {
+  double loss = 0;
+  ref::Vec dlogits;
+};
+SmoothRef smoothed_ce(const ref::Vec& z, const std::vector<int32_t>& y, int64_t n, int64_t k, double e, double scale) {
+  SmoothRef r;
+  r.dlogits.resize(z.size());
+  for (int64_t b = 0; b < n; ++b) {
+    const double* row = z.data() + b * k;
+    double mx = row[0], sum = 0;
+    for (int64_t j = 1; j < k; ++j) mx = std::max(mx, row[j]);
+    for (int64_t j = 0; j < k; ++j) sum += std::exp(row[j] - mx);
+    for (int64_t j = 0; j < k; ++j) {
+      const double logp = row[j] - mx - std::log(sum);
+      const double target = (j == y[b] ? 1 - e : 0.0) + e / static_cast<double>(k);
+      r.loss -= target * logp / static_cast<double>(n);
+      r.dlogits[static_cast<size_t>(b * k + j)] = (std::exp(logp) - target) * scale / static_cast<double>(n);
+    }
+  }
+  return r;
+}
+
+// By hand: logits (ln 3, 0), label 0, e = 0.2, K = 2: p = (0.75, 0.25), target (0.9, 0.1),
+// loss = -(0.9 ln 0.75 + 0.1 ln 0.25) = 0.3975433, gradient p - target = (-0.15, 0.15).
+// The reference first (so that it is the formula above), then the kernel: 1e-6 (a few ulp).
+TEST(CpuOpSoftmaxCeSmoothing, MatchesAHandComputation) {
+  const std::vector<float> z = {std::log(3.0f), 0.0f};
+  const SmoothRef r = smoothed_ce(ref::to_double(z), {0}, 1, 2, 0.2, 1.0);
+  EXPECT_NEAR(r.loss, -(0.9 * std::log(0.75) + 0.1 * std::log(0.25)), 1e-7);
+  EXPECT_NEAR(r.dlogits[0], -0.15, 1e-7);
+  CeProgram p(1, 2, true, 0.2f);
+  p.run(z, {0}, 1.0f);
+  EXPECT_NEAR(p.h.read(p.loss)[0], 0.3975433, 1e-6);
+  EXPECT_NEAR(p.h.read(p.dz)[0], -0.15, 1e-6);
+  EXPECT_NEAR(p.h.read(p.dz)[1], 0.15, 1e-6);
+}
+
+// Fixed logits (several shapes, large and scaled cases) against the float64 reference, for
+// e in {0.05, 0.1, 0.3}: the loss to 1e-6 relative (double sums rounded once), dlogits to
+// kFp32Tol of the magnitude of its terms (p + target) * scale / N, as the plain case above.
+// The counts do not depend on e. e = 0 gives the unsmoothed kernel's bits.
+TEST(CpuOpSoftmaxCeSmoothing, LossAndGradientMatchTorchsFormula) {
+  for (const CeCase& c : kCases) {
+    for (float e : {0.05f, 0.1f, 0.3f}) {
+      SCOPED_TRACE(::testing::Message() << c.name << " e " << e);
+      CeProgram p(c.n, c.k, true, e);
+      const auto zv = rand_vec(c.n * c.k, 121, c.offset - c.spread, c.offset + c.spread);
+      const auto lv = rand_labels(c.n, c.k, 122);
+      p.run(zv, lv, c.scale);
+      const SmoothRef r = smoothed_ce(ref::to_double(zv), lv, c.n, c.k, static_cast<double>(e), c.scale);
+      KILN_EXPECT_REL(p.h.read(p.loss), ref::Vec{r.loss}, 1e-6, 1e-6, "smoothed loss");
+      ref::Vec mag(r.dlogits.size());
+      for (size_t i = 0; i < mag.size(); ++i) {
+        const double target = (static_cast<int64_t>(i) % c.k == lv[i / static_cast<size_t>(c.k)] ? 1.0 - e : 0.0) +
+                              e / static_cast<double>(c.k);
+        mag[i] = (std::fabs(r.dlogits[i] / c.scale * c.n) + 2 * target) * c.scale / c.n;
+      }
+      KILN_EXPECT_SCALED(p.h.read(p.dz), r.dlogits, mag, kFp32Tol, "smoothed dlogits");
+      const ref::SoftmaxCe plain = ref::softmax_ce(ref::to_double(zv), lv, c.n, c.k, c.scale);
+      const auto counts = p.h.read_i32(p.correct);
+      EXPECT_EQ(counts[0], plain.top1);
+      EXPECT_EQ(counts[1], plain.top5);
+    }
+    CeProgram off(c.n, c.k, true, 0.0f), plain(c.n, c.k);
+    const auto zv = rand_vec(c.n * c.k, 121, c.offset - c.spread, c.offset + c.spread);
+    const auto lv = rand_labels(c.n, c.k, 122);
+    off.run(zv, lv, c.scale);
+    plain.run(zv, lv, c.scale);
+    EXPECT_EQ(off.h.read(off.loss), plain.h.read(plain.loss));
+    EXPECT_EQ(off.h.read(off.dz), plain.h.read(plain.dz));
+  }
+}
+
+// Outside [0, 1) the kernel refuses the node (the trainer names the flag first).
+TEST(CpuOpSoftmaxCeSmoothing, OutOfRangeIsRefused) {
+  for (float e : {-0.1f, 1.0f, std::numeric_limits<float>::quiet_NaN()}) {
+    EXPECT_THROW(CeProgram(2, 3, true, e), Error) << e;
+  }
 }
 
 }  // namespace

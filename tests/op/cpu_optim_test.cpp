@@ -203,6 +203,92 @@ TEST(CpuOpAdamw, MatchesReferenceOverStepsAndSkipsOnOverflow) {
   EXPECT_EQ(p.h.read(p.v), v_before);
 }
 
+// ---- step_count and grad_norm -----------------------------------------------------------------
+
+// The counter AdamW's bias correction reads: a skipped step leaves it alone (PyTorch's
+// GradScaler skips optimizer.step(), so state['step'] stays), an applied one adds 1.
+TEST(CpuOpStepCount, CountsOnlyStepsThatWereNotSkipped) {
+  OpHarness h;
+  const TensorId overflow = h.tensor("overflow", {1}, Region::scalars, DType::I32);
+  const TensorId count = h.tensor("optimizer_steps", {1}, Region::scalars, DType::I32);
+  h.node(OpKind::step_count, {overflow, count}, {count});
+  compile_cpu(h);
+  h.write_i32(count, {7});
+  const bool skipped[] = {false, true, true, false, true, false};
+  int32_t want = 7;
+  for (bool of : skipped) {
+    h.write_i32(overflow, {of ? 1 : 0});
+    h.run();
+    want += of ? 0 : 1;
+    EXPECT_EQ(h.read_i32(count)[0], want);
+  }
+}
+
+// float64 form of torch.nn.utils.clip_grad_norm_(max_norm) on the unscaled gradient.
+double clip_coef_ref(const std::vector<float>& g, double scale, double max_norm) {
+  double ss = 0;
+  for (float x : g) ss += (x / scale) * (x / scale);
+  return std::min(1.0, max_norm / (std::sqrt(ss) + 1e-6));
+}
+
+struct ClipSgdProgram {
+  OpHarness h;
+  Scalars s{h};
+  TensorId w, g, coef;
+  ClipSgdProgram(int64_t n, float max_norm) {
+    w = h.tensor("w", {n}, Region::params_f32);
+    g = h.tensor("g", {n}, Region::grads_f32);
+    coef = h.tensor("clip_coef", {1}, Region::scalars);
+    Attrs c;
+    c.max_norm = max_norm;
+    h.node(OpKind::grad_norm, {g, s.scale}, {coef}, c);
+    Attrs a;
+    a.momentum = 0.0f;
+    h.node(OpKind::sgd, {w, g, kNoTensor, s.lr, s.scale, s.overflow, coef}, {w, kNoTensor}, a);
+    compile_cpu(h);
+  }
+};
+
+// grad_norm over a region of scaled gradients, then plain SGD taking its factor: the factor
+// against the float64 reference (1e-6 relative: a double sum rounded once to FP32), and the
+// step w -= lr * coef * g / scale against it (kStateTol). With max_norm above the norm the
+// factor is exactly 1 and the step is the unclipped one, bit for bit.
+TEST(CpuOpGradNorm, ScalesTheStepToTheNormCapAsTorchClipGradNorm) {
+  const int64_t n = 1000;
+  const float scale = 512.0f, lr = 0.1f;
+  const auto g = rand_vec(n, 171, -scale, scale);  // unscaled in [-1, 1]: norm ~ sqrt(n / 3) ~ 18
+  const auto w0 = rand_vec(n, 172);
+  for (float max_norm : {0.5f, 5.0f, 1e4f}) {
+    SCOPED_TRACE(::testing::Message() << "max_norm " << max_norm);
+    ClipSgdProgram p(n, max_norm);
+    p.h.write(p.w, w0);
+    p.h.write(p.g, g);
+    p.s.set(p.h, lr, scale, false);
+    p.h.run();
+    const double k = clip_coef_ref(g, scale, max_norm);
+    if (max_norm < 100) EXPECT_LT(k, 0.5) << "the cases below the norm must clip";
+    KILN_EXPECT_REL(p.h.read(p.coef), ref::Vec{k}, 1e-6, 1e-6, "clip_coef");
+    ref::Vec W = ref::to_double(w0), M(n, 0.0);
+    ref::Vec G = ref::to_double(g);
+    for (double& x : G) x *= k;
+    ref::sgd(W, G, M, lr, scale, 0.0, 0.0, false);
+    const auto w1 = p.h.read(p.w);
+    KILN_EXPECT_REL(w1, W, 1.0, kStateTol, "clipped sgd w");
+    double moved = 0;
+    for (int64_t i = 0; i < n; ++i) moved += (w1[i] - w0[i]) * static_cast<double>(w1[i] - w0[i]);
+    if (k < 1) EXPECT_NEAR(std::sqrt(moved), lr * max_norm, 1e-4 * lr * max_norm) << "the step's norm is lr * max";
+    if (max_norm > 100) {
+      EXPECT_EQ(p.h.read(p.coef)[0], 1.0f);
+      SgdProgram plain(n, 0.0f, 0.0f, false);
+      plain.h.write(plain.w, w0);
+      plain.h.write(plain.g, g);
+      plain.s.set(plain.h, lr, scale, false);
+      plain.h.run();
+      EXPECT_EQ(w1, plain.h.read(plain.w)) << "a factor of 1 must leave the step unchanged";
+    }
+  }
+}
+
 // ---- LARS ------------------------------------------------------------------------------------
 
 struct LarsProgram {

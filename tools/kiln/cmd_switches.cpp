@@ -11,7 +11,7 @@ namespace kiln::cli {
 Switches switches_from(const Flags& f) {
   Switches s = Switches::from_environment();
   // switches.def's rule: a flag that is given wins over its variable.
-  for (const char* flag : {"fusion", "memory-reuse", "tf32", "profile"}) {
+  for (const char* flag : {"fusion", "memory-reuse", "tf32", "profile", "deterministic"}) {
     if (!f.has(flag)) continue;
     std::string field = flag;
     for (char& c : field) c = c == '-' ? '_' : c;
@@ -21,11 +21,12 @@ Switches switches_from(const Flags& f) {
 }
 
 int cmd_switches(int argc, char** argv) {
-  Flags f("switches", "[--fusion|--no-fusion] [--memory-reuse] [--tf32] [--profile]",
+  Flags f("switches", "[--fusion|--no-fusion] [--memory-reuse] [--tf32] [--profile] [--deterministic]",
           {{"fusion", "show the table as a command given --fusion / --no-fusion would run", "", true},
            {"memory-reuse", "likewise for --memory-reuse", "", true},
            {"tf32", "likewise for --tf32", "", true},
-           {"profile", "likewise for --profile", "", true}});
+           {"profile", "likewise for --profile", "", true},
+           {"deterministic", "likewise for --deterministic", "", true}});
   if (!f.parse(argc, argv, 2)) return 0;
   std::printf("%s", switches_from(f).table().c_str());
   return 0;

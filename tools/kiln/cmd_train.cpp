@@ -42,6 +42,8 @@ std::vector<FlagSpec> train_flags() {
       {"nesterov", "Nesterov momentum", "on", true},
       {"weight-decay", "weight decay (not applied to BatchNorm and biases)", "5e-4", false},
       {"clip-grad", "clip each |gradient| to this value (0 = off)", "0", false},
+      {"clip-grad-norm", "scale the gradients so that their global L2 norm is at most this (0 = off)", "0", false},
+      {"label-smoothing", "cross-entropy label smoothing in [0, 1) (0 = off)", "0", false},
       {"amp", "FP16 mixed precision (GPU)", "off", true},
       {"tf32", "FP32 convolutions and matmuls may use TF32 (GPU; PyTorch's cuDNN default)", "off", true},
       {"ema", "keep an EMA of the weights and evaluate it too", "off", true},
@@ -56,6 +58,7 @@ std::vector<FlagSpec> train_flags() {
        "also write last.safetensors every M minutes of training, mid-epoch, so a kill loses minutes, not an epoch (0 = off)",
        "10", false},
       {"output", "folder for metrics.csv, metrics.jsonl, last.safetensors, summary.json", "runs/default", false},
+      {"keep-last", "also keep the last K epochs' checkpoints as epoch-N.safetensors (0 = none)", "0", false},
       {"resume", "continue from this checkpoint, with its seed, batch size and schedule", "", false},
       {"resume-override", "with --resume, let flags change the checkpoint's seed, batch size or schedule", "off", true},
       {"init-from", "start from torchvision-named weights (safetensors)", "", false},
@@ -80,6 +83,7 @@ std::vector<FlagSpec> train_flags() {
       {"synthetic-size", "samples in the synthetic dataset", "0", false},
       {"progress", "auto, bar, plain or none", "auto", false},
       {"fusion", "fused ops where the device has them", "on", true},
+      {"deterministic", "refuse cuDNN engines that are not bitwise reproducible (KILN_DETERMINISTIC)", "off", true},
       {"profile", "print time per phase (GPU)", "off", true},
       {"distributed", "data parallel over MPI even when no launcher variables say so (mpirun and srun are detected)", "off", true},
       {"sync-bn", "with several processes, BatchNorm statistics over the global batch (--no-sync-bn: per process)", "on", true},
@@ -137,6 +141,9 @@ TrainConfig to_config(const Flags& f) {
   c.nesterov = f.on("nesterov", c.nesterov);
   c.weight_decay = static_cast<float>(f.f64("weight-decay", c.weight_decay));
   c.clip_grad = static_cast<float>(f.f64("clip-grad", 0));
+  c.clip_grad_norm = static_cast<float>(f.f64("clip-grad-norm", 0));
+  c.label_smoothing = static_cast<float>(f.f64("label-smoothing", 0));
+  c.keep_last = f.i64("keep-last", 0);
   c.amp = f.on("amp", false);
   c.ema = f.on("ema", false);
   c.ema_decay = static_cast<float>(f.f64("ema-decay", c.ema_decay));
@@ -165,7 +172,7 @@ TrainConfig to_config(const Flags& f) {
   c.synthetic_size = f.i64("synthetic-size", 0);
   c.max_image_pixels = f.i64("max-image-pixels", c.max_image_pixels);
   c.progress = f.str("progress", c.progress);
-  c.switches = switches_from(f);  // --fusion, --tf32, --profile over KILN_*
+  c.switches = switches_from(f);  // --fusion, --tf32, --profile, --deterministic over KILN_*
   c.distributed = f.on("distributed", false);
   c.sync_bn = f.on("sync-bn", true);
   if (c.optimizer == "sgd" && c.momentum == 0.0f) c.nesterov = false;
@@ -324,7 +331,7 @@ bool eval_uses(const std::string& name) {
       "milestones",  "gamma",       "opt",       "momentum",          "nesterov",       "weight-decay",
       "clip-grad",   "ema",         "ema-decay", "eval-every",        "early-stop",     "stop-after-epochs",
       "output",      "resume",      "init-from", "hflip",             "crop-padding",   "random-resized-crop",
-      "color-jitter",
+      "color-jitter", "clip-grad-norm", "keep-last",
       "max-steps",   "profile",     "stop-after-steps", "save-every-steps", "save-every-minutes", "resume-override"};
   for (const char* t : kTrainingOnly) {
     if (name == t) return false;

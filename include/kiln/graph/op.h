@@ -40,6 +40,10 @@ struct Attrs {
   float value = 0.0f;
   // check_clip: clamp |g| of the *unscaled* gradient to clip (0 = off).
   float clip = 0.0f;
+  // grad_norm: the global L2 norm's cap (torch.nn.utils.clip_grad_norm_'s max_norm).
+  float max_norm = 0.0f;
+  // softmax_ce: label smoothing epsilon in [0, 1).
+  float label_smoothing = 0.0f;
   // loss_scale_update: double after this many clean steps (0 = never grow); floor 1.
   int64_t growth_interval = 0;
   // sgd / lars / adamw / ema hyperparameters that do not change during a run (the learning
@@ -60,7 +64,7 @@ struct Attrs {
   // allgather, bn_*: the ranks the node was compiled for.
   bool reduce_max = false;
   int world = 1;
-  // sgd / adamw / lars: factor on the unscaled gradient, 1/world when the gradients were
+  // sgd / adamw / lars / grad_norm: factor on the unscaled gradient, 1/world when the gradients were
   // summed over the ranks (folded into the 1/loss_scale multiply; 1 = no change).
   float grad_average = 1.0f;
 };

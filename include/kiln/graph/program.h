@@ -88,6 +88,9 @@ struct ProgramIO {
   TensorId correct = kNoTensor;  // i32[2]: top-1 and top-5 hits in the batch
   TensorId loss_scale = kNoTensor, overflow = kNoTensor, good_steps = kNoTensor;
   TensorId lr = kNoTensor, step = kNoTensor;
+  // i32: optimizer steps applied (skipped AMP steps not counted; AdamW's bias correction).
+  TensorId optimizer_steps = kNoTensor;
+  TensorId clip_coef = kNoTensor;  // f32: grad_norm's factor (when clip_grad_norm > 0)
 };
 
 struct CompileOptions {
@@ -114,6 +117,8 @@ struct CompileOptions {
   float initial_loss_scale = 8192.0f;
   int64_t loss_scale_growth_interval = 2000;  // 0 = the scale only falls, as in the source
   float clip_grad = 0.0f;                    // |unscaled gradient| cap; 0 = off
+  float clip_grad_norm = 0.0f;               // global L2 norm cap of the gradients; 0 = off
+  float label_smoothing = 0.0f;              // softmax-CE target smoothing in [0, 1)
   uint64_t dropout_seed = 0;
   // Data parallel (S27): processes that train this program together, each on `batch`
   // samples (see data_parallel.h); 1 = no communication at all.

@@ -61,6 +61,10 @@ struct TrainConfig {
   int64_t max_image_pixels = int64_t{1} << 26;  // image folders: larger images are skipped as corrupt
   std::string progress = "auto";      // auto, bar, plain, none
   float clip_grad = 0.0f;
+  float clip_grad_norm = 0.0f;        // global L2 norm cap of the gradients (0 = off)
+  float label_smoothing = 0.0f;       // cross-entropy target smoothing in [0, 1)
+  // Epoch checkpoints epoch-N.safetensors kept beside last and best (0 = none).
+  int64_t keep_last = 0;
   // fusion, tf32, profile and every other switch (switches.def): the process's KILN_*
   // variables unless a field is set (kiln train's --fusion, --tf32 and --profile set them).
   Switches switches = Switches::from_environment();

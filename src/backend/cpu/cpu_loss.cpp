@@ -3,6 +3,9 @@
 //   dlogits  = (softmax(z_n) - onehot(label_n)) * loss_scale / N   (when the output is present:
 //              the loss scale is folded into the loss backward, SPEC S8)
 //   correct  = {top-1 hits, top-5 hits} over the batch (i32[2]).
+// Label smoothing e (attrs.label_smoothing, torch's CrossEntropyLoss(label_smoothing=e)):
+// the target is (1-e) onehot + e/K, so the row's loss is lse - (1-e) z_y - (e/K) sum_j z_j
+// and its gradient softmax - (1-e) onehot - e/K; e = 0 is the plain form, bit for bit.
 // A label < 0 marks padding (the last partial batch of an evaluation): its row counts in
 // neither loss, hits nor gradient, and N above is the number V of valid rows.
 // Ranking (shared with the CUDA kernel): the label's rank is the number of classes with a
@@ -46,6 +49,10 @@ KernelPtr make_softmax_ce(const Node& n, Context& ctx) {
   int32_t* cp = ctx.ptr<int32_t>(correct);
   float* dzp = dz != kNoTensor ? ctx.ptr<float>(dz) : nullptr;
   const std::string label = n.label;
+  const double eps = n.attrs.label_smoothing;
+  KILN_CHECK(eps >= 0.0 && eps < 1.0, InvalidArgument, "softmax_ce node '", label, "': label smoothing ", eps,
+             " is outside [0, 1)");
+  const double hit = 1.0 - eps, spread = eps / static_cast<double>(K);
   return make_loop([=, e = std::vector<double>(static_cast<size_t>(K))](Context& c) mutable {
     int64_t valid = 0;
     for (int64_t b = 0; b < N; ++b) valid += lp[b] >= 0;
@@ -68,13 +75,14 @@ KernelPtr make_softmax_ce(const Node& n, Context& ctx) {
         mx = std::max(mx, row[j]);
         finite = finite && std::isfinite(row[j]);
       }
-      double sum = 0.0;
+      double sum = 0.0, zsum = 0.0;
       for (int64_t j = 0; j < K; ++j) {
         e[static_cast<size_t>(j)] = std::exp(static_cast<double>(row[j]) - mx);
         sum += e[static_cast<size_t>(j)];
+        zsum += row[j];
       }
       const double lse = static_cast<double>(mx) + std::log(sum);
-      total += lse - static_cast<double>(row[y]);
+      total += lse - (eps > 0.0 ? hit * row[y] + spread * zsum : static_cast<double>(row[y]));
       const float zy = row[y];
       int64_t rank = 0;
       for (int64_t j = 0; j < K; ++j) rank += (row[j] > zy) || (row[j] == zy && j < y);
@@ -84,7 +92,7 @@ KernelPtr make_softmax_ce(const Node& n, Context& ctx) {
         float* d = dzp + b * K;
         const double inv = 1.0 / sum;
         for (int64_t j = 0; j < K; ++j) {
-          const double p = e[static_cast<size_t>(j)] * inv - (j == y ? 1.0 : 0.0);
+          const double p = e[static_cast<size_t>(j)] * inv - (j == y ? hit : 0.0) - spread;
           d[j] = static_cast<float>(p * grad_scale);
         }
       }

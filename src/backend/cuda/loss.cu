@@ -5,6 +5,8 @@
 // fixed order (deterministic). Ranking: classes with a larger logit, plus equal logits with
 // a smaller index (a stable descending sort; argmax takes the first maximum). A row with a
 // NaN or infinite logit is a miss (as the CPU): NaN compares false and would rank first.
+// Label smoothing e (as the CPU): loss lse - (1-e) z_y - (e/K) sum z, gradient
+// softmax - (1-e) onehot - e/K.
 // A label < 0 marks padding (ops.def): its row counts in neither loss, hits nor gradient,
 // and V is the number of valid rows. A label >= classes cannot be reported from the device,
 // so it poisons the step instead: its loss term and dlogits row are NaN, which the overflow
@@ -29,14 +31,14 @@ struct RowOut {
 
 template <typename T>
 __global__ void softmax_ce_rows(const T* z, const int32_t* labels, int64_t N, int64_t K, DevScalar scale, T* dz,
-                                RowOut* rows) {
+                                RowOut* rows, double eps) {
   __shared__ union {
     typename FloatReduce::TempStorage f;
     typename DoubleReduce::TempStorage d;
     typename IntReduce::TempStorage i;
   } tmp;
   __shared__ float s_max;
-  __shared__ double s_sum;
+  __shared__ double s_sum, s_zsum;
   __shared__ int s_valid, s_rank, s_bad;
   const int64_t b = blockIdx.x;
   const T* row = z + b * K;
@@ -74,16 +76,20 @@ __global__ void softmax_ce_rows(const T* z, const int32_t* labels, int64_t N, in
   mx = s_max;
 
   const float zy = to_f(row[y]);
-  double sum = 0.0;
+  double sum = 0.0, zsum = 0.0;
   int rank = 0, bad = 0;
   for (int64_t j = threadIdx.x; j < K; j += kThreads) {
     const float zj = to_f(row[j]);
     sum += exp(static_cast<double>(zj) - static_cast<double>(mx));
+    zsum += static_cast<double>(zj);
     rank += (zj > zy) || (zj == zy && j < y);
     bad += !isfinite(zj);
   }
   sum = DoubleReduce(tmp.d).Sum(sum);
   if (threadIdx.x == 0) s_sum = sum;
+  __syncthreads();
+  zsum = DoubleReduce(tmp.d).Sum(zsum);
+  if (threadIdx.x == 0) s_zsum = zsum;
   __syncthreads();
   rank = IntReduce(tmp.i).Sum(rank);
   if (threadIdx.x == 0) s_rank = rank;
@@ -93,19 +99,21 @@ __global__ void softmax_ce_rows(const T* z, const int32_t* labels, int64_t N, in
   __syncthreads();
   sum = s_sum;
 
+  const double hit = 1.0 - eps, spread = eps / static_cast<double>(K);
   if (dz) {
     const double grad_scale = load_scalar(scale, 1.0) / static_cast<double>(s_valid);
     const double inv = 1.0 / sum;
     for (int64_t j = threadIdx.x; j < K; j += kThreads) {
       const double e = exp(static_cast<double>(to_f(row[j])) - static_cast<double>(mx));
-      const double p = e * inv - (j == y ? 1.0 : 0.0);
+      const double p = e * inv - (j == y ? hit : 0.0) - spread;
       dz[b * K + j] = from_f<T>(static_cast<float>(p * grad_scale));
     }
   }
   if (threadIdx.x == 0) {
     const double lse = static_cast<double>(mx) + log(sum);
     const bool ok = s_bad == 0;
-    rows[b] = RowOut{lse - static_cast<double>(zy), 1, ok && s_rank < 1, ok && s_rank < 5};
+    const double target = eps > 0.0 ? hit * static_cast<double>(zy) + spread * s_zsum : static_cast<double>(zy);
+    rows[b] = RowOut{lse - target, 1, ok && s_rank < 1, ok && s_rank < 5};
   }
 }
 
@@ -163,12 +171,15 @@ KernelPtr make_softmax_ce(const Node& n, Context& ctx, int stream) {
   float* lossp = ctx.ptr<float>(loss);
   int32_t* cp = ctx.ptr<int32_t>(correct);
   void* dzp = ctx.ptr(dz);
+  const double eps = n.attrs.label_smoothing;
+  KILN_CHECK(eps >= 0.0 && eps < 1.0, InvalidArgument, "softmax_ce node '", n.label, "': label smoothing ", eps,
+             " is outside [0, 1)");
   KernelPtr k;
   KILN_DISPATCH_FLOAT(dt, T, {
     k = make_fn(stream, [=](Context& c, cudaStream_t s) {
       auto* rows = static_cast<RowOut*>(c.streams[static_cast<size_t>(stream)].workspace);
       softmax_ce_rows<T><<<static_cast<unsigned>(N), kThreads, 0, s>>>(static_cast<const T*>(zp), lp, N, K, sc,
-                                                                      static_cast<T*>(dzp), rows);
+                                                                      static_cast<T*>(dzp), rows, eps);
       KILN_LAUNCH_CHECK("softmax_ce rows");
       softmax_ce_finish<<<1, kThreads, 0, s>>>(rows, N, lossp, cp);
       KILN_LAUNCH_CHECK("softmax_ce finish");

@@ -16,11 +16,13 @@ constexpr int kThreads = 256;
 struct StepScalars {
   DevScalar lr, scale, overflow;
   float average = 1.0f;  // attrs.grad_average: 1/world after a summing all-reduce (S27)
+  DevScalar coef;        // grad_norm's clip factor (absent: 1)
 };
 
 __device__ __forceinline__ bool skipped(const StepScalars& s) { return load_scalar(s.overflow, 0.0) != 0.0; }
 __device__ __forceinline__ float inv_scale(const StepScalars& s) {
-  return fmul(fdiv(1.0f, static_cast<float>(load_scalar(s.scale, 1.0))), s.average);
+  return fmul(fmul(fdiv(1.0f, static_cast<float>(load_scalar(s.scale, 1.0))), s.average),
+              static_cast<float>(load_scalar(s.coef, 1.0)));
 }
 
 __global__ void sgd_kernel(const float* w, const float* g, const float* m, float* wo, float* mo, int64_t count,
@@ -127,6 +129,40 @@ __global__ void lars_update_kernel(const float* w, const float* g, const float* 
   }
 }
 
+// grad_norm pass 1: per-block partial sums of (g * average / scale)^2, in double as the CPU.
+__global__ void grad_norm_partial_kernel(const float* g, int64_t count, DevScalar scale, double average,
+                                         double* partial) {
+  const double inv = average / load_scalar(scale, 1.0);
+  double ss = 0.0;
+  KILN_GRID_STRIDE(i, count) {
+    const double gi = static_cast<double>(g[i]) * inv;
+    ss += gi * gi;
+  }
+  for (int o = 16; o > 0; o >>= 1) ss += __shfl_down_sync(0xffffffffu, ss, o);
+  __shared__ double sw[kThreads / 32];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) sw[warp] = ss;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double a = 0.0;
+    for (int i = 0; i < kThreads / 32; ++i) a += sw[i];
+    partial[blockIdx.x] = a;
+  }
+}
+
+// grad_norm pass 2 (one thread, fixed order): coef = min(1, max / (norm + 1e-6)), NaN kept.
+__global__ void grad_norm_finish_kernel(const double* partial, int blocks, double max_norm, DevScalar coef) {
+  double ss = 0.0;
+  for (int b = 0; b < blocks; ++b) ss += partial[b];
+  const double k = max_norm / (sqrt(ss) + 1e-6);
+  store_scalar(coef, k > 1.0 ? 1.0 : k);
+}
+
+__global__ void step_count_kernel(DevScalar overflow, DevScalar count, DevScalar out) {
+  const double k = load_scalar(count, 0.0);
+  store_scalar(out, load_scalar(overflow, 0.0) != 0.0 ? k : k + 1.0);
+}
+
 __global__ void ema_kernel(const float* w, float* e, int64_t count, float d, float one_minus_d, DevScalar overflow) {
   if (load_scalar(overflow, 0.0) != 0.0) return;
   KILN_GRID_STRIDE(i, count) e[i] = fadd(fmul(d, e[i]), fmul(one_minus_d, w[i]));
@@ -143,14 +179,15 @@ TensorId out_or(const Node& n, size_t i, TensorId fallback) {
   return id != kNoTensor ? id : fallback;
 }
 
-StepScalars step_scalars(Context& ctx, const Node& n, TensorId lr, TensorId scale, TensorId overflow) {
+StepScalars step_scalars(Context& ctx, const Node& n, TensorId lr, TensorId scale, TensorId overflow,
+                         TensorId coef) {
   return {dev_scalar(ctx, n, lr, "lr"), dev_scalar(ctx, n, scale, "loss_scale"), dev_scalar(ctx, n, overflow, "overflow"),
-          n.attrs.grad_average};
+          n.attrs.grad_average, dev_scalar(ctx, n, coef, "clip_coef")};
 }
 
 }  // namespace
 
-// "w, g, m, lr, loss_scale, overflow -> w, m"
+// "w, g, m, lr, loss_scale, overflow, [clip_coef] -> w, m"
 KernelPtr make_sgd(const Node& n, Context& ctx, int stream) {
   reject_accumulate(n);
   const TensorId w = need_in(n, 0, "w"), g = need_in(n, 1, "g"), m = in_at(n, 2), lr = need_in(n, 3, "lr");
@@ -163,7 +200,7 @@ KernelPtr make_sgd(const Node& n, Context& ctx, int stream) {
   const float* mp = m != kNoTensor ? region_f32(ctx, n, m, count, "m") : nullptr;
   float* wo = region_f32(ctx, n, out_or(n, 0, w), count, "w (out)");
   float* mo = m != kNoTensor ? region_f32(ctx, n, out_or(n, 1, m), count, "m (out)") : nullptr;
-  const StepScalars sc = step_scalars(ctx, n, lr, in_at(n, 4), in_at(n, 5));
+  const StepScalars sc = step_scalars(ctx, n, lr, in_at(n, 4), in_at(n, 5), in_at(n, 6));
   const float mom = a.momentum, wd = a.weight_decay;
   const bool nesterov = a.nesterov;
   const unsigned grid = grid_for(ctx, count, kThreads);
@@ -173,7 +210,7 @@ KernelPtr make_sgd(const Node& n, Context& ctx, int stream) {
   });
 }
 
-// "w, g, m, v, lr, loss_scale, overflow, step -> w, m, v"
+// "w, g, m, v, lr, loss_scale, overflow, step, [clip_coef] -> w, m, v"
 KernelPtr make_adamw(const Node& n, Context& ctx, int stream) {
   reject_accumulate(n);
   const TensorId w = need_in(n, 0, "w"), g = need_in(n, 1, "g"), m = need_in(n, 2, "m"), v = need_in(n, 3, "v"),
@@ -186,7 +223,7 @@ KernelPtr make_adamw(const Node& n, Context& ctx, int stream) {
   float* wo = region_f32(ctx, n, out_or(n, 0, w), count, "w (out)");
   float* mo = region_f32(ctx, n, out_or(n, 1, m), count, "m (out)");
   float* vo = region_f32(ctx, n, out_or(n, 2, v), count, "v (out)");
-  const StepScalars sc = step_scalars(ctx, n, lr, in_at(n, 5), in_at(n, 6));
+  const StepScalars sc = step_scalars(ctx, n, lr, in_at(n, 5), in_at(n, 6), in_at(n, 8));
   const DevScalar st = dev_scalar(ctx, n, step, "step");
   const AdamAttrs a{n.attrs.beta1, n.attrs.beta2, n.attrs.adam_eps, n.attrs.weight_decay};
   const unsigned grid = grid_for(ctx, count, kThreads);
@@ -206,7 +243,7 @@ KernelPtr make_lars(const Node& n, Context& ctx, int stream) {
   const float* mp = region_f32(ctx, n, m, count, "m");
   float* wo = region_f32(ctx, n, out_or(n, 0, w), count, "w (out)");
   float* mo = region_f32(ctx, n, out_or(n, 1, m), count, "m (out)");
-  const StepScalars sc = step_scalars(ctx, n, lr, in_at(n, 4), in_at(n, 5));
+  const StepScalars sc = step_scalars(ctx, n, lr, in_at(n, 4), in_at(n, 5), in_at(n, 6));
   const Attrs a = n.attrs;
   const unsigned grid = std::min<unsigned>(grid_for(ctx, count, kThreads), 1024u);
   ctx.need_workspace(stream, sizeof(double2) * grid);
@@ -217,6 +254,43 @@ KernelPtr make_lars(const Node& n, Context& ctx, int stream) {
     lars_update_kernel<<<grid, kThreads, 0, s>>>(wp, gp, mp, wo, mo, count, a.momentum, a.weight_decay, a.lars_eta,
                                                  a.nesterov, sc, partial, static_cast<int>(grid));
     KILN_LAUNCH_CHECK("lars update");
+  });
+}
+
+// "g, loss_scale -> clip_coef" (see cpu_optim.cpp)
+KernelPtr make_grad_norm(const Node& n, Context& ctx, int stream) {
+  reject_accumulate(n);
+  const TensorId g = need_in(n, 0, "g"), coef = need_out(n, 0, "clip_coef");
+  const int64_t count = ctx.tensor(g).numel();
+  const float* gp = region_f32(ctx, n, g, count, "g");
+  const DevScalar sc = dev_scalar(ctx, n, in_at(n, 1), "loss_scale");
+  expect_dtype(ctx, n, coef, DType::F32, "clip_coef");
+  const DevScalar co = dev_scalar(ctx, n, coef, "clip_coef");
+  const double max_norm = n.attrs.max_norm, average = n.attrs.grad_average;
+  KILN_CHECK(max_norm > 0.0, InvalidArgument, "grad_norm node '", n.label, "': max_norm must be > 0, is ", max_norm);
+  const unsigned grid = std::min<unsigned>(grid_for(ctx, count, kThreads), 1024u);
+  ctx.need_workspace(stream, sizeof(double) * grid);
+  return make_fn(stream, [=](Context& c, cudaStream_t s) {
+    auto* partial = static_cast<double*>(c.streams[static_cast<size_t>(stream)].workspace);
+    grad_norm_partial_kernel<<<grid, kThreads, 0, s>>>(gp, count, sc, average, partial);
+    KILN_LAUNCH_CHECK("grad_norm partial");
+    grad_norm_finish_kernel<<<1, 1, 0, s>>>(partial, static_cast<int>(grid), max_norm, co);
+    KILN_LAUNCH_CHECK("grad_norm finish");
+  });
+}
+
+// "overflow, count -> count"
+KernelPtr make_step_count(const Node& n, Context& ctx, int stream) {
+  reject_accumulate(n);
+  const TensorId count = need_in(n, 1, "count");
+  const TensorId out = out_or(n, 0, count);
+  expect_dtype(ctx, n, count, DType::I32, "count");
+  expect_dtype(ctx, n, out, DType::I32, "count (out)");
+  const DevScalar ov = dev_scalar(ctx, n, in_at(n, 0), "overflow"), k = dev_scalar(ctx, n, count, "count"),
+                  ko = dev_scalar(ctx, n, out, "count (out)");
+  return make_fn(stream, [=](Context&, cudaStream_t s) {
+    step_count_kernel<<<1, 1, 0, s>>>(ov, k, ko);
+    KILN_LAUNCH_CHECK("step_count");
   });
 }
 
