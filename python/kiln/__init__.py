@@ -183,9 +183,12 @@ def load(engine: Engine, path) -> None:
 _FLAGS = {name: is_switch for name, _, _, is_switch in train_flags()}
 
 
-def train(**kwargs) -> dict:
+def train(callback=None, **kwargs) -> dict:
     """Runs kiln's trainer; each keyword is a `kiln train` flag with '_' for '-'
     (kiln.train_flags() lists them; config= reads a run file underneath). Returns the summary.
+    callback(row), if given, gets each epoch's metrics row as a dict (epoch, step, lr,
+    train_loss, ..., test_top1 when evaluated) once the epoch is saved; an exception it
+    raises ends the run and comes out of kiln.train, the epochs before kept.
 
         kiln.train(model="cnn", data="fashion-mnist", epochs=1, max_steps=50, progress="none")
     """
@@ -203,4 +206,10 @@ def train(**kwargs) -> dict:
             args.append(f"--{flag}={','.join(str(v) for v in value)}")
         else:
             args.append(f"--{flag}={value}")
-    return _kiln._train(args)
+    on_epoch = None
+    if callback is not None:
+        import json
+
+        def on_epoch(row_json):
+            callback(json.loads(row_json))
+    return _kiln._train(args, on_epoch)

@@ -5,9 +5,12 @@
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
+#include <optional>
+
 #include "bind.h"
 #include "cli.h"
 #include "flags.h"
+#include "kiln/core/error.h"
 #include "kiln/task/trainer.h"
 
 namespace kiln::py {
@@ -57,22 +60,45 @@ void bind_train(nb::module_& m) {
       "kiln train's flags: (name, help, default, is_switch), the table kiln.train's keywords come from.");
   m.def(
       "_train",
-      [](std::vector<std::string> args) -> nb::object {
+      [](std::vector<std::string> args, nb::object on_epoch) -> nb::object {
         std::vector<std::string> words = {"kiln", "train"};
         words.insert(words.end(), args.begin(), args.end());
         std::vector<char*> argv;
         for (std::string& w : words) argv.push_back(w.data());
         cli::Flags f("train", "[flags]", cli::train_flags());
         if (!f.parse(static_cast<int>(argv.size()), argv.data(), 2)) return nb::none();  // help printed
-        const TrainConfig c = cli::train_config(f);
+        TrainConfig c = cli::train_config(f);
+        // The callback's own exception, kept (with the GIL held) to be raised again as it was.
+        std::optional<nb::python_error> raised;
+        if (!on_epoch.is_none()) {
+          c.on_epoch = [&on_epoch, &raised](const MetricsRow& row) {
+            std::string js = "{";
+            for (size_t i = 0; i < row.size(); ++i) {
+              js += (i ? ",\"" : "\"") + row[i].first + "\":" + row[i].second.json();
+            }
+            js += "}";
+            nb::gil_scoped_acquire held;
+            try {
+              on_epoch(js);
+            } catch (nb::python_error& e) {
+              raised.emplace(std::move(e));
+              KILN_FAIL(InvalidArgument, "kiln.train's callback raised an exception");
+            }
+          };
+        }
         TrainSummary s;
-        {
+        try {
           nb::gil_scoped_release unlocked;
           s = train(c);
+        } catch (...) {
+          if (raised) throw std::move(*raised);  // the GIL is held again here
+          throw;
         }
         return summary_dict(s, c);
       },
-      "args"_a, "Runs `kiln train ARGS...` in this process; the summary as a dict.");
+      "args"_a, "on_epoch"_a = nb::none(),
+      "Runs `kiln train ARGS...` in this process; the summary as a dict. on_epoch(row_json) is called "
+      "after each epoch.");
 }
 
 }  // namespace kiln::py

@@ -56,3 +56,25 @@ def test_ctrl_c_stops_at_a_step_and_leaves_a_checkpoint(fashion, tmp_path):
     assert s["stop_signal"] == signal.SIGINT and s["saved_at"] and s["steps"] < 938
     e = kiln.Engine(kiln.zoo("cnn"), batch=4, device="cpu")
     kiln.load(e, s["checkpoint"])  # the weights of the stopped run load
+
+
+def test_the_callback_gets_each_epochs_row(fashion, tmp_path):
+    import math
+
+    rows = []
+    s = kiln.train(model="cnn", epochs=2, max_steps=5, batch_size=64, lr=0.05, output=str(tmp_path),
+                   progress="none", workers=1, save_every_minutes=0, callback=rows.append)
+    assert [r["epoch"] for r in rows] == [1, 2]
+    assert rows[-1]["step"] == s["steps"]
+    assert all(math.isfinite(r["train_loss"]) for r in rows)
+    assert rows[-1]["test_top1"] == pytest.approx(s["final_top1"], abs=1e-6)
+
+
+def test_an_exception_from_the_callback_ends_the_run_as_it_was_raised(fashion, tmp_path):
+    def stop(row):
+        raise KeyError(f"enough after epoch {row['epoch']}")
+
+    with pytest.raises(KeyError, match="enough after epoch 1"):
+        kiln.train(model="cnn", epochs=3, max_steps=3, batch_size=64, output=str(tmp_path), progress="none",
+                   workers=1, save_every_minutes=0, callback=stop)
+    assert (tmp_path / "last.safetensors").exists()  # epoch 1 was saved before the callback ran

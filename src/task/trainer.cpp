@@ -716,6 +716,7 @@ TrainSummary train(const TrainConfig& c) {
     metrics.write_lines(lines);
     ++cleanup.rows;
     ++sum.epochs_run;
+    if (c.on_epoch && dist::is_root()) c.on_epoch(row);
     const bool steps_reached = c.stop_after_steps > 0 && state.step - first_step >= c.stop_after_steps;
     if ((steps_reached || (c.stop_after_epochs > 0 && sum.epochs_run >= c.stop_after_epochs)) && epoch + 1 < c.epochs) {
       log_info("stopping after ", sum.epochs_run, " epoch(s) as asked");

@@ -4,11 +4,13 @@
 #pragma once
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "kiln/algo/lr_schedule.h"
 #include "kiln/core/switches.h"
+#include "kiln/io/metrics.h"
 #include "kiln/task/engine.h"
 
 namespace kiln {
@@ -72,6 +74,9 @@ struct TrainConfig {
   // environment; `distributed` starts MPI even without it. batch_size is the global batch.
   bool distributed = false;
   bool sync_bn = true;                // BatchNorm statistics over every rank's batch (SyncBN)
+  // Called on rank 0 with each epoch's metrics row once the row is written and the epoch
+  // saved (kiln.train's callback); an exception from it ends the run, that epoch kept.
+  std::function<void(const MetricsRow&)> on_epoch;
 };
 
 struct TrainSummary {
