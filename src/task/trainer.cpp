@@ -86,6 +86,8 @@ void check_config(const TrainConfig& c) {
              c.max_steps_per_epoch);
   KILN_CHECK(c.image_size >= 0 && c.image_size <= kMaxImageSize, InvalidArgument, "--image-size must be in 0..",
              kMaxImageSize, " (0 = the model's default), got ", c.image_size);
+  KILN_CHECK(c.val_resize_size >= 0 && c.val_resize_size <= kMaxImageSize, InvalidArgument,
+             "--val-resize-size must be in 0..", kMaxImageSize, " (0 = 8/7 of the input size), got ", c.val_resize_size);
   KILN_CHECK(c.max_image_pixels > 0, InvalidArgument, "--max-image-pixels must be > 0, got ", c.max_image_pixels);
   KILN_CHECK(c.resume.empty() || c.init_from.empty(), InvalidArgument, "--resume ", c.resume,
              " continues a run with its own weights, which would replace those of --init-from ", c.init_from,
@@ -121,7 +123,7 @@ Pipeline input_pipeline(const TrainConfig& c, bool train, int64_t size, int64_t 
     if (train && c.random_resized_crop) {
       p.add<RandomResizedCrop>(size);
     } else {
-      p.add<Resize>(size * 8 / 7);  // 256 for 224, as torchvision's evaluation
+      p.add<Resize>(c.val_resize_size > 0 ? c.val_resize_size : size * 8 / 7);  // 256 for 224 by default
       p.add<CenterCrop>(size);
     }
   }
@@ -152,7 +154,8 @@ std::string config_json(const TrainConfig& c) {
      << ",\"gamma\":" << json_number(c.lr.gamma) << ",\"max_steps\":" << c.max_steps_per_epoch
      << ",\"color_jitter\":" << json_string(color_jitter) << ",\"clip_grad\":" << json_number(c.clip_grad)
      << ",\"clip_grad_norm\":" << json_number(c.clip_grad_norm)
-     << ",\"label_smoothing\":" << json_number(c.label_smoothing) << "}";
+     << ",\"label_smoothing\":" << json_number(c.label_smoothing) << ",\"val_resize_size\":" << c.val_resize_size
+     << "}";
   return os.str();
 }
 

@@ -183,6 +183,8 @@ const Case kCases[] = {
      {"--clip-grad-norm must be a finite number >= 0"}, ""},
     {"label_smoothing_one", mnist, "train" + kTiny + " --data-dir DATA --output OUT --label-smoothing 1", 2,
      {"--label-smoothing must be in [0, 1)"}, ""},
+    {"val_resize_size_negative", mnist, "train" + kTiny + " --data-dir DATA --output OUT --val-resize-size -1", 2,
+     {"--val-resize-size must be in 0..8192"}, ""},
     {"label_smoothing_negative", mnist, "train" + kTiny + " --data-dir DATA --output OUT --label-smoothing -0.1", 2,
      {"--label-smoothing must be in [0, 1)"}, ""},
     {"keep_last_negative", mnist, "train" + kTiny + " --data-dir DATA --output OUT --keep-last -1", 2,

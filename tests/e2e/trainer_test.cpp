@@ -220,6 +220,21 @@ TEST(Trainer, ColorJitterJoinsTheTrainingPipeline) {
   EXPECT_EQ(input_pipeline(c, false, 32, 3).describe().find("ColorJitter"), std::string::npos);
 }
 
+// Image folders' evaluation resizes the shorter side to 8/7 of the crop (256 for 224), or to
+// --val-resize-size, then centre-crops; training's RandomResizedCrop does not change with it.
+TEST(Trainer, ValResizeSizeSetsTheEvaluationResize) {
+  TrainConfig c;
+  c.data = "folder";
+  c.random_resized_crop = true;
+  EXPECT_NE(input_pipeline(c, false, 224, 3).describe().find("Resize(shorter side 256)"), std::string::npos)
+      << input_pipeline(c, false, 224, 3).describe();
+  c.val_resize_size = 288;
+  const std::string val = input_pipeline(c, false, 224, 3).describe();
+  EXPECT_NE(val.find("Resize(shorter side 288)"), std::string::npos) << val;
+  EXPECT_LT(val.find("Resize"), val.find("CenterCrop")) << val;
+  EXPECT_EQ(input_pipeline(c, true, 224, 3).describe().find("Resize(shorter side"), std::string::npos);
+}
+
 // Statistics arrive a step late, so the first progress line has no loss yet: it shows a dash,
 // not a 0.0000 that reads as a measured loss; later lines show the running mean.
 TEST(Trainer, ProgressShowsNoLossBeforeTheFirstStatistics) {

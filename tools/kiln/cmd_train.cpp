@@ -77,6 +77,8 @@ std::vector<FlagSpec> train_flags() {
        "decode path)",
        "", false},
       {"image-size", "input size (0 = the model's default)", "0", false},
+      {"val-resize-size", "image folders' evaluation: the shorter side resized to this before the centre crop (0 = 8/7 "
+       "of the input size, 256 for 224)", "0", false},
       {"num-classes", "classes (0 = the dataset's)", "0", false},
       {"max-steps", "at most this many steps per epoch (0 = all)", "0", false},
       {"max-image-pixels", "image folders: a larger image is skipped as corrupt (width x height)", "67108864", false},
@@ -167,6 +169,7 @@ TrainConfig to_config(const Flags& f) {
   c.random_resized_crop = f.on("random-resized-crop", false);
   c.color_jitter = color_jitter_flag(f);
   c.image_size = f.i64("image-size", 0);
+  c.val_resize_size = f.i64("val-resize-size", 0);
   c.num_classes = f.i64("num-classes", 0);
   c.max_steps_per_epoch = f.i64("max-steps", 0);
   c.synthetic_size = f.i64("synthetic-size", 0);

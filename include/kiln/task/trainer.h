@@ -65,6 +65,9 @@ struct TrainConfig {
   float clip_grad = 0.0f;
   float clip_grad_norm = 0.0f;        // global L2 norm cap of the gradients (0 = off)
   float label_smoothing = 0.0f;       // cross-entropy target smoothing in [0, 1)
+  // Image folders' evaluation: the shorter side resized to this before the centre crop (0 = 8/7
+  // of the input size, 256 for 224, as torchvision's reference).
+  int64_t val_resize_size = 0;
   // Epoch checkpoints epoch-N.safetensors kept beside last and best (0 = none).
   int64_t keep_last = 0;
   // fusion, tf32, profile and every other switch (switches.def): the process's KILN_*
