@@ -105,7 +105,7 @@ targets=()  # all: everything
 [ "$MODE" = kernels ] && targets=(kiln kiln_cli)
 [ "$MODE" = timeline ] && targets=(kiln kiln_cli kiln_cupti_trace)
 [ "$MODE" = forms ] && targets=(kiln_conv_forms)
-[ "$MODE" = jpeg ] && targets=(kiln kiln_cli kiln_gpu_tests kiln_cupti_trace)
+[ "$MODE" = jpeg ] && targets=(kiln kiln_cli kiln_gpu_tests kiln_conv_forms kiln_cupti_trace)
 if ! cmake --build "$BUILD" -j "$JOBS" ${targets[@]:+--target "${targets[@]}"} >"$LOGS/build.log" 2>&1; then
   grep -E 'error|FAILED' "$LOGS/build.log" | head -40
   note build "FAILED ($(since))"
