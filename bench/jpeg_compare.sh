@@ -38,6 +38,11 @@ busy() { awk '/^cpu /{b=$2+$3+$4+$7+$8+$9; print b, b+$5+$6}' /proc/stat; }
 cores_between() {  # "busy total" before and after -> cores busy
   python3 -c "import sys,os; a=list(map(int,sys.argv[1].split())); b=list(map(int,sys.argv[2].split())); print(round(os.cpu_count()*(b[0]-a[0])/max(b[1]-a[1],1),1))" "$1" "$2"
 }
+bench_cores() {  # the bench's own figure (its process, timed repeats only), else the row's
+  local c
+  c=$(grep -o '"host_cores_busy":[0-9.]*' "$1" | tail -1 | cut -d: -f2)
+  [ -n "$c" ] && echo "$c (timed repeats)" || cores_between "$2" "$(busy)"
+}
 last_epoch_rate() {  # images/s of the last epoch in a run's metrics.csv
   python3 - "$1" <<'PY'
 import csv, sys
@@ -73,12 +78,12 @@ for entry in $MODELS; do
         "$BUILD"/kiln bench --model "$m" --batch 256 --amp --data folder --data-dir "$ROOT" \
           $(decode_flags "${r#folder-}") --workers "$WORKERS" --steps 60 --warmup 10 --repeats 3 >"$out" 2>&1
         v=$(grep '^{"bench":"kiln-folder"' "$out" | tail -1 | python3 -c "import json,sys; print(json.loads(sys.stdin.read() or '{}').get('images_per_second','nan'))")
-        row "$m" "$r" "$v" "$(cores_between "$b0" "$(busy)")" "kiln bench --data folder: steps fed from the files" ;;
+        row "$m" "$r" "$v" "$(bench_cores "$out" "$b0")" "kiln bench --data folder: steps fed from the files" ;;
       input-*)
         "$BUILD"/kiln bench --input-only --model "$m" --batch 256 --amp --data folder --data-dir "$ROOT" \
           $(decode_flags "${r#input-}") --workers "$WORKERS" --steps 40 >"$out" 2>&1
         v=$(grep '^{"bench":"kiln-input"' "$out" | tail -1 | python3 -c "import json,sys; print(json.loads(sys.stdin.read() or '{}').get('images_per_second','nan'))")
-        row "$m" "$r" "$v" "$(cores_between "$b0" "$(busy)")" "files to the staged input buffer, no step" ;;
+        row "$m" "$r" "$v" "$(bench_cores "$out" "$b0")" "files to the staged input buffer, no step" ;;
       eval-*)
         ckpt=$(ls "$log"/run_"${m}"_train-*/last.safetensors 2>/dev/null | head -1)
         v=nan

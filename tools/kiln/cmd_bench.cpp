@@ -9,6 +9,8 @@
 #include <optional>
 #include <vector>
 
+#include <sys/resource.h>
+
 #include "backend/cuda/cuda_backend.h"
 #include "cli.h"
 #include "flags.h"
@@ -26,6 +28,14 @@ namespace kiln::cli {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// CPU seconds of every thread of this process (the loader's workers included).
+double process_cpu_seconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  auto sec = [](const timeval& t) { return static_cast<double>(t.tv_sec) + 1e-6 * static_cast<double>(t.tv_usec); };
+  return sec(u.ru_utime) + sec(u.ru_stime);
+}
 
 // Batches from an image folder with ImageNet's training transforms, through the loader, into
 // the staged input slots (--input-only) or through whole training steps.
@@ -139,6 +149,9 @@ int bench_folder(const Flags& f, const std::string& model, const BluePrint& bp, 
              "--cuda-profiler-range needs the CUDA backend (--device cuda)");
   if (profiler_range) cuda_api->profiler_range(true);
   timing = true;
+  // Host cores busy over the timed repeats only: start-up (compiling the step) would dilute it.
+  const double cpu0 = process_cpu_seconds();
+  const auto wall0 = Clock::now();
   for (int64_t r = 0; r < repeats; ++r) {
     if (!input_only) engine.pending_stats();
     backend.synchronize();
@@ -151,6 +164,8 @@ int bench_folder(const Flags& f, const std::string& model, const BluePrint& bp, 
     std::printf("repeat %lld: %.1f images/s (%.2f ms/batch)\n", static_cast<long long>(r + 1), rates.back(),
                 1e3 * secs / static_cast<double>(steps));
   }
+  const double cores_busy =
+      (process_cpu_seconds() - cpu0) / std::chrono::duration<double>(Clock::now() - wall0).count();
   timing = false;
   if (profiler_range) cuda_api->profiler_range(false);
   if (!input_only) last = step(true);
@@ -171,7 +186,7 @@ int bench_folder(const Flags& f, const std::string& model, const BluePrint& bp, 
                 per_batch_ms(dc.hybrid_seconds, dc0.hybrid_seconds),
                 per_batch_ms(dc.host_decode_seconds, dc0.host_decode_seconds));
   }
-  std::printf("\n");
+  std::printf("; %.1f host cores busy in this process\n", cores_busy);
   const char* decode = lo.output == LoaderOutput::encoded ? "gpu" : lo.output == LoaderOutput::uint8 ? "cpu" : "cpu-float32";
   std::printf("%s from %s, batch %lld, decode %s, %d workers on %s: %.1f images/s (median of %lld; loader alone "
               "%.0f images/s; %lld corrupt files skipped)\n",
@@ -179,10 +194,10 @@ int bench_folder(const Flags& f, const std::string& model, const BluePrint& bp, 
               lo.workers, backend.caps().device.c_str(), median, static_cast<long long>(repeats), ls.rate(),
               static_cast<long long>(data->corrupt_skipped()));
   std::printf("{\"bench\":\"%s\",\"model\":\"%s\",\"batch\":%lld,\"amp\":%s,\"decode\":\"%s\",\"workers\":%d,"
-              "\"images_per_second\":%.1f,\"loader_images_per_second\":%.1f,\"skipped_images\":%lld,"
+              "\"images_per_second\":%.1f,\"loader_images_per_second\":%.1f,\"host_cores_busy\":%.2f,\"skipped_images\":%lld,"
               "\"decoded\":{\"hardware\":%lld,\"gpu_hybrid\":%lld,\"host\":%lld}",
               input_only ? "kiln-input" : "kiln-folder", model.c_str(), static_cast<long long>(n),
-              eo.compile.amp ? "true" : "false", decode, lo.workers, median, ls.rate(),
+              eo.compile.amp ? "true" : "false", decode, lo.workers, median, ls.rate(), cores_busy,
               static_cast<long long>(data->corrupt_skipped()), static_cast<long long>(dc.hardware),
               static_cast<long long>(dc.gpu_hybrid), static_cast<long long>(dc.host));
   if (!input_only) {
