@@ -11,7 +11,7 @@
 
 #include <sys/resource.h>
 
-#include "backend/cuda/cuda_backend.h"
+#include "kiln/backend/backend.h"
 #include "cli.h"
 #include "flags.h"
 #include "kiln/blueprint/zoo.h"
@@ -20,7 +20,7 @@
 #include "kiln/data/dataset.h"
 #include "kiln/data/loader.h"
 #include "kiln/data/transforms.h"
-#include "kiln/dist/dist.h"
+#include "kiln/process_group/process_group.h"
 #include "kiln/task/engine.h"
 
 namespace kiln::cli {
@@ -143,11 +143,10 @@ int bench_folder(const Flags& f, const std::string& model, const BluePrint& bp, 
   }
   std::vector<double> rates;
   const DecodeCounters dc0 = backend.decode_counters();
-  auto* cuda_api = dynamic_cast<CudaBackendApi*>(&backend);
   const bool profiler_range = f.on("cuda-profiler-range", false);
-  KILN_CHECK(!profiler_range || cuda_api != nullptr, InvalidArgument,
+  KILN_CHECK(!profiler_range || backend.has_profiler_range(), InvalidArgument,
              "--cuda-profiler-range needs the CUDA backend (--device cuda)");
-  if (profiler_range) cuda_api->profiler_range(true);
+  if (profiler_range) backend.profiler_range(true);
   timing = true;
   // Host cores busy over the timed repeats only: start-up (compiling the step) would dilute it.
   const double cpu0 = process_cpu_seconds();
@@ -167,7 +166,7 @@ int bench_folder(const Flags& f, const std::string& model, const BluePrint& bp, 
   const double cores_busy =
       (process_cpu_seconds() - cpu0) / std::chrono::duration<double>(Clock::now() - wall0).count();
   timing = false;
-  if (profiler_range) cuda_api->profiler_range(false);
+  if (profiler_range) backend.profiler_range(false);
   if (!input_only) last = step(true);
   std::sort(rates.begin(), rates.end());
   const double median = rates[rates.size() / 2];
@@ -284,22 +283,20 @@ int cmd_bench(int argc, char** argv) {
                 "apart), %d BN+add+ReLU (KILN_FUSION=0 turns fusion off)\n",
                 cbr, pooled, bar);
   }
-  if (auto* api = dynamic_cast<CudaBackendApi*>(&engine.backend()); api && dist::is_root()) {
-    const CudaBackendApi::EngineTableUse use = api->engine_table_use();
+  if (const CompileReport use = engine.backend().compile_report(); use.chooses_engines && dist::is_root()) {
     std::printf("convolution engines: %d from the engine table%s%s, %d timed while compiling (%d of them timed "
                 "by an earlier compile: this process or the autotune cache), %d from cuDNN's heuristics\n",
                 use.from_table, use.table.empty() ? "" : " ", use.table.c_str(), use.autotuned, use.remembered,
                 use.heuristics);
     std::printf("weight gradients on the side stream: %d (KILN_SIDE_WGRAD=1 forks them there)\n",
-                api->side_stream_wgrads());
+                use.side_stream_wgrads);
     if (!eo.compile.amp) {
       std::printf("FP32 convolutions on Winograd / FFT engines: %d (KILN_FP32_WINOGRAD=0 refuses them)\n",
-                  api->fp32_transformed_plans());
+                  use.fp32_transformed_plans);
     }
-    const CudaBackendApi::CbrForms forms = api->cbr_forms();
-    if (forms.genstats + forms.fallbacks > 0) {
+    if (use.cbr_genstats + use.cbr_fallbacks > 0) {
       std::printf("CBR forward (KILN_CBR_FORM=genstats): %d as conv+genstats, %d fell back to kiln's form\n",
-                  forms.genstats, forms.fallbacks);
+                  use.cbr_genstats, use.cbr_fallbacks);
     }
   }
 
@@ -335,11 +332,10 @@ int cmd_bench(int argc, char** argv) {
     const StepStats s = step(done++, i == 0);
     if (i == 0) first = s;
   }
-  auto* cuda_api = dynamic_cast<CudaBackendApi*>(&engine.backend());
   const bool profiler_range = f.on("cuda-profiler-range", false);
-  KILN_CHECK(!profiler_range || cuda_api != nullptr, InvalidArgument,
+  KILN_CHECK(!profiler_range || engine.backend().has_profiler_range(), InvalidArgument,
              "--cuda-profiler-range needs the CUDA backend (--device cuda)");
-  if (profiler_range) cuda_api->profiler_range(true);
+  if (profiler_range) engine.backend().profiler_range(true);
   std::vector<double> rates;
   for (int64_t r = 0; r < repeats; ++r) {
     engine.backend().synchronize();
@@ -351,7 +347,7 @@ int cmd_bench(int argc, char** argv) {
     if (dist::is_root()) std::printf("repeat %lld: %.1f images/s (%.2f ms/step)\n", static_cast<long long>(r + 1), rates.back(),
                 1e3 * secs / static_cast<double>(steps));
   }
-  if (profiler_range) cuda_api->profiler_range(false);
+  if (profiler_range) engine.backend().profiler_range(false);
   last = step(done++, true);
   if (!dist::is_root()) return 0;
   if (eo.switches.profile) std::printf("%s", engine.backend().profile_report().c_str());

@@ -6,7 +6,6 @@
 #include <cstdio>
 #include <cstdlib>
 
-#include "backend/cuda/cuda_backend.h"
 #include "cli.h"
 #include "flags.h"
 #include "kiln/backend/backend.h"
@@ -46,9 +45,8 @@ int cmd_tune(int argc, char** argv) {
   Engine engine(bp, eo);
   engine.lock_memory();
   engine.compile(1);
-  auto* api = dynamic_cast<CudaBackendApi*>(&engine.backend());
-  KILN_CHECK(api != nullptr, State, "kiln tune: the engine did not compile on the CUDA backend");
-  const CudaBackendApi::EngineTableUse use = api->engine_table_use();
+  const CompileReport use = engine.backend().compile_report();
+  KILN_CHECK(use.chooses_engines, State, "kiln tune: the engine did not compile on the CUDA backend");
   const EngineTable table = EngineTable::load(use.table);
   std::printf("%s batch %lld %s: tuned %d convolution plans; %s now holds %zu entries (%s, cuDNN %lld)\n",
               model.c_str(), static_cast<long long>(eo.compile.batch), eo.compile.amp ? "AMP" : "FP32",

@@ -27,6 +27,20 @@ struct BackendCaps {
   bool fp32_fusion_default = false;  // fuse in FP32 unless asked not to (Switches::fuse_fp32)
 };
 
+// How the last compile() chose its kernels, for the tools to print; a backend without such
+// choices (the CPU) leaves it empty (`chooses_engines` false).
+struct CompileReport {
+  bool chooses_engines = false;
+  // Convolution plans: from the experience table (SPEC S16), timed while compiling (a graph
+  // the table lacks; `remembered` of them timed by an earlier compile or the autotune cache),
+  // left to cuDNN's heuristics; `table` is the file consulted or written (empty when none).
+  int from_table = 0, heuristics = 0, autotuned = 0, remembered = 0;
+  std::string table;
+  int cbr_genstats = 0, cbr_fallbacks = 0;  // fused CBR forwards as conv+genstats / kiln's form
+  int side_stream_wgrads = 0;               // weight gradients forked onto the side stream
+  int fp32_transformed_plans = 0;           // FP32 convolutions on Winograd or FFT engines
+};
+
 // Which list of phases to run.
 enum class Schedule : uint8_t { train, eval, eval_ema, init };
 
@@ -89,6 +103,15 @@ class Backend {
   // profile_report() prints it (empty when profiling is off).
   virtual void set_profiling(bool on) { (void)on; }
   virtual std::string profile_report() { return {}; }
+
+  virtual CompileReport compile_report() const { return {}; }
+  // Starts / stops the range an external profiler records (CUDA: cudaProfilerStart/Stop, for
+  // `ncu --profile-from-start off`): the timed steps only, not compilation or warm-up.
+  virtual bool has_profiler_range() const { return false; }
+  virtual void profiler_range(bool on) {
+    (void)on;
+    KILN_FAIL(Unsupported, "the ", name(), " backend has no profiler range; use --device cuda");
+  }
 };
 
 // "cpu" or "cuda"; "auto" = cuda when a GPU is present, else cpu. The backend keeps the

@@ -408,6 +408,7 @@ class CudaBackend final : public CudaBackendApi {
     bool copy_pending = false, read_recorded = false;
   };
 
+  bool has_profiler_range() const override { return true; }
   void profiler_range(bool on) override {
     synchronize();  // the range holds exactly the work enqueued inside it
     if (on) {
@@ -422,6 +423,17 @@ class CudaBackend final : public CudaBackendApi {
   EngineTableUse engine_table_use() const override {
     return {ctx_.table_hits, ctx_.table_misses, ctx_.autotuned, ctx_.autotune_remembered,
             ctx_.opts.tune_path.empty() ? table_path_ : tune_path()};
+  }
+  CompileReport compile_report() const override {
+    const EngineTableUse use = engine_table_use();
+    CompileReport r;
+    r.chooses_engines = true;
+    r.from_table = use.from_table, r.heuristics = use.heuristics, r.autotuned = use.autotuned;
+    r.remembered = use.remembered, r.table = use.table;
+    r.cbr_genstats = ctx_.cbr_genstats, r.cbr_fallbacks = ctx_.cbr_genstats_fallbacks;
+    r.side_stream_wgrads = ctx_.side_wgrads;
+    r.fp32_transformed_plans = ctx_.fp32_transformed;
+    return r;
   }
   std::string tune_path() const {
     if (ctx_.opts.tune_path != "auto") return ctx_.opts.tune_path;

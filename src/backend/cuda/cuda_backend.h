@@ -39,10 +39,6 @@ class CudaBackendApi : public Backend {
   // FP32 convolution plans of the last compile() on Winograd or FFT engines
   // (KILN_FP32_WINOGRAD: allowed by default, =0 refuses them, =only prefers them).
   virtual int fp32_transformed_plans() const = 0;
-  // Starts / stops the range an external profiler records (cudaProfilerStart/Stop): with
-  // `ncu --profile-from-start off`, `kiln bench --cuda-profiler-range` profiles its timed
-  // steps only, not compilation, autotuning or warm-up (bench/kernel_breakdown.py).
-  virtual void profiler_range(bool on) = 0;
 };
 
 }  // namespace kiln
