@@ -5,7 +5,7 @@
 
 #include "kiln/core/error.h"
 #include "kiln/core/rng.h"
-#include "kiln/dist/dist.h"
+#include "kiln/process_group/process_group.h"
 #include "kiln/graph/compiler.h"
 #include "kiln/graph/memory_plan.h"
 
@@ -22,7 +22,6 @@ const char* lifecycle_name(Lifecycle s) {
 
 Engine::Engine(const BluePrint& blueprint, EngineOptions options)
     : blueprint_(blueprint), options_(std::move(options)) {
-  options_.compile.memory_reuse = options_.switches.memory_reuse;
   backend_ = make_backend(options_.device, options_.switches);
   const BackendCaps caps = backend_->caps();
   if (options_.compile.amp) {
@@ -30,7 +29,20 @@ Engine::Engine(const BluePrint& blueprint, EngineOptions options)
     KILN_CHECK(ok, Unsupported, "--amp: the ", backend_->name(), " backend has no ",
                dtype_name(options_.compile.amp_dtype), " compute; train without --amp or use --device cuda");
   }
-  plan_ = make_plan(blueprint_, fusion_options(caps, options_));
+  plan_ = plan_for(blueprint_, caps, options_);
+}
+
+ArchPlan plan_for(const BluePrint& blueprint, const BackendCaps& caps, EngineOptions& o) {
+  o.compile.memory_reuse = o.switches.memory_reuse;
+  return make_plan(blueprint, fusion_options(caps, o));
+}
+
+Program program_for(const ArchPlan& plan, const CompileOptions& options, const std::string& model) {
+  Program program = compile_program(plan, options);
+  program.model = model;
+  plan_memory(program);
+  validate_program(program);
+  return program;
 }
 
 PlanOptions fusion_options(const BackendCaps& caps, EngineOptions& o) {
@@ -63,10 +75,7 @@ void Engine::require(Lifecycle s, const char* what) const {
 
 void Engine::lock_memory() {
   require(Lifecycle::PLANNING, "lock_memory()");
-  program_ = std::make_unique<Program>(compile_program(plan_, options_.compile));
-  program_->model = blueprint_.name;
-  plan_memory(*program_);
-  validate_program(*program_);
+  program_ = std::make_unique<Program>(program_for(plan_, options_.compile, blueprint_.name));
   state_ = Lifecycle::MEMORY_LOCKED;
 }
 

@@ -6,7 +6,6 @@
 #include "kiln/backend/backend.h"
 #include "kiln/blueprint/zoo.h"
 #include "kiln/core/error.h"
-#include "kiln/graph/compiler.h"
 #include "kiln/graph/memory_plan.h"
 #include "kiln/plan/arch_plan.h"
 #include "kiln/task/engine.h"
@@ -46,31 +45,24 @@ Inspect build(const Flags& f) {
   EngineOptions eo;
   eo.switches = switches_from(f);
   eo.compile.amp = f.on("amp", false);
-  PlanOptions po;
-  po.amp = eo.compile.amp;
-  po.fusion = eo.switches.fusion;
+  eo.compile.batch = f.i64("batch", f.i64("batch-size", 256));
+  eo.compile.optimizer = f.str("optimizer", "sgd");
+  eo.compile.ema = f.on("ema", false);
   const std::string device = f.str("device", "auto");
   KILN_CHECK(device == "auto" || device == "cpu" || device == "cuda", InvalidArgument,
              "--device must be auto, cpu or cuda, got '", device, "'");
-  // The fusion the Engine would choose on that backend (none where it lacks the precision:
-  // the CPU under --amp, which the Engine refuses; a CUDA plan asked for without a GPU).
+  // The fusion the Engine would choose on that backend; none where it lacks the precision
+  // (the CPU under --amp, which the Engine refuses) or where it cannot be asked (a CUDA plan
+  // without a GPU): no capabilities, so no fused kernels.
   const bool cuda = device == "cuda" || (device == "auto" && cuda_available());
+  BackendCaps caps;
   if (!cuda || cuda_available()) {
-    const BackendCaps caps = make_backend(cuda ? "cuda" : "cpu", eo.switches)->caps();
-    if (!eo.compile.amp || caps.fp16) po = fusion_options(caps, eo);
+    const BackendCaps real = make_backend(cuda ? "cuda" : "cpu", eo.switches)->caps();
+    if (!eo.compile.amp || real.fp16) caps = real;
   }
-  Inspect r{make_plan(bp, po), {}};
-  CompileOptions co;
-  co.batch = f.i64("batch", f.i64("batch-size", 256));
-  co.amp = po.amp;
-  co.fuse_grad_sum = eo.compile.fuse_grad_sum;
-  co.memory_reuse = eo.switches.memory_reuse;
-  co.optimizer = f.str("optimizer", "sgd");
-  co.ema = f.on("ema", false);
-  r.program = compile_program(r.plan, co);
-  r.program.model = model;
-  plan_memory(r.program);
-  validate_program(r.program);
+  Inspect r;
+  r.plan = plan_for(bp, caps, eo);
+  r.program = program_for(r.plan, eo.compile, model);
   return r;
 }
 

@@ -49,6 +49,14 @@ struct StepStats {
 // o.compile.fuse_grad_sum set. `kiln plan` and `kiln program` print the same choice.
 PlanOptions fusion_options(const BackendCaps& caps, EngineOptions& o);
 
+// The Engine's two planning steps, which the tools that show a plan without running it
+// (kiln plan / program / memory) call too, so they print what an Engine would run: the
+// ArchPlan fused for `caps` (o.compile takes the switches' memory reuse and fuse_grad_sum),
+// then the Program with its memory laid out and validated, as lock_memory() holds it.
+// Neither makes a backend or allocates.
+ArchPlan plan_for(const BluePrint& blueprint, const BackendCaps& caps, EngineOptions& o);
+Program program_for(const ArchPlan& plan, const CompileOptions& options, const std::string& model);
+
 class Engine {
  public:
   // PLANNING: the backend is chosen (its capabilities steer the fusion passes) and the
