@@ -19,7 +19,7 @@
 #include "kiln/core/rng.h"
 #include "kiln/core/shape.h"
 #include "kiln/core/switches.h"
-#include "kiln/dist/dist.h"
+#include "kiln/process_group/process_group.h"
 #include "kiln/graph/compiler.h"
 #include "kiln/graph/memory_plan.h"
 #include "kiln/graph/program.h"

@@ -11,7 +11,7 @@
 #include <sstream>
 
 #include "kiln/core/error.h"
-#include "kiln/io/file.h"
+#include "kiln/core/file.h"
 
 namespace kiln {
 

@@ -1,4 +1,4 @@
-#include "kiln/io/file.h"
+#include "kiln/core/file.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>

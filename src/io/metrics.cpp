@@ -11,7 +11,7 @@
 #include <set>
 
 #include "kiln/core/error.h"
-#include "kiln/io/file.h"
+#include "kiln/core/file.h"
 #include "kiln/io/json.h"
 
 namespace kiln {

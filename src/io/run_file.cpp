@@ -10,7 +10,7 @@
 #include <sstream>
 
 #include "kiln/core/error.h"
-#include "kiln/io/file.h"
+#include "kiln/core/file.h"
 
 namespace kiln {
 namespace {

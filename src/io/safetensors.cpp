@@ -18,7 +18,7 @@
 
 #include "io/json_cursor.h"
 #include "kiln/core/error.h"
-#include "kiln/io/file.h"
+#include "kiln/core/file.h"
 #include "kiln/io/json.h"
 
 namespace kiln {

@@ -1,11 +1,11 @@
-// Rank, world size and local rank from the launcher's environment (see kiln/dist/dist.h).
+// Rank, world size and local rank from the launcher's environment (see kiln/process_group/process_group.h).
 // Kept apart from MPI so that it builds, and is tested, without it.
 #include <cerrno>
 #include <climits>
 #include <cstdlib>
 
 #include "kiln/core/error.h"
-#include "kiln/dist/dist.h"
+#include "kiln/process_group/process_group.h"
 
 namespace kiln::dist {
 

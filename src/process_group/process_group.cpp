@@ -1,4 +1,4 @@
-// The process group over MPI, its watchdog and its exit paths (see kiln/dist/dist.h).
+// The process group over MPI, its watchdog and its exit paths (see kiln/process_group/process_group.h).
 // Built without MPI (cmake did not find it), it runs one process and refuses more.
 #include <algorithm>
 #include <atomic>
@@ -14,7 +14,7 @@
 
 #include "kiln/core/error.h"
 #include "kiln/core/log.h"
-#include "kiln/dist/dist.h"
+#include "kiln/process_group/process_group.h"
 
 #if defined(KILN_HAVE_MPI)
 #include <mpi.h>

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "kiln/core/error.h"
-#include "kiln/dist/dist.h"
+#include "kiln/process_group/process_group.h"
 
 namespace kiln {
 

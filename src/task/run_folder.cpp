@@ -15,7 +15,7 @@
 
 #include "kiln/core/error.h"
 #include "kiln/core/log.h"
-#include "kiln/io/file.h"
+#include "kiln/core/file.h"
 
 namespace kiln {
 

@@ -10,7 +10,7 @@
 
 #include "kiln/core/log.h"
 #include "kiln/core/switches.h"
-#include "kiln/dist/dist.h"
+#include "kiln/process_group/process_group.h"
 
 int main(int argc, char** argv) {
   kiln::Switches quiet;  // quiet logs unless KILN_LOG says otherwise

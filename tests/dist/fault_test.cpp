@@ -11,7 +11,7 @@
 #include <thread>
 
 #include "kiln/core/error.h"
-#include "kiln/dist/dist.h"
+#include "kiln/process_group/process_group.h"
 
 namespace kiln {
 namespace {

@@ -7,7 +7,7 @@
 #include <string>
 
 #include "kiln/core/error.h"
-#include "kiln/dist/dist.h"
+#include "kiln/process_group/process_group.h"
 
 namespace kiln {
 namespace {

@@ -7,7 +7,7 @@
 #include <map>
 
 #include "kiln/data/loader.h"
-#include "kiln/dist/dist.h"
+#include "kiln/process_group/process_group.h"
 
 namespace kiln {
 namespace {

@@ -19,7 +19,7 @@
 #include "kiln/blueprint/zoo.h"
 #include "kiln/core/error.h"
 #include "kiln/core/rng.h"
-#include "kiln/dist/dist.h"
+#include "kiln/process_group/process_group.h"
 #include "kiln/task/distributed.h"
 #include "kiln/task/engine.h"
 

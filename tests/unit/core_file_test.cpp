@@ -10,7 +10,7 @@
 
 #include "io/json_cursor.h"
 #include "kiln/core/error.h"
-#include "kiln/io/file.h"
+#include "kiln/core/file.h"
 #include "kiln/io/json.h"
 #include "unit/io_test_util.h"
 
@@ -34,7 +34,7 @@ void expect_failed_write_keeps_old(const test::ScratchDir& dir, const std::strin
   EXPECT_FALSE(std::filesystem::exists(atomic_temp_path(path)));
 }
 
-TEST(IoFile, WriteTextAtomicCreatesAndReplaces) {
+TEST(CoreFile, WriteTextAtomicCreatesAndReplaces) {
   test::ScratchDir dir;
   const std::string path = dir.file("summary.json");
   write_text_atomic(path, "first");
@@ -47,7 +47,7 @@ TEST(IoFile, WriteTextAtomicCreatesAndReplaces) {
   EXPECT_EQ(atomic_temp_path(path), path + ".tmp." + std::to_string(getpid()));
 }
 
-TEST(IoFile, WriteFileAtomicConcatenatesPieces) {
+TEST(CoreFile, WriteFileAtomicConcatenatesPieces) {
   test::ScratchDir dir;
   const std::vector<uint8_t> a = {1, 2, 3}, b = {}, c = {4, 5};
   const std::vector<std::span<const uint8_t>> pieces = {a, b, c};
@@ -55,7 +55,7 @@ TEST(IoFile, WriteFileAtomicConcatenatesPieces) {
   EXPECT_EQ(read_file_bytes(dir.file("x")), (std::vector<uint8_t>{1, 2, 3, 4, 5}));
 }
 
-TEST(IoFile, DiskFullDuringWriteKeepsTheOldFile) {
+TEST(CoreFile, DiskFullDuringWriteKeepsTheOldFile) {
   test::ScratchDir dir;
   const std::string path = dir.file("metrics.json");
   write_text_atomic(path, "old");
@@ -65,7 +65,7 @@ TEST(IoFile, DiskFullDuringWriteKeepsTheOldFile) {
   });
 }
 
-TEST(IoFile, FailedRenameRemovesTheTempFile) {
+TEST(CoreFile, FailedRenameRemovesTheTempFile) {
   test::ScratchDir dir;
   // The target is a non-empty folder: the data is written and synced, then rename() fails.
   const std::string path = dir.file("busy");
@@ -82,7 +82,7 @@ TEST(IoFile, FailedRenameRemovesTheTempFile) {
   EXPECT_EQ(dir.entries(), std::vector<std::string>{"busy"});
 }
 
-TEST(IoFile, MissingFolderIsAClearError) {
+TEST(CoreFile, MissingFolderIsAClearError) {
   test::ScratchDir dir;
   const std::string path = dir.file("no/such/folder/out.txt");
   try {
@@ -97,7 +97,7 @@ TEST(IoFile, MissingFolderIsAClearError) {
   }
 }
 
-TEST(IoFile, ReadOnlyFolderKeepsTheOldFile) {
+TEST(CoreFile, ReadOnlyFolderKeepsTheOldFile) {
   if (geteuid() == 0) GTEST_SKIP() << "root writes into read-only folders; DiskFull covers this";
   test::ScratchDir dir;
   const std::string path = dir.file("ckpt");
@@ -107,7 +107,7 @@ TEST(IoFile, ReadOnlyFolderKeepsTheOldFile) {
   chmod(dir.path().c_str(), 0755);
 }
 
-TEST(IoFile, ReadFileBytesNamesAMissingFile) {
+TEST(CoreFile, ReadFileBytesNamesAMissingFile) {
   try {
     read_file_bytes("/nonexistent/kiln/file.bin");
     FAIL();

@@ -11,7 +11,7 @@
 
 #include "kiln/backend/engine_table.h"
 #include "kiln/core/error.h"
-#include "kiln/io/file.h"
+#include "kiln/core/file.h"
 
 namespace kiln {
 namespace {

@@ -9,7 +9,7 @@
 
 #include "kiln/core/dtype.h"
 #include "kiln/core/error.h"
-#include "kiln/io/file.h"
+#include "kiln/core/file.h"
 #include "kiln/io/safetensors.h"
 #include "unit/io_test_util.h"
 

@@ -14,7 +14,7 @@
 #include "kiln/core/log.h"
 #include "kiln/io/safetensors.h"
 #include "kiln/data/loader.h"
-#include "kiln/dist/dist.h"
+#include "kiln/process_group/process_group.h"
 #include "kiln/task/checkpoint.h"
 #include "kiln/task/trainer.h"
 #include "task/run_folder.h"

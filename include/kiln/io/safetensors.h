@@ -38,7 +38,7 @@ StFile read_safetensors(const std::string& path);
 // The same checks on bytes in memory; `what` names them in errors (usually the path).
 StFile parse_safetensors(const uint8_t* bytes, size_t size, const std::string& what);
 
-// Writes atomically (temp file in the same folder, fsync, rename; see kiln/io/file.h).
+// Writes atomically (temp file in the same folder, fsync, rename; see kiln/core/file.h).
 // A tensor whose data size disagrees with its dtype and shape, a negative dimension or the
 // reserved name "__metadata__" is Error(InvalidArgument); a file system failure Error(Io).
 void write_safetensors(const std::string& path, const StFile& file);

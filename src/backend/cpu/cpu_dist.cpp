@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "backend/cpu/cpu_util.h"
-#include "kiln/dist/dist.h"
+#include "kiln/process_group/process_group.h"
 
 namespace kiln::cpu {
 

@@ -12,7 +12,7 @@
 
 #include "backend/cuda/channel_sums.cuh"
 #include "backend/cuda/device_util.cuh"
-#include "kiln/dist/dist.h"
+#include "kiln/process_group/process_group.h"
 
 #if defined(KILN_HAVE_NCCL)
 #include <nccl.h>
