@@ -9,7 +9,7 @@ namespace kiln::cpu {
 
 bool cpu_supports(OpKind op) {
   (void)op;
-  return true;  // every op of ops.def; the fused ones are compositions (cpu_fused.cpp)
+  return true;  // every op of ops.def; the fused ones are compositions (cpu/fused.cpp)
 }
 
 dnnl::memory make_memory(Context& ctx, TensorId id, const dims& d, tag t) {

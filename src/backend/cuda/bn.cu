@@ -6,9 +6,9 @@
 //    computed in double from the FP32-rounded batch mean and variance, as the CPU kernel.
 // Per-channel sums are taken in double (block partials in the stream's workspace, then one
 // finalize pass), so the statistics do not depend on the batch size's rounding.
-#include "backend/cuda/fused_parts.h"
 #include "backend/cuda/channel_sums.cuh"
 #include "backend/cuda/device_util.cuh"
+#include "backend/cuda/fused_kernels.h"
 #include "backend/formulas.h"
 
 namespace kiln::cuda {

@@ -20,8 +20,8 @@
 #include <sstream>
 
 #include "backend/cuda/channel_ops.h"
-#include "backend/cuda/fused_parts.h"
-#include "backend/cuda/cuda_common.h"
+#include "backend/cuda/cuda_kernel.h"
+#include "backend/cuda/fused_kernels.h"
 #include "kiln/backend/engine_table.h"
 #include "kiln/core/log.h"
 

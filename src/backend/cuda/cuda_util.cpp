@@ -3,7 +3,7 @@
 
 #include <algorithm>
 
-#include "backend/cuda/cuda_common.h"
+#include "backend/cuda/cuda_kernel.h"
 
 namespace kiln::cuda {
 

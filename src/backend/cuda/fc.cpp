@@ -8,7 +8,7 @@
 // with KILN_TF32=1); under AMP the f16 operands accumulate in FP32 and fc_bwd_weight writes
 // its FP32 dW directly (SPEC S10). Bias and its gradient are per-channel kernels.
 #include "backend/cuda/channel_ops.h"
-#include "backend/cuda/cuda_common.h"
+#include "backend/cuda/cuda_kernel.h"
 
 namespace kiln::cuda {
 

@@ -14,10 +14,10 @@
 // prologue convolutions cost about what they save). cbr_pool_* also fold a max-pool that tiles
 // z into BatchNorm's apply pass: the full-resolution ReLU output is neither written nor read
 // back, and the backward reads the pooled gradient and the mask of the elements the pool took.
-#include "backend/cuda/fused_parts.h"
-#include "backend/cuda/cuda_common.h"
+#include "backend/cuda/cuda_kernel.h"
+#include "backend/cuda/fused_kernels.h"
 #include "backend/cuda/side_stream.h"
-#include "backend/fused_part.h"
+#include "backend/fused_nodes.h"
 
 namespace kiln::cuda {
 

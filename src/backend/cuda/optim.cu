@@ -1,5 +1,5 @@
 // Fused optimizers and the EMA over whole ranges of the parameter regions (SPEC S21, S22),
-// the GPU twins of src/backend/cpu/cpu_optim.cpp: the same element formulas
+// the GPU twins of src/backend/cpu/optim.cpp: the same element formulas
 // (backend/formulas.h), in FP32 without FMA contraction, so the two agree to the bit
 // (AdamW's bias corrections use the device's double pow, which may differ from glibc's in
 // the last bit of a double, hence "within 1 ulp"). Every kernel reads lr, loss scale and
@@ -209,7 +209,7 @@ KernelPtr make_adamw(const Node& n, Context& ctx, int stream) {
   });
 }
 
-// "w, g, m, lr, loss_scale, overflow -> w, m": one parameter per node (see cpu_optim.cpp).
+// "w, g, m, lr, loss_scale, overflow -> w, m": one parameter per node (see cpu/optim.cpp).
 KernelPtr make_lars(const Node& n, Context& ctx, int stream) {
   reject_accumulate(ctx, n);
   const TensorId w = need_in(n, 0, "w"), g = need_in(n, 1, "g"), m = need_in(n, 2, "m"), lr = need_in(n, 3, "lr");
@@ -233,7 +233,7 @@ KernelPtr make_lars(const Node& n, Context& ctx, int stream) {
   });
 }
 
-// "g, loss_scale -> clip_coef" (see cpu_optim.cpp)
+// "g, loss_scale -> clip_coef" (see cpu/optim.cpp)
 KernelPtr make_grad_norm(const Node& n, Context& ctx, int stream) {
   reject_accumulate(ctx, n);
   const TensorId g = need_in(n, 0, "g"), coef = need_out(n, 0, "clip_coef");

@@ -4,7 +4,7 @@
 //
 // Max pooling writes the argmax as an explicit i32 tensor (index ih * W + iw in the input
 // HxW plane, PyTorch's `indices`), ties to the first element in window order, NaN wins: the
-// rules of src/backend/cpu/cpu_pool.cpp. Average pooling divides by kh*kw with
+// rules of src/backend/cpu/pool.cpp. Average pooling divides by kh*kw with
 // count_include_pad (symmetric padding with the floor rule never reaches past H + pad), else
 // by the number of elements inside the image.
 #include <algorithm>

@@ -1,6 +1,6 @@
 // Region ops on the GPU, one grid-stride pass each over a contiguous range (1-D tensors):
 // fill, copy, cast, the NaN/Inf check with clipping, and the loss-scale update. Semantics
-// are those of src/backend/cpu/cpu_region.cpp, bit for bit: the casts round to nearest even
+// are those of src/backend/cpu/region.cpp, bit for bit: the casts round to nearest even
 // (__float2half_rn, as kiln's float_to_half), the clamp bound is one FP32 product.
 #include "backend/cuda/device_util.cuh"
 #include "backend/formulas.h"
@@ -160,7 +160,7 @@ KernelPtr make_cast(const Node& n, Context& ctx, int stream) {
   return k;
 }
 
-// "g (f32), loss_scale -> overflow (i32), [g]": see cpu_region.cpp. A flag word in the
+// "g (f32), loss_scale -> overflow (i32), [g]": see cpu/region.cpp. A flag word in the
 // stream's workspace collects the blocks' verdicts; a one-thread kernel writes the scalar
 // (so it may be f32, i32 or i64, and accumulate ORs into it).
 KernelPtr make_check_clip(const Node& n, Context& ctx, int stream) {

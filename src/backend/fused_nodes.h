@@ -1,5 +1,6 @@
-// The CPU and CUDA fused kernels (cpu_fused.cpp, cuda/fused.cpp) are built in part from their
-// unfused chains' kernels; each such kernel gets a node of its own.
+// The nodes a fused node's parts are built from, for both backends' fused kernels
+// (cpu/fused.cpp, cuda/fused.cpp): each unfused part's kernel gets a node of its own
+// (fused_part), and a CBR node's tensors are unpacked by role.
 #pragma once
 #include <string>
 #include <utility>

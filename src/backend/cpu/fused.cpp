@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "backend/cpu/cpu_util.h"
-#include "backend/fused_part.h"
+#include "backend/fused_nodes.h"
 
 namespace kiln::cpu {
 
