@@ -68,6 +68,14 @@ void reject_accumulate(const ProgramView& v, const Node& n) {
              "emit an add node to sum gradients");
 }
 
+void expect_per_channel(const ProgramView& v, const Node& n, std::initializer_list<TensorId> ids,
+                        int64_t c) {
+  for (TensorId id : ids) {
+    expect_dtype(v, n, id, DType::F32, "per-channel tensor");
+    expect_numel(v, n, id, c, "per-channel tensor");
+  }
+}
+
 void expect_argmax(const ProgramView& v, const Node& n, TensorId idx, TensorId y) {
   expect_dtype(v, n, idx, DType::I32, "argmax");
   KILN_CHECK(v.tensor(idx).shape == v.tensor(y).shape, Shape, op_name(n.op), " node '", n.label,

@@ -4,6 +4,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 
 #include "kiln/graph/program.h"
 
@@ -45,6 +46,9 @@ void expect_same_size(const ProgramView& v, const Node& n, TensorId a, TensorId 
 // bug, not a no-op.
 void reject_accumulate(const ProgramView& v, const Node& n);
 
+// Per-channel f32 tensors of c elements (BatchNorm's gamma, beta, running statistics).
+void expect_per_channel(const ProgramView& v, const Node& n, std::initializer_list<TensorId> ids,
+                        int64_t c);
 // max-pool's argmax: i32, of the pooled map y's shape.
 void expect_argmax(const ProgramView& v, const Node& n, TensorId idx, TensorId y);
 // A ReLU bit mask (ops.def's layout): u8, one bit per element of `of`.

@@ -34,10 +34,7 @@ Geom geom_of(const Context& ctx, const Node& n, TensorId x,
     expect_dtype(ctx, n, id, DType::F32, "feature");
     expect_numel(ctx, n, id, s.numel(), "feature (the shape of x)");
   }
-  for (TensorId id : per_channel) {
-    expect_dtype(ctx, n, id, DType::F32, "per-channel tensor");
-    expect_numel(ctx, n, id, s.c, "per-channel tensor");
-  }
+  expect_per_channel(ctx, n, per_channel, s.c);
   return {s.n * s.h * s.w, s.c};
 }
 

@@ -546,10 +546,7 @@ Nhwc bn_check(const Context& ctx, const Node& n, TensorId x, std::initializer_li
     KILN_CHECK(ctx.tensor(id).numel() == ctx.tensor(x).numel(), Shape, op_name(n.op), " node '", n.label, "': '",
                ctx.tensor(id).name, "' has shape ", ctx.tensor(id).shape.str(), ", x has ", ctx.tensor(x).shape.str());
   }
-  for (TensorId id : per_channel) {
-    expect_dtype(ctx, n, id, DType::F32, "per-channel tensor");
-    expect_numel(ctx, n, id, s.c, "per-channel tensor");
-  }
+  expect_per_channel(ctx, n, per_channel, s.c);
   KILN_CHECK(n.attrs.eps > 0.0f, InvalidArgument, op_name(n.op), " node '", n.label, "': eps must be > 0, is ",
              n.attrs.eps);
   return s;

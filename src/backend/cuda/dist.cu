@@ -198,10 +198,7 @@ Nhwc feature_check(const Context& ctx, const Node& n, TensorId x,
     expect_same_dtype(ctx, n, x, id);
     expect_numel(ctx, n, id, s.numel(), "feature (the shape of x)");
   }
-  for (TensorId id : per_channel) {
-    expect_dtype(ctx, n, id, DType::F32, "per-channel tensor");
-    expect_numel(ctx, n, id, s.c, "per-channel tensor");
-  }
+  expect_per_channel(ctx, n, per_channel, s.c);
   return s;
 }
 
