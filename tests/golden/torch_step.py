@@ -31,7 +31,7 @@ shows there as margins far above rounding.
 
 OUT gets, as F32: "loss" [1], "grad.<param>" for every parameter, and "after.<name>" for every
 parameter and running statistic after one SGD step (and "check.kinks" with --choices). The
-conventions are kiln's (src/graph/compiler.cpp, src/backend/cpu/cpu_optim.cpp): mean cross-entropy; BatchNorm in
+conventions are kiln's (src/graph/compiler.cpp, src/backend/cpu/optim.cpp): mean cross-entropy; BatchNorm in
 training mode with kiln's eps and momentum (1e-5, 0.1: torch's defaults) and the unbiased
 batch variance in the running statistic; SGD with momentum (dampening 0, optionally Nesterov)
 and weight decay on conv and fc weights only (not on BatchNorm parameters or biases).

@@ -1,4 +1,4 @@
-// The CUDA backend's switches (switches.def, as cuda_common.h's Options), made without a GPU:
+// The CUDA backend's switches (switches.def, as cuda_kernel.h's Options), made without a GPU:
 // the defaults the H200 measurements chose, each switch's values, and one clear error naming
 // the variable and its choices for a value it does not know.
 #include <gtest/gtest.h>
@@ -8,7 +8,7 @@
 #include <map>
 #include <string>
 
-#include "backend/cuda/cuda_common.h"
+#include "backend/cuda/cuda_kernel.h"
 #include "kiln/core/error.h"
 
 namespace kiln::cuda {

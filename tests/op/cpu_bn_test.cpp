@@ -138,7 +138,7 @@ TEST_P(CpuOpBn, TrainInferBackwardAndRunningStatsMatchFloat64Reference) {
   KILN_EXPECT_REL(p.h.read(p.rv), RV, 1e-30, kFp32Tol, "running_var");
 
   // Backward, from the kernel's own saved statistics (converted back to a variance for
-  // oneDNN: ~2 ulp, see cpu_bn.cpp). dgamma and dbeta are sums over N*H*W; dx combines them:
+  // oneDNN: ~2 ulp, see cpu/bn.cpp). dgamma and dbeta are sums over N*H*W; dx combines them:
   // errors scale with the sums of absolute values (mag_dx), 1e-5 of it.
   const ref::BnBackward bw = ref::bn_bwd(X, DY, G, f.mean, f.invstd, c);
   KILN_EXPECT_SCALED(p.h.read(p.dx), bw.dx, mag_dx, kFp32Tol, "bn_bwd dx");

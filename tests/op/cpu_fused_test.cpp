@@ -1,4 +1,4 @@
-// The CPU's fused ops (cpu_fused.cpp) against their unfused chains, bit for bit
+// The CPU's fused ops (cpu/fused.cpp) against their unfused chains, bit for bit
 // (tests/support/fused_checks.h says how): CBR over 5 shapes (with the first-layer form and
 // an odd mask tail), CBR with a max-pool folded in over 5, BN+add+ReLU over 3 (with one gradient and with two), and CBR with a
 // convolution bias.

@@ -295,7 +295,7 @@ struct LarsProgram {
   OpHarness h;
   Scalars s{h};
   std::vector<TensorId> w, g, m;
-  // One lars node per parameter: the trust ratio is per parameter (see cpu_optim.cpp).
+  // One lars node per parameter: the trust ratio is per parameter (see cpu/optim.cpp).
   LarsProgram(const std::vector<int64_t>& sizes, const Attrs& a) {
     for (size_t i = 0; i < sizes.size(); ++i) {
       w.push_back(h.tensor("w" + std::to_string(i), {sizes[i]}, Region::params_f32));

@@ -12,6 +12,8 @@
 #include <limits>
 #include <vector>
 
+#include "backend/formulas.h"
+
 namespace kiln::ref {
 
 using Vec = std::vector<double>;
@@ -355,23 +357,10 @@ inline Vec relu_bwd(const Vec& y, const Vec& dy) {
   return dx;
 }
 
-// Dropout's counter-based mask (shared by the CPU and CUDA kernels): SplitMix64's output
-// function keyed by (seed, step) at counter index + 1; the top 24 bits as a uniform in [0, 1).
-inline uint64_t dropout_fmix(uint64_t z) {
-  z ^= z >> 30;
-  z *= 0xBF58476D1CE4E5B9ull;
-  z ^= z >> 27;
-  z *= 0x94D049BB133111EBull;
-  z ^= z >> 31;
-  return z;
-}
+// Dropout's counter-based mask: the one both backends compute (backend/formulas.h), keyed by
+// (seed, step) at counter index + 1.
 inline bool dropout_keep(uint64_t seed, int64_t step, uint64_t index, float p) {
-  constexpr uint64_t golden = 0x9E3779B97F4A7C15ull;
-  const uint64_t k = dropout_fmix(
-      seed ^ dropout_fmix(static_cast<uint64_t>(static_cast<uint32_t>(step)) + golden));
-  const uint64_t h = dropout_fmix(k + (index + 1) * golden);
-  const float u = static_cast<float>(h >> 40) * 0x1p-24f;
-  return !(u < p);
+  return formula::dropout_keep(formula::dropout_key(seed, static_cast<uint32_t>(step)), index, p);
 }
 
 // ---- loss --------------------------------------------------------------------------------
@@ -405,6 +394,8 @@ inline SoftmaxCe softmax_ce(const Vec& z, const std::vector<int32_t>& labels, in
 }
 
 // ---- optimizers (PyTorch's formulas; g is the scaled gradient, scale the loss scale) -------
+// In float64 and PyTorch's textbook form on purpose: they check backend/formulas.h's FP32
+// updates (within FP32 rounding) rather than repeat them.
 
 inline void sgd(Vec& w, const Vec& g, Vec& m, double lr, double scale, double momentum, double wd,
                 bool nesterov) {
@@ -451,14 +442,12 @@ struct LossScaleState {
   double scale = 8192;
   int64_t good_steps = 0;
 };
+// SPEC S8's update, the one both backends compute (backend/formulas.h).
 inline void loss_scale_update(LossScaleState& s, bool overflow, int64_t growth_interval) {
-  if (overflow) {
-    s.scale = std::max(s.scale / 2, 1.0);
-    s.good_steps = 0;
-  } else if (++s.good_steps, growth_interval > 0 && s.good_steps >= growth_interval) {
-    s.scale *= 2;
-    s.good_steps = 0;
-  }
+  const formula::LossScale next = formula::loss_scale_next(
+      {s.scale, static_cast<double>(s.good_steps)}, overflow, growth_interval);
+  s.scale = next.scale;
+  s.good_steps = static_cast<int64_t>(next.good_steps);
 }
 
 // ---- half-precision rounding, by value (independent of kiln's bit-twiddling) --------------

@@ -7,17 +7,17 @@
 #include <memory>
 #include <oneapi/dnnl/dnnl.hpp>
 
+#include "backend/node_checks.h"
 #include "kiln/graph/program.h"
 
 namespace kiln::cpu {
 
-struct Context {
+struct Context : ProgramView {
+  Context() : ProgramView("CPU") {}
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
   dnnl::stream stream{engine};
-  const Program* program = nullptr;
   std::array<uint8_t*, kRegionCount> base{};
 
-  const DTensor& tensor(TensorId id) const { return program->tensor(id); }
   template <typename T = float>
   T* ptr(TensorId id) const {
     const DTensor& t = program->tensor(id);

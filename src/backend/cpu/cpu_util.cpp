@@ -9,68 +9,7 @@ namespace kiln::cpu {
 
 bool cpu_supports(OpKind op) {
   (void)op;
-  return true;  // every op of ops.def; the fused ones are compositions (cpu_fused.cpp)
-}
-
-TensorId need_in(const Node& n, size_t i, const char* role) {
-  const TensorId id = in_at(n, i);
-  KILN_CHECK(id != kNoTensor, InvalidArgument, op_name(n.op), " node '", n.label, "': input ", i,
-             " (", role, ") is missing; ops.def says: ", op_signature(n.op));
-  return id;
-}
-
-TensorId need_out(const Node& n, size_t i, const char* role) {
-  const TensorId id = out_at(n, i);
-  KILN_CHECK(id != kNoTensor, InvalidArgument, op_name(n.op), " node '", n.label, "': output ", i,
-             " (", role, ") is missing; ops.def says: ", op_signature(n.op));
-  return id;
-}
-
-void expect_dtype(const Context& ctx, const Node& n, TensorId id, DType dtype, const char* role) {
-  const DTensor& t = ctx.tensor(id);
-  KILN_CHECK(t.dtype == dtype, Unsupported, op_name(n.op), " node '", n.label, "': ", role, " '",
-             t.name, "' is ", dtype_name(t.dtype), "; the CPU backend needs ", dtype_name(dtype));
-}
-
-void expect_rank(const Context& ctx, const Node& n, TensorId id, int rank, const char* role) {
-  const DTensor& t = ctx.tensor(id);
-  KILN_CHECK(t.shape.rank() == rank, Shape, op_name(n.op), " node '", n.label, "': ", role, " '",
-             t.name, "' has shape ", t.shape.str(), ", expected rank ", rank);
-}
-
-void expect_same_size(const Context& ctx, const Node& n, TensorId a, TensorId b) {
-  KILN_CHECK(ctx.tensor(a).numel() == ctx.tensor(b).numel(), Shape, op_name(n.op), " node '", n.label, "': '",
-             ctx.tensor(a).name, "' ", ctx.tensor(a).shape.str(), " and '", ctx.tensor(b).name, "' ",
-             ctx.tensor(b).shape.str(), " differ in size");
-}
-
-void expect_numel(const Context& ctx, const Node& n, TensorId id, int64_t numel, const char* role) {
-  const DTensor& t = ctx.tensor(id);
-  KILN_CHECK(t.numel() == numel, Shape, op_name(n.op), " node '", n.label, "': ", role, " '",
-             t.name, "' has shape ", t.shape.str(), " (", t.numel(), " elements), expected ", numel,
-             " elements");
-}
-
-void reject_accumulate(const Node& n) {
-  KILN_CHECK(!n.attrs.accumulate, Unsupported, op_name(n.op), " node '", n.label,
-             "': the CPU backend accumulates (attrs.accumulate) only in add and check_clip; ",
-             "emit an add node to sum gradients");
-}
-
-Nhwc nhwc_of(const Context& ctx, const Node& n, TensorId id, const char* role) {
-  const DTensor& t = ctx.tensor(id);
-  Nhwc s;
-  if (t.shape.rank() == 4) {
-    s = {t.shape[0], t.shape[1], t.shape[2], t.shape[3]};
-  } else if (t.shape.rank() == 2) {
-    s = {t.shape[0], 1, 1, t.shape[1]};
-  } else {
-    KILN_FAIL(Shape, op_name(n.op), " node '", n.label, "': ", role, " '", t.name, "' has shape ",
-              t.shape.str(), "; expected [N, H, W, C] (or [N, C])");
-  }
-  KILN_CHECK(s.numel() > 0, Shape, op_name(n.op), " node '", n.label, "': ", role, " '", t.name,
-             "' is empty: ", t.shape.str());
-  return s;
+  return true;  // every op of ops.def; the fused ones are compositions (cpu/fused.cpp)
 }
 
 dnnl::memory make_memory(Context& ctx, TensorId id, const dims& d, tag t) {

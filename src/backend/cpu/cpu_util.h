@@ -1,6 +1,6 @@
-// Helpers shared by the CPU kernels (src/backend/cpu/cpu_*.cpp): tensor checks with
-// messages that name the node, oneDNN memory descriptors over kiln's layouts, a scratchpad
-// shared by every primitive of one backend, and scalar reads of the device scalars.
+// Helpers shared by the CPU kernels (src/backend/cpu/*.cpp): oneDNN memory descriptors over
+// kiln's layouts, a scratchpad shared by every primitive of one backend, and scalar reads of
+// the device scalars. The node checks are both backends' (backend/node_checks.h).
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -18,33 +18,8 @@ using dims = dnnl::memory::dims;
 using tag = dnnl::memory::format_tag;
 using dt = dnnl::memory::data_type;
 
-// The i-th input / output of a node, or kNoTensor when the node has fewer or marks it absent.
-inline TensorId in_at(const Node& n, size_t i) {
-  return i < n.in.size() ? n.in[i] : kNoTensor;
-}
-inline TensorId out_at(const Node& n, size_t i) {
-  return i < n.out.size() ? n.out[i] : kNoTensor;
-}
-
-// Throws InvalidArgument naming the node unless the tensor is present.
-TensorId need_in(const Node& n, size_t i, const char* role);
-TensorId need_out(const Node& n, size_t i, const char* role);
-// Throws unless the tensor has this dtype / rank.
-void expect_dtype(const Context& ctx, const Node& n, TensorId id, DType dtype, const char* role);
-void expect_rank(const Context& ctx, const Node& n, TensorId id, int rank, const char* role);
-void expect_numel(const Context& ctx, const Node& n, TensorId id, int64_t numel, const char* role);
-// Two tensors of the same element count (elementwise ops read them as flat arrays).
-void expect_same_size(const Context& ctx, const Node& n, TensorId a, TensorId b);
-// Only `add` accumulates; any other op with attrs.accumulate is a compiler bug, not a no-op.
-void reject_accumulate(const Node& n);
-
-// An NHWC feature tensor of rank 4 (or [N, C] read as N x C x 1 x 1).
-struct Nhwc {
-  int64_t n = 0, h = 1, w = 1, c = 0;
-  int64_t numel() const { return n * h * w * c; }
-  dims nchw() const { return {n, c, h, w}; }
-};
-Nhwc nhwc_of(const Context& ctx, const Node& n, TensorId id, const char* role);
+// oneDNN's dims of an NHWC map (N, C, H, W order; the memory tag gives the layout).
+inline dims nchw(const Nhwc& s) { return {s.n, s.c, s.h, s.w}; }
 
 // oneDNN memory over a kiln tensor (fixed address: the region buffers never move).
 dnnl::memory make_memory(Context& ctx, TensorId id, const dims& d, tag t);

@@ -6,9 +6,10 @@
 //    computed in double from the FP32-rounded batch mean and variance, as the CPU kernel.
 // Per-channel sums are taken in double (block partials in the stream's workspace, then one
 // finalize pass), so the statistics do not depend on the batch size's rounding.
-#include "backend/cuda/fused_parts.h"
 #include "backend/cuda/channel_sums.cuh"
 #include "backend/cuda/device_util.cuh"
+#include "backend/cuda/fused_kernels.h"
+#include "backend/formulas.h"
 
 namespace kiln::cuda {
 
@@ -74,15 +75,15 @@ __global__ void __launch_bounds__(kFinC * kFinS) stats_finalize_kernel(const dou
   const double mean = sums.x / n;
   const double var = fmax(sums.y / n - mean * mean, 0.0);
   const auto mean_f = static_cast<float>(mean), var_f = static_cast<float>(var);
-  const auto invstd_f = static_cast<float>(1.0 / sqrt(static_cast<double>(var_f) + eps));
+  const float invstd_f = formula::bn_invstd(var_f, eps);
   saved[c] = mean_f;
   saved[C + c] = invstd_f;
-  const double unbias = rows > 1 ? n / (n - 1.0) : 1.0;
+  const double unbias = formula::bn_unbias(n);
   const double m = momentum;
   // A fused convolution's bias, which BN cancels, still moves the running mean (ops.def).
   const double batch_mean = conv_bias ? static_cast<double>(mean_f) + conv_bias[c] : static_cast<double>(mean_f);
-  running_mean[c] = static_cast<float>((1.0 - m) * running_mean[c] + m * batch_mean);
-  running_var[c] = static_cast<float>((1.0 - m) * running_var[c] + m * unbias * var_f);
+  running_mean[c] = formula::running_mean_update(running_mean[c], m, batch_mean);
+  running_var[c] = formula::running_var_update(running_var[c], m, unbias, var_f);
   coef[c] = make_float4(mean_f, gamma[c] * invstd_f, beta[c], 0.0f);
 }
 
@@ -545,10 +546,7 @@ Nhwc bn_check(const Context& ctx, const Node& n, TensorId x, std::initializer_li
     KILN_CHECK(ctx.tensor(id).numel() == ctx.tensor(x).numel(), Shape, op_name(n.op), " node '", n.label, "': '",
                ctx.tensor(id).name, "' has shape ", ctx.tensor(id).shape.str(), ", x has ", ctx.tensor(x).shape.str());
   }
-  for (TensorId id : per_channel) {
-    expect_dtype(ctx, n, id, DType::F32, "per-channel tensor");
-    expect_numel(ctx, n, id, s.c, "per-channel tensor");
-  }
+  expect_per_channel(ctx, n, per_channel, s.c);
   KILN_CHECK(n.attrs.eps > 0.0f, InvalidArgument, op_name(n.op), " node '", n.label, "': eps must be > 0, is ",
              n.attrs.eps);
   return s;
@@ -709,11 +707,6 @@ KernelPtr bn_backward(Context& ctx, int stream, const Nhwc& s, DType dt, const B
   return k;
 }
 
-void expect_mask(const Context& ctx, const Node& n, TensorId mask, TensorId of) {
-  expect_dtype(ctx, n, mask, DType::U8, "mask");
-  expect_numel(ctx, n, mask, (ctx.tensor(of).numel() + 7) / 8, "mask (one bit per element)");
-}
-
 // The checks and pointers shared by the unfused BatchNorm passes and the fused ones.
 BnFwd bn_fwd_args(const Context& ctx, const Node& n, TensorId x, TensorId gamma, TensorId beta, TensorId rm,
                   TensorId rv, TensorId y, TensorId saved, Nhwc* shape) {
@@ -753,7 +746,7 @@ BnBwd bn_bwd_args(const Context& ctx, const Node& n, TensorId x, TensorId dy, Te
 
 // "x, gamma, beta, running_mean, running_var -> y, saved (2xC: mean, invstd)"
 KernelPtr make_bn_fwd_train(const Node& n, Context& ctx, int stream) {
-  reject_accumulate(n);
+  reject_accumulate(ctx, n);
   const TensorId x = need_in(n, 0, "x"), gamma = need_in(n, 1, "gamma"), beta = need_in(n, 2, "beta"),
                  rm = need_in(n, 3, "running_mean"), rv = need_in(n, 4, "running_var");
   const TensorId y = need_out(n, 0, "y"), saved = need_out(n, 1, "saved");
@@ -858,7 +851,7 @@ namespace {
 
 // bn_fwd_infer, or with relu bn_relu_infer (residual optional): one pass.
 KernelPtr bn_infer(const Node& n, Context& ctx, int stream, bool relu) {
-  reject_accumulate(n);
+  reject_accumulate(ctx, n);
   const TensorId x = need_in(n, 0, "x"), gamma = need_in(n, 1, "gamma"), beta = need_in(n, 2, "beta"),
                  rm = need_in(n, 3, "running_mean"), rv = need_in(n, 4, "running_var");
   const TensorId residual = relu ? in_at(n, 5) : kNoTensor, y = need_out(n, 0, "y");
@@ -900,7 +893,7 @@ KernelPtr make_bn_fwd_infer(const Node& n, Context& ctx, int stream) { return bn
 
 // "x, dy, gamma, saved -> dx, dgamma, dbeta"
 KernelPtr make_bn_bwd(const Node& n, Context& ctx, int stream) {
-  reject_accumulate(n);
+  reject_accumulate(ctx, n);
   const TensorId x = need_in(n, 0, "x"), dy = need_in(n, 1, "dy"), gamma = need_in(n, 2, "gamma"),
                  saved = need_in(n, 3, "saved");
   const TensorId dx = need_out(n, 0, "dx"), dgamma = need_out(n, 1, "dgamma"), dbeta = need_out(n, 2, "dbeta");

@@ -20,8 +20,8 @@
 #include <sstream>
 
 #include "backend/cuda/channel_ops.h"
-#include "backend/cuda/fused_parts.h"
-#include "backend/cuda/cuda_common.h"
+#include "backend/cuda/cuda_kernel.h"
+#include "backend/cuda/fused_kernels.h"
 #include "kiln/backend/engine_table.h"
 #include "kiln/core/log.h"
 
@@ -35,49 +35,6 @@ namespace fe = cudnn_frontend;
 // per channel (sum and sum of squares, FP32) for BatchNorm (make_conv_fwd_genstats).
 enum class ConvKind { fprop, dgrad, wgrad, fprop_genstats };
 enum : int64_t { kUidX = 1, kUidW = 2, kUidY = 3, kUidSum = 4, kUidSqSum = 5 };
-
-struct ConvGeom {
-  Nhwc x, y;
-  int64_t k = 0, r = 0, s = 0;
-  int64_t sh = 1, sw = 1, ph = 0, pw = 0;
-  int64_t x_rows() const { return x.n * x.h * x.w; }  // rows of C channels in the input (and dx)
-  int64_t w_rows() const { return k * r * s; }        // rows of C channels in the weight (KRSC)
-  ConvGeom with_channels(int64_t c) const {
-    ConvGeom g = *this;
-    g.x.c = c;
-    return g;
-  }
-};
-
-ConvGeom conv_geom(const Context& ctx, const Node& n, TensorId x, TensorId w, TensorId y) {
-  expect_rank(ctx, n, x, 4, "input");
-  expect_rank(ctx, n, y, 4, "output");
-  expect_rank(ctx, n, w, 4, "weight (KRSC)");
-  ConvGeom g;
-  g.x = nhwc_of(ctx, n, x, "input");
-  g.y = nhwc_of(ctx, n, y, "output");
-  const Shape& ws = ctx.tensor(w).shape;
-  g.k = ws[0];
-  g.r = ws[1];
-  g.s = ws[2];
-  const Attrs& a = n.attrs;
-  KILN_CHECK(a.kh == g.r && a.kw == g.s, Shape, op_name(n.op), " node '", n.label, "': attrs kernel ", a.kh, "x", a.kw,
-             " but the weight is ", ws.str(), " (KRSC)");
-  KILN_CHECK(ws[3] == g.x.c && g.y.c == g.k && g.y.n == g.x.n, Shape, op_name(n.op), " node '", n.label, "': input ",
-             ctx.tensor(x).shape.str(), ", weight ", ws.str(), " (KRSC) and output ", ctx.tensor(y).shape.str(),
-             " do not agree (C_in, K_out or N)");
-  KILN_CHECK(a.sh >= 1 && a.sw >= 1 && a.ph >= 0 && a.pw >= 0, Shape, op_name(n.op), " node '", n.label,
-             "': stride must be >= 1 and padding >= 0");
-  const int64_t p = (g.x.h + 2 * a.ph - g.r) / a.sh + 1, q = (g.x.w + 2 * a.pw - g.s) / a.sw + 1;
-  KILN_CHECK(g.x.h + 2 * a.ph >= g.r && g.x.w + 2 * a.pw >= g.s && p == g.y.h && q == g.y.w, Shape, op_name(n.op),
-             " node '", n.label, "': a ", g.r, "x", g.s, " kernel, stride ", a.sh, "x", a.sw, ", padding ", a.ph, "x",
-             a.pw, " over ", g.x.h, "x", g.x.w, " gives ", p, "x", q, ", but the output is ", g.y.h, "x", g.y.w);
-  g.sh = a.sh;
-  g.sw = a.sw;
-  g.ph = a.ph;
-  g.pw = a.pw;
-  return g;
-}
 
 fe::DataType_t fe_type(DType d) {
   switch (d) {
@@ -670,7 +627,7 @@ void expect_weight_dtype(const Context& ctx, const Node& n, TensorId feature, Te
 
 // "x, w, [b] -> y"
 KernelPtr make_conv_fwd(const Node& n, Context& ctx, int stream) {
-  reject_accumulate(n);
+  reject_accumulate(ctx, n);
   const TensorId x = need_in(n, 0, "x"), w = need_in(n, 1, "w"), b = in_at(n, 2), y = need_out(n, 0, "y");
   const DType dt = expect_float(ctx, n, x, "x");
   expect_same_dtype(ctx, n, x, y);
@@ -695,7 +652,7 @@ KernelPtr make_conv_fwd(const Node& n, Context& ctx, int stream) {
 
 // "dy, w -> dx"
 KernelPtr make_conv_bwd_data(const Node& n, Context& ctx, int stream) {
-  reject_accumulate(n);
+  reject_accumulate(ctx, n);
   const TensorId dy = need_in(n, 0, "dy"), w = need_in(n, 1, "w"), dx = need_out(n, 0, "dx");
   const DType dt = expect_float(ctx, n, dy, "dy");
   expect_same_dtype(ctx, n, dy, dx);
@@ -716,7 +673,7 @@ KernelPtr make_conv_bwd_data(const Node& n, Context& ctx, int stream) {
 // "x, dy -> dw, [db]": dw in the weight gradient's dtype (f16 under AMP, cast to f32 by the
 // grad_cast phase, SPEC S10); db f32.
 KernelPtr make_conv_bwd_weight(const Node& n, Context& ctx, int stream) {
-  reject_accumulate(n);
+  reject_accumulate(ctx, n);
   const TensorId x = need_in(n, 0, "x"), dy = need_in(n, 1, "dy"), dw = need_out(n, 0, "dw"), db = out_at(n, 1);
   const DType dt = expect_float(ctx, n, x, "x");
   expect_same_dtype(ctx, n, x, dy);

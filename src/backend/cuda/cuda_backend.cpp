@@ -27,7 +27,7 @@
 #include <fstream>
 #include <map>
 
-#include "backend/cuda/cuda_common.h"
+#include "backend/cuda/cuda_kernel.h"
 #include "backend/cuda/graph_capture.h"
 #include "backend/cuda/input_stage.h"
 #include "backend/cuda/jpeg_stage.h"

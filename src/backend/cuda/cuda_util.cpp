@@ -1,9 +1,9 @@
-// Helpers shared by the CUDA kernels: error reporting, node checks, the switches as Options.
+// Helpers shared by the CUDA kernels: error reporting, the switches as Options, device scalars.
 #include <cublas_api.h>
 
 #include <algorithm>
 
-#include "backend/cuda/cuda_common.h"
+#include "backend/cuda/cuda_kernel.h"
 
 namespace kiln::cuda {
 
@@ -48,73 +48,6 @@ Options options_from_switches(const Switches& sw) {
 bool cuda_supports(OpKind op, DType feature_dtype) {
   (void)op;  // every op, the fused ones included (fused.cpp)
   return feature_dtype == DType::F32 || feature_dtype == DType::F16;
-}
-
-TensorId need_in(const Node& n, size_t i, const char* role) {
-  const TensorId id = in_at(n, i);
-  KILN_CHECK(id != kNoTensor, InvalidArgument, op_name(n.op), " node '", n.label, "': input ", i, " (", role,
-             ") is missing; ops.def says: ", op_signature(n.op));
-  return id;
-}
-
-TensorId need_out(const Node& n, size_t i, const char* role) {
-  const TensorId id = out_at(n, i);
-  KILN_CHECK(id != kNoTensor, InvalidArgument, op_name(n.op), " node '", n.label, "': output ", i, " (", role,
-             ") is missing; ops.def says: ", op_signature(n.op));
-  return id;
-}
-
-void expect_dtype(const Context& ctx, const Node& n, TensorId id, DType dtype, const char* role) {
-  const DTensor& t = ctx.tensor(id);
-  KILN_CHECK(t.dtype == dtype, Unsupported, op_name(n.op), " node '", n.label, "': ", role, " '", t.name, "' is ",
-             dtype_name(t.dtype), "; the CUDA kernel needs ", dtype_name(dtype));
-}
-
-DType expect_float(const Context& ctx, const Node& n, TensorId id, const char* role) {
-  const DTensor& t = ctx.tensor(id);
-  KILN_CHECK(t.dtype == DType::F32 || t.dtype == DType::F16 || t.dtype == DType::BF16, Unsupported, op_name(n.op),
-             " node '", n.label, "': ", role, " '", t.name, "' is ", dtype_name(t.dtype),
-             "; the CUDA kernel takes f32, f16 or bf16");
-  return t.dtype;
-}
-
-void expect_same_dtype(const Context& ctx, const Node& n, TensorId a, TensorId b) {
-  KILN_CHECK(ctx.tensor(a).dtype == ctx.tensor(b).dtype, Unsupported, op_name(n.op), " node '", n.label, "': '",
-             ctx.tensor(a).name, "' is ", dtype_name(ctx.tensor(a).dtype), " but '", ctx.tensor(b).name, "' is ",
-             dtype_name(ctx.tensor(b).dtype), "; they must match");
-}
-
-void expect_numel(const Context& ctx, const Node& n, TensorId id, int64_t numel, const char* role) {
-  const DTensor& t = ctx.tensor(id);
-  KILN_CHECK(t.numel() == numel, Shape, op_name(n.op), " node '", n.label, "': ", role, " '", t.name,
-             "' has shape ", t.shape.str(), " (", t.numel(), " elements), expected ", numel, " elements");
-}
-
-void expect_rank(const Context& ctx, const Node& n, TensorId id, int rank, const char* role) {
-  const DTensor& t = ctx.tensor(id);
-  KILN_CHECK(t.shape.rank() == rank, Shape, op_name(n.op), " node '", n.label, "': ", role, " '", t.name,
-             "' has shape ", t.shape.str(), ", expected rank ", rank);
-}
-
-void reject_accumulate(const Node& n) {
-  KILN_CHECK(!n.attrs.accumulate, Unsupported, op_name(n.op), " node '", n.label,
-             "': the CUDA backend accumulates (attrs.accumulate) only in add and check_clip; ",
-             "emit an add node to sum gradients");
-}
-
-Nhwc nhwc_of(const Context& ctx, const Node& n, TensorId id, const char* role) {
-  const DTensor& t = ctx.tensor(id);
-  Nhwc s;
-  if (t.shape.rank() == 4) {
-    s = {t.shape[0], t.shape[1], t.shape[2], t.shape[3]};
-  } else if (t.shape.rank() == 2) {
-    s = {t.shape[0], 1, 1, t.shape[1]};
-  } else {
-    KILN_FAIL(Shape, op_name(n.op), " node '", n.label, "': ", role, " '", t.name, "' has shape ", t.shape.str(),
-              "; expected [N, H, W, C] (or [N, C])");
-  }
-  KILN_CHECK(s.numel() > 0, Shape, op_name(n.op), " node '", n.label, "': ", role, " '", t.name, "' is empty");
-  return s;
 }
 
 DevScalar dev_scalar(const Context& ctx, const Node& n, TensorId id, const char* role) {

@@ -5,7 +5,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include "backend/cuda/cuda_common.h"
+#include "backend/cuda/cuda_kernel.h"
 
 namespace kiln::cuda {
 

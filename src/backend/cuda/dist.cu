@@ -1,4 +1,4 @@
-// Data-parallel ops on the GPU (SPEC S27), the twins of src/backend/cpu/cpu_dist.cpp:
+// Data-parallel ops on the GPU (SPEC S27), the twins of src/backend/cpu/dist.cpp:
 //  - allreduce / allgather as NCCL calls on the node's stream (so they are captured into the
 //    phase's CUDA Graph like any kernel; NCCL supports graph capture since 2.9). One NCCL
 //    communicator per process, made when the first such node is compiled: rank 0's unique
@@ -12,6 +12,7 @@
 
 #include "backend/cuda/channel_sums.cuh"
 #include "backend/cuda/device_util.cuh"
+#include "backend/formulas.h"
 #include "kiln/process_group/process_group.h"
 
 #if defined(KILN_HAVE_NCCL)
@@ -50,13 +51,6 @@ void cuda_bind_rank_device() {
 namespace cuda {
 
 namespace {
-
-void expect_world(const Node& n) {
-  KILN_CHECK(
-      n.attrs.world == dist::world(), InvalidArgument, op_name(n.op), " node '", n.label,
-      "' was compiled for ", n.attrs.world, " processes but this process group has ", dist::world(),
-      "; start as many processes as the program was compiled for (mpirun -np ", n.attrs.world, ")");
-}
 
 #if defined(KILN_HAVE_NCCL)
 // The process's communicator, over every rank, on the current device.
@@ -139,21 +133,13 @@ __global__ void combine_kernel(const float* all, int world, int64_t C, double to
                                float momentum, float* saved, float* running_mean,
                                float* running_var) {
   KILN_GRID_STRIDE(c, C) {
-    double mean = 0.0;
-    for (int r = 0; r < world; ++r) mean += all[(2 * r) * C + c];
-    mean /= world;
-    double var = 0.0;
-    for (int r = 0; r < world; ++r) {
-      const double d = all[(2 * r) * C + c] - mean;
-      var += all[(2 * r + 1) * C + c] + d * d;
-    }
-    var /= world;
-    const auto mean_f = static_cast<float>(mean), var_f = static_cast<float>(var);
+    const formula::MeanVar mv = formula::combine_rank_stats(all, world, C, c);
+    const auto mean_f = static_cast<float>(mv.mean), var_f = static_cast<float>(mv.var);
     saved[c] = mean_f;
-    saved[C + c] = static_cast<float>(1.0 / sqrt(static_cast<double>(var_f) + eps));
-    const double unbias = total > 1.0 ? total / (total - 1.0) : 1.0, m = momentum;
-    running_mean[c] = static_cast<float>((1.0 - m) * running_mean[c] + m * mean_f);
-    running_var[c] = static_cast<float>((1.0 - m) * running_var[c] + m * unbias * var_f);
+    saved[C + c] = formula::bn_invstd(var_f, eps);
+    const double unbias = formula::bn_unbias(total), m = momentum;
+    running_mean[c] = formula::running_mean_update(running_mean[c], m, mean_f);
+    running_var[c] = formula::running_var_update(running_var[c], m, unbias, var_f);
   }
 }
 
@@ -212,10 +198,7 @@ Nhwc feature_check(const Context& ctx, const Node& n, TensorId x,
     expect_same_dtype(ctx, n, x, id);
     expect_numel(ctx, n, id, s.numel(), "feature (the shape of x)");
   }
-  for (TensorId id : per_channel) {
-    expect_dtype(ctx, n, id, DType::F32, "per-channel tensor");
-    expect_numel(ctx, n, id, s.c, "per-channel tensor");
-  }
+  expect_per_channel(ctx, n, per_channel, s.c);
   return s;
 }
 
@@ -228,7 +211,7 @@ void expect_f32(const Context& ctx, const Node& n, TensorId id, int64_t numel, c
 
 // "x -> x (in place, f32 or i32): the sum over the ranks, or the max with attrs.reduce_max"
 KernelPtr make_allreduce(const Node& n, Context& ctx, int stream) {
-  reject_accumulate(n);
+  reject_accumulate(ctx, n);
   const TensorId x = need_in(n, 0, "x");
   const TensorId y = out_at(n, 0) != kNoTensor ? out_at(n, 0) : x;
   KILN_CHECK(ctx.ptr(x) == ctx.ptr(y) && ctx.tensor(x).numel() == ctx.tensor(y).numel(),
@@ -252,7 +235,7 @@ KernelPtr make_allreduce(const Node& n, Context& ctx, int stream) {
 
 // "x -> y = [x of rank 0, ..., x of rank world-1] (f32)"
 KernelPtr make_allgather(const Node& n, Context& ctx, int stream) {
-  reject_accumulate(n);
+  reject_accumulate(ctx, n);
   const TensorId x = need_in(n, 0, "x"), y = need_out(n, 0, "y");
   expect_world(n);
   const int64_t count = ctx.tensor(x).numel();
@@ -273,7 +256,7 @@ KernelPtr make_allgather(const Node& n, Context& ctx, int stream) {
 
 // "x -> stats (f32 2xC: this rank's batch mean and biased variance)"
 KernelPtr make_bn_stats(const Node& n, Context& ctx, int stream) {
-  reject_accumulate(n);
+  reject_accumulate(ctx, n);
   const TensorId x = need_in(n, 0, "x"), stats = need_out(n, 0, "stats");
   const Nhwc s = feature_check(ctx, n, x, {}, {});
   expect_f32(ctx, n, stats, 2 * s.c, "stats (2 x C)");
@@ -299,7 +282,7 @@ KernelPtr make_bn_stats(const Node& n, Context& ctx, int stream) {
 
 // "x, gamma, beta, running_mean, running_var, stats_all -> y, saved"
 KernelPtr make_bn_fwd_sync(const Node& n, Context& ctx, int stream) {
-  reject_accumulate(n);
+  reject_accumulate(ctx, n);
   const TensorId x = need_in(n, 0, "x"), gamma = need_in(n, 1, "gamma"),
                  beta = need_in(n, 2, "beta"), rm = need_in(n, 3, "running_mean"),
                  rv = need_in(n, 4, "running_var"), all = need_in(n, 5, "stats_all");
@@ -333,7 +316,7 @@ KernelPtr make_bn_fwd_sync(const Node& n, Context& ctx, int stream) {
 
 // "x, dy, saved -> dgamma, dbeta, sums"
 KernelPtr make_bn_bwd_reduce(const Node& n, Context& ctx, int stream) {
-  reject_accumulate(n);
+  reject_accumulate(ctx, n);
   const TensorId x = need_in(n, 0, "x"), dy = need_in(n, 1, "dy"), saved = need_in(n, 2, "saved");
   const TensorId dgamma = need_out(n, 0, "dgamma"), dbeta = need_out(n, 1, "dbeta"),
                  sums = need_out(n, 2, "sums");
@@ -363,7 +346,7 @@ KernelPtr make_bn_bwd_reduce(const Node& n, Context& ctx, int stream) {
 
 // "x, dy, gamma, saved, sums -> dx"
 KernelPtr make_bn_bwd_sync(const Node& n, Context& ctx, int stream) {
-  reject_accumulate(n);
+  reject_accumulate(ctx, n);
   const TensorId x = need_in(n, 0, "x"), dy = need_in(n, 1, "dy"), gamma = need_in(n, 2, "gamma"),
                  saved = need_in(n, 3, "saved"), sums = need_in(n, 4, "sums");
   const TensorId dx = need_out(n, 0, "dx");

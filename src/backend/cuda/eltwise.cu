@@ -2,29 +2,16 @@
 // threshold_backward), the residual / gradient add, and dropout. FP16/BF16 values are
 // computed in FP32 and rounded once.
 //
-// Dropout's mask is the CPU kernel's (src/backend/cpu/cpu_eltwise.cpp), a pure function of
-// (attrs.seed, the step scalar, the element index), so both backends drop the same elements:
-//   k = fmix(seed ^ fmix(uint64(uint32(step)) + 0x9E3779B97F4A7C15))
-//   h = fmix(k + (index + 1) * 0x9E3779B97F4A7C15);  u = float(h >> 40) * 2^-24
-//   keep = !(u < p);  y = keep ? x * (1 / (1 - p)) : 0
-// with SplitMix64's finaliser fmix. Any change must be made in both files at once.
+// Dropout's mask is the counter-based hash of backend/formulas.h, as the CPU kernel's, so both
+// backends drop the same elements: y = keep ? x * (1 / (1 - p)) : 0.
 #include "backend/cuda/device_util.cuh"
+#include "backend/formulas.h"
 
 namespace kiln::cuda {
 
 namespace {
 
 constexpr int kThreads = 256;
-constexpr uint64_t kGolden = 0x9E3779B97F4A7C15ull;
-
-__host__ __device__ __forceinline__ uint64_t fmix(uint64_t z) {
-  z ^= z >> 30;
-  z *= 0xBF58476D1CE4E5B9ull;
-  z ^= z >> 27;
-  z *= 0x94D049BB133111EBull;
-  z ^= z >> 31;
-  return z;
-}
 
 template <typename T>
 __global__ void relu_fwd_kernel(const T* x, T* y, int64_t count) {
@@ -102,14 +89,9 @@ template <typename T>
 __global__ void dropout_fwd_kernel(const T* x, T* y, uint8_t* mask, int64_t count, float p, float scale,
                                    uint64_t seed, DevScalar step) {
   const auto s = static_cast<uint32_t>(static_cast<int64_t>(load_scalar(step, 0.0)));
-  const uint64_t k = fmix(seed ^ fmix(static_cast<uint64_t>(s) + kGolden));
+  const uint64_t k = formula::dropout_key(seed, s);
   KILN_GRID_STRIDE(i, count) {
-    bool keep = false;
-    if (p < 1.0f) {
-      const uint64_t h = fmix(k + (static_cast<uint64_t>(i) + 1) * kGolden);
-      const float u = static_cast<float>(h >> 40) * 0x1p-24f;
-      keep = !(u < p);
-    }
+    const bool keep = p < 1.0f && formula::dropout_keep(k, static_cast<uint64_t>(i), p);
     mask[i] = keep ? 1 : 0;
     y[i] = from_f<T>(keep ? fmul(to_f(x[i]), scale) : 0.0f);
   }
@@ -120,17 +102,11 @@ __global__ void dropout_bwd_kernel(const T* dy, const uint8_t* mask, T* dx, int6
   KILN_GRID_STRIDE(i, count) dx[i] = from_f<T>(mask[i] ? fmul(to_f(dy[i]), scale) : 0.0f);
 }
 
-void expect_same_size(const Context& ctx, const Node& n, TensorId a, TensorId b) {
-  KILN_CHECK(ctx.tensor(a).numel() == ctx.tensor(b).numel(), Shape, op_name(n.op), " node '", n.label, "': '",
-             ctx.tensor(a).name, "' ", ctx.tensor(a).shape.str(), " and '", ctx.tensor(b).name, "' ",
-             ctx.tensor(b).shape.str(), " differ in size");
-}
-
 }  // namespace
 
 // "x -> y"
 KernelPtr make_relu_fwd(const Node& n, Context& ctx, int stream) {
-  reject_accumulate(n);
+  reject_accumulate(ctx, n);
   const TensorId x = need_in(n, 0, "x"), y = need_out(n, 0, "y");
   const DType dt = expect_float(ctx, n, x, "x");
   expect_same_dtype(ctx, n, x, y);
@@ -159,7 +135,7 @@ KernelPtr make_relu_fwd(const Node& n, Context& ctx, int stream) {
 
 // "y, dy -> dx": dx = y > 0 ? dy : 0.
 KernelPtr make_relu_bwd(const Node& n, Context& ctx, int stream) {
-  reject_accumulate(n);
+  reject_accumulate(ctx, n);
   const TensorId y = need_in(n, 0, "y"), dy = need_in(n, 1, "dy"), dx = need_out(n, 0, "dx");
   const DType dt = expect_float(ctx, n, y, "y");
   expect_same_dtype(ctx, n, y, dy);
@@ -240,7 +216,7 @@ KernelPtr make_add(const Node& n, Context& ctx, int stream) {
 
 // "x, step (i32 scalar) -> y, mask (u8)"
 KernelPtr make_dropout_fwd(const Node& n, Context& ctx, int stream) {
-  reject_accumulate(n);
+  reject_accumulate(ctx, n);
   const TensorId x = need_in(n, 0, "x"), step = need_in(n, 1, "step");
   const TensorId y = need_out(n, 0, "y"), mask = need_out(n, 1, "mask");
   const DType dt = expect_float(ctx, n, x, "x");
@@ -270,7 +246,7 @@ KernelPtr make_dropout_fwd(const Node& n, Context& ctx, int stream) {
 
 // "dy, mask -> dx": dx = mask ? dy / (1 - p) : 0.
 KernelPtr make_dropout_bwd(const Node& n, Context& ctx, int stream) {
-  reject_accumulate(n);
+  reject_accumulate(ctx, n);
   const TensorId dy = need_in(n, 0, "dy"), mask = need_in(n, 1, "mask"), dx = need_out(n, 0, "dx");
   const DType dt = expect_float(ctx, n, dy, "dy");
   expect_same_dtype(ctx, n, dy, dx);

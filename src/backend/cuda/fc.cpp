@@ -8,7 +8,7 @@
 // with KILN_TF32=1); under AMP the f16 operands accumulate in FP32 and fc_bwd_weight writes
 // its FP32 dW directly (SPEC S10). Bias and its gradient are per-channel kernels.
 #include "backend/cuda/channel_ops.h"
-#include "backend/cuda/cuda_common.h"
+#include "backend/cuda/cuda_kernel.h"
 
 namespace kiln::cuda {
 
@@ -23,24 +23,6 @@ cudaDataType_t cuda_type(const Node& n, DType d) {
     case DType::BF16: return CUDA_R_16BF;
     default: KILN_FAIL(Unsupported, op_name(n.op), " node '", n.label, "': cuBLASLt takes no ", dtype_name(d));
   }
-}
-
-struct FcGeom {
-  int64_t n = 0, k = 0, o = 0;
-};
-
-FcGeom fc_geom(const Context& ctx, const Node& n, TensorId x, TensorId w, TensorId y) {
-  expect_rank(ctx, n, w, 2, "weight [O, K]");
-  expect_rank(ctx, n, y, 2, "output [N, O]");
-  const Shape& xs = ctx.tensor(x).shape;
-  FcGeom g;
-  g.o = ctx.tensor(w).shape[0];
-  g.k = ctx.tensor(w).shape[1];
-  g.n = ctx.tensor(y).shape[0];
-  KILN_CHECK(xs.rank() >= 2 && xs[0] == g.n && xs.numel() == g.n * g.k && ctx.tensor(y).shape[1] == g.o, Shape,
-             op_name(n.op), " node '", n.label, "': input ", xs.str(), ", weight ", ctx.tensor(w).shape.str(),
-             " ([O, K]) and output ", ctx.tensor(y).shape.str(), " do not agree");
-  return g;
 }
 
 // One stored operand: a column-major rows x cols matrix with leading dimension rows.
@@ -131,7 +113,7 @@ class MatmulKernel final : public Kernel {
 
 // "x [N,K], w [O,K], [b] -> y [N,O]"
 KernelPtr make_fc_fwd(const Node& n, Context& ctx, int stream) {
-  reject_accumulate(n);
+  reject_accumulate(ctx, n);
   const TensorId x = need_in(n, 0, "x"), w = need_in(n, 1, "w"), b = in_at(n, 2), y = need_out(n, 0, "y");
   const DType dt = expect_float(ctx, n, x, "x");
   expect_same_dtype(ctx, n, x, y);
@@ -150,7 +132,7 @@ KernelPtr make_fc_fwd(const Node& n, Context& ctx, int stream) {
 
 // "dy, w -> dx"
 KernelPtr make_fc_bwd_data(const Node& n, Context& ctx, int stream) {
-  reject_accumulate(n);
+  reject_accumulate(ctx, n);
   const TensorId dy = need_in(n, 0, "dy"), w = need_in(n, 1, "w"), dx = need_out(n, 0, "dx");
   const DType dt = expect_float(ctx, n, dy, "dy");
   expect_same_dtype(ctx, n, dy, dx);
@@ -163,7 +145,7 @@ KernelPtr make_fc_bwd_data(const Node& n, Context& ctx, int stream) {
 
 // "x, dy -> dw (f32), [db (f32)]"
 KernelPtr make_fc_bwd_weight(const Node& n, Context& ctx, int stream) {
-  reject_accumulate(n);
+  reject_accumulate(ctx, n);
   const TensorId x = need_in(n, 0, "x"), dy = need_in(n, 1, "dy"), dw = need_out(n, 0, "dw"), db = out_at(n, 1);
   const DType dt = expect_float(ctx, n, x, "x");
   expect_same_dtype(ctx, n, x, dy);

@@ -14,10 +14,10 @@
 // prologue convolutions cost about what they save). cbr_pool_* also fold a max-pool that tiles
 // z into BatchNorm's apply pass: the full-resolution ReLU output is neither written nor read
 // back, and the backward reads the pooled gradient and the mask of the elements the pool took.
-#include "backend/cuda/fused_parts.h"
-#include "backend/cuda/cuda_common.h"
+#include "backend/cuda/cuda_kernel.h"
+#include "backend/cuda/fused_kernels.h"
 #include "backend/cuda/side_stream.h"
-#include "backend/fused_part.h"
+#include "backend/fused_nodes.h"
 
 namespace kiln::cuda {
 
@@ -66,7 +66,7 @@ KernelPtr cbr_forward(const Node& n, Context& ctx, int stream, TensorId x, Tenso
 
 // "x, w, gamma, beta, running_mean, running_var, [b] -> z, y, saved, mask"
 KernelPtr make_cbr_fwd(const Node& n, Context& ctx, int stream) {
-  reject_accumulate(n);
+  reject_accumulate(ctx, n);
   const TensorId x = need_in(n, 0, "x"), w = need_in(n, 1, "w"), gamma = need_in(n, 2, "gamma"),
                  beta = need_in(n, 3, "beta"), rm = need_in(n, 4, "running_mean"), rv = need_in(n, 5, "running_var"),
                  b = in_at(n, 6);
@@ -110,7 +110,7 @@ KernelPtr cbr_conv_backward(const Node& n, Context& ctx, int stream, KernelPtr b
 
 // "x, w, z, dy, mask, gamma, saved -> [dx], dw, dgamma, dbeta, dz, [db]"
 KernelPtr make_cbr_bwd(const Node& n, Context& ctx, int stream) {
-  reject_accumulate(n);
+  reject_accumulate(ctx, n);
   const TensorId x = need_in(n, 0, "x"), w = need_in(n, 1, "w"), z = need_in(n, 2, "z"), dy = need_in(n, 3, "dy"),
                  mask = need_in(n, 4, "mask"), gamma = need_in(n, 5, "gamma"), saved = need_in(n, 6, "saved");
   const TensorId dx = out_at(n, 0), dw = need_out(n, 1, "dw"), dgamma = need_out(n, 2, "dgamma"),
@@ -125,7 +125,7 @@ KernelPtr make_cbr_bwd(const Node& n, Context& ctx, int stream) {
 // cbr_fwd with the max-pool in BatchNorm's apply pass (make_bn_relu_pool_fwd), so the
 // full-resolution ReLU output is never written.
 KernelPtr make_cbr_pool_fwd(const Node& n, Context& ctx, int stream) {
-  reject_accumulate(n);
+  reject_accumulate(ctx, n);
   const TensorId x = need_in(n, 0, "x"), w = need_in(n, 1, "w"), gamma = need_in(n, 2, "gamma"),
                  beta = need_in(n, 3, "beta"), rm = need_in(n, 4, "running_mean"), rv = need_in(n, 5, "running_var"),
                  b = in_at(n, 6);
@@ -138,7 +138,7 @@ KernelPtr make_cbr_pool_fwd(const Node& n, Context& ctx, int stream) {
 
 // "x, w, z, dy (pooled), mask (over z), gamma, saved -> [dx], dw, dgamma, dbeta, dz, [db]"
 KernelPtr make_cbr_pool_bwd(const Node& n, Context& ctx, int stream) {
-  reject_accumulate(n);
+  reject_accumulate(ctx, n);
   const TensorId x = need_in(n, 0, "x"), w = need_in(n, 1, "w"), z = need_in(n, 2, "z"), dy = need_in(n, 3, "dy"),
                  mask = need_in(n, 4, "mask"), gamma = need_in(n, 5, "gamma"), saved = need_in(n, 6, "saved");
   const TensorId dx = out_at(n, 0), dw = need_out(n, 1, "dw"), dgamma = need_out(n, 2, "dgamma"),
@@ -150,7 +150,7 @@ KernelPtr make_cbr_pool_bwd(const Node& n, Context& ctx, int stream) {
 
 // "x, gamma, beta, running_mean, running_var, residual -> y, saved, mask"
 KernelPtr make_bn_add_relu_fwd(const Node& n, Context& ctx, int stream) {
-  reject_accumulate(n);
+  reject_accumulate(ctx, n);
   const TensorId x = need_in(n, 0, "x"), gamma = need_in(n, 1, "gamma"), beta = need_in(n, 2, "beta"),
                  rm = need_in(n, 3, "running_mean"), rv = need_in(n, 4, "running_var"),
                  residual = need_in(n, 5, "residual");
@@ -162,7 +162,7 @@ KernelPtr make_bn_add_relu_fwd(const Node& n, Context& ctx, int stream) {
 // masked gradient (of dy + dy2 when dy2 is given: the gradient-sum add folded in) to both
 // branches; BatchNorm's dx pass writes the residual's copy.
 KernelPtr make_bn_add_relu_bwd(const Node& n, Context& ctx, int stream) {
-  reject_accumulate(n);
+  reject_accumulate(ctx, n);
   const TensorId x = need_in(n, 0, "x"), dy = need_in(n, 1, "dy"), mask = need_in(n, 2, "mask"),
                  gamma = need_in(n, 3, "gamma"), saved = need_in(n, 4, "saved"), dy2 = in_at(n, 5);
   const TensorId dx = need_out(n, 0, "dx"), dres = need_out(n, 1, "dresidual"), dgamma = need_out(n, 2, "dgamma"),

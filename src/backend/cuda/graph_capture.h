@@ -6,7 +6,7 @@
 
 #include <cstdio>
 
-#include "backend/cuda/cuda_common.h"
+#include "backend/cuda/cuda_kernel.h"
 
 namespace kiln::cuda {
 

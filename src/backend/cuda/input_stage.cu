@@ -6,7 +6,7 @@
 
 #include <algorithm>
 
-#include "backend/cuda/cuda_common.h"
+#include "backend/cuda/cuda_kernel.h"
 #include "backend/cuda/input_stage.h"
 
 namespace kiln::cuda {

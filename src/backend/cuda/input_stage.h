@@ -9,14 +9,9 @@
 #include <cmath>
 #include <cstdint>
 
+#include "backend/host_device.h"
 #include "kiln/core/dtype.h"
 #include "kiln/data/input_batch.h"
-
-#if defined(__CUDACC__)
-#define KILN_HD __host__ __device__
-#else
-#define KILN_HD
-#endif
 
 namespace kiln::cuda {
 

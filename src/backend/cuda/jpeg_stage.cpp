@@ -11,7 +11,7 @@
 #include <mutex>
 #include <thread>
 
-#include "backend/cuda/cuda_common.h"
+#include "backend/cuda/cuda_kernel.h"
 #include "backend/cuda/stream_ordered_cache.h"
 #include "kiln/core/log.h"
 

@@ -1,12 +1,11 @@
 // Softmax cross-entropy fused with top-1 / top-5 counting and the loss backward (SPEC S8,
-// S15), the GPU twin of src/backend/cpu/cpu_loss.cpp: one block per row computes the row's
+// S15), the GPU twin of src/backend/cpu/loss.cpp: one block per row computes the row's
 // max, sum of exponentials (in double, as the CPU), loss term, the label's rank and, when
 // asked, dlogits = (softmax - onehot) * loss_scale / V; a one-block pass sums the rows in a
 // fixed order (deterministic). Ranking: classes with a larger logit, plus equal logits with
 // a smaller index (a stable descending sort; argmax takes the first maximum). A row with a
 // NaN or infinite logit is a miss (as the CPU): NaN compares false and would rank first.
-// Label smoothing e (as the CPU): loss lse - (1-e) z_y - (e/K) sum z, gradient
-// softmax - (1-e) onehot - e/K.
+// Label smoothing e and the row's terms: backend/formulas.h, as the CPU.
 // A label < 0 marks padding (ops.def): its row counts in neither loss, hits nor gradient,
 // and V is the number of valid rows. A label >= classes cannot be reported from the device,
 // so it poisons the step instead: its loss term and dlogits row are NaN, which the overflow
@@ -14,6 +13,7 @@
 #include <cub/block/block_reduce.cuh>
 
 #include "backend/cuda/device_util.cuh"
+#include "backend/formulas.h"
 
 namespace kiln::cuda {
 
@@ -82,7 +82,7 @@ __global__ void softmax_ce_rows(const T* z, const int32_t* labels, int64_t N, in
     const float zj = to_f(row[j]);
     sum += exp(static_cast<double>(zj) - static_cast<double>(mx));
     zsum += static_cast<double>(zj);
-    rank += (zj > zy) || (zj == zy && j < y);
+    rank += formula::ranks_before(zj, j, zy, y);
     bad += !isfinite(zj);
   }
   sum = DoubleReduce(tmp.d).Sum(sum);
@@ -99,21 +99,20 @@ __global__ void softmax_ce_rows(const T* z, const int32_t* labels, int64_t N, in
   __syncthreads();
   sum = s_sum;
 
-  const double hit = 1.0 - eps, spread = eps / static_cast<double>(K);
+  const formula::SmoothedTarget target = formula::smoothed_target(eps, K);
   if (dz) {
     const double grad_scale = load_scalar(scale, 1.0) / static_cast<double>(s_valid);
     const double inv = 1.0 / sum;
     for (int64_t j = threadIdx.x; j < K; j += kThreads) {
       const double e = exp(static_cast<double>(to_f(row[j])) - static_cast<double>(mx));
-      const double p = e * inv - (j == y ? hit : 0.0) - spread;
-      dz[b * K + j] = from_f<T>(static_cast<float>(p * grad_scale));
+      dz[b * K + j] = from_f<T>(formula::ce_grad(e, inv, j == y, target, grad_scale));
     }
   }
   if (threadIdx.x == 0) {
     const double lse = static_cast<double>(mx) + log(sum);
     const bool ok = s_bad == 0;
-    const double target = eps > 0.0 ? hit * static_cast<double>(zy) + spread * s_zsum : static_cast<double>(zy);
-    rows[b] = RowOut{lse - target, 1, ok && s_rank < 1, ok && s_rank < 5};
+    const double loss = formula::ce_row_loss(lse, zy, s_zsum, target);
+    rows[b] = RowOut{loss, 1, ok && s_rank < 1, ok && s_rank < 5};
   }
 }
 
@@ -148,7 +147,7 @@ __global__ void softmax_ce_finish(const RowOut* rows, int64_t N, float* loss, in
 
 // "logits, labels (i32), loss_scale -> loss (f32), correct (i32 2: top1, top5), [dlogits]"
 KernelPtr make_softmax_ce(const Node& n, Context& ctx, int stream) {
-  reject_accumulate(n);
+  reject_accumulate(ctx, n);
   const TensorId z = need_in(n, 0, "logits"), labels = need_in(n, 1, "labels"), scale = in_at(n, 2);
   const TensorId loss = need_out(n, 0, "loss"), correct = need_out(n, 1, "correct"), dz = out_at(n, 2);
   const DType dt = expect_float(ctx, n, z, "logits");

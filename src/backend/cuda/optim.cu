@@ -1,11 +1,12 @@
 // Fused optimizers and the EMA over whole ranges of the parameter regions (SPEC S21, S22),
-// the GPU twins of src/backend/cpu/cpu_optim.cpp: the same formulas, operation for
-// operation, in FP32 without FMA contraction, so the two agree to the bit (AdamW's bias
-// corrections use the device's double pow, which may differ from glibc's in the last bit of
-// a double, hence "within 1 ulp"). Every kernel reads lr, loss scale and overflow from
-// their device scalars and returns at once when overflow != 0: a skipped step is decided on
-// the device (SPEC S9), so a captured graph never changes.
+// the GPU twins of src/backend/cpu/optim.cpp: the same element formulas
+// (backend/formulas.h), in FP32 without FMA contraction, so the two agree to the bit
+// (AdamW's bias corrections use the device's double pow, which may differ from glibc's in
+// the last bit of a double, hence "within 1 ulp"). Every kernel reads lr, loss scale and
+// overflow from their device scalars and returns at once when overflow != 0: a skipped step
+// is decided on the device (SPEC S9), so a captured graph never changes.
 #include "backend/cuda/device_util.cuh"
+#include "backend/formulas.h"
 
 namespace kiln::cuda {
 
@@ -21,8 +22,8 @@ struct StepScalars {
 
 __device__ __forceinline__ bool skipped(const StepScalars& s) { return load_scalar(s.overflow, 0.0) != 0.0; }
 __device__ __forceinline__ float inv_scale(const StepScalars& s) {
-  return fmul(fmul(fdiv(1.0f, static_cast<float>(load_scalar(s.scale, 1.0))), s.average),
-              static_cast<float>(load_scalar(s.coef, 1.0)));
+  return formula::inv_loss_scale(static_cast<float>(load_scalar(s.scale, 1.0)), s.average,
+                                 static_cast<float>(load_scalar(s.coef, 1.0)));
 }
 
 __global__ void sgd_kernel(const float* w, const float* g, const float* m, float* wo, float* mo, int64_t count,
@@ -30,16 +31,11 @@ __global__ void sgd_kernel(const float* w, const float* g, const float* m, float
   if (skipped(sc)) return;
   const float lr = static_cast<float>(load_scalar(sc.lr, 0.0));
   const float inv = inv_scale(sc);
+  const formula::SgdParams p{lr, inv, mom, wd, nesterov};
   KILN_GRID_STRIDE(i, count) {
-    const float wi = w[i];
-    const float gi = fadd(fmul(g[i], inv), fmul(wd, wi));
-    float u = gi;
-    if (m) {
-      const float mi = fadd(fmul(mom, m[i]), gi);
-      mo[i] = mi;
-      u = nesterov ? fadd(gi, fmul(mom, mi)) : mi;
-    }
-    wo[i] = fsub(wi, fmul(lr, u));
+    const formula::WeightMoment r = formula::sgd_update(w[i], g[i], m ? &m[i] : nullptr, p);
+    if (m) mo[i] = r.m;
+    wo[i] = r.w;
   }
 }
 
@@ -53,20 +49,12 @@ __global__ void adamw_kernel(const float* w, const float* g, const float* m, con
   const float lr = static_cast<float>(load_scalar(sc.lr, 0.0));
   const float inv = inv_scale(sc);
   const double t = load_scalar(step, 0.0) + 1.0;
-  const auto step_size = static_cast<float>(static_cast<double>(lr) / (1.0 - pow(static_cast<double>(a.beta1), t)));
-  const auto bc2_sqrt = static_cast<float>(sqrt(1.0 - pow(static_cast<double>(a.beta2), t)));
-  const float decay = fsub(1.0f, fmul(lr, a.wd));
-  const float b1c = fsub(1.0f, a.beta1), b2c = fsub(1.0f, a.beta2);
+  const formula::AdamwParams p = formula::adamw_params(lr, inv, t, a.beta1, a.beta2, a.eps, a.wd);
   KILN_GRID_STRIDE(i, count) {
-    const float gi = fmul(g[i], inv);
-    const float wi = fmul(w[i], decay);
-    const float mp = m[i];
-    const float mi = fadd(mp, fmul(b1c, fsub(gi, mp)));
-    const float vi = fadd(fmul(a.beta2, v[i]), fmul(fmul(b2c, gi), gi));
-    const float denom = fadd(fdiv(__fsqrt_rn(vi), bc2_sqrt), a.eps);
-    mo[i] = mi;
-    vo[i] = vi;
-    wo[i] = fsub(wi, fmul(step_size, fdiv(mi, denom)));
+    const formula::AdamwElement r = formula::adamw_update(w[i], g[i], m[i], v[i], p);
+    mo[i] = r.m;
+    vo[i] = r.v;
+    wo[i] = r.w;
   }
 }
 
@@ -111,21 +99,15 @@ __global__ void lars_update_kernel(const float* w, const float* g, const float* 
       ww += partial[b].x;
       gg += partial[b].y;
     }
-    const double wn = sqrt(ww), gn = sqrt(gg);
-    trust_s = static_cast<float>(wn > 0.0 && gn > 0.0 ? static_cast<double>(eta) * wn / (gn + static_cast<double>(wd) * wn)
-                                                      : 1.0);
+    trust_s = formula::lars_trust(sqrt(ww), sqrt(gg), eta, wd);
   }
   __syncthreads();
-  const float trust = trust_s;
   const float lr = static_cast<float>(load_scalar(sc.lr, 0.0));
-  const float inv = inv_scale(sc);
+  const formula::LarsParams p{lr, inv_scale(sc), trust_s, mom, wd, nesterov};
   KILN_GRID_STRIDE(i, count) {
-    const float wi = w[i];
-    const float d = fmul(trust, fadd(fmul(g[i], inv), fmul(wd, wi)));
-    const float mi = fadd(fmul(mom, m[i]), d);
-    mo[i] = mi;
-    const float u = nesterov ? fadd(d, fmul(mom, mi)) : mi;
-    wo[i] = fsub(wi, fmul(lr, u));
+    const formula::WeightMoment r = formula::lars_update(w[i], g[i], m[i], p);
+    mo[i] = r.m;
+    wo[i] = r.w;
   }
 }
 
@@ -154,8 +136,7 @@ __global__ void grad_norm_partial_kernel(const float* g, int64_t count, DevScala
 __global__ void grad_norm_finish_kernel(const double* partial, int blocks, double max_norm, DevScalar coef) {
   double ss = 0.0;
   for (int b = 0; b < blocks; ++b) ss += partial[b];
-  const double k = max_norm / (sqrt(ss) + 1e-6);
-  store_scalar(coef, k > 1.0 ? 1.0 : k);
+  store_scalar(coef, formula::clip_coef(ss, max_norm));
 }
 
 __global__ void step_count_kernel(DevScalar overflow, DevScalar count, DevScalar out) {
@@ -165,18 +146,13 @@ __global__ void step_count_kernel(DevScalar overflow, DevScalar count, DevScalar
 
 __global__ void ema_kernel(const float* w, float* e, int64_t count, float d, float one_minus_d, DevScalar overflow) {
   if (load_scalar(overflow, 0.0) != 0.0) return;
-  KILN_GRID_STRIDE(i, count) e[i] = fadd(fmul(d, e[i]), fmul(one_minus_d, w[i]));
+  KILN_GRID_STRIDE(i, count) e[i] = formula::ema_update(e[i], w[i], d, one_minus_d);
 }
 
 float* region_f32(Context& ctx, const Node& n, TensorId id, int64_t count, const char* role) {
   expect_dtype(ctx, n, id, DType::F32, role);
   expect_numel(ctx, n, id, count, role);
   return ctx.ptr<float>(id);
-}
-
-TensorId out_or(const Node& n, size_t i, TensorId fallback) {
-  const TensorId id = out_at(n, i);
-  return id != kNoTensor ? id : fallback;
 }
 
 StepScalars step_scalars(Context& ctx, const Node& n, TensorId lr, TensorId scale, TensorId overflow,
@@ -189,7 +165,7 @@ StepScalars step_scalars(Context& ctx, const Node& n, TensorId lr, TensorId scal
 
 // "w, g, m, lr, loss_scale, overflow, [clip_coef] -> w, m"
 KernelPtr make_sgd(const Node& n, Context& ctx, int stream) {
-  reject_accumulate(n);
+  reject_accumulate(ctx, n);
   const TensorId w = need_in(n, 0, "w"), g = need_in(n, 1, "g"), m = in_at(n, 2), lr = need_in(n, 3, "lr");
   const int64_t count = ctx.tensor(w).numel();
   const Attrs& a = n.attrs;
@@ -212,7 +188,7 @@ KernelPtr make_sgd(const Node& n, Context& ctx, int stream) {
 
 // "w, g, m, v, lr, loss_scale, overflow, step, [clip_coef] -> w, m, v"
 KernelPtr make_adamw(const Node& n, Context& ctx, int stream) {
-  reject_accumulate(n);
+  reject_accumulate(ctx, n);
   const TensorId w = need_in(n, 0, "w"), g = need_in(n, 1, "g"), m = need_in(n, 2, "m"), v = need_in(n, 3, "v"),
                  lr = need_in(n, 4, "lr"), step = need_in(n, 7, "step");
   const int64_t count = ctx.tensor(w).numel();
@@ -233,9 +209,9 @@ KernelPtr make_adamw(const Node& n, Context& ctx, int stream) {
   });
 }
 
-// "w, g, m, lr, loss_scale, overflow -> w, m": one parameter per node (see cpu_optim.cpp).
+// "w, g, m, lr, loss_scale, overflow -> w, m": one parameter per node (see cpu/optim.cpp).
 KernelPtr make_lars(const Node& n, Context& ctx, int stream) {
-  reject_accumulate(n);
+  reject_accumulate(ctx, n);
   const TensorId w = need_in(n, 0, "w"), g = need_in(n, 1, "g"), m = need_in(n, 2, "m"), lr = need_in(n, 3, "lr");
   const int64_t count = ctx.tensor(w).numel();
   const float* wp = region_f32(ctx, n, w, count, "w");
@@ -257,9 +233,9 @@ KernelPtr make_lars(const Node& n, Context& ctx, int stream) {
   });
 }
 
-// "g, loss_scale -> clip_coef" (see cpu_optim.cpp)
+// "g, loss_scale -> clip_coef" (see cpu/optim.cpp)
 KernelPtr make_grad_norm(const Node& n, Context& ctx, int stream) {
-  reject_accumulate(n);
+  reject_accumulate(ctx, n);
   const TensorId g = need_in(n, 0, "g"), coef = need_out(n, 0, "clip_coef");
   const int64_t count = ctx.tensor(g).numel();
   const float* gp = region_f32(ctx, n, g, count, "g");
@@ -281,7 +257,7 @@ KernelPtr make_grad_norm(const Node& n, Context& ctx, int stream) {
 
 // "overflow, count -> count"
 KernelPtr make_step_count(const Node& n, Context& ctx, int stream) {
-  reject_accumulate(n);
+  reject_accumulate(ctx, n);
   const TensorId count = need_in(n, 1, "count");
   const TensorId out = out_or(n, 0, count);
   expect_dtype(ctx, n, count, DType::I32, "count");
@@ -296,7 +272,7 @@ KernelPtr make_step_count(const Node& n, Context& ctx, int stream) {
 
 // "w, overflow -> ema"
 KernelPtr make_ema(const Node& n, Context& ctx, int stream) {
-  reject_accumulate(n);
+  reject_accumulate(ctx, n);
   const TensorId w = need_in(n, 0, "w"), e = need_out(n, 0, "ema");
   const int64_t count = ctx.tensor(w).numel();
   const float* wp = region_f32(ctx, n, w, count, "w");

@@ -4,7 +4,7 @@
 //
 // Max pooling writes the argmax as an explicit i32 tensor (index ih * W + iw in the input
 // HxW plane, PyTorch's `indices`), ties to the first element in window order, NaN wins: the
-// rules of src/backend/cpu/cpu_pool.cpp. Average pooling divides by kh*kw with
+// rules of src/backend/cpu/pool.cpp. Average pooling divides by kh*kw with
 // count_include_pad (symmetric padding with the floor rule never reaches past H + pad), else
 // by the number of elements inside the image.
 #include <algorithm>
@@ -346,12 +346,6 @@ PoolDims pool_dims(const Context& ctx, const Node& n, TensorId x, TensorId y) {
   return {xs.n, xs.h, xs.w, xs.c, p, q, a.kh, a.kw, a.sh, a.sw, a.ph, a.pw, a.count_include_pad};
 }
 
-void expect_argmax(const Context& ctx, const Node& n, TensorId idx, TensorId y) {
-  expect_dtype(ctx, n, idx, DType::I32, "argmax");
-  KILN_CHECK(ctx.tensor(idx).shape == ctx.tensor(y).shape, Shape, op_name(n.op), " node '", n.label,
-             "': argmax has shape ", ctx.tensor(idx).shape.str(), ", the pooled map ", ctx.tensor(y).shape.str());
-}
-
 }  // namespace
 
 #define KILN_POOL_LAUNCH(kernel, count, ...)                                   \
@@ -367,7 +361,7 @@ void expect_argmax(const Context& ctx, const Node& n, TensorId idx, TensorId y) 
 
 // "x -> y, [argmax]"
 KernelPtr make_maxpool_fwd(const Node& n, Context& ctx, int stream) {
-  reject_accumulate(n);
+  reject_accumulate(ctx, n);
   const TensorId x = need_in(n, 0, "x"), y = need_out(n, 0, "y"), am = out_at(n, 1);
   const PoolDims d = pool_dims(ctx, n, x, y);
   if (am != kNoTensor) expect_argmax(ctx, n, am, y);
@@ -393,7 +387,7 @@ KernelPtr make_maxpool_fwd(const Node& n, Context& ctx, int stream) {
 
 // "dy, argmax -> dx"
 KernelPtr make_maxpool_bwd(const Node& n, Context& ctx, int stream) {
-  reject_accumulate(n);
+  reject_accumulate(ctx, n);
   const TensorId dy = need_in(n, 0, "dy"), am = need_in(n, 1, "argmax"), dx = need_out(n, 0, "dx");
   const PoolDims d = pool_dims(ctx, n, dx, dy);
   expect_argmax(ctx, n, am, dy);
@@ -434,7 +428,7 @@ KernelPtr make_maxpool_bwd(const Node& n, Context& ctx, int stream) {
 
 // "x -> y"
 KernelPtr make_avgpool_fwd(const Node& n, Context& ctx, int stream) {
-  reject_accumulate(n);
+  reject_accumulate(ctx, n);
   const TensorId x = need_in(n, 0, "x"), y = need_out(n, 0, "y");
   const PoolDims d = pool_dims(ctx, n, x, y);
   const DType dt = ctx.tensor(x).dtype;
@@ -445,7 +439,7 @@ KernelPtr make_avgpool_fwd(const Node& n, Context& ctx, int stream) {
 
 // "dy -> dx"
 KernelPtr make_avgpool_bwd(const Node& n, Context& ctx, int stream) {
-  reject_accumulate(n);
+  reject_accumulate(ctx, n);
   const TensorId dy = need_in(n, 0, "dy"), dx = need_out(n, 0, "dx");
   const PoolDims d = pool_dims(ctx, n, dx, dy);
   const DType dt = ctx.tensor(dy).dtype;
@@ -456,7 +450,7 @@ KernelPtr make_avgpool_bwd(const Node& n, Context& ctx, int stream) {
 
 // "x [N,H,W,C] -> y [N,C]"
 KernelPtr make_gap_fwd(const Node& n, Context& ctx, int stream) {
-  reject_accumulate(n);
+  reject_accumulate(ctx, n);
   const TensorId x = need_in(n, 0, "x"), y = need_out(n, 0, "y");
   const DType dt = expect_float(ctx, n, x, "x");
   expect_same_dtype(ctx, n, x, y);
@@ -471,7 +465,7 @@ KernelPtr make_gap_fwd(const Node& n, Context& ctx, int stream) {
 
 // "dy [N,C] -> dx [N,H,W,C]"
 KernelPtr make_gap_bwd(const Node& n, Context& ctx, int stream) {
-  reject_accumulate(n);
+  reject_accumulate(ctx, n);
   const TensorId dy = need_in(n, 0, "dy"), dx = need_out(n, 0, "dx");
   const DType dt = expect_float(ctx, n, dy, "dy");
   expect_same_dtype(ctx, n, dy, dx);

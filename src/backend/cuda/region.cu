@@ -1,8 +1,9 @@
 // Region ops on the GPU, one grid-stride pass each over a contiguous range (1-D tensors):
 // fill, copy, cast, the NaN/Inf check with clipping, and the loss-scale update. Semantics
-// are those of src/backend/cpu/cpu_region.cpp, bit for bit: the casts round to nearest even
+// are those of src/backend/cpu/region.cpp, bit for bit: the casts round to nearest even
 // (__float2half_rn, as kiln's float_to_half), the clamp bound is one FP32 product.
 #include "backend/cuda/device_util.cuh"
+#include "backend/formulas.h"
 
 namespace kiln::cuda {
 
@@ -58,24 +59,14 @@ __global__ void check_finish_kernel(const int* flag, DevScalar overflow, bool ac
   store_scalar(overflow, (*flag != 0 || before) ? 1.0 : 0.0);
 }
 
-// SPEC S8: halve on overflow (floor 1), else count the clean step and double after
-// `interval` of them (never past 2^127). In double, as the CPU loop.
+// SPEC S8: formula::loss_scale_next, as the CPU loop.
 __global__ void loss_scale_update_kernel(DevScalar overflow, DevScalar scale, DevScalar good, DevScalar scale_out,
                                          DevScalar good_out, int64_t interval) {
-  double s = load_scalar(scale, 1.0);
-  double k = load_scalar(good, 0.0);
-  if (load_scalar(overflow, 0.0) != 0.0) {
-    s = fmax(s / 2.0, 1.0);
-    k = 0.0;
-  } else {
-    k += 1.0;
-    if (interval > 0 && k >= static_cast<double>(interval)) {
-      if (s * 2.0 <= 0x1p127) s *= 2.0;
-      k = 0.0;
-    }
-  }
-  store_scalar(scale_out, s);
-  store_scalar(good_out, k);
+  const formula::LossScale now{load_scalar(scale, 1.0), load_scalar(good, 0.0)};
+  const bool skipped = load_scalar(overflow, 0.0) != 0.0;
+  const formula::LossScale s = formula::loss_scale_next(now, skipped, interval);
+  store_scalar(scale_out, s.scale);
+  store_scalar(good_out, s.good_steps);
 }
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
@@ -84,7 +75,7 @@ bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) ==
 
 // "-> y = value", in y's dtype.
 KernelPtr make_fill(const Node& n, Context& ctx, int stream) {
-  reject_accumulate(n);
+  reject_accumulate(ctx, n);
   const TensorId y = need_out(n, 0, "y");
   const DTensor& t = ctx.tensor(y);
   const int64_t count = t.numel();
@@ -111,7 +102,7 @@ KernelPtr make_fill(const Node& n, Context& ctx, int stream) {
 
 // "x -> y": bytes, same dtype and size.
 KernelPtr make_copy(const Node& n, Context& ctx, int stream) {
-  reject_accumulate(n);
+  reject_accumulate(ctx, n);
   const TensorId x = need_in(n, 0, "x"), y = need_out(n, 0, "y");
   const DTensor &tx = ctx.tensor(x), &ty = ctx.tensor(y);
   KILN_CHECK(tx.dtype == ty.dtype && tx.numel() == ty.numel(), InvalidArgument, "copy node '", n.label, "': '",
@@ -127,7 +118,7 @@ KernelPtr make_copy(const Node& n, Context& ctx, int stream) {
 
 // "x -> y (f32<->f16/bf16)"
 KernelPtr make_cast(const Node& n, Context& ctx, int stream) {
-  reject_accumulate(n);
+  reject_accumulate(ctx, n);
   const TensorId x = need_in(n, 0, "x"), y = need_out(n, 0, "y");
   const DTensor &tx = ctx.tensor(x), &ty = ctx.tensor(y);
   expect_float(ctx, n, x, "x");
@@ -169,7 +160,7 @@ KernelPtr make_cast(const Node& n, Context& ctx, int stream) {
   return k;
 }
 
-// "g (f32), loss_scale -> overflow (i32), [g]": see cpu_region.cpp. A flag word in the
+// "g (f32), loss_scale -> overflow (i32), [g]": see cpu/region.cpp. A flag word in the
 // stream's workspace collects the blocks' verdicts; a one-thread kernel writes the scalar
 // (so it may be f32, i32 or i64, and accumulate ORs into it).
 KernelPtr make_check_clip(const Node& n, Context& ctx, int stream) {
@@ -205,7 +196,7 @@ KernelPtr make_check_clip(const Node& n, Context& ctx, int stream) {
 
 // "overflow, loss_scale, good_steps -> loss_scale, good_steps"
 KernelPtr make_loss_scale_update(const Node& n, Context& ctx, int stream) {
-  reject_accumulate(n);
+  reject_accumulate(ctx, n);
   const TensorId overflow = need_in(n, 0, "overflow"), scale = need_in(n, 1, "loss_scale"),
                  good = need_in(n, 2, "good_steps");
   const TensorId scale_out = out_at(n, 0) != kNoTensor ? out_at(n, 0) : scale;

@@ -16,7 +16,7 @@
 #pragma once
 #include <vector>
 
-#include "backend/cuda/cuda_common.h"
+#include "backend/cuda/cuda_kernel.h"
 
 namespace kiln::cuda {
 

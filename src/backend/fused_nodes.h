@@ -1,10 +1,12 @@
-// The CPU and CUDA fused kernels (cpu_fused.cpp, cuda/fused.cpp) are built in part from their
-// unfused chains' kernels; each such kernel gets a node of its own.
+// The nodes a fused node's parts are built from, for both backends' fused kernels
+// (cpu/fused.cpp, cuda/fused.cpp): each unfused part's kernel gets a node of its own
+// (fused_part), and a CBR node's tensors are unpacked by role.
 #pragma once
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "backend/node_checks.h"
 #include "kiln/graph/program.h"
 
 namespace kiln {
@@ -25,12 +27,11 @@ inline Node fused_part(OpKind op, std::vector<TensorId> in, std::vector<TensorId
 
 // The tensors of cbr_fwd and cbr_pool_fwd (ops.def: "x, w, gamma, beta, running_mean,
 // running_var, [b] -> z, y, saved, mask"; y pooled and the mask over z for cbr_pool_fwd),
-// unpacked with a backend's need_in / need_out (which name the missing role).
+// unpacked with need_in / need_out (which name the missing role).
 struct CbrFwdTensors {
   TensorId x, w, gamma, beta, rm, rv, b, z, y, saved, mask;
 };
-template <typename NeedIn, typename NeedOut>
-CbrFwdTensors cbr_fwd_tensors(const Node& n, NeedIn need_in, NeedOut need_out) {
+inline CbrFwdTensors cbr_fwd_tensors(const Node& n) {
   return {need_in(n, 0, "x"),
           need_in(n, 1, "w"),
           need_in(n, 2, "gamma"),
@@ -49,8 +50,7 @@ CbrFwdTensors cbr_fwd_tensors(const Node& n, NeedIn need_in, NeedOut need_out) {
 struct CbrBwdTensors {
   TensorId x, w, z, dy, mask, gamma, saved, dx, dw, dgamma, dbeta, dz, db;
 };
-template <typename NeedIn, typename NeedOut>
-CbrBwdTensors cbr_bwd_tensors(const Node& n, NeedIn need_in, NeedOut need_out) {
+inline CbrBwdTensors cbr_bwd_tensors(const Node& n) {
   return {need_in(n, 0, "x"),
           need_in(n, 1, "w"),
           need_in(n, 2, "z"),

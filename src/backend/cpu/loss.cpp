@@ -3,28 +3,25 @@
 //   dlogits  = (softmax(z_n) - onehot(label_n)) * loss_scale / N   (when the output is present:
 //              the loss scale is folded into the loss backward, SPEC S8)
 //   correct  = {top-1 hits, top-5 hits} over the batch (i32[2]).
-// Label smoothing e (attrs.label_smoothing, torch's CrossEntropyLoss(label_smoothing=e)):
-// the target is (1-e) onehot + e/K, so the row's loss is lse - (1-e) z_y - (e/K) sum_j z_j
-// and its gradient softmax - (1-e) onehot - e/K; e = 0 is the plain form, bit for bit.
+// Label smoothing e (attrs.label_smoothing) and the row's terms: backend/formulas.h.
 // A label < 0 marks padding (the last partial batch of an evaluation): its row counts in
 // neither loss, hits nor gradient, and N above is the number V of valid rows.
-// Ranking (shared with the CUDA kernel): the label's rank is the number of classes with a
-// larger logit plus the number with an equal logit and a smaller index -- the order of a
-// stable descending sort, where argmax picks the first maximum (torch.argmax's documented
-// rule). A hit at k means rank < k. A row with any NaN or infinite logit is a miss at every
-// k: NaN compares false, so ranking alone would count a row of NaNs as a hit, and a diverged
-// model would report 100%.
+// Ranking (formula::ranks_before, as the CUDA kernel): the order of a stable descending sort,
+// where argmax picks the first maximum (torch.argmax's documented rule). A row with any NaN
+// or infinite logit is a miss at every k: NaN compares false, so ranking alone would count a
+// row of NaNs as a hit, and a diverged model would report 100%.
 #include <algorithm>
 #include <cmath>
 #include <vector>
 
 #include "backend/cpu/cpu_util.h"
+#include "backend/formulas.h"
 
 namespace kiln::cpu {
 
 // "logits, labels (i32), loss_scale -> loss (f32), correct (i32 2: top1, top5), [dlogits]"
 KernelPtr make_softmax_ce(const Node& n, Context& ctx) {
-  reject_accumulate(n);
+  reject_accumulate(ctx, n);
   const TensorId z = need_in(n, 0, "logits"), labels = need_in(n, 1, "labels"), scale = in_at(n, 2);
   const TensorId loss = need_out(n, 0, "loss"), correct = need_out(n, 1, "correct"),
                  dz = out_at(n, 2);
@@ -52,7 +49,7 @@ KernelPtr make_softmax_ce(const Node& n, Context& ctx) {
   const double eps = n.attrs.label_smoothing;
   KILN_CHECK(eps >= 0.0 && eps < 1.0, InvalidArgument, "softmax_ce node '", label, "': label smoothing ", eps,
              " is outside [0, 1)");
-  const double hit = 1.0 - eps, spread = eps / static_cast<double>(K);
+  const formula::SmoothedTarget target = formula::smoothed_target(eps, K);
   return make_loop([=, e = std::vector<double>(static_cast<size_t>(K))](Context& c) mutable {
     int64_t valid = 0;
     for (int64_t b = 0; b < N; ++b) valid += lp[b] >= 0;
@@ -82,19 +79,17 @@ KernelPtr make_softmax_ce(const Node& n, Context& ctx) {
         zsum += row[j];
       }
       const double lse = static_cast<double>(mx) + std::log(sum);
-      total += lse - (eps > 0.0 ? hit * row[y] + spread * zsum : static_cast<double>(row[y]));
       const float zy = row[y];
+      total += formula::ce_row_loss(lse, zy, zsum, target);
       int64_t rank = 0;
-      for (int64_t j = 0; j < K; ++j) rank += (row[j] > zy) || (row[j] == zy && j < y);
+      for (int64_t j = 0; j < K; ++j) rank += formula::ranks_before(row[j], j, zy, y);
       top1 += finite && rank < 1;
       top5 += finite && rank < 5;
       if (dzp) {
         float* d = dzp + b * K;
         const double inv = 1.0 / sum;
-        for (int64_t j = 0; j < K; ++j) {
-          const double p = e[static_cast<size_t>(j)] * inv - (j == y ? hit : 0.0) - spread;
-          d[j] = static_cast<float>(p * grad_scale);
-        }
+        for (int64_t j = 0; j < K; ++j)
+          d[j] = formula::ce_grad(e[static_cast<size_t>(j)], inv, j == y, target, grad_scale);
       }
     }
     *lossp = static_cast<float>(total / static_cast<double>(std::max<int64_t>(valid, 1)));

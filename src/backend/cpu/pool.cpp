@@ -62,23 +62,16 @@ algorithm avg_algorithm(const Node& n) {
 pooling_forward::primitive_desc avg_fwd_pd(const Context& ctx, const Node& n, const PoolGeom& g,
                                            const primitive_attr& attr) {
   pooling_forward::desc d(prop_kind::forward_training, avg_algorithm(n),
-                          {g.x.nchw(), dt::f32, tag::nhwc}, {g.y.nchw(), dt::f32, tag::nhwc},
+                          {nchw(g.x), dt::f32, tag::nhwc}, {nchw(g.y), dt::f32, tag::nhwc},
                           g.strides, g.kernel, g.pad, g.pad);
   return pooling_forward::primitive_desc(d, attr, ctx.engine);
-}
-
-void expect_argmax(const Context& ctx, const Node& n, TensorId idx, TensorId y) {
-  expect_dtype(ctx, n, idx, DType::I32, "argmax");
-  KILN_CHECK(ctx.tensor(idx).shape == ctx.tensor(y).shape, Shape, op_name(n.op), " node '", n.label,
-             "': argmax has shape ", ctx.tensor(idx).shape.str(), ", the pooled map ",
-             ctx.tensor(y).shape.str());
 }
 
 }  // namespace
 
 // "x -> y, [argmax (i32, index into the input window's HxW plane)]"
 KernelPtr make_maxpool_fwd(const Node& n, Context& ctx) {
-  reject_accumulate(n);
+  reject_accumulate(ctx, n);
   const TensorId x = need_in(n, 0, "x"), y = need_out(n, 0, "y"), am = out_at(n, 1);
   const PoolGeom g = pool_geom(ctx, n, x, y);
   if (am != kNoTensor) expect_argmax(ctx, n, am, y);
@@ -132,7 +125,7 @@ KernelPtr make_maxpool_fwd(const Node& n, Context& ctx) {
 }
 
 KernelPtr make_maxpool_bwd(const Node& n, Context& ctx) {
-  reject_accumulate(n);
+  reject_accumulate(ctx, n);
   const TensorId dy = need_in(n, 0, "dy"), am = need_in(n, 1, "argmax"), dx = need_out(n, 0, "dx");
   const PoolGeom g = pool_geom(ctx, n, dx, dy);
   expect_argmax(ctx, n, am, dy);
@@ -161,14 +154,14 @@ KernelPtr make_maxpool_bwd(const Node& n, Context& ctx) {
 
 // "x -> y"
 KernelPtr make_avgpool_fwd(const Node& n, Context& ctx) {
-  reject_accumulate(n);
+  reject_accumulate(ctx, n);
   const TensorId x = need_in(n, 0, "x"), y = need_out(n, 0, "y");
   const PoolGeom g = pool_geom(ctx, n, x, y);
   try {
     auto pd = avg_fwd_pd(ctx, n, g, user_scratchpad_attr());
     std::unordered_map<int, memory> args{
-        {DNNL_ARG_SRC, make_memory(ctx, x, g.x.nchw(), tag::nhwc)},
-        {DNNL_ARG_DST, make_memory(ctx, y, g.y.nchw(), tag::nhwc)}};
+        {DNNL_ARG_SRC, make_memory(ctx, x, nchw(g.x), tag::nhwc)},
+        {DNNL_ARG_DST, make_memory(ctx, y, nchw(g.y), tag::nhwc)}};
     return std::make_unique<DnnlKernel>(DnnlCall(n, ctx, pooling_forward(pd), pd, std::move(args)));
   } catch (const dnnl::error& e) {
     rethrow_dnnl(n, e);
@@ -177,17 +170,17 @@ KernelPtr make_avgpool_fwd(const Node& n, Context& ctx) {
 
 // "dy -> dx"
 KernelPtr make_avgpool_bwd(const Node& n, Context& ctx) {
-  reject_accumulate(n);
+  reject_accumulate(ctx, n);
   const TensorId dy = need_in(n, 0, "dy"), dx = need_out(n, 0, "dx");
   const PoolGeom g = pool_geom(ctx, n, dx, dy);
   try {
     auto hint = avg_fwd_pd(ctx, n, g, primitive_attr());
-    pooling_backward::desc d(avg_algorithm(n), {g.x.nchw(), dt::f32, tag::nhwc},
-                             {g.y.nchw(), dt::f32, tag::nhwc}, g.strides, g.kernel, g.pad, g.pad);
+    pooling_backward::desc d(avg_algorithm(n), {nchw(g.x), dt::f32, tag::nhwc},
+                             {nchw(g.y), dt::f32, tag::nhwc}, g.strides, g.kernel, g.pad, g.pad);
     pooling_backward::primitive_desc pd(d, user_scratchpad_attr(), ctx.engine, hint);
     std::unordered_map<int, memory> args{
-        {DNNL_ARG_DIFF_DST, make_memory(ctx, dy, g.y.nchw(), tag::nhwc)},
-        {DNNL_ARG_DIFF_SRC, make_memory(ctx, dx, g.x.nchw(), tag::nhwc)}};
+        {DNNL_ARG_DIFF_DST, make_memory(ctx, dy, nchw(g.y), tag::nhwc)},
+        {DNNL_ARG_DIFF_SRC, make_memory(ctx, dx, nchw(g.x), tag::nhwc)}};
     return std::make_unique<DnnlKernel>(
         DnnlCall(n, ctx, pooling_backward(pd), pd, std::move(args)));
   } catch (const dnnl::error& e) {
@@ -197,7 +190,7 @@ KernelPtr make_avgpool_bwd(const Node& n, Context& ctx) {
 
 // "x [N,H,W,C] -> y [N,C]": the mean over H x W, summed in double.
 KernelPtr make_gap_fwd(const Node& n, Context& ctx) {
-  reject_accumulate(n);
+  reject_accumulate(ctx, n);
   const TensorId x = need_in(n, 0, "x"), y = need_out(n, 0, "y");
   expect_dtype(ctx, n, x, DType::F32, "x");
   expect_dtype(ctx, n, y, DType::F32, "y");
@@ -223,7 +216,7 @@ KernelPtr make_gap_fwd(const Node& n, Context& ctx) {
 
 // "dy [N,C] -> dx [N,H,W,C]": dx = dy / (H W) at every position.
 KernelPtr make_gap_bwd(const Node& n, Context& ctx) {
-  reject_accumulate(n);
+  reject_accumulate(ctx, n);
   const TensorId dy = need_in(n, 0, "dy"), dx = need_out(n, 0, "dx");
   expect_dtype(ctx, n, dy, DType::F32, "dy");
   expect_dtype(ctx, n, dx, DType::F32, "dx");

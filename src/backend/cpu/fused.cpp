@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "backend/cpu/cpu_util.h"
-#include "backend/fused_part.h"
+#include "backend/fused_nodes.h"
 
 namespace kiln::cpu {
 
@@ -34,11 +34,6 @@ class Sequence final : public Kernel {
   std::vector<KernelPtr> parts_;
   std::vector<float> shared_;  // moved in: its heap buffer, which the parts point into, stays
 };
-
-void expect_mask(const Context& ctx, const Node& n, TensorId mask, TensorId y) {
-  expect_dtype(ctx, n, mask, DType::U8, "mask");
-  expect_numel(ctx, n, mask, (ctx.tensor(y).numel() + 7) / 8, "mask (one bit per element of y)");
-}
 
 // y = relu(y + residual) in place (residual may be absent), mask bit = y > 0. ReLU as
 // make_relu_fwd: NaN passes (and its mask bit is 0, as relu_bwd's y > 0 test says).
@@ -157,8 +152,8 @@ KernelPtr cbr_backward(const Node& n, Context& ctx, const CbrBwdTensors& t, Kern
 
 // "x, w, gamma, beta, running_mean, running_var, [b] -> z, y, saved, mask"
 KernelPtr make_cbr_fwd(const Node& n, Context& ctx) {
-  reject_accumulate(n);
-  const auto [x, w, gamma, beta, rm, rv, b, z, y, saved, mask] = cbr_fwd_tensors(n, need_in, need_out);
+  reject_accumulate(ctx, n);
+  const auto [x, w, gamma, beta, rm, rv, b, z, y, saved, mask] = cbr_fwd_tensors(n);
   expect_mask(ctx, n, mask, y);
   std::vector<KernelPtr> parts;
   parts.push_back(make_conv_fwd(fused_part(OpKind::conv_fwd, {x, w}, {z}, n, "conv"), ctx));
@@ -171,8 +166,8 @@ KernelPtr make_cbr_fwd(const Node& n, Context& ctx) {
 
 // "x, w, z, dy, mask, gamma, saved -> [dx], dw, dgamma, dbeta, dz, [db]"
 KernelPtr make_cbr_bwd(const Node& n, Context& ctx) {
-  reject_accumulate(n);
-  const CbrBwdTensors t = cbr_bwd_tensors(n, need_in, need_out);
+  reject_accumulate(ctx, n);
+  const CbrBwdTensors t = cbr_bwd_tensors(n);
   expect_same_size(ctx, n, t.z, t.dy);
   expect_same_size(ctx, n, t.z, t.dz);
   expect_mask(ctx, n, t.mask, t.dy);
@@ -215,8 +210,8 @@ PoolTiles pool_tiles(const Context& ctx, const Node& n, TensorId z, TensorId y) 
 // routing mask. The buffer is this kernel's: the CPU runs fused programs only when asked
 // (tests, KILN_FUSE_FP32=1), and sharing it would cost a rebinding per run.
 KernelPtr make_cbr_pool_fwd(const Node& n, Context& ctx) {
-  reject_accumulate(n);
-  const auto [x, w, gamma, beta, rm, rv, b, z, y, saved, mask] = cbr_fwd_tensors(n, need_in, need_out);
+  reject_accumulate(ctx, n);
+  const auto [x, w, gamma, beta, rm, rv, b, z, y, saved, mask] = cbr_fwd_tensors(n);
   const PoolTiles t = pool_tiles(ctx, n, z, y);
   expect_dtype(ctx, n, y, DType::F32, "y");
   expect_mask(ctx, n, mask, z);
@@ -278,8 +273,8 @@ KernelPtr make_cbr_pool_fwd(const Node& n, Context& ctx) {
 // gradient at BatchNorm's output is dy of the element's window where the mask bit is set
 // (maxpool_bwd then relu_bwd), written to dz; then cbr_bwd's passes.
 KernelPtr make_cbr_pool_bwd(const Node& n, Context& ctx) {
-  reject_accumulate(n);
-  const CbrBwdTensors io = cbr_bwd_tensors(n, need_in, need_out);
+  reject_accumulate(ctx, n);
+  const CbrBwdTensors io = cbr_bwd_tensors(n);
   const PoolTiles t = pool_tiles(ctx, n, io.z, io.dy);
   expect_same_size(ctx, n, io.z, io.dz);
   expect_mask(ctx, n, io.mask, io.z);
@@ -295,7 +290,7 @@ KernelPtr make_cbr_pool_bwd(const Node& n, Context& ctx) {
 
 // "x, gamma, beta, running_mean, running_var, residual -> y, saved, mask"
 KernelPtr make_bn_add_relu_fwd(const Node& n, Context& ctx) {
-  reject_accumulate(n);
+  reject_accumulate(ctx, n);
   const TensorId x = need_in(n, 0, "x"), gamma = need_in(n, 1, "gamma"), beta = need_in(n, 2, "beta"),
                  rm = need_in(n, 3, "running_mean"), rv = need_in(n, 4, "running_var"),
                  residual = need_in(n, 5, "residual");
@@ -315,7 +310,7 @@ KernelPtr make_bn_add_relu_fwd(const Node& n, Context& ctx) {
 // masked gradient (of dy + dy2 when dy2 is given) to both branches; BatchNorm's backward
 // reads it from dresidual.
 KernelPtr make_bn_add_relu_bwd(const Node& n, Context& ctx) {
-  reject_accumulate(n);
+  reject_accumulate(ctx, n);
   const TensorId x = need_in(n, 0, "x"), dy = need_in(n, 1, "dy"), mask = need_in(n, 2, "mask"),
                  gamma = need_in(n, 3, "gamma"), saved = need_in(n, 4, "saved"), dy2 = in_at(n, 5);
   const TensorId dx = need_out(n, 0, "dx"), dres = need_out(n, 1, "dresidual"), dgamma = need_out(n, 2, "dgamma"),
@@ -339,7 +334,7 @@ KernelPtr make_bn_add_relu_bwd(const Node& n, Context& ctx) {
 // "x, gamma, beta, running_mean, running_var, [residual] -> y": bn_fwd_infer's kernel, then
 // the add and the ReLU (relu_fwd's: NaN passes) in one pass over y.
 KernelPtr make_bn_relu_infer(const Node& n, Context& ctx) {
-  reject_accumulate(n);
+  reject_accumulate(ctx, n);
   const TensorId x = need_in(n, 0, "x"), gamma = need_in(n, 1, "gamma"), beta = need_in(n, 2, "beta"),
                  rm = need_in(n, 3, "running_mean"), rv = need_in(n, 4, "running_var"), residual = in_at(n, 5);
   const TensorId y = need_out(n, 0, "y");

@@ -14,6 +14,7 @@
 #include <cmath>
 
 #include "backend/cpu/cpu_util.h"
+#include "backend/formulas.h"
 
 namespace kiln::cpu {
 
@@ -26,7 +27,7 @@ const normalization_flags kScaleShift =
 
 struct BnGeom {
   Nhwc x;
-  memory::desc data_md() const { return {x.nchw(), dt::f32, tag::nhwc}; }
+  memory::desc data_md() const { return {nchw(x), dt::f32, tag::nhwc}; }
   dims c_dims() const { return {x.c}; }
 };
 
@@ -42,10 +43,7 @@ BnGeom bn_geom(const Context& ctx, const Node& n, TensorId x,
                n.label, "': '", ctx.tensor(id).name, "' has shape ", ctx.tensor(id).shape.str(),
                ", x has ", ctx.tensor(x).shape.str());
   }
-  for (TensorId id : per_channel) {
-    expect_dtype(ctx, n, id, DType::F32, "per-channel tensor");
-    expect_numel(ctx, n, id, g.x.c, "per-channel tensor");
-  }
+  expect_per_channel(ctx, n, per_channel, g.x.c);
   KILN_CHECK(n.attrs.eps > 0.0f, InvalidArgument, op_name(n.op), " node '", n.label,
              "': eps must be > 0, is ", n.attrs.eps);
   return g;
@@ -77,15 +75,13 @@ class BnTrainKernel final : public Kernel {
     call_(ctx);  // y, saved mean (written in place into saved[0:C]) and the biased variance
     const float* mean = saved_;
     float* invstd = saved_ + c_;
-    const double unbias =
-        count_ > 1 ? static_cast<double>(count_) / static_cast<double>(count_ - 1) : 1.0;
+    const double unbias = formula::bn_unbias(static_cast<double>(count_));
     const double m = momentum_;
     for (int64_t i = 0; i < c_; ++i) {
-      invstd[i] = static_cast<float>(
-          1.0 / std::sqrt(static_cast<double>(var_[static_cast<size_t>(i)]) + eps_));
-      running_mean_[i] = static_cast<float>((1.0 - m) * running_mean_[i] + m * mean[i]);
-      running_var_[i] = static_cast<float>((1.0 - m) * running_var_[i] +
-                                           m * unbias * var_[static_cast<size_t>(i)]);
+      const float var = var_[static_cast<size_t>(i)];
+      invstd[i] = formula::bn_invstd(var, eps_);
+      running_mean_[i] = formula::running_mean_update(running_mean_[i], m, mean[i]);
+      running_var_[i] = formula::running_var_update(running_var_[i], m, unbias, var);
     }
   }
 
@@ -129,7 +125,7 @@ class BnBwdKernel final : public Kernel {
 // bn_fwd_train, its output y written to dst when that is given (a buffer of x's size; node
 // output 0 is then not read).
 KernelPtr bn_fwd_train(const Node& n, Context& ctx, float* dst) {
-  reject_accumulate(n);
+  reject_accumulate(ctx, n);
   const TensorId x = need_in(n, 0, "x"), gamma = need_in(n, 1, "gamma"),
                  beta = need_in(n, 2, "beta"), rm = need_in(n, 3, "running_mean"),
                  rv = need_in(n, 4, "running_var");
@@ -142,8 +138,9 @@ KernelPtr bn_fwd_train(const Node& n, Context& ctx, float* dst) {
     auto pd = train_pd(ctx, g, n.attrs.eps, user_scratchpad_attr());
     float* saved_p = ctx.ptr<float>(saved);
     std::unordered_map<int, memory> args{
-        {DNNL_ARG_SRC, make_memory(ctx, x, g.x.nchw(), tag::nhwc)},
-        {DNNL_ARG_DST, dst ? make_memory(ctx, dst, g.x.nchw(), tag::nhwc) : make_memory(ctx, y, g.x.nchw(), tag::nhwc)},
+        {DNNL_ARG_SRC, make_memory(ctx, x, nchw(g.x), tag::nhwc)},
+        {DNNL_ARG_DST, dst ? make_memory(ctx, dst, nchw(g.x), tag::nhwc)
+                           : make_memory(ctx, y, nchw(g.x), tag::nhwc)},
         {DNNL_ARG_SCALE, make_memory(ctx, gamma, g.c_dims(), tag::x)},
         {DNNL_ARG_SHIFT, make_memory(ctx, beta, g.c_dims(), tag::x)},
         {DNNL_ARG_MEAN, make_memory(ctx, saved_p, g.c_dims(), tag::x)},
@@ -166,7 +163,7 @@ KernelPtr make_bn_fwd_train_into(const Node& n, Context& ctx, float* dst) { retu
 
 // "x, gamma, beta, running_mean, running_var -> y"
 KernelPtr make_bn_fwd_infer(const Node& n, Context& ctx) {
-  reject_accumulate(n);
+  reject_accumulate(ctx, n);
   const TensorId x = need_in(n, 0, "x"), gamma = need_in(n, 1, "gamma"),
                  beta = need_in(n, 2, "beta"), rm = need_in(n, 3, "running_mean"),
                  rv = need_in(n, 4, "running_var");
@@ -177,8 +174,8 @@ KernelPtr make_bn_fwd_infer(const Node& n, Context& ctx) {
                                         kScaleShift | normalization_flags::use_global_stats);
     batch_normalization_forward::primitive_desc pd(d, user_scratchpad_attr(), ctx.engine);
     std::unordered_map<int, memory> args{
-        {DNNL_ARG_SRC, make_memory(ctx, x, g.x.nchw(), tag::nhwc)},
-        {DNNL_ARG_DST, make_memory(ctx, y, g.x.nchw(), tag::nhwc)},
+        {DNNL_ARG_SRC, make_memory(ctx, x, nchw(g.x), tag::nhwc)},
+        {DNNL_ARG_DST, make_memory(ctx, y, nchw(g.x), tag::nhwc)},
         {DNNL_ARG_SCALE, make_memory(ctx, gamma, g.c_dims(), tag::x)},
         {DNNL_ARG_SHIFT, make_memory(ctx, beta, g.c_dims(), tag::x)},
         {DNNL_ARG_MEAN, make_memory(ctx, rm, g.c_dims(), tag::x)},
@@ -192,7 +189,7 @@ KernelPtr make_bn_fwd_infer(const Node& n, Context& ctx) {
 
 // "x, dy, gamma, saved -> dx, dgamma, dbeta"
 KernelPtr make_bn_bwd(const Node& n, Context& ctx) {
-  reject_accumulate(n);
+  reject_accumulate(ctx, n);
   const TensorId x = need_in(n, 0, "x"), dy = need_in(n, 1, "dy"), gamma = need_in(n, 2, "gamma"),
                  saved = need_in(n, 3, "saved");
   const TensorId dx = need_out(n, 0, "dx"), dgamma = need_out(n, 1, "dgamma"),
@@ -208,13 +205,13 @@ KernelPtr make_bn_bwd(const Node& n, Context& ctx) {
     batch_normalization_backward::primitive_desc pd(d, user_scratchpad_attr(), ctx.engine, hint);
     float* saved_p = ctx.ptr<float>(saved);
     std::unordered_map<int, memory> args{
-        {DNNL_ARG_SRC, make_memory(ctx, x, g.x.nchw(), tag::nhwc)},
-        {DNNL_ARG_DIFF_DST, make_memory(ctx, dy, g.x.nchw(), tag::nhwc)},
+        {DNNL_ARG_SRC, make_memory(ctx, x, nchw(g.x), tag::nhwc)},
+        {DNNL_ARG_DIFF_DST, make_memory(ctx, dy, nchw(g.x), tag::nhwc)},
         {DNNL_ARG_SCALE, make_memory(ctx, gamma, g.c_dims(), tag::x)},
         {DNNL_ARG_SHIFT, make_memory(ctx, shift.data(), g.c_dims(), tag::x)},
         {DNNL_ARG_MEAN, make_memory(ctx, saved_p, g.c_dims(), tag::x)},
         {DNNL_ARG_VARIANCE, make_memory(ctx, var.data(), g.c_dims(), tag::x)},
-        {DNNL_ARG_DIFF_SRC, make_memory(ctx, dx, g.x.nchw(), tag::nhwc)},
+        {DNNL_ARG_DIFF_SRC, make_memory(ctx, dx, nchw(g.x), tag::nhwc)},
         {DNNL_ARG_DIFF_SCALE, make_memory(ctx, dgamma, g.c_dims(), tag::x)},
         {DNNL_ARG_DIFF_SHIFT, make_memory(ctx, dbeta, g.c_dims(), tag::x)}};
     return std::make_unique<BnBwdKernel>(

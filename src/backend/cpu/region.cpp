@@ -4,13 +4,14 @@
 #include <cstring>
 
 #include "backend/cpu/cpu_util.h"
+#include "backend/formulas.h"
 #include "kiln/core/dtype.h"
 
 namespace kiln::cpu {
 
 // "-> y = value", in y's dtype (f32, f16, bf16 rounded to nearest even; integers truncated).
 KernelPtr make_fill(const Node& n, Context& ctx) {
-  reject_accumulate(n);
+  reject_accumulate(ctx, n);
   const TensorId y = need_out(n, 0, "y");
   const DTensor& t = ctx.tensor(y);
   const int64_t count = t.numel();
@@ -47,7 +48,7 @@ KernelPtr make_fill(const Node& n, Context& ctx) {
 
 // "x -> y": bytes, same dtype and size.
 KernelPtr make_copy(const Node& n, Context& ctx) {
-  reject_accumulate(n);
+  reject_accumulate(ctx, n);
   const TensorId x = need_in(n, 0, "x"), y = need_out(n, 0, "y");
   const DTensor &tx = ctx.tensor(x), &ty = ctx.tensor(y);
   KILN_CHECK(tx.dtype == ty.dtype && tx.numel() == ty.numel(), InvalidArgument, "copy node '",
@@ -66,7 +67,7 @@ KernelPtr make_copy(const Node& n, Context& ctx) {
 // bit-exact with CUDA's __float2half_rn / __float2bfloat16_rn (NaN stays a quiet NaN,
 // overflow gives Inf, subnormals are kept).
 KernelPtr make_cast(const Node& n, Context& ctx) {
-  reject_accumulate(n);
+  reject_accumulate(ctx, n);
   const TensorId x = need_in(n, 0, "x"), y = need_out(n, 0, "y");
   const DTensor &tx = ctx.tensor(x), &ty = ctx.tensor(y);
   auto is_float = [](DType d) { return d == DType::F32 || d == DType::F16 || d == DType::BF16; };
@@ -148,13 +149,10 @@ KernelPtr make_check_clip(const Node& n, Context& ctx) {
   });
 }
 
-// "overflow, loss_scale, good_steps -> loss_scale, good_steps" (SPEC S8):
-// overflow: scale = max(scale / 2, 1), good_steps = 0;
-// else good_steps + 1, and when growth_interval > 0 and good_steps reaches it, scale *= 2 and
-// good_steps = 0. The scale never grows past 2^127 (the largest FP32 power of two): an Inf
-// scale could not come back by halving.
+// "overflow, loss_scale, good_steps -> loss_scale, good_steps" (SPEC S8): formula::
+// loss_scale_next (halve on overflow, double after growth_interval clean steps).
 KernelPtr make_loss_scale_update(const Node& n, Context& ctx) {
-  reject_accumulate(n);
+  reject_accumulate(ctx, n);
   const TensorId overflow = need_in(n, 0, "overflow"), scale = need_in(n, 1, "loss_scale"),
                  good = need_in(n, 2, "good_steps");
   const TensorId scale_out = out_at(n, 0) != kNoTensor ? out_at(n, 0) : scale;
@@ -168,20 +166,11 @@ KernelPtr make_loss_scale_update(const Node& n, Context& ctx) {
   }
   const int64_t interval = n.attrs.growth_interval;
   return make_loop([=](Context& c) {
-    double s = read_scalar(c, scale, 1.0);
-    double k = read_scalar(c, good, 0.0);
-    if (read_scalar(c, overflow, 0.0) != 0.0) {
-      s = std::max(s / 2.0, 1.0);
-      k = 0.0;
-    } else {
-      k += 1.0;
-      if (interval > 0 && k >= static_cast<double>(interval)) {
-        if (s * 2.0 <= 0x1p127) s *= 2.0;
-        k = 0.0;
-      }
-    }
-    write_scalar(c, scale_out, s);
-    write_scalar(c, good_out, k);
+    const formula::LossScale s = formula::loss_scale_next(
+        {read_scalar(c, scale, 1.0), read_scalar(c, good, 0.0)},
+        read_scalar(c, overflow, 0.0) != 0.0, interval);
+    write_scalar(c, scale_out, s.scale);
+    write_scalar(c, good_out, s.good_steps);
   });
 }
 

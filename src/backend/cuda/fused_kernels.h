@@ -1,7 +1,8 @@
-// The pieces the fused ops (fused.cpp) build on: BatchNorm passes, defined in bn.cu beside the
-// unfused BatchNorm kernels whose passes they share, and the conv+genstats graph (conv.cpp).
+// The CUDA kernel factories the fused ops (fused.cpp) build on besides the unfused ops' own:
+// BatchNorm+ReLU passes, defined in bn.cu beside the unfused BatchNorm kernels whose passes
+// they share, and the conv+genstats graph (conv.cpp).
 #pragma once
-#include "backend/cuda/cuda_common.h"
+#include "backend/cuda/cuda_kernel.h"
 
 namespace kiln::cuda {
 

@@ -6,35 +6,20 @@
 // CUDNN_PROPAGATE_NAN pass the NaN on, so the loss and the overflow check see it. A
 // memory-bound select gains nothing from oneDNN anyway.
 //
-// Dropout's mask is a pure function of (attrs.seed, the step scalar, element index), so the
-// CUDA kernel produces the identical mask (no RNG state to carry, checkpoint or replay):
-//   k = fmix(seed ^ fmix(uint64(uint32(step)) + 0x9E3779B97F4A7C15))
-//   h = fmix(k + (index + 1) * 0x9E3779B97F4A7C15)        (SplitMix64's output function)
-//   u = float(h >> 40) * 2^-24                             (exact: 24 bits, in [0, 1))
-//   keep = !(u < p),  y = keep ? x * (1 / (1 - p)) : 0,  mask = keep (u8 0/1)
-// with fmix(z): z ^= z >> 30; z *= 0xBF58476D1CE4E5B9; z ^= z >> 27; z *= 0x94D049BB133111EB;
-// z ^= z >> 31. The scale 1/(1-p) is one FP32 division, done once (as PyTorch's `scale`).
-// p >= 1 drops everything (y = 0, as PyTorch), p <= 0 keeps everything.
+// Dropout's mask is the counter-based hash of backend/formulas.h, so the CUDA kernel drops the
+// same elements: y = keep ? x * (1 / (1 - p)) : 0, mask = keep (u8 0/1). The scale 1/(1-p)
+// is one FP32 division, done once (as PyTorch's `scale`). p >= 1 drops everything (y = 0, as
+// PyTorch), p <= 0 keeps everything.
 #include <cstring>
 
 #include "backend/cpu/cpu_util.h"
+#include "backend/formulas.h"
 
 namespace kiln::cpu {
 
 namespace {
 
 using namespace dnnl;
-
-inline uint64_t fmix(uint64_t z) {
-  z ^= z >> 30;
-  z *= 0xBF58476D1CE4E5B9ull;
-  z ^= z >> 27;
-  z *= 0x94D049BB133111EBull;
-  z ^= z >> 31;
-  return z;
-}
-
-constexpr uint64_t kGolden = 0x9E3779B97F4A7C15ull;
 
 memory::desc flat_md(const Context& ctx, TensorId id) {
   return {{ctx.tensor(id).numel()}, dt::f32, tag::a};
@@ -50,7 +35,7 @@ eltwise_forward::primitive_desc relu_pd(const Context& ctx, TensorId x, algorith
 
 // "x -> y": y = x > 0 ? x : 0, NaN stays NaN (!(x <= 0) is true for NaN), -0 gives +0.
 KernelPtr make_relu_fwd(const Node& n, Context& ctx) {
-  reject_accumulate(n);
+  reject_accumulate(ctx, n);
   const TensorId x = need_in(n, 0, "x"), y = need_out(n, 0, "y");
   expect_dtype(ctx, n, x, DType::F32, "x");
   expect_dtype(ctx, n, y, DType::F32, "y");
@@ -66,7 +51,7 @@ KernelPtr make_relu_fwd(const Node& n, Context& ctx) {
 
 // "y, dy -> dx": dx = y > 0 ? dy : 0 (PyTorch's threshold_backward on the output).
 KernelPtr make_relu_bwd(const Node& n, Context& ctx) {
-  reject_accumulate(n);
+  reject_accumulate(ctx, n);
   const TensorId y = need_in(n, 0, "y"), dy = need_in(n, 1, "dy"), dx = need_out(n, 0, "dx");
   for (TensorId id : {y, dy, dx}) expect_dtype(ctx, n, id, DType::F32, "tensor");
   expect_same_size(ctx, n, y, dy);
@@ -119,7 +104,7 @@ KernelPtr make_add(const Node& n, Context& ctx) {
 
 // "x, step (i32 scalar) -> y, mask (u8)"
 KernelPtr make_dropout_fwd(const Node& n, Context& ctx) {
-  reject_accumulate(n);
+  reject_accumulate(ctx, n);
   const TensorId x = need_in(n, 0, "x"), step = need_in(n, 1, "step");
   const TensorId y = need_out(n, 0, "y"), mask = need_out(n, 1, "mask");
   expect_dtype(ctx, n, x, DType::F32, "x");
@@ -142,11 +127,9 @@ KernelPtr make_dropout_fwd(const Node& n, Context& ctx) {
       return;
     }
     const float scale = 1.0f / (1.0f - p);
-    const uint64_t k = fmix(seed ^ fmix(static_cast<uint64_t>(s) + kGolden));
+    const uint64_t k = formula::dropout_key(seed, s);
     for (int64_t i = 0; i < count; ++i) {
-      const uint64_t h = fmix(k + (static_cast<uint64_t>(i) + 1) * kGolden);
-      const float u = static_cast<float>(h >> 40) * 0x1p-24f;
-      const bool keep = !(u < p);
+      const bool keep = formula::dropout_keep(k, static_cast<uint64_t>(i), p);
       mp[i] = keep ? 1 : 0;
       yp[i] = keep ? xp[i] * scale : 0.0f;
     }
@@ -155,7 +138,7 @@ KernelPtr make_dropout_fwd(const Node& n, Context& ctx) {
 
 // "dy, mask -> dx": dx = mask ? dy / (1 - p) : 0, with the forward's attrs.p.
 KernelPtr make_dropout_bwd(const Node& n, Context& ctx) {
-  reject_accumulate(n);
+  reject_accumulate(ctx, n);
   const TensorId dy = need_in(n, 0, "dy"), mask = need_in(n, 1, "mask"), dx = need_out(n, 0, "dx");
   expect_dtype(ctx, n, dy, DType::F32, "dy");
   expect_dtype(ctx, n, dx, DType::F32, "dx");

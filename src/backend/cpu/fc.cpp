@@ -9,32 +9,20 @@ namespace {
 
 using namespace dnnl;
 
-struct FcGeom {
-  int64_t n = 0, k = 0, o = 0;
+// A fully connected node's geometry (fc_geom) with oneDNN's descriptors of it.
+struct DnnlFc : FcGeom {
   memory::desc x_md() const { return {{n, k}, dt::f32, tag::nc}; }
   memory::desc w_md() const { return {{o, k}, dt::f32, tag::oi}; }
   memory::desc b_md() const { return {{o}, dt::f32, tag::x}; }
   memory::desc y_md() const { return {{n, o}, dt::f32, tag::nc}; }
 };
 
-FcGeom fc_geom(const Context& ctx, const Node& n, TensorId x, TensorId w, TensorId y) {
+DnnlFc dnnl_fc(const Context& ctx, const Node& n, TensorId x, TensorId w, TensorId y) {
   for (TensorId id : {x, w, y}) expect_dtype(ctx, n, id, DType::F32, "tensor");
-  expect_rank(ctx, n, w, 2, "weight [O, K]");
-  expect_rank(ctx, n, y, 2, "output [N, O]");
-  const Shape& xs = ctx.tensor(x).shape;
-  FcGeom g;
-  g.o = ctx.tensor(w).shape[0];
-  g.k = ctx.tensor(w).shape[1];
-  g.n = ctx.tensor(y).shape[0];
-  KILN_CHECK(
-      xs.rank() >= 2 && xs[0] == g.n && xs.numel() == g.n * g.k && ctx.tensor(y).shape[1] == g.o,
-      Shape, op_name(n.op), " node '", n.label, "': input ", xs.str(), ", weight ",
-      ctx.tensor(w).shape.str(), " ([O, K]) and output ", ctx.tensor(y).shape.str(),
-      " do not agree");
-  return g;
+  return DnnlFc{fc_geom(ctx, n, x, w, y)};
 }
 
-inner_product_forward::primitive_desc fwd_pd(const Context& ctx, const FcGeom& g, bool bias,
+inner_product_forward::primitive_desc fwd_pd(const Context& ctx, const DnnlFc& g, bool bias,
                                              const primitive_attr& attr) {
   const memory::desc no_bias;
   inner_product_forward::desc d(prop_kind::forward_training, g.x_md(), g.w_md(),
@@ -46,10 +34,10 @@ inner_product_forward::primitive_desc fwd_pd(const Context& ctx, const FcGeom& g
 
 // "x [N,K], w [O,K], [b] -> y [N,O]"
 KernelPtr make_fc_fwd(const Node& n, Context& ctx) {
-  reject_accumulate(n);
+  reject_accumulate(ctx, n);
   const TensorId x = need_in(n, 0, "x"), w = need_in(n, 1, "w"), b = in_at(n, 2),
                  y = need_out(n, 0, "y");
-  const FcGeom g = fc_geom(ctx, n, x, w, y);
+  const DnnlFc g = dnnl_fc(ctx, n, x, w, y);
   if (b != kNoTensor) {
     expect_dtype(ctx, n, b, DType::F32, "bias");
     expect_numel(ctx, n, b, g.o, "bias");
@@ -70,9 +58,9 @@ KernelPtr make_fc_fwd(const Node& n, Context& ctx) {
 
 // "dy, w -> dx"
 KernelPtr make_fc_bwd_data(const Node& n, Context& ctx) {
-  reject_accumulate(n);
+  reject_accumulate(ctx, n);
   const TensorId dy = need_in(n, 0, "dy"), w = need_in(n, 1, "w"), dx = need_out(n, 0, "dx");
-  const FcGeom g = fc_geom(ctx, n, dx, w, dy);
+  const DnnlFc g = dnnl_fc(ctx, n, dx, w, dy);
   try {
     auto hint = fwd_pd(ctx, g, false, primitive_attr());
     inner_product_backward_data::desc d(g.x_md(), g.w_md(), g.y_md());
@@ -90,10 +78,10 @@ KernelPtr make_fc_bwd_data(const Node& n, Context& ctx) {
 
 // "x, dy -> dw (f32), [db (f32)]"
 KernelPtr make_fc_bwd_weight(const Node& n, Context& ctx) {
-  reject_accumulate(n);
+  reject_accumulate(ctx, n);
   const TensorId x = need_in(n, 0, "x"), dy = need_in(n, 1, "dy");
   const TensorId dw = need_out(n, 0, "dw"), db = out_at(n, 1);
-  const FcGeom g = fc_geom(ctx, n, x, dw, dy);
+  const DnnlFc g = dnnl_fc(ctx, n, x, dw, dy);
   if (db != kNoTensor) {
     expect_dtype(ctx, n, db, DType::F32, "db");
     expect_numel(ctx, n, db, g.o, "db");

@@ -17,51 +17,27 @@ namespace {
 
 using namespace dnnl;
 
-// The geometry of one convolution node, checked against the tensors it names.
-struct ConvGeom {
-  Nhwc x, y;                    // input and output feature maps
-  int64_t k = 0, r = 0, s = 0;  // weights [K, R, S, C]
+// A convolution node's geometry (conv_geom) with oneDNN's descriptors of it.
+struct DnnlConv : ConvGeom {
   dims strides, pad;
 
-  memory::desc x_md() const { return {x.nchw(), dt::f32, tag::nhwc}; }
-  memory::desc y_md() const { return {y.nchw(), dt::f32, tag::nhwc}; }
+  memory::desc x_md() const { return {nchw(x), dt::f32, tag::nhwc}; }
+  memory::desc y_md() const { return {nchw(y), dt::f32, tag::nhwc}; }
   dims w_dims() const { return {k, x.c, r, s}; }
   memory::desc w_any() const { return {w_dims(), dt::f32, tag::any}; }  // oneDNN's choice
   memory::desc b_md() const { return {{k}, dt::f32, tag::x}; }
 };
 
-ConvGeom conv_geom(const Context& ctx, const Node& n, TensorId x, TensorId w, TensorId y) {
+DnnlConv dnnl_conv(const Context& ctx, const Node& n, TensorId x, TensorId w, TensorId y) {
   for (TensorId id : {x, w, y}) expect_dtype(ctx, n, id, DType::F32, "tensor");
-  expect_rank(ctx, n, x, 4, "input");
-  expect_rank(ctx, n, y, 4, "output");
-  expect_rank(ctx, n, w, 4, "weight (KRSC)");
-  ConvGeom g;
-  g.x = nhwc_of(ctx, n, x, "input");
-  g.y = nhwc_of(ctx, n, y, "output");
-  const Shape& ws = ctx.tensor(w).shape;
-  g.k = ws[0];
-  g.r = ws[1];
-  g.s = ws[2];
-  const Attrs& a = n.attrs;
-  KILN_CHECK(a.kh == g.r && a.kw == g.s, Shape, op_name(n.op), " node '", n.label,
-             "': attrs kernel ", a.kh, "x", a.kw, " but the weight is ", ws.str(), " (KRSC)");
-  KILN_CHECK(ws[3] == g.x.c && g.y.c == g.k && g.y.n == g.x.n, Shape, op_name(n.op), " node '",
-             n.label, "': input ", ctx.tensor(x).shape.str(), ", weight ", ws.str(),
-             " (KRSC) and output ", ctx.tensor(y).shape.str(), " do not agree (C_in, K_out or N)");
-  KILN_CHECK(a.sh >= 1 && a.sw >= 1 && a.ph >= 0 && a.pw >= 0, Shape, op_name(n.op), " node '",
-             n.label, "': stride must be >= 1 and padding >= 0");
-  const int64_t p = (g.x.h + 2 * a.ph - g.r) / a.sh + 1;
-  const int64_t q = (g.x.w + 2 * a.pw - g.s) / a.sw + 1;
-  KILN_CHECK(g.x.h + 2 * a.ph >= g.r && g.x.w + 2 * a.pw >= g.s && p == g.y.h && q == g.y.w, Shape,
-             op_name(n.op), " node '", n.label, "': a ", g.r, "x", g.s, " kernel, stride ", a.sh,
-             "x", a.sw, ", padding ", a.ph, "x", a.pw, " over ", g.x.h, "x", g.x.w, " gives ", p,
-             "x", q, ", but the output is ", g.y.h, "x", g.y.w);
-  g.strides = {a.sh, a.sw};
-  g.pad = {a.ph, a.pw};
+  DnnlConv g;
+  static_cast<ConvGeom&>(g) = conv_geom(ctx, n, x, w, y);
+  g.strides = {g.sh, g.sw};
+  g.pad = {g.ph, g.pw};
   return g;
 }
 
-convolution_forward::primitive_desc fwd_pd(const Context& ctx, const ConvGeom& g, bool bias,
+convolution_forward::primitive_desc fwd_pd(const Context& ctx, const DnnlConv& g, bool bias,
                                            const primitive_attr& attr) {
   const memory::desc no_bias;
   convolution_forward::desc d(prop_kind::forward_training, algorithm::convolution_direct, g.x_md(),
@@ -77,7 +53,7 @@ struct WeightsIn {
   std::vector<DnnlCall> reorders;  // 0 or 1
   std::vector<std::unique_ptr<Buffer>> buffers;
 };
-WeightsIn weights_for(const Node& n, Context& ctx, const ConvGeom& g, TensorId w,
+WeightsIn weights_for(const Node& n, Context& ctx, const DnnlConv& g, TensorId w,
                       const memory::desc& want, bool to_primitive) {
   WeightsIn r;
   memory user = make_memory(ctx, w, g.w_dims(), tag::ohwi);
@@ -111,10 +87,10 @@ KernelPtr sequence(WeightsIn wi, DnnlCall conv, bool reorder_first) {
 
 // "x, w, [b] -> y"
 KernelPtr make_conv_fwd(const Node& n, Context& ctx) {
-  reject_accumulate(n);
+  reject_accumulate(ctx, n);
   const TensorId x = need_in(n, 0, "x"), w = need_in(n, 1, "w"), b = in_at(n, 2);
   const TensorId y = need_out(n, 0, "y");
-  const ConvGeom g = conv_geom(ctx, n, x, w, y);
+  const DnnlConv g = dnnl_conv(ctx, n, x, w, y);
   if (b != kNoTensor) {
     expect_dtype(ctx, n, b, DType::F32, "bias");
     expect_numel(ctx, n, b, g.k, "bias");
@@ -123,9 +99,9 @@ KernelPtr make_conv_fwd(const Node& n, Context& ctx) {
     auto pd = fwd_pd(ctx, g, b != kNoTensor, user_scratchpad_attr());
     WeightsIn wi = weights_for(n, ctx, g, w, pd.weights_desc(), /*to_primitive=*/true);
     std::unordered_map<int, memory> args{
-        {DNNL_ARG_SRC, make_memory(ctx, x, g.x.nchw(), tag::nhwc)},
+        {DNNL_ARG_SRC, make_memory(ctx, x, nchw(g.x), tag::nhwc)},
         {DNNL_ARG_WEIGHTS, wi.mem},
-        {DNNL_ARG_DST, make_memory(ctx, y, g.y.nchw(), tag::nhwc)}};
+        {DNNL_ARG_DST, make_memory(ctx, y, nchw(g.y), tag::nhwc)}};
     if (b != kNoTensor) args[DNNL_ARG_BIAS] = make_memory(ctx, b, {g.k}, tag::x);
     DnnlCall conv(n, ctx, convolution_forward(pd), pd, std::move(args));
     return sequence(std::move(wi), std::move(conv), true);
@@ -136,10 +112,10 @@ KernelPtr make_conv_fwd(const Node& n, Context& ctx) {
 
 // "dy, w -> dx"
 KernelPtr make_conv_bwd_data(const Node& n, Context& ctx) {
-  reject_accumulate(n);
+  reject_accumulate(ctx, n);
   const TensorId dy = need_in(n, 0, "dy"), w = need_in(n, 1, "w");
   const TensorId dx = need_out(n, 0, "dx");
-  const ConvGeom g = conv_geom(ctx, n, dx, w, dy);
+  const DnnlConv g = dnnl_conv(ctx, n, dx, w, dy);
   try {
     auto hint = fwd_pd(ctx, g, false, primitive_attr());
     convolution_backward_data::desc d(algorithm::convolution_direct, g.x_md(), g.w_any(), g.y_md(),
@@ -147,9 +123,9 @@ KernelPtr make_conv_bwd_data(const Node& n, Context& ctx) {
     convolution_backward_data::primitive_desc pd(d, user_scratchpad_attr(), ctx.engine, hint);
     WeightsIn wi = weights_for(n, ctx, g, w, pd.weights_desc(), /*to_primitive=*/true);
     std::unordered_map<int, memory> args{
-        {DNNL_ARG_DIFF_DST, make_memory(ctx, dy, g.y.nchw(), tag::nhwc)},
+        {DNNL_ARG_DIFF_DST, make_memory(ctx, dy, nchw(g.y), tag::nhwc)},
         {DNNL_ARG_WEIGHTS, wi.mem},
-        {DNNL_ARG_DIFF_SRC, make_memory(ctx, dx, g.x.nchw(), tag::nhwc)}};
+        {DNNL_ARG_DIFF_SRC, make_memory(ctx, dx, nchw(g.x), tag::nhwc)}};
     DnnlCall conv(n, ctx, convolution_backward_data(pd), pd, std::move(args));
     return sequence(std::move(wi), std::move(conv), true);
   } catch (const dnnl::error& e) {
@@ -159,10 +135,10 @@ KernelPtr make_conv_bwd_data(const Node& n, Context& ctx) {
 
 // "x, dy -> dw, [db]"
 KernelPtr make_conv_bwd_weight(const Node& n, Context& ctx) {
-  reject_accumulate(n);
+  reject_accumulate(ctx, n);
   const TensorId x = need_in(n, 0, "x"), dy = need_in(n, 1, "dy");
   const TensorId dw = need_out(n, 0, "dw"), db = out_at(n, 1);
-  const ConvGeom g = conv_geom(ctx, n, x, dw, dy);
+  const DnnlConv g = dnnl_conv(ctx, n, x, dw, dy);
   if (db != kNoTensor) {
     expect_dtype(ctx, n, db, DType::F32, "db");
     expect_numel(ctx, n, db, g.k, "db");
@@ -177,8 +153,8 @@ KernelPtr make_conv_bwd_weight(const Node& n, Context& ctx) {
     convolution_backward_weights::primitive_desc pd(d, user_scratchpad_attr(), ctx.engine, hint);
     WeightsIn wi = weights_for(n, ctx, g, dw, pd.diff_weights_desc(), /*to_primitive=*/false);
     std::unordered_map<int, memory> args{
-        {DNNL_ARG_SRC, make_memory(ctx, x, g.x.nchw(), tag::nhwc)},
-        {DNNL_ARG_DIFF_DST, make_memory(ctx, dy, g.y.nchw(), tag::nhwc)},
+        {DNNL_ARG_SRC, make_memory(ctx, x, nchw(g.x), tag::nhwc)},
+        {DNNL_ARG_DIFF_DST, make_memory(ctx, dy, nchw(g.y), tag::nhwc)},
         {DNNL_ARG_DIFF_WEIGHTS, wi.mem}};
     if (bias) args[DNNL_ARG_DIFF_BIAS] = make_memory(ctx, db, {g.k}, tag::x);
     DnnlCall conv(n, ctx, convolution_backward_weights(pd), pd, std::move(args));

@@ -5,10 +5,11 @@
 // nothing at all when overflow != 0 (SPEC S9: an overflowed step changes no weight, moment
 // or EMA). Absent loss_scale / overflow tensors read as 1 / 0 (FP32 without loss scaling);
 // an optional clip_coef (grad_norm's factor, --clip-grad-norm) multiplies the unscale.
-// The formulas follow PyTorch's (torch.optim.SGD, AdamW) operation for operation, in FP32.
+// The element formulas are both backends' (backend/formulas.h): PyTorch's, in FP32.
 #include <cmath>
 
 #include "backend/cpu/cpu_util.h"
+#include "backend/formulas.h"
 
 namespace kiln::cpu {
 
@@ -21,11 +22,6 @@ float* region_f32(Context& ctx, const Node& n, TensorId id, int64_t count, const
   return ctx.ptr<float>(id);
 }
 
-TensorId out_or(const Node& n, size_t i, TensorId fallback) {
-  const TensorId id = out_at(n, i);
-  return id != kNoTensor ? id : fallback;
-}
-
 // Reads the three scalars every optimizer uses; false when the step must be skipped.
 struct StepScalars {
   float lr = 0, inv_scale = 1;
@@ -36,11 +32,8 @@ bool step_scalars(const Context& c, TensorId lr, TensorId scale, TensorId overfl
                   float average, TensorId clip_coef, StepScalars* s) {
   if (read_scalar(c, overflow, 0.0) != 0.0) return false;
   s->lr = static_cast<float>(read_scalar(c, lr, 0.0));
-  s->inv_scale =
-      1.0f / static_cast<float>(read_scalar(c, scale, 1.0));  // exact: scales are powers of two
-  s->inv_scale *= average;  // exact for average 1 (one process) and for a power-of-two world
-  // (g * inv) * coef == g * (inv * coef) while inv is a power of two: torch's clip order.
-  s->inv_scale *= static_cast<float>(read_scalar(c, clip_coef, 1.0));
+  s->inv_scale = formula::inv_loss_scale(static_cast<float>(read_scalar(c, scale, 1.0)), average,
+                                         static_cast<float>(read_scalar(c, clip_coef, 1.0)));
   return true;
 }
 
@@ -52,7 +45,7 @@ bool step_scalars(const Context& c, TensorId lr, TensorId scale, TensorId overfl
 // PyTorch sets m = g' on the first step; kiln's m starts at 0, and momentum * 0 + g' = g'.
 // With momentum 0, m may be absent.
 KernelPtr make_sgd(const Node& n, Context& ctx) {
-  reject_accumulate(n);
+  reject_accumulate(ctx, n);
   const TensorId w = need_in(n, 0, "w"), g = need_in(n, 1, "g"), m = in_at(n, 2),
                  lr = need_in(n, 3, "lr"), scale = in_at(n, 4), overflow = in_at(n, 5),
                  coef = in_at(n, 6);
@@ -71,15 +64,11 @@ KernelPtr make_sgd(const Node& n, Context& ctx) {
   return make_loop([=](Context& c) {
     StepScalars s;
     if (!step_scalars(c, lr, scale, overflow, a.grad_average, coef, &s)) return;
+    const formula::SgdParams p{s.lr, s.inv_scale, mom, wd, nesterov};
     for (int64_t i = 0; i < count; ++i) {
-      const float gi = gp[i] * s.inv_scale + wd * wp[i];
-      float u = gi;
-      if (mp) {
-        const float mi = mom * mp[i] + gi;
-        mo[i] = mi;
-        u = nesterov ? gi + mom * mi : mi;
-      }
-      wo[i] = wp[i] - s.lr * u;
+      const formula::WeightMoment r = formula::sgd_update(wp[i], gp[i], mp ? &mp[i] : nullptr, p);
+      if (mp) mo[i] = r.m;
+      wo[i] = r.w;
     }
   });
 }
@@ -92,7 +81,7 @@ KernelPtr make_sgd(const Node& n, Context& ctx) {
 // step), so t counts this update as PyTorch's state['step'] does after its increment. The
 // compiler passes the step_count node's counter, which skipped (overflowed) steps leave alone.
 KernelPtr make_adamw(const Node& n, Context& ctx) {
-  reject_accumulate(n);
+  reject_accumulate(ctx, n);
   const TensorId w = need_in(n, 0, "w"), g = need_in(n, 1, "g"), m = need_in(n, 2, "m"),
                  v = need_in(n, 3, "v"), lr = need_in(n, 4, "lr"), scale = in_at(n, 5),
                  overflow = in_at(n, 6), step = need_in(n, 7, "step"), coef = in_at(n, 8);
@@ -110,22 +99,13 @@ KernelPtr make_adamw(const Node& n, Context& ctx) {
     StepScalars s;
     if (!step_scalars(c, lr, scale, overflow, a.grad_average, coef, &s)) return;
     const double t = read_scalar(c, step, 0.0) + 1.0;
-    // Bias corrections in double, as PyTorch computes them in Python floats.
-    const auto step_size =
-        static_cast<float>(s.lr / (1.0 - std::pow(static_cast<double>(a.beta1), t)));
-    const auto bc2_sqrt =
-        static_cast<float>(std::sqrt(1.0 - std::pow(static_cast<double>(a.beta2), t)));
-    const float decay = 1.0f - s.lr * a.weight_decay;
-    const float b1c = 1.0f - a.beta1, b2c = 1.0f - a.beta2;
+    const formula::AdamwParams p = formula::adamw_params(s.lr, s.inv_scale, t, a.beta1, a.beta2,
+                                                         a.adam_eps, a.weight_decay);
     for (int64_t i = 0; i < count; ++i) {
-      const float gi = gp[i] * s.inv_scale;
-      const float wi = wp[i] * decay;
-      const float mi = mp[i] + b1c * (gi - mp[i]);
-      const float vi = a.beta2 * vp[i] + b2c * gi * gi;
-      const float denom = std::sqrt(vi) / bc2_sqrt + a.adam_eps;
-      mo[i] = mi;
-      vo[i] = vi;
-      wo[i] = wi - step_size * (mi / denom);
+      const formula::AdamwElement r = formula::adamw_update(wp[i], gp[i], mp[i], vp[i], p);
+      mo[i] = r.m;
+      vo[i] = r.v;
+      wo[i] = r.w;
     }
   });
 }
@@ -140,7 +120,7 @@ KernelPtr make_adamw(const Node& n, Context& ctx) {
 // excluded from adaptation -- BN and biases -- go to an sgd node instead). Norms are summed
 // in double; the kernel makes two passes (norms, then the update).
 KernelPtr make_lars(const Node& n, Context& ctx) {
-  reject_accumulate(n);
+  reject_accumulate(ctx, n);
   const TensorId w = need_in(n, 0, "w"), g = need_in(n, 1, "g"), m = need_in(n, 2, "m"),
                  lr = need_in(n, 3, "lr"), scale = in_at(n, 4), overflow = in_at(n, 5),
                  coef = in_at(n, 6);
@@ -161,22 +141,20 @@ KernelPtr make_lars(const Node& n, Context& ctx) {
       ww += static_cast<double>(wp[i]) * wp[i];
       gg += gi * gi;
     }
-    const double wn = std::sqrt(ww), gn = std::sqrt(gg);
-    const auto trust = static_cast<float>(
-        wn > 0.0 && gn > 0.0 ? a.lars_eta * wn / (gn + a.weight_decay * wn) : 1.0);
+    const float trust =
+        formula::lars_trust(std::sqrt(ww), std::sqrt(gg), a.lars_eta, a.weight_decay);
+    const formula::LarsParams p{s.lr, s.inv_scale, trust, a.momentum, a.weight_decay, a.nesterov};
     for (int64_t i = 0; i < count; ++i) {
-      const float d = trust * (gp[i] * s.inv_scale + a.weight_decay * wp[i]);
-      const float mi = a.momentum * mp[i] + d;
-      mo[i] = mi;
-      const float u = a.nesterov ? d + a.momentum * mi : mi;
-      wo[i] = wp[i] - s.lr * u;
+      const formula::WeightMoment r = formula::lars_update(wp[i], gp[i], mp[i], p);
+      mo[i] = r.m;
+      wo[i] = r.w;
     }
   });
 }
 
 // "overflow, count -> count": +1 unless the step was skipped.
 KernelPtr make_step_count(const Node& n, Context& ctx) {
-  reject_accumulate(n);
+  reject_accumulate(ctx, n);
   const TensorId overflow = in_at(n, 0), count = need_in(n, 1, "count");
   const TensorId out = out_or(n, 0, count);
   expect_scalar(ctx, n, overflow, "overflow");
@@ -193,7 +171,7 @@ KernelPtr make_step_count(const Node& n, Context& ctx) {
 // Squares summed in double (torch sums in FP32; the norm's rounding is far below 1e-6
 // relative); a NaN norm gives a NaN coef as in torch, which an AMP step skips anyway.
 KernelPtr make_grad_norm(const Node& n, Context& ctx) {
-  reject_accumulate(n);
+  reject_accumulate(ctx, n);
   const TensorId g = need_in(n, 0, "g"), scale = in_at(n, 1), coef = need_out(n, 0, "clip_coef");
   const int64_t count = ctx.tensor(g).numel();
   const float* gp = region_f32(ctx, n, g, count, "g");
@@ -208,14 +186,13 @@ KernelPtr make_grad_norm(const Node& n, Context& ctx) {
       const double gi = static_cast<double>(gp[i]) * inv;
       ss += gi * gi;
     }
-    const double k = max_norm / (std::sqrt(ss) + 1e-6);
-    write_scalar(c, coef, k > 1.0 ? 1.0 : k);  // NaN stays NaN, as torch.clamp
+    write_scalar(c, coef, formula::clip_coef(ss, max_norm));
   });
 }
 
 // "w, overflow -> ema": ema = d * ema + (1 - d) * w, d = attrs.ema_decay; skipped on overflow.
 KernelPtr make_ema(const Node& n, Context& ctx) {
-  reject_accumulate(n);
+  reject_accumulate(ctx, n);
   const TensorId w = need_in(n, 0, "w"), overflow = in_at(n, 1), e = need_out(n, 0, "ema");
   const int64_t count = ctx.tensor(w).numel();
   const float* wp = region_f32(ctx, n, w, count, "w");
@@ -224,7 +201,7 @@ KernelPtr make_ema(const Node& n, Context& ctx) {
   const float d = n.attrs.ema_decay, one_minus_d = 1.0f - n.attrs.ema_decay;
   return make_loop([=](Context& c) {
     if (read_scalar(c, overflow, 0.0) != 0.0) return;
-    for (int64_t i = 0; i < count; ++i) ep[i] = d * ep[i] + one_minus_d * wp[i];
+    for (int64_t i = 0; i < count; ++i) ep[i] = formula::ema_update(ep[i], wp[i], d, one_minus_d);
   });
 }
 

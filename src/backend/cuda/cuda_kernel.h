@@ -19,8 +19,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "backend/node_checks.h"
 #include "kiln/backend/engine_table.h"
-
 #include "kiln/core/error.h"
 #include "kiln/core/log.h"
 #include "kiln/core/switches.h"
@@ -140,8 +140,8 @@ struct SideWork {
   std::vector<ByteRange> reads, writes;
 };
 
-struct Context {
-  const Program* program = nullptr;
+struct Context : ProgramView {
+  Context() : ProgramView("CUDA") {}
   Options opts;
   int sm_count = 132;
   std::array<uint8_t*, kRegionCount> base{};
@@ -174,7 +174,6 @@ struct Context {
   int side_wgrads = 0;  // kernels built to fork there
   std::vector<SideWork> side_pending;
 
-  const DTensor& tensor(TensorId id) const { return program->tensor(id); }
   // Device address of a tensor; valid once the regions are allocated (run time). Factories
   // call it too: regions are allocated before the factories run.
   template <typename T = void>
@@ -233,25 +232,6 @@ bool cuda_supports(OpKind op, DType feature_dtype);
 void autotune_cache_load(const std::string& path, const std::string& gpu, int64_t cudnn);
 void autotune_cache_save(const std::string& path, const std::string& gpu, int64_t cudnn);
 
-// ---- node checks (messages name the node, as the CPU backend's do) ----------------------
-inline TensorId in_at(const Node& n, size_t i) { return i < n.in.size() ? n.in[i] : kNoTensor; }
-inline TensorId out_at(const Node& n, size_t i) { return i < n.out.size() ? n.out[i] : kNoTensor; }
-TensorId need_in(const Node& n, size_t i, const char* role);
-TensorId need_out(const Node& n, size_t i, const char* role);
-void expect_dtype(const Context& ctx, const Node& n, TensorId id, DType dtype, const char* role);
-// f32 / f16 / bf16 (a feature tensor); returns its dtype.
-DType expect_float(const Context& ctx, const Node& n, TensorId id, const char* role);
-void expect_same_dtype(const Context& ctx, const Node& n, TensorId a, TensorId b);
-void expect_numel(const Context& ctx, const Node& n, TensorId id, int64_t numel, const char* role);
-void expect_rank(const Context& ctx, const Node& n, TensorId id, int rank, const char* role);
-void reject_accumulate(const Node& n);
-
-struct Nhwc {
-  int64_t n = 0, h = 1, w = 1, c = 0;
-  int64_t numel() const { return n * h * w * c; }
-};
-Nhwc nhwc_of(const Context& ctx, const Node& n, TensorId id, const char* role);
-
 // A device scalar as kernels see it: a pointer and a dtype code (absent = nullptr).
 struct DevScalar {
   void* p = nullptr;
@@ -259,7 +239,6 @@ struct DevScalar {
 };
 DevScalar dev_scalar(const Context& ctx, const Node& n, TensorId id, const char* role);
 
-// Grid for a grid-stride loop over `count` items.
 // Device memory a kernel owns beyond the regions and the stream workspaces (a convolution's
 // channel-padded copies, conv+genstats' sums), allocated while compiling, freed with the kernel.
 class DeviceBuffer {
@@ -276,6 +255,7 @@ class DeviceBuffer {
   void* p_ = nullptr;
 };
 
+// Grid for a grid-stride loop over `count` items.
 inline unsigned grid_for(const Context& ctx, int64_t count, int threads) {
   const int64_t want = (count + threads - 1) / threads;
   const int64_t cap = static_cast<int64_t>(ctx.sm_count) * 16;

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "backend/cpu/cpu_util.h"
+#include "backend/formulas.h"
 #include "kiln/process_group/process_group.h"
 
 namespace kiln::cpu {
@@ -18,14 +19,6 @@ namespace kiln::cpu {
 namespace {
 
 constexpr int64_t kChannelBlock = 16;  // one cache line of f32 per row
-
-void expect_world(const Node& n) {
-  KILN_CHECK(
-      n.attrs.world == dist::world(), InvalidArgument, op_name(n.op), " node '", n.label,
-      "' was compiled for ", n.attrs.world, " processes but this process group has ", dist::world(),
-      "; start as many processes as the program was compiled for (mpirun -np ", n.attrs.world,
-      ", srun -n ", n.attrs.world, ") or compile with world = ", dist::world());
-}
 
 // Rows (N*H*W) and channels of an NHWC (or [N, C]) f32 tensor.
 struct Geom {
@@ -41,10 +34,7 @@ Geom geom_of(const Context& ctx, const Node& n, TensorId x,
     expect_dtype(ctx, n, id, DType::F32, "feature");
     expect_numel(ctx, n, id, s.numel(), "feature (the shape of x)");
   }
-  for (TensorId id : per_channel) {
-    expect_dtype(ctx, n, id, DType::F32, "per-channel tensor");
-    expect_numel(ctx, n, id, s.c, "per-channel tensor");
-  }
+  expect_per_channel(ctx, n, per_channel, s.c);
   return {s.n * s.h * s.w, s.c};
 }
 
@@ -70,7 +60,7 @@ void channel_sums(int64_t rows, int64_t C, double* sa, double* sb, F f) {
 
 // "x -> x (in place, f32 or i32): the sum over the ranks, or the max with attrs.reduce_max"
 KernelPtr make_allreduce(const Node& n, Context& ctx) {
-  reject_accumulate(n);
+  reject_accumulate(ctx, n);
   const TensorId x = need_in(n, 0, "x");
   const TensorId y = out_at(n, 0) != kNoTensor ? out_at(n, 0) : x;
   const DTensor &tx = ctx.tensor(x), &ty = ctx.tensor(y);
@@ -91,7 +81,7 @@ KernelPtr make_allreduce(const Node& n, Context& ctx) {
 
 // "x -> y = [x of rank 0, ..., x of rank world-1] (f32)"
 KernelPtr make_allgather(const Node& n, Context& ctx) {
-  reject_accumulate(n);
+  reject_accumulate(ctx, n);
   const TensorId x = need_in(n, 0, "x"), y = need_out(n, 0, "y");
   expect_dtype(ctx, n, x, DType::F32, "x");
   expect_dtype(ctx, n, y, DType::F32, "y");
@@ -106,7 +96,7 @@ KernelPtr make_allgather(const Node& n, Context& ctx) {
 
 // "x -> stats (f32 2xC: this rank's batch mean and biased variance)"
 KernelPtr make_bn_stats(const Node& n, Context& ctx) {
-  reject_accumulate(n);
+  reject_accumulate(ctx, n);
   const TensorId x = need_in(n, 0, "x"), stats = need_out(n, 0, "stats");
   const Geom g = geom_of(ctx, n, x, {}, {});
   expect_dtype(ctx, n, stats, DType::F32, "stats");
@@ -132,7 +122,7 @@ KernelPtr make_bn_stats(const Node& n, Context& ctx) {
 
 // "x, gamma, beta, running_mean, running_var, stats_all -> y, saved"
 KernelPtr make_bn_fwd_sync(const Node& n, Context& ctx) {
-  reject_accumulate(n);
+  reject_accumulate(ctx, n);
   const TensorId x = need_in(n, 0, "x"), gamma = need_in(n, 1, "gamma"),
                  beta = need_in(n, 2, "beta"), rm = need_in(n, 3, "running_mean"),
                  rv = need_in(n, 4, "running_var"), all = need_in(n, 5, "stats_all");
@@ -156,22 +146,14 @@ KernelPtr make_bn_fwd_sync(const Node& n, Context& ctx) {
   return make_loop([=](Context&) mutable {
     const int64_t C = g.c;
     for (int64_t c = 0; c < C; ++c) {
-      double mean = 0.0;
-      for (int r = 0; r < world; ++r) mean += ap[(2 * r) * C + c];
-      mean /= world;
-      double var = 0.0;
-      for (int r = 0; r < world; ++r) {
-        const double d = ap[(2 * r) * C + c] - mean;
-        var += ap[(2 * r + 1) * C + c] + d * d;
-      }
-      var /= world;
-      const auto mean_f = static_cast<float>(mean), var_f = static_cast<float>(var);
-      const auto invstd = static_cast<float>(1.0 / std::sqrt(static_cast<double>(var_f) + eps));
+      const formula::MeanVar mv = formula::combine_rank_stats(ap, world, C, c);
+      const auto mean_f = static_cast<float>(mv.mean), var_f = static_cast<float>(mv.var);
+      const float invstd = formula::bn_invstd(var_f, eps);
       sp[c] = mean_f;
       sp[C + c] = invstd;
-      const double unbias = total > 1.0 ? total / (total - 1.0) : 1.0;
-      rmp[c] = static_cast<float>((1.0 - m) * rmp[c] + m * mean_f);
-      rvp[c] = static_cast<float>((1.0 - m) * rvp[c] + m * unbias * var_f);
+      const double unbias = formula::bn_unbias(total);
+      rmp[c] = formula::running_mean_update(rmp[c], m, mean_f);
+      rvp[c] = formula::running_var_update(rvp[c], m, unbias, var_f);
       scale[static_cast<size_t>(c)] = gp[c] * invstd;
       shift[static_cast<size_t>(c)] = mean_f;
     }
@@ -188,7 +170,7 @@ KernelPtr make_bn_fwd_sync(const Node& n, Context& ctx) {
 
 // "x, dy, saved -> dgamma, dbeta, sums (f32 2xC: [sum dy, sum dy*xhat])"
 KernelPtr make_bn_bwd_reduce(const Node& n, Context& ctx) {
-  reject_accumulate(n);
+  reject_accumulate(ctx, n);
   const TensorId x = need_in(n, 0, "x"), dy = need_in(n, 1, "dy"), saved = need_in(n, 2, "saved");
   const TensorId dgamma = need_out(n, 0, "dgamma"), dbeta = need_out(n, 1, "dbeta"),
                  sums = need_out(n, 2, "sums");
@@ -220,7 +202,7 @@ KernelPtr make_bn_bwd_reduce(const Node& n, Context& ctx) {
 
 // "x, dy, gamma, saved, sums -> dx"
 KernelPtr make_bn_bwd_sync(const Node& n, Context& ctx) {
-  reject_accumulate(n);
+  reject_accumulate(ctx, n);
   const TensorId x = need_in(n, 0, "x"), dy = need_in(n, 1, "dy"), gamma = need_in(n, 2, "gamma"),
                  saved = need_in(n, 3, "saved"), sums = need_in(n, 4, "sums");
   const TensorId dx = need_out(n, 0, "dx");
