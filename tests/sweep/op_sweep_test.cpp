@@ -1526,9 +1526,12 @@ const std::vector<Case>& sweep() {
 }
 
 std::string test_name(const Case& c) {
-  std::string s = std::string(op_name(c.op)) + "_" + c.label;
-  for (char& ch : s)
-    if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+  std::string s;  // gtest's names: letters, digits and single underscores
+  for (const char ch : std::string(op_name(c.op)) + "_" + c.label) {
+    const bool keep = std::isalnum(static_cast<unsigned char>(ch)) != 0;
+    if (keep || (!s.empty() && s.back() != '_')) s += keep ? ch : '_';
+  }
+  while (!s.empty() && s.back() == '_') s.pop_back();
   return s;
 }
 std::string where(const Case& c) {
