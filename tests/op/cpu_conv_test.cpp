@@ -1,30 +1,12 @@
-// CPU convolution (oneDNN) against the float64 reference: forward, backward data, backward
-// weights and bias, over odd sizes, strides, padding, 1x1 / 3x3 / 7x7 kernels, batch 1 and
-// more, channel counts 1, 3, 8, 17; plus finite-difference checks of the reference's
-// gradients and of the kernel's.
+// CPU convolution (oneDNN): finite-difference checks of the reference's gradients and of the
+// kernel's, and shape errors. The kernels against the float64 reference over odd sizes,
+// strides, padding and kernels are the sweep's rows (tests/sweep/op_sweep_test.cpp).
 #include <gtest/gtest.h>
 
 #include "op/cpu_op_test_util.h"
 
 namespace kiln::test {
 namespace {
-
-struct ConvCase {
-  const char* name;
-  ref::ConvShape s;
-  bool bias;
-};
-
-// name, {n, h, w, c, k, r, s, sh, sw, ph, pw}, bias
-const ConvCase kCases[] = {
-    {"3x3_s1_p1_c3_k8", {2, 7, 9, 3, 8, 3, 3, 1, 1, 1, 1}, true},
-    {"1x1_c1_k17_batch1", {1, 8, 8, 1, 17, 1, 1, 1, 1, 0, 0}, false},
-    {"3x3_s2_p1_c17_k8_odd", {3, 11, 10, 17, 8, 3, 3, 2, 2, 1, 1}, true},
-    {"7x7_s2_p3_c3_k8_stem", {2, 15, 13, 3, 8, 7, 7, 2, 2, 3, 3}, false},
-    {"1x1_s2_c8_k3_shortcut", {1, 5, 5, 8, 3, 1, 1, 2, 2, 0, 0}, true},
-    {"3x3_s1_p0_c8_k1", {2, 6, 7, 8, 1, 3, 3, 1, 1, 0, 0}, true},
-    {"3x2_s2x1_p1x0_rect", {2, 9, 6, 3, 17, 3, 2, 2, 1, 1, 0}, true},
-};
 
 Attrs conv_attrs(const ref::ConvShape& s) {
   Attrs a;
@@ -63,42 +45,6 @@ struct ConvProgram {
     compile_cpu(h);
   }
 };
-
-class CpuOpConv : public ::testing::TestWithParam<ConvCase> {};
-
-TEST_P(CpuOpConv, ForwardAndBackwardMatchFloat64Reference) {
-  const ConvCase& c = GetParam();
-  const ref::ConvShape& s = c.s;
-  ConvProgram p(s, c.bias);
-  const auto x = rand_vec(s.x_size(), 1), w = rand_vec(s.w_size(), 2), dy = rand_vec(s.y_size(), 3);
-  const auto b = c.bias ? rand_vec(s.k, 4) : std::vector<float>{};
-  p.h.write(p.x, x);
-  p.h.write(p.w, w);
-  p.h.write(p.dy, dy);
-  if (c.bias) p.h.write(p.b, b);
-  p.h.run();
-
-  const ref::Vec X = ref::to_double(x), W = ref::to_double(w), DY = ref::to_double(dy),
-                 B = ref::to_double(b);
-  // Each output is a sum of products; its FP32 rounding error scales with the sum of |terms|,
-  // which is the same convolution of the absolute values (kFp32Tol explains the bound).
-  KILN_EXPECT_SCALED(p.h.read(p.y), ref::conv_fwd(X, W, B, s),
-                     ref::conv_fwd(ref::abs_of(X), ref::abs_of(W), ref::abs_of(B), s), kFp32Tol,
-                     "conv_fwd y");
-  KILN_EXPECT_SCALED(p.h.read(p.dx), ref::conv_bwd_data(DY, W, s),
-                     ref::conv_bwd_data(ref::abs_of(DY), ref::abs_of(W), s), kFp32Tol,
-                     "conv_bwd_data dx");
-  KILN_EXPECT_SCALED(p.h.read(p.dw), ref::conv_bwd_weight(X, DY, s),
-                     ref::conv_bwd_weight(ref::abs_of(X), ref::abs_of(DY), s), kFp32Tol,
-                     "conv_bwd_weight dw");
-  if (c.bias) {
-    KILN_EXPECT_SCALED(p.h.read(p.db), ref::conv_bwd_bias(DY, s),
-                       ref::conv_bwd_bias(ref::abs_of(DY), s), kFp32Tol, "conv_bwd_weight db");
-  }
-}
-
-INSTANTIATE_TEST_SUITE_P(Shapes, CpuOpConv, ::testing::ValuesIn(kCases),
-                         [](const auto& info) { return std::string(info.param.name); });
 
 // The reference's backward is the gradient of its forward: L = sum(y * r), checked by
 // central differences in double. Convolution is linear, so with a large step (h = 1e-2) the

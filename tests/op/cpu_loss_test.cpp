@@ -1,5 +1,6 @@
-// CPU softmax cross-entropy against the float64 reference: loss, dlogits with the loss scale
-// folded in, top-1/top-5 counts including ties, large logits, bad labels; finite differences.
+// CPU softmax cross-entropy: top-1/top-5 ties and non-finite logits, bad labels, padding, label
+// smoothing, finite differences. The plain loss, dlogits and counts against the float64
+// reference are the sweep's rows (tests/sweep/op_sweep_test.cpp).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -51,36 +52,6 @@ const CeCase kCases[] = {
     {"n3_k17_large_logits", 3, 17, 50.0f, 1000.0f, 128.0f},  // exp would overflow without the max
     {"n32_k100", 32, 100, 10.0f, -20.0f, 65536.0f},
 };
-
-class CpuOpSoftmaxCe : public ::testing::TestWithParam<CeCase> {};
-
-// The loss is computed in double from FP32 logits and rounded once: 1e-6 relative (a few
-// ulp, well inside SPEC Q2's 1e-5). dlogits: (p - onehot) * scale / N in double, rounded
-// once; its error scales with (p + onehot) * scale / N: 1e-5 of that (SPEC Q2). The counts
-// are exact.
-TEST_P(CpuOpSoftmaxCe, LossGradientAndTopKMatchReference) {
-  const CeCase& c = GetParam();
-  CeProgram p(c.n, c.k);
-  const auto zv = rand_vec(c.n * c.k, 111, c.offset - c.spread, c.offset + c.spread);
-  const auto lv = rand_labels(c.n, c.k, 112);
-  p.run(zv, lv, c.scale);
-  const ref::SoftmaxCe r = ref::softmax_ce(ref::to_double(zv), lv, c.n, c.k, c.scale);
-  KILN_EXPECT_REL(p.h.read(p.loss), ref::Vec{r.loss}, 1e-6, 1e-6, "loss");
-  ref::Vec mag(r.dlogits.size());
-  for (int64_t b = 0; b < c.n; ++b)
-    for (int64_t j = 0; j < c.k; ++j) {
-      const size_t i = static_cast<size_t>(b * c.k + j);
-      const double onehot = j == lv[b] ? 1.0 : 0.0;
-      mag[i] = (std::fabs(r.dlogits[i] / c.scale * c.n + onehot) + onehot) * c.scale / c.n;
-    }
-  KILN_EXPECT_SCALED(p.h.read(p.dz), r.dlogits, mag, kFp32Tol, "dlogits");
-  const auto counts = p.h.read_i32(p.correct);
-  EXPECT_EQ(counts[0], r.top1);
-  EXPECT_EQ(counts[1], r.top5);
-}
-
-INSTANTIATE_TEST_SUITE_P(Shapes, CpuOpSoftmaxCe, ::testing::ValuesIn(kCases),
-                         [](const auto& info) { return std::string(info.param.name); });
 
 // Ties: the label's rank counts larger logits plus equal logits at smaller indices (a stable
 // descending sort; argmax's first maximum). Rows (label in brackets):

@@ -1,6 +1,6 @@
-// CPU pooling against the float64 reference: max pooling (loop, explicit i32 argmax) with
-// ties and NaN, average pooling (oneDNN) with and without counting the padding, global
-// average pooling; forward and backward, finite differences of the reference.
+// CPU pooling: max pooling's ties and NaN, finite differences of the reference. The kernels
+// against the float64 reference (max with its argmax, average with both divisors, global
+// average) are the sweep's rows (tests/sweep/op_sweep_test.cpp).
 #include <gtest/gtest.h>
 
 #include <limits>
@@ -9,20 +9,6 @@
 
 namespace kiln::test {
 namespace {
-
-struct PoolCase {
-  const char* name;
-  ref::PoolShape s;  // {n, h, w, c, kh, kw, sh, sw, ph, pw}
-};
-
-const PoolCase kCases[] = {
-    {"2x2_s2_8x8_c3", {2, 8, 8, 3, 2, 2, 2, 2, 0, 0}},
-    {"2x2_s2_odd_7x9_c1", {1, 7, 9, 1, 2, 2, 2, 2, 0, 0}},
-    {"3x3_s2_p1_resnet_9x11_c17", {2, 9, 11, 17, 3, 3, 2, 2, 1, 1}},
-    {"3x3_s2_p1_resnet_8x8_c8", {3, 8, 8, 8, 3, 3, 2, 2, 1, 1}},
-    {"3x3_s1_p1_5x6_c3", {1, 5, 6, 3, 3, 3, 1, 1, 1, 1}},
-    {"3x2_s1x2_p1x0_rect_c8", {2, 6, 7, 8, 3, 2, 1, 2, 1, 0}},
-};
 
 Attrs pool_attrs(const ref::PoolShape& s, bool include_pad = true) {
   Attrs a;
@@ -35,70 +21,6 @@ Attrs pool_attrs(const ref::PoolShape& s, bool include_pad = true) {
   a.count_include_pad = include_pad;
   return a;
 }
-
-class CpuOpPool : public ::testing::TestWithParam<PoolCase> {};
-
-// Max pooling picks and moves values without arithmetic, so the forward and the argmax are
-// exact; the backward sums at most ceil(k/s)^2 <= 4 (3x3/s2) or 9 (3x3/s1) gradients per
-// input element: 1e-6 of the sum of their absolute values (a few ulp).
-TEST_P(CpuOpPool, MaxPoolForwardArgmaxBackwardMatchReference) {
-  const ref::PoolShape& s = GetParam().s;
-  OpHarness h;
-  const TensorId x = h.tensor("x", {s.n, s.h, s.w, s.c});
-  const TensorId y = h.tensor("y", {s.n, s.p(), s.q(), s.c});
-  const TensorId am = h.tensor("argmax", {s.n, s.p(), s.q(), s.c}, Region::aux, DType::I32);
-  const TensorId y2 = h.tensor("y_no_argmax", {s.n, s.p(), s.q(), s.c});
-  const TensorId dy = h.tensor("dy", {s.n, s.p(), s.q(), s.c});
-  const TensorId dx = h.tensor("dx", {s.n, s.h, s.w, s.c});
-  const Attrs a = pool_attrs(s);
-  h.node(OpKind::maxpool_fwd, {x}, {y, am}, a);
-  h.node(OpKind::maxpool_fwd, {x}, {y2}, a);  // evaluation: no argmax
-  h.node(OpKind::maxpool_bwd, {dy, am}, {dx}, a);
-  compile_cpu(h);
-  const auto xv = rand_vec(s.x_size(), 71), dyv = rand_vec(s.y_size(), 72);
-  h.write(x, xv);
-  h.write(dy, dyv);
-  h.run();
-  std::vector<int32_t> ref_am;
-  const ref::Vec want = ref::maxpool_fwd(ref::to_double(xv), s, &ref_am);
-  EXPECT_EQ(ref::to_double(h.read(y)), want);
-  EXPECT_EQ(ref::to_double(h.read(y2)), want);
-  EXPECT_EQ(h.read_i32(am), ref_am);
-  const ref::Vec DY = ref::to_double(dyv);
-  KILN_EXPECT_SCALED(h.read(dx), ref::maxpool_bwd(DY, ref_am, s),
-                     ref::maxpool_bwd(ref::abs_of(DY), ref_am, s), 1e-6, "maxpool_bwd dx");
-}
-
-// Average pooling: each output is a sum of <= 9 terms divided by the window size; error
-// 1e-5 (SPEC Q2) of the same pooling over |x|, for both divisor conventions.
-TEST_P(CpuOpPool, AvgPoolForwardBackwardMatchReference) {
-  const ref::PoolShape& s = GetParam().s;
-  for (bool include_pad : {true, false}) {
-    SCOPED_TRACE(include_pad ? "count_include_pad" : "exclude padding");
-    OpHarness h;
-    const TensorId x = h.tensor("x", {s.n, s.h, s.w, s.c});
-    const TensorId y = h.tensor("y", {s.n, s.p(), s.q(), s.c});
-    const TensorId dy = h.tensor("dy", {s.n, s.p(), s.q(), s.c});
-    const TensorId dx = h.tensor("dx", {s.n, s.h, s.w, s.c});
-    const Attrs a = pool_attrs(s, include_pad);
-    h.node(OpKind::avgpool_fwd, {x}, {y}, a);
-    h.node(OpKind::avgpool_bwd, {dy}, {dx}, a);
-    compile_cpu(h);
-    const auto xv = rand_vec(s.x_size(), 73), dyv = rand_vec(s.y_size(), 74);
-    h.write(x, xv);
-    h.write(dy, dyv);
-    h.run();
-    const ref::Vec X = ref::to_double(xv), DY = ref::to_double(dyv);
-    KILN_EXPECT_SCALED(h.read(y), ref::avgpool_fwd(X, s, include_pad),
-                       ref::avgpool_fwd(ref::abs_of(X), s, include_pad), kFp32Tol, "avgpool_fwd y");
-    KILN_EXPECT_SCALED(h.read(dx), ref::avgpool_bwd(DY, s, include_pad),
-                       ref::avgpool_bwd(ref::abs_of(DY), s, include_pad), kFp32Tol,
-                       "avgpool_bwd dx");
-  }
-}
-
-INSTANTIATE_TEST_SUITE_P(Shapes, CpuOpPool, ::testing::ValuesIn(kCases),
-                         [](const auto& info) { return std::string(info.param.name); });
 
 // Ties go to the first element in window order (rows, then columns); a NaN wins (PyTorch's
 // rule), so it reaches the output and the overflow check. Padding is never chosen.
@@ -127,30 +49,6 @@ TEST(CpuOpPoolMax, TiesPickTheFirstElementAndNanPropagates) {
   EXPECT_EQ(amv[1 * 2 + 1], 1);  // window (0,1) does not contain row 2
   EXPECT_TRUE(std::isnan(yv[3 * 2 + 1]));
   EXPECT_EQ(amv[3 * 2 + 1], 2 * 4 + 3);
-}
-
-// Global average pooling: a mean over H*W terms (summed in double by the kernel); the
-// backward spreads dy / (H W). 1e-5 of the mean of |x| (SPEC Q2).
-TEST(CpuOpGap, ForwardBackwardMatchReference) {
-  for (const Shape& sh : {Shape{2, 7, 7, 17}, Shape{1, 1, 1, 3}, Shape{3, 5, 3, 8}}) {
-    SCOPED_TRACE(sh.str());
-    const int64_t n = sh[0], hw = sh[1] * sh[2], c = sh[3];
-    OpHarness h;
-    const TensorId x = h.tensor("x", sh), y = h.tensor("y", {n, c});
-    const TensorId dy = h.tensor("dy", {n, c}), dx = h.tensor("dx", sh);
-    h.node(OpKind::gap_fwd, {x}, {y});
-    h.node(OpKind::gap_bwd, {dy}, {dx});
-    compile_cpu(h);
-    const auto xv = rand_vec(n * hw * c, 75), dyv = rand_vec(n * c, 76);
-    h.write(x, xv);
-    h.write(dy, dyv);
-    h.run();
-    const ref::Vec X = ref::to_double(xv), DY = ref::to_double(dyv);
-    KILN_EXPECT_SCALED(h.read(y), ref::gap_fwd(X, n, hw, c), ref::gap_fwd(ref::abs_of(X), n, hw, c),
-                       kFp32Tol, "gap_fwd y");
-    KILN_EXPECT_SCALED(h.read(dx), ref::gap_bwd(DY, n, hw, c),
-                       ref::gap_bwd(ref::abs_of(DY), n, hw, c), kFp32Tol, "gap_bwd dx");
-  }
 }
 
 // The reference backward of max, average and global average pooling is the gradient of the

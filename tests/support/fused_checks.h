@@ -5,10 +5,11 @@
 // arithmetic rounding for rounding, so every output must be equal bit for bit: the feature
 // maps, the saved and running statistics, every gradient, and the mask, which must hold exactly
 // the elements the unfused ReLU passed; CBR with a max-pool folded in (cbr_pool_*) against
-// Conv -> BN -> ReLU -> MaxPool likewise. Shared by tests/op/cpu_fused_test.cpp (CPU, FP32) and
-// tests/gpu/gpu_fused_test.cpp (CUDA, FP32 and AMP, which sets KILN_DETERMINISTIC=1 so both
-// chains' convolutions run the same deterministic engines). Each unfused kernel is tested
-// against a reference in its own file; equality carries that over.
+// Conv -> BN -> ReLU -> MaxPool likewise. Shared by the sweep's fused rows
+// (tests/sweep/op_sweep_test.cpp: the CPU in FP32, CUDA in FP32 and AMP) and
+// tests/gpu/gpu_fused_test.cpp (CUDA with the 16-byte kernels on and off); CUDA runs with
+// deterministic engines so that both chains' convolutions run the same ones. Each unfused kernel
+// has its own sweep rows against the reference; equality carries that over.
 #pragma once
 #include <gtest/gtest.h>
 
