@@ -1,25 +1,28 @@
 #include "kiln/blueprint/blueprint.h"
 
+#include <iterator>
+
 namespace kiln {
 
+namespace {
+struct LayerKindInfo {
+  const char* name;
+  bool window;
+};
+constexpr LayerKindInfo kLayerKinds[] = {
+#define KILN_LAYER(e, name, role, params, window, pointwise) KILN_IN_DSL_##role({#name, window}, )
+#include "kiln/blueprint/layers.def"
+#undef KILN_LAYER
+};
+static_assert(std::size(kLayerKinds) == kLayerKindCount, "layers.def and LayerKind disagree");
+}  // namespace
+
 const char* layer_kind_name(LayerKind k) {
-  switch (k) {
-    case LayerKind::Conv: return "conv";
-    case LayerKind::BatchNorm: return "bn2d";
-    case LayerKind::ReLU: return "relu";
-    case LayerKind::MaxPool: return "maxpool";
-    case LayerKind::AvgPool: return "avgpool";
-    case LayerKind::AdaptiveAvgPool: return "adaptive_avgpool";
-    case LayerKind::GlobalAvgPool: return "gap";
-    case LayerKind::Flatten: return "flatten";
-    case LayerKind::FC: return "fc";
-    case LayerKind::Dropout: return "dropout";
-    case LayerKind::Identity: return "identity";
-    case LayerKind::Seq: return "seq";
-    case LayerKind::Residual: return "residual";
-  }
-  return "?";
+  const auto i = static_cast<size_t>(k);
+  return i < std::size(kLayerKinds) ? kLayerKinds[i].name : "?";
 }
+
+bool layer_kind_has_window(LayerKind k) { return kLayerKinds[static_cast<size_t>(k)].window; }
 
 static Layer make(LayerKind kind) {
   Layer l;
@@ -44,7 +47,10 @@ Layer bn2d(float eps, float momentum) {
   return l;
 }
 
-Layer relu() { return make(LayerKind::ReLU); }
+#define KILN_LAYER(e, name, role, params, window, pointwise) \
+  KILN_POINTWISE_##pointwise(Layer name() { return make(LayerKind::e); })
+#include "kiln/blueprint/layers.def"
+#undef KILN_LAYER
 
 Layer cbr(int out, int k, int stride, int pad) {
   return seq(conv(out, k, stride, pad).named("conv"), bn2d().named("bn"), relu().named("relu"));

@@ -1,32 +1,33 @@
 // Building the ArchPlan from a BluePrint: the tree walk and shape inference.
 #include "kiln/plan/arch_plan.h"
 
+#include <iterator>
 #include <sstream>
 
 #include "kiln/core/error.h"
 
 namespace kiln {
 
+namespace {
+struct PlanOpInfo {
+  const char* name;
+  bool params, window;
+};
+constexpr PlanOpInfo kPlanOps[] = {
+#define KILN_LAYER(e, name, role, params, window, pointwise) \
+  KILN_IN_PLAN_##role({#name, params, window}, )
+#include "kiln/blueprint/layers.def"
+#undef KILN_LAYER
+};
+static_assert(std::size(kPlanOps) == kPlanOpCount, "layers.def and PlanOp disagree");
+}  // namespace
+
 const char* plan_op_name(PlanOp op) {
-  switch (op) {
-    case PlanOp::Input: return "input";
-    case PlanOp::Conv: return "conv";
-    case PlanOp::BatchNorm: return "bn2d";
-    case PlanOp::ReLU: return "relu";
-    case PlanOp::MaxPool: return "maxpool";
-    case PlanOp::AvgPool: return "avgpool";
-    case PlanOp::GlobalAvgPool: return "gap";
-    case PlanOp::Flatten: return "flatten";
-    case PlanOp::FC: return "fc";
-    case PlanOp::Dropout: return "dropout";
-    case PlanOp::Add: return "add";
-    case PlanOp::SoftmaxCE: return "softmax_ce";
-    case PlanOp::Identity: return "identity";
-    case PlanOp::CBR: return "cbr";
-    case PlanOp::BnAddReLU: return "bn_add_relu";
-  }
-  return "?";
+  const auto i = static_cast<size_t>(op);
+  return i < std::size(kPlanOps) ? kPlanOps[i].name : "?";
 }
+bool plan_op_has_params(PlanOp op) { return kPlanOps[static_cast<size_t>(op)].params; }
+bool plan_op_has_window(PlanOp op) { return kPlanOps[static_cast<size_t>(op)].window; }
 
 std::vector<const PlanNode*> ArchPlan::live() const {
   std::vector<const PlanNode*> v;
@@ -77,7 +78,7 @@ class Builder {
   std::string describe(const Layer& l, const std::string& path) const {
     std::ostringstream os;
     os << "layer '" << (path.empty() ? std::string("(root)") : path) << "' (" << layer_kind_name(l.kind);
-    if (l.kind == LayerKind::Conv || l.kind == LayerKind::MaxPool || l.kind == LayerKind::AvgPool) {
+    if (layer_kind_has_window(l.kind)) {
       os << " " << l.k << "x" << l.k << " stride " << l.stride << " pad " << l.pad;
     }
     os << ")";
@@ -143,8 +144,11 @@ class Builder {
         n.eps = l.eps, n.momentum = l.momentum;
         return id;
       }
-      case LayerKind::ReLU:
-        return add(PlanOp::ReLU, path, {x}, shape(x));
+      // Element-wise layers (layers.def's pointwise rows): the same-named op, the same shape.
+#define KILN_LAYER(e, name, role, params, window, pointwise) \
+  KILN_POINTWISE_##pointwise(case LayerKind::e: return add(PlanOp::e, path, {x}, shape(x));)
+#include "kiln/blueprint/layers.def"
+#undef KILN_LAYER
       case LayerKind::MaxPool:
       case LayerKind::AvgPool: {
         need_map(l, path, x);
@@ -253,7 +257,7 @@ std::string describe_plan(const ArchPlan& plan) {
     os << "  #" << n->id << " " << plan_op_name(n->op) << " " << n->name;
     if (!n->bn_name.empty()) os << " + " << n->bn_name;
     if (n->pool) os << " + " << n->pool_name << " (max-pool " << n->pool << "x" << n->pool << ")";
-    if (n->op == PlanOp::Conv || n->op == PlanOp::CBR || n->op == PlanOp::MaxPool || n->op == PlanOp::AvgPool) {
+    if (plan_op_has_window(n->op)) {
       os << " k" << n->k << " s" << n->stride << " p" << n->pad;
     }
     os << " <- (";

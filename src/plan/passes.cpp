@@ -21,11 +21,6 @@ void rewire(ArchPlan& p, int from, int to) {
   }
 }
 
-bool has_params(PlanOp op) {
-  return op == PlanOp::Conv || op == PlanOp::BatchNorm || op == PlanOp::FC || op == PlanOp::CBR ||
-         op == PlanOp::BnAddReLU;
-}
-
 void drop_identities(ArchPlan& p, const PlanOptions&) {
   int dropped = 0;
   for (PlanNode& n : p.nodes) {
@@ -69,8 +64,8 @@ void mark_first_layer(ArchPlan& p, const PlanOptions&) {
     }
     bool upstream = false;
     for (int i : n.inputs) upstream = upstream || node(p, i).requires_grad;
-    n.requires_grad = upstream || has_params(n.op);
-    n.first_layer = has_params(n.op) && !upstream;
+    n.requires_grad = upstream || plan_op_has_params(n.op);
+    n.first_layer = plan_op_has_params(n.op) && !upstream;
     if (n.first_layer && first.empty()) first = n.name;
   }
   p.notes.push_back("mark_first_layer: '" + first + "' computes no input gradient");

@@ -12,11 +12,33 @@
 
 namespace kiln {
 
+// layers.def's roles as selectors: KILN_IN_DSL_<role>(x) is x where the row is a DSL layer,
+// KILN_IN_PLAN_<role>(x) where it is a plan op (PlanOp, arch_plan.h).
+#define KILN_IN_DSL_Both(...) __VA_ARGS__
+#define KILN_IN_DSL_Dsl(...) __VA_ARGS__
+#define KILN_IN_DSL_Plan(...)
+#define KILN_IN_PLAN_Both(...) __VA_ARGS__
+#define KILN_IN_PLAN_Dsl(...)
+#define KILN_IN_PLAN_Plan(...) __VA_ARGS__
+// KILN_POINTWISE_<pointwise>(x) is x where the row is an element-wise layer.
+#define KILN_POINTWISE_0(...)
+#define KILN_POINTWISE_x(...) __VA_ARGS__
+#define KILN_POINTWISE_y(...) __VA_ARGS__
+
+// The layers a BluePrint is written in (layers.def's rows with role Both or Dsl).
 enum class LayerKind {
-  Conv, BatchNorm, ReLU, MaxPool, AvgPool, AdaptiveAvgPool, GlobalAvgPool, Flatten, FC,
-  Dropout, Identity, Seq, Residual
+#define KILN_LAYER(e, name, role, params, window, pointwise) KILN_IN_DSL_##role(e, )
+#include "kiln/blueprint/layers.def"
+#undef KILN_LAYER
 };
+inline constexpr int kLayerKindCount = 0
+#define KILN_LAYER(e, name, role, params, window, pointwise) KILN_IN_DSL_##role(+1)
+#include "kiln/blueprint/layers.def"
+#undef KILN_LAYER
+    ;
 const char* layer_kind_name(LayerKind k);
+// Whether the layer has a kernel, stride and padding (layers.def's window column).
+bool layer_kind_has_window(LayerKind k);
 
 struct Layer {
   LayerKind kind = LayerKind::Identity;
@@ -47,7 +69,11 @@ struct Layer {
 
 Layer conv(int out, int k, int stride = 1, int pad = 0, bool bias = false);
 Layer bn2d(float eps = 1e-5f, float momentum = 0.1f);
-Layer relu();
+// The element-wise layers of layers.def (pointwise rows): relu().
+#define KILN_LAYER(e, name, role, params, window, pointwise) \
+  KILN_POINTWISE_##pointwise(Layer name();)
+#include "kiln/blueprint/layers.def"
+#undef KILN_LAYER
 // Conv → BatchNorm → ReLU, named "<name>.conv" and "<name>.bn" (SPEC S1's cbr).
 Layer cbr(int out, int k, int stride = 1, int pad = 0);
 Layer maxpool(int k, int stride, int pad = 0);

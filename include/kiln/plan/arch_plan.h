@@ -13,13 +13,22 @@
 
 namespace kiln {
 
+// The plan's ops (layers.def's rows with role Both or Plan): the DSL's layers, the input and
+// loss head, and the fused forms the merge passes make (CBR: Conv → BatchNorm → ReLU
+// [→ MaxPool]; BnAddReLU: BatchNorm → add → ReLU).
 enum class PlanOp {
-  Input, Conv, BatchNorm, ReLU, MaxPool, AvgPool, GlobalAvgPool, Flatten, FC, Dropout, Add,
-  SoftmaxCE, Identity,
-  CBR,        // fused Conv → BatchNorm → ReLU [→ MaxPool] (merge passes)
-  BnAddReLU,  // fused BatchNorm → add → ReLU (merge pass)
+#define KILN_LAYER(e, name, role, params, window, pointwise) KILN_IN_PLAN_##role(e, )
+#include "kiln/blueprint/layers.def"
+#undef KILN_LAYER
 };
+inline constexpr int kPlanOpCount = 0
+#define KILN_LAYER(e, name, role, params, window, pointwise) KILN_IN_PLAN_##role(+1)
+#include "kiln/blueprint/layers.def"
+#undef KILN_LAYER
+    ;
 const char* plan_op_name(PlanOp op);
+bool plan_op_has_params(PlanOp op);  // owns trainable parameters (layers.def's params column)
+bool plan_op_has_window(PlanOp op);  // has a kernel, stride and padding
 
 struct PlanNode {
   int id = 0;

@@ -1,0 +1,165 @@
+// The fused forms the merge passes make (ops.def's Fused ops): Conv→BatchNorm→ReLU (CBR),
+// with a tiling max-pool folded in, and BatchNorm→add→ReLU. Training runs the fused ops;
+// evaluation runs the convolution, then BatchNorm, [the residual add,] and ReLU in one
+// bn_relu_infer pass with the unfused chain's roundings [, then the merged max-pool].
+#include "graph/lower/lower.h"
+
+namespace kiln::lower {
+
+namespace {
+
+void cbr_params(Context& c, const PlanNode& n, std::vector<ParamSpec>& specs) {
+  lower_conv.params(c, n, specs);
+  c.bn_params(specs, n.bn_name, n.out);
+}
+
+Attrs bn_attrs(const PlanNode& n) {
+  Attrs a = window_attrs(n);
+  a.eps = n.eps;
+  a.bn_momentum = n.momentum;
+  return a;
+}
+
+// Evaluation: bn_relu_infer over x [+ residual], then the merged max-pool as its own node
+// (evaluation keeps no argmax).
+void bn_relu_infer(Context& c, const PlanNode& n, TensorId x, TensorId residual, Forward& f,
+                   Pass& pass) {
+  const auto& [rm, rv] = c.running(n.bn_name);
+  std::vector<TensorId> in{x, c.param_in(n.bn_name + ".weight", pass.master),
+                           c.param_in(n.bn_name + ".bias", pass.master), rm, rv};
+  if (residual != kNoTensor) in.push_back(residual);
+  Attrs a;
+  a.eps = n.eps;
+  const TensorId y = c.feature(n.name + ":relu" + pass.tag, n.conv_shape());
+  pass.nodes.push_back(make_node(OpKind::bn_relu_infer, in, {y}, a, n.name + " bn+relu infer"));
+  f.out[n.id] = y;
+  if (!n.pool) return;
+  PlanNode pool;
+  pool.id = n.id;
+  pool.op = PlanOp::MaxPool;
+  pool.name = n.pool_name;
+  pool.shape = n.shape;
+  pool.k = pool.stride = n.pool;
+  pool.inputs = {n.id};
+  Forward tmp{{{n.id, y}}, {}};
+  lower_maxpool.forward(c, pool, tmp, pass);
+  f.out[n.id] = tmp.out.at(n.id);
+}
+
+void cbr_forward(Context& c, const PlanNode& n, Forward& f, Pass& pass) {
+  const TensorId x = f.out.at(n.inputs[0]);
+  if (!pass.train) {
+    PlanNode conv = n;
+    conv.op = PlanOp::Conv;
+    conv.shape = n.conv_shape();
+    Forward tmp{{{n.inputs[0], x}}, {}};
+    lower_conv.forward(c, conv, tmp, pass);
+    bn_relu_infer(c, n, tmp.out.at(n.id), kNoTensor, f, pass);
+    return;
+  }
+  const TensorId y = c.feature(n.name + ":y" + pass.tag, n.shape);
+  Attrs a = bn_attrs(n);
+  const auto& [rm, rv] = c.running(n.bn_name);
+  const TensorId saved = c.tensor(n.bn_name + ":saved", Region::bn_saved, Shape{2, n.shape[2]},
+                                  DType::F32, Layout::Flat);
+  // The convolution's output; with a merged max-pool y is the pooled map and the mask covers z
+  // (ops.def's cbr_pool_fwd).
+  const TensorId z = c.feature(n.name + ":z" + pass.tag, n.conv_shape());
+  const TensorId mask = c.aux(n.name + ":mask", (c.p.tensor(z).numel() + 7) / 8, DType::U8);
+  std::vector<TensorId> in{x,
+                           c.compute_weight(n.name + ".weight", pass.master),
+                           c.param_in(n.bn_name + ".weight", pass.master),
+                           c.param_in(n.bn_name + ".bias", pass.master),
+                           rm,
+                           rv};
+  // The bias is folded into the running mean (ops.def).
+  if (n.bias) in.push_back(c.param_in(n.name + ".bias", pass.master));
+  a.pool = n.pool;
+  pass.nodes.push_back(make_node(n.pool ? OpKind::cbr_pool_fwd : OpKind::cbr_fwd, in,
+                                 {z, y, saved, mask}, a,
+                                 n.name + (n.pool ? " cbr+" + n.pool_name + " fwd" : " cbr fwd")));
+  f.saved[n.id] = {saved, mask, z};
+  f.out[n.id] = y;
+}
+
+void cbr_backward(Context& c, const PlanNode& n, const Forward& f, Backward& b,
+                  std::vector<Node>& nodes) {
+  const TensorId dy = c.total_grad(n, b, nodes);
+  const bool amp = c.p.options.amp;
+  Attrs a = window_attrs(n);
+  a.eps = n.eps;
+  a.first_layer = !c.needs_grad(n, 0);
+  const auto& saved = f.saved.at(n.id);
+  std::vector<TensorId> outs{
+      c.needs_grad(n, 0) ? c.new_grad(n, 0, b) : kNoTensor,
+      c.param_in(n.name + ".weight", amp ? Region::grads_f16 : Region::grads_f32),
+      c.param_in(n.bn_name + ".weight", Region::grads_f32),
+      c.param_in(n.bn_name + ".bias", Region::grads_f32),
+      c.feature(n.name + ":dz", n.conv_shape())};
+  if (n.bias) outs.push_back(c.param_in(n.name + ".bias", Region::grads_f32));
+  a.pool = n.pool;  // dy is then the pooled map's gradient (ops.def's cbr_pool_bwd)
+  nodes.push_back(
+      make_node(n.pool ? OpKind::cbr_pool_bwd : OpKind::cbr_bwd,
+                {f.out.at(n.inputs[0]), c.compute_weight(n.name + ".weight"), saved[2], dy,
+                 saved[1], c.param_in(n.bn_name + ".weight", Region::params_f32), saved[0]},
+                outs, a, n.name + (n.pool ? " cbr+" + n.pool_name + " bwd" : " cbr bwd")));
+}
+
+void bn_add_relu_params(Context& c, const PlanNode& n, std::vector<ParamSpec>& specs) {
+  c.bn_params(specs, n.bn_name, c.in_shape(n)[2]);
+}
+
+void bn_add_relu_forward(Context& c, const PlanNode& n, Forward& f, Pass& pass) {
+  const TensorId x = f.out.at(n.inputs[0]);
+  const TensorId residual = f.out.at(n.inputs[1]);
+  if (!pass.train) {
+    bn_relu_infer(c, n, x, residual, f, pass);
+    return;
+  }
+  const TensorId y = c.feature(n.name + ":y" + pass.tag, n.shape);
+  const Attrs a = bn_attrs(n);
+  const auto& [rm, rv] = c.running(n.bn_name);
+  const TensorId gamma = c.param_in(n.bn_name + ".weight", pass.master);
+  const TensorId beta = c.param_in(n.bn_name + ".bias", pass.master);
+  const TensorId saved = c.tensor(n.bn_name + ":saved", Region::bn_saved, Shape{2, n.shape[2]},
+                                  DType::F32, Layout::Flat);
+  const TensorId mask = c.aux(n.name + ":mask", (c.p.tensor(y).numel() + 7) / 8, DType::U8);
+  pass.nodes.push_back(make_node(OpKind::bn_add_relu_fwd, {x, gamma, beta, rm, rv, residual},
+                                 {y, saved, mask}, a, n.bn_name + " bn+add+relu fwd"));
+  f.saved[n.id] = {saved, mask};
+  f.out[n.id] = y;
+}
+
+void bn_add_relu_backward(Context& c, const PlanNode& n, const Forward& f, Backward& b,
+                          std::vector<Node>& nodes) {
+  // The block's output feeds two layers: the fused backward sums the two gradient
+  // contributions itself (ops.def's dy2), no add node.
+  TensorId dy2 = kNoTensor;
+  if (c.p.options.fuse_grad_sum && b.parts[n.id].size() == 2) {
+    dy2 = b.parts[n.id].back();
+    b.parts[n.id].pop_back();
+  }
+  const TensorId dy = c.total_grad(n, b, nodes);
+  Attrs a;
+  a.eps = n.eps;
+  const auto& saved = f.saved.at(n.id);
+  const TensorId dx =
+      c.needs_grad(n, 0) ? c.new_grad(n, 0, b) : c.feature(n.name + ":dx_unused", c.in_shape(n, 0));
+  const TensorId dres = c.needs_grad(n, 1) ? c.new_grad(n, 1, b)
+                                           : c.feature(n.name + ":dres_unused", c.in_shape(n, 1));
+  std::vector<TensorId> ins{f.out.at(n.inputs[0]), dy, saved[1],
+                            c.param_in(n.bn_name + ".weight", Region::params_f32), saved[0]};
+  if (dy2 != kNoTensor) ins.push_back(dy2);
+  nodes.push_back(make_node(OpKind::bn_add_relu_bwd, ins,
+                            {dx, dres, c.param_in(n.bn_name + ".weight", Region::grads_f32),
+                             c.param_in(n.bn_name + ".bias", Region::grads_f32)},
+                            a, n.bn_name + " bn+add+relu bwd"));
+}
+
+}  // namespace
+
+const LayerLowering lower_cbr{cbr_params, cbr_forward, cbr_backward};
+const LayerLowering lower_bn_add_relu{bn_add_relu_params, bn_add_relu_forward,
+                                      bn_add_relu_backward};
+
+}  // namespace kiln::lower
