@@ -77,8 +77,10 @@ class Engine:
         """One SGD/AdamW/LARS step on a batch; returns its StepStats.
 
         images: [batch, H, W, C] float32 (NHWC), or [batch, C, H, W] in channels_last memory,
-        or uint8 with the engine's mean/std; a NumPy array or anything with __dlpack__.
-        labels: [batch] int32 or int64.
+        or uint8 with the engine's mean/std; a NumPy array or anything with __dlpack__. A CUDA
+        tensor on the engine's GPU is copied device to device once the work queued on its
+        producer's current stream is done (DLPack's stream protocol).
+        labels: [batch] int32 or int64, on the host or on the images' GPU.
         """
         return self._e.train_step(images, labels, lr=lr)
 

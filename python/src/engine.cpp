@@ -1,6 +1,8 @@
 // kiln.Engine: a compiled training step driven from Python. Batches come as NumPy arrays or
 // anything with __dlpack__ (torch tensors): NHWC, or NCHW whose memory is NHWC (channels_last),
-// float32, or uint8 normalised with the engine's mean/std. The GIL is released while a step runs.
+// float32, or uint8 normalised with the engine's mean/std. A CUDA tensor is copied device to
+// device into the step's input (Backend::stage_batch_device) after the stream its producer wrote
+// it on. The GIL is released while a step runs.
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
@@ -84,7 +86,9 @@ class PyEngine {
   Engine& engine() { return *engine_; }
   int64_t batch() const { return engine_->options().compile.batch; }
 
-  PyStats train_step(const Array& images, const Array& labels, float lr) {
+  PyStats train_step(nb::handle images_obj, nb::handle labels_obj, float lr) {
+    Input images = import(images_obj, "train_step", "images"),
+          labels = import(labels_obj, "train_step", "labels");
     Batch b = batch_of(images, labels, "train_step", false);
     InputView in = b.view(norm_);
     StepStats s;
@@ -97,7 +101,9 @@ class PyEngine {
     return to_py(s, b.count);
   }
 
-  PyStats eval_step(const Array& images, const Array& labels, bool ema) {
+  PyStats eval_step(nb::handle images_obj, nb::handle labels_obj, bool ema) {
+    Input images = import(images_obj, "eval_step", "images"),
+          labels = import(labels_obj, "eval_step", "labels");
     Batch b = batch_of(images, labels, "eval_step", true);
     InputView in = b.view(norm_);
     StepStats s;
@@ -110,30 +116,70 @@ class PyEngine {
   }
 
  private:
+  // An input as DLPack sees it; `ordered`: its producer has ordered its pending writes before
+  // kiln's staging stream.
+  struct Input {
+    Array a;
+    bool ordered = false;
+  };
   struct Batch {
     const float* f32 = nullptr;
     const uint8_t* u8 = nullptr;
     std::vector<int32_t> labels;
     int64_t count = 0;
-    InputView view(const InputNormalization& norm) const {
+    std::optional<DeviceBatch> device;  // images in CUDA memory
+    InputView view(const InputNormalization& norm) {
       InputView v;
       v.f32 = f32;
       v.u8 = u8;
       v.labels = labels.data();
       v.norm = &norm;
+      if (device) {
+        if (!device->labels_on_device) device->labels = labels.data();
+        v.device = &*device;
+      }
       return v;
     }
   };
 
+  static bool on_cuda(const Array& a) { return a.device_type() == nb::device::cuda::value; }
+
+  // DLPack's stream protocol: a producer on the engine's GPU is handed kiln's staging stream
+  // (__dlpack__(stream=)), on which it orders its pending writes (torch: after its current
+  // stream) before it hands the capsule over; anything else is imported as it comes.
+  Input import(nb::handle obj, const char* what, const char* which) {
+    Input in;
+    const DeviceStaging ds = engine_->backend().device_staging();
+    if (ds.device >= 0 && ds.stream != 0 && nb::hasattr(obj, "__dlpack_device__") &&
+        nb::hasattr(obj, "__dlpack__")) {
+      const nb::tuple dev = nb::cast<nb::tuple>(obj.attr("__dlpack_device__")());
+      if (dev.size() == 2 && nb::cast<int64_t>(nb::int_(dev[0])) == nb::device::cuda::value &&
+          nb::cast<int64_t>(nb::int_(dev[1])) == ds.device) {
+        const nb::object capsule = obj.attr("__dlpack__")("stream"_a = ds.stream);
+        in.ordered = true;
+        KILN_CHECK(nb::try_cast(capsule, in.a), InvalidArgument, what, ": ", which,
+                   ".__dlpack__() gave no DLPack tensor nanobind can read");
+        return in;
+      }
+    }
+    KILN_CHECK(nb::try_cast(obj, in.a), InvalidArgument, what, ": ", which,
+               " must be a NumPy array or have __dlpack__ (a torch tensor), got ",
+               nb::type_name(obj.type()).c_str());
+    return in;
+  }
+
   // Checks a batch against the compiled step and names what was expected when it disagrees.
-  Batch batch_of(const Array& images, const Array& labels, const char* what, bool partial_ok) {
+  Batch batch_of(const Input& image_in, const Input& label_in, const char* what, bool partial_ok) {
+    const Array& images = image_in.a;
+    const Array& labels = label_in.a;
     const int64_t n = batch();
     std::ostringstream want;
     want << "[" << n << ", " << h_ << ", " << w_ << ", " << c_ << "] (NHWC), or [" << n << ", " << c_ << ", " << h_
          << ", " << w_ << "] in channels_last memory";
-    KILN_CHECK(images.device_type() == nb::device::cpu::value, InvalidArgument, what,
-               ": images are on a device (DLPack device type ", images.device_type(),
-               "); this build takes host memory: pass tensor.cpu()");
+    const bool device = on_cuda(images);
+    KILN_CHECK(device || images.device_type() == nb::device::cpu::value, InvalidArgument, what,
+               ": images are in DLPack device type ", images.device_type(),
+               " memory; kiln takes host (CPU) or CUDA memory: pass tensor.cpu()");
     const bool is_f32 = images.dtype() == nb::dtype<float>();
     const bool is_u8 = images.dtype() == nb::dtype<uint8_t>();
     KILN_CHECK(is_f32 || is_u8, InvalidArgument, what, ": images must be float32 (or uint8 with the engine's mean/std), got ",
@@ -161,10 +207,53 @@ class PyEngine {
                " (np.ascontiguousarray, or tensor.contiguous(memory_format=torch.channels_last), makes a copy that fits)");
     Batch b;
     b.count = count;
+    if (device) {
+      b.device = device_batch(image_in, label_in, count, is_u8, what, b.labels);
+      return b;
+    }
+    KILN_CHECK(
+        !on_cuda(labels), InvalidArgument, what,
+        ": the labels are in CUDA memory but the images on the host; pass both on one device");
     if (is_f32) b.f32 = static_cast<const float*>(images.data());
     else b.u8 = static_cast<const uint8_t*>(images.data());
     b.labels = labels_of(labels, count, what);
     return b;
+  }
+
+  // Images in CUDA memory, already checked for shape and strides; labels on the host (checked
+  // and converted here into `host_labels`) or on the same GPU (converted on the device).
+  DeviceBatch device_batch(const Input& images, const Input& labels, int64_t count, bool is_u8,
+                           const char* what, std::vector<int32_t>& host_labels) const {
+    DeviceBatch d;
+    d.images = images.a.data();
+    d.dtype = is_u8 ? DType::U8 : DType::F32;
+    d.count = count;
+    d.device = images.a.device_id();
+    // Without the stream protocol (a raw capsule), the producer's stream is unknown: the
+    // legacy default stream, as DLPack's consumer without a stream assumes.
+    d.ordered = images.ordered && (labels.ordered || !on_cuda(labels.a));
+    d.stream = 0;
+    if (!on_cuda(labels.a)) {
+      host_labels = labels_of(labels.a, count, what);  // Batch::view points d.labels at them
+      return d;
+    }
+    const Array& l = labels.a;
+    KILN_CHECK(l.device_id() == images.a.device_id(), InvalidArgument, what,
+               ": the labels are on cuda:", l.device_id(),
+               " but the images on cuda:", images.a.device_id(), "; pass both on one device");
+    KILN_CHECK(l.ndim() == 1 && static_cast<int64_t>(l.shape(0)) == count, InvalidArgument, what,
+               ": labels must be one-dimensional with one label per image (", count,
+               "), got shape ", dims_str(l, false));
+    KILN_CHECK(count == 1 || l.stride(0) == 1, InvalidArgument, what,
+               ": labels in CUDA memory must be contiguous, got element stride ", l.stride(0),
+               " (labels.contiguous())");
+    const bool i32 = l.dtype() == nb::dtype<int32_t>(), i64 = l.dtype() == nb::dtype<int64_t>();
+    KILN_CHECK(i32 || i64, InvalidArgument, what, ": labels must be int32 or int64, got ",
+               dtype_str(l.dtype()));
+    d.labels = l.data();
+    d.label_dtype = i32 ? DType::I32 : DType::I64;
+    d.labels_on_device = true;
+    return d;
   }
 
   std::vector<int32_t> labels_of(const Array& labels, int64_t count, const char* what) const {

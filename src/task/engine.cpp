@@ -94,9 +94,21 @@ void Engine::compile(uint64_t seed) {
 }
 
 void Engine::stage(int slot, const InputView& in) {
-  const int set = (in.f32 != nullptr) + (in.u8 != nullptr) + (in.encoded != nullptr);
-  KILN_CHECK(set == 1, InvalidArgument, "a batch needs exactly one of float images, uint8 images or an encoded batch, got ",
+  const int set =
+      (in.f32 != nullptr) + (in.u8 != nullptr) + (in.encoded != nullptr) + (in.device != nullptr);
+  KILN_CHECK(set == 1, InvalidArgument,
+             "a batch needs exactly one of float images, uint8 images, an encoded batch or a "
+             "device batch, got ",
              set);
+  if (in.device) {
+    const DeviceBatch& d = *in.device;
+    KILN_CHECK(d.images != nullptr && d.labels != nullptr, InvalidArgument,
+               "a device batch needs its images and labels");
+    KILN_CHECK(d.dtype != DType::U8 || in.norm != nullptr, InvalidArgument,
+               "a uint8 device batch needs its normalisation (InputView::norm)");
+    backend_->stage_batch_device(slot, d, in.norm);
+    return;
+  }
   KILN_CHECK(in.encoded != nullptr || in.labels != nullptr, InvalidArgument, "a batch needs its labels");
   KILN_CHECK(in.f32 != nullptr || in.norm != nullptr, InvalidArgument,
              "uint8 and encoded batches need their normalisation (InputView::norm)");
@@ -136,6 +148,10 @@ std::optional<StepStats> Engine::train_step_async(const float* images, const int
 std::optional<StepStats> Engine::train_step_async(const InputView& input, float lr) {
   require(Lifecycle::COMPILED, "train_step_async()");
   const dist::Watch watch("a training step");  // S27: a rank gone mid-step must not hang this one
+  KILN_CHECK(
+      !input.device || input.device->count == 0 || input.device->count == program_->options.batch,
+      InvalidArgument, "train_step: the step was compiled for a batch of ", program_->options.batch,
+      ", got ", input.device ? input.device->count : 0, " samples on the device");
   enqueue_step(&input, lr);
   const Program& p = *program_;
   std::optional<StepStats> before = pending_stats();
@@ -214,7 +230,16 @@ StepStats Engine::eval_batch(const InputView& input, int64_t valid, bool ema) {
   const int64_t n = p.options.batch;
   KILN_CHECK(valid > 0 && valid <= n, InvalidArgument, "eval_batch: ", valid, " valid samples for batch ", n);
   InputView in = input;
-  if (valid < n && !in.encoded) {
+  DeviceBatch part;
+  if (in.device) {
+    // The backend pads a device batch where it lands (the bytes stay on the device).
+    KILN_CHECK(in.device->count == 0 || in.device->count == valid, InvalidArgument,
+               "eval_batch: a device batch of ", in.device->count, " samples with ", valid,
+               " valid");
+    part = *in.device;
+    part.count = valid;
+    in.device = &part;
+  } else if (valid < n && !in.encoded) {
     // A last partial batch: pad with zeros and label -1, which the loss ignores. (An encoded
     // batch carries its padding: labels -1 past its size.)
     const int64_t per = p.tensor(p.io.staged_images[0]).numel() / n;

@@ -95,6 +95,39 @@ TEST(Lifecycle, AmpOnTheCpuIsRefused) {
   }
 }
 
+// A batch in CUDA memory (InputView::device) on the CPU backend: one Unsupported error that
+// names the fix, before anything runs; and an InputView that sets two forms is refused.
+TEST(Lifecycle, DeviceBatchOnTheCpuIsOneClearError) {
+  Engine e(make_model("cnn"), cpu_options(4));
+  e.lock_memory();
+  e.compile(1);
+  std::vector<int32_t> lab(4);
+  DeviceBatch d;
+  d.images = reinterpret_cast<const void*>(uintptr_t{0x1000});  // never read
+  d.labels = lab.data();
+  InputView in;
+  in.device = &d;
+  for (const bool eval : {false, true}) {
+    try {
+      if (eval)
+        e.eval_batch(in, 4);
+      else
+        e.train_step_async(in, 0.1f);
+      FAIL() << "a device batch was accepted by the CPU backend";
+    } catch (const Error& err) {
+      EXPECT_EQ(err.kind(), ErrorKind::Unsupported);
+      EXPECT_NE(std::string(err.what()).find("cpu backend reads host memory only"),
+                std::string::npos)
+          << err.what();
+      EXPECT_NE(std::string(err.what()).find("pass a CPU tensor"), std::string::npos) << err.what();
+    }
+  }
+  EXPECT_EQ(e.steps_done(), 0);
+  std::vector<float> img(4 * 28 * 28);
+  in.f32 = img.data();
+  EXPECT_THROW(e.train_step_async(in, 0.1f), Error);
+}
+
 TEST(Eval, PaddingOfAPartialBatchIsNotCounted) {
   const BluePrint bp = make_model("cnn");
   Engine e(bp, cpu_options(8));

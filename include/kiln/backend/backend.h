@@ -41,6 +41,33 @@ struct CompileReport {
   int fp32_transformed_plans = 0;           // FP32 convolutions on Winograd or FFT engines
 };
 
+// A batch already in device memory (a CUDA tensor handed over through DLPack, or a C++
+// caller's buffer), for Backend::stage_batch_device: copied device to device into the input
+// slot, so bytes that are on the GPU never travel through the host.
+struct DeviceBatch {
+  const void* images = nullptr;    // NHWC, dense, on `device`
+  DType dtype = DType::F32;        // F32, or U8 (normalised on the device with the given norm)
+  const void* labels = nullptr;    // `count` labels
+  DType label_dtype = DType::I32;  // I32 or I64
+  bool labels_on_device = false;   // else host memory
+  int64_t count = 0;  // valid samples, 0 = the whole batch; the rest of the slot is zero, label -1
+  int device = 0;     // the CUDA device ordinal images (and device labels) live on
+  // The stream (a cudaStream_t as an integer, 0 = the legacy default stream) whose queued work
+  // writes the batch: staging waits for it, and it then waits for the copy, so what it enqueues
+  // next may overwrite the buffer. `ordered`: the producer has already ordered its writes before
+  // the staging stream (DLPack's __dlpack__(stream=staging().stream)), nothing to wait for.
+  uintptr_t stream = 0;
+  bool ordered = false;
+};
+
+// Where stage_batch_device reads from: the CUDA device the backend runs on (-1: it reads host
+// memory only) and, after compile(), the stream its staging runs on, which a DLPack producer is
+// handed so that it orders its pending writes before the copy.
+struct DeviceStaging {
+  int device = -1;
+  uintptr_t stream = 0;
+};
+
 // Which list of phases to run.
 enum class Schedule : uint8_t { train, eval, eval_ema, init };
 
@@ -85,6 +112,18 @@ class Backend {
     KILN_FAIL(Unsupported, name(), " backend cannot decode JPEGs; use --decode cpu");
   }
   virtual DecodeCounters decode_counters() const { return {}; }
+  // Stages a batch that is already on the device into input slot A/B, after `batch.stream`'s
+  // work (see DeviceBatch); `norm` for U8. Returns before the copy ends, as stage_batch. A
+  // backend that reads host memory only refuses it.
+  virtual void stage_batch_device(int slot, const DeviceBatch& batch,
+                                  const InputNormalization* norm) {
+    (void)slot, (void)batch, (void)norm;
+    KILN_FAIL(Unsupported, name(),
+              " backend reads host memory only, and the batch is in CUDA memory (device ",
+              batch.device,
+              "); pass a CPU tensor (tensor.cpu()), or make the engine with device=\"cuda\"");
+  }
+  virtual DeviceStaging device_staging() const { return {}; }
   virtual void synchronize() = 0;
 
   // Reads that do not stop the device (the training loop's statistics, S19: no host wait

@@ -27,14 +27,16 @@ struct EngineOptions {
 };
 
 // A batch as the input pipeline hands it over: float images; uint8 pixels with their
-// normalisation; or an encoded batch that the backend decodes (Backend::decodes_jpeg).
-// Exactly one of f32, u8 and encoded is set.
+// normalisation; an encoded batch that the backend decodes (Backend::decodes_jpeg); or a batch
+// already in device memory (Backend::stage_batch_device: a CUDA tensor from Python).
+// Exactly one of f32, u8, encoded and device is set.
 struct InputView {
   const float* f32 = nullptr;
   const uint8_t* u8 = nullptr;
   const EncodedBatch* encoded = nullptr;
-  const int32_t* labels = nullptr;  // ignored for encoded (it carries its own)
-  const InputNormalization* norm = nullptr;  // u8 and encoded
+  const DeviceBatch* device = nullptr;
+  const int32_t* labels = nullptr;  // ignored for encoded and device (they carry their own)
+  const InputNormalization* norm = nullptr;  // u8, encoded, and device batches of U8
 };
 
 struct StepStats {

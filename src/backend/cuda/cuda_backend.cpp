@@ -13,8 +13,9 @@
 // transfer stream, into input slot A or B, so the copy overlaps the step in flight; the copy
 // waits for the last phase that read the slot, and phases that read the slot wait for it.
 // stage_batch_u8 moves uint8 pixels (a quarter of the bytes) and normalises them there;
-// stage_batch_encoded decodes JPEGs with nvJPEG and resamples them there (jpeg_stage.h), both
-// on the same stream and under the same events.
+// stage_batch_encoded decodes JPEGs with nvJPEG and resamples them there (jpeg_stage.h), and
+// stage_batch_device copies a batch already on the GPU after its producer's stream, all on the
+// same stream and under the same events.
 #include "backend/cuda/cuda_backend.h"
 
 #include <cuda_profiler_api.h>
@@ -106,6 +107,7 @@ class CudaBackend final : public CudaBackendApi {
     cudaDeviceProp prop{};
     CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
     ctx_.sm_count = prop.multiProcessorCount;
+    CUDA_CHECK(cudaGetDevice(&device_));
     create_streams();
     for (int r = 0; r < kRegionCount; ++r) {
       const int64_t bytes = program.memory.region_bytes[static_cast<size_t>(r)];
@@ -142,6 +144,7 @@ class CudaBackend final : public CudaBackendApi {
       CUDA_CHECK(cudaHostAlloc(&st.host, st.img_bytes + st.lab_bytes, cudaHostAllocDefault));
       CUDA_CHECK(cudaEventCreateWithFlags(&st.copied, cudaEventDisableTiming));
       CUDA_CHECK(cudaEventCreateWithFlags(&st.read, cudaEventDisableTiming));
+      CUDA_CHECK(cudaEventCreateWithFlags(&st.produced, cudaEventDisableTiming));
     }
     CUDA_CHECK(cudaHostAlloc(&small_.host, kSmallSlots * kSmallWrite, cudaHostAllocDefault));
     for (cudaEvent_t& e : small_.done) CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
@@ -238,6 +241,94 @@ class CudaBackend final : public CudaBackendApi {
                                static_cast<uint8_t*>(st.host) + st.img_bytes, st.lab_bytes, cudaMemcpyHostToDevice, s));
     CUDA_CHECK(cudaEventRecord(st.copied, s));
     st.copy_pending = true;
+  }
+
+  // The copy (or, for U8, the normalising kernel, reading the caller's bytes in place) goes on
+  // the transfer stream after the producer's work and the slot's last reader, as the host forms do.
+  void stage_batch_device(int slot, const DeviceBatch& b, const InputNormalization* norm) override {
+    KILN_CHECK(ctx_.program != nullptr, State,
+               "cuda backend: stage_batch_device() before compile()");
+    KILN_CHECK(slot == 0 || slot == 1, InvalidArgument, "stage_batch_device: slot must be 0 or 1");
+    const Program& p = *ctx_.program;
+    Staging& st = staging_[static_cast<size_t>(slot)];
+    KILN_CHECK(st.host != nullptr, State,
+               "stage_batch_device: the program has no staged input slot ", slot);
+    KILN_CHECK(b.device == device_, InvalidArgument,
+               "stage_batch_device: the batch is on cuda:", b.device,
+               " but the engine runs on cuda:", device_,
+               "; move it there first (tensor.to('cuda:", device_, "'))");
+    KILN_CHECK(b.images != nullptr && b.labels != nullptr, InvalidArgument,
+               "stage_batch_device: the batch needs its images and labels");
+    const DTensor& t = p.tensor(p.io.staged_images[static_cast<size_t>(slot)]);
+    const DTensor& lt = p.tensor(p.io.staged_labels[static_cast<size_t>(slot)]);
+    KILN_CHECK(lt.dtype == DType::I32, Internal, "stage_batch_device: labels are ",
+               dtype_name(lt.dtype), ", not I32");
+    const int64_t n = lt.numel(), per = t.numel() / n, count = b.count == 0 ? n : b.count;
+    KILN_CHECK(count > 0 && count <= n, InvalidArgument, "stage_batch_device: ", count,
+               " samples for a step compiled for a batch of ", n);
+    KILN_CHECK(b.dtype == t.dtype || b.dtype == DType::U8, InvalidArgument,
+               "stage_batch_device: images are ", dtype_name(b.dtype), " but the step's input is ",
+               dtype_name(t.dtype), "; pass ", dtype_name(t.dtype), " or uint8 (U8) images");
+    KILN_CHECK(b.label_dtype == DType::I32 || b.label_dtype == DType::I64, InvalidArgument,
+               "stage_batch_device: labels are ", dtype_name(b.label_dtype),
+               "; they must be int32 or int64");
+    const auto classes = static_cast<int32_t>(p.num_classes);
+    NormParams np;
+    if (b.dtype == DType::U8) {
+      KILN_CHECK(norm != nullptr, InvalidArgument,
+                 "stage_batch_device: uint8 images need their normalisation");
+      np = make_norm_params(*norm, t.shape[t.shape.rank() - 1], "stage_batch_device");
+    }
+    if (!b.labels_on_device) {
+      // Host labels go through the slot's pinned buffer, which is free once its last copy ended.
+      CUDA_CHECK(cudaEventSynchronize(st.copied));
+      auto* dst = reinterpret_cast<int32_t*>(static_cast<uint8_t*>(st.host) + st.img_bytes);
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t v = i >= count                    ? -1
+                          : b.label_dtype == DType::I32 ? static_cast<const int32_t*>(b.labels)[i]
+                                                        : static_cast<const int64_t*>(b.labels)[i];
+        KILN_CHECK(i >= count || (v >= 0 && v < classes), InvalidArgument,
+                   "stage_batch_device: label ", v, " at index ", i, " is outside 0..",
+                   classes - 1);
+        dst[i] = static_cast<int32_t>(v);
+      }
+    }
+    cudaStream_t s = ctx_.streams[2].stream;
+    const auto producer = reinterpret_cast<cudaStream_t>(b.stream);
+    if (!b.ordered) {
+      CUDA_CHECK(cudaEventRecord(st.produced, producer));
+      CUDA_CHECK(cudaStreamWaitEvent(s, st.produced, 0));
+    }
+    if (st.read_recorded) CUDA_CHECK(cudaStreamWaitEvent(s, st.read, 0));
+    uint8_t* img = address(t);
+    const size_t elem = dtype_size(t.dtype);
+    if (b.dtype == DType::U8) {
+      launch_normalize_u8(static_cast<const uint8_t*>(b.images), count * per / np.channels, np, img,
+                          t.dtype, s);
+    } else {
+      CUDA_CHECK(cudaMemcpyAsync(img, b.images, static_cast<size_t>(count * per) * elem,
+                                 cudaMemcpyDeviceToDevice, s));
+    }
+    if (count < n) {
+      CUDA_CHECK(cudaMemsetAsync(img + static_cast<size_t>(count * per) * elem, 0,
+                                 static_cast<size_t>((n - count) * per) * elem, s));
+    }
+    if (b.labels_on_device) {
+      launch_stage_labels(b.labels, b.label_dtype, count, n, classes,
+                          reinterpret_cast<int32_t*>(address(lt)), s);
+    } else {
+      CUDA_CHECK(cudaMemcpyAsync(address(lt), static_cast<uint8_t*>(st.host) + st.img_bytes,
+                                 st.lab_bytes, cudaMemcpyHostToDevice, s));
+    }
+    CUDA_CHECK(cudaEventRecord(st.copied, s));
+    st.copy_pending = true;
+    if (!b.ordered) CUDA_CHECK(cudaStreamWaitEvent(producer, st.copied, 0));
+  }
+  DeviceStaging device_staging() const override {
+    DeviceStaging d;
+    d.device = device_;
+    d.stream = ctx_.program ? reinterpret_cast<uintptr_t>(ctx_.streams[2].stream) : 0;
+    return d;
   }
 
   bool decodes_jpeg(std::string* why_not) const override {
@@ -405,6 +496,7 @@ class CudaBackend final : public CudaBackendApi {
     size_t img_bytes = 0, lab_bytes = 0;
     cudaEvent_t copied = nullptr;  // the H2D copy into the slot ended
     cudaEvent_t read = nullptr;    // the last phase that reads the slot ended
+    cudaEvent_t produced = nullptr;  // stage_batch_device: the producer's stream reached the batch
     bool copy_pending = false, read_recorded = false;
   };
 
@@ -682,7 +774,7 @@ class CudaBackend final : public CudaBackendApi {
     for (Staging& st : staging_) {
       if (st.host) warn("cudaFreeHost", cudaFreeHost(st.host));
       if (st.dev_u8) warn("cudaFree", cudaFree(st.dev_u8));
-      for (cudaEvent_t ev : {st.copied, st.read}) {
+      for (cudaEvent_t ev : {st.copied, st.read, st.produced}) {
         if (ev) warn("cudaEventDestroy", cudaEventDestroy(ev));
       }
       st = Staging{};
@@ -725,6 +817,7 @@ class CudaBackend final : public CudaBackendApi {
   cudaEvent_t last_done_ = nullptr;
   int last_stream_ = 0;
   std::array<Staging, 2> staging_{};
+  int device_ = 0;  // the CUDA device compile() ran on, which stage_batch_device reads from
   SmallWrites small_;
   LateReads late_;
 };

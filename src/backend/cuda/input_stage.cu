@@ -141,6 +141,20 @@ __global__ void normalize_u8_kernel(const uint8_t* __restrict__ in, int64_t n, N
   }
 }
 
+template <typename L>
+__global__ void stage_labels_kernel(const L* __restrict__ in, int64_t count, int64_t batch,
+                                    int32_t classes, int32_t* __restrict__ out) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < batch;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    if (i >= count) {
+      out[i] = -1;
+      continue;
+    }
+    const L v = in[i];
+    out[i] = v >= 0 && v < static_cast<L>(classes) ? static_cast<int32_t>(v) : classes;
+  }
+}
+
 constexpr int kThreads = 256;
 unsigned blocks_for(int64_t n) {
   return static_cast<unsigned>(std::clamp<int64_t>((n + kThreads - 1) / kThreads, 1, int64_t{1} << 20));
@@ -189,6 +203,24 @@ void launch_normalize_u8(const uint8_t* in, int64_t pixels, const NormParams& no
     KILN_FAIL(Unsupported, "stage_batch_u8: the input slot is ", dtype_name(dtype), "; it writes F32 or F16");
   }
   KILN_LAUNCH_CHECK("normalize_u8_kernel");
+}
+
+void launch_stage_labels(const void* in, DType dtype, int64_t count, int64_t batch, int32_t classes,
+                         int32_t* out, cudaStream_t stream) {
+  KILN_CHECK(count >= 0 && count <= batch && classes > 0, InvalidArgument, "stage labels: ", count,
+             " labels for a batch of ", batch, " and ", classes, " classes");
+  if (batch == 0) return;
+  if (dtype == DType::I32) {
+    stage_labels_kernel<int32_t><<<blocks_for(batch), kThreads, 0, stream>>>(
+        static_cast<const int32_t*>(in), count, batch, classes, out);
+  } else if (dtype == DType::I64) {
+    stage_labels_kernel<int64_t><<<blocks_for(batch), kThreads, 0, stream>>>(
+        static_cast<const int64_t*>(in), count, batch, classes, out);
+  } else {
+    KILN_FAIL(InvalidArgument, "stage labels: labels are ", dtype_name(dtype),
+              "; they must be int32 or int64");
+  }
+  KILN_LAUNCH_CHECK("stage_labels_kernel");
 }
 
 }  // namespace kiln::cuda

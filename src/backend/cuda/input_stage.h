@@ -2,7 +2,8 @@
 // input slot (the antialiased resample of sample_geometry.h, the flip, the normalisation and
 // the cast to the slot's dtype), from decoded pixels already on the device: nvJPEG's output
 // (jpeg_stage.h) or host-decoded bytes copied there. A second kernel normalises plain uint8
-// batches (stage_batch_u8). Both run on the transfer stream the caller gives.
+// batches (stage_batch_u8, stage_batch_device), a third converts device labels. All run on
+// the transfer stream the caller gives.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -98,5 +99,11 @@ void launch_stage_samples(const SampleDesc* descs, int64_t batch, int64_t h, int
 // out[p, c] = normalised in[p, c] over `pixels` pixels (device pointers).
 void launch_normalize_u8(const uint8_t* in, int64_t pixels, const NormParams& norm, void* out, DType dtype,
                          cudaStream_t stream);
+
+// out[i] = label i as int32 for i < count (in: I32 or I64 device memory), -1 (padding) for
+// count <= i < batch. A label outside 0..classes-1 becomes `classes`, which poisons the step
+// (loss.cu: a NaN loss) instead of passing as padding: the device cannot raise an error.
+void launch_stage_labels(const void* in, DType dtype, int64_t count, int64_t batch, int32_t classes,
+                         int32_t* out, cudaStream_t stream);
 
 }  // namespace kiln::cuda
