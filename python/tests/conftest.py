@@ -32,3 +32,16 @@ def fashion():
 def normalised(x_u8):
     """uint8 pixels to float32 NHWC, normalised as the trainer does."""
     return ((x_u8.astype(np.float32) / 255.0 - MEAN) / STD).astype(np.float32)
+
+
+@pytest.fixture(scope="session")
+def synthetic_images():
+    """256 Fashion-MNIST-shaped uint8 images [N, 28, 28, 1] with int64 labels, from a fixed
+    seed: each class a pattern of its own plus noise. For tests that compare two input paths
+    bit for bit and need no real data (the GPU machine has no Fashion-MNIST)."""
+    rng = np.random.default_rng(0)
+    patterns = rng.integers(0, 256, size=(10, 28, 28, 1))
+    y = rng.integers(0, 10, size=256).astype(np.int64)
+    noise = rng.integers(-40, 41, size=(256, 28, 28, 1))
+    x = np.clip(patterns[y] + noise, 0, 255).astype(np.uint8)
+    return x, y

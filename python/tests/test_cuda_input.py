@@ -114,8 +114,8 @@ def _engines(monkeypatch, **kw):
 
 
 @needs_cuda
-def test_cuda_channels_last_tensor_trains_as_the_cpu_tensor(fashion, monkeypatch):
-    x, y = fashion
+def test_cuda_channels_last_tensor_trains_as_the_cpu_tensor(synthetic_images, monkeypatch):
+    x, y = synthetic_images
     on_cpu, on_gpu = _engines(monkeypatch)
     assert on_gpu.backend == "cuda"
     for s in range(4):
@@ -132,8 +132,8 @@ def test_cuda_channels_last_tensor_trains_as_the_cpu_tensor(fashion, monkeypatch
 
 
 @needs_cuda
-def test_uint8_cuda_tensor_is_normalised_as_on_the_host(fashion, monkeypatch):
-    x, y = fashion
+def test_uint8_cuda_tensor_is_normalised_as_on_the_host(synthetic_images, monkeypatch):
+    x, y = synthetic_images
     a, b = _engines(monkeypatch, mean=[MEAN], std=[STD])
     xs, ys = torch.from_numpy(x[:32]), torch.from_numpy(y[:32])
     want = a.train_step(xs, ys, lr=0.05)
@@ -142,11 +142,11 @@ def test_uint8_cuda_tensor_is_normalised_as_on_the_host(fashion, monkeypatch):
 
 
 @needs_cuda
-def test_the_callers_stream_is_honoured(fashion, monkeypatch):
+def test_the_callers_stream_is_honoured(synthetic_images, monkeypatch):
     """The batch is written on a side stream that is still busy (a spin kernel) when train_step
     is called under it: torch orders that work before kiln's staging stream (__dlpack__(stream=)),
     so the step sees the new bytes, not the NaNs that were there."""
-    x, y = fashion
+    x, y = synthetic_images
     ref, e = _engines(monkeypatch)
     xs, ys = torch.from_numpy(normalised(x[:32])), torch.from_numpy(y[:32])
     want = ref.train_step(xs, ys, lr=0.05)
@@ -164,8 +164,8 @@ def test_the_callers_stream_is_honoured(fashion, monkeypatch):
 
 
 @needs_cuda
-def test_bad_cuda_inputs_name_what_is_expected(fashion, monkeypatch):
-    x, y = fashion
+def test_bad_cuda_inputs_name_what_is_expected(synthetic_images, monkeypatch):
+    x, y = synthetic_images
     e = _engines(monkeypatch)[0]
     xd, yd = torch.from_numpy(normalised(x[:32])).cuda(), torch.from_numpy(y[:32]).cuda()
     with pytest.raises(kiln.InvalidArgumentError, match=r"float32.*got float16"):
