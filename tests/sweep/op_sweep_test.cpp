@@ -1457,6 +1457,9 @@ KILN_SWEEP(cbr_pool_fwd) {
                                sw.pad_channels = amp && r.cbr.c % 8 != 0;
                                fused::cbr_pool_equals_chain(r.cbr, r.pool, amp, b, sw);
                              }));
+    // CUDA folds a pool into BatchNorm's pass only for output channels % 8 == 0 (the planner
+    // does not merge otherwise): the odd-channel row is the CPU's alone.
+    rows.back().fp32 = r.cbr.k % 8 == 0;
   }
   return rows;
 }
