@@ -34,9 +34,9 @@ inline void compile_cpu(OpHarness& h) {
   h.compile(make_backend("cpu"));
 }
 
-// KILN_OP_TEST_ERRORS=1 prints every measured error next to its bound (to see the margin).
+// print_op_errors(): every measured error beside its bound.
 inline void expect_error_within(double err, double tol, const std::string& what) {
-  if (std::getenv("KILN_OP_TEST_ERRORS"))
+  if (print_op_errors())
     std::printf("  %-44s error %9.3g  bound %9.3g\n", what.c_str(), err, tol);
   EXPECT_LE(err, tol) << what << ": error " << err << " exceeds " << tol;
 }

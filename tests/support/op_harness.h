@@ -5,6 +5,7 @@
 #include <cmath>
 #include <memory>
 #include <string>
+#include <cstdlib>
 #include <vector>
 
 #include "kiln/backend/backend.h"
@@ -92,6 +93,13 @@ class OpHarness {
   std::unique_ptr<Backend> backend_;
   int64_t param_cursor_ = 0;
 };
+
+// KILN_OP_TEST_ERRORS=1: the op tests print every measured error next to its bound (to see
+// the margin). A test-only diagnostic, not a kiln switch.
+inline bool print_op_errors() {
+  static const bool on = std::getenv("KILN_OP_TEST_ERRORS") != nullptr;
+  return on;
+}
 
 inline std::vector<float> random_values(size_t n, uint64_t seed, float lo = -1.0f, float hi = 1.0f) {
   Rng rng(seed);

@@ -1653,7 +1653,7 @@ void expect_check(const Case& c, const Check& k, const Vec& got) {
     differ += e > k.tol;
     if (e > worst) worst = e, at = i;
   }
-  if (std::getenv("KILN_OP_TEST_ERRORS"))
+  if (print_op_errors())
     std::printf("  %-60s %-10s error %9.3g  bound %9.3g\n", where(c).c_str(), k.tensor.c_str(),
                 worst, k.tol);
   EXPECT_EQ(differ, 0u) << where(c) << ": " << k.tensor << " " << differ << " of " << got.size()
@@ -1681,7 +1681,7 @@ void expect_close(const Case& c, const Check& k, const Vec& gpu, const Vec& cpu,
     if (std::isnan(e) || (integer && e > 0)) e = std::numeric_limits<double>::infinity();
     if (e > worst) worst = e, at = i;
   }
-  if (std::getenv("KILN_OP_TEST_ERRORS"))
+  if (print_op_errors())
     std::printf("  %-60s %-10s error %9.3g  bound %9.3g\n", where(c).c_str(), k.tensor.c_str(),
                 worst, tol);
   EXPECT_LE(worst, tol) << where(c) << (amp ? " (AMP)" : " (FP32)") << ": " << k.tensor
