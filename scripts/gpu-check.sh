@@ -31,6 +31,11 @@
 #            JPEG_MODELS (default "resnet50 vgg16_bn") and JPEG_ROWS (its default rows): training
 #            from a generated ImageNet-like JPEG folder, kiln per decode path beside
 #            torchvision's DataLoader, with the host cores busy in each row (issue 16)
+#     python build the Python module (KILN_PYTHON=ON; nanobind from the wheels in KILN_PY_WHEELS,
+#            a folder, where the machine has none), run python/tests with pytest (PY_PYTEST_ARGS
+#            added; PY_DEBUG=1 first runs PY_DEBUG_TESTS under cuda-gdb for a native backtrace),
+#            then bench/python_overhead.py: engine.train_step from Python against `kiln bench`
+#            (cnn, batch 128, on the GPU; issue 19's overhead figure)
 #     timeline  build, then for PROFILE_MODELS: tools/cupti_trace.cpp's trace of 5 timed AMP
 #            steps at batch 256, kiln's and PyTorch eager's (TIMELINE_TORCH=0: kiln's only), and
 #            bench/gpu_timeline.py's busy / idle split and kernel time by kind (what ncu's
@@ -86,6 +91,15 @@ if ! ldconfig -p 2>/dev/null | grep -q 'libcudnn\.so'; then
 fi
 grep -h '#define CUDNN_M[AI]' /usr/include/cudnn_version.h /usr/local/cuda/include/cudnn_version.h 2>/dev/null | head -2
 
+if [ "$MODE" = python ]; then
+  if [ -n "${KILN_PY_WHEELS:-}" ]; then
+    python3 -m pip install -q --no-index --no-deps --target /tmp/kiln-pyext "$KILN_PY_WHEELS"/*.whl \
+      >"$LOGS/pip.log" 2>&1 || tail -5 "$LOGS/pip.log"
+    export PYTHONPATH="/tmp/kiln-pyext${PYTHONPATH:+:$PYTHONPATH}"
+  fi
+  extra+=(-DKILN_PYTHON=ON "-DPython_EXECUTABLE=$(command -v python3)")
+fi
+
 echo "== configure"
 if ! cmake -S . -B "$BUILD" -G Ninja -DKILN_CUDA=ON -DCMAKE_BUILD_TYPE=Release "${extra[@]}" >"$LOGS/configure.log" 2>&1; then
   tail -30 "$LOGS/configure.log"
@@ -107,6 +121,7 @@ gpu_tests=(kiln_gpu_tests kiln_sweep_tests kiln_conv_forms)
 [ "$MODE" = kernels ] && targets=(kiln kiln_cli)
 [ "$MODE" = timeline ] && targets=(kiln kiln_cli kiln_cupti_trace)
 [ "$MODE" = forms ] && targets=(kiln_conv_forms)
+[ "$MODE" = python ] && targets=(kiln kiln_cli kiln_python kiln_py_reference)
 [ "$MODE" = jpeg ] && targets=(kiln kiln_cli "${gpu_tests[@]}" kiln_cupti_trace)
 if ! cmake --build "$BUILD" -j "$JOBS" ${targets[@]:+--target "${targets[@]}"} >"$LOGS/build.log" 2>&1; then
   grep -E 'error|FAILED' "$LOGS/build.log" | head -40
@@ -175,6 +190,29 @@ if [ "$MODE" = jpeg ]; then
     fi
   fi
   [ "${JPEG_TESTS:-0}" = after ] && jpeg_tests
+  finish
+fi
+
+if [ "$MODE" = python ]; then
+  export PYTHONPATH="$BUILD/python${PYTHONPATH:+:$PYTHONPATH}"
+  KILN_PY_REFERENCE=$(find "$BUILD" -name kiln_py_reference -type f | head -1)
+  export KILN_PY_REFERENCE
+  if [ "${PY_DEBUG:-0}" = 1 ]; then
+    # No gdb on the GPU machine; cuda-gdb also debugs host code.
+    timeout 240 cuda-gdb -batch -ex "handle SIGPIPE nostop noprint" -ex run -ex bt -ex "info sharedlibrary" \
+      --args python3 -m pytest -x -q -p no:cacheprovider ${PY_DEBUG_TESTS:-python/tests/test_cuda_input.py} \
+      >"$LOGS/pytest-gdb.txt" 2>&1
+    grep -A40 -E "SIGSEGV|signal" "$LOGS/pytest-gdb.txt" | head -60
+  fi
+  # shellcheck disable=SC2086
+  timeout "${PY_TIMEOUT:-400}" python3 -X faulthandler -m pytest -q -p no:cacheprovider -rfs --tb=short \
+    ${PY_PYTEST_ARGS:-} python/tests >"$LOGS/pytest.txt" 2>&1 || status=1
+  grep -vE "^SKIPPED.*Fashion-MNIST" "$LOGS/pytest.txt" | tail -40
+  note pytest "$(tail -1 "$LOGS/pytest.txt") ($(since))"
+  python3 bench/python_overhead.py --kiln "$BUILD/kiln" --model cnn --batch 128 --device cuda \
+    >"$LOGS/python-overhead.txt" 2>&1 || status=1
+  cat "$LOGS/python-overhead.txt"
+  while IFS= read -r line; do note "py overhead" "$line"; done < <(grep -E '"side"|overhead_percent' "$LOGS/python-overhead.txt")
   finish
 fi
 
