@@ -4,7 +4,8 @@
 
 Python's batches are made once and reused, on the device where the engine is (torch CUDA
 tensors through DLPack on a GPU, NumPy arrays on the CPU), as `kiln bench --stage once` trains
-on a batch resident on the device; statistics are read every step (train_step returns them).
+on a batch resident on the device; each step's statistics stay on the device unread (as
+kiln bench's), the last step's read at the end of a repeat.
 Prints one JSON line per side and the ratio; median over repeats.
 
   python3 bench/python_overhead.py --kiln build/kiln --model cnn --batch 128 --device cuda
@@ -52,6 +53,7 @@ for _ in range(args.repeats):
     t = time.perf_counter()
     for _ in range(args.steps):
         s = engine.train_step(images, labels, lr=0.01)
+    s.loss  # the last step's statistics: every step has finished
     sync()
     py.append(args.batch * args.steps / (time.perf_counter() - t))
 py_ips = statistics.median(py)

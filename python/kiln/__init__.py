@@ -81,6 +81,8 @@ class Engine:
         tensor on the engine's GPU is copied device to device once the work queued on its
         producer's current stream is done (DLPack's stream protocol).
         labels: [batch] int32 or int64, on the host or on the images' GPU.
+        The StepStats' values are read from the device when first asked for (as loss.item()
+        in PyTorch), so a loop that reads them only now and then runs ahead of the GPU.
         """
         return self._e.train_step(images, labels, lr=lr)
 

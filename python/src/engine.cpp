@@ -8,6 +8,7 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <sstream>
@@ -33,6 +34,23 @@ struct PyStats {
   int64_t correct1 = 0, correct5 = 0, count = 0;
   bool overflowed = false;
   double loss_scale = 1;
+};
+
+class PyEngine;
+
+// A step's statistics as Python holds them. A training step's stay on the device until first
+// read, so that a Python loop runs ahead of the GPU (Engine::train_step_deferred); the engine
+// settles every unread cell before the device could reuse its slots, and when it goes.
+struct StatsCell {
+  std::optional<PyStats> values;
+  Engine::StatTickets tickets{};
+  int64_t count = 0;
+  PyEngine* owner = nullptr;
+};
+
+struct PyStepStats {
+  std::shared_ptr<StatsCell> cell;
+  const PyStats& get() const;
 };
 
 PyStats to_py(const StepStats& s, int64_t count) {
@@ -83,39 +101,86 @@ class PyEngine {
     }
   }
 
-  Engine& engine() { return *engine_; }
+  ~PyEngine() {
+    // Python holds the GIL here; the waits are for steps already queued.
+    const std::lock_guard<std::mutex> one_step(step_mutex_);
+    for (const std::shared_ptr<StatsCell>& c : pending_) {
+      try {
+        settle_locked(*c);
+      } catch (...) {  // a device error after the last step: the statistics are lost
+        c->values = PyStats{};
+      }
+    }
+  }
+
+  // The engine for anything but a step: the statistics still on the device are read first.
+  Engine& engine() {
+    settle_all();
+    return *engine_;
+  }
+  const Engine& peek() const { return *engine_; }
   int64_t batch() const { return engine_->options().compile.batch; }
 
-  PyStats train_step(nb::handle images_obj, nb::handle labels_obj, float lr) {
+  PyStepStats train_step(nb::handle images_obj, nb::handle labels_obj, float lr) {
     Input images = import(images_obj, "train_step", "images"),
           labels = import(labels_obj, "train_step", "labels");
     Batch b = batch_of(images, labels, "train_step", false);
     InputView in = b.view(norm_);
-    StepStats s;
+    auto cell = std::make_shared<StatsCell>();
+    cell->count = b.count;
+    cell->owner = this;
     {
       nb::gil_scoped_release unlocked;
       const std::lock_guard<std::mutex> one_step(step_mutex_);
-      engine_->train_step_async(in, lr);
-      s = *engine_->pending_stats();
+      // An unread step older than the device keeps slots for is read now.
+      while (!pending_.empty() &&
+             (pending_.front()->values || static_cast<int64_t>(pending_.size()) >= Engine::kDeferredSteps)) {
+        settle_locked(*pending_.front());
+        pending_.pop_front();
+      }
+      cell->tickets = engine_->train_step_deferred(in, lr);
+      pending_.push_back(cell);
     }
-    return to_py(s, b.count);
+    return PyStepStats{std::move(cell)};
   }
 
-  PyStats eval_step(nb::handle images_obj, nb::handle labels_obj, bool ema) {
+  PyStepStats eval_step(nb::handle images_obj, nb::handle labels_obj, bool ema) {
     Input images = import(images_obj, "eval_step", "images"),
           labels = import(labels_obj, "eval_step", "labels");
     Batch b = batch_of(images, labels, "eval_step", true);
     InputView in = b.view(norm_);
     StepStats s;
+    settle_all();
     {
       nb::gil_scoped_release unlocked;
       const std::lock_guard<std::mutex> one_step(step_mutex_);
       s = engine_->eval_batch(in, b.count, ema);
     }
-    return to_py(s, b.count);
+    auto cell = std::make_shared<StatsCell>();
+    cell->count = b.count;
+    cell->values = to_py(s, b.count);
+    return PyStepStats{std::move(cell)};
+  }
+
+  // Reads one training step's statistics (waits for that step alone).
+  void settle(StatsCell& c) {
+    if (c.values) return;
+    nb::gil_scoped_release unlocked;
+    const std::lock_guard<std::mutex> one_step(step_mutex_);
+    settle_locked(c);
   }
 
  private:
+  void settle_locked(StatsCell& c) {
+    if (!c.values) c.values = to_py(engine_->collect_stats(c.tickets), c.count);
+  }
+  void settle_all() {
+    nb::gil_scoped_release unlocked;
+    const std::lock_guard<std::mutex> one_step(step_mutex_);
+    for (const std::shared_ptr<StatsCell>& c : pending_) settle_locked(*c);
+    pending_.clear();
+  }
+
   // An input as DLPack sees it; `ordered`: its producer has ordered its pending writes before
   // kiln's staging stream.
   struct Input {
@@ -278,9 +343,15 @@ class PyEngine {
 
   std::unique_ptr<Engine> engine_;
   std::mutex step_mutex_;  // without the GIL, two Python threads could step one engine at once
+  std::deque<std::shared_ptr<StatsCell>> pending_;  // training steps whose statistics are unread
   int64_t h_, w_, c_, classes_;
   InputNormalization norm_;
 };
+
+const PyStats& PyStepStats::get() const {
+  if (!cell->values) cell->owner->settle(*cell);
+  return *cell->values;
+}
 
 // A safetensors tensor as a NumPy array that owns its bytes.
 nb::object to_numpy(StTensor&& t) {
@@ -339,16 +410,24 @@ void load_state_dict(PyEngine& e, nb::dict sd, bool strict) {
 }  // namespace
 
 void bind_engine(nb::module_& m) {
-  nb::class_<PyStats>(m, "StepStats", "What a step gives back: loss, top-1/top-5 (fractions of the batch), overflow.")
-      .def_ro("loss", &PyStats::loss, "mean cross-entropy of the batch")
-      .def_ro("top1", &PyStats::top1, "fraction of the batch whose label is the top class")
-      .def_ro("top5", &PyStats::top5, "fraction of the batch whose label is among the top five")
-      .def_ro("correct1", &PyStats::correct1, "top-1 hits")
-      .def_ro("correct5", &PyStats::correct5, "top-5 hits")
-      .def_ro("count", &PyStats::count, "labelled samples in the batch")
-      .def_ro("overflowed", &PyStats::overflowed, "AMP: the gradients overflowed and the step was skipped")
-      .def_ro("loss_scale", &PyStats::loss_scale, "AMP's loss scale after the step")
-      .def("__repr__", [](const PyStats& s) {
+  nb::class_<PyStepStats>(m, "StepStats",
+                          "What a step gives back: loss, top-1/top-5 (fractions of the batch), overflow. "
+                          "A training step's values are read from the device when first asked for, so a "
+                          "loop that does not read them every step runs ahead of the GPU.")
+      .def_prop_ro("loss", [](const PyStepStats& s) { return s.get().loss; }, "mean cross-entropy of the batch")
+      .def_prop_ro("top1", [](const PyStepStats& s) { return s.get().top1; },
+                   "fraction of the batch whose label is the top class")
+      .def_prop_ro("top5", [](const PyStepStats& s) { return s.get().top5; },
+                   "fraction of the batch whose label is among the top five")
+      .def_prop_ro("correct1", [](const PyStepStats& s) { return s.get().correct1; }, "top-1 hits")
+      .def_prop_ro("correct5", [](const PyStepStats& s) { return s.get().correct5; }, "top-5 hits")
+      .def_prop_ro("count", [](const PyStepStats& s) { return s.cell->count; }, "labelled samples in the batch")
+      .def_prop_ro("overflowed", [](const PyStepStats& s) { return s.get().overflowed; },
+                   "AMP: the gradients overflowed and the step was skipped")
+      .def_prop_ro("loss_scale", [](const PyStepStats& s) { return s.get().loss_scale; },
+                   "AMP's loss scale after the step")
+      .def("__repr__", [](const PyStepStats& st) {
+        const PyStats& s = st.get();
         std::ostringstream os;
         os << "StepStats(loss=" << s.loss << ", top1=" << s.top1 << ", top5=" << s.top5
            << ", overflowed=" << (s.overflowed ? "True" : "False") << ")";
@@ -377,10 +456,10 @@ void bind_engine(nb::module_& m) {
           },
           "model"_a, "batch"_a, "amp"_a, "device"_a, "seed"_a, "compile"_a, "optimizer"_a, "momentum"_a,
           "weight_decay"_a, "nesterov"_a, "ema"_a, "ema_decay"_a, "clip_grad"_a, "mean"_a, "std"_a)
-      .def_prop_ro("state", [](PyEngine& e) { return std::string(lifecycle_name(e.engine().state())); })
+      .def_prop_ro("state", [](PyEngine& e) { return std::string(lifecycle_name(e.peek().state())); })
       .def_prop_ro("batch", &PyEngine::batch)
       .def_prop_ro("backend", [](PyEngine& e) { return std::string(e.engine().backend().name()); })
-      .def_prop_ro("steps", [](PyEngine& e) { return e.engine().steps_done(); })
+      .def_prop_ro("steps", [](PyEngine& e) { return e.peek().steps_done(); })
       .def("lock_memory", [](PyEngine& e) { e.engine().lock_memory(); })
       .def("compile", [](PyEngine& e, uint64_t seed) { e.engine().compile(seed); }, "seed"_a = 0)
       .def("train_step", &PyEngine::train_step, "images"_a, "labels"_a, nb::kw_only(), "lr"_a)

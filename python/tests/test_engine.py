@@ -145,3 +145,21 @@ def test_plan_and_memory_print_what_the_cli_prints():
     m = kiln.memory("cnn", batch=64, device="cpu")
     assert m.total_bytes == sum(m.regions.values()) and m.total_bytes > 0
     assert m.features_without_reuse > 0 and str(m).strip()
+
+
+def test_step_stats_are_read_when_asked_for(synthetic_images):
+    """train_step leaves its statistics on the device until read: the same values whether
+    read at once or after 40 more steps (more than the device keeps slots for), or after the
+    engine is gone."""
+    x, y = synthetic_images
+    images, labels = normalised(x[:32]), y[:32]
+    eager = kiln.Engine(small_model(), batch=32, device="cpu", seed=5)
+    read_at_once = [eager.train_step(images, labels, lr=0.05).loss for _ in range(40)]
+    lazy = kiln.Engine(small_model(), batch=32, device="cpu", seed=5)
+    kept = [lazy.train_step(images, labels, lr=0.05) for _ in range(40)]
+    assert lazy.steps == 40
+    assert [s.loss for s in kept] == read_at_once
+    assert read_at_once[-1] < read_at_once[0]  # it trained
+    last = lazy.train_step(images, labels, lr=0.05)
+    del lazy
+    assert np.isfinite(last.loss) and last.count == 32 and 0 <= last.top1 <= 1

@@ -153,18 +153,38 @@ std::optional<StepStats> Engine::train_step_async(const InputView& input, float 
       InvalidArgument, "train_step: the step was compiled for a batch of ", program_->options.batch,
       ", got ", input.device ? input.device->count : 0, " samples on the device");
   enqueue_step(&input, lr);
-  const Program& p = *program_;
   std::optional<StepStats> before = pending_stats();
-  pending_ = StatTickets{backend_->read_later(p.tensor(p.io.loss)), backend_->read_later(p.tensor(p.io.correct)),
-                         backend_->read_later(p.tensor(p.io.overflow)),
-                         backend_->read_later(p.tensor(p.io.loss_scale))};
+  pending_ = read_stats_later();
   return before;
+}
+
+Engine::StatTickets Engine::read_stats_later() {
+  const Program& p = *program_;
+  return StatTickets{backend_->read_later(p.tensor(p.io.loss)), backend_->read_later(p.tensor(p.io.correct)),
+                     backend_->read_later(p.tensor(p.io.overflow)),
+                     backend_->read_later(p.tensor(p.io.loss_scale))};
+}
+
+Engine::StatTickets Engine::train_step_deferred(const InputView& input, float lr) {
+  require(Lifecycle::COMPILED, "train_step_deferred()");
+  const dist::Watch watch("a training step");
+  KILN_CHECK(
+      !input.device || input.device->count == 0 || input.device->count == program_->options.batch,
+      InvalidArgument, "train_step: the step was compiled for a batch of ", program_->options.batch,
+      ", got ", input.device ? input.device->count : 0, " samples on the device");
+  pending_stats();  // an async step's statistics are not handed over past this one
+  enqueue_step(&input, lr);
+  return read_stats_later();
 }
 
 std::optional<StepStats> Engine::pending_stats() {
   if (!pending_) return std::nullopt;
   const StatTickets t = *pending_;
   pending_.reset();
+  return collect_stats(t);
+}
+
+StepStats Engine::collect_stats(const StatTickets& t) {
   StepStats s;
   backend_->collect(t.loss, &s.loss);
   int32_t correct[2];

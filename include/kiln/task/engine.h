@@ -94,6 +94,16 @@ class Engine {
   std::optional<StepStats> train_step_async(const float* images, const int32_t* labels, float lr);
   std::optional<StepStats> train_step_async(const InputView& input, float lr);
   std::optional<StepStats> pending_stats();
+  // A step's statistics left on the device until collect_stats() asks for them, so that a
+  // caller runs ahead of the device and reads a step's loss when it wants it (Python's
+  // train_step, as a PyTorch loop reads loss.item()). Tickets stay valid while fewer than
+  // kDeferredSteps newer steps have been enqueued; collect each once.
+  struct StatTickets {
+    uint64_t loss, correct, overflow, loss_scale;
+  };
+  static constexpr int64_t kDeferredSteps = Backend::kLateReadSlots / 4 - 2;
+  StatTickets train_step_deferred(const InputView& input, float lr);
+  StepStats collect_stats(const StatTickets& tickets);
   // A step on the batch already staged in the input slot this step uses (A and B alternate),
   // with no host copy: `kiln bench --stage once` trains on one fixed batch resident on the
   // device, as PyTorch's reference does. The slot must have been staged by an earlier step.
@@ -116,9 +126,7 @@ class Engine {
   void enqueue_step(const InputView* input, float lr);  // null: the batch already staged
   void stage(int slot, const InputView& input);
   StepStats read_step_stats();
-  struct StatTickets {
-    uint64_t loss, correct, overflow, loss_scale;
-  };
+  StatTickets read_stats_later();
 
   BluePrint blueprint_;
   EngineOptions options_;
