@@ -250,4 +250,25 @@ KILN_HD inline float ema_update(float ema, float w, float decay, float one_minus
   return add(mul(decay, ema), mul(one_minus_decay, w));
 }
 
+// SiLU and hardswish with their derivatives, in FP32 as PyTorch's kernels compute them:
+// silu = x / (1 + exp(-x)), d/dx = s * (1 + x * (1 - s)) with s = sigmoid(x); hardswish =
+// x * min(max(x + 3, 0), 6) / 6, d/dx = 0 below -3, x / 3 + 1/2 up to 3, 1 above. exp differs
+// between the host's and the device's libm by an ulp or two, so these agree closely, not bitwise.
+KILN_HD inline float sigmoid(float x) {
+  return div(1.0f, add(1.0f, expf(-x)));
+}
+KILN_HD inline float silu(float x) {
+  return div(x, add(1.0f, expf(-x)));
+}
+KILN_HD inline float silu_grad(float x, float dy) {
+  const float s = sigmoid(x);
+  return mul(mul(dy, s), add(1.0f, mul(x, sub(1.0f, s))));
+}
+KILN_HD inline float hardswish(float x) {
+  return div(mul(x, fminf(fmaxf(add(x, 3.0f), 0.0f), 6.0f)), 6.0f);
+}
+KILN_HD inline float hardswish_grad(float x, float dy) {
+  return x < -3.0f ? 0.0f : x <= 3.0f ? mul(dy, add(div(x, 3.0f), 0.5f)) : dy;
+}
+
 }  // namespace kiln::formula

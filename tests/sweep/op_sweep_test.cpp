@@ -596,6 +596,99 @@ KILN_SWEEP(relu_bwd) {
   return rows;
 }
 
+// SiLU and hardswish against float64 formulas (PyTorch's definitions): the error bound scales
+// with the sum of the magnitudes of the terms, so that the zeros of 1 + x(1 - s) and
+// x/3 + 1/2 (where the gradient cancels) do not demand a relative accuracy FP32 cannot give.
+double sigmoid_d(double x) {
+  return 1.0 / (1.0 + std::exp(-x));
+}
+constexpr const char* kActWhy = "exp, add, mul, div in FP32: 1e-5 of the terms' magnitude";
+
+template <typename Fwd, typename Mag>
+std::vector<Case> act_fwd_rows(OpKind op, float range, Fwd f, Mag mag,
+                               std::vector<double> special) {
+  std::vector<Case> rows;
+  for (const Shape& s : kEltShapes) {
+    Case c{op, s.str()};
+    c.t = {feat("x", s, -range, range), feat("y", s)};
+    c.in = {"x"};
+    c.out = {"y"};
+    c.prepare = [special](Values& v) {
+      Vec& x = v.at("x");
+      for (size_t i = 0; i < special.size() && i < x.size(); ++i) x[i] = special[i];
+    };
+    c.expect = [f, mag](const Values& v) {
+      const Vec& x = v.at("x");
+      Vec want(x.size()), m(x.size());
+      for (size_t i = 0; i < x.size(); ++i) want[i] = f(x[i]), m[i] = std::max(mag(x[i]), 1e-30);
+      return std::vector<Check>{{"y", want, m, kTol, kActWhy}};
+    };
+    rows.push_back(c);
+  }
+  return rows;
+}
+
+template <typename Bwd, typename Mag>
+std::vector<Case> act_bwd_rows(OpKind op, float range, Bwd g, Mag mag,
+                               std::vector<double> special) {
+  std::vector<Case> rows;
+  for (const Shape& s : kEltShapes) {
+    Case c{op, s.str()};
+    c.t = {feat("x", s, -range, range), feat("dy", s), feat("dx", s)};
+    c.in = {"x", "dy"};
+    c.out = {"dx"};
+    c.prepare = [special](Values& v) {
+      Vec& x = v.at("x");
+      for (size_t i = 0; i < special.size() && i < x.size(); ++i) x[i] = special[i];
+    };
+    c.expect = [g, mag](const Values& v) {
+      const Vec &x = v.at("x"), &dy = v.at("dy");
+      Vec want(x.size()), m(x.size());
+      for (size_t i = 0; i < x.size(); ++i)
+        want[i] = g(x[i], dy[i]), m[i] = std::max(std::fabs(dy[i]) * mag(x[i]), 1e-30);
+      return std::vector<Check>{{"dx", want, m, kTol, kActWhy}};
+    };
+    rows.push_back(c);
+  }
+  return rows;
+}
+
+KILN_SWEEP(silu_fwd) {
+  return act_fwd_rows(
+      OpKind::silu_fwd, 8.0f, [](double x) { return x * sigmoid_d(x); },
+      [](double x) { return std::fabs(x) * sigmoid_d(x); }, {0.0, -0.0, -20.0, 20.0});
+}
+
+KILN_SWEEP(silu_bwd) {
+  return act_bwd_rows(
+      OpKind::silu_bwd, 8.0f,
+      [](double x, double dy) {
+        const double sg = sigmoid_d(x);
+        return dy * sg * (1.0 + x * (1.0 - sg));
+      },
+      [](double x) {
+        const double sg = sigmoid_d(x);
+        return sg * (1.0 + std::fabs(x) * (1.0 - sg));
+      },
+      {0.0, -1.2785, -20.0, 20.0});
+}
+
+// The kinks at -3 and 3 as PyTorch's hardswish_backward: 0 below -3, x/3 + 1/2 on [-3, 3].
+KILN_SWEEP(hardswish_fwd) {
+  return act_fwd_rows(
+      OpKind::hardswish_fwd, 5.0f,
+      [](double x) { return x * std::min(std::max(x + 3.0, 0.0), 6.0) / 6.0; },
+      [](double x) { return std::fabs(x) * (std::fabs(x) + 3.0) / 6.0; },
+      {-3.0, 3.0, 0.0, -1.5});
+}
+
+KILN_SWEEP(hardswish_bwd) {
+  return act_bwd_rows(
+      OpKind::hardswish_bwd, 5.0f,
+      [](double x, double dy) { return x < -3.0 ? 0.0 : x <= 3.0 ? dy * (x / 3.0 + 0.5) : dy; },
+      [](double x) { return std::fabs(x) / 3.0 + 0.5; }, {-3.0, 3.0, 0.0, -1.5});
+}
+
 // dropout_fwd: the mask is the shared counter-based hash (ref::dropout_keep) bit for bit, so
 // both backends draw the same mask; y and dx are x and dy times the FP32 scale 1/(1-p), exactly.
 struct DropoutRow {

@@ -1,5 +1,6 @@
 // Elementwise layer ops on the CPU: the ReLU backward through oneDNN eltwise (from the output,
-// eltwise_relu_use_dst_for_bwd), and loops for the ReLU forward, add and dropout.
+// eltwise_relu_use_dst_for_bwd), and loops for the ReLU forward, SiLU, hardswish, add and
+// dropout.
 //
 // Why the ReLU forward is a loop: oneDNN 2.6's eltwise_relu maps NaN to 0 (checked on this
 // version), which would hide a diverged step; PyTorch (clamp_min) and cuDNN with
@@ -70,6 +71,56 @@ KernelPtr make_relu_bwd(const Node& n, Context& ctx) {
   } catch (const dnnl::error& e) {
     rethrow_dnnl(n, e);
   }
+}
+
+namespace {
+
+// An element-wise "x -> y" whose y = f(x) (formulas.h), and its "x, dy -> dx" = g(x, dy).
+template <typename F>
+KernelPtr unary_fwd(const Node& n, Context& ctx, F f) {
+  reject_accumulate(ctx, n);
+  const TensorId x = need_in(n, 0, "x"), y = need_out(n, 0, "y");
+  expect_dtype(ctx, n, x, DType::F32, "x");
+  expect_dtype(ctx, n, y, DType::F32, "y");
+  expect_same_size(ctx, n, x, y);
+  const float* xp = ctx.ptr<float>(x);
+  float* yp = ctx.ptr<float>(y);
+  const int64_t count = ctx.tensor(x).numel();
+  return make_loop([=](Context&) {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < count; ++i) yp[i] = f(xp[i]);
+  });
+}
+
+template <typename G>
+KernelPtr unary_bwd(const Node& n, Context& ctx, G g) {
+  reject_accumulate(ctx, n);
+  const TensorId x = need_in(n, 0, "x"), dy = need_in(n, 1, "dy"), dx = need_out(n, 0, "dx");
+  for (TensorId id : {x, dy, dx}) expect_dtype(ctx, n, id, DType::F32, "tensor");
+  expect_same_size(ctx, n, x, dy);
+  expect_same_size(ctx, n, x, dx);
+  const float *xp = ctx.ptr<float>(x), *dyp = ctx.ptr<float>(dy);
+  float* dxp = ctx.ptr<float>(dx);
+  const int64_t count = ctx.tensor(x).numel();
+  return make_loop([=](Context&) {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < count; ++i) dxp[i] = g(xp[i], dyp[i]);
+  });
+}
+
+}  // namespace
+
+KernelPtr make_silu_fwd(const Node& n, Context& ctx) {
+  return unary_fwd(n, ctx, [](float x) { return formula::silu(x); });
+}
+KernelPtr make_silu_bwd(const Node& n, Context& ctx) {
+  return unary_bwd(n, ctx, [](float x, float dy) { return formula::silu_grad(x, dy); });
+}
+KernelPtr make_hardswish_fwd(const Node& n, Context& ctx) {
+  return unary_fwd(n, ctx, [](float x) { return formula::hardswish(x); });
+}
+KernelPtr make_hardswish_bwd(const Node& n, Context& ctx) {
+  return unary_bwd(n, ctx, [](float x, float dy) { return formula::hardswish_grad(x, dy); });
 }
 
 // "a, b -> y = a + b"; with attrs.accumulate, y += a + b. b may be absent (y = a / y += a).

@@ -1,5 +1,6 @@
 // Elementwise layer ops on the GPU: ReLU (backward from the output, as PyTorch's
-// threshold_backward), the residual / gradient add, and dropout. FP16/BF16 values are
+// threshold_backward), SiLU and hardswish (backward from the input), the residual / gradient
+// add, and dropout. FP16/BF16 values are
 // computed in FP32 and rounded once.
 //
 // Dropout's mask is the counter-based hash of backend/formulas.h, as the CPU kernel's, so both
@@ -102,7 +103,91 @@ __global__ void dropout_bwd_kernel(const T* dy, const uint8_t* mask, T* dx, int6
   KILN_GRID_STRIDE(i, count) dx[i] = from_f<T>(mask[i] ? fmul(to_f(dy[i]), scale) : 0.0f);
 }
 
+// An element-wise y = f(x) and dx = g(x, dy) (formulas.h), computed in FP32.
+template <typename T, typename F>
+__global__ void unary_fwd_kernel(const T* x, T* y, int64_t count, F f) {
+  KILN_GRID_STRIDE(i, count) y[i] = from_f<T>(f(to_f(x[i])));
+}
+
+template <typename T, typename G>
+__global__ void unary_bwd_kernel(const T* x, const T* dy, T* dx, int64_t count, G g) {
+  KILN_GRID_STRIDE(i, count) dx[i] = from_f<T>(g(to_f(x[i]), to_f(dy[i])));
+}
+
+struct SiluFwd {
+  __device__ float operator()(float x) const { return formula::silu(x); }
+};
+struct SiluBwd {
+  __device__ float operator()(float x, float dy) const { return formula::silu_grad(x, dy); }
+};
+struct HardswishFwd {
+  __device__ float operator()(float x) const { return formula::hardswish(x); }
+};
+struct HardswishBwd {
+  __device__ float operator()(float x, float dy) const { return formula::hardswish_grad(x, dy); }
+};
+
+template <typename F>
+KernelPtr unary_fwd(const Node& n, Context& ctx, int stream, const char* what) {
+  reject_accumulate(ctx, n);
+  const TensorId x = need_in(n, 0, "x"), y = need_out(n, 0, "y");
+  const DType dt = expect_float(ctx, n, x, "x");
+  expect_same_dtype(ctx, n, x, y);
+  expect_same_size(ctx, n, x, y);
+  const int64_t count = ctx.tensor(x).numel();
+  const void* xp = ctx.ptr(x);
+  void* yp = ctx.ptr(y);
+  const unsigned grid = grid_for(ctx, count, kThreads);
+  KernelPtr k;
+  KILN_DISPATCH_FLOAT(dt, T, {
+    k = make_fn(stream, [=](Context&, cudaStream_t s) {
+      unary_fwd_kernel<T><<<grid, kThreads, 0, s>>>(static_cast<const T*>(xp), static_cast<T*>(yp),
+                                                    count, F{});
+      KILN_LAUNCH_CHECK(what);
+    });
+  });
+  return k;
+}
+
+template <typename G>
+KernelPtr unary_bwd(const Node& n, Context& ctx, int stream, const char* what) {
+  reject_accumulate(ctx, n);
+  const TensorId x = need_in(n, 0, "x"), dy = need_in(n, 1, "dy"), dx = need_out(n, 0, "dx");
+  const DType dt = expect_float(ctx, n, x, "x");
+  expect_same_dtype(ctx, n, x, dy);
+  expect_same_dtype(ctx, n, x, dx);
+  expect_same_size(ctx, n, x, dy);
+  expect_same_size(ctx, n, x, dx);
+  const int64_t count = ctx.tensor(x).numel();
+  const void *xp = ctx.ptr(x), *dyp = ctx.ptr(dy);
+  void* dxp = ctx.ptr(dx);
+  const unsigned grid = grid_for(ctx, count, kThreads);
+  KernelPtr k;
+  KILN_DISPATCH_FLOAT(dt, T, {
+    k = make_fn(stream, [=](Context&, cudaStream_t s) {
+      unary_bwd_kernel<T><<<grid, kThreads, 0, s>>>(static_cast<const T*>(xp),
+                                                    static_cast<const T*>(dyp),
+                                                    static_cast<T*>(dxp), count, G{});
+      KILN_LAUNCH_CHECK(what);
+    });
+  });
+  return k;
+}
+
 }  // namespace
+
+KernelPtr make_silu_fwd(const Node& n, Context& ctx, int stream) {
+  return unary_fwd<SiluFwd>(n, ctx, stream, "silu_fwd");
+}
+KernelPtr make_silu_bwd(const Node& n, Context& ctx, int stream) {
+  return unary_bwd<SiluBwd>(n, ctx, stream, "silu_bwd");
+}
+KernelPtr make_hardswish_fwd(const Node& n, Context& ctx, int stream) {
+  return unary_fwd<HardswishFwd>(n, ctx, stream, "hardswish_fwd");
+}
+KernelPtr make_hardswish_bwd(const Node& n, Context& ctx, int stream) {
+  return unary_bwd<HardswishBwd>(n, ctx, stream, "hardswish_bwd");
+}
 
 // "x -> y"
 KernelPtr make_relu_fwd(const Node& n, Context& ctx, int stream) {
