@@ -13,13 +13,13 @@ from . import _kiln
 from ._kiln import (  # noqa: F401  (the public names)
     BluePrint, DeviceError, Error, FileError, InvalidArgumentError, Layer, StepStats,
     adaptive_avgpool, avgpool, bn2d, cbr, conv, dropout, fc, flatten, gap, identity, maxpool,
-    relu, residual, seq, train_flags, zoo, zoo_names,
+    hardswish, relu, residual, seq, silu, train_flags, zoo, zoo_names,
 )
 
 __all__ = [
     "BluePrint", "DeviceError", "Engine", "Error", "FileError", "InvalidArgumentError", "Layer",
     "StepStats", "adaptive_avgpool", "avgpool", "bn2d", "cbr", "conv", "dropout", "fc", "flatten",
-    "Memory", "Plan", "gap", "identity", "load", "maxpool", "memory", "plan", "relu", "residual", "save", "seq", "train", "train_flags", "zoo",
+    "Memory", "Plan", "gap", "hardswish", "identity", "load", "maxpool", "memory", "plan", "relu", "residual", "save", "seq", "silu", "train", "train_flags", "zoo",
     "zoo_names",
 ]
 

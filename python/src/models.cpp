@@ -100,6 +100,8 @@ void bind_models(nb::module_& m) {
   m.def("conv", &conv, "out"_a, "k"_a, "stride"_a = 1, "pad"_a = 0, "bias"_a = false, "A 2-d convolution (NHWC).");
   m.def("bn2d", &bn2d, "eps"_a = 1e-5f, "momentum"_a = 0.1f, "BatchNorm2d.");
   m.def("relu", &relu, "ReLU.");
+  m.def("silu", &silu, "SiLU (swish): x * sigmoid(x), as torch.nn.SiLU.");
+  m.def("hardswish", &hardswish, "Hardswish: x * relu6(x + 3) / 6, as torch.nn.Hardswish.");
   m.def("cbr", &cbr, "out"_a, "k"_a, "stride"_a = 1, "pad"_a = 0,
         "Conv -> BatchNorm -> ReLU, named '<name>.conv' and '<name>.bn'.");
   m.def("maxpool", &maxpool, "k"_a, "stride"_a, "pad"_a = 0, "Max pooling.");
