@@ -88,8 +88,9 @@ int64_t center_offset(int64_t size, int64_t crop) {
 
 // The axis that maps `out` outputs onto the source pixels [start, start + len), read only there
 // (PIL crops the box, then resizes it).
-ResampleAxis box_axis(int64_t start, int64_t len, int64_t out) {
+ResampleAxis box_axis(int64_t start, int64_t len, int64_t out, ResampleFilter filter) {
   ResampleAxis a;
+  a.filter = filter;
   a.out = out;
   a.origin = static_cast<double>(start);
   a.scale = static_cast<double>(len) / static_cast<double>(out);
@@ -287,12 +288,12 @@ void ToFloat::apply(FloatImage& image, Rng&) const {
 }
 
 RandomResizedCrop::RandomResizedCrop(int64_t size, std::array<float, 2> scale,
-                                     std::array<float, 2> ratio)
-    : RandomResizedCrop(size, size, scale, ratio) {}
+                                     std::array<float, 2> ratio, ResampleFilter filter)
+    : RandomResizedCrop(size, size, scale, ratio, filter) {}
 
 RandomResizedCrop::RandomResizedCrop(int64_t height, int64_t width, std::array<float, 2> scale,
-                                     std::array<float, 2> ratio)
-    : height_(height), width_(width), scale_(scale), ratio_(ratio) {
+                                     std::array<float, 2> ratio, ResampleFilter filter)
+    : height_(height), width_(width), scale_(scale), ratio_(ratio), filter_(filter) {
   check_size("RandomResizedCrop", height, width);
   KILN_CHECK(scale[0] > 0 && scale[0] <= scale[1] && scale[1] <= 1, InvalidArgument,
              "RandomResizedCrop scale must satisfy 0 < lo <= hi <= 1, got (", scale[0], ", ",
@@ -336,15 +337,17 @@ void RandomResizedCrop::apply(FloatImage& image, Rng& rng) const {
 bool RandomResizedCrop::compose(SampleGeometry& g, Rng& rng) const {
   if (!unresampled(g)) return false;  // a second resampling: not one filter any more
   const CropBox b = sample_box(g.y.out, g.x.out, rng);
-  g.y = box_axis(b.top, b.height, height_);
-  g.x = box_axis(g.flip ? g.x.out - b.left - b.width : b.left, b.width, width_);
+  g.y = box_axis(b.top, b.height, height_, filter_);
+  g.x = box_axis(g.flip ? g.x.out - b.left - b.width : b.left, b.width, width_, filter_);
   return true;
 }
 
 std::string RandomResizedCrop::describe() const {
   std::ostringstream os;
   os << "RandomResizedCrop(" << height_ << "x" << width_ << ", scale " << scale_[0] << ".."
-     << scale_[1] << ", ratio " << ratio_[0] << ".." << ratio_[1] << ")";
+     << scale_[1] << ", ratio " << ratio_[0] << ".." << ratio_[1];
+  if (filter_ != ResampleFilter::bilinear) os << ", " << filter_name(filter_);
+  os << ")";
   return os.str();
 }
 
@@ -479,7 +482,8 @@ std::string Normalize::describe() const {
   return os.str();
 }
 
-Resize::Resize(int64_t shorter_side) : shorter_(shorter_side) {
+Resize::Resize(int64_t shorter_side, ResampleFilter filter)
+    : shorter_(shorter_side), filter_(filter) {
   check_size("Resize", shorter_side, shorter_side);
 }
 
@@ -503,13 +507,15 @@ bool Resize::compose(SampleGeometry& g, Rng&) const {
   }
   if (nh == h && nw == w) return true;
   // torchvision: the long side is int(size * long / short), truncated.
-  g.y = box_axis(0, h, nh);
-  g.x = box_axis(0, w, nw);
+  g.y = box_axis(0, h, nh, filter_);
+  g.x = box_axis(0, w, nw, filter_);
   return true;
 }
 
 std::string Resize::describe() const {
-  return "Resize(shorter side " + std::to_string(shorter_) + ")";
+  const std::string f =
+      filter_ == ResampleFilter::bilinear ? "" : std::string(", ") + filter_name(filter_);
+  return "Resize(shorter side " + std::to_string(shorter_) + f + ")";
 }
 
 CenterCrop::CenterCrop(int64_t height, int64_t width) : height_(height), width_(width) {
