@@ -482,6 +482,54 @@ std::string Normalize::describe() const {
   return os.str();
 }
 
+RandomErasing::RandomErasing(float p, std::array<float, 2> scale, std::array<float, 2> ratio,
+                             float value)
+    : p_(p), scale_(scale), ratio_(ratio), value_(value) {
+  KILN_CHECK(p >= 0.0f && p <= 1.0f, InvalidArgument, "RandomErasing probability ", p,
+             " is outside [0, 1]");
+  KILN_CHECK(scale[0] >= 0 && scale[0] <= scale[1] && scale[1] <= 1, InvalidArgument,
+             "RandomErasing scale must satisfy 0 <= lo <= hi <= 1, got (", scale[0], ", ", scale[1],
+             ")");
+  KILN_CHECK(ratio[0] > 0 && ratio[0] <= ratio[1], InvalidArgument,
+             "RandomErasing ratio must satisfy 0 < lo <= hi, got (", ratio[0], ", ", ratio[1], ")");
+  KILN_CHECK(std::isfinite(value), InvalidArgument, "RandomErasing value must be finite, got ",
+             value);
+}
+
+CropBox RandomErasing::sample_box(int64_t h, int64_t w, Rng& rng) const {
+  if (!(rng.uniform() < p_)) return {};
+  const double area = static_cast<double>(h) * static_cast<double>(w);
+  const double log_lo = std::log(ratio_[0]), log_hi = std::log(ratio_[1]);
+  for (int attempt = 0; attempt < 10; ++attempt) {
+    const double target = area * (scale_[0] + rng.uniform() * (scale_[1] - scale_[0]));
+    const double aspect = std::exp(log_lo + rng.uniform() * (log_hi - log_lo));
+    // Unlike RandomResizedCrop, the aspect is h / w here, and the box must be strictly smaller.
+    const int64_t eh = py_round(std::sqrt(target * aspect));
+    const int64_t ew = py_round(std::sqrt(target / aspect));
+    if (!(eh < h && ew < w)) continue;
+    const int64_t top = static_cast<int64_t>(rng.below(static_cast<uint64_t>(h - eh + 1)));
+    const int64_t left = static_cast<int64_t>(rng.below(static_cast<uint64_t>(w - ew + 1)));
+    return {top, left, eh, ew};
+  }
+  return {};
+}
+
+void RandomErasing::apply(FloatImage& image, Rng& rng) const {
+  const CropBox b = sample_box(image.height, image.width, rng);
+  const int64_t c = image.channels;
+  for (int64_t y = b.top; y < b.top + b.height; ++y) {
+    float* row = &image.data[static_cast<size_t>((y * image.width + b.left) * c)];
+    std::fill(row, row + b.width * c, value_);
+  }
+}
+
+std::string RandomErasing::describe() const {
+  std::ostringstream os;
+  os << "RandomErasing(p " << p_ << ", scale " << scale_[0] << ".." << scale_[1] << ", ratio "
+     << ratio_[0] << ".." << ratio_[1] << ", value " << value_ << ")";
+  return os.str();
+}
+
 Resize::Resize(int64_t shorter_side, ResampleFilter filter)
     : shorter_(shorter_side), filter_(filter) {
   check_size("Resize", shorter_side, shorter_side);
@@ -566,7 +614,8 @@ bool Pipeline::geometric(std::string* why_not) const {
   const Transform* normalize = nullptr;
   for (const auto& t : transforms_) {
     const Transform* p = t.get();
-    if (normalize) {
+    // Transforms that change values (RandomErasing after Normalize) are refused below as such.
+    if (normalize && !dynamic_cast<const RandomErasing*>(p)) {
       return no(p->describe() + " follows " + normalize->describe() +
                 ": the uint8 / GPU path normalises last; move Normalize to the end");
     }

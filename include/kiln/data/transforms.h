@@ -159,6 +159,25 @@ class Normalize : public Transform {
   std::vector<float> mean_, std_, inv_std_;
 };
 
+// torchvision's RandomErasing on the normalised image: with probability p, a box of
+// scale x area pixels and aspect (h / w) drawn log-uniformly from ratio is set to value in every
+// channel; 10 tries, then nothing is erased. Not a crop-and-resize, so it keeps the pipeline on
+// the float path.
+class RandomErasing : public Transform {
+ public:
+  explicit RandomErasing(float p, std::array<float, 2> scale = {0.02f, 0.33f},
+                         std::array<float, 2> ratio = {0.3f, 3.3f}, float value = 0.0f);
+  void apply(FloatImage& image, Rng& rng) const override;
+  std::string describe() const override;
+  // The p draw and get_params for an h x w image: the box, or height 0 when nothing is erased.
+  CropBox sample_box(int64_t h, int64_t w, Rng& rng) const;
+
+ private:
+  float p_;
+  std::array<float, 2> scale_, ratio_;
+  float value_;
+};
+
 class Resize : public Transform {
  public:
   explicit Resize(int64_t shorter_side, ResampleFilter filter = ResampleFilter::bilinear);
