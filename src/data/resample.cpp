@@ -151,8 +151,9 @@ void resample_horizontal_first(const uint8_t* src, int64_t src_w, int64_t c, int
         for (int64_t i = 0; i < row; ++i) a[i] += wk * s[i];
       }
     }
-    // The last tap, rounding and the store in one pass. The weights are >= 0 and sum to at
-    // most 1, so values lie in [0, 255] up to float error; the clamp only guards that error.
+    // The last tap, rounding and the store in one pass. Bilinear weights are >= 0 and sum to
+    // at most 1, so values lie in [0, 255] up to float error; bicubic ones overshoot, which
+    // the clamp cuts as PIL's clip8 does.
     const float wl = w[n - 1];
     const float* sl = base + (n - 1) * row;
     for (int64_t i = 0; i < row; ++i) {
@@ -290,8 +291,8 @@ void horizontal_any(const float* column, const ResampleTaps& tx, const int32_t* 
   }
 }
 
-// Rounds to nearest. The weights are >= 0 and sum to at most 1, so values lie in [0, 255] up
-// to float error, which the clamp (on SSE2: the saturating packs) absorbs.
+// Rounds to nearest and clamps to [0, 255] (on SSE2: truncation of v + 0.5 toward zero, then
+// the saturating packs): float error for bilinear, bicubic's overshoot as PIL's clip8.
 void round_row(const float* src, int64_t n, uint8_t* dst) {
   int64_t i = 0;
 #if defined(__SSE2__)

@@ -1,4 +1,4 @@
-// The sample geometry and PIL's antialiased bilinear filter taps (Resample.c: precompute_coeffs);
+// The sample geometry and PIL's antialiased filter taps (Resample.c: precompute_coeffs);
 // the kernels that apply them to 8-bit images are in resample.cpp.
 #include "kiln/data/sample_geometry.h"
 
@@ -8,12 +8,32 @@
 #include "kiln/core/error.h"
 
 namespace kiln {
-namespace {
 
-double triangle(double x) {
-  x = std::fabs(x);
-  return x < 1.0 ? 1.0 - x : 0.0;
+const char* filter_name(ResampleFilter f) {
+  return f == ResampleFilter::bicubic ? "bicubic" : "bilinear";
 }
+
+ResampleFilter parse_filter(const std::string& name) {
+  if (name == "bilinear") return ResampleFilter::bilinear;
+  if (name == "bicubic") return ResampleFilter::bicubic;
+  KILN_FAIL(InvalidArgument, "interpolation '", name, "' is not one kiln has; use bilinear or bicubic");
+}
+
+double filter_weight(ResampleFilter f, double x) {
+  x = std::fabs(x);
+  if (f == ResampleFilter::bilinear) return x < 1.0 ? 1.0 - x : 0.0;
+  // PIL's bicubic_filter with a = -0.5 (torchvision's antialiased bicubic uses the same a).
+  constexpr double a = -0.5;
+  if (x < 1.0) return ((a + 2.0) * x - (a + 3.0)) * x * x + 1.0;
+  if (x < 2.0) return (((x - 5.0) * x + 8.0) * x - 4.0) * a;
+  return 0.0;
+}
+
+double filter_support(ResampleFilter f) {
+  return f == ResampleFilter::bicubic ? 2.0 : 1.0;
+}
+
+namespace {
 
 void check_axis(const ResampleAxis& a, const char* name) {
   KILN_CHECK(a.out > 0 && a.scale > 0 && std::isfinite(a.scale) && std::isfinite(a.origin),
@@ -54,7 +74,7 @@ ResampleAxis ResampleAxis::identity(int64_t size) {
 
 bool ResampleAxis::operator==(const ResampleAxis& o) const {
   return out == o.out && origin == o.origin && scale == o.scale && lo == o.lo && hi == o.hi &&
-         valid_lo == o.valid_lo && valid_hi == o.valid_hi;
+         valid_lo == o.valid_lo && valid_hi == o.valid_hi && filter == o.filter;
 }
 
 SampleGeometry SampleGeometry::identity(int64_t h, int64_t w) {
@@ -71,8 +91,9 @@ bool SampleGeometry::operator==(const SampleGeometry& o) const {
 
 ResampleTaps resample_taps(const ResampleAxis& a, int64_t src_size) {
   check_axis(a, "a");
-  const double support = std::max(a.scale, 1.0);  // bilinear's support 1, widened when shrinking
-  const double inv = 1.0 / support;
+  const double fscale = std::max(a.scale, 1.0);  // the filter widens when shrinking
+  const double support = filter_support(a.filter) * fscale;
+  const double inv = 1.0 / fscale;
   const int64_t bound = static_cast<int64_t>(std::ceil(support)) * 2 + 2;
   ResampleTaps t;
   t.first.assign(static_cast<size_t>(a.out), 0);
@@ -88,7 +109,8 @@ ResampleTaps resample_taps(const ResampleAxis& a, int64_t src_size) {
     if (xmax <= xmin) continue;
     double sum = 0;
     for (int64_t j = xmin; j < xmax; ++j) {
-      w[static_cast<size_t>(j - xmin)] = triangle((static_cast<double>(j) - centre + 0.5) * inv);
+      w[static_cast<size_t>(j - xmin)] =
+          filter_weight(a.filter, (static_cast<double>(j) - centre + 0.5) * inv);
       sum += w[static_cast<size_t>(j - xmin)];
     }
     if (sum <= 0) continue;

@@ -88,8 +88,9 @@ int64_t center_offset(int64_t size, int64_t crop) {
 
 // The axis that maps `out` outputs onto the source pixels [start, start + len), read only there
 // (PIL crops the box, then resizes it).
-ResampleAxis box_axis(int64_t start, int64_t len, int64_t out) {
+ResampleAxis box_axis(int64_t start, int64_t len, int64_t out, ResampleFilter filter) {
   ResampleAxis a;
+  a.filter = filter;
   a.out = out;
   a.origin = static_cast<double>(start);
   a.scale = static_cast<double>(len) / static_cast<double>(out);
@@ -287,12 +288,12 @@ void ToFloat::apply(FloatImage& image, Rng&) const {
 }
 
 RandomResizedCrop::RandomResizedCrop(int64_t size, std::array<float, 2> scale,
-                                     std::array<float, 2> ratio)
-    : RandomResizedCrop(size, size, scale, ratio) {}
+                                     std::array<float, 2> ratio, ResampleFilter filter)
+    : RandomResizedCrop(size, size, scale, ratio, filter) {}
 
 RandomResizedCrop::RandomResizedCrop(int64_t height, int64_t width, std::array<float, 2> scale,
-                                     std::array<float, 2> ratio)
-    : height_(height), width_(width), scale_(scale), ratio_(ratio) {
+                                     std::array<float, 2> ratio, ResampleFilter filter)
+    : height_(height), width_(width), scale_(scale), ratio_(ratio), filter_(filter) {
   check_size("RandomResizedCrop", height, width);
   KILN_CHECK(scale[0] > 0 && scale[0] <= scale[1] && scale[1] <= 1, InvalidArgument,
              "RandomResizedCrop scale must satisfy 0 < lo <= hi <= 1, got (", scale[0], ", ",
@@ -336,15 +337,17 @@ void RandomResizedCrop::apply(FloatImage& image, Rng& rng) const {
 bool RandomResizedCrop::compose(SampleGeometry& g, Rng& rng) const {
   if (!unresampled(g)) return false;  // a second resampling: not one filter any more
   const CropBox b = sample_box(g.y.out, g.x.out, rng);
-  g.y = box_axis(b.top, b.height, height_);
-  g.x = box_axis(g.flip ? g.x.out - b.left - b.width : b.left, b.width, width_);
+  g.y = box_axis(b.top, b.height, height_, filter_);
+  g.x = box_axis(g.flip ? g.x.out - b.left - b.width : b.left, b.width, width_, filter_);
   return true;
 }
 
 std::string RandomResizedCrop::describe() const {
   std::ostringstream os;
   os << "RandomResizedCrop(" << height_ << "x" << width_ << ", scale " << scale_[0] << ".."
-     << scale_[1] << ", ratio " << ratio_[0] << ".." << ratio_[1] << ")";
+     << scale_[1] << ", ratio " << ratio_[0] << ".." << ratio_[1];
+  if (filter_ != ResampleFilter::bilinear) os << ", " << filter_name(filter_);
+  os << ")";
   return os.str();
 }
 
@@ -479,7 +482,56 @@ std::string Normalize::describe() const {
   return os.str();
 }
 
-Resize::Resize(int64_t shorter_side) : shorter_(shorter_side) {
+RandomErasing::RandomErasing(float p, std::array<float, 2> scale, std::array<float, 2> ratio,
+                             float value)
+    : p_(p), scale_(scale), ratio_(ratio), value_(value) {
+  KILN_CHECK(p >= 0.0f && p <= 1.0f, InvalidArgument, "RandomErasing probability ", p,
+             " is outside [0, 1]");
+  KILN_CHECK(scale[0] >= 0 && scale[0] <= scale[1] && scale[1] <= 1, InvalidArgument,
+             "RandomErasing scale must satisfy 0 <= lo <= hi <= 1, got (", scale[0], ", ", scale[1],
+             ")");
+  KILN_CHECK(ratio[0] > 0 && ratio[0] <= ratio[1], InvalidArgument,
+             "RandomErasing ratio must satisfy 0 < lo <= hi, got (", ratio[0], ", ", ratio[1], ")");
+  KILN_CHECK(std::isfinite(value), InvalidArgument, "RandomErasing value must be finite, got ",
+             value);
+}
+
+CropBox RandomErasing::sample_box(int64_t h, int64_t w, Rng& rng) const {
+  if (!(rng.uniform() < p_)) return {};
+  const double area = static_cast<double>(h) * static_cast<double>(w);
+  const double log_lo = std::log(ratio_[0]), log_hi = std::log(ratio_[1]);
+  for (int attempt = 0; attempt < 10; ++attempt) {
+    const double target = area * (scale_[0] + rng.uniform() * (scale_[1] - scale_[0]));
+    const double aspect = std::exp(log_lo + rng.uniform() * (log_hi - log_lo));
+    // Unlike RandomResizedCrop, the aspect is h / w here, and the box must be strictly smaller.
+    const int64_t eh = py_round(std::sqrt(target * aspect));
+    const int64_t ew = py_round(std::sqrt(target / aspect));
+    if (!(eh < h && ew < w)) continue;
+    const int64_t top = static_cast<int64_t>(rng.below(static_cast<uint64_t>(h - eh + 1)));
+    const int64_t left = static_cast<int64_t>(rng.below(static_cast<uint64_t>(w - ew + 1)));
+    return {top, left, eh, ew};
+  }
+  return {};
+}
+
+void RandomErasing::apply(FloatImage& image, Rng& rng) const {
+  const CropBox b = sample_box(image.height, image.width, rng);
+  const int64_t c = image.channels;
+  for (int64_t y = b.top; y < b.top + b.height; ++y) {
+    float* row = &image.data[static_cast<size_t>((y * image.width + b.left) * c)];
+    std::fill(row, row + b.width * c, value_);
+  }
+}
+
+std::string RandomErasing::describe() const {
+  std::ostringstream os;
+  os << "RandomErasing(p " << p_ << ", scale " << scale_[0] << ".." << scale_[1] << ", ratio "
+     << ratio_[0] << ".." << ratio_[1] << ", value " << value_ << ")";
+  return os.str();
+}
+
+Resize::Resize(int64_t shorter_side, ResampleFilter filter)
+    : shorter_(shorter_side), filter_(filter) {
   check_size("Resize", shorter_side, shorter_side);
 }
 
@@ -503,13 +555,15 @@ bool Resize::compose(SampleGeometry& g, Rng&) const {
   }
   if (nh == h && nw == w) return true;
   // torchvision: the long side is int(size * long / short), truncated.
-  g.y = box_axis(0, h, nh);
-  g.x = box_axis(0, w, nw);
+  g.y = box_axis(0, h, nh, filter_);
+  g.x = box_axis(0, w, nw, filter_);
   return true;
 }
 
 std::string Resize::describe() const {
-  return "Resize(shorter side " + std::to_string(shorter_) + ")";
+  const std::string f =
+      filter_ == ResampleFilter::bilinear ? "" : std::string(", ") + filter_name(filter_);
+  return "Resize(shorter side " + std::to_string(shorter_) + f + ")";
 }
 
 CenterCrop::CenterCrop(int64_t height, int64_t width) : height_(height), width_(width) {
@@ -560,7 +614,8 @@ bool Pipeline::geometric(std::string* why_not) const {
   const Transform* normalize = nullptr;
   for (const auto& t : transforms_) {
     const Transform* p = t.get();
-    if (normalize) {
+    // Transforms that change values (RandomErasing after Normalize) are refused below as such.
+    if (normalize && !dynamic_cast<const RandomErasing*>(p)) {
       return no(p->describe() + " follows " + normalize->describe() +
                 ": the uint8 / GPU path normalises last; move Normalize to the end");
     }

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "kiln/blueprint/zoo.h"
+#include "kiln/data/auto_augment.h"
 #include "kiln/core/error.h"
 #include "kiln/core/log.h"
 #include "kiln/data/dataset.h"
@@ -79,6 +80,16 @@ void check_config(const TrainConfig& c) {
   KILN_CHECK(cj[0] >= 0 && cj[1] >= 0 && cj[2] >= 0 && cj[3] >= 0 && cj[3] <= 0.5f, InvalidArgument,
              "--color-jitter ", cj[0], ",", cj[1], ",", cj[2], ",", cj[3],
              ": brightness, contrast and saturation must be >= 0 and hue in [0, 0.5]");
+  KILN_CHECK(c.random_erase >= 0 && c.random_erase <= 1, InvalidArgument,
+             "--random-erase is a probability in [0, 1] (0 = off), got ", c.random_erase);
+  if (!c.auto_augment.empty()) {
+    parse_auto_augment(c.auto_augment);  // names the policies when it is not one
+    KILN_CHECK(c.ra_num_ops >= 0 && c.ra_num_ops <= 64, InvalidArgument,
+               "--ra-num-ops must be in 0..64, got ", c.ra_num_ops);
+    KILN_CHECK(c.ra_magnitude >= 0 && c.ra_magnitude < 31, InvalidArgument,
+               "--ra-magnitude is a bin of 31 (torchvision's num_magnitude_bins): 0..30, got ",
+               c.ra_magnitude);
+  }
   KILN_CHECK(c.ema_decay > 0 && c.ema_decay < 1, InvalidArgument, "--ema-decay must be in (0, 1)");
   KILN_CHECK(c.num_classes >= 0 && c.num_classes <= (int64_t{1} << 24), InvalidArgument,
              "--num-classes must be in 0..", int64_t{1} << 24, " (0 = the dataset's), got ", c.num_classes);
@@ -121,18 +132,24 @@ Pipeline input_pipeline(const TrainConfig& c, bool train, int64_t size, int64_t 
   p.add<ToFloat>();
   if (c.data == "folder") {
     if (train && c.random_resized_crop) {
-      p.add<RandomResizedCrop>(size);
+      p.add<RandomResizedCrop>(size, std::array<float, 2>{0.08f, 1.0f},
+                               std::array<float, 2>{3.0f / 4.0f, 4.0f / 3.0f}, c.interpolation);
     } else {
-      p.add<Resize>(c.val_resize_size > 0 ? c.val_resize_size : size * 8 / 7);  // 256 for 224 by default
+      // 256 for 224 by default
+      p.add<Resize>(c.val_resize_size > 0 ? c.val_resize_size : size * 8 / 7, c.interpolation);
       p.add<CenterCrop>(size);
     }
   }
   if (train && c.crop_padding > 0) p.add<RandomCrop>(size, static_cast<int64_t>(c.crop_padding));
   if (train && c.hflip) p.add<RandomHorizontalFlip>(0.5f);
+  if (train && !c.auto_augment.empty()) {
+    p.add<AutoAugment>(parse_auto_augment(c.auto_augment), c.ra_num_ops, c.ra_magnitude);
+  }
   const auto& cj = c.color_jitter;
   if (train && (cj[0] > 0 || cj[1] > 0 || cj[2] > 0 || cj[3] > 0)) p.add<ColorJitter>(cj[0], cj[1], cj[2], cj[3]);
   const Normalization norm = normalization_for(c.data, channels);
   p.add<Normalize>(norm.mean, norm.std);
+  if (train && c.random_erase > 0) p.add<RandomErasing>(c.random_erase);
   return p;
 }
 
@@ -155,6 +172,10 @@ std::string config_json(const TrainConfig& c) {
      << ",\"color_jitter\":" << json_string(color_jitter) << ",\"clip_grad\":" << json_number(c.clip_grad)
      << ",\"clip_grad_norm\":" << json_number(c.clip_grad_norm)
      << ",\"label_smoothing\":" << json_number(c.label_smoothing) << ",\"val_resize_size\":" << c.val_resize_size
+     << ",\"interpolation\":" << json_string(filter_name(c.interpolation))
+     << ",\"random_erase\":" << json_number(c.random_erase)
+     << ",\"auto_augment\":" << json_string(c.auto_augment) << ",\"ra_num_ops\":" << c.ra_num_ops
+     << ",\"ra_magnitude\":" << c.ra_magnitude
      << "}";
   return os.str();
 }

@@ -76,6 +76,20 @@ std::vector<FlagSpec> train_flags() {
        "(timm's 0.4), or B,C,S[,H]. Not a crop-and-resize, so batches go to the device as float32 (no uint8 or GPU "
        "decode path)",
        "", false},
+      {"interpolation",
+       "image folders: the training RandomResizedCrop's and the evaluation Resize's filter, bilinear or bicubic "
+       "(antialiased when shrinking, as PIL and torchvision)",
+       "bilinear", false},
+      {"auto-augment",
+       "ra (RandAugment) or ta_wide (TrivialAugmentWide) on training images after the crop and flip, as "
+       "torchvision's; on the host, so batches go to the device as float32 (needs --decode cpu or auto)",
+       "", false},
+      {"ra-magnitude", "with --auto-augment ra: the magnitude bin, 0..30", "9", false},
+      {"ra-num-ops", "with --auto-augment ra: ops per image", "2", false},
+      {"random-erase",
+       "torchvision's RandomErasing on the normalised training images with this probability (0 = off); on the "
+       "host, so batches go to the device as float32 (needs --decode cpu or auto)",
+       "0", false},
       {"image-size", "input size (0 = the model's default)", "0", false},
       {"val-resize-size", "image folders' evaluation: the shorter side resized to this before the centre crop (0 = 8/7 "
        "of the input size, 256 for 224)", "0", false},
@@ -168,6 +182,13 @@ TrainConfig to_config(const Flags& f) {
   c.crop_padding = static_cast<int>(int_flag(f, "crop-padding", 0, 0, 1 << 16));
   c.random_resized_crop = f.on("random-resized-crop", false);
   c.color_jitter = color_jitter_flag(f);
+  c.interpolation = parse_filter(f.str("interpolation", "bilinear"));
+  c.random_erase = static_cast<float>(f.f64("random-erase", 0));
+  c.auto_augment = f.str("auto-augment");
+  c.ra_num_ops = static_cast<int>(int_flag(f, "ra-num-ops", 2, 0, 64));
+  c.ra_magnitude = static_cast<int>(int_flag(f, "ra-magnitude", 9, 0, 30));
+  KILN_CHECK(c.auto_augment == "ra" || !(f.has("ra-num-ops") || f.has("ra-magnitude")),
+             InvalidArgument, "--ra-num-ops and --ra-magnitude set RandAugment; add --auto-augment ra");
   c.image_size = f.i64("image-size", 0);
   c.val_resize_size = f.i64("val-resize-size", 0);
   c.num_classes = f.i64("num-classes", 0);
@@ -334,7 +355,8 @@ bool eval_uses(const std::string& name) {
       "milestones",  "gamma",       "opt",       "momentum",          "nesterov",       "weight-decay",
       "clip-grad",   "ema",         "ema-decay", "eval-every",        "early-stop",     "stop-after-epochs",
       "output",      "resume",      "init-from", "hflip",             "crop-padding",   "random-resized-crop",
-      "color-jitter", "clip-grad-norm", "keep-last",
+      "color-jitter", "clip-grad-norm", "keep-last", "random-erase", "auto-augment", "ra-magnitude",
+      "ra-num-ops",
       "max-steps",   "profile",     "stop-after-steps", "save-every-steps", "save-every-minutes", "resume-override"};
   for (const char* t : kTrainingOnly) {
     if (name == t) return false;

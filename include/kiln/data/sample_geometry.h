@@ -3,18 +3,29 @@
 // the uint8 CPU path (which decodes only the rows and columns the geometry reads, at the
 // smallest libjpeg DCT scale that keeps its detail) and the GPU path (nvJPEG, then one kernel).
 //
-// The filter is PIL's bilinear (a triangle), widened by the scale when shrinking, which is what
-// torchvision's RandomResizedCrop / Resize do with antialias=True and what PIL does: output
-// pixel i of an axis is centred on source coordinate origin + (i + 0.5) * scale; it weighs the
-// source pixels j of [lo, hi) inside the support by triangle((j + 0.5 - centre) / max(scale, 1)),
+// The filter is PIL's bilinear (a triangle, support 1) or bicubic (the cubic convolution kernel
+// with a = -0.5, support 2), widened by the scale when shrinking, which is what torchvision's
+// RandomResizedCrop / Resize do with antialias=True and what PIL does: output pixel i of an axis
+// is centred on source coordinate origin + (i + 0.5) * scale; it weighs the source pixels j of
+// [lo, hi) within support * max(scale, 1) of it by filter((j + 0.5 - centre) / max(scale, 1)),
 // with the weights renormalised to sum to 1. [lo, hi) is the crop box for RandomResizedCrop
 // (PIL crops before resizing) and the image for Resize. Outputs outside [valid_lo, valid_hi)
 // are 0 (CenterCrop and RandomCrop padding), and so are source pixels outside the image.
 #pragma once
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace kiln {
+
+enum class ResampleFilter : int32_t { bilinear, bicubic };
+const char* filter_name(ResampleFilter f);  // "bilinear", "bicubic"
+// "bilinear" or "bicubic" (torchvision's --interpolation); anything else is refused.
+ResampleFilter parse_filter(const std::string& name);
+// PIL's filters (Resample.c): the triangle and the cubic with a = -0.5, which can be negative
+// (so a bicubic output can overshoot the source's range and is clamped when rounded to bytes).
+double filter_weight(ResampleFilter f, double x);
+double filter_support(ResampleFilter f);  // 1 or 2 source pixels at scale 1
 
 struct ResampleAxis {
   int64_t out = 0;  // output pixels
@@ -22,6 +33,7 @@ struct ResampleAxis {
   double scale = 1;  // source pixels per output pixel
   int64_t lo = 0, hi = 0;  // source pixels the filter may read
   int64_t valid_lo = 0, valid_hi = 0;  // outputs that read the source; the rest are 0
+  ResampleFilter filter = ResampleFilter::bilinear;
 
   // One source pixel per output (scale 1, origin integral): a plain copy.
   bool is_copy() const;

@@ -8,7 +8,9 @@
 //    centre fallback) and resizes it with PIL's antialiased bilinear filter (sample_geometry.h),
 //    as torchvision does with its default antialias=True and as PIL does: when shrinking, the
 //    triangle widens to the output pixel's footprint; when enlarging it is plain bilinear with
-//    half-pixel centres. Resize uses the same filter. Crops, resizes and flips compose into one
+//    half-pixel centres. Resize uses the same filter. Either may take PIL's bicubic instead
+//    (torchvision's interpolation=BICUBIC); on the float path its overshoot is not clamped, as
+//    torchvision's on float tensors, while the uint8 paths clamp it to bytes as PIL does. Crops, resizes and flips compose into one
 //    SampleGeometry (Transform::compose), so the float, uint8 and GPU paths give the same pixels;
 //  - RandomCrop pads with zeros on all four sides, then picks the corner uniformly;
 //  - ColorJitter applies brightness, contrast, saturation and hue in a random order with
@@ -93,9 +95,10 @@ struct CropBox {
 class RandomResizedCrop : public Transform {
  public:
   explicit RandomResizedCrop(int64_t size, std::array<float, 2> scale = {0.08f, 1.0f},
-                             std::array<float, 2> ratio = {3.0f / 4.0f, 4.0f / 3.0f});
+                             std::array<float, 2> ratio = {3.0f / 4.0f, 4.0f / 3.0f},
+                             ResampleFilter filter = ResampleFilter::bilinear);
   RandomResizedCrop(int64_t height, int64_t width, std::array<float, 2> scale,
-                    std::array<float, 2> ratio);
+                    std::array<float, 2> ratio, ResampleFilter filter = ResampleFilter::bilinear);
   void apply(FloatImage& image, Rng& rng) const override;
   std::string describe() const override;
   bool compose(SampleGeometry& g, Rng& rng) const override;  // false after a crop or resize
@@ -105,6 +108,7 @@ class RandomResizedCrop : public Transform {
  private:
   int64_t height_, width_;
   std::array<float, 2> scale_, ratio_;
+  ResampleFilter filter_;
 };
 
 class RandomCrop : public Transform {
@@ -155,15 +159,35 @@ class Normalize : public Transform {
   std::vector<float> mean_, std_, inv_std_;
 };
 
+// torchvision's RandomErasing on the normalised image: with probability p, a box of
+// scale x area pixels and aspect (h / w) drawn log-uniformly from ratio is set to value in every
+// channel; 10 tries, then nothing is erased. Not a crop-and-resize, so it keeps the pipeline on
+// the float path.
+class RandomErasing : public Transform {
+ public:
+  explicit RandomErasing(float p, std::array<float, 2> scale = {0.02f, 0.33f},
+                         std::array<float, 2> ratio = {0.3f, 3.3f}, float value = 0.0f);
+  void apply(FloatImage& image, Rng& rng) const override;
+  std::string describe() const override;
+  // The p draw and get_params for an h x w image: the box, or height 0 when nothing is erased.
+  CropBox sample_box(int64_t h, int64_t w, Rng& rng) const;
+
+ private:
+  float p_;
+  std::array<float, 2> scale_, ratio_;
+  float value_;
+};
+
 class Resize : public Transform {
  public:
-  explicit Resize(int64_t shorter_side);
+  explicit Resize(int64_t shorter_side, ResampleFilter filter = ResampleFilter::bilinear);
   void apply(FloatImage& image, Rng& rng) const override;
   std::string describe() const override;
   bool compose(SampleGeometry& g, Rng& rng) const override;  // false after a crop or resize
 
  private:
   int64_t shorter_;
+  ResampleFilter filter_;
 };
 
 class CenterCrop : public Transform {

@@ -10,6 +10,7 @@
 
 #include "kiln/algo/lr_schedule.h"
 #include "kiln/core/switches.h"
+#include "kiln/data/sample_geometry.h"
 #include "kiln/io/metrics.h"
 #include "kiln/task/engine.h"
 
@@ -56,6 +57,17 @@ struct TrainConfig {
   // ColorJitter on training images after the crop and flip: brightness, contrast, saturation,
   // hue (all 0 = off). Not a crop-and-resize, so the training batches take the float32 path.
   std::array<float, 4> color_jitter{};
+  // Image folders: the filter of the training RandomResizedCrop and the evaluation Resize
+  // (torchvision's --interpolation), antialiased when shrinking.
+  ResampleFilter interpolation = ResampleFilter::bilinear;
+  // torchvision's RandomErasing on the normalised training images with this probability (0 =
+  // off), and RandAugment ("ra": ra_num_ops ops of bin ra_magnitude of 31) or TrivialAugmentWide
+  // ("ta_wide") after the crop and flip ("" = off). Neither is a crop-and-resize, so training
+  // batches take the float32 path.
+  float random_erase = 0.0f;
+  std::string auto_augment;
+  int ra_num_ops = 2;
+  int ra_magnitude = 9;
   int64_t image_size = 0;             // 0 = the model's default
   int64_t num_classes = 0;            // 0 = the dataset's
   int64_t max_steps_per_epoch = 0;    // 0 = the whole epoch (for quick runs and tests)

@@ -44,6 +44,7 @@ AxisDesc axis_desc(const ResampleAxis& a, int64_t size) {
   d.size = static_cast<int32_t>(size);
   d.win_lo = 0;
   d.win_n = static_cast<int32_t>(size);
+  d.bicubic = a.filter == ResampleFilter::bicubic ? 1 : 0;
   return d;
 }
 
@@ -127,6 +128,11 @@ __global__ void stage_samples_kernel(const SampleDesc* __restrict__ descs, int64
 #pragma unroll
         for (int c = 0; c < C; ++c) acc[c] += wy * racc[c];
       }
+    }
+    // Bicubic overshoots the source's range: clamp to bytes' as the host's rounding does.
+    if (ty.bicubic) {
+#pragma unroll
+      for (int c = 0; c < C; ++c) acc[c] = fminf(255.0f, fmaxf(0.0f, acc[c]));
     }
 #pragma unroll
     for (int c = 0; c < C; ++c) o[c] = to_out<T>(__fadd_rn(__fmul_rn(acc[c], norm.scale[c]), norm.shift[c]));

@@ -23,6 +23,7 @@ struct AxisDesc {
   int32_t out = 0, lo = 0, hi = 0, valid_lo = 0, valid_hi = 0;
   int32_t size = 0;
   int32_t win_lo = 0, win_n = 0;
+  int32_t bicubic = 0;  // ResampleFilter::bicubic, else bilinear
 };
 
 struct SampleDesc {
@@ -48,38 +49,45 @@ AxisDesc axis_desc(const ResampleAxis& a, int64_t size);
 // A sample whose final pixels (h x w x c bytes) are at `src`: each output reads one source pixel.
 SampleDesc copy_desc(const uint8_t* src, int64_t h, int64_t w, int64_t c);
 
-// PIL's bilinear taps of output i (sample_geometry.h): normalised over the source pixels of
-// [lo, hi) inside the support, those outside the image then dropped (they read as 0), and the
+// PIL's taps of output i (sample_geometry.h): normalised over the source pixels of [lo, hi)
+// inside the support, those outside the image then dropped (they read as 0), and the
 // zero-weight ends trimmed. count 0: the output is 0. Host and device share it, so the window
-// the decoder is asked for is exactly what the kernel reads.
+// the decoder is asked for is exactly what the kernel reads; the filter is filter_weight's.
 struct Taps {
   int32_t first = 0, count = 0;
+  int32_t bicubic = 0;
   double centre = 0, inv_support = 1, inv_sum = 0;
 };
-KILN_HD inline double triangle(double x) {
+KILN_HD inline double filter_at(int32_t bicubic, double x) {
   x = x < 0 ? -x : x;
-  return x < 1 ? 1 - x : 0;
+  if (!bicubic) return x < 1 ? 1 - x : 0;
+  const double a = -0.5;
+  if (x < 1) return ((a + 2) * x - (a + 3)) * x * x + 1;
+  if (x < 2) return (((x - 5) * x + 8) * x - 4) * a;
+  return 0;
 }
 KILN_HD inline Taps axis_taps(const AxisDesc& a, int32_t i) {
   Taps t;
   const int32_t vlo = a.valid_lo > 0 ? a.valid_lo : 0, vhi = a.valid_hi < a.out ? a.valid_hi : a.out;
   if (i < vlo || i >= vhi) return t;
-  const double support = a.scale > 1 ? a.scale : 1;
-  const double inv = 1 / support;
+  const double fscale = a.scale > 1 ? a.scale : 1;
+  const double support = (a.bicubic ? 2 : 1) * fscale;
+  const double inv = 1 / fscale;
   const double centre = a.origin + (static_cast<double>(i) + 0.5) * a.scale;
   const double fmin = floor(centre - support + 0.5), fmax = floor(centre + support + 0.5);
   const int64_t xmin = fmin > a.lo ? static_cast<int64_t>(fmin) : a.lo;
   const int64_t xmax = fmax < a.hi ? static_cast<int64_t>(fmax) : a.hi;
   if (xmax <= xmin) return t;
   double sum = 0;
-  for (int64_t j = xmin; j < xmax; ++j) sum += triangle((static_cast<double>(j) - centre + 0.5) * inv);
+  for (int64_t j = xmin; j < xmax; ++j) sum += filter_at(a.bicubic, (static_cast<double>(j) - centre + 0.5) * inv);
   if (sum <= 0) return t;
   int64_t j0 = xmin > 0 ? xmin : 0, j1 = xmax < a.size ? xmax : a.size;
-  while (j0 < j1 && triangle((static_cast<double>(j0) - centre + 0.5) * inv) == 0) ++j0;
-  while (j1 > j0 && triangle((static_cast<double>(j1 - 1) - centre + 0.5) * inv) == 0) --j1;
+  while (j0 < j1 && filter_at(a.bicubic, (static_cast<double>(j0) - centre + 0.5) * inv) == 0) ++j0;
+  while (j1 > j0 && filter_at(a.bicubic, (static_cast<double>(j1 - 1) - centre + 0.5) * inv) == 0) --j1;
   if (j1 <= j0) return t;
   t.first = static_cast<int32_t>(j0);
   t.count = static_cast<int32_t>(j1 - j0);
+  t.bicubic = a.bicubic;
   t.centre = centre;
   t.inv_support = inv;
   t.inv_sum = 1 / sum;
@@ -87,7 +95,8 @@ KILN_HD inline Taps axis_taps(const AxisDesc& a, int32_t i) {
 }
 // The weight of source pixel j (inside the taps), rounded to float as the CPU's taps are.
 KILN_HD inline float tap_weight(const Taps& t, int32_t j) {
-  return static_cast<float>(triangle((static_cast<double>(j) - t.centre + 0.5) * t.inv_support) * t.inv_sum);
+  return static_cast<float>(filter_at(t.bicubic, (static_cast<double>(j) - t.centre + 0.5) * t.inv_support) *
+                            t.inv_sum);
 }
 
 // The source pixels an axis reads, [*first, *last), empty (first == last) when none.
