@@ -5,6 +5,8 @@
     engine = kiln.Engine(model, batch=128)        # planned, memory placed, compiled
     stats = engine.train_step(images, labels, lr=0.05)   # images NHWC float32
     sd = engine.state_dict()                      # torchvision names and layouts
+    ema = engine.state_dict(ema=True)             # the EMA model (Engine(..., ema=True))
+    opt = engine.optimizer_state_dict()           # momentum / Adam moments, step counts
     summary = kiln.train(model="cnn", epochs=1)   # the CLI's trainer, its flags as keywords
 """
 from __future__ import annotations
@@ -22,6 +24,12 @@ __all__ = [
     "Memory", "Plan", "gap", "hardswish", "identity", "load", "maxpool", "memory", "plan", "relu", "residual", "save", "seq", "silu", "train", "train_flags", "zoo",
     "zoo_names",
 ]
+
+
+def _as_torch(arrays: dict) -> dict:
+    import torch
+
+    return {k: torch.from_numpy(v) if hasattr(v, "dtype") else v for k, v in arrays.items()}
 
 
 class Engine:
@@ -90,18 +98,26 @@ class Engine:
         """Loss and accuracy of a batch (up to `batch` images) without training."""
         return self._e.eval_step(images, labels, ema=ema)
 
-    def state_dict(self, as_torch: bool = False) -> dict:
-        """Parameters and BatchNorm buffers under torchvision's names and layouts (OIHW)."""
-        sd = self._e.state_dict()
-        if as_torch:
-            import torch
-            sd = {k: torch.from_numpy(v) for k, v in sd.items()}
-        return sd
+    def state_dict(self, as_torch: bool = False, *, ema: bool = False) -> dict:
+        """Parameters and BatchNorm buffers under torchvision's names and layouts (OIHW).
 
-    def load_state_dict(self, state_dict, strict: bool = True) -> None:
+        ema=True gives the EMA model instead (an Engine built with ema=True): the EMA of the
+        weights and of the BatchNorm running statistics, which evaluate together as timm's
+        ModelEmaV3 module does; num_batches_tracked is the live count, as timm copies it. The
+        dict loads into a torchvision model as it is.
+        """
+        sd = self._e.state_dict(ema=ema)
+        return _as_torch(sd) if as_torch else sd
+
+    def load_state_dict(self, state_dict, strict: bool = True, *, ema: bool = False) -> None:
         """Loads torchvision-named tensors (NumPy or torch), as a torchvision model's
         state_dict() gives them; every parameter and buffer must be there with its shape, and
-        with strict, nothing else."""
+        with strict, nothing else.
+
+        Loading the model restarts the EMA at the loaded weights and statistics; ema=True
+        then loads an EMA model (state_dict(ema=True)'s dict) into the EMA alone, so restore
+        the model first and its EMA second.
+        """
         import numpy as np  # here, not at import: the wheel's build imports kiln for its stub
 
         sd = {}
@@ -112,7 +128,53 @@ class Engine:
             if not k.endswith("num_batches_tracked"):
                 v = np.ascontiguousarray(v, dtype=np.float32)
             sd[k] = v
-        self._e.load_state_dict(sd, strict)
+        self._e.load_state_dict(sd, strict, ema=ema)
+
+    def optimizer_state_dict(self, as_torch: bool = False) -> dict:
+        """The optimizer's state, as torch.optim keeps it but keyed by torchvision parameter
+        name (map names to torch's indices with enumerate(model.named_parameters())):
+
+            {"optimizer": "sgd" | "adamw" | "lars",
+             "step": steps taken (the engine's count),
+             "state": {"conv1.weight": {"momentum_buffer": array}, ...}}      # sgd, lars
+             "state": {"conv1.weight": {"exp_avg": array, "exp_avg_sq": array,
+                                        "step": updates applied}, ...}          # adamw
+
+        Arrays are float32 in torchvision's layouts. SGD without momentum keeps no state
+        ("state" is empty). AdamW's "step" counts applied updates (AMP's skipped steps not
+        counted), kiln's one count for every parameter. The loss scale is not part of it.
+        """
+        sd = self._e.optimizer_state_dict()
+        if as_torch:
+            sd["state"] = {k: _as_torch(v) for k, v in sd["state"].items()}
+        return sd
+
+    def load_optimizer_state_dict(self, state_dict, strict: bool = True) -> None:
+        """Loads optimizer_state_dict()'s dict (NumPy or torch arrays) into an engine with the
+        same optimizer: every parameter's state must be there with its shape and, with strict,
+        nothing else; a refused dict changes nothing."""
+        import numpy as np
+
+        sd = dict(state_dict)
+        if isinstance(sd.get("state"), dict):
+            state = {}
+            for name, slots in sd["state"].items():
+                if not isinstance(slots, dict):
+                    state[name] = slots
+                    continue
+                state[name] = {}
+                for k, v in slots.items():
+                    if k == "step":
+                        v = int(v.item()) if hasattr(v, "item") else int(v)
+                    else:
+                        if hasattr(v, "detach"):
+                            v = v.detach().cpu().float().contiguous().numpy()
+                        v = np.ascontiguousarray(v, dtype=np.float32)
+                    state[name][k] = v
+            sd["state"] = state
+        if "step" in sd and hasattr(sd["step"], "item"):
+            sd["step"] = int(sd["step"].item())
+        self._e.load_optimizer_state_dict(sd, strict)
 
     def save(self, path) -> None:
         """Writes the weights as safetensors under torchvision's names, as `kiln export` does

@@ -8,6 +8,8 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <climits>
+#include <cstring>
 #include <deque>
 #include <memory>
 #include <mutex>
@@ -366,15 +368,145 @@ nb::object to_numpy(StTensor&& t) {
   return nb::cast(a);
 }
 
-nb::dict state_dict(PyEngine& e) {
-  StFile f = export_state_dict(e.engine());
+nb::dict state_dict(PyEngine& e, bool ema) {
+  StFile f = export_state_dict(e.engine(), ema);
   nb::dict out;
   for (auto& [name, t] : f.tensors) out[nb::str(name.c_str())] = to_numpy(std::move(t));
   return out;
 }
 
+// A float32 array in torchvision's layout of parameter d (kiln's layout `v`).
+nb::object torch_array(const ParamDesc& d, const std::vector<float>& v) {
+  StTensor t;
+  t.dtype = DType::F32;
+  t.shape = d.torch_shape.dims;
+  const std::vector<float> out = to_torch_layout(d, v);
+  t.data.resize(out.size() * sizeof(float));
+  std::memcpy(t.data.data(), out.data(), t.data.size());
+  return to_numpy(std::move(t));
+}
+
+// The optimizer's per-parameter state under PyTorch's names for it (python/kiln/__init__.py
+// documents the dict): SGD and LARS keep momentum_buffer, AdamW exp_avg, exp_avg_sq and step.
+struct Slot {
+  const char* name;
+  Region region;
+};
+std::vector<Slot> optimizer_slots(const Program& p) {
+  std::vector<Slot> s;
+  const bool adamw = p.options.optimizer == "adamw";
+  if (!p.params.empty() && p.params.front().tensor[static_cast<size_t>(Region::moment1)] != kNoTensor) {
+    s.push_back({adamw ? "exp_avg" : "momentum_buffer", Region::moment1});
+  }
+  if (adamw) s.push_back({"exp_avg_sq", Region::moment2});
+  return s;
+}
+
+int32_t applied_steps(Engine& e) {
+  int32_t applied = 0;
+  e.backend().read(e.program().tensor(e.program().io.optimizer_steps), &applied);
+  return applied;
+}
+
+nb::dict optimizer_state_dict(PyEngine& e) {
+  Engine& en = e.engine();
+  const Program& p = en.program();
+  const bool adamw = p.options.optimizer == "adamw";
+  const int32_t applied = adamw ? applied_steps(en) : 0;
+  nb::dict state;
+  for (const ParamDesc& d : p.params) {
+    nb::dict s;
+    for (const Slot& slot : optimizer_slots(p)) s[slot.name] = torch_array(d, en.read_param(d.name, slot.region));
+    if (adamw) s["step"] = applied;
+    if (nb::len(s) > 0) state[nb::str(d.name.c_str())] = s;
+  }
+  nb::dict out;
+  out["optimizer"] = p.options.optimizer;
+  out["step"] = en.steps_done();
+  out["state"] = state;
+  return out;
+}
+
+std::string quoted(const std::vector<std::string>& names) {
+  std::string s;
+  for (const std::string& n : names) s += (s.empty() ? "'" : ", '") + n + "'";
+  return s;
+}
+
+// Every name and shape is checked before anything is written: a refused dict changes nothing.
+void load_optimizer_state_dict(PyEngine& e, nb::dict sd, bool strict) {
+  Engine& en = e.engine();
+  const Program& p = en.program();
+  const std::string what = "load_optimizer_state_dict";
+  std::vector<std::string> unexpected;
+  for (auto [k, v] : sd) {
+    const std::string key = nb::cast<std::string>(k);
+    if (key != "optimizer" && key != "step" && key != "state") unexpected.push_back(key);
+  }
+  KILN_CHECK(sd.contains("optimizer") && sd.contains("step") && sd.contains("state"), InvalidArgument, what,
+             ": the dict needs 'optimizer', 'step' and 'state' (as optimizer_state_dict() gives them)");
+  const std::string opt = nb::cast<std::string>(sd["optimizer"]);
+  KILN_CHECK(opt == p.options.optimizer, InvalidArgument, what, ": the state is of optimizer '", opt,
+             "' but the engine's is '", p.options.optimizer, "'; build the Engine with optimizer='", opt, "'");
+  const int64_t step = nb::cast<int64_t>(sd["step"]);
+  KILN_CHECK(step >= 0, InvalidArgument, what, ": 'step' is ", step, "; it counts steps taken, >= 0");
+  nb::dict state = nb::cast<nb::dict>(sd["state"]);
+  const std::vector<Slot> slots = optimizer_slots(p);
+  const bool adamw = opt == "adamw";
+  struct Write {
+    const ParamDesc* d;
+    Region region;
+    std::vector<float> values;
+  };
+  std::vector<Write> writes;
+  int64_t applied = -1;
+  for (auto [k, v] : state) {
+    const std::string name = nb::cast<std::string>(k);
+    if (!p.find_param(name)) unexpected.push_back("state['" + name + "']");
+  }
+  for (const ParamDesc& d : p.params) {
+    if (slots.empty()) break;
+    KILN_CHECK(state.contains(d.name.c_str()), InvalidArgument, what, ": the state of parameter '", d.name,
+               "' is missing");
+    nb::dict s = nb::cast<nb::dict>(state[d.name.c_str()]);
+    for (auto [k, v] : s) {
+      const std::string key = nb::cast<std::string>(k);
+      bool known = adamw && key == "step";
+      for (const Slot& slot : slots) known = known || key == slot.name;
+      if (!known) unexpected.push_back("state['" + d.name + "']['" + key + "']");
+    }
+    for (const Slot& slot : slots) {
+      KILN_CHECK(s.contains(slot.name), InvalidArgument, what, ": state['", d.name, "'] lacks '", slot.name, "'");
+      auto a = nb::cast<nb::ndarray<nb::ro, float, nb::c_contig, nb::device::cpu>>(s[slot.name]);
+      std::vector<int64_t> shape;
+      for (size_t i = 0; i < a.ndim(); ++i) shape.push_back(static_cast<int64_t>(a.shape(i)));
+      KILN_CHECK(shape == d.torch_shape.dims, InvalidArgument, what, ": state['", d.name, "']['", slot.name,
+                 "'] has shape ", Shape(shape).str(), " but the parameter's is ", d.torch_shape.str());
+      std::vector<float> torch_values(a.data(), a.data() + a.size());
+      writes.push_back({&d, slot.region, from_torch_layout(d, torch_values)});
+    }
+    if (adamw) {
+      KILN_CHECK(s.contains("step"), InvalidArgument, what, ": state['", d.name, "'] lacks 'step'");
+      const int64_t t = nb::cast<int64_t>(s["step"]);
+      KILN_CHECK(applied < 0 || t == applied, InvalidArgument, what, ": state['", d.name, "']['step'] is ", t,
+                 " but another parameter's is ", applied, "; kiln keeps one AdamW step count for all");
+      KILN_CHECK(t >= 0 && t <= step && t <= INT32_MAX, InvalidArgument, what, ": state['", d.name,
+                 "']['step'] is ", t, ", outside [0, step ", step, "]");
+      applied = t;
+    }
+  }
+  KILN_CHECK(!strict || unexpected.empty(), InvalidArgument, what, ": ", unexpected.size(),
+             " entr(y/ies) the engine's optimizer does not have: ", quoted(unexpected), " (strict=False ignores them)");
+  for (const Write& w : writes) en.write_param(w.d->name, w.values, w.region);
+  if (adamw) {
+    const auto t = static_cast<int32_t>(applied < 0 ? 0 : applied);
+    en.backend().write(p.tensor(p.io.optimizer_steps), &t);
+  }
+  en.set_steps_done(step);
+}
+
 // Float32 C-contiguous arrays by torchvision name (python/kiln/__init__.py converts tensors).
-void load_state_dict(PyEngine& e, nb::dict sd, bool strict) {
+void load_state_dict(PyEngine& e, nb::dict sd, bool strict, bool ema) {
   StFile f;
   std::vector<std::string> unexpected;
   const Program& p = e.engine().program();
@@ -399,12 +531,14 @@ void load_state_dict(PyEngine& e, nb::dict sd, bool strict) {
     f.tensors[name] = std::move(t);
   }
   if (strict && !unexpected.empty()) {
-    std::string names;
-    for (const std::string& n : unexpected) names += (names.empty() ? "'" : ", '") + n + "'";
-    KILN_FAIL(InvalidArgument, "load_state_dict: ", unexpected.size(), " tensor(s) the model does not have: ", names,
-              " (strict=False ignores them)");
+    KILN_FAIL(InvalidArgument, "load_state_dict: ", unexpected.size(), " tensor(s) the model does not have: ",
+              quoted(unexpected), " (strict=False ignores them)");
   }
-  import_state_dict(e.engine(), f, "state_dict");
+  if (ema) {
+    import_ema_state_dict(e.engine(), f, "state_dict (ema)");
+  } else {
+    import_state_dict(e.engine(), f, "state_dict");
+  }
 }
 
 }  // namespace
@@ -464,8 +598,10 @@ void bind_engine(nb::module_& m) {
       .def("compile", [](PyEngine& e, uint64_t seed) { e.engine().compile(seed); }, "seed"_a = 0)
       .def("train_step", &PyEngine::train_step, "images"_a, "labels"_a, nb::kw_only(), "lr"_a)
       .def("eval_step", &PyEngine::eval_step, "images"_a, "labels"_a, nb::kw_only(), "ema"_a = false)
-      .def("state_dict", &state_dict)
-      .def("load_state_dict", &load_state_dict, "state_dict"_a, "strict"_a = true)
+      .def("state_dict", &state_dict, nb::kw_only(), "ema"_a = false)
+      .def("load_state_dict", &load_state_dict, "state_dict"_a, "strict"_a = true, nb::kw_only(), "ema"_a = false)
+      .def("optimizer_state_dict", &optimizer_state_dict)
+      .def("load_optimizer_state_dict", &load_optimizer_state_dict, "state_dict"_a, "strict"_a = true)
       .def("plan_text", [](PyEngine& e) { return describe_plan(e.engine().plan()); })
       .def("plan_layers", [](PyEngine& e) { return e.engine().plan().live().size(); })
       .def("plan_notes", [](PyEngine& e) { return e.engine().plan().notes; })

@@ -135,6 +135,12 @@ class Compiler {
                      range.begin * static_cast<int64_t>(dtype_size(dt)));
   }
 
+  // The whole of bn_running or ema_bn_running, alignment gaps included (they hold zeros).
+  TensorId buffer_range(Region r) {
+    return c_.tensor(std::string(region_name(r)) + "[all]", r, Shape{p_.buffer_elems}, DType::F32,
+                     Layout::Flat, 0);
+  }
+
   // ---- scalars and inputs -------------------------------------------------------------
   void make_scalars_and_inputs() {
     ProgramIO& io = p_.io;
@@ -262,6 +268,13 @@ class Compiler {
       ph.nodes.push_back(make_node(OpKind::ema,
                                    {range_tensor(Region::params_f32, all, "all"), p_.io.overflow},
                                    {range_tensor(Region::ema_f32, all, "all")}, a, "ema"));
+      // The BatchNorm running statistics too, with the same decay (timm's ModelEmaV2/V3 average
+      // every state_dict entry), so that the EMA weights are evaluated with statistics of their
+      // own; num_batches_tracked, an integer, is copied as V3 does (checkpoint.cpp).
+      if (p_.buffer_elems > 0) {
+        ph.nodes.push_back(make_node(OpKind::ema, {buffer_range(Region::bn_running), p_.io.overflow},
+                                     {buffer_range(Region::ema_bn_running)}, a, "ema bn buffers"));
+      }
       if (o.amp && !decay_range_.empty()) {
         ph.nodes.push_back(compute_copy(Region::ema_f32, Region::ema_f16, "ema compute copy"));
       }
@@ -374,6 +387,10 @@ class Compiler {
     if (o.ema) {
       ph.nodes.push_back(make_node(OpKind::copy, {range_tensor(Region::params_f32, all, "all")},
                                    {range_tensor(Region::ema_f32, all, "all")}, {}, "ema start"));
+      if (p_.buffer_elems > 0) {
+        ph.nodes.push_back(make_node(OpKind::copy, {buffer_range(Region::bn_running)},
+                                     {buffer_range(Region::ema_bn_running)}, {}, "ema bn start"));
+      }
       if (o.amp && !decay_range_.empty()) {
         ph.nodes.push_back(compute_copy(Region::ema_f32, Region::ema_f16, "ema compute copy"));
       }

@@ -28,6 +28,8 @@ bool is_param_region(Region r) {
   }
 }
 
+bool is_buffer_region(Region r) { return r == Region::bn_running || r == Region::ema_bn_running; }
+
 bool is_reused_region(Region r) { return r == Region::features || r == Region::aux; }
 
 struct Interval {
@@ -83,9 +85,19 @@ void plan_memory(Program& p) {
     }
   }
 
+  // The BatchNorm buffers and their EMA: the compiler placed them (the same offset in both
+  // regions, lower.cpp) when it made them; tensors made without an offset go after them.
+  for (const DTensor& t : p.tensors) {
+    if (is_buffer_region(t.region) && t.view_of == kNoTensor && t.offset >= 0) {
+      auto& rb = m.region_bytes[static_cast<int>(t.region)];
+      rb = std::max(rb, align_up(t.offset + std::max<int64_t>(t.bytes(), 1), kAlignment));
+    }
+  }
+
   // Static regions: in tensor order, each 256-byte aligned.
   for (DTensor& t : p.tensors) {
     if (t.view_of != kNoTensor || is_param_region(t.region) || is_reused_region(t.region)) continue;
+    if (is_buffer_region(t.region) && t.offset >= 0) continue;
     auto& rb = m.region_bytes[static_cast<int>(t.region)];
     t.offset = rb;
     rb = align_up(rb + std::max<int64_t>(t.bytes(), 1), kAlignment);

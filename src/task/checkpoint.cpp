@@ -6,6 +6,7 @@
 #include <set>
 
 #include "kiln/core/error.h"
+#include "kiln/core/log.h"
 
 namespace kiln {
 
@@ -84,6 +85,14 @@ int64_t meta_int_or(const StFile& f, const std::string& key, int64_t fallback, c
 
 std::string bn_of(const std::string& buffer) { return buffer.substr(0, buffer.rfind('.')); }
 
+// An EMA weight and its FP16 copy: the host's round-to-nearest-even cast equals the device's.
+void write_ema_weight(Engine& engine, const ParamDesc& d, const std::vector<float>& v) {
+  engine.write_param(d.name, v, Region::ema_f32);
+  if (d.compute_copy && d.tensor[static_cast<size_t>(Region::ema_f16)] != kNoTensor) {
+    engine.write_param(d.name, v, Region::ema_f16);
+  }
+}
+
 }  // namespace
 
 std::vector<float> to_torch_layout(const ParamDesc& p, const std::vector<float>& v) {
@@ -134,17 +143,23 @@ std::vector<float> from_torch_layout(const ParamDesc& p, const std::vector<float
   return v;
 }
 
-StFile export_state_dict(Engine& engine) {
+StFile export_state_dict(Engine& engine, bool ema) {
   const Program& p = engine.program();
+  KILN_CHECK(!ema || p.options.ema, InvalidArgument, "model '", p.model,
+             "' has no EMA weights: it was trained (or is loaded) without --ema");
+  const Region weights = ema ? Region::ema_f32 : Region::params_f32;
+  const Region buffers = ema ? Region::ema_bn_running : Region::bn_running;
   StFile f;
   for (const ParamDesc& d : p.params) {
-    f.tensors[d.name] = f32_tensor(d.torch_shape.dims, to_torch_layout(d, engine.read_param(d.name)));
+    f.tensors[d.name] =
+        f32_tensor(d.torch_shape.dims, to_torch_layout(d, engine.read_param(d.name, weights)));
   }
   std::set<std::string> bns;
   for (const BufferDesc& b : p.buffers) {
-    f.tensors[b.name] = f32_tensor(p.tensor(b.tensor).shape.dims, engine.read_param(b.name));
+    f.tensors[b.name] = f32_tensor(p.tensor(b.tensor).shape.dims, engine.read_param(b.name, buffers));
     bns.insert(bn_of(b.name));
   }
+  // An integer: the EMA model's is the live one's, as timm's ModelEmaV3 copies it.
   for (const std::string& bn : bns) {
     f.tensors[bn + ".num_batches_tracked"] = scalar_tensor<int64_t>(DType::I64, engine.steps_done());
   }
@@ -153,7 +168,9 @@ StFile export_state_dict(Engine& engine) {
   return f;
 }
 
-void export_weights(Engine& engine, const std::string& path) { write_safetensors(path, export_state_dict(engine)); }
+void export_weights(Engine& engine, const std::string& path, bool ema) {
+  write_safetensors(path, export_state_dict(engine, ema));
+}
 
 void import_weights(Engine& engine, const std::string& path) { import_state_dict(engine, read_safetensors(path), path); }
 
@@ -170,6 +187,45 @@ void import_state_dict(Engine& engine, const StFile& f, const std::string& path)
   engine.refresh_derived_weights();
 }
 
+void import_ema_state_dict(Engine& engine, const StFile& f, const std::string& path) {
+  const Program& p = engine.program();
+  KILN_CHECK(p.options.ema, InvalidArgument, "'", path, "': EMA weights given, but model '", p.model,
+             "' was compiled without EMA; compile it with --ema (ema=True)");
+  for (const ParamDesc& d : p.params) {
+    const StTensor& t = need(f, d.name, d.torch_shape.dims, path);
+    write_ema_weight(engine, d, from_torch_layout(d, as_floats(t, d.name, path)));
+  }
+  for (const BufferDesc& b : p.buffers) {
+    const StTensor& t = need(f, b.name, p.tensor(b.tensor).shape.dims, path);
+    engine.write_param(b.name, as_floats(t, b.name, path), Region::ema_bn_running);
+  }
+}
+
+StFile ema_state_of_checkpoint(const Program& p, const StFile& f, const std::string& path) {
+  KILN_CHECK(f.tensors.count("ema." + p.params.front().name), Checkpoint, "'", path,
+             "' has no EMA weights (ema.* tensors): the run was trained without --ema, or the file "
+             "is exported weights (evaluate those without --ema)");
+  StFile out;
+  for (const auto& [name, t] : f.tensors) {
+    if (name.rfind("ema.", 0) == 0) out.tensors[name.substr(4)] = t;
+  }
+  bool warned = false;
+  for (const BufferDesc& b : p.buffers) {
+    if (out.tensors.count(b.name)) continue;
+    // A checkpoint from before the EMA kept BatchNorm statistics of its own: the live ones,
+    // which is what its EMA was evaluated with during training.
+    auto live = f.tensors.find(b.name);
+    KILN_CHECK(live != f.tensors.end(), Checkpoint, "'", path, "': tensor '", b.name, "' is missing");
+    out.tensors[b.name] = live->second;
+    if (!warned) {
+      log_warn("'", path, "' has EMA weights but no EMA BatchNorm statistics (an older "
+               "checkpoint): the EMA model uses the live model's statistics");
+      warned = true;
+    }
+  }
+  return out;
+}
+
 void save_checkpoint(Engine& engine, const std::string& path, const TrainState& state) {
   const Program& p = engine.program();
   StFile f = export_state_dict(engine);
@@ -178,6 +234,12 @@ void save_checkpoint(Engine& engine, const std::string& path, const TrainState& 
       if (d.tensor[static_cast<size_t>(r)] == kNoTensor) continue;
       const std::string prefix = r == Region::ema_f32 ? "ema." : std::string("optimizer.") + region_name(r) + ".";
       f.tensors[prefix + d.name] = f32_tensor(d.torch_shape.dims, to_torch_layout(d, engine.read_param(d.name, r)));
+    }
+  }
+  if (p.options.ema) {  // the EMA model's BatchNorm statistics, beside its weights
+    for (const BufferDesc& b : p.buffers) {
+      f.tensors["ema." + b.name] =
+          f32_tensor(p.tensor(b.tensor).shape.dims, engine.read_param(b.name, Region::ema_bn_running));
     }
   }
   float scale = 1;
@@ -233,11 +295,34 @@ TrainState load_checkpoint(Engine& engine, const std::string& path) {
       if (r == Region::ema_f32 && !f.tensors.count(name)) continue;  // EMA switched on at resume: starts at the weights
       const StTensor& t = need(f, name, d.torch_shape.dims, path);
       const std::vector<float> v = from_torch_layout(d, as_floats(t, name, path));
-      engine.write_param(d.name, v, r);
-      // The EMA's FP16 copy: the host's round-to-nearest-even cast equals the device's.
-      if (r == Region::ema_f32 && d.compute_copy && d.tensor[static_cast<size_t>(Region::ema_f16)] != kNoTensor) {
-        engine.write_param(d.name, v, Region::ema_f16);
+      if (r == Region::ema_f32) {
+        write_ema_weight(engine, d, v);
+      } else {
+        engine.write_param(d.name, v, r);
       }
+    }
+  }
+  // The EMA's BatchNorm statistics. A checkpoint made before they were kept has EMA weights
+  // without them: the EMA statistics then start at the checkpoint's live ones (the init phase
+  // copied them), which they approach anyway, rather than refusing the file.
+  if (p.options.ema) {
+    size_t missing = 0;
+    for (const BufferDesc& b : p.buffers) {
+      const std::string name = "ema." + b.name;
+      if (!f.tensors.count(name)) {
+        ++missing;
+        continue;
+      }
+      const StTensor& t = need(f, name, p.tensor(b.tensor).shape.dims, path);
+      engine.write_param(b.name, as_floats(t, name, path), Region::ema_bn_running);
+    }
+    if (missing > 0 && missing < p.buffers.size()) {
+      KILN_FAIL(Checkpoint, "'", path, "': ", missing, " of ", p.buffers.size(),
+                " EMA BatchNorm buffers (ema.*.running_mean/var) are missing; the file is damaged");
+    }
+    if (missing > 0 && f.tensors.count("ema." + p.params.front().name)) {
+      log_warn("'", path, "' has EMA weights but no EMA BatchNorm statistics (an older checkpoint): "
+               "the EMA model's statistics start from the live model's");
     }
   }
   const StTensor& scale = need(f, "kiln.loss_scale", {}, path);

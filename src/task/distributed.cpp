@@ -38,8 +38,11 @@ void check_replicas_agree(Engine& engine, int64_t step, const char* when) {
     }
   }
   for (const BufferDesc& b : p.buffers) {
-    const std::vector<float> v = engine.read_param(b.name);
-    f.add(v.data(), v.size() * sizeof(float));
+    for (Region r : {Region::bn_running, Region::ema_bn_running}) {
+      if (r == Region::ema_bn_running && b.ema == kNoTensor) continue;
+      const std::vector<float> v = engine.read_param(b.name, r);
+      f.add(v.data(), v.size() * sizeof(float));
+    }
   }
   f.add(&step, sizeof step);
   std::vector<uint64_t> all(static_cast<size_t>(dist::world()));
@@ -59,18 +62,24 @@ void check_replicas_agree(Engine& engine, int64_t step, const char* when) {
 void average_bn_running_stats(Engine& engine) {
   if (dist::world() == 1) return;
   const Program& p = engine.program();
+  // The live buffers, and their EMA copies when EMA is on (each rank's follows its own).
   std::vector<double> all;
+  std::vector<std::pair<const BufferDesc*, Region>> which;
   std::vector<std::vector<float>> parts;
   for (const BufferDesc& b : p.buffers) {
-    parts.push_back(engine.read_param(b.name));
-    all.insert(all.end(), parts.back().begin(), parts.back().end());
+    for (Region r : {Region::bn_running, Region::ema_bn_running}) {
+      if (r == Region::ema_bn_running && b.ema == kNoTensor) continue;
+      which.push_back({&b, r});
+      parts.push_back(engine.read_param(b.name, r));
+      all.insert(all.end(), parts.back().begin(), parts.back().end());
+    }
   }
   dist::allreduce(all.data(), static_cast<int64_t>(all.size()), dist::Reduce::sum,
                   "BatchNorm running statistics");
   size_t k = 0;
   for (size_t i = 0; i < parts.size(); ++i) {
     for (float& x : parts[i]) x = static_cast<float>(all[k++] / dist::world());
-    engine.write_param(p.buffers[i].name, parts[i]);
+    engine.write_param(which[i].first->name, parts[i], which[i].second);
   }
 }
 

@@ -291,6 +291,14 @@ StepStats Engine::eval_batch(const InputView& input, int64_t valid, bool ema) {
   return s;
 }
 
+// A buffer's live tensor, or its EMA for the EMA regions (ema_f32 names the EMA model).
+TensorId Engine::buffer_tensor(const BufferDesc& b, Region region) const {
+  if (region != Region::ema_f32 && region != Region::ema_bn_running) return b.tensor;
+  KILN_CHECK(b.ema != kNoTensor, InvalidArgument, "buffer '", b.name,
+             "' has no EMA copy: the engine was compiled without EMA (--ema / ema=True)");
+  return b.ema;
+}
+
 std::vector<float> Engine::read_param(const std::string& name, Region region) {
   require(Lifecycle::COMPILED, "read_param()");
   const Program& p = *program_;
@@ -300,7 +308,7 @@ std::vector<float> Engine::read_param(const std::string& name, Region region) {
     return read_floats(*backend_, p.tensor(id));
   }
   for (const BufferDesc& b : p.buffers) {
-    if (b.name == name) return read_floats(*backend_, p.tensor(b.tensor));
+    if (b.name == name) return read_floats(*backend_, p.tensor(buffer_tensor(b, region)));
   }
   KILN_FAIL(InvalidArgument, "model '", p.model, "' has no parameter or buffer named '", name, "'");
 }
@@ -316,7 +324,7 @@ void Engine::write_param(const std::string& name, const std::vector<float>& valu
   }
   for (const BufferDesc& b : p.buffers) {
     if (b.name == name) {
-      write_floats(*backend_, p.tensor(b.tensor), values);
+      write_floats(*backend_, p.tensor(buffer_tensor(b, region)), values);
       return;
     }
   }

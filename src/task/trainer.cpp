@@ -481,8 +481,14 @@ TrainSummary evaluate(const TrainConfig& c) {
   const dist::FailureGuard failure_guard;  // S27: an error on one rank stops every rank
   RunSetup r = setup_run(c, false);
   if (!c.init_from.empty()) import_weights(*r.engine, c.init_from);
+  if (c.ema) {  // kiln eval --ema: the checkpoint's EMA weights and EMA BatchNorm statistics
+    KILN_CHECK(!c.init_from.empty(), InvalidArgument, "kiln eval --ema needs --weights CHECKPOINT");
+    const StFile f = read_safetensors(c.init_from);
+    import_ema_state_dict(*r.engine, ema_state_of_checkpoint(r.engine->program(), f, c.init_from),
+                          c.init_from);
+  }
   InputBuffers test_input(*r.test_loader, dist::split_batch(c.batch_size), r.test_norm);
-  const EvalResult e = run_eval(*r.engine, *r.test_loader, false, test_input);
+  const EvalResult e = run_eval(*r.engine, *r.test_loader, c.ema, test_input);
   TrainSummary s;
   s.final_loss = e.loss;
   s.final_top1 = s.best_top1 = e.top1;

@@ -215,8 +215,10 @@ const Case kCases[] = {
      "--output OUT",
      2, {"model 'cnn' takes 1-channel images", "--model resnet18_small"}, ""},
     // kiln eval refuses the flags it does not use, instead of ignoring them.
-    {"eval_refuses_training_flags", mnist, "eval" + kTiny + " --data-dir DATA --weights DATA/w.safetensors --ema", 2,
-     {"unknown flag --ema for 'kiln eval'", "--weights"}, ""},
+    // (--ema is eval's own since eval --ema evaluates the EMA model; --ema-decay stays training's.)
+    {"eval_refuses_training_flags", mnist,
+     "eval" + kTiny + " --data-dir DATA --weights DATA/w.safetensors --ema-decay 0.99", 2,
+     {"unknown flag --ema-decay for 'kiln eval'", "--weights"}, ""},
     {"eval_refuses_output", mnist, "eval" + kTiny + " --data-dir DATA --weights DATA/w.safetensors --output OUT", 2,
      {"unknown flag --output"}, ""},
 };

@@ -353,7 +353,7 @@ bool eval_uses(const std::string& name) {
   static const char* const kTrainingOnly[] = {
       "epochs",      "lr",          "sched",     "warmup-epochs",     "min-lr",         "step-size",
       "milestones",  "gamma",       "opt",       "momentum",          "nesterov",       "weight-decay",
-      "clip-grad",   "ema",         "ema-decay", "eval-every",        "early-stop",     "stop-after-epochs",
+      "clip-grad",   "ema-decay",   "eval-every",        "early-stop",     "stop-after-epochs",
       "output",      "resume",      "init-from", "hflip",             "crop-padding",   "random-resized-crop",
       "color-jitter", "clip-grad-norm", "keep-last", "random-erase", "auto-augment", "ra-magnitude",
       "ra-num-ops",
@@ -367,7 +367,12 @@ bool eval_uses(const std::string& name) {
 int cmd_eval(int argc, char** argv) {
   std::vector<FlagSpec> specs;
   for (const FlagSpec& s : train_flags()) {
-    if (eval_uses(s.name)) specs.push_back(s);
+    if (s.name == "ema") {
+      specs.push_back({"ema", "evaluate the checkpoint's EMA weights with their own BatchNorm statistics",
+                       "off", true});
+    } else if (eval_uses(s.name)) {
+      specs.push_back(s);
+    }
   }
   specs.push_back({"weights", "checkpoint or torchvision-named weights to evaluate", "", false});
   Flags f("eval", "--model NAME --weights FILE [flags]", specs);
@@ -392,7 +397,8 @@ int cmd_export(int argc, char** argv) {
            {"checkpoint", "kiln checkpoint to read", "", false},
            {"output", "safetensors file to write (torchvision names and layouts)", "", false},
            {"num-classes", "classes (0 = the form's default)", "0", false},
-           {"image-size", "input size (0 = the form's default)", "0", false}});
+           {"image-size", "input size (0 = the form's default)", "0", false},
+           {"ema", "write the EMA model: EMA weights and their own BatchNorm statistics", "off", true}});
   if (!f.parse(argc, argv, 2)) return 0;
   KILN_CHECK(f.has("model") && f.has("checkpoint") && f.has("output"), InvalidArgument,
              "kiln export needs --model, --checkpoint and --output");
@@ -402,6 +408,8 @@ int cmd_export(int argc, char** argv) {
   EngineOptions eo;
   eo.device = "cpu";
   eo.compile.batch = 1;
+  const bool ema = f.on("ema", false);
+  eo.compile.ema = ema;
   Engine engine(make_model(f.str("model"), zo), eo);
   engine.lock_memory();
   engine.compile();
@@ -412,7 +420,16 @@ int cmd_export(int argc, char** argv) {
              "kiln export --output '", f.str("output"), "' is the checkpoint '", f.str("checkpoint"),
              "' itself; writing the weights there would replace its training state. Give another --output");
   import_weights(engine, f.str("checkpoint"));
-  export_weights(engine, f.str("output"));
+  const StFile ck = read_safetensors(f.str("checkpoint"));
+  // num_batches_tracked: the steps the checkpoint's run took (a plain weights file has none).
+  if (auto step = ck.metadata.find("step"); step != ck.metadata.end()) {
+    engine.set_steps_done(std::atoll(step->second.c_str()));
+  }
+  if (ema) {
+    import_ema_state_dict(engine, ema_state_of_checkpoint(engine.program(), ck, f.str("checkpoint")),
+                          f.str("checkpoint"));
+  }
+  export_weights(engine, f.str("output"), ema);
   std::printf("wrote %s\n", f.str("output").c_str());
   return 0;
 }

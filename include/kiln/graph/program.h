@@ -33,7 +33,7 @@ struct Node {
   X(check_scale, "NaN/Inf check of the gradients (with clipping)")                    \
   X(bn_stats, "BatchNorm statistics synchronisation")                                 \
   X(optimizer, "the fused optimizer over whole regions, then the loss-scale update")   \
-  X(ema, "EMA of the weights")                                                        \
+  X(ema, "EMA of the weights and BatchNorm buffers")                                                      \
   X(weight_cast, "FP32 master weights to the FP16 compute copy, one range op")        \
   X(eval_forward, "evaluation forward and loss/accuracy")                             \
   X(init, "after weights are loaded: compute copies and EMA start")
@@ -75,6 +75,9 @@ struct ParamDesc {
 struct BufferDesc {
   std::string name;  // "bn1.running_mean", "bn1.running_var"
   TensorId tensor = kNoTensor;
+  // Its EMA (with EMA on), at the same offset of ema_bn_running as `tensor` in bn_running, so
+  // one range op averages every buffer as timm's model EMA averages the whole state_dict.
+  TensorId ema = kNoTensor;
 };
 
 // Tensors that the executor, the trainer and the tests address by role.
@@ -136,6 +139,7 @@ struct Program {
   ProgramIO io;
   DType feature_dtype = DType::F32;
   int64_t param_elems = 0;          // length of every parameter region, in elements
+  int64_t buffer_elems = 0;         // length of bn_running (and ema_bn_running), in elements
   int64_t num_classes = 0;
   std::vector<Phase> train;         // transfer_a, transfer_b, then the step's phases
   std::vector<Phase> eval;          // eval_forward over the model's weights

@@ -24,6 +24,7 @@ namespace kiln {
   X(ema_f32, "EMA of the weights, FP32")                                                  \
   X(ema_f16, "EMA of the weights, FP16 (AMP only)")                                       \
   X(bn_running, "BatchNorm running mean and variance, FP32")                              \
+  X(ema_bn_running, "EMA of the BatchNorm running mean and variance, FP32 (EMA only)")   \
   X(bn_saved, "BatchNorm saved batch mean and inverse std of the step, FP32")             \
   X(features, "activations and their gradients, reused by liveness; FP32, or FP16 under AMP") \
   X(aux, "masks and pooling indices (u8/i32), reused by liveness")                        \

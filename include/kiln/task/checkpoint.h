@@ -1,6 +1,6 @@
 // Checkpoints (SPEC S25) in safetensors: weights and BatchNorm buffers under torchvision's
 // names and layouts (so a checkpoint loads into torchvision as it is), optimizer moments,
-// EMA weights, loss-scale state, and the run's position (epoch, step) and seed in the
+// EMA weights and BatchNorm statistics, loss-scale state, and the run's position (epoch, step) and seed in the
 // metadata. Written to a temporary file and renamed; resuming restores all of it.
 #pragma once
 #include <cstdint>
@@ -40,14 +40,23 @@ void save_checkpoint(Engine& engine, const std::string& path, const TrainState& 
 // these options. Errors are kiln::Error(Checkpoint) naming the file and the tensor.
 TrainState load_checkpoint(Engine& engine, const std::string& path);
 
-// torchvision state_dict: parameters, running statistics and num_batches_tracked.
-StFile export_state_dict(Engine& engine);
-void export_weights(Engine& engine, const std::string& path);
+// torchvision state_dict: parameters, running statistics and num_batches_tracked; with `ema`
+// the EMA model's (EMA weights and the EMA of the running statistics), under the same names.
+StFile export_state_dict(Engine& engine, bool ema = false);
+void export_weights(Engine& engine, const std::string& path, bool ema = false);
 // Loads parameters and running statistics by torchvision name from a state_dict saved with
 // safetensors (F32, F16 or BF16); every parameter and buffer of the model must be there.
 void import_weights(Engine& engine, const std::string& path);
 // The same from tensors in memory (the Python module's load_state_dict); `what` names them.
 void import_state_dict(Engine& engine, const StFile& file, const std::string& what);
+// A state_dict of the EMA model (export_state_dict(engine, true)'s names) into the EMA weights
+// and EMA BatchNorm statistics; the model must be compiled with EMA. Call after
+// import_state_dict, whose refresh restarts the EMA at the live weights.
+void import_ema_state_dict(Engine& engine, const StFile& file, const std::string& what);
+// The EMA model of a checkpoint (its ema.* tensors) as a state_dict under torchvision's names.
+// A checkpoint from before the EMA had BatchNorm statistics of its own gives the live ones
+// (with a warning), as its training evaluated the EMA; one without EMA weights is an error.
+StFile ema_state_of_checkpoint(const Program& program, const StFile& file, const std::string& path);
 
 // kiln layout (conv KRSC, fc columns H,W,C) ↔ torchvision layout (conv OIHW, fc columns C,H,W).
 std::vector<float> to_torch_layout(const ParamDesc& p, const std::vector<float>& kiln_values);

@@ -114,7 +114,8 @@ class Engine {
   int64_t steps_done() const { return steps_; }
   void set_steps_done(int64_t steps) { steps_ = steps; }
 
-  // Parameters and buffers by name, in kiln's layout, FP32 (master weights).
+  // Parameters and buffers by name, in kiln's layout, FP32 (master weights). For a buffer,
+  // Region::ema_f32 (or ema_bn_running) is its EMA copy; any other region the live one.
   std::vector<float> read_param(const std::string& name, Region region = Region::params_f32);
   void write_param(const std::string& name, const std::vector<float>& values,
                    Region region = Region::params_f32);
@@ -123,6 +124,7 @@ class Engine {
 
  private:
   void require(Lifecycle s, const char* what) const;
+  TensorId buffer_tensor(const BufferDesc& b, Region region) const;
   void enqueue_step(const InputView* input, float lr);  // null: the batch already staged
   void stage(int slot, const InputView& input);
   StepStats read_step_stats();

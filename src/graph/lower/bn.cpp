@@ -15,7 +15,7 @@ void bn_forward(Context& c, const PlanNode& n, Forward& f, Pass& pass) {
   Attrs a = window_attrs(n);
   a.eps = n.eps;
   a.bn_momentum = n.momentum;
-  const auto& [rm, rv] = c.running(n.name);
+  const auto& [rm, rv] = c.running(n.name, pass.master);
   const TensorId x = f.out.at(n.inputs[0]);
   const TensorId gamma = c.param_in(n.name + ".weight", pass.master);
   const TensorId beta = c.param_in(n.name + ".bias", pass.master);

@@ -24,7 +24,7 @@ Attrs bn_attrs(const PlanNode& n) {
 // (evaluation keeps no argmax).
 void bn_relu_infer(Context& c, const PlanNode& n, TensorId x, TensorId residual, Forward& f,
                    Pass& pass) {
-  const auto& [rm, rv] = c.running(n.bn_name);
+  const auto& [rm, rv] = c.running(n.bn_name, pass.master);
   std::vector<TensorId> in{x, c.param_in(n.bn_name + ".weight", pass.master),
                            c.param_in(n.bn_name + ".bias", pass.master), rm, rv};
   if (residual != kNoTensor) in.push_back(residual);

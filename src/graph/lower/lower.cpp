@@ -42,11 +42,26 @@ TensorId Context::aux(const std::string& name, int64_t elems, DType dtype) {
 void Context::bn_params(std::vector<ParamSpec>& specs, const std::string& name, int64_t c) {
   specs.push_back({name + ".weight", ParamKind::BnWeight, Shape{c}, Shape{c}});
   specs.push_back({name + ".bias", ParamKind::BnBias, Shape{c}, Shape{c}});
-  running_[name] = {
-      tensor(name + ".running_mean", Region::bn_running, Shape{c}, DType::F32, Layout::Flat),
-      tensor(name + ".running_var", Region::bn_running, Shape{c}, DType::F32, Layout::Flat)};
-  p.buffers.push_back({name + ".running_mean", running_[name].first});
-  p.buffers.push_back({name + ".running_var", running_[name].second});
+  // Placed here, in model order, each 256-byte aligned: the EMA copies sit at the same offsets
+  // of their region, so that the EMA phase covers them all with one range op.
+  auto place = [&](const std::string& buffer, Region r, int64_t offset) {
+    return tensor(buffer, r, Shape{c}, DType::F32, Layout::Flat, offset);
+  };
+  const int64_t slot = align_up(c * 4, kAlignment);
+  const int64_t mean_at = p.buffer_elems * 4, var_at = mean_at + slot;
+  p.buffer_elems += 2 * slot / 4;
+  running_[name] = {place(name + ".running_mean", Region::bn_running, mean_at),
+                    place(name + ".running_var", Region::bn_running, var_at)};
+  BufferDesc mean{name + ".running_mean", running_[name].first, kNoTensor};
+  BufferDesc var{name + ".running_var", running_[name].second, kNoTensor};
+  if (p.options.ema) {
+    running_ema_[name] = {place(name + ".running_mean:ema", Region::ema_bn_running, mean_at),
+                          place(name + ".running_var:ema", Region::ema_bn_running, var_at)};
+    mean.ema = running_ema_[name].first;
+    var.ema = running_ema_[name].second;
+  }
+  p.buffers.push_back(mean);
+  p.buffers.push_back(var);
 }
 
 void Context::index_params() {

@@ -74,8 +74,10 @@ class Context {
   }
   // The weight a layer computes with: the FP16 copy under AMP (conv, fc), else the master.
   TensorId compute_weight(const std::string& name, Region master = Region::params_f32) const;
-  const std::pair<TensorId, TensorId>& running(const std::string& bn) const {
-    return running_.at(bn);
+  // A BatchNorm's running mean and variance: the EMA copies for a pass over the EMA weights.
+  const std::pair<TensorId, TensorId>& running(const std::string& bn,
+                                               Region master = Region::params_f32) const {
+    return (master == Region::ema_f32 ? running_ema_ : running_).at(bn);
   }
 
   // ---- backward ----
@@ -87,7 +89,7 @@ class Context {
 
  private:
   std::map<std::string, size_t> param_index_;
-  std::map<std::string, std::pair<TensorId, TensorId>> running_;
+  std::map<std::string, std::pair<TensorId, TensorId>> running_, running_ema_;
 };
 
 Node make_node(OpKind op, std::vector<TensorId> in, std::vector<TensorId> out, const Attrs& a,
