@@ -4,12 +4,14 @@
 #    libpng, yaml-cpp, GoogleTest, OpenMPI, clang (fuzzers), Fashion-MNIST.
 #  - .deps/ (git-ignored), so that a machine without those packages (the GPU machine, which
 #    cannot install anything) builds from the same files when `.deps` is carried there:
-#    oneDNN's headers and library, GoogleTest's sources, the pinned cuDNN frontend headers.
+#    oneDNN's headers and library, GoogleTest's sources, the pinned cuDNN frontend headers,
+#    the pinned CUTLASS headers (the SM90 GEMM probe).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DEPS=.deps
 CUDNN_FRONTEND_VERSION=1.16.0   # pinned; header-only
 NVJPEG_VERSION=13.0.1.86        # pinned; the GPU machine's CUDA 13.0 toolkit has nvJPEG 13.0.1
+CUTLASS_VERSION=4.2.0.0         # pinned; header-only, the wheel carries CUTLASS's C++ tree
 mkdir -p "$DEPS"
 
 need_pkgs=()
@@ -95,6 +97,35 @@ PY
     echo "setup: nvJPEG ${NVJPEG_VERSION} header and library in $DEPS/nvjpeg"
   else
     echo "setup: could not download nvidia-nvjpeg; the GPU JPEG decoder will not be built"
+  fi
+  rm -rf "$tmp"
+fi
+# CUTLASS's C++ headers (cute/, cutlass/, and tools/util's cutlass/util/) from the pinned wheel,
+# which carries the source tree under cutlass_library/source/ (never committed).
+if [ ! -f "$DEPS/cutlass/include/cutlass/cutlass.h" ]; then
+  tmp=$(mktemp -d)
+  if python3 -m pip download -q --no-deps --only-binary=:all: -d "$tmp" \
+      "nvidia-cutlass==${CUTLASS_VERSION}" 2>/dev/null; then
+    rm -rf "$DEPS/cutlass.partial"
+    mkdir -p "$DEPS/cutlass.partial"
+    python3 - "$tmp" "$DEPS/cutlass.partial" <<'PY'
+import sys, zipfile, glob, os
+whl = glob.glob(os.path.join(sys.argv[1], "*.whl"))[0]
+roots = ("cutlass_library/source/include/", "cutlass_library/source/tools/util/include/")
+with zipfile.ZipFile(whl) as z:
+    for n in z.namelist():
+        for r in roots:
+            if n.startswith(r) and not n.endswith("/"):
+                dst = os.path.join(sys.argv[2], "include", n[len(r):])
+                os.makedirs(os.path.dirname(dst), exist_ok=True)
+                with z.open(n) as src, open(dst, "wb") as out:
+                    out.write(src.read())
+PY
+    # Renamed only when complete, so an interrupted run is redone rather than half-used.
+    mv "$DEPS/cutlass.partial" "$DEPS/cutlass"
+    echo "setup: CUTLASS ${CUTLASS_VERSION} headers in $DEPS/cutlass"
+  else
+    echo "setup: could not download nvidia-cutlass; the SM90 CUTLASS probe will not be built"
   fi
   rm -rf "$tmp"
 fi
