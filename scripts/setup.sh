@@ -5,7 +5,7 @@
 #  - .deps/ (git-ignored), so that a machine without those packages (the GPU machine, which
 #    cannot install anything) builds from the same files when `.deps` is carried there:
 #    oneDNN's headers and library, GoogleTest's sources, the pinned cuDNN frontend headers,
-#    the pinned CUTLASS headers (the SM90 GEMM probe).
+#    the pinned CUTLASS headers as one tar (the SM90 GEMM probe).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DEPS=.deps
@@ -101,29 +101,32 @@ PY
   rm -rf "$tmp"
 fi
 # CUTLASS's C++ headers (cute/, cutlass/, and tools/util's cutlass/util/) from the pinned wheel,
-# which carries the source tree under cutlass_library/source/ (never committed).
-if [ ! -f "$DEPS/cutlass/include/cutlass/cutlass.h" ]; then
+# which carries the source tree under cutlass_library/source/ (never committed). Kept as one
+# gzipped tar (2.5 MB; the tree is 28 MB, which would push .deps past what the device tool
+# carries to the GPU machine): CMake unpacks it into the build folder when it builds the probe.
+CUTLASS_TGZ="$DEPS/cutlass/cutlass-${CUTLASS_VERSION}-include.tar.gz"
+if [ ! -f "$CUTLASS_TGZ" ]; then
   tmp=$(mktemp -d)
   if python3 -m pip download -q --no-deps --only-binary=:all: -d "$tmp" \
       "nvidia-cutlass==${CUTLASS_VERSION}" 2>/dev/null; then
-    rm -rf "$DEPS/cutlass.partial"
-    mkdir -p "$DEPS/cutlass.partial"
-    python3 - "$tmp" "$DEPS/cutlass.partial" <<'PY'
-import sys, zipfile, glob, os
+    mkdir -p "$DEPS/cutlass"
+    python3 - "$tmp" "$CUTLASS_TGZ.partial" <<'PY'
+import sys, zipfile, glob, os, tarfile, io
 whl = glob.glob(os.path.join(sys.argv[1], "*.whl"))[0]
 roots = ("cutlass_library/source/include/", "cutlass_library/source/tools/util/include/")
-with zipfile.ZipFile(whl) as z:
-    for n in z.namelist():
+with zipfile.ZipFile(whl) as z, tarfile.open(sys.argv[2], "w:gz") as tar:
+    for n in sorted(z.namelist()):
         for r in roots:
             if n.startswith(r) and not n.endswith("/"):
-                dst = os.path.join(sys.argv[2], "include", n[len(r):])
-                os.makedirs(os.path.dirname(dst), exist_ok=True)
-                with z.open(n) as src, open(dst, "wb") as out:
-                    out.write(src.read())
+                data = z.read(n)
+                info = tarfile.TarInfo("include/" + n[len(r):])
+                info.size = len(data)
+                info.mode = 0o644
+                tar.addfile(info, io.BytesIO(data))
 PY
     # Renamed only when complete, so an interrupted run is redone rather than half-used.
-    mv "$DEPS/cutlass.partial" "$DEPS/cutlass"
-    echo "setup: CUTLASS ${CUTLASS_VERSION} headers in $DEPS/cutlass"
+    mv "$CUTLASS_TGZ.partial" "$CUTLASS_TGZ"
+    echo "setup: CUTLASS ${CUTLASS_VERSION} headers in $CUTLASS_TGZ"
   else
     echo "setup: could not download nvidia-cutlass; the SM90 CUTLASS probe will not be built"
   fi
