@@ -23,6 +23,11 @@
 #     forms  build, then tools/conv_forms.cpp's probe at batch 256: cuDNN's fused convolution
 #            graphs (genstats, the MLPerf-style prologue, dgrad+drelu+dbn_weight) timed beside
 #            the plain ones for ResNet-50's layers (issue 5; FORMS_ENGINES engines each, default 3)
+#     cutlass  build (CUTLASS's headers staged in .deps/cutlass by scripts/setup.sh), then
+#            tools/cutlass_probe: ResNet-50's 1x1 stride-1 convolutions at batch 256 as SM90
+#            CUTLASS GEMMs whose epilogue also writes BatchNorm's per-channel sums, timed and
+#            checked against cuDNN's fprop + kiln's statistics pass (issue 20; CUTLASS_REPS runs
+#            each, default 20), and the probe's SASS (HGMMA count, registers, shared memory)
 #     kernels  build, then Nsight Compute over two timed AMP steps at batch 256 of each of
 #            PROFILE_MODELS (default "resnet50 vgg16_bn") and bench/kernel_breakdown.py's table
 #            of GPU time per step by kernel kind (issue 5's breakdown; no tests run)
@@ -101,6 +106,8 @@ if [ "$MODE" = python ]; then
 fi
 
 echo "== configure"
+# The probe is configured only where it can build; here its absence is an error.
+[ "$MODE" = cutlass ] && extra+=("-DKILN_CUTLASS_PROBE=ON")
 if ! cmake -S . -B "$BUILD" -G Ninja -DKILN_CUDA=ON -DCMAKE_BUILD_TYPE=Release "${extra[@]}" >"$LOGS/configure.log" 2>&1; then
   tail -30 "$LOGS/configure.log"
   note configure "FAILED ($(since))"
@@ -122,6 +129,7 @@ gpu_tests=(kiln_gpu_tests kiln_sweep_tests kiln_conv_forms)
 [ "$MODE" = timeline ] && targets=(kiln kiln_cli kiln_cupti_trace)
 [ "$MODE" = forms ] && targets=(kiln_conv_forms)
 [ "$MODE" = python ] && targets=(kiln kiln_cli kiln_python kiln_py_reference)
+[ "$MODE" = cutlass ] && targets=(kiln_cutlass_probe)
 [ "$MODE" = jpeg ] && targets=(kiln kiln_cli "${gpu_tests[@]}" kiln_cupti_trace)
 if ! cmake --build "$BUILD" -j "$JOBS" ${targets[@]:+--target "${targets[@]}"} >"$LOGS/build.log" 2>&1; then
   grep -E 'error|FAILED' "$LOGS/build.log" | head -40
@@ -220,6 +228,21 @@ if [ "$MODE" = forms ]; then
   "$BUILD/kiln_conv_forms" --batch 256 --max-engines "${FORMS_ENGINES:-3}" >"$LOGS/conv-forms.txt" 2>&1 || status=1
   cat "$LOGS/conv-forms.txt"
   note "conv forms" "$(grep -F '**per step**' "$LOGS/conv-forms.txt" || tail -1 "$LOGS/conv-forms.txt")"
+  finish
+fi
+
+if [ "$MODE" = cutlass ]; then
+  "$BUILD/kiln_cutlass_probe" --batch 256 --reps "${CUTLASS_REPS:-20}" >"$LOGS/cutlass-probe.txt" 2>&1 || status=1
+  cat "$LOGS/cutlass-probe.txt"
+  # Whether the kernels run on Hopper's warpgroup MMA (HGMMA), and what each holds.
+  if command -v cuobjdump >/dev/null 2>&1; then
+    cuobjdump --dump-sass "$BUILD/kiln_cutlass_probe" >"$LOGS/cutlass-probe.sass" 2>&1
+    cuobjdump --dump-resource-usage "$BUILD/kiln_cutlass_probe" >"$LOGS/cutlass-resources.txt" 2>&1
+    grep -o 'REG:[0-9]* STACK:[0-9]* SHARED:[0-9]* LOCAL:[0-9]*' "$LOGS/cutlass-resources.txt" | sort | uniq -c
+    note "cutlass sass" "$(grep -c HGMMA "$LOGS/cutlass-probe.sass") HGMMA, $(grep -c 'UTMASTG\|UBLKCP' "$LOGS/cutlass-probe.sass") TMA stores"
+    gzip -f "$LOGS/cutlass-probe.sass"
+  fi
+  note "cutlass probe" "$(grep '^summary:' "$LOGS/cutlass-probe.txt" || tail -1 "$LOGS/cutlass-probe.txt")"
   finish
 fi
 

@@ -4,12 +4,14 @@
 #    libpng, yaml-cpp, GoogleTest, OpenMPI, clang (fuzzers), Fashion-MNIST.
 #  - .deps/ (git-ignored), so that a machine without those packages (the GPU machine, which
 #    cannot install anything) builds from the same files when `.deps` is carried there:
-#    oneDNN's headers and library, GoogleTest's sources, the pinned cuDNN frontend headers.
+#    oneDNN's headers and library, GoogleTest's sources, the pinned cuDNN frontend headers,
+#    the pinned CUTLASS headers as one tar (the SM90 GEMM probe).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DEPS=.deps
 CUDNN_FRONTEND_VERSION=1.16.0   # pinned; header-only
 NVJPEG_VERSION=13.0.1.86        # pinned; the GPU machine's CUDA 13.0 toolkit has nvJPEG 13.0.1
+CUTLASS_VERSION=4.2.0.0         # pinned; header-only, the wheel carries CUTLASS's C++ tree
 mkdir -p "$DEPS"
 
 need_pkgs=()
@@ -95,6 +97,38 @@ PY
     echo "setup: nvJPEG ${NVJPEG_VERSION} header and library in $DEPS/nvjpeg"
   else
     echo "setup: could not download nvidia-nvjpeg; the GPU JPEG decoder will not be built"
+  fi
+  rm -rf "$tmp"
+fi
+# CUTLASS's C++ headers (cute/, cutlass/, and tools/util's cutlass/util/) from the pinned wheel,
+# which carries the source tree under cutlass_library/source/ (never committed). Kept as one
+# gzipped tar (2.5 MB; the tree is 28 MB, which would push .deps past what the device tool
+# carries to the GPU machine): CMake unpacks it into the build folder when it builds the probe.
+CUTLASS_TGZ="$DEPS/cutlass/cutlass-${CUTLASS_VERSION}-include.tar.gz"
+if [ ! -f "$CUTLASS_TGZ" ]; then
+  tmp=$(mktemp -d)
+  if python3 -m pip download -q --no-deps --only-binary=:all: -d "$tmp" \
+      "nvidia-cutlass==${CUTLASS_VERSION}" 2>/dev/null; then
+    mkdir -p "$DEPS/cutlass"
+    python3 - "$tmp" "$CUTLASS_TGZ.partial" <<'PY'
+import sys, zipfile, glob, os, tarfile, io
+whl = glob.glob(os.path.join(sys.argv[1], "*.whl"))[0]
+roots = ("cutlass_library/source/include/", "cutlass_library/source/tools/util/include/")
+with zipfile.ZipFile(whl) as z, tarfile.open(sys.argv[2], "w:gz") as tar:
+    for n in sorted(z.namelist()):
+        for r in roots:
+            if n.startswith(r) and not n.endswith("/"):
+                data = z.read(n)
+                info = tarfile.TarInfo("include/" + n[len(r):])
+                info.size = len(data)
+                info.mode = 0o644
+                tar.addfile(info, io.BytesIO(data))
+PY
+    # Renamed only when complete, so an interrupted run is redone rather than half-used.
+    mv "$CUTLASS_TGZ.partial" "$CUTLASS_TGZ"
+    echo "setup: CUTLASS ${CUTLASS_VERSION} headers in $CUTLASS_TGZ"
+  else
+    echo "setup: could not download nvidia-cutlass; the SM90 CUTLASS probe will not be built"
   fi
   rm -rf "$tmp"
 fi

@@ -6,6 +6,7 @@
 //    computed in double from the FP32-rounded batch mean and variance, as the CPU kernel.
 // Per-channel sums are taken in double (block partials in the stream's workspace, then one
 // finalize pass), so the statistics do not depend on the batch size's rounding.
+#include "backend/cuda/bn_stats.cuh"
 #include "backend/cuda/channel_sums.cuh"
 #include "backend/cuda/device_util.cuh"
 #include "backend/cuda/fused_kernels.h"
@@ -14,8 +15,6 @@
 namespace kiln::cuda {
 
 namespace {
-
-constexpr int kVecThreads = 256;  // threads of the 16-byte reduction and group kernels
 
 // ---- finalize passes ---------------------------------------------------------------------
 // The reductions leave one double2 partial per channel and row chunk ([chunks][C], chunks =
@@ -182,70 +181,7 @@ __global__ void apply_relu_mask_kernel(const T* x, const T* residual, T* y, uint
 }
 
 // ---- 16-byte kernels (KILN_VECTOR_KERNELS, on by default) ------------------------------
-// Reductions: each thread owns one vector of V channels (cv = C / V vectors per row;
-// 256 % cv == 0) and walks rows with several independent 16-byte loads in flight; the block
-// combines the threads of each channel vector in shared memory and writes the same
-// [blocks][C] double partials as the plain kernels, so the finalize passes are shared.
-
-template <typename T>
-__device__ __forceinline__ uint4 load_row(const uint4* v, int r, int rows, int cv, int cvec) {
-  return r < rows ? v[static_cast<int64_t>(r) * cv + cvec] : make_uint4(0, 0, 0, 0);  // zeros add nothing
-}
-
-template <int V>
-__device__ __forceinline__ void combine_store(double (&a)[V], double (&b)[V], int cv, int cvec, int64_t C,
-                                              double2* partial) {
-  __shared__ double sm[kVecThreads * 8];
-#pragma unroll
-  for (int j = 0; j < V; ++j) sm[threadIdx.x * V + j] = a[j];
-  __syncthreads();
-  if (static_cast<int>(threadIdx.x) < cv) {
-#pragma unroll
-    for (int j = 0; j < V; ++j) {
-      double acc = 0.0;
-      for (int t = threadIdx.x; t < kVecThreads; t += cv) acc += sm[t * V + j];
-      a[j] = acc;
-    }
-  }
-  __syncthreads();
-#pragma unroll
-  for (int j = 0; j < V; ++j) sm[threadIdx.x * V + j] = b[j];
-  __syncthreads();
-  if (static_cast<int>(threadIdx.x) < cv) {
-#pragma unroll
-    for (int j = 0; j < V; ++j) {
-      double acc = 0.0;
-      for (int t = threadIdx.x; t < kVecThreads; t += cv) acc += sm[t * V + j];
-      partial[static_cast<int64_t>(blockIdx.x) * C + cvec * V + j] = make_double2(a[j], acc);
-    }
-  }
-}
-
-template <typename T>
-__global__ void __launch_bounds__(kVecThreads) stats_partial_vec(const T* x, int rows, int C, double2* partial) {
-  constexpr int V = kVec<T>;
-  const int cv = C / V, cvec = threadIdx.x % cv, rpb = kVecThreads / cv, rstride = gridDim.x * rpb;
-  const auto* xv = reinterpret_cast<const uint4*>(x);
-  double s[V], ss[V];
-#pragma unroll
-  for (int j = 0; j < V; ++j) s[j] = ss[j] = 0.0;
-  for (int r = blockIdx.x * rpb + threadIdx.x / cv; r < rows; r += 4 * rstride) {
-    uint4 v[4];
-#pragma unroll
-    for (int u = 0; u < 4; ++u) v[u] = load_row<T>(xv, r + u * rstride, rows, cv, cvec);
-#pragma unroll
-    for (int u = 0; u < 4; ++u) {
-      const T* e = reinterpret_cast<const T*>(&v[u]);
-#pragma unroll
-      for (int j = 0; j < V; ++j) {
-        const double f = to_f(e[j]);
-        s[j] += f;
-        ss[j] += f * f;
-      }
-    }
-  }
-  combine_store<V>(s, ss, cv, cvec, C, partial);
-}
+// The statistics reduction and its helpers are in bn_stats.cuh.
 
 // The mask bits of 16-byte vector vi (V elements from element vi * V): a whole byte for f16,
 // half of one for f32.
@@ -508,10 +444,9 @@ BnVec bn_vec(const Context& ctx, DType dt, int64_t rows, int64_t C, std::initial
   if (C % width != 0 || !vec_fits(ctx.opts, rows * C, width, ptrs)) return v;
   const int64_t cv = C / width;
   if (cv > kVecThreads || kVecThreads % cv != 0) return v;
-  const int64_t rpb = kVecThreads / cv;
   v.on = true;
   v.cv = static_cast<int>(cv);
-  v.blocks = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>((rows + rpb - 1) / rpb, ctx.sm_count * 4)));
+  v.blocks = stats_vec_blocks(rows, cv, ctx.sm_count);
   return v;
 }
 

@@ -1,0 +1,226 @@
+// One SM90 kernel of tools/cutlass_probe, chosen by the compile definitions KILN_TILE_N,
+// KILN_STATS_MODE (a StatsMode name), KILN_CLUSTER_M and KILN_CLUSTER_N: CMake compiles this
+// file once per variant of gemm_stats.h, each in its own translation unit (CUTLASS kernels
+// compile slowly; separate units build in parallel and rebuild alone).
+//
+// z[m][n] = sum_k x[m][k] w[n][k]: a TMA warp-specialised cooperative GEMM (FP16 operands,
+// both K-major, FP32 accumulators) whose epilogue visitor tree rounds z to FP16, stores it
+// with TMA and reduces the rounded values over the rows of each column: the sums of z and z^2
+// that BatchNorm's statistics pass would otherwise read z again for.
+#include <cutlass/cutlass.h>
+#include <cutlass/epilogue/thread/activation.h>
+#include <cutlass/gemm/device/gemm_universal_adapter.h>
+
+#include <algorithm>
+#include <cute/tensor.hpp>
+#include <cutlass/epilogue/collective/collective_builder.hpp>
+#include <cutlass/epilogue/fusion/sm90_callbacks_tma_warpspecialized.hpp>
+#include <cutlass/gemm/collective/collective_builder.hpp>
+#include <cutlass/gemm/kernel/gemm_universal.hpp>
+#include <cutlass/util/packed_stride.hpp>
+#include <string>
+
+#include "gemm_stats.h"
+
+#if !defined(KILN_TILE_N) || !defined(KILN_STATS_MODE) || !defined(KILN_CLUSTER_M) || \
+    !defined(KILN_CLUSTER_N)
+#error "compile with KILN_TILE_N, KILN_STATS_MODE, KILN_CLUSTER_M and KILN_CLUSTER_N"
+#endif
+
+namespace kiln::probe {
+namespace {
+
+using namespace cute;
+namespace fusion = cutlass::epilogue::fusion;
+
+constexpr StatsMode kMode = StatsMode::KILN_STATS_MODE;
+constexpr int kTileM = 128;
+using TileShape = Shape<Int<kTileM>, Int<KILN_TILE_N>, _64>;
+using ClusterShape = Shape<Int<KILN_CLUSTER_M>, Int<KILN_CLUSTER_N>, _1>;
+constexpr auto kRound = cutlass::FloatRoundStyle::round_to_nearest;
+
+// The register step of the sum of squares: the row reduction folds each new value v into its
+// running sum s.
+template <class T>
+struct SquareAdd {
+  CUTLASS_HOST_DEVICE T operator()(T const& s, T const& v) const { return s + v * v; }
+};
+
+// z in FP16 from the accumulators; the statistics reduce these rounded values, as BatchNorm's
+// own pass over the stored z does.
+using ZHalf = fusion::Sm90EVT<
+    fusion::Sm90Compute<cutlass::epilogue::thread::Identity, cutlass::half_t, float, kRound>,
+    fusion::Sm90AccFetch>;
+
+// A per-column reduction over the rows (M): Sm90RowReduction yields a row vector [N]. It passes
+// its input through, so the two chain and the root still yields z for the store. Final false:
+// ptr_row receives per-CTA partials [M tiles][N rounded up to the tile], added up afterwards.
+template <template <class> class RegFn, template <class> class GmemFn, bool Final>
+using ColumnSum = fusion::Sm90RowReduction<RegFn, cutlass::plus, GmemFn, 0, TileShape, float, float,
+                                           kRound, Stride<_0, _1, _0>, 4, true, Final>;
+
+template <StatsMode M>
+struct Tree;
+template <>
+struct Tree<StatsMode::none> {
+  using type = ZHalf;
+  static typename type::Arguments args(void*, void*) { return {}; }
+};
+template <template <class> class GmemFn, bool Final>
+struct StatsTree {
+  using type = fusion::Sm90EVT<ColumnSum<SquareAdd, GmemFn, Final>,
+                               fusion::Sm90EVT<ColumnSum<cutlass::plus, GmemFn, Final>, ZHalf>>;
+  // Each node's arguments are its children's, then its own: {ptr_row, identity, stride}.
+  static typename type::Arguments args(void* sum, void* sumsq) {
+    return {{{}, {sum, 0.0f, {}}}, {sumsq, 0.0f, {}}};
+  }
+};
+template <>
+struct Tree<StatsMode::atomic> : StatsTree<cutlass::atomic_add, true> {};
+template <>
+struct Tree<StatsMode::last_cta> : StatsTree<cutlass::plus, true> {};
+template <>
+struct Tree<StatsMode::partials> : StatsTree<cutlass::plus, false> {};
+
+using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
+    cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, cutlass::layout::RowMajor,
+    8, cutlass::half_t, cutlass::layout::RowMajor, 8,
+    cutlass::epilogue::TmaWarpSpecializedCooperative, typename Tree<kMode>::type>::CollectiveOp;
+
+using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, cutlass::half_t, cutlass::layout::RowMajor,
+    8, cutlass::half_t, cutlass::layout::ColumnMajor, 8, float, TileShape, ClusterShape,
+    cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
+        sizeof(typename Epilogue::SharedStorage))>,
+    cutlass::gemm::KernelTmaWarpSpecializedCooperative>::CollectiveOp;
+
+using Kernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Mainloop, Epilogue>;
+using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+
+int64_t m_tiles(const GemmStats& g) {
+  return (g.m + kTileM - 1) / kTileM;
+}
+int64_t n_padded(const GemmStats& g) {
+  return (g.n + KILN_TILE_N - 1) / KILN_TILE_N * KILN_TILE_N;
+}
+size_t align256(size_t b) {
+  return (b + 255) / 256 * 256;
+}
+
+// Per-CTA partial buffers (StatsMode::partials) ahead of CUTLASS's own workspace.
+size_t partial_bytes(const GemmStats& g) {
+  const size_t one = align256(sizeof(float) * static_cast<size_t>(m_tiles(g) * n_padded(g)));
+  return kMode == StatsMode::partials ? 2 * one : 0;
+}
+
+typename Gemm::Arguments arguments(const GemmStats& g, void* workspace) {
+  using Element = cutlass::half_t;
+  const int m = static_cast<int>(g.m), n = static_cast<int>(g.n), k = static_cast<int>(g.k);
+  const auto sa = cutlass::make_cute_packed_stride(typename Kernel::StrideA{}, {m, k, 1});
+  const auto sb = cutlass::make_cute_packed_stride(typename Kernel::StrideB{}, {n, k, 1});
+  const auto sd = cutlass::make_cute_packed_stride(typename Kernel::StrideD{}, {m, n, 1});
+  void* sum = g.sum;
+  void* sumsq = g.sumsq;
+  if (kMode == StatsMode::partials) {
+    sum = workspace;
+    sumsq = static_cast<uint8_t*>(workspace) + partial_bytes(g) / 2;
+  }
+  const auto tree = Tree<kMode>::args(sum, sumsq);
+  cutlass::KernelHardwareInfo hw;
+  hw.device_id = 0;
+  hw.sm_count = g.sm_count;
+  return typename Gemm::Arguments{
+      cutlass::gemm::GemmUniversalMode::kGemm,
+      {m, n, k, 1},
+      {static_cast<const Element*>(g.x), sa, static_cast<const Element*>(g.w), sb},
+      {tree, nullptr, typename Kernel::StrideC{}, static_cast<Element*>(g.z), sd},
+      hw};
+}
+
+// sum[c] and sumsq[c] = the partials' column c over the M tiles. Blocks of 32 columns x 8 row
+// slices, several blocks down each column (enough to fill the GPU), combined with atomics into
+// sums zeroed first.
+constexpr int kFinX = 32, kFinY = 8;
+__global__ void __launch_bounds__(kFinX* kFinY)
+    finalize_partials(const float* __restrict__ ps, const float* __restrict__ pq, int rows, int n,
+                      int ld, float* sum, float* sumsq) {
+  __shared__ float ss[kFinY][kFinX], sq[kFinY][kFinX];
+  const int c = blockIdx.x * kFinX + threadIdx.x;
+  float a = 0.0f, b = 0.0f;
+  if (c < n) {
+    for (int r = blockIdx.y * kFinY + threadIdx.y; r < rows; r += gridDim.y * kFinY) {
+      a += ps[static_cast<int64_t>(r) * ld + c];
+      b += pq[static_cast<int64_t>(r) * ld + c];
+    }
+  }
+  ss[threadIdx.y][threadIdx.x] = a;
+  sq[threadIdx.y][threadIdx.x] = b;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < n) {
+    for (int j = 1; j < kFinY; ++j) {
+      a += ss[j][threadIdx.x];
+      b += sq[j][threadIdx.x];
+    }
+    atomicAdd(sum + c, a);
+    atomicAdd(sumsq + c, b);
+  }
+}
+
+std::string status_error(const char* what, cutlass::Status st) {
+  return std::string(what) + ": " + cutlassGetStatusString(st);
+}
+
+size_t workspace_bytes(const GemmStats& g) {
+  return partial_bytes(g) + Gemm::get_workspace_size(arguments(g, nullptr));
+}
+
+std::string run(const GemmStats& g, void* workspace, cudaStream_t stream) {
+  const auto args = arguments(g, workspace);
+  Gemm gemm;
+  if (auto st = gemm.can_implement(args); st != cutlass::Status::kSuccess)
+    return status_error("can_implement", st);
+  // initialize also clears what the epilogue accumulates into (atomic sums, tile counters).
+  void* own = static_cast<uint8_t*>(workspace) + partial_bytes(g);
+  if (auto st = gemm.initialize(args, own, stream); st != cutlass::Status::kSuccess)
+    return status_error("initialize", st);
+  if (auto st = gemm.run(stream); st != cutlass::Status::kSuccess) return status_error("run", st);
+  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess)
+    return std::string("GEMM launch: ") + cudaGetErrorString(e);
+  if constexpr (kMode == StatsMode::partials) {
+    const auto rows = static_cast<int>(m_tiles(g));
+    const auto ld = static_cast<int>(n_padded(g));
+    const auto* ps = static_cast<const float*>(workspace);
+    const auto* pq = reinterpret_cast<const float*>(static_cast<const uint8_t*>(workspace) +
+                                                    partial_bytes(g) / 2);
+    for (float* p : {g.sum, g.sumsq}) {
+      if (cudaError_t e = cudaMemsetAsync(p, 0, sizeof(float) * g.n, stream); e != cudaSuccess)
+        return std::string("cudaMemsetAsync: ") + cudaGetErrorString(e);
+    }
+    const int gx = static_cast<int>((g.n + kFinX - 1) / kFinX);
+    const int want = std::max(1, 2 * g.sm_count / gx), most = (rows + 4 * kFinY - 1) / (4 * kFinY);
+    const dim3 grid(gx, std::max(1, std::min(want, most)));
+    finalize_partials<<<grid, dim3(kFinX, kFinY), 0, stream>>>(ps, pq, rows, static_cast<int>(g.n),
+                                                               ld, g.sum, g.sumsq);
+    if (cudaError_t e = cudaGetLastError(); e != cudaSuccess)
+      return std::string("finalize_partials launch: ") + cudaGetErrorString(e);
+  }
+  return "";
+}
+
+#define KILN_STR2(x) #x
+#define KILN_STR(x) KILN_STR2(x)
+
+}  // namespace
+
+GemmStatsKernel KILN_GEMM_STATS_FN(KILN_TILE_N, KILN_STATS_MODE, KILN_CLUSTER_M, KILN_CLUSTER_N)() {
+  return {"128x" KILN_STR(KILN_TILE_N) " " KILN_STR(KILN_STATS_MODE) " cluster " KILN_STR(
+              KILN_CLUSTER_M) "x" KILN_STR(KILN_CLUSTER_N),
+          KILN_TILE_N,
+          kMode,
+          KILN_CLUSTER_N,
+          workspace_bytes,
+          run};
+}
+
+}  // namespace kiln::probe
