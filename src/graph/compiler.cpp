@@ -406,7 +406,7 @@ class Compiler {
 
 }  // namespace
 
-Program compile_program(const ArchPlan& plan, const CompileOptions& options) {
+Program lower_program(const ArchPlan& plan, const CompileOptions& options) {
   Program p = Compiler(plan, options).run();
   add_data_parallel(p);  // S27: nothing when options.world == 1
   return p;

@@ -38,7 +38,7 @@ ArchPlan plan_for(const BluePrint& blueprint, const BackendCaps& caps, EngineOpt
 }
 
 Program program_for(const ArchPlan& plan, const CompileOptions& options, const std::string& model) {
-  Program program = compile_program(plan, options);
+  Program program = lower_program(plan, options);
   program.model = model;
   plan_memory(program);
   validate_program(program);
@@ -88,7 +88,7 @@ Backend& Engine::backend() { return *backend_; }
 
 void Engine::compile(uint64_t seed) {
   require(Lifecycle::MEMORY_LOCKED, "compile()");
-  backend_->compile(*program_);
+  backend_->prepare(*program_);
   state_ = Lifecycle::COMPILED;
   init_weights(*this, seed);
 }

@@ -27,7 +27,7 @@ CompileOptions options(int world, bool amp = false) {
 Program compiled(const std::string& model, const CompileOptions& o) {
   PlanOptions po;
   po.amp = o.amp;
-  Program p = compile_program(make_plan(make_model(model), po), o);
+  Program p = lower_program(make_plan(make_model(model), po), o);
   plan_memory(p);
   validate_program(p);
   return p;

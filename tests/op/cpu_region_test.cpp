@@ -41,7 +41,7 @@ class CastProgram {
     h_.node(OpKind::cast, {x_}, {y_});
     plan_memory(h_.program());
     backend_ = make_backend("cpu");
-    backend_->compile(h_.program());
+    backend_->prepare(h_.program());
   }
   template <typename In, typename Out>
   std::vector<Out> run(const std::vector<In>& in) {

@@ -60,7 +60,7 @@ class OpHarness {
     plan_memory(program_);
     if (validate) validate_program(program_);
     backend_ = std::move(backend);
-    backend_->compile(program_);
+    backend_->prepare(program_);
   }
   void run() { backend_->run(Schedule::train, 0); }
 

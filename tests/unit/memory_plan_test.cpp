@@ -27,7 +27,7 @@ Program compiled(const std::string& model, bool amp, bool reuse = true, int64_t 
   PlanOptions po;
   po.amp = amp;
   po.backend_fuses_cbr = po.backend_fuses_bn_add_relu = fuse;  // as a backend with fused kernels says
-  Program p = compile_program(make_plan(make_model(model), po), o);
+  Program p = lower_program(make_plan(make_model(model), po), o);
   plan_memory(p);
   validate_program(p);
   return p;
@@ -319,7 +319,7 @@ TEST(Program, OptimizerSkipsDecayForBatchNormAndBiases) {
   CompileOptions o;
   o.batch = 2;
   o.weight_decay = 1e-4f;
-  Program p = compile_program(make_plan(make_model("vgg11_bn_small")), o);
+  Program p = lower_program(make_plan(make_model("vgg11_bn_small")), o);
   int decayed = 0, plain = 0;
   for (const Phase& ph : p.train) {
     if (ph.kind != PhaseKind::optimizer) continue;

@@ -45,7 +45,7 @@ TEST_P(ZooTorchvision, NamesShapesAndCountMatchTorchvision) {
   EXPECT_EQ(count_parameters(plan), expected_params);
   CompileOptions o;
   o.batch = 2;
-  const Program p = compile_program(plan, o);
+  const Program p = lower_program(plan, o);
   std::map<std::string, std::vector<int64_t>> got;
   int64_t total = 0;
   for (const ParamDesc& d : p.params) {

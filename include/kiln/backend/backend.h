@@ -1,6 +1,6 @@
 // Backend: runs a compiled Program on a device. The CPU backend (oneDNN + loops) and the
 // CUDA backend (cuDNN frontend, cuBLASLt, own kernels, CUDA Graphs) implement it; neither
-// includes the other. A backend allocates one buffer per region in compile() and nothing
+// includes the other. A backend allocates one buffer per region in prepare() and nothing
 // after it.
 #pragma once
 #include <cstdint>
@@ -27,7 +27,7 @@ struct BackendCaps {
   bool fp32_fusion_default = false;  // fuse in FP32 unless asked not to (Switches::fuse_fp32)
 };
 
-// How the last compile() chose its kernels, for the tools to print; a backend without such
+// How the last prepare() chose its kernels, for the tools to print; a backend without such
 // choices (the CPU) leaves it empty (`chooses_engines` false).
 struct CompileReport {
   bool chooses_engines = false;
@@ -61,7 +61,7 @@ struct DeviceBatch {
 };
 
 // Where stage_batch_device reads from: the CUDA device the backend runs on (-1: it reads host
-// memory only) and, after compile(), the stream its staging runs on, which a DLPack producer is
+// memory only) and, after prepare(), the stream its staging runs on, which a DLPack producer is
 // handed so that it orders its pending writes before the copy.
 struct DeviceStaging {
   int device = -1;
@@ -81,7 +81,7 @@ class Backend {
 
   // Allocates the regions (zero-filled) and prepares every node of every phase. The
   // program must outlive the backend. Throws Unsupported for an op it cannot run.
-  virtual void compile(const Program& program) = 0;
+  virtual void prepare(const Program& program) = 0;
 
   // Runs a schedule. For train, `slot` (0 = A, 1 = B) picks the staged batch.
   virtual void run(Schedule schedule, int slot = 0) = 0;

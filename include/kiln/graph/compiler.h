@@ -1,4 +1,4 @@
-// Compiler: turns an ArchPlan into a Program — parameter slots, tensors, and the nodes of
+// The Compiler lowers an ArchPlan to a Program — parameter slots, tensors, and the nodes of
 // every phase of the training step, evaluation and initialisation (SPEC S4). The memory is
 // placed afterwards by plan_memory (MEMORY_LOCKED) and checked by validate_program.
 #pragma once
@@ -7,6 +7,6 @@
 
 namespace kiln {
 
-Program compile_program(const ArchPlan& plan, const CompileOptions& options);
+Program lower_program(const ArchPlan& plan, const CompileOptions& options);
 
 }  // namespace kiln

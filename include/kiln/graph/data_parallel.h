@@ -23,7 +23,7 @@
 
 namespace kiln {
 
-// Runs on a compiled Program before its memory is planned (compile_program calls it).
+// Runs on a compiled Program before its memory is planned (lower_program calls it).
 void add_data_parallel(Program& program);
 
 }  // namespace kiln

@@ -73,12 +73,14 @@ class Engine {
   const EngineOptions& options() const { return options_; }
   const BluePrint& blueprint() const { return blueprint_; }
 
-  // PLANNING → MEMORY_LOCKED: compile the Program, place its memory, validate it.
+  // PLANNING → MEMORY_LOCKED: lower the plan to its Program (lower_program), place its
+  // memory, validate it.
   void lock_memory();
   const Program& program() const;
 
-  // MEMORY_LOCKED → COMPILED: the backend allocates its regions and prepares every node;
-  // the weights get torchvision's initialisation from `seed`.
+  // MEMORY_LOCKED → COMPILED, kiln's one step called compile: the backend allocates its
+  // regions and prepares every node (Backend::prepare); the weights get torchvision's
+  // initialisation from `seed`.
   void compile(uint64_t seed = 0);
   Backend& backend();
 

@@ -74,9 +74,9 @@ class CpuBackend final : public Backend {
     return out;
   }
 
-  void compile(const Program& program) override {
+  void prepare(const Program& program) override {
     profiling_ = profiling_ || profile_switch_;
-    KILN_CHECK(program.memory.locked, State, "cpu backend: compile() needs a locked memory plan; ",
+    KILN_CHECK(program.memory.locked, State, "cpu backend: prepare() needs a locked memory plan; ",
                "run plan_memory (the lifecycle's MEMORY_LOCKED step) first");
     KILN_CHECK(!program.options.amp, Unsupported, "the CPU backend runs FP32 only; drop --amp ",
                "or use --device cuda");
@@ -119,7 +119,7 @@ class CpuBackend final : public Backend {
   }
 
   void run(Schedule schedule, int slot) override {
-    KILN_CHECK(ctx_.program != nullptr, State, "cpu backend: run() before compile()");
+    KILN_CHECK(ctx_.program != nullptr, State, "cpu backend: run() before prepare()");
     const Program& p = *ctx_.program;
     switch (schedule) {
       case Schedule::train:
@@ -187,7 +187,7 @@ class CpuBackend final : public Backend {
 
  private:
   uint8_t* address(const DTensor& t) {
-    KILN_CHECK(ctx_.program != nullptr, State, "cpu backend: tensor access before compile()");
+    KILN_CHECK(ctx_.program != nullptr, State, "cpu backend: tensor access before prepare()");
     uint8_t* base = ctx_.base[static_cast<size_t>(t.region)];
     KILN_CHECK(base != nullptr && t.offset >= 0, Internal, "tensor '", t.name, "' is not placed");
     return base + t.offset;

@@ -1,4 +1,4 @@
-// CudaBackend: one cudaMalloc per region at compile() (zero-filled), every node prepared
+// CudaBackend: one cudaMalloc per region at prepare() (zero-filled), every node prepared
 // there (cuDNN graphs, cuBLASLt algorithms, launch geometry), per-stream handles and
 // workspaces; nothing allocated afterwards. run() enqueues each phase on its stream (compute,
 // update, transfer), joined by events where consecutive phases change streams, and returns
@@ -95,8 +95,8 @@ class CudaBackend final : public CudaBackendApi {
   }
   bool supports(OpKind op, DType feature_dtype) const override { return cuda_supports(op, feature_dtype); }
 
-  void compile(const Program& program) override {
-    KILN_CHECK(program.memory.locked, State, "cuda backend: compile() needs a locked memory plan; ",
+  void prepare(const Program& program) override {
+    KILN_CHECK(program.memory.locked, State, "cuda backend: prepare() needs a locked memory plan; ",
                "run plan_memory (the lifecycle's MEMORY_LOCKED step) first");
     KILN_CHECK(program.feature_dtype == DType::F32 || program.feature_dtype == DType::F16, Unsupported,
                "cuda backend: features in ", dtype_name(program.feature_dtype), " are not supported yet; use ",
@@ -155,7 +155,7 @@ class CudaBackend final : public CudaBackendApi {
   }
 
   void run(Schedule schedule, int slot) override {
-    KILN_CHECK(ctx_.program != nullptr, State, "cuda backend: run() before compile()");
+    KILN_CHECK(ctx_.program != nullptr, State, "cuda backend: run() before prepare()");
     KILN_CHECK(slot == 0 || slot == 1, InvalidArgument, "cuda backend: slot must be 0 (A) or 1 (B), is ", slot);
     std::vector<PhaseExec>* phases = nullptr;
     switch (schedule) {
@@ -195,7 +195,7 @@ class CudaBackend final : public CudaBackendApi {
   }
 
   void stage_batch(int slot, const float* images, const int32_t* labels) override {
-    KILN_CHECK(ctx_.program != nullptr, State, "cuda backend: stage_batch() before compile()");
+    KILN_CHECK(ctx_.program != nullptr, State, "cuda backend: stage_batch() before prepare()");
     KILN_CHECK(slot == 0 || slot == 1, InvalidArgument, "stage_batch: slot must be 0 or 1");
     const Program& p = *ctx_.program;
     Staging& st = staging_[static_cast<size_t>(slot)];
@@ -218,7 +218,7 @@ class CudaBackend final : public CudaBackendApi {
   // device copy, which a kernel normalises into the slot once the slot's last reader is done.
   void stage_batch_u8(int slot, const uint8_t* images, const int32_t* labels,
                       const InputNormalization& norm) override {
-    KILN_CHECK(ctx_.program != nullptr, State, "cuda backend: stage_batch_u8() before compile()");
+    KILN_CHECK(ctx_.program != nullptr, State, "cuda backend: stage_batch_u8() before prepare()");
     KILN_CHECK(slot == 0 || slot == 1, InvalidArgument, "stage_batch_u8: slot must be 0 or 1");
     const Program& p = *ctx_.program;
     Staging& st = staging_[static_cast<size_t>(slot)];
@@ -247,7 +247,7 @@ class CudaBackend final : public CudaBackendApi {
   // the transfer stream after the producer's work and the slot's last reader, as the host forms do.
   void stage_batch_device(int slot, const DeviceBatch& b, const InputNormalization* norm) override {
     KILN_CHECK(ctx_.program != nullptr, State,
-               "cuda backend: stage_batch_device() before compile()");
+               "cuda backend: stage_batch_device() before prepare()");
     KILN_CHECK(slot == 0 || slot == 1, InvalidArgument, "stage_batch_device: slot must be 0 or 1");
     const Program& p = *ctx_.program;
     Staging& st = staging_[static_cast<size_t>(slot)];
@@ -339,7 +339,7 @@ class CudaBackend final : public CudaBackendApi {
   // may run while the step still reads the slot); the kernel that writes the slot waits for
   // the slot's last reader.
   void stage_batch_encoded(int slot, const EncodedBatch& batch, const InputNormalization& norm) override {
-    KILN_CHECK(ctx_.program != nullptr, State, "cuda backend: stage_batch_encoded() before compile()");
+    KILN_CHECK(ctx_.program != nullptr, State, "cuda backend: stage_batch_encoded() before prepare()");
     KILN_CHECK(slot == 0 || slot == 1, InvalidArgument, "stage_batch_encoded: slot must be 0 or 1");
     const Program& p = *ctx_.program;
     Staging& st = staging_[static_cast<size_t>(slot)];
@@ -414,7 +414,7 @@ class CudaBackend final : public CudaBackendApi {
   uint64_t read_later(const DTensor& t) override {
     KILN_CHECK(t.bytes() <= kLateReadBytes, InvalidArgument, "read_later: '", t.name, "' has ", t.bytes(),
                " bytes; at most ", kLateReadBytes, " (use read())");
-    KILN_CHECK(late_.host != nullptr, State, "cuda backend: read_later() before compile()");
+    KILN_CHECK(late_.host != nullptr, State, "cuda backend: read_later() before prepare()");
     const uint64_t ticket = late_.next++;
     const size_t i = ticket % kLateReadSlots;
     CUDA_CHECK(cudaEventSynchronize(late_.done[i]));  // the slot's previous copy
@@ -749,7 +749,7 @@ class CudaBackend final : public CudaBackendApi {
   }
 
   uint8_t* address(const DTensor& t) {
-    KILN_CHECK(ctx_.program != nullptr, State, "cuda backend: tensor access before compile()");
+    KILN_CHECK(ctx_.program != nullptr, State, "cuda backend: tensor access before prepare()");
     uint8_t* base = ctx_.base[static_cast<size_t>(t.region)];
     KILN_CHECK(base != nullptr && t.offset >= 0, Internal, "tensor '", t.name, "' is not placed");
     return base + t.offset;
@@ -808,7 +808,7 @@ class CudaBackend final : public CudaBackendApi {
 
   Context ctx_;
   int owned_streams_ = 0;
-  std::string table_path_;  // the experience table this compile() used, if any
+  std::string table_path_;  // the experience table this prepare() used, if any
   bool profile_ = false, profile_ops_ = false, profile_pending_ = false;
   std::map<std::string, double> phase_ms_, op_ms_;
   int64_t profiled_runs_ = 0;
@@ -817,7 +817,7 @@ class CudaBackend final : public CudaBackendApi {
   cudaEvent_t last_done_ = nullptr;
   int last_stream_ = 0;
   std::array<Staging, 2> staging_{};
-  int device_ = 0;  // the CUDA device compile() ran on, which stage_batch_device reads from
+  int device_ = 0;  // the CUDA device prepare() ran on, which stage_batch_device reads from
   SmallWrites small_;
   LateReads late_;
 };

@@ -17,7 +17,7 @@ class CudaBackendApi : public Backend {
   // Milliseconds of GPU time per phase of the last run(), in schedule order; waits for that
   // run to finish. Empty when profiling is off.
   virtual std::vector<std::pair<std::string, float>> phase_times() = 0;
-  // How the last compile() chose its convolution engines (SPEC S16): plans from the
+  // How the last prepare() chose its convolution engines (SPEC S16): plans from the
   // experience table (or measured, under KILN_TUNE), plans chosen by timing a few engines
   // while compiling (a graph the table lacks; KILN_AUTOTUNE=0 turns it off) and plans left
   // to cuDNN's heuristics.
@@ -27,7 +27,7 @@ class CudaBackendApi : public Backend {
     std::string table;  // the file consulted or written; empty when none
   };
   virtual EngineTableUse engine_table_use() const = 0;
-  // How the last compile() built its fused CBR forwards under KILN_CBR_FORM=genstats: as one
+  // How the last prepare() built its fused CBR forwards under KILN_CBR_FORM=genstats: as one
   // conv+genstats cuDNN graph, or falling back to kiln's form (no engine for that graph).
   struct CbrForms {
     int genstats = 0, fallbacks = 0;
@@ -36,7 +36,7 @@ class CudaBackendApi : public Backend {
   // Weight-gradient convolutions of the compiled program that run on the side stream
   // (KILN_SIDE_WGRAD; 0 when off).
   virtual int side_stream_wgrads() const = 0;
-  // FP32 convolution plans of the last compile() on Winograd or FFT engines
+  // FP32 convolution plans of the last prepare() on Winograd or FFT engines
   // (KILN_FP32_WINOGRAD: allowed by default, =0 refuses them, =only prefers them).
   virtual int fp32_transformed_plans() const = 0;
 };

@@ -3,7 +3,7 @@
 // (region base pointers, streams with their cuDNN / cuBLASLt handles and workspaces), the
 // Kernel interface and one factory per op of ops.def (mirroring src/backend/cpu/cpu_kernel.h).
 //
-// Lifetime: factories run in compile(); they check the node, build plans and record how
+// Lifetime: factories run in prepare(); they check the node, build plans and record how
 // much per-stream workspace they need. The workspaces and region buffers are allocated once,
 // after every factory ran; Kernel::run() only enqueues work on its stream (no allocation, no
 // host synchronisation), so it can be captured into a CUDA Graph.
@@ -164,12 +164,12 @@ struct Context : ProgramView {
   // KILN_CBR_FORM=genstats: CBR forwards built as conv+genstats, and those that fell back.
   int cbr_genstats = 0, cbr_genstats_fallbacks = 0;
   int fp32_transformed = 0;  // FP32 convolution plans on Winograd / FFT engines (KILN_FP32_WINOGRAD)
-  // The most workspace one convolution engine may ask for: set by compile() from the device
+  // The most workspace one convolution engine may ask for: set by prepare() from the device
   // memory left once the regions are allocated (the fastest FP32 engines of VGG16 at batch
   // 256 want several GiB; a fixed 1 GiB cap left only engines ~40x slower).
   int64_t workspace_cap = int64_t{1} << 30;
   // Weight gradients run on the side stream beside the data gradient and what follows it
-  // (side_stream.h); set by compile(). The forked work the executor has not joined yet.
+  // (side_stream.h); set by prepare(). The forked work the executor has not joined yet.
   bool side_wgrad = false;
   int side_wgrads = 0;  // kernels built to fork there
   std::vector<SideWork> side_pending;
