@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -17,6 +18,7 @@
 #include <vector>
 
 #include "kiln/blueprint/zoo.h"
+#include "kiln/core/error.h"
 #include "kiln/io/safetensors.h"
 #include "kiln/task/engine.h"
 #include "kiln/task/trainer.h"
