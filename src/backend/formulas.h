@@ -149,6 +149,48 @@ KILN_HD inline float ce_grad(double e, double inv_sum, bool is_label, const Smoo
   const double p = e * inv_sum - (is_label ? t.hit : 0.0) - t.spread;
   return static_cast<float>(p * grad_scale);
 }
+// Mixed targets (mixup / cutmix): lambda onehot(a) + (1-lambda) onehot(b), smoothed, is
+// (1-e) (lambda onehot(a) + (1-lambda) onehot(b)) + e/K, so the row's loss is
+// lse - (1-e) (lambda z_a + (1-lambda) z_b) - (e/K) sum_j z_j = lambda CE_e(a) + (1-lambda)
+// CE_e(b), and its gradient softmax - (1-e) w_j - e/K with w_j = lambda [j = a] +
+// (1-lambda) [j = b]. lambda = 1 gives the unmixed terms above, bit for bit.
+KILN_HD inline double ce_row_loss_mixed(double lse, float za, float zb, double lambda, double zsum,
+                                        const SmoothedTarget& t) {
+  const double zt = lambda * static_cast<double>(za) + (1.0 - lambda) * static_cast<double>(zb);
+  return lse - (t.eps > 0.0 ? t.hit * zt + t.spread * zsum : zt);
+}
+KILN_HD inline double mixed_weight(int64_t j, int64_t a, int64_t b, double lambda) {
+  return (j == a ? lambda : 0.0) + (j == b ? 1.0 - lambda : 0.0);
+}
+KILN_HD inline float ce_grad_mixed(double e, double inv_sum, double weight, const SmoothedTarget& t,
+                                   double grad_scale) {
+  const double p = e * inv_sum - t.hit * weight - t.spread;
+  return static_cast<float>(p * grad_scale);
+}
+
+// ---- mix_batch (mixup / cutmix of the staged batch, kiln/data/mixup.h) --------------------
+struct MixStep {
+  int kind;            // 0 none, 1 mixup, 2 cutmix
+  float lambda, rest;  // lambda, 1 - lambda
+  int64_t y0, y1, x0, x1;
+};
+KILN_HD inline MixStep mix_step(const float* p) {
+  return {static_cast<int>(p[0]),
+          p[1],
+          p[2],
+          static_cast<int64_t>(p[3]),
+          static_cast<int64_t>(p[4]),
+          static_cast<int64_t>(p[5]),
+          static_cast<int64_t>(p[6])};
+}
+// Pixel (h, w) of sample n from its own value and its partner's: torchvision's
+// batch.mul_(lambda).add_(rolled.mul(1 - lambda)) in FP32, or the partner's inside the box.
+KILN_HD inline float mix_value(float self, float partner, int64_t h, int64_t w, const MixStep& m) {
+  if (m.kind == 1) return add(mul(m.lambda, self), mul(m.rest, partner));
+  if (m.kind == 2 && h >= m.y0 && h < m.y1 && w >= m.x0 && w < m.x1) return partner;
+  return self;
+}
+
 // Whether class j ranks before the label y: a larger logit, or an equal one at a smaller
 // index (a stable descending sort; argmax picks the first maximum). A hit at k: rank < k.
 KILN_HD inline bool ranks_before(float zj, int64_t j, float zy, int64_t y) {

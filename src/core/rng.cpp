@@ -60,4 +60,30 @@ double Rng::normal() {
   return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
 }
 
+// Marsaglia and Tsang (2000), with their boost for shape < 1: Gamma(a) = Gamma(a + 1) U^(1/a).
+double Rng::gamma(double shape) {
+  if (shape < 1.0) {
+    double u = uniform();
+    while (u <= 0.0) u = uniform();
+    return gamma(shape + 1.0) * std::pow(u, 1.0 / shape);
+  }
+  const double d = shape - 1.0 / 3.0, c = 1.0 / std::sqrt(9.0 * d);
+  for (;;) {
+    const double x = normal();
+    double v = 1.0 + c * x;
+    if (v <= 0.0) continue;
+    v = v * v * v;
+    const double u = uniform();
+    if (u < 1.0 - 0.0331 * x * x * x * x) return d * v;
+    if (u > 0.0 && std::log(u) < 0.5 * x * x + d * (1.0 - v + std::log(v))) return d * v;
+  }
+}
+
+double Rng::beta(double a, double b) {
+  const double ga = gamma(a), gb = gamma(b);
+  // Both can underflow to 0 for a tiny shape; the distribution is then all at the ends.
+  if (ga + gb <= 0.0) return uniform() < a / (a + b) ? 1.0 : 0.0;
+  return ga / (ga + gb);
+}
+
 }  // namespace kiln

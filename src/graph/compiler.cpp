@@ -156,6 +156,7 @@ class Compiler {
     io.step = scalar("step", 1, DType::I32);
     io.optimizer_steps = scalar("optimizer_steps", 1, DType::I32);
     if (p_.options.clip_grad_norm > 0) io.clip_coef = scalar("clip_coef", 1, DType::F32);
+    if (p_.options.mix) io.mix = scalar("mix", 8, DType::F32);
     const Shape& in = plan_.input;
     const int64_t n = p_.options.batch;
     for (size_t s = 0; s < 2; ++s) {
@@ -168,9 +169,18 @@ class Compiler {
     }
   }
 
-  // Copy of a staged slot into the step's input and labels (a cast under AMP).
-  std::vector<Node> transfer_nodes(int slot, TensorId input, TensorId labels) {
+  // Copy of a staged slot into the step's input and labels (a cast under AMP); with `mix`, the
+  // mixup / cutmix of the batch instead, which also copies or casts it.
+  std::vector<Node> transfer_nodes(int slot, TensorId input, TensorId labels, bool mix) {
     std::vector<Node> v;
+    if (mix) {
+      v.push_back(make_node(OpKind::mix_batch,
+                            {p_.io.staged_images[static_cast<size_t>(slot)], p_.io.mix}, {input},
+                            {}, "input mix"));
+      v.push_back(make_node(OpKind::copy, {p_.io.staged_labels[static_cast<size_t>(slot)]},
+                            {labels}, {}, "labels"));
+      return v;
+    }
     auto flat = [&](TensorId t) {
       const DTensor d = p_.tensor(t);
       return c_.view(t, d.name + ":flat", Shape{d.numel()}, Layout::Flat);
@@ -202,7 +212,7 @@ class Compiler {
     p_.io.labels = c_.labels;
     for (int s = 0; s < 2; ++s) {
       p_.train.push_back(Phase{PhaseKind::transfer, s == 0 ? "transfer_a" : "transfer_b", 2,
-                               transfer_nodes(s, input, c_.labels)});
+                               transfer_nodes(s, input, c_.labels, o.mix)});
     }
 
     lower::Forward f;
@@ -361,7 +371,7 @@ class Compiler {
     const TensorId train_labels = c_.labels;
     c_.labels = c_.tensor(ema ? "eval_ema_labels" : "eval_labels", Region::aux,
                           Shape{p_.options.batch}, DType::I32, Layout::Flat);
-    ph.nodes = transfer_nodes(0, input, c_.labels);
+    ph.nodes = transfer_nodes(0, input, c_.labels, false);  // evaluation is unmixed
     lower::Forward f;
     f.out[0] = input;
     lower::Pass pass{ph.nodes, false, ema ? Region::ema_f32 : Region::params_f32,

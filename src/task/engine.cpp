@@ -132,9 +132,28 @@ void Engine::enqueue_step(const InputView* input, float lr) {
   backend_->write(p.tensor(p.io.lr), &lr);
   const int32_t step = static_cast<int32_t>(steps_);
   backend_->write(p.tensor(p.io.step), &step);
+  if (p.io.mix != kNoTensor) {
+    const std::array<float, kMixParams> mix = mix_params(mix_);
+    backend_->write(p.tensor(p.io.mix), mix.data());
+    mix_ = MixDraw{};
+  }
   backend_->run(Schedule::train, slot_);
   slot_ ^= 1;
   ++steps_;
+}
+
+void Engine::set_mix(const MixDraw& draw) {
+  require(Lifecycle::COMPILED, "set_mix()");
+  KILN_CHECK(program_->io.mix != kNoTensor || draw.kind == MixKind::none, InvalidArgument,
+             "set_mix: the step was compiled without mixup / cutmix (CompileOptions::mix)");
+  const DTensor& in = program_->tensor(program_->io.staged_images[0]);
+  const int64_t h = in.shape[1], w = in.shape[2];
+  KILN_CHECK(draw.lambda >= 0 && draw.lambda <= 1 && draw.y0 >= 0 && draw.y0 <= draw.y1 &&
+                 draw.y1 <= h && draw.x0 >= 0 && draw.x0 <= draw.x1 && draw.x1 <= w,
+             InvalidArgument, "set_mix: lambda ", draw.lambda, " and the box rows [", draw.y0, ", ",
+             draw.y1, ") columns [", draw.x0, ", ", draw.x1, ") must be in [0, 1] and inside the ",
+             h, "x", w, " input");
+  mix_ = draw;
 }
 
 std::optional<StepStats> Engine::train_step_async(const float* images, const int32_t* labels, float lr) {

@@ -74,6 +74,7 @@ void check_config(const TrainConfig& c) {
              "--clip-grad-norm must be a finite number >= 0 (0 = off), got ", c.clip_grad_norm);
   KILN_CHECK(c.label_smoothing >= 0 && c.label_smoothing < 1, InvalidArgument,
              "--label-smoothing must be in [0, 1) (0 = off), got ", c.label_smoothing);
+  check_mix_options(c.mix);
   KILN_CHECK(c.keep_last >= 0 && c.keep_last <= kMaxEpochs, InvalidArgument, "--keep-last must be in 0..", kMaxEpochs,
              " (0 = no epoch checkpoints), got ", c.keep_last);
   const auto& cj = c.color_jitter;
@@ -171,7 +172,12 @@ std::string config_json(const TrainConfig& c) {
      << ",\"gamma\":" << json_number(c.lr.gamma) << ",\"max_steps\":" << c.max_steps_per_epoch
      << ",\"color_jitter\":" << json_string(color_jitter) << ",\"clip_grad\":" << json_number(c.clip_grad)
      << ",\"clip_grad_norm\":" << json_number(c.clip_grad_norm)
-     << ",\"label_smoothing\":" << json_number(c.label_smoothing) << ",\"val_resize_size\":" << c.val_resize_size
+     << ",\"label_smoothing\":" << json_number(c.label_smoothing)
+     << ",\"mixup_alpha\":" << json_number(c.mix.mixup_alpha)
+     << ",\"cutmix_alpha\":" << json_number(c.mix.cutmix_alpha)
+     << ",\"mixup_prob\":" << json_number(c.mix.prob)
+     << ",\"mixup_switch_prob\":" << json_number(c.mix.switch_prob)
+     << ",\"val_resize_size\":" << c.val_resize_size
      << ",\"interpolation\":" << json_string(filter_name(c.interpolation))
      << ",\"random_erase\":" << json_number(c.random_erase)
      << ",\"auto_augment\":" << json_string(c.auto_augment) << ",\"ra_num_ops\":" << c.ra_num_ops
@@ -397,6 +403,7 @@ RunSetup setup_run(const TrainConfig& c, bool training) {
   co.clip_grad = c.clip_grad;
   co.clip_grad_norm = c.clip_grad_norm;
   co.label_smoothing = c.label_smoothing;
+  co.mix = c.mix.enabled();
   co.dropout_seed = c.seed + static_cast<uint64_t>(dist::rank());  // each rank its own masks
   co.world = dist::world();
   co.sync_bn = c.sync_bn;
@@ -528,6 +535,9 @@ TrainSummary train(const TrainConfig& c) {
     if (early) std::raise(early);
   }
   Engine& engine = *r.engine;
+  // Mixup / cutmix draws (one per step, from seed, epoch and step: kiln/data/mixup.h).
+  const Shape& staged = engine.program().tensor(engine.program().io.staged_images[0]).shape;
+  const int64_t input_h = staged[1], input_w = staged[2];
   engine.backend().set_profiling(c.switches.profile);
   Loader& train_loader = *r.train_loader;
   Loader& test_loader = *r.test_loader;
@@ -661,6 +671,7 @@ TrainSummary train(const TrainConfig& c) {
       const int64_t got = train_input.next(train_loader);
       if (got < n) break;
       const float lr = lr_at(c.lr, state.step, total_steps, steps_per_epoch);
+      if (c.mix.enabled()) engine.set_mix(draw_mix(c.mix, c.seed, epoch, i, input_h, input_w));
       account(engine.train_step_async(train_input.view(), lr));
       ++state.step;
       es.seen += n;

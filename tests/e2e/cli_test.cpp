@@ -258,4 +258,37 @@ TEST(Cli, RecipeFlagsFromTheCommandLineAndARunFile) {
   check(kiln(common + file_out + " --config " + path), file_out);
 }
 
+// Mixup and cutmix by torchvision's names, timm's (--mixup, --cutmix) and as run-file keys: the
+// run trains and the summary's config records the values under the flags' own names.
+TEST(Cli, MixupFlagsAliasesAndRunFileKeys) {
+  const std::string common =
+      "train --model mlp --data synthetic --synthetic-size 32 --batch-size 16 --epochs 1 "
+      "--device cpu --workers 1 --progress none --output ";
+  auto check = [](const Result& r, const std::string& out) {
+    ASSERT_EQ(r.code, 0) << r.out;
+    std::stringstream summary;
+    summary << std::ifstream(out + "/summary.json").rdbuf();
+    for (const char* want : {"\"mixup_alpha\":0.2", "\"cutmix_alpha\":1", "\"mixup_prob\":0.9",
+                             "\"mixup_switch_prob\":0.3"}) {
+      EXPECT_NE(summary.str().find(want), std::string::npos) << want << " in " << summary.str();
+    }
+  };
+  const std::string tv = testing::TempDir() + "/cli_mix_torchvision";
+  std::filesystem::remove_all(tv);
+  check(kiln(common + tv +
+             " --mixup-alpha 0.2 --cutmix-alpha 1 --mixup-prob 0.9 --mixup-switch-prob 0.3"),
+        tv);
+  const std::string timm = testing::TempDir() + "/cli_mix_timm";
+  std::filesystem::remove_all(timm);
+  check(kiln(common + timm + " --mixup 0.2 --cutmix=1 --mixup-prob 0.9 --mixup-switch-prob 0.3"),
+        timm);
+  const std::string path = testing::TempDir() + "/mix_run.yaml";
+  std::ofstream(path) << "mixup_alpha: 0.2\ncutmix: 1\nmixup_prob: 0.9\nmixup_switch_prob: 0.3\n";
+  const std::string file_out = testing::TempDir() + "/cli_mix_file";
+  std::filesystem::remove_all(file_out);
+  check(kiln(common + file_out + " --config " + path), file_out);
+  const Result help = kiln("train --help");
+  EXPECT_NE(help.out.find("(also --mixup)"), std::string::npos) << help.out;
+}
+
 }  // namespace

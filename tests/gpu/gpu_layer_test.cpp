@@ -141,8 +141,8 @@ TEST_P(GpuLayer, ConvPaddedChannels) {
 // One softmax_ce node of N rows of K logits on both backends, compiled.
 struct CePair {
   Pair t;
-  TensorId z, lab, scale, loss, correct, dz;
-  CePair(bool amp, int64_t N, int64_t K, float smoothing = 0.0f) : t(amp) {
+  TensorId z, lab, scale, loss, correct, dz, mix = kNoTensor;
+  CePair(bool amp, int64_t N, int64_t K, float smoothing = 0.0f, bool mixed = false) : t(amp) {
     z = t.add("logits", {N, K}, Kind::Feature), lab = t.add("labels", {N}, Kind::I32);
     scale = t.add("loss_scale", {1}, Kind::F32, Region::scalars);
     loss = t.add("loss", {1}, Kind::F32, Region::scalars);
@@ -150,7 +150,12 @@ struct CePair {
     dz = t.add("dlogits", {N, K}, Kind::Feature);
     Attrs a;
     a.label_smoothing = smoothing;
-    t.node(OpKind::softmax_ce, {z, lab, scale}, {loss, correct, dz}, a);
+    std::vector<TensorId> in{z, lab, scale};
+    if (mixed) {
+      mix = t.add("mix", {8}, Kind::F32, Region::scalars);
+      in.push_back(mix);
+    }
+    t.node(OpKind::softmax_ce, in, {loss, correct, dz}, a);
     t.compile();
   }
 };
@@ -178,6 +183,38 @@ TEST_P(GpuLayer, SoftmaxCrossEntropy) {
       // dlogits = (p - onehot) scale / N: its largest entries are ~scale / N.
       KILN_EXPECT_CLOSE(t, dz, amp ? kSumFloor : kEltFloor, "softmax_ce dlogits");
       EXPECT_EQ(t.gpu().read_i32(correct), t.cpu().read_i32(correct)) << "top-1/top-5 counts differ";
+    }
+  }
+}
+
+// Mixed targets (mixup / cutmix): the label pair of each row (its own, the row before's) with
+// the step's lambda, read from the device, with and without label smoothing; the CPU's kernel
+// is checked against torch's formula (tests/op/cpu_loss_test.cpp), CUDA against the CPU.
+TEST_P(GpuLayer, SoftmaxCrossEntropyMixed) {
+  KILN_REQUIRE_GPU();
+  const bool amp = GetParam();
+  const int64_t dims[][2] = {{32, 10}, {7, 1000}, {256, 100}};
+  for (const auto& d : dims) {
+    const int64_t N = d[0], K = d[1];
+    for (float smoothing : {0.0f, 0.1f}) {
+      for (float lambda : {0.2f, 0.5f, 0.9f}) {
+        SCOPED_TRACE(::testing::Message() << "softmax_ce " << N << "x" << K << " ls " << smoothing
+                                          << " lambda " << lambda);
+        CePair ce(amp, N, K, smoothing, true);
+        Pair& t = ce.t;
+        t.set_random(ce.z, 53, -4.0f, 4.0f);
+        Rng rng(54);
+        std::vector<int32_t> labels(static_cast<size_t>(N));
+        for (auto& l : labels) l = static_cast<int32_t>(rng.below(static_cast<uint64_t>(K)));
+        t.set_i32(ce.lab, labels);
+        t.set(ce.scale, {amp ? 8192.0f : 1.0f});
+        t.set(ce.mix, {1.0f, lambda, static_cast<float>(1.0 - lambda), 0, 0, 0, 0, 0});
+        t.run();
+        KILN_EXPECT_CLOSE(t, ce.loss, kEltFloor, "mixed softmax_ce loss");
+        KILN_EXPECT_CLOSE(t, ce.dz, amp ? kSumFloor : kEltFloor, "mixed softmax_ce dlogits");
+        EXPECT_EQ(t.gpu().read_i32(ce.correct), t.cpu().read_i32(ce.correct))
+            << "dominant-label counts differ";
+      }
     }
   }
 }

@@ -1,6 +1,6 @@
 // CPU softmax cross-entropy: top-1/top-5 ties and non-finite logits, bad labels, padding, label
-// smoothing, finite differences. The plain loss, dlogits and counts against the float64
-// reference are the sweep's rows (tests/sweep/op_sweep_test.cpp).
+// smoothing, mixed targets (mixup / cutmix), finite differences. The plain loss, dlogits and counts
+// against the float64 reference are the sweep's rows (tests/sweep/op_sweep_test.cpp).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -14,8 +14,10 @@ namespace {
 struct CeProgram {
   OpHarness h;
   int64_t n, k;
-  TensorId z, labels, scale, loss, correct, dz = kNoTensor;
-  CeProgram(int64_t n_, int64_t k_, bool with_grad = true, float smoothing = 0.0f) : n(n_), k(k_) {
+  TensorId z, labels, scale, loss, correct, dz = kNoTensor, mix = kNoTensor;
+  CeProgram(int64_t n_, int64_t k_, bool with_grad = true, float smoothing = 0.0f,
+            bool mixed = false)
+      : n(n_), k(k_) {
     z = h.tensor("logits", {n, k});
     labels = h.tensor("labels", {n}, Region::input_a, DType::I32);
     scale = h.tensor("loss_scale", {1}, Region::scalars);
@@ -28,7 +30,12 @@ struct CeProgram {
     }
     Attrs a;
     a.label_smoothing = smoothing;
-    h.node(OpKind::softmax_ce, {z, labels, scale}, out, a);
+    std::vector<TensorId> in{z, labels, scale};
+    if (mixed) {
+      mix = h.tensor("mix", {8}, Region::scalars);
+      in.push_back(mix);
+    }
+    h.node(OpKind::softmax_ce, in, out, a);
     compile_cpu(h);
   }
   void run(const std::vector<float>& zv, const std::vector<int32_t>& lv, float s) {
@@ -36,6 +43,13 @@ struct CeProgram {
     h.write_i32(labels, lv);
     h.write(scale, {s});
     h.run();
+  }
+  // A mixed step: kind 1 (mixup) or 2 (cutmix) with lambda; kind 0 is an unmixed step.
+  void run_mixed(const std::vector<float>& zv, const std::vector<int32_t>& lv, float s,
+                 float lambda, int kind = 1) {
+    h.write(mix,
+            {static_cast<float>(kind), lambda, static_cast<float>(1.0 - lambda), 0, 0, 0, 0, 0});
+    run(zv, lv, s);
   }
 };
 
@@ -263,6 +277,136 @@ TEST(CpuOpSoftmaxCeSmoothing, OutOfRangeIsRefused) {
   for (float e : {-0.1f, 1.0f, std::numeric_limits<float>::quiet_NaN()}) {
     EXPECT_THROW(CeProgram(2, 3, true, e), Error) << e;
   }
+}
+
+// ---- mixed targets (mixup / cutmix) ------------------------------------------------------------
+
+// By hand: two rows of K = 2, logits (ln 3, 0) and (0, 0), labels (0, 1), lambda 0.25: row 0's
+// partner is row 1 (label 1), row 1's is row 0 (label 0). Row 0: p = (0.75, 0.25), target
+// (0.25, 0.75), loss -(0.25 ln 0.75 + 0.75 ln 0.25); row 1: p = (0.5, 0.5), target
+// (0.75, 0.25), loss ln 2. The loss is the mean of the two; dlogits (p - target) / 2. Top-1
+// against the dominant label (lambda < 0.5: the partner's): row 0's is 1 (a miss), row 1's is
+// 0 (a tie with class 1, broken by index: a hit).
+TEST(CpuOpSoftmaxCeMixed, MatchesAHandComputation) {
+  const std::vector<float> z = {std::log(3.0f), 0.0f, 0.0f, 0.0f};
+  const ref::SoftmaxCe r = ref::softmax_ce_mixed(ref::to_double(z), {0, 1}, 2, 2, 1.0, 0.25, 0.0);
+  const double want = (-(0.25 * std::log(0.75) + 0.75 * std::log(0.25)) + std::log(2.0)) / 2;
+  EXPECT_NEAR(r.loss, want, 1e-7);
+  CeProgram p(2, 2, true, 0.0f, true);
+  p.run_mixed(z, {0, 1}, 1.0f, 0.25f);
+  EXPECT_NEAR(p.h.read(p.loss)[0], want, 1e-6);
+  const auto d = p.h.read(p.dz);
+  EXPECT_NEAR(d[0], (0.75 - 0.25) / 2, 1e-6);
+  EXPECT_NEAR(d[1], (0.25 - 0.75) / 2, 1e-6);
+  EXPECT_NEAR(d[2], (0.5 - 0.75) / 2, 1e-6);
+  EXPECT_NEAR(d[3], (0.5 - 0.25) / 2, 1e-6);
+  const auto counts = p.h.read_i32(p.correct);
+  EXPECT_EQ(counts[0], 1);
+  EXPECT_EQ(r.top1, 1);
+}
+
+// Fixed logits (the plain cases' shapes) against torch's CrossEntropyLoss(label_smoothing=e) on
+// the mixed one-hot target (ref::softmax_ce_mixed), lambda in {0.1, 0.5, 0.7}, e in {0, 0.1}:
+// the loss to 1e-6 relative (double sums rounded once), dlogits to kFp32Tol of its terms'
+// magnitude (p + target) * scale / N, the counts exactly.
+TEST(CpuOpSoftmaxCeMixed, LossAndGradientMatchTorchsFormula) {
+  for (const CeCase& c : kCases) {
+    for (float lambda : {0.1f, 0.5f, 0.7f}) {
+      for (float e : {0.0f, 0.1f}) {
+        SCOPED_TRACE(::testing::Message() << c.name << " lambda " << lambda << " e " << e);
+        CeProgram p(c.n, c.k, true, e, true);
+        const auto zv = rand_vec(c.n * c.k, 123, c.offset - c.spread, c.offset + c.spread);
+        const auto lv = rand_labels(c.n, c.k, 124);
+        p.run_mixed(zv, lv, c.scale, lambda);
+        const ref::SoftmaxCe r =
+            ref::softmax_ce_mixed(ref::to_double(zv), lv, c.n, c.k, c.scale, lambda, e);
+        KILN_EXPECT_REL(p.h.read(p.loss), ref::Vec{r.loss}, 1e-6, 1e-6, "mixed loss");
+        ref::Vec mag(r.dlogits.size());
+        for (size_t i = 0; i < mag.size(); ++i) {
+          const int64_t b = static_cast<int64_t>(i) / c.k, j = static_cast<int64_t>(i) % c.k;
+          const double w = (j == lv[static_cast<size_t>(b)] ? lambda : 0.0) +
+                           (j == lv[static_cast<size_t>((b + c.n - 1) % c.n)] ? 1.0 - lambda : 0.0);
+          const double target = (1.0 - e) * w + e / static_cast<double>(c.k);
+          mag[i] = (std::fabs(r.dlogits[i] / c.scale * c.n) + 2 * target) * c.scale / c.n;
+        }
+        KILN_EXPECT_SCALED(p.h.read(p.dz), r.dlogits, mag, kFp32Tol, "mixed dlogits");
+        const auto counts = p.h.read_i32(p.correct);
+        EXPECT_EQ(counts[0], r.top1);
+        EXPECT_EQ(counts[1], r.top5);
+      }
+    }
+  }
+}
+
+// The mixed loss is lambda CE_e(y_a) + (1 - lambda) CE_e(y_b): the reference's two forms agree
+// (1e-12: double sums of ~1), so its target form is the formula the issue states.
+TEST(CpuOpSoftmaxCeMixed, ReferenceIsTheLambdaWeightedSumOfTwoLosses) {
+  const int64_t n = 6, k = 9;
+  const ref::Vec z = ref::to_double(rand_vec(n * k, 125, -3.0f, 3.0f));
+  const auto lv = rand_labels(n, k, 126);
+  std::vector<int32_t> rolled(lv.size());
+  for (int64_t b = 0; b < n; ++b)
+    rolled[static_cast<size_t>(b)] = lv[static_cast<size_t>((b + n - 1) % n)];
+  for (double e : {0.0, 0.2}) {
+    const double lambda = 0.35;
+    const double mixed = ref::softmax_ce_mixed(z, lv, n, k, 1.0, lambda, e).loss;
+    auto ce = [&](const std::vector<int32_t>& y) {
+      return ref::softmax_ce_mixed(z, y, n, k, 1.0, 1.0, e).loss;
+    };
+    EXPECT_NEAR(mixed, lambda * ce(lv) + (1 - lambda) * ce(rolled), 1e-12);
+  }
+}
+
+// An unmixed step (kind 0) and lambda 1 give the plain kernel's bits; the mix input changes
+// nothing else.
+TEST(CpuOpSoftmaxCeMixed, UnmixedStepIsThePlainLossBitForBit) {
+  const int64_t n = 7, k = 11;
+  const auto zv = rand_vec(n * k, 127, -4.0f, 4.0f);
+  const auto lv = rand_labels(n, k, 128);
+  for (float e : {0.0f, 0.1f}) {
+    CeProgram plain(n, k, true, e), mixed(n, k, true, e, true);
+    plain.run(zv, lv, 512.0f);
+    for (int kind : {0, 1}) {
+      mixed.run_mixed(zv, lv, 512.0f, kind == 0 ? 0.3f : 1.0f, kind);
+      SCOPED_TRACE(::testing::Message() << "kind " << kind << " e " << e);
+      EXPECT_EQ(mixed.h.read(mixed.loss), plain.h.read(plain.loss));
+      EXPECT_EQ(mixed.h.read(mixed.dz), plain.h.read(plain.dz));
+      EXPECT_EQ(mixed.h.read_i32(mixed.correct), plain.h.read_i32(plain.correct));
+    }
+  }
+}
+
+// Kernel: its mixed dlogits / scale against central differences of its own FP32 loss (the
+// bounds of KernelGradientMatchesFiniteDifferencesOfKernelLoss above), with smoothing 0.1.
+TEST(CpuOpSoftmaxCeMixed, KernelGradientMatchesFiniteDifferencesOfKernelLoss) {
+  const int64_t n = 3, k = 5;
+  const float scale = 2048.0f, lambda = 0.3f;
+  CeProgram p(n, k, true, 0.1f, true);
+  auto z = rand_vec(n * k, 129, -2.0f, 2.0f);
+  const auto lv = rand_labels(n, k, 130);
+  p.run_mixed(z, lv, scale, lambda);
+  ref::Vec g = ref::to_double(p.h.read(p.dz));
+  for (double& v : g) v /= scale;
+  ref::Vec fd(z.size());
+  const float h = 1e-2f;
+  for (size_t i = 0; i < z.size(); ++i) {
+    const float z0 = z[i];
+    z[i] = z0 + h;
+    p.run_mixed(z, lv, scale, lambda);
+    const double lp = p.h.read(p.loss)[0];
+    z[i] = z0 - h;
+    p.run_mixed(z, lv, scale, lambda);
+    const double lm = p.h.read(p.loss)[0];
+    z[i] = z0;
+    fd[i] = (lp - lm) / (static_cast<double>(z0 + h) - static_cast<double>(z0 - h));
+  }
+  KILN_EXPECT_REL(g, fd, 1.0, 2e-4, "kernel mixed dlogits vs fd");
+}
+
+// A lambda outside [0, 1] is refused (the host never writes one; a corrupt step must not train).
+TEST(CpuOpSoftmaxCeMixed, LambdaOutsideZeroOneIsRefused) {
+  CeProgram p(2, 3, true, 0.0f, true);
+  EXPECT_THROW(p.run_mixed(rand_vec(6, 131), {0, 1}, 1.0f, 1.5f), Error);
 }
 
 }  // namespace

@@ -393,6 +393,67 @@ inline SoftmaxCe softmax_ce(const Vec& z, const std::vector<int32_t>& labels, in
   return r;
 }
 
+// torch.nn.CrossEntropyLoss(label_smoothing=e) on mixed one-hot targets, in its own form:
+// t_n = lambda onehot(y_n) + (1 - lambda) onehot(y_{n-1 mod N}) (torchvision's labels.roll(1)),
+// smoothed to (1 - e) t_n + e / K; loss = mean_n -sum_j target_nj log softmax(z_n)_j, gradient
+// (softmax - target) * scale / N. Top-k counts the dominant label (lambda >= 0.5 ? y_n :
+// y_{n-1}), as timm.
+inline SoftmaxCe softmax_ce_mixed(const Vec& z, const std::vector<int32_t>& labels, int64_t n,
+                                  int64_t k, double scale, double lambda, double eps) {
+  SoftmaxCe r;
+  r.dlogits.resize(static_cast<size_t>(n * k));
+  for (int64_t b = 0; b < n; ++b) {
+    const double* row = z.data() + b * k;
+    const int32_t ya = labels[static_cast<size_t>(b)],
+                  yb = labels[static_cast<size_t>((b + n - 1) % n)];
+    const double mx = *std::max_element(row, row + k);
+    double sum = 0;
+    for (int64_t j = 0; j < k; ++j) sum += std::exp(row[j] - mx);
+    for (int64_t j = 0; j < k; ++j) {
+      const double t = (j == ya ? lambda : 0.0) + (j == yb ? 1.0 - lambda : 0.0);
+      const double target = (1.0 - eps) * t + eps / static_cast<double>(k);
+      const double logp = row[j] - mx - std::log(sum);
+      r.loss -= target * logp / static_cast<double>(n);
+      r.dlogits[static_cast<size_t>(b * k + j)] =
+          (std::exp(logp) - target) * scale / static_cast<double>(n);
+    }
+    const int32_t y = lambda >= 0.5 ? ya : yb;
+    int64_t rank = 0;
+    for (int64_t j = 0; j < k; ++j) rank += (row[j] > row[y]) || (row[j] == row[y] && j < y);
+    r.top1 += rank < 1;
+    r.top5 += rank < 5;
+  }
+  return r;
+}
+
+// mix_batch: sample s's partner is s - 1 (mod N); kind 1 (mixup) lambda x_s + (1 - lambda)
+// x_partner, kind 2 (cutmix) the partner's pixels inside rows [y0, y1) x columns [x0, x1).
+struct MixBox {
+  int kind = 0;
+  double lambda = 1;
+  int64_t y0 = 0, y1 = 0, x0 = 0, x1 = 0;
+};
+inline Vec mix_batch(const Vec& x, int64_t n, int64_t h, int64_t w, int64_t c, const MixBox& m) {
+  Vec y(x.size());
+  const int64_t per = h * w * c;
+  for (int64_t s = 0; s < n; ++s) {
+    const int64_t p = (s + n - 1) % n;
+    for (int64_t i = 0; i < h; ++i)
+      for (int64_t j = 0; j < w; ++j)
+        for (int64_t ch = 0; ch < c; ++ch) {
+          const int64_t at = (i * w + j) * c + ch;
+          const double self = x[static_cast<size_t>(s * per + at)],
+                       other = x[static_cast<size_t>(p * per + at)];
+          const bool boxed = m.kind == 2 && i >= m.y0 && i < m.y1 && j >= m.x0 && j < m.x1;
+          y[static_cast<size_t>(s * per + at)] = m.kind == 1
+                                                     ? m.lambda * self + (1.0 - m.lambda) * other
+                                                 : boxed ? other
+                                                         : self;
+        }
+  }
+  return y;
+}
+
 // ---- optimizers (PyTorch's formulas; g is the scaled gradient, scale the loss scale) -------
 // In float64 and PyTorch's textbook form on purpose: they check backend/formulas.h's FP32
 // updates (within FP32 rounding) rather than repeat them.

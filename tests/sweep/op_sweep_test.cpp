@@ -1074,6 +1074,8 @@ const CeRow kCe[] = {
 
 // The loss is summed in double from FP32 logits and rounded once: 1e-6 relative. dlogits =
 // (p - onehot) scale / N in double, rounded once: 1e-5 of (p + onehot) scale / N. Counts exact.
+std::vector<Case> softmax_ce_mixed_rows();  // below: the rows with a mix input
+
 KILN_SWEEP(softmax_ce) {
   std::vector<Case> rows;
   for (const CeRow& r : kCe) {
@@ -1110,6 +1112,122 @@ KILN_SWEEP(softmax_ce) {
            {},
            0,
            "counts: exact"}};
+    };
+    rows.push_back(c);
+  }
+  for (Case& c : softmax_ce_mixed_rows()) rows.push_back(std::move(c));
+  return rows;
+}
+
+// Mixed targets (mixup / cutmix): the mix input's lambda mixes each row's label with the row
+// before's (ref::softmax_ce_mixed, torch's CrossEntropyLoss on the mixed one-hot target), with
+// and without label smoothing. Tolerances as the plain rows: the same double sums, rounded once.
+struct CeMixRow {
+  const char* name;
+  int64_t n, k;
+  float spread, scale, lambda, eps;
+  int kind = 1;  // 0: an unmixed step (lambda ignored), the plain rows' values
+};
+const CeMixRow kCeMix[] = {
+    {"mix_n4_k10_lam0.3", 4, 10, 3.0f, 1.0f, 0.3f, 0.0f},
+    {"mix_n7_k1000_lam0.8_ls0.1", 7, 1000, 5.0f, 8192.0f, 0.8f, 0.1f},
+    {"mix_n32_k100_lam0.5_ls0.2", 32, 100, 10.0f, 65536.0f, 0.5f, 0.2f},
+    {"mix_n1_k5_lam0.6_self", 1, 5, 2.0f, 1.0f, 0.6f, 0.0f},  // its own partner: the plain loss
+    {"cutmix_n9_k17_lam0.12_ls0.1", 9, 17, 4.0f, 128.0f, 0.12f, 0.1f},
+    {"unmixed_n5_k10_ls0.1", 5, 10, 3.0f, 1024.0f, 0.3f, 0.1f, 0},
+};
+std::vector<Case> softmax_ce_mixed_rows() {
+  std::vector<Case> rows;
+  for (const CeMixRow& r : kCeMix) {
+    Case c{OpKind::softmax_ce, r.name};
+    c.t = {feat("logits", {r.n, r.k}, -r.spread, r.spread),
+           i32("labels", {r.n}, Region::input_a),
+           f32("loss_scale", {1}, Region::scalars),
+           f32("mix", {8}, Region::scalars),
+           f32("loss", {1}, Region::scalars),
+           i32("correct", {2}),
+           feat("dlogits", {r.n, r.k})};
+    c.in = {"logits", "labels", "loss_scale", "mix"};
+    c.out = {"loss", "correct", "dlogits"};
+    c.a.label_smoothing = r.eps;
+    c.prepare = [r](Values& v) {
+      Rng rng(118);
+      for (double& l : v.at("labels"))
+        l = static_cast<double>(rng.below(static_cast<uint64_t>(r.k)));
+      v["loss_scale"] = {r.scale};
+      v["mix"] = {static_cast<double>(r.kind), r.lambda, fl(1.0 - r.lambda), 0, 0, 0, 0, 0};
+    };
+    c.expect = [r](const Values& v) {
+      const std::vector<int32_t> lv = ints(v.at("labels"));
+      const double lambda = r.kind == 0 ? 1.0 : static_cast<double>(r.lambda);
+      const ref::SoftmaxCe s =
+          ref::softmax_ce_mixed(v.at("logits"), lv, r.n, r.k, r.scale, lambda, r.eps);
+      Vec mag(s.dlogits.size());
+      for (int64_t b = 0; b < r.n; ++b)
+        for (int64_t j = 0; j < r.k; ++j) {
+          const size_t i = static_cast<size_t>(b * r.k + j);
+          const double w = (j == lv[static_cast<size_t>(b)] ? lambda : 0.0) +
+                           (j == lv[static_cast<size_t>((b + r.n - 1) % r.n)] ? 1.0 - lambda : 0.0);
+          const double target = (1.0 - r.eps) * w + r.eps / static_cast<double>(r.k);
+          mag[i] = (std::fabs(s.dlogits[i] / r.scale * r.n) + 2 * target) * r.scale / r.n;
+        }
+      return std::vector<Check>{
+          {"loss", {s.loss}, rel_mag({s.loss}, 1e-6), 1e-6, "a double sum rounded once"},
+          {"dlogits", s.dlogits, mag, kTol, "a double value rounded once", Floor::sum_under_amp},
+          {"correct",
+           {static_cast<double>(s.top1), static_cast<double>(s.top5)},
+           {},
+           0,
+           "counts: exact"}};
+    };
+    rows.push_back(c);
+  }
+  return rows;
+}
+
+// ---- mix_batch ------------------------------------------------------------------------------
+
+struct MixRow {
+  const char* name;
+  Shape x;  // [N, H, W, C]
+  ref::MixBox m;
+};
+const MixRow kMix[] = {
+    {"mixup_n4_5x6_c3_lam0.3", {4, 5, 6, 3}, {1, 0.3}},
+    {"mixup_n1_4x4_c1_self", {1, 4, 4, 1}, {1, 0.7}},  // its own partner: x again, rounded
+    {"mixup_n8_16x16_c8_lam0.95", {8, 16, 16, 8}, {1, 0.95}},
+    {"cutmix_n3_7x5_c2_box", {3, 7, 5, 2}, {2, 1 - 12.0 / 35, 1, 5, 2, 5}},
+    {"cutmix_n2_6x6_c3_whole", {2, 6, 6, 3}, {2, 0.0, 0, 6, 0, 6}},
+    {"cutmix_n2_6x6_c3_corner", {2, 6, 6, 3}, {2, 1 - 4.0 / 36, 0, 2, 4, 6}},
+    {"cutmix_n2_5x5_c1_empty", {2, 5, 5, 1}, {2, 1.0, 3, 3, 1, 4}},
+    {"unmixed_n3_4x5_c3", {3, 4, 5, 3}, {0, 1.0}},
+};
+
+// Mixup: two FP32 products and a sum, each rounded (and 1 - lambda rounded to FP32 once):
+// 1e-6 of lambda |x| + (1 - lambda) |x_partner|. Cutmix and unmixed rows move values: exact.
+KILN_SWEEP(mix_batch) {
+  std::vector<Case> rows;
+  for (const MixRow& r : kMix) {
+    Case c{OpKind::mix_batch, r.name};
+    c.t = {f32("x", r.x, Region::input_a, -2.0f, 2.0f), f32("mix", {8}, Region::scalars),
+           feat("y", r.x)};
+    c.in = {"x", "mix"};
+    c.out = {"y"};
+    c.prepare = [r](Values& v) {
+      const ref::MixBox& m = r.m;
+      v["mix"] = {static_cast<double>(m.kind), fl(m.lambda),
+                  fl(1.0 - m.lambda),          static_cast<double>(m.y0),
+                  static_cast<double>(m.y1),   static_cast<double>(m.x0),
+                  static_cast<double>(m.x1),   0};
+    };
+    c.expect = [r](const Values& v) {
+      ref::MixBox m = r.m;
+      m.lambda = fl(m.lambda);
+      const Vec want = ref::mix_batch(v.at("x"), r.x[0], r.x[1], r.x[2], r.x[3], m);
+      if (m.kind != 1) return std::vector<Check>{{"y", want, {}, 0, kExactWhy}};
+      return std::vector<Check>{
+          {"y", want, ref::mix_batch(ref::abs_of(v.at("x")), r.x[0], r.x[1], r.x[2], r.x[3], m),
+           1e-6, "two FP32 products and a sum: 1e-6 of the terms"}};
     };
     rows.push_back(c);
   }

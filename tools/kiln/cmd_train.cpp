@@ -44,6 +44,15 @@ std::vector<FlagSpec> train_flags() {
       {"clip-grad", "clip each |gradient| to this value (0 = off)", "0", false},
       {"clip-grad-norm", "scale the gradients so that their global L2 norm is at most this (0 = off)", "0", false},
       {"label-smoothing", "cross-entropy label smoothing in [0, 1) (0 = off)", "0", false},
+      {"mixup-alpha", "mixup of the training batches, lambda ~ Beta(A, A) (0 = off; torchvision 0.2)",
+       "0", false, 0, "mixup"},
+      {"cutmix-alpha", "cutmix of the training batches, box area from Beta(A, A) (0 = off; 1.0)", "0",
+       false, 0, "cutmix"},
+      {"mixup-prob", "share of the training steps that are mixed, in [0, 1] (timm's --mixup-prob)",
+       "1", false},
+      {"mixup-switch-prob",
+       "with both mixup and cutmix on, the share of cutmix steps, in [0, 1] (torchvision 0.5)", "0.5",
+       false},
       {"amp", "FP16 mixed precision (GPU)", "off", true},
       {"tf32", "FP32 convolutions and matmuls may use TF32 (GPU; PyTorch's cuDNN default)", "off", true},
       {"ema", "keep an EMA of the weights and evaluate it too", "off", true},
@@ -159,6 +168,10 @@ TrainConfig to_config(const Flags& f) {
   c.clip_grad = static_cast<float>(f.f64("clip-grad", 0));
   c.clip_grad_norm = static_cast<float>(f.f64("clip-grad-norm", 0));
   c.label_smoothing = static_cast<float>(f.f64("label-smoothing", 0));
+  c.mix.mixup_alpha = f.f64("mixup-alpha", 0);
+  c.mix.cutmix_alpha = f.f64("cutmix-alpha", 0);
+  c.mix.prob = f.f64("mixup-prob", 1);
+  c.mix.switch_prob = f.f64("mixup-switch-prob", 0.5);
   c.keep_last = f.i64("keep-last", 0);
   c.amp = f.on("amp", false);
   c.ema = f.on("ema", false);
@@ -244,6 +257,14 @@ const ResumedSetting kResumed[] = {
     {"min-lr", "min_lr", [](TrainConfig& c, const std::string& v) { c.lr.min_lr = std::stof(v); }},
     {"step-size", "step_size", [](TrainConfig& c, const std::string& v) { c.lr.step_size = std::stoll(v); }},
     {"gamma", "gamma", [](TrainConfig& c, const std::string& v) { c.lr.gamma = std::stof(v); }},
+    // A step's mix follows these (kiln/data/mixup.h): a resumed run keeps them.
+    {"mixup-alpha", "mixup_alpha",
+     [](TrainConfig& c, const std::string& v) { c.mix.mixup_alpha = std::stod(v); }},
+    {"cutmix-alpha", "cutmix_alpha",
+     [](TrainConfig& c, const std::string& v) { c.mix.cutmix_alpha = std::stod(v); }},
+    {"mixup-prob", "mixup_prob", [](TrainConfig& c, const std::string& v) { c.mix.prob = std::stod(v); }},
+    {"mixup-switch-prob", "mixup_switch_prob",
+     [](TrainConfig& c, const std::string& v) { c.mix.switch_prob = std::stod(v); }},
     {"milestones", "milestones",
      [](TrainConfig& c, const std::string& v) {
        c.lr.milestones.clear();
@@ -356,7 +377,7 @@ bool eval_uses(const std::string& name) {
       "clip-grad",   "ema-decay",   "eval-every",        "early-stop",     "stop-after-epochs",
       "output",      "resume",      "init-from", "hflip",             "crop-padding",   "random-resized-crop",
       "color-jitter", "clip-grad-norm", "keep-last", "random-erase", "auto-augment", "ra-magnitude",
-      "ra-num-ops",
+      "ra-num-ops", "mixup-alpha", "cutmix-alpha", "mixup-prob", "mixup-switch-prob",
       "max-steps",   "profile",     "stop-after-steps", "save-every-steps", "save-every-minutes", "resume-override"};
   for (const char* t : kTrainingOnly) {
     if (name == t) return false;

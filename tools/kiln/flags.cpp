@@ -19,7 +19,7 @@ Flags::Flags(std::string command, std::string usage, std::vector<FlagSpec> specs
 
 const FlagSpec* Flags::find(const std::string& name) const {
   for (const FlagSpec& s : specs_) {
-    if (s.name == name) return &s;
+    if (s.name == name || (!s.alias.empty() && s.alias == name)) return &s;
   }
   return nullptr;
 }
@@ -32,6 +32,7 @@ std::string Flags::help() const {
                        s.name + (s.is_switch ? "" : " VALUE");
     if (left.size() < 28) left.resize(28, ' ');
     os << left << " " << s.help;
+    if (!s.alias.empty()) os << " (also --" << s.alias << ")";
     if (!s.fallback.empty()) os << " (default " << s.fallback << ")";
     os << "\n";
   }
@@ -45,7 +46,7 @@ void Flags::set(const std::string& name, const std::string& value, const std::st
     for (const FlagSpec& s : specs_) list += (list.empty() ? "--" : ", --") + s.name;
     KILN_FAIL(InvalidArgument, "unknown flag --", name, " for 'kiln ", command_, "'", origin, "; its flags are ", list);
   }
-  values_[name] = value;
+  values_[spec->name] = value;  // an alias lands under the flag's own name
 }
 
 bool Flags::parse(int argc, char** argv, int first) {
@@ -88,6 +89,7 @@ bool Flags::parse(int argc, char** argv, int first) {
       }
     }
     if (!spec) set(name, "", "");  // throws with the list of flags
+    name = spec->name;
     if (spec->is_switch) {
       from_command_line[name] = has_value ? value : "true";
       continue;

@@ -15,6 +15,7 @@ struct FlagSpec {
   std::string fallback;  // shown in --help; "" = none
   bool is_switch = false;
   char short_name = 0;  // e.g. 'b' for -b, as torchvision's scripts spell --batch-size; 0 = none
+  std::string alias;  // another name accepted for it (timm's --mixup for --mixup-alpha); "" = none
 };
 
 class Flags {

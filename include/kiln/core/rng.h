@@ -19,6 +19,8 @@ class Rng {
   float uniform(float lo, float hi);       // [lo, hi)
   uint64_t below(uint64_t n);              // [0, n), unbiased
   double normal();                         // mean 0, std 1 (Box-Muller)
+  double gamma(double shape);              // Gamma(shape, 1), shape > 0 (Marsaglia-Tsang)
+  double beta(double a, double b);         // Beta(a, b) = Ga / (Ga + Gb), a, b > 0
 
   std::array<uint64_t, 4> state() const { return s_; }
   void set_state(const std::array<uint64_t, 4>& s) { s_ = s; }

@@ -94,6 +94,9 @@ struct ProgramIO {
   // i32: optimizer steps applied (skipped AMP steps not counted; AdamW's bias correction).
   TensorId optimizer_steps = kNoTensor;
   TensorId clip_coef = kNoTensor;  // f32: grad_norm's factor (when clip_grad_norm > 0)
+  // f32[8]: the step's mixup / cutmix (kiln/data/mixup.h's mix_params), written before each
+  // step like lr (when CompileOptions::mix).
+  TensorId mix = kNoTensor;
 };
 
 struct CompileOptions {
@@ -122,6 +125,9 @@ struct CompileOptions {
   float clip_grad = 0.0f;                    // |unscaled gradient| cap; 0 = off
   float clip_grad_norm = 0.0f;               // global L2 norm cap of the gradients; 0 = off
   float label_smoothing = 0.0f;              // softmax-CE target smoothing in [0, 1)
+  // The training step mixes its batch (mix_batch in the transfer) and the loss its labels by
+  // the step's io.mix (mixup / cutmix); false: neither node nor tensor exists.
+  bool mix = false;
   uint64_t dropout_seed = 0;
   // Data parallel (S27): processes that train this program together, each on `batch`
   // samples (see data_parallel.h); 1 = no communication at all.

@@ -10,6 +10,7 @@
 #include "kiln/backend/backend.h"
 #include "kiln/blueprint/blueprint.h"
 #include "kiln/core/switches.h"
+#include "kiln/data/mixup.h"
 #include "kiln/graph/program.h"
 #include "kiln/plan/arch_plan.h"
 
@@ -113,6 +114,10 @@ class Engine {
   // Evaluation of one batch; `valid` < batch marks the rest as padding (not counted).
   StepStats eval_batch(const float* images, const int32_t* labels, int64_t valid, bool ema = false);
   StepStats eval_batch(const InputView& input, int64_t valid, bool ema = false);
+  // The mixup / cutmix of the next training step (a program compiled with
+  // CompileOptions::mix): written with the step's learning rate, then back to unmixed, so a
+  // step without a set_mix() call trains on its batch as it is.
+  void set_mix(const MixDraw& draw);
   int64_t steps_done() const { return steps_; }
   void set_steps_done(int64_t steps) { steps_ = steps; }
 
@@ -145,6 +150,7 @@ class Engine {
   std::vector<float> pad_images_;
   std::vector<uint8_t> pad_u8_;
   std::vector<int32_t> pad_labels_;
+  MixDraw mix_;
 };
 
 // torchvision's initialisation: conv kaiming-normal (fan_out, ReLU), BatchNorm 1/0, fc as

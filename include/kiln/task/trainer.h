@@ -10,6 +10,7 @@
 
 #include "kiln/algo/lr_schedule.h"
 #include "kiln/core/switches.h"
+#include "kiln/data/mixup.h"
 #include "kiln/data/sample_geometry.h"
 #include "kiln/io/metrics.h"
 #include "kiln/task/engine.h"
@@ -77,6 +78,10 @@ struct TrainConfig {
   float clip_grad = 0.0f;
   float clip_grad_norm = 0.0f;        // global L2 norm cap of the gradients (0 = off)
   float label_smoothing = 0.0f;       // cross-entropy target smoothing in [0, 1)
+  // Mixup / CutMix of the training batches (kiln/data/mixup.h; both alphas 0 = off): alphas,
+  // the share of mixed steps and cutmix's share when both are on (torchvision's RandomChoice
+  // is 0.5). Evaluation is unmixed.
+  MixOptions mix;
   // Image folders' evaluation: the shorter side resized to this before the centre crop (0 = 8/7
   // of the input size, 256 for 224, as torchvision's reference).
   int64_t val_resize_size = 0;

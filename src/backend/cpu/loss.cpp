@@ -6,6 +6,9 @@
 // Label smoothing e (attrs.label_smoothing) and the row's terms: backend/formulas.h.
 // A label < 0 marks padding (the last partial batch of an evaluation): its row counts in
 // neither loss, hits nor gradient, and N above is the number V of valid rows.
+// With the mix input (mixup / cutmix, training): row n's target mixes its label with row
+// n - 1's (mod N) by the step's lambda (formula::ce_row_loss_mixed), and the hits count the
+// dominant label. A mix of kind 0 (an unmixed step) runs the plain rows.
 // Ranking (formula::ranks_before, as the CUDA kernel): the order of a stable descending sort,
 // where argmax picks the first maximum (torch.argmax's documented rule). A row with any NaN
 // or infinite logit is a miss at every k: NaN compares false, so ranking alone would count a
@@ -19,10 +22,11 @@
 
 namespace kiln::cpu {
 
-// "logits, labels (i32), loss_scale -> loss (f32), correct (i32 2: top1, top5), [dlogits]"
+// "logits, labels (i32), loss_scale, [mix] -> loss (f32), correct (i32 2: top1, top5), [dlogits]"
 KernelPtr make_softmax_ce(const Node& n, Context& ctx) {
   reject_accumulate(ctx, n);
   const TensorId z = need_in(n, 0, "logits"), labels = need_in(n, 1, "labels"), scale = in_at(n, 2);
+  const TensorId mix = in_at(n, 3);
   const TensorId loss = need_out(n, 0, "loss"), correct = need_out(n, 1, "correct"),
                  dz = out_at(n, 2);
   expect_dtype(ctx, n, z, DType::F32, "logits");
@@ -40,6 +44,11 @@ KernelPtr make_softmax_ce(const Node& n, Context& ctx) {
     expect_dtype(ctx, n, dz, DType::F32, "dlogits");
     expect_numel(ctx, n, dz, N * K, "dlogits");
   }
+  if (mix != kNoTensor) {
+    expect_dtype(ctx, n, mix, DType::F32, "mix");
+    expect_numel(ctx, n, mix, 8, "mix (mix_batch's step parameters)");
+  }
+  const float* mixp = mix != kNoTensor ? ctx.ptr<float>(mix) : nullptr;
   const float* zp = ctx.ptr<float>(z);
   const int32_t* lp = ctx.ptr<int32_t>(labels);
   float* lossp = ctx.ptr<float>(loss);
@@ -54,6 +63,11 @@ KernelPtr make_softmax_ce(const Node& n, Context& ctx) {
     int64_t valid = 0;
     for (int64_t b = 0; b < N; ++b) valid += lp[b] >= 0;
     const double grad_scale = read_scalar(c, scale, 1.0) / static_cast<double>(std::max<int64_t>(valid, 1));
+    const formula::MixStep m =
+        mixp ? formula::mix_step(mixp) : formula::MixStep{0, 1.0f, 0.0f, 0, 0, 0, 0};
+    KILN_CHECK(m.kind == 0 || (m.lambda >= 0.0f && m.lambda <= 1.0f), InvalidArgument,
+               "softmax_ce node '", label, "': the mix's lambda ", m.lambda, " is outside [0, 1]");
+    const double lambda = m.kind != 0 ? static_cast<double>(m.lambda) : 1.0;
     double total = 0.0;
     int32_t top1 = 0, top5 = 0;
     for (int64_t b = 0; b < N; ++b) {
@@ -80,16 +94,29 @@ KernelPtr make_softmax_ce(const Node& n, Context& ctx) {
       }
       const double lse = static_cast<double>(mx) + std::log(sum);
       const float zy = row[y];
-      total += formula::ce_row_loss(lse, zy, zsum, target);
+      // The partner's label (rows are full in training; a padded partner leaves the row pure).
+      int32_t yb = m.kind != 0 ? lp[(b + N - 1) % N] : y;
+      if (yb < 0) yb = y;
+      KILN_CHECK(yb < K, Data, "softmax_ce node '", label, "': label ", yb, " of sample ",
+                 (b + N - 1) % N, " is outside [0, ", K,
+                 "); check the dataset's class count against the model's");
+      const bool mixed = m.kind != 0;
+      total += mixed ? formula::ce_row_loss_mixed(lse, zy, row[yb], lambda, zsum, target)
+                     : formula::ce_row_loss(lse, zy, zsum, target);
+      const int32_t yd = lambda >= 0.5 ? y : yb;  // the dominant label, as timm counts accuracy
       int64_t rank = 0;
-      for (int64_t j = 0; j < K; ++j) rank += formula::ranks_before(row[j], j, zy, y);
+      for (int64_t j = 0; j < K; ++j) rank += formula::ranks_before(row[j], j, row[yd], yd);
       top1 += finite && rank < 1;
       top5 += finite && rank < 5;
       if (dzp) {
         float* d = dzp + b * K;
         const double inv = 1.0 / sum;
-        for (int64_t j = 0; j < K; ++j)
-          d[j] = formula::ce_grad(e[static_cast<size_t>(j)], inv, j == y, target, grad_scale);
+        for (int64_t j = 0; j < K; ++j) {
+          const double ej = e[static_cast<size_t>(j)];
+          d[j] = mixed ? formula::ce_grad_mixed(ej, inv, formula::mixed_weight(j, y, yb, lambda),
+                                                target, grad_scale)
+                       : formula::ce_grad(ej, inv, j == y, target, grad_scale);
+        }
       }
     }
     *lossp = static_cast<float>(total / static_cast<double>(std::max<int64_t>(valid, 1)));

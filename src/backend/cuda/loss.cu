@@ -5,7 +5,9 @@
 // fixed order (deterministic). Ranking: classes with a larger logit, plus equal logits with
 // a smaller index (a stable descending sort; argmax takes the first maximum). A row with a
 // NaN or infinite logit is a miss (as the CPU): NaN compares false and would rank first.
-// Label smoothing e and the row's terms: backend/formulas.h, as the CPU.
+// Label smoothing e and the row's terms: backend/formulas.h, as the CPU. With the mix input
+// (mixup / cutmix), row n's target mixes its label with row n - 1's (mod N) by the step's
+// lambda, read on the device, and the hits count the dominant label, as the CPU.
 // A label < 0 marks padding (ops.def): its row counts in neither loss, hits nor gradient,
 // and V is the number of valid rows. A label >= classes cannot be reported from the device,
 // so it poisons the step instead: its loss term and dlogits row are NaN, which the overflow
@@ -30,8 +32,9 @@ struct RowOut {
 };
 
 template <typename T>
-__global__ void softmax_ce_rows(const T* z, const int32_t* labels, int64_t N, int64_t K, DevScalar scale, T* dz,
-                                RowOut* rows, double eps) {
+__global__ void softmax_ce_rows(const T* z, const int32_t* labels, int64_t N, int64_t K,
+                                DevScalar scale, T* dz, RowOut* rows, double eps,
+                                const float* mix) {
   __shared__ union {
     typename FloatReduce::TempStorage f;
     typename DoubleReduce::TempStorage d;
@@ -43,6 +46,13 @@ __global__ void softmax_ce_rows(const T* z, const int32_t* labels, int64_t N, in
   const int64_t b = blockIdx.x;
   const T* row = z + b * K;
   const int32_t y = labels[b];
+  const formula::MixStep m =
+      mix ? formula::mix_step(mix) : formula::MixStep{0, 1.0f, 0.0f, 0, 0, 0, 0};
+  const bool mixed = m.kind != 0;
+  const double lambda = mixed ? static_cast<double>(m.lambda) : 1.0;
+  int32_t yb = mixed ? labels[(b + N - 1) % N] : y;  // the partner's label
+  if (yb < 0) yb = y;
+  const int32_t yd = lambda >= 0.5 ? y : yb;  // the dominant label, as timm counts accuracy
 
   // V, the number of valid rows: every block counts the labels (N is small).
   int v = 0;
@@ -58,7 +68,7 @@ __global__ void softmax_ce_rows(const T* z, const int32_t* labels, int64_t N, in
     if (threadIdx.x == 0) rows[b] = RowOut{0.0, 0, 0, 0};
     return;
   }
-  if (y >= K) {
+  if (y >= K || yb >= K) {
     if (dz) {
       for (int64_t j = threadIdx.x; j < K; j += kThreads) dz[b * K + j] = from_f<T>(NAN);
     }
@@ -75,14 +85,14 @@ __global__ void softmax_ce_rows(const T* z, const int32_t* labels, int64_t N, in
   __syncthreads();
   mx = s_max;
 
-  const float zy = to_f(row[y]);
+  const float zy = to_f(row[y]), zb = to_f(row[yb]), zd = to_f(row[yd]);
   double sum = 0.0, zsum = 0.0;
   int rank = 0, bad = 0;
   for (int64_t j = threadIdx.x; j < K; j += kThreads) {
     const float zj = to_f(row[j]);
     sum += exp(static_cast<double>(zj) - static_cast<double>(mx));
     zsum += static_cast<double>(zj);
-    rank += formula::ranks_before(zj, j, zy, y);
+    rank += formula::ranks_before(zj, j, zd, yd);
     bad += !isfinite(zj);
   }
   sum = DoubleReduce(tmp.d).Sum(sum);
@@ -105,13 +115,17 @@ __global__ void softmax_ce_rows(const T* z, const int32_t* labels, int64_t N, in
     const double inv = 1.0 / sum;
     for (int64_t j = threadIdx.x; j < K; j += kThreads) {
       const double e = exp(static_cast<double>(to_f(row[j])) - static_cast<double>(mx));
-      dz[b * K + j] = from_f<T>(formula::ce_grad(e, inv, j == y, target, grad_scale));
+      dz[b * K + j] =
+          from_f<T>(mixed ? formula::ce_grad_mixed(e, inv, formula::mixed_weight(j, y, yb, lambda),
+                                                   target, grad_scale)
+                          : formula::ce_grad(e, inv, j == y, target, grad_scale));
     }
   }
   if (threadIdx.x == 0) {
     const double lse = static_cast<double>(mx) + log(sum);
     const bool ok = s_bad == 0;
-    const double loss = formula::ce_row_loss(lse, zy, s_zsum, target);
+    const double loss = mixed ? formula::ce_row_loss_mixed(lse, zy, zb, lambda, s_zsum, target)
+                              : formula::ce_row_loss(lse, zy, s_zsum, target);
     rows[b] = RowOut{loss, 1, ok && s_rank < 1, ok && s_rank < 5};
   }
 }
@@ -145,10 +159,16 @@ __global__ void softmax_ce_finish(const RowOut* rows, int64_t N, float* loss, in
 
 }  // namespace
 
-// "logits, labels (i32), loss_scale -> loss (f32), correct (i32 2: top1, top5), [dlogits]"
+// "logits, labels (i32), loss_scale, [mix] -> loss (f32), correct (i32 2: top1, top5), [dlogits]"
 KernelPtr make_softmax_ce(const Node& n, Context& ctx, int stream) {
   reject_accumulate(ctx, n);
   const TensorId z = need_in(n, 0, "logits"), labels = need_in(n, 1, "labels"), scale = in_at(n, 2);
+  const TensorId mix = in_at(n, 3);
+  if (mix != kNoTensor) {
+    expect_dtype(ctx, n, mix, DType::F32, "mix");
+    expect_numel(ctx, n, mix, 8, "mix (mix_batch's step parameters)");
+  }
+  const float* mixp = mix != kNoTensor ? ctx.ptr<float>(mix) : nullptr;
   const TensorId loss = need_out(n, 0, "loss"), correct = need_out(n, 1, "correct"), dz = out_at(n, 2);
   const DType dt = expect_float(ctx, n, z, "logits");
   expect_rank(ctx, n, z, 2, "logits [N, classes]");
@@ -177,8 +197,8 @@ KernelPtr make_softmax_ce(const Node& n, Context& ctx, int stream) {
   KILN_DISPATCH_FLOAT(dt, T, {
     k = make_fn(stream, [=](Context& c, cudaStream_t s) {
       auto* rows = static_cast<RowOut*>(c.streams[static_cast<size_t>(stream)].workspace);
-      softmax_ce_rows<T><<<static_cast<unsigned>(N), kThreads, 0, s>>>(static_cast<const T*>(zp), lp, N, K, sc,
-                                                                      static_cast<T*>(dzp), rows, eps);
+      softmax_ce_rows<T><<<static_cast<unsigned>(N), kThreads, 0, s>>>(
+          static_cast<const T*>(zp), lp, N, K, sc, static_cast<T*>(dzp), rows, eps, mixp);
       KILN_LAUNCH_CHECK("softmax_ce rows");
       softmax_ce_finish<<<1, kThreads, 0, s>>>(rows, N, lossp, cp);
       KILN_LAUNCH_CHECK("softmax_ce finish");

@@ -16,8 +16,11 @@ void softmax_ce_forward(Context& c, const PlanNode& n, Forward& f, Pass& pass) {
   }
   Attrs a;
   a.label_smoothing = c.p.options.label_smoothing;  // evaluation too, as torchvision's criterion
-  pass.nodes.push_back(make_node(OpKind::softmax_ce, {x, c.labels, c.p.io.loss_scale}, outs, a,
-                                 pass.train ? "loss fwd+bwd" : "loss eval"));
+  std::vector<TensorId> ins{x, c.labels, c.p.io.loss_scale};
+  if (pass.train && c.p.io.mix != kNoTensor)
+    ins.push_back(c.p.io.mix);  // mixed labels; eval is unmixed
+  pass.nodes.push_back(
+      make_node(OpKind::softmax_ce, ins, outs, a, pass.train ? "loss fwd+bwd" : "loss eval"));
   if (pass.train) c.p.io.logits = x;
 }
 
