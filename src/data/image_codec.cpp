@@ -223,13 +223,15 @@ struct JpegWindowState {
   bool cmyk = false;  // left to the full decode
   bool too_large = false;
   bool size_mismatch = false;  // the geometry refers to another size
+  static constexpr int64_t kRowsPerCall = 16;  // libjpeg's largest row group
+  JSAMPROW rows_out[kRowsPerCall] = {};
 };
 
 // Reads the window of `want` (scaled coordinates, computed by `plan` once the scaled size is
 // known) and stops. Returns false with st.err.message set on failure.
 struct WindowPlan {
   const SampleGeometry* g;
-  bool dct_scaling, crop;
+  bool dct_scaling, crop, tight_margin, batch_rows;
   int64_t max_pixels;
   SampleGeometry scaled;  // g on the scaled image
 };
@@ -273,10 +275,11 @@ bool jpeg_decode_window(const uint8_t* bytes, size_t size, WindowPlan& plan, Jpe
   if (win.height <= 0 || win.width <= 0) win = {0, 0, 1, 1};  // nothing read: decode a pixel
   jpeg_start_decompress(&st.cinfo);
   st.raw_channels = st.cinfo.output_components;
-  // Fancy (smooth) chroma upsampling replicates the edge of a cropped region where the full
-  // decode sees the neighbouring column, so the crop keeps a margin of one iMCU (at most 16
-  // scaled pixels) beyond the window on each side: the window's own pixels stay exact.
-  const int64_t margin = plan.crop ? 16 : 0;
+  // Fancy (smooth) chroma upsampling replicates the edge chroma sample of a cropped region
+  // where the full decode sees the neighbouring one, which changes the region's outermost pixel
+  // column on each side only; a margin of 2 pixels keeps those out of the window (tight_margin
+  // off: one iMCU, 16 pixels, as before).
+  const int64_t margin = !plan.crop ? 0 : plan.tight_margin ? 2 : 16;
   const int64_t x0 = std::max<int64_t>(0, win.left - margin);
   const int64_t x1 = std::min<int64_t>(st.cinfo.output_width, win.left + win.width + margin);
   JDIMENSION xoff = static_cast<JDIMENSION>(x0), width = static_cast<JDIMENSION>(x1 - x0);
@@ -301,9 +304,14 @@ bool jpeg_decode_window(const uint8_t* bytes, size_t size, WindowPlan& plan, Jpe
   }
   st.top = st.cinfo.output_scanline;
   const int64_t bottom = win.top + win.height;
+  // Several rows a call: libjpeg upsamples a row group (2 rows for 4:2:0) at a time and, asked
+  // for one row, goes through a spare row buffer and a copy.
+  const int64_t per_call = plan.batch_rows ? JpegWindowState::kRowsPerCall : 1;
   while (static_cast<int64_t>(st.cinfo.output_scanline) < bottom) {
-    JSAMPROW row = st.raw->data() + stride * (st.cinfo.output_scanline - st.top);
-    jpeg_read_scanlines(&st.cinfo, &row, 1);
+    const int64_t at = st.cinfo.output_scanline;
+    const int64_t n = std::min(per_call, bottom - at);
+    for (int64_t i = 0; i < n; ++i) st.rows_out[i] = st.raw->data() + stride * (at + i - st.top);
+    jpeg_read_scanlines(&st.cinfo, st.rows_out, static_cast<JDIMENSION>(n));
   }
   st.rows = st.cinfo.output_scanline - st.top;
   if (st.cinfo.output_scanline < st.cinfo.output_height && !ends_with_eoi(bytes, size)) {
@@ -680,7 +688,7 @@ void decode_resampled(const uint8_t* bytes, size_t size, int64_t channels, const
   thread_local std::vector<uint8_t> raw;
   auto st = std::make_unique<JpegWindowState>();
   st->raw = &raw;
-  WindowPlan plan{&g, o.dct_scaling, o.crop, o.max_pixels, {}};
+  WindowPlan plan{&g, o.dct_scaling, o.crop, o.tight_margin, o.batch_rows, o.max_pixels, {}};
   const bool ok = jpeg_decode_window(bytes, size, plan, *st);
   KILN_CHECK(ok, Data, "'", what, "': corrupt JPEG (libjpeg: ", st->err.message, ")");
   KILN_CHECK(!st->too_large, Data, "'", what, "': JPEG of ", st->image_w, "x", st->image_h, kTooLarge,

@@ -216,6 +216,65 @@ TEST(DataCodecGeometry, BadInput) {
                ErrorKind::InvalidArgument, {"x.jpg", "100x256", "256x256"});
 }
 
+TEST(DataCodecGeometry, DecodeSwitchesKeepThePixels) {
+  // KILN_JPEG_TIGHT_MARGIN and KILN_JPEG_BATCH_ROWS, each off and on: the cropped decode gives
+  // the full decode's pixels bit for bit (the tight margin still covers the one column fancy
+  // upsampling changes at each edge of a cropped region).
+  for (const JpegCase& k : kCases) {
+    const Image img = photo(k.h, k.w, k.c, static_cast<uint64_t>(k.h * k.w + 1));
+    const auto jpg = encode_jpeg(img, 90, {k.progressive, k.sub});
+    auto gs = geometries(k.h, k.w, 8);
+    for (const SampleGeometry& g : geometries(k.h, k.w, 4, 64)) gs.push_back(g);
+    for (const SampleGeometry& g : gs) {
+      const auto want = decode(jpg, 3, g, false, false);
+      for (int m = 0; m < 4; ++m) {
+        std::vector<uint8_t> out(want.size());
+        ResampledDecodeOptions o;
+        o.dct_scaling = false;
+        o.tight_margin = m & 1;
+        o.batch_rows = m & 2;
+        decode_resampled(jpg.data(), jpg.size(), 3, g, out.data(), "test.jpg", o);
+        EXPECT_EQ(out, want) << k.h << "x" << k.w << "x" << k.c << ", switches " << m;
+      }
+    }
+  }
+}
+
+// FNV-1a over a batch of bytes.
+uint64_t checksum(const std::vector<uint8_t>& bytes) {
+  uint64_t h = 1469598103934665603ull;
+  for (uint8_t b : bytes) h = (h ^ b) * 1099511628211ull;
+  return h;
+}
+
+TEST(DataCodecGeometry, PinnedBatchChecksum) {
+  // A batch of ImageNet-like JPEGs (4:2:0, 4:2:2, 4:4:4, grey, progressive) through the uint8
+  // path at 224 with training and evaluation geometries, under every combination of the decode
+  // switches: the checksum of the bytes was taken with all of them off (the decode as it was
+  // before they existed), so any change to a sample's pixels shows here. The value holds for
+  // libjpeg-turbo, whose decoder's output does not depend on its SIMD level.
+  std::vector<uint8_t> batch;
+  for (int m = 0; m < 8; ++m) {
+    batch.clear();
+    for (const JpegCase& k : kCases) {
+      const Image img = photo(k.h, k.w, k.c, static_cast<uint64_t>(k.h + 3 * k.w));
+      const auto jpg = encode_jpeg(img, 90, {k.progressive, k.sub});
+      for (const SampleGeometry& g : geometries(k.h, k.w, 4)) {
+        std::vector<uint8_t> out(static_cast<size_t>(224 * 224 * 3));
+        ResampledDecodeOptions o;
+        o.crop = m & 1;
+        o.tight_margin = m & 2;
+        o.batch_rows = m & 4;
+        decode_resampled(jpg.data(), jpg.size(), 3, g, out.data(), "test.jpg", o);
+        batch.insert(batch.end(), out.begin(), out.end());
+      }
+    }
+    std::printf("  switches %d: checksum %016llx\n", m,
+                static_cast<unsigned long long>(checksum(batch)));
+    EXPECT_EQ(checksum(batch), 0xafb27ee91cc33ed3ull) << "switches " << m;
+  }
+}
+
 TEST(DataCodecGeometry, ReadImageInfo) {
   const Image colour = photo(37, 53, 3, 5), grey = photo(20, 30, 1, 6);
   const auto base = encode_jpeg(colour, 90);

@@ -67,6 +67,8 @@ int bench_folder(const Flags& f, const std::string& model, const BluePrint& bp, 
   lo.workers = static_cast<int>(f.i64("workers", default_loader_workers()));
   lo.decode.resample =
       eo.switches.resample_vertical_first ? ResampleOrder::vertical_first : ResampleOrder::horizontal_first;
+  lo.decode.tight_margin = eo.switches.jpeg_tight_margin;
+  lo.decode.batch_rows = eo.switches.jpeg_batch_rows;
   lo.output = device_jpeg && where != DecodeWhere::cpu ? LoaderOutput::encoded : LoaderOutput::uint8;
   // --no-input-u8: the float32 path (full decode, float transforms, float copy), for comparison.
   if (!f.on("input-u8", true)) {

@@ -64,6 +64,8 @@ ImageInfo read_image_info(const uint8_t* bytes, size_t size, const std::string& 
 struct ResampledDecodeOptions {
   bool dct_scaling = true;
   bool crop = true;
+  bool tight_margin = true;  // KILN_JPEG_TIGHT_MARGIN
+  bool batch_rows = true;    // KILN_JPEG_BATCH_ROWS
   int64_t max_pixels = kMaxDecodePixels;
   ResampleOrder resample = ResampleOrder::vertical_first;  // KILN_RESAMPLE_VERTICAL_FIRST
 };
