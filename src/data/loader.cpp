@@ -381,6 +381,22 @@ int64_t Loader::next_u8(uint8_t* images, int32_t* labels) {
   return n;
 }
 
+int64_t Loader::next_u8(std::vector<uint8_t>& images, int32_t* labels) {
+  KILN_CHECK(labels != nullptr, InvalidArgument, "Loader::next_u8 needs a label buffer, got null");
+  Slot* slot = wait_batch("next_u8", LoaderOutput::uint8);
+  if (!slot) return 0;
+  const int64_t n = batch_samples(slot->batch);
+  images.resize(slot->pixels.size());  // the slot gets back a buffer of its own size
+  if (options_.swap_u8) {
+    images.swap(slot->pixels);
+  } else {
+    std::memcpy(images.data(), slot->pixels.data(), static_cast<size_t>(n * sample_floats()));
+  }
+  std::memcpy(labels, slot->labels.data(), static_cast<size_t>(n) * sizeof(int32_t));
+  release_batch();
+  return n;
+}
+
 int64_t Loader::next_encoded(EncodedBatch& out) {
   Slot* slot = wait_batch("next_encoded", LoaderOutput::encoded);
   if (!slot) return 0;

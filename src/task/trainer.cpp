@@ -243,7 +243,7 @@ class InputBuffers {
   }
   int64_t next(Loader& l) {
     if (l.output() == LoaderOutput::float32) return l.next(f32_.data(), labels_.data());
-    if (l.output() == LoaderOutput::uint8) return l.next_u8(u8_.data(), labels_.data());
+    if (l.output() == LoaderOutput::uint8) return l.next_u8(u8_, labels_.data());
     cur_ ^= 1;
     return l.next_encoded(enc_[cur_]);
   }
@@ -348,6 +348,7 @@ RunSetup setup_run(const TrainConfig& c, bool training) {
       c.switches.resample_vertical_first ? ResampleOrder::vertical_first : ResampleOrder::horizontal_first;
   lo.decode.tight_margin = c.switches.jpeg_tight_margin;
   lo.decode.batch_rows = c.switches.jpeg_batch_rows;
+  lo.swap_u8 = c.switches.loader_swap;
   const Pipeline train_p = input_pipeline(c, true, size, probe.input.channels);
   const Pipeline test_p = input_pipeline(c, false, size, probe.input.channels);
   LoaderOptions eo = lo;

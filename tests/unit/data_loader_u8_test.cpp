@@ -82,6 +82,24 @@ Batches run_u8(Loader& loader, int64_t epoch) {
   return b;
 }
 
+// The same through next_u8's hand-over form, one buffer reused across batches as the
+// trainer's (swapped with the loader's where LoaderOptions::swap_u8).
+Batches run_u8_handover(Loader& loader, int64_t epoch) {
+  loader.start_epoch(epoch);
+  const auto hwc = loader.sample_hwc();
+  const int64_t per = hwc[0] * hwc[1] * hwc[2];
+  Batches b;
+  std::vector<uint8_t> px;
+  std::vector<int32_t> lb(64);
+  for (;;) {
+    const int64_t n = loader.next_u8(px, lb.data());
+    if (n == 0) break;
+    b.pixels.emplace_back(px.begin(), px.begin() + n * per);
+    b.labels.emplace_back(lb.begin(), lb.begin() + n);
+  }
+  return b;
+}
+
 std::vector<EncodedBatch> run_encoded(Loader& loader, int64_t epoch) {
   loader.start_epoch(epoch);
   std::vector<EncodedBatch> out;
@@ -220,6 +238,31 @@ TEST(DataLoaderU8, SameBatchesForAnyWorkerCount) {
   // The encoded batches carry the uint8 path's labels.
   for (size_t i = 0; i < u8[0].labels.size(); ++i) {
     EXPECT_EQ(std::vector<int32_t>(enc[0][i].labels.begin(), enc[0][i].labels.begin() + 5), u8[0].labels[i]);
+  }
+}
+
+// KILN_LOADER_SWAP off and on: the batches handed over are the batches copied out, over two
+// epochs (buffers go round the loader's slots).
+TEST(DataLoaderU8, HandingBatchesOverEqualsCopyingThem) {
+  TempDir dir;
+  write_folder(dir.path(), 13, {});
+  LoaderOptions o;
+  o.batch_size = 4;
+  o.seed = 5;
+  o.workers = 2;
+  o.drop_last = false;
+  o.output = LoaderOutput::uint8;
+  Loader copied(open_folder(dir.path()), crop_pipeline(), o);
+  const Batches want[2] = {run_u8(copied, 0), run_u8(copied, 1)};
+  ASSERT_GE(want[0].labels.size(), 3u);
+  for (bool swap : {false, true}) {
+    o.swap_u8 = swap;
+    Loader l(open_folder(dir.path()), crop_pipeline(), o);
+    for (int64_t epoch : {0, 1}) {
+      const Batches got = run_u8_handover(l, epoch);
+      EXPECT_EQ(got.labels, want[epoch].labels) << "swap " << swap << ", epoch " << epoch;
+      EXPECT_EQ(got.pixels, want[epoch].pixels) << "swap " << swap << ", epoch " << epoch;
+    }
   }
 }
 

@@ -69,6 +69,7 @@ int bench_folder(const Flags& f, const std::string& model, const BluePrint& bp, 
       eo.switches.resample_vertical_first ? ResampleOrder::vertical_first : ResampleOrder::horizontal_first;
   lo.decode.tight_margin = eo.switches.jpeg_tight_margin;
   lo.decode.batch_rows = eo.switches.jpeg_batch_rows;
+  lo.swap_u8 = eo.switches.loader_swap;
   lo.output = device_jpeg && where != DecodeWhere::cpu ? LoaderOutput::encoded : LoaderOutput::uint8;
   // --no-input-u8: the float32 path (full decode, float transforms, float copy), for comparison.
   if (!f.on("input-u8", true)) {
@@ -101,7 +102,7 @@ int bench_folder(const Flags& f, const std::string& model, const BluePrint& bp, 
     const auto t_next = Clock::now();
     for (;;) {
       const int64_t got = lo.output == LoaderOutput::encoded ? loader.next_encoded(enc[slot])
-                          : lo.output == LoaderOutput::uint8 ? loader.next_u8(pixels.data(), labels.data())
+                          : lo.output == LoaderOutput::uint8 ? loader.next_u8(pixels, labels.data())
                                                              : loader.next(floats.data(), labels.data());
       if (got == n) break;
       loader.start_epoch(++epoch);  // drop_last: 0 means the epoch ended

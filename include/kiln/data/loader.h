@@ -67,6 +67,9 @@ struct LoaderOptions {
   // uint8 and encoded: how image files are decoded on the host (tests turn the DCT scaling
   // off to compare with the float path's full decode).
   ResampledDecodeOptions decode;
+  // uint8: next_u8(vector&, ...) takes the finished batch's buffer and leaves its own in the
+  // loader, instead of copying the batch out (KILN_LOADER_SWAP).
+  bool swap_u8 = true;
 };
 
 // The machine's cores (std::thread::hardware_concurrency, at least 1): --workers' default.
@@ -89,6 +92,9 @@ class Loader {
   int64_t next(float* images, int32_t* labels);
   // The same in uint8 mode: batch_size*H*W*C bytes.
   int64_t next_u8(uint8_t* images, int32_t* labels);
+  // The same, the batch handed over in `images` (resized to batch_size*H*W*C bytes): a swap
+  // of buffers with the loader where options.swap_u8, else a copy.
+  int64_t next_u8(std::vector<uint8_t>& images, int32_t* labels);
   // The same in encoded mode: fills `batch` (its vectors are reused across calls) with the
   // next batch's samples; batch.host_decode stays valid until the next call.
   int64_t next_encoded(EncodedBatch& batch);
