@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs and stages what kiln's build needs. Safe to run again: it does only what is missing.
 #  - Debian packages (when apt-get is there and we are root): oneDNN 2.6, zlib, libjpeg-turbo,
-#    libpng, yaml-cpp, GoogleTest, OpenMPI, clang (fuzzers), Fashion-MNIST.
+#    libpng, yaml-cpp, GoogleTest, OpenMPI, clang (fuzzers), clang-format, Fashion-MNIST.
 #  - .deps/ (git-ignored), so that a machine without those packages (the GPU machine, which
 #    cannot install anything) builds from the same files when `.deps` is carried there:
 #    oneDNN's headers and library, GoogleTest's sources, the pinned cuDNN frontend headers,
@@ -16,7 +16,7 @@ mkdir -p "$DEPS"
 
 need_pkgs=()
 want=(libdnnl-dev zlib1g-dev libjpeg62-turbo-dev libpng-dev libyaml-cpp-dev libgtest-dev
-      libopenmpi-dev openmpi-bin clang libclang-rt-14-dev dataset-fashion-mnist ninja-build cmake g++)
+      libopenmpi-dev openmpi-bin clang libclang-rt-14-dev clang-format dataset-fashion-mnist ninja-build cmake g++)
 if command -v apt-get >/dev/null 2>&1 && command -v dpkg >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
   for p in "${want[@]}"; do
     dpkg -s "$p" >/dev/null 2>&1 || need_pkgs+=("$p")
