@@ -290,7 +290,8 @@ struct Buffers {
 
 struct Best {
   float ms = -1;  // -1: no engine ran
-  float first_ms = -1;  // the first engine that ran: cuDNN's heuristic choice, what kiln takes untuned
+  float first_ms =
+      -1;  // the first engine that ran: cuDNN's heuristic choice, what kiln takes untuned
   std::string engine, why;
   int tried = 0;
 };

@@ -3,6 +3,8 @@
 // float32, or uint8 normalised with the engine's mean/std. A CUDA tensor is copied device to
 // device into the step's input (Backend::stage_batch_device) after the stream its producer wrote
 // it on. The GIL is released while a step runs.
+#include "kiln/task/engine.h"
+
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
@@ -21,7 +23,6 @@
 #include "kiln/graph/memory_plan.h"
 #include "kiln/plan/arch_plan.h"
 #include "kiln/task/checkpoint.h"
-#include "kiln/task/engine.h"
 
 namespace kiln::py {
 
@@ -71,30 +72,35 @@ PyStats to_py(const StepStats& s, int64_t count) {
 std::string dims_str(const Array& a, bool strides) {
   std::ostringstream os;
   os << "[";
-  for (size_t i = 0; i < a.ndim(); ++i) os << (i ? ", " : "") << (strides ? a.stride(i) : static_cast<int64_t>(a.shape(i)));
+  for (size_t i = 0; i < a.ndim(); ++i)
+    os << (i ? ", " : "") << (strides ? a.stride(i) : static_cast<int64_t>(a.shape(i)));
   os << "]";
   return os.str();
 }
 
 std::string dtype_str(const nb::dlpack::dtype& d) {
   const char* kind = d.code == static_cast<uint8_t>(nb::dlpack::dtype_code::Float)  ? "float"
-                     : d.code == static_cast<uint8_t>(nb::dlpack::dtype_code::Int) ? "int"
+                     : d.code == static_cast<uint8_t>(nb::dlpack::dtype_code::Int)  ? "int"
                      : d.code == static_cast<uint8_t>(nb::dlpack::dtype_code::UInt) ? "uint"
                      : d.code == static_cast<uint8_t>(nb::dlpack::dtype_code::Bool) ? "bool"
-                                                                                      : "other";
+                                                                                    : "other";
   return std::string(kind) + std::to_string(d.bits);
 }
 
 class PyEngine {
  public:
-  PyEngine(const BluePrint& model, EngineOptions o, bool compile_now, uint64_t seed, std::vector<float> mean,
-           std::vector<float> std_)
-      : engine_(std::make_unique<Engine>(model, std::move(o))), h_(model.input.height), w_(model.input.width),
-        c_(model.input.channels), classes_(model.num_classes) {
+  PyEngine(const BluePrint& model, EngineOptions o, bool compile_now, uint64_t seed,
+           std::vector<float> mean, std::vector<float> std_)
+      : engine_(std::make_unique<Engine>(model, std::move(o))),
+        h_(model.input.height),
+        w_(model.input.width),
+        c_(model.input.channels),
+        classes_(model.num_classes) {
     norm_.mean = std::move(mean);
     norm_.std = std::move(std_);
-    KILN_CHECK(norm_.mean.size() == norm_.std.size(), InvalidArgument, "mean has ", norm_.mean.size(),
-               " values but std has ", norm_.std.size(), "; give one of each per channel (", c_, ")");
+    KILN_CHECK(norm_.mean.size() == norm_.std.size(), InvalidArgument, "mean has ",
+               norm_.mean.size(), " values but std has ", norm_.std.size(),
+               "; give one of each per channel (", c_, ")");
     KILN_CHECK(norm_.mean.empty() || norm_.mean.size() == static_cast<size_t>(c_), InvalidArgument,
                "mean/std need one value per input channel (", c_, "), got ", norm_.mean.size());
     if (compile_now) {
@@ -136,7 +142,8 @@ class PyEngine {
       const std::lock_guard<std::mutex> one_step(step_mutex_);
       // An unread step older than the device keeps slots for is read now.
       while (!pending_.empty() &&
-             (pending_.front()->values || static_cast<int64_t>(pending_.size()) >= Engine::kDeferredSteps)) {
+             (pending_.front()->values ||
+              static_cast<int64_t>(pending_.size()) >= Engine::kDeferredSteps)) {
         settle_locked(*pending_.front());
         pending_.pop_front();
       }
@@ -241,23 +248,26 @@ class PyEngine {
     const Array& labels = label_in.a;
     const int64_t n = batch();
     std::ostringstream want;
-    want << "[" << n << ", " << h_ << ", " << w_ << ", " << c_ << "] (NHWC), or [" << n << ", " << c_ << ", " << h_
-         << ", " << w_ << "] in channels_last memory";
+    want << "[" << n << ", " << h_ << ", " << w_ << ", " << c_ << "] (NHWC), or [" << n << ", "
+         << c_ << ", " << h_ << ", " << w_ << "] in channels_last memory";
     const bool device = on_cuda(images);
     KILN_CHECK(device || images.device_type() == nb::device::cpu::value, InvalidArgument, what,
                ": images are in DLPack device type ", images.device_type(),
                " memory; kiln takes host (CPU) or CUDA memory: pass tensor.cpu()");
     const bool is_f32 = images.dtype() == nb::dtype<float>();
     const bool is_u8 = images.dtype() == nb::dtype<uint8_t>();
-    KILN_CHECK(is_f32 || is_u8, InvalidArgument, what, ": images must be float32 (or uint8 with the engine's mean/std), got ",
+    KILN_CHECK(is_f32 || is_u8, InvalidArgument, what,
+               ": images must be float32 (or uint8 with the engine's mean/std), got ",
                dtype_str(images.dtype()));
     KILN_CHECK(!is_u8 || !norm_.mean.empty(), InvalidArgument, what,
-               ": uint8 images need the normalisation: kiln.Engine(..., mean=[...], std=[...]) (0..1 units, per channel)");
-    KILN_CHECK(images.ndim() == 4, InvalidArgument, what, ": images must be ", want.str(), ", got shape ",
-               dims_str(images, false));
+               ": uint8 images need the normalisation: kiln.Engine(..., mean=[...], std=[...]) "
+               "(0..1 units, per channel)");
+    KILN_CHECK(images.ndim() == 4, InvalidArgument, what, ": images must be ", want.str(),
+               ", got shape ", dims_str(images, false));
     const int64_t count = static_cast<int64_t>(images.shape(0));
-    KILN_CHECK(count == n || (partial_ok && count > 0 && count < n), InvalidArgument, what, ": the step was compiled for a batch of ", n,
-               partial_ok ? " (or fewer)" : "", ", got ", count, " images (shape ", dims_str(images, false), ")");
+    KILN_CHECK(count == n || (partial_ok && count > 0 && count < n), InvalidArgument, what,
+               ": the step was compiled for a batch of ", n, partial_ok ? " (or fewer)" : "",
+               ", got ", count, " images (shape ", dims_str(images, false), ")");
     // Element strides of N, H, W, C in NHWC memory; a dimension of size 1 may have any stride.
     const int64_t nhwc[4] = {h_ * w_ * c_, w_ * c_, c_, 1};
     auto matches = [&](const int order[4]) {  // order: the array's axis holding N, H, W, C
@@ -269,9 +279,11 @@ class PyEngine {
       return true;
     };
     static const int kNHWC[4] = {0, 1, 2, 3}, kNCHW[4] = {0, 2, 3, 1};
-    KILN_CHECK(matches(kNHWC) || matches(kNCHW), InvalidArgument, what, ": images must be ", want.str(),
-               ", dense; got shape ", dims_str(images, false), " with element strides ", dims_str(images, true),
-               " (np.ascontiguousarray, or tensor.contiguous(memory_format=torch.channels_last), makes a copy that fits)");
+    KILN_CHECK(matches(kNHWC) || matches(kNCHW), InvalidArgument, what, ": images must be ",
+               want.str(), ", dense; got shape ", dims_str(images, false), " with element strides ",
+               dims_str(images, true),
+               " (np.ascontiguousarray, or tensor.contiguous(memory_format=torch.channels_last), "
+               "makes a copy that fits)");
     Batch b;
     b.count = count;
     if (device) {
@@ -281,8 +293,10 @@ class PyEngine {
     KILN_CHECK(
         !on_cuda(labels), InvalidArgument, what,
         ": the labels are in CUDA memory but the images on the host; pass both on one device");
-    if (is_f32) b.f32 = static_cast<const float*>(images.data());
-    else b.u8 = static_cast<const uint8_t*>(images.data());
+    if (is_f32)
+      b.f32 = static_cast<const float*>(images.data());
+    else
+      b.u8 = static_cast<const uint8_t*>(images.data());
     b.labels = labels_of(labels, count, what);
     return b;
   }
@@ -326,18 +340,20 @@ class PyEngine {
   std::vector<int32_t> labels_of(const Array& labels, int64_t count, const char* what) const {
     KILN_CHECK(labels.device_type() == nb::device::cpu::value, InvalidArgument, what,
                ": labels are on a device; pass labels.cpu()");
-    KILN_CHECK(labels.ndim() == 1 && static_cast<int64_t>(labels.shape(0)) == count, InvalidArgument, what,
-               ": labels must be one-dimensional with one label per image (", count, "), got shape ",
-               dims_str(labels, false));
-    const bool i32 = labels.dtype() == nb::dtype<int32_t>(), i64 = labels.dtype() == nb::dtype<int64_t>();
-    KILN_CHECK(i32 || i64, InvalidArgument, what, ": labels must be int32 or int64, got ", dtype_str(labels.dtype()));
+    KILN_CHECK(labels.ndim() == 1 && static_cast<int64_t>(labels.shape(0)) == count,
+               InvalidArgument, what, ": labels must be one-dimensional with one label per image (",
+               count, "), got shape ", dims_str(labels, false));
+    const bool i32 = labels.dtype() == nb::dtype<int32_t>(),
+               i64 = labels.dtype() == nb::dtype<int64_t>();
+    KILN_CHECK(i32 || i64, InvalidArgument, what, ": labels must be int32 or int64, got ",
+               dtype_str(labels.dtype()));
     std::vector<int32_t> out(static_cast<size_t>(count));
     const int64_t step = labels.stride(0);
     for (int64_t i = 0; i < count; ++i) {
       const int64_t v = i32 ? static_cast<const int32_t*>(labels.data())[i * step]
                             : static_cast<const int64_t*>(labels.data())[i * step];
-      KILN_CHECK(v >= 0 && v < classes_, InvalidArgument, what, ": label ", v, " at index ", i, " is outside 0..",
-                 classes_ - 1);
+      KILN_CHECK(v >= 0 && v < classes_, InvalidArgument, what, ": label ", v, " at index ", i,
+                 " is outside 0..", classes_ - 1);
       out[static_cast<size_t>(i)] = static_cast<int32_t>(v);
     }
     return out;
@@ -360,8 +376,9 @@ nb::object to_numpy(StTensor&& t) {
   auto* bytes = new std::vector<uint8_t>(std::move(t.data));
   nb::capsule owner(bytes, [](void* p) noexcept { delete static_cast<std::vector<uint8_t>*>(p); });
   std::vector<size_t> shape(t.shape.begin(), t.shape.end());
-  nb::dlpack::dtype dt = t.dtype == DType::I64 ? nb::dtype<int64_t>()
-                         : t.dtype == DType::I32 ? nb::dtype<int32_t>() : nb::dtype<float>();
+  nb::dlpack::dtype dt = t.dtype == DType::I64   ? nb::dtype<int64_t>()
+                         : t.dtype == DType::I32 ? nb::dtype<int32_t>()
+                                                 : nb::dtype<float>();
   KILN_CHECK(t.dtype == DType::F32 || t.dtype == DType::I64 || t.dtype == DType::I32, Internal,
              "state_dict: unexpected dtype ", dtype_name(t.dtype));
   nb::ndarray<nb::numpy> a(bytes->data(), shape.size(), shape.data(), owner, nullptr, dt);
@@ -395,7 +412,8 @@ struct Slot {
 std::vector<Slot> optimizer_slots(const Program& p) {
   std::vector<Slot> s;
   const bool adamw = p.options.optimizer == "adamw";
-  if (!p.params.empty() && p.params.front().tensor[static_cast<size_t>(Region::moment1)] != kNoTensor) {
+  if (!p.params.empty() &&
+      p.params.front().tensor[static_cast<size_t>(Region::moment1)] != kNoTensor) {
     s.push_back({adamw ? "exp_avg" : "momentum_buffer", Region::moment1});
   }
   if (adamw) s.push_back({"exp_avg_sq", Region::moment2});
@@ -416,7 +434,8 @@ nb::dict optimizer_state_dict(PyEngine& e) {
   nb::dict state;
   for (const ParamDesc& d : p.params) {
     nb::dict s;
-    for (const Slot& slot : optimizer_slots(p)) s[slot.name] = torch_array(d, en.read_param(d.name, slot.region));
+    for (const Slot& slot : optimizer_slots(p))
+      s[slot.name] = torch_array(d, en.read_param(d.name, slot.region));
     if (adamw) s["step"] = applied;
     if (nb::len(s) > 0) state[nb::str(d.name.c_str())] = s;
   }
@@ -443,13 +462,17 @@ void load_optimizer_state_dict(PyEngine& e, nb::dict sd, bool strict) {
     const std::string key = nb::cast<std::string>(k);
     if (key != "optimizer" && key != "step" && key != "state") unexpected.push_back(key);
   }
-  KILN_CHECK(sd.contains("optimizer") && sd.contains("step") && sd.contains("state"), InvalidArgument, what,
-             ": the dict needs 'optimizer', 'step' and 'state' (as optimizer_state_dict() gives them)");
+  KILN_CHECK(
+      sd.contains("optimizer") && sd.contains("step") && sd.contains("state"), InvalidArgument,
+      what,
+      ": the dict needs 'optimizer', 'step' and 'state' (as optimizer_state_dict() gives them)");
   const std::string opt = nb::cast<std::string>(sd["optimizer"]);
-  KILN_CHECK(opt == p.options.optimizer, InvalidArgument, what, ": the state is of optimizer '", opt,
-             "' but the engine's is '", p.options.optimizer, "'; build the Engine with optimizer='", opt, "'");
+  KILN_CHECK(opt == p.options.optimizer, InvalidArgument, what, ": the state is of optimizer '",
+             opt, "' but the engine's is '", p.options.optimizer,
+             "'; build the Engine with optimizer='", opt, "'");
   const int64_t step = nb::cast<int64_t>(sd["step"]);
-  KILN_CHECK(step >= 0, InvalidArgument, what, ": 'step' is ", step, "; it counts steps taken, >= 0");
+  KILN_CHECK(step >= 0, InvalidArgument, what, ": 'step' is ", step,
+             "; it counts steps taken, >= 0");
   nb::dict state = nb::cast<nb::dict>(sd["state"]);
   const std::vector<Slot> slots = optimizer_slots(p);
   const bool adamw = opt == "adamw";
@@ -466,8 +489,8 @@ void load_optimizer_state_dict(PyEngine& e, nb::dict sd, bool strict) {
   }
   for (const ParamDesc& d : p.params) {
     if (slots.empty()) break;
-    KILN_CHECK(state.contains(d.name.c_str()), InvalidArgument, what, ": the state of parameter '", d.name,
-               "' is missing");
+    KILN_CHECK(state.contains(d.name.c_str()), InvalidArgument, what, ": the state of parameter '",
+               d.name, "' is missing");
     nb::dict s = nb::cast<nb::dict>(state[d.name.c_str()]);
     for (auto [k, v] : s) {
       const std::string key = nb::cast<std::string>(k);
@@ -476,27 +499,31 @@ void load_optimizer_state_dict(PyEngine& e, nb::dict sd, bool strict) {
       if (!known) unexpected.push_back("state['" + d.name + "']['" + key + "']");
     }
     for (const Slot& slot : slots) {
-      KILN_CHECK(s.contains(slot.name), InvalidArgument, what, ": state['", d.name, "'] lacks '", slot.name, "'");
+      KILN_CHECK(s.contains(slot.name), InvalidArgument, what, ": state['", d.name, "'] lacks '",
+                 slot.name, "'");
       auto a = nb::cast<nb::ndarray<nb::ro, float, nb::c_contig, nb::device::cpu>>(s[slot.name]);
       std::vector<int64_t> shape;
       for (size_t i = 0; i < a.ndim(); ++i) shape.push_back(static_cast<int64_t>(a.shape(i)));
-      KILN_CHECK(shape == d.torch_shape.dims, InvalidArgument, what, ": state['", d.name, "']['", slot.name,
-                 "'] has shape ", Shape(shape).str(), " but the parameter's is ", d.torch_shape.str());
+      KILN_CHECK(shape == d.torch_shape.dims, InvalidArgument, what, ": state['", d.name, "']['",
+                 slot.name, "'] has shape ", Shape(shape).str(), " but the parameter's is ",
+                 d.torch_shape.str());
       std::vector<float> torch_values(a.data(), a.data() + a.size());
       writes.push_back({&d, slot.region, from_torch_layout(d, torch_values)});
     }
     if (adamw) {
       KILN_CHECK(s.contains("step"), InvalidArgument, what, ": state['", d.name, "'] lacks 'step'");
       const int64_t t = nb::cast<int64_t>(s["step"]);
-      KILN_CHECK(applied < 0 || t == applied, InvalidArgument, what, ": state['", d.name, "']['step'] is ", t,
-                 " but another parameter's is ", applied, "; kiln keeps one AdamW step count for all");
+      KILN_CHECK(applied < 0 || t == applied, InvalidArgument, what, ": state['", d.name,
+                 "']['step'] is ", t, " but another parameter's is ", applied,
+                 "; kiln keeps one AdamW step count for all");
       KILN_CHECK(t >= 0 && t <= step && t <= INT32_MAX, InvalidArgument, what, ": state['", d.name,
                  "']['step'] is ", t, ", outside [0, step ", step, "]");
       applied = t;
     }
   }
   KILN_CHECK(!strict || unexpected.empty(), InvalidArgument, what, ": ", unexpected.size(),
-             " entr(y/ies) the engine's optimizer does not have: ", quoted(unexpected), " (strict=False ignores them)");
+             " entr(y/ies) the engine's optimizer does not have: ", quoted(unexpected),
+             " (strict=False ignores them)");
   for (const Write& w : writes) en.write_param(w.d->name, w.values, w.region);
   if (adamw) {
     const auto t = static_cast<int32_t>(applied < 0 ? 0 : applied);
@@ -511,8 +538,10 @@ void load_state_dict(PyEngine& e, nb::dict sd, bool strict, bool ema) {
   std::vector<std::string> unexpected;
   const Program& p = e.engine().program();
   auto known = [&](const std::string& n) {
-    for (const ParamDesc& d : p.params) if (d.name == n) return true;
-    for (const BufferDesc& b : p.buffers) if (b.name == n) return true;
+    for (const ParamDesc& d : p.params)
+      if (d.name == n) return true;
+    for (const BufferDesc& b : p.buffers)
+      if (b.name == n) return true;
     return n.size() > 20 && n.compare(n.size() - 20, 20, ".num_batches_tracked") == 0;
   };
   for (auto [k, v] : sd) {
@@ -521,7 +550,8 @@ void load_state_dict(PyEngine& e, nb::dict sd, bool strict, bool ema) {
       unexpected.push_back(name);
       continue;
     }
-    if (name.size() > 20 && name.compare(name.size() - 20, 20, ".num_batches_tracked") == 0) continue;
+    if (name.size() > 20 && name.compare(name.size() - 20, 20, ".num_batches_tracked") == 0)
+      continue;
     auto a = nb::cast<nb::ndarray<nb::ro, float, nb::c_contig, nb::device::cpu>>(v);
     StTensor t;
     t.dtype = DType::F32;
@@ -531,8 +561,9 @@ void load_state_dict(PyEngine& e, nb::dict sd, bool strict, bool ema) {
     f.tensors[name] = std::move(t);
   }
   if (strict && !unexpected.empty()) {
-    KILN_FAIL(InvalidArgument, "load_state_dict: ", unexpected.size(), " tensor(s) the model does not have: ",
-              quoted(unexpected), " (strict=False ignores them)");
+    KILN_FAIL(InvalidArgument, "load_state_dict: ", unexpected.size(),
+              " tensor(s) the model does not have: ", quoted(unexpected),
+              " (strict=False ignores them)");
   }
   if (ema) {
     import_ema_state_dict(e.engine(), f, "state_dict (ema)");
@@ -544,22 +575,33 @@ void load_state_dict(PyEngine& e, nb::dict sd, bool strict, bool ema) {
 }  // namespace
 
 void bind_engine(nb::module_& m) {
-  nb::class_<PyStepStats>(m, "StepStats",
-                          "What a step gives back: loss, top-1/top-5 (fractions of the batch), overflow. "
-                          "A training step's values are read from the device when first asked for, so a "
-                          "loop that does not read them every step runs ahead of the GPU.")
-      .def_prop_ro("loss", [](const PyStepStats& s) { return s.get().loss; }, "mean cross-entropy of the batch")
-      .def_prop_ro("top1", [](const PyStepStats& s) { return s.get().top1; },
-                   "fraction of the batch whose label is the top class")
-      .def_prop_ro("top5", [](const PyStepStats& s) { return s.get().top5; },
-                   "fraction of the batch whose label is among the top five")
-      .def_prop_ro("correct1", [](const PyStepStats& s) { return s.get().correct1; }, "top-1 hits")
-      .def_prop_ro("correct5", [](const PyStepStats& s) { return s.get().correct5; }, "top-5 hits")
-      .def_prop_ro("count", [](const PyStepStats& s) { return s.cell->count; }, "labelled samples in the batch")
-      .def_prop_ro("overflowed", [](const PyStepStats& s) { return s.get().overflowed; },
-                   "AMP: the gradients overflowed and the step was skipped")
-      .def_prop_ro("loss_scale", [](const PyStepStats& s) { return s.get().loss_scale; },
-                   "AMP's loss scale after the step")
+  nb::class_<PyStepStats>(
+      m, "StepStats",
+      "What a step gives back: loss, top-1/top-5 (fractions of the batch), overflow. "
+      "A training step's values are read from the device when first asked for, so a "
+      "loop that does not read them every step runs ahead of the GPU.")
+      .def_prop_ro(
+          "loss", [](const PyStepStats& s) { return s.get().loss; },
+          "mean cross-entropy of the batch")
+      .def_prop_ro(
+          "top1", [](const PyStepStats& s) { return s.get().top1; },
+          "fraction of the batch whose label is the top class")
+      .def_prop_ro(
+          "top5", [](const PyStepStats& s) { return s.get().top5; },
+          "fraction of the batch whose label is among the top five")
+      .def_prop_ro(
+          "correct1", [](const PyStepStats& s) { return s.get().correct1; }, "top-1 hits")
+      .def_prop_ro(
+          "correct5", [](const PyStepStats& s) { return s.get().correct5; }, "top-5 hits")
+      .def_prop_ro(
+          "count", [](const PyStepStats& s) { return s.cell->count; },
+          "labelled samples in the batch")
+      .def_prop_ro(
+          "overflowed", [](const PyStepStats& s) { return s.get().overflowed; },
+          "AMP: the gradients overflowed and the step was skipped")
+      .def_prop_ro(
+          "loss_scale", [](const PyStepStats& s) { return s.get().loss_scale; },
+          "AMP's loss scale after the step")
       .def("__repr__", [](const PyStepStats& st) {
         const PyStats& s = st.get();
         std::ostringstream os;
@@ -571,9 +613,10 @@ void bind_engine(nb::module_& m) {
   nb::class_<PyEngine>(m, "_Engine")
       .def(
           "__init__",
-          [](PyEngine* self, const BluePrint& model, int64_t batch, bool amp, const std::string& device, uint64_t seed,
-             bool compile, const std::string& optimizer, float momentum, float weight_decay, bool nesterov, bool ema,
-             float ema_decay, float clip_grad, std::vector<float> mean, std::vector<float> std_) {
+          [](PyEngine* self, const BluePrint& model, int64_t batch, bool amp,
+             const std::string& device, uint64_t seed, bool compile, const std::string& optimizer,
+             float momentum, float weight_decay, bool nesterov, bool ema, float ema_decay,
+             float clip_grad, std::vector<float> mean, std::vector<float> std_) {
             EngineOptions o;
             o.device = device;
             o.compile.batch = batch;
@@ -586,22 +629,29 @@ void bind_engine(nb::module_& m) {
             o.compile.ema_decay = ema_decay;
             o.compile.clip_grad = clip_grad;
             o.compile.dropout_seed = seed;
-            new (self) PyEngine(model, std::move(o), compile, seed, std::move(mean), std::move(std_));
+            new (self)
+                PyEngine(model, std::move(o), compile, seed, std::move(mean), std::move(std_));
           },
-          "model"_a, "batch"_a, "amp"_a, "device"_a, "seed"_a, "compile"_a, "optimizer"_a, "momentum"_a,
-          "weight_decay"_a, "nesterov"_a, "ema"_a, "ema_decay"_a, "clip_grad"_a, "mean"_a, "std"_a)
-      .def_prop_ro("state", [](PyEngine& e) { return std::string(lifecycle_name(e.peek().state())); })
+          "model"_a, "batch"_a, "amp"_a, "device"_a, "seed"_a, "compile"_a, "optimizer"_a,
+          "momentum"_a, "weight_decay"_a, "nesterov"_a, "ema"_a, "ema_decay"_a, "clip_grad"_a,
+          "mean"_a, "std"_a)
+      .def_prop_ro("state",
+                   [](PyEngine& e) { return std::string(lifecycle_name(e.peek().state())); })
       .def_prop_ro("batch", &PyEngine::batch)
       .def_prop_ro("backend", [](PyEngine& e) { return std::string(e.engine().backend().name()); })
       .def_prop_ro("steps", [](PyEngine& e) { return e.peek().steps_done(); })
       .def("lock_memory", [](PyEngine& e) { e.engine().lock_memory(); })
-      .def("compile", [](PyEngine& e, uint64_t seed) { e.engine().compile(seed); }, "seed"_a = 0)
+      .def(
+          "compile", [](PyEngine& e, uint64_t seed) { e.engine().compile(seed); }, "seed"_a = 0)
       .def("train_step", &PyEngine::train_step, "images"_a, "labels"_a, nb::kw_only(), "lr"_a)
-      .def("eval_step", &PyEngine::eval_step, "images"_a, "labels"_a, nb::kw_only(), "ema"_a = false)
+      .def("eval_step", &PyEngine::eval_step, "images"_a, "labels"_a, nb::kw_only(),
+           "ema"_a = false)
       .def("state_dict", &state_dict, nb::kw_only(), "ema"_a = false)
-      .def("load_state_dict", &load_state_dict, "state_dict"_a, "strict"_a = true, nb::kw_only(), "ema"_a = false)
+      .def("load_state_dict", &load_state_dict, "state_dict"_a, "strict"_a = true, nb::kw_only(),
+           "ema"_a = false)
       .def("optimizer_state_dict", &optimizer_state_dict)
-      .def("load_optimizer_state_dict", &load_optimizer_state_dict, "state_dict"_a, "strict"_a = true)
+      .def("load_optimizer_state_dict", &load_optimizer_state_dict, "state_dict"_a,
+           "strict"_a = true)
       .def("plan_text", [](PyEngine& e) { return describe_plan(e.engine().plan()); })
       .def("plan_layers", [](PyEngine& e) { return e.engine().plan().live().size(); })
       .def("plan_notes", [](PyEngine& e) { return e.engine().plan().notes; })
@@ -617,8 +667,12 @@ void bind_engine(nb::module_& m) {
              }
              return nb::make_tuple(d, mp.total(), mp.features_without_reuse);
            })
-      .def("save_weights", [](PyEngine& e, const std::string& path) { export_weights(e.engine(), path); }, "path"_a)
-      .def("load_weights", [](PyEngine& e, const std::string& path) { import_weights(e.engine(), path); }, "path"_a);
+      .def(
+          "save_weights",
+          [](PyEngine& e, const std::string& path) { export_weights(e.engine(), path); }, "path"_a)
+      .def(
+          "load_weights",
+          [](PyEngine& e, const std::string& path) { import_weights(e.engine(), path); }, "path"_a);
 }
 
 }  // namespace kiln::py

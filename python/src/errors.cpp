@@ -32,7 +32,8 @@ PyObject* python_type(ErrorKind kind) {
 
 PyObject* make_type(nb::module_& m, const char* name, const char* doc, PyObject* builtin) {
   nb::object bases = nb::make_tuple(nb::handle(g_error), nb::handle(builtin));
-  PyObject* t = PyErr_NewExceptionWithDoc((std::string("kiln.") + name).c_str(), doc, bases.ptr(), nullptr);
+  PyObject* t =
+      PyErr_NewExceptionWithDoc((std::string("kiln.") + name).c_str(), doc, bases.ptr(), nullptr);
   if (!t) throw nb::python_error();
   m.attr(name) = nb::handle(t);
   return t;
@@ -41,17 +42,22 @@ PyObject* make_type(nb::module_& m, const char* name, const char* doc, PyObject*
 }  // namespace
 
 void bind_errors(nb::module_& m) {
-  g_error = PyErr_NewExceptionWithDoc("kiln.Error", "Base of every error kiln raises; .kind names kiln's ErrorKind.",
-                                      PyExc_Exception, nullptr);
+  g_error = PyErr_NewExceptionWithDoc(
+      "kiln.Error", "Base of every error kiln raises; .kind names kiln's ErrorKind.",
+      PyExc_Exception, nullptr);
   if (!g_error) throw nb::python_error();
   m.attr("Error") = nb::handle(g_error);
-  g_invalid = make_type(m, "InvalidArgumentError",
-                        "A bad argument, model, shape, run file, checkpoint or data file (a ValueError).",
-                        PyExc_ValueError);
-  g_not_found = make_type(m, "FileError", "The file system said no: a missing or unreadable file (a FileNotFoundError).",
-                          PyExc_FileNotFoundError);
+  g_invalid =
+      make_type(m, "InvalidArgumentError",
+                "A bad argument, model, shape, run file, checkpoint or data file (a ValueError).",
+                PyExc_ValueError);
+  g_not_found =
+      make_type(m, "FileError",
+                "The file system said no: a missing or unreadable file (a FileNotFoundError).",
+                PyExc_FileNotFoundError);
   g_runtime = make_type(m, "DeviceError",
-                        "The device or a library failed, a step came out of order, or training diverged (a RuntimeError).",
+                        "The device or a library failed, a step came out of order, or training "
+                        "diverged (a RuntimeError).",
                         PyExc_RuntimeError);
   nb::register_exception_translator([](const std::exception_ptr& p, void*) {
     try {

@@ -54,10 +54,12 @@ void bind_train(nb::module_& m) {
       "train_flags",
       [] {
         std::vector<std::tuple<std::string, std::string, std::string, bool>> out;
-        for (const cli::FlagSpec& s : cli::train_flags()) out.emplace_back(s.name, s.help, s.fallback, s.is_switch);
+        for (const cli::FlagSpec& s : cli::train_flags())
+          out.emplace_back(s.name, s.help, s.fallback, s.is_switch);
         return out;
       },
-      "kiln train's flags: (name, help, default, is_switch), the table kiln.train's keywords come from.");
+      "kiln train's flags: (name, help, default, is_switch), the table kiln.train's keywords come "
+      "from.");
   m.def(
       "_train",
       [](std::vector<std::string> args, nb::object on_epoch) -> nb::object {
@@ -66,7 +68,8 @@ void bind_train(nb::module_& m) {
         std::vector<char*> argv;
         for (std::string& w : words) argv.push_back(w.data());
         cli::Flags f("train", "[flags]", cli::train_flags());
-        if (!f.parse(static_cast<int>(argv.size()), argv.data(), 2)) return nb::none();  // help printed
+        if (!f.parse(static_cast<int>(argv.size()), argv.data(), 2))
+          return nb::none();  // help printed
         TrainConfig c = cli::train_config(f);
         // The callback's own exception, kept (with the GIL held) to be raised again as it was.
         std::optional<nb::python_error> raised;
@@ -97,7 +100,8 @@ void bind_train(nb::module_& m) {
         return summary_dict(s, c);
       },
       "args"_a, "on_epoch"_a = nb::none(),
-      "Runs `kiln train ARGS...` in this process; the summary as a dict. on_epoch(row_json) is called "
+      "Runs `kiln train ARGS...` in this process; the summary as a dict. on_epoch(row_json) is "
+      "called "
       "after each epoch.");
 }
 

@@ -50,7 +50,8 @@ int main(int argc, char** argv) {
   engine.lock_memory();
   engine.compile(seed);
   for (int64_t s = 0; s < steps; ++s) {
-    const kiln::StepStats st = engine.train_step(images.data() + s * batch * per, labels.data() + s * batch, lr);
+    const kiln::StepStats st =
+        engine.train_step(images.data() + s * batch * per, labels.data() + s * batch, lr);
     std::printf("%a %lld\n", static_cast<double>(st.loss), static_cast<long long>(st.top1));
   }
   if (argc == 10) {

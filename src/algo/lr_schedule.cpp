@@ -17,14 +17,18 @@ void check_schedule(const LrSchedule& s) {
   for (const char* k : kinds) known = known || s.kind == k;
   KILN_CHECK(known, InvalidArgument, "--sched '", s.kind,
              "' is not a schedule; use constant, step, multistep, cosine, poly or onecycle");
-  KILN_CHECK(s.base_lr > 0 && std::isfinite(s.base_lr), InvalidArgument, "--lr must be > 0, got ", s.base_lr);
+  KILN_CHECK(s.base_lr > 0 && std::isfinite(s.base_lr), InvalidArgument, "--lr must be > 0, got ",
+             s.base_lr);
   KILN_CHECK(s.warmup_epochs >= 0, InvalidArgument, "--warmup-epochs must be >= 0");
-  KILN_CHECK(s.kind != "step" || s.step_size > 0, InvalidArgument, "--step-size must be > 0 epochs");
+  KILN_CHECK(s.kind != "step" || s.step_size > 0, InvalidArgument,
+             "--step-size must be > 0 epochs");
   KILN_CHECK(s.gamma > 0, InvalidArgument, "--gamma must be > 0");
-  KILN_CHECK(s.pct_start > 0 && s.pct_start < 1, InvalidArgument, "onecycle pct_start must be in (0, 1)");
+  KILN_CHECK(s.pct_start > 0 && s.pct_start < 1, InvalidArgument,
+             "onecycle pct_start must be in (0, 1)");
   // A flag the schedule does not read would change nothing while looking as if it did.
-  KILN_CHECK(s.milestones.empty() || s.kind == "multistep", InvalidArgument, "--milestones applies only to --sched ",
-             "multistep, not ", s.kind, "; add --sched multistep or drop --milestones");
+  KILN_CHECK(s.milestones.empty() || s.kind == "multistep", InvalidArgument,
+             "--milestones applies only to --sched ", "multistep, not ", s.kind,
+             "; add --sched multistep or drop --milestones");
   KILN_CHECK(s.kind != "multistep" || !s.milestones.empty(), InvalidArgument,
              "--sched multistep needs --milestones (epochs, comma-separated, e.g. 30,60,80)");
   for (int64_t m : s.milestones) {
@@ -35,8 +39,9 @@ void check_schedule(const LrSchedule& s) {
 void check_schedule(const LrSchedule& s, int64_t epochs) {
   check_schedule(s);
   KILN_CHECK(s.kind != "onecycle" || s.warmup_epochs < static_cast<double>(epochs), InvalidArgument,
-             "--warmup-epochs ", s.warmup_epochs, " is the rising phase of --sched onecycle and must be shorter than ",
-             "--epochs ", epochs, "; give fewer warm-up epochs (0 rises for 30% of the run)");
+             "--warmup-epochs ", s.warmup_epochs,
+             " is the rising phase of --sched onecycle and must be shorter than ", "--epochs ",
+             epochs, "; give fewer warm-up epochs (0 rises for 30% of the run)");
 }
 
 float lr_at(const LrSchedule& s, int64_t step, int64_t total_steps, int64_t steps_per_epoch) {
@@ -50,13 +55,15 @@ float lr_at(const LrSchedule& s, int64_t step, int64_t total_steps, int64_t step
     const double initial = base / s.div_factor;
     const double final_lr = initial / s.final_div_factor;
     // --warmup-epochs, when given, is the rising phase: pct_start = warmup / epochs.
-    const double pct_start = s.warmup_epochs > 0 ? s.warmup_epochs * spe / total : static_cast<double>(s.pct_start);
+    const double pct_start =
+        s.warmup_epochs > 0 ? s.warmup_epochs * spe / total : static_cast<double>(s.pct_start);
     const double up_end = pct_start * total - 1.0;
     const double down_end = total - 1.0;
     auto cos_anneal = [](double start, double end, double pct) {
       return end + (start - end) / 2.0 * (std::cos(kPi * pct) + 1.0);
     };
-    if (t <= up_end) return static_cast<float>(cos_anneal(initial, base, up_end > 0 ? t / up_end : 1.0));
+    if (t <= up_end)
+      return static_cast<float>(cos_anneal(initial, base, up_end > 0 ? t / up_end : 1.0));
     const double pct = down_end > up_end ? (t - up_end) / (down_end - up_end) : 1.0;
     return static_cast<float>(cos_anneal(base, final_lr, std::min(pct, 1.0)));
   }

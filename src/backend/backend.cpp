@@ -58,12 +58,14 @@ void normalize_channels(const uint8_t* in, int64_t pixels, const float* scale, c
 
 void normalize_u8(const uint8_t* in, int64_t pixels, const InputNormalization& norm, float* out) {
   const size_t c = norm.mean.size();
-  KILN_CHECK(c > 0 && norm.std.size() == c, InvalidArgument, "uint8 input needs one mean and one std per channel, got ",
-             c, " and ", norm.std.size());
+  KILN_CHECK(c > 0 && norm.std.size() == c, InvalidArgument,
+             "uint8 input needs one mean and one std per channel, got ", c, " and ",
+             norm.std.size());
   float scale[8], shift[8];
   KILN_CHECK(c <= 8, InvalidArgument, "uint8 input of ", c, " channels; at most 8 are supported");
   for (size_t k = 0; k < c; ++k) {
-    KILN_CHECK(norm.std[k] > 0, InvalidArgument, "input std of channel ", k, " must be > 0, got ", norm.std[k]);
+    KILN_CHECK(norm.std[k] > 0, InvalidArgument, "input std of channel ", k, " must be > 0, got ",
+               norm.std[k]);
     scale[k] = 1.0f / (255.0f * norm.std[k]);
     shift[k] = -norm.mean[k] / norm.std[k];
   }
@@ -82,8 +84,8 @@ std::vector<float> read_floats(Backend& backend, const DTensor& t) {
     backend.read(t, out.data());
     return out;
   }
-  KILN_CHECK(t.dtype == DType::F16 || t.dtype == DType::BF16 || t.dtype == DType::I32, InvalidArgument,
-             "read_floats: tensor '", t.name, "' is ", dtype_name(t.dtype));
+  KILN_CHECK(t.dtype == DType::F16 || t.dtype == DType::BF16 || t.dtype == DType::I32,
+             InvalidArgument, "read_floats: tensor '", t.name, "' is ", dtype_name(t.dtype));
   if (t.dtype == DType::I32) {
     std::vector<int32_t> raw(out.size());
     backend.read(t, raw.data());
@@ -99,8 +101,9 @@ std::vector<float> read_floats(Backend& backend, const DTensor& t) {
 }
 
 void write_floats(Backend& backend, const DTensor& t, const std::vector<float>& values) {
-  KILN_CHECK(static_cast<int64_t>(values.size()) == t.numel(), InvalidArgument, "write_floats: ",
-             values.size(), " values for tensor '", t.name, "' of ", t.numel(), " elements");
+  KILN_CHECK(static_cast<int64_t>(values.size()) == t.numel(), InvalidArgument,
+             "write_floats: ", values.size(), " values for tensor '", t.name, "' of ", t.numel(),
+             " elements");
   if (t.dtype == DType::F32) {
     backend.write(t, values.data());
     return;

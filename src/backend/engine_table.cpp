@@ -57,8 +57,9 @@ EngineTable EngineTable::parse(const std::string& text, const std::string& sourc
   int number = 0;
   bool magic = false;
   auto bad = [&](const std::string& why) {
-    KILN_FAIL(Data, "engine table ", source, " line ", number, ": ", why,
-              "; re-run `kiln tune` to write it again, or set KILN_ENGINE_TABLE=0 to build without it");
+    KILN_FAIL(
+        Data, "engine table ", source, " line ", number, ": ", why,
+        "; re-run `kiln tune` to write it again, or set KILN_ENGINE_TABLE=0 to build without it");
   };
   while (std::getline(in, line)) {
     ++number;
@@ -66,7 +67,8 @@ EngineTable EngineTable::parse(const std::string& text, const std::string& sourc
     if (line.empty() || line[0] == '#') continue;
     const std::vector<std::string> f = split_tabs(line);
     if (!magic) {
-      if (f.size() != 2 || f[0] != kMagic) bad(std::string("expected the header '") + kMagic + "<TAB>1'");
+      if (f.size() != 2 || f[0] != kMagic)
+        bad(std::string("expected the header '") + kMagic + "<TAB>1'");
       bool ok = true;
       if (parse_i64(f[1], ok) != kVersion || !ok) bad("format version " + f[1] + " is not 1");
       magic = true;
@@ -94,7 +96,8 @@ EngineTable EngineTable::parse(const std::string& text, const std::string& sourc
       c.engine = f[i];
       c.workspace = parse_i64(f[i + 1], ok);
       c.ms = parse_f64(f[i + 2], ok);
-      if (!ok || c.workspace < 0) bad("choice '" + f[i] + "' needs a workspace >= 0 and a time >= 0");
+      if (!ok || c.workspace < 0)
+        bad("choice '" + f[i] + "' needs a workspace >= 0 and a time >= 0");
       e.choices.push_back(std::move(c));
     }
     if (t.find(e.key) != nullptr) bad("key '" + e.key + "' appears twice");
@@ -107,12 +110,15 @@ EngineTable EngineTable::parse(const std::string& text, const std::string& sourc
   return t;
 }
 
-EngineTable EngineTable::load(const std::string& path) { return parse(read_file_text(path), path); }
+EngineTable EngineTable::load(const std::string& path) {
+  return parse(read_file_text(path), path);
+}
 
 std::string EngineTable::to_text() const {
   std::ostringstream o;
   o << "# kiln engine experience table (SPEC S16), written by `kiln tune`: for each convolution\n"
-       "# graph, the fastest cuDNN engines measured on this GPU and cuDNN version (winner first).\n";
+       "# graph, the fastest cuDNN engines measured on this GPU and cuDNN version (winner "
+       "first).\n";
   o << kMagic << '\t' << kVersion << '\n' << "gpu\t" << gpu << '\n' << "cudnn\t" << cudnn << '\n';
   for (const EngineEntry& e : entries_) {
     o << e.key;
@@ -126,11 +132,14 @@ std::string EngineTable::to_text() const {
   return o.str();
 }
 
-void EngineTable::save(const std::string& path) const { write_text_atomic(path, to_text()); }
+void EngineTable::save(const std::string& path) const {
+  write_text_atomic(path, to_text());
+}
 
 const EngineEntry* EngineTable::find(const std::string& key) const {
-  const auto it = std::lower_bound(entries_.begin(), entries_.end(), key,
-                                   [](const EngineEntry& e, const std::string& k) { return e.key < k; });
+  const auto it =
+      std::lower_bound(entries_.begin(), entries_.end(), key,
+                       [](const EngineEntry& e, const std::string& k) { return e.key < k; });
   return it != entries_.end() && it->key == key ? &*it : nullptr;
 }
 
@@ -145,8 +154,9 @@ void EngineTable::put(EngineEntry entry) {
   std::stable_sort(entry.choices.begin(), entry.choices.end(),
                    [](const EngineChoice& a, const EngineChoice& b) { return a.ms < b.ms; });
   if (entry.choices.size() > kMaxChoices) entry.choices.resize(kMaxChoices);
-  const auto it = std::lower_bound(entries_.begin(), entries_.end(), entry.key,
-                                   [](const EngineEntry& e, const std::string& k) { return e.key < k; });
+  const auto it =
+      std::lower_bound(entries_.begin(), entries_.end(), entry.key,
+                       [](const EngineEntry& e, const std::string& k) { return e.key < k; });
   if (it != entries_.end() && it->key == entry.key) {
     *it = std::move(entry);
   } else {
@@ -160,7 +170,8 @@ void EngineTable::merge(const EngineTable& other) {
 
 std::string installed_engine_table_dir(const std::string& from_lib) {
   Dl_info info{};
-  if (dladdr(reinterpret_cast<void*>(&installed_engine_table_dir), &info) == 0 || info.dli_fname == nullptr) {
+  if (dladdr(reinterpret_cast<void*>(&installed_engine_table_dir), &info) == 0 ||
+      info.dli_fname == nullptr) {
     return from_lib;
   }
   const std::filesystem::path lib = std::filesystem::absolute(info.dli_fname).parent_path();

@@ -103,7 +103,9 @@ KILN_HD inline float bn_invstd(float var, double eps) {
 }
 // PyTorch's running statistics: running = (1 - m) running + m batch, with the batch variance
 // unbiased by n / (n - 1) (1 for n = 1).
-KILN_HD inline double bn_unbias(double n) { return n > 1.0 ? n / (n - 1.0) : 1.0; }
+KILN_HD inline double bn_unbias(double n) {
+  return n > 1.0 ? n / (n - 1.0) : 1.0;
+}
 KILN_HD inline float running_mean_update(float running, double m, double batch_mean) {
   return static_cast<float>((1.0 - m) * running + m * batch_mean);
 }
@@ -236,8 +238,8 @@ KILN_HD inline AdamwParams adamw_params(float lr, float inv_scale, double t, flo
                                         float beta2, float eps, float weight_decay) {
   AdamwParams p;
   p.inv_scale = inv_scale;
-  p.step_size = static_cast<float>(static_cast<double>(lr) /
-                                   (1.0 - ::pow(static_cast<double>(beta1), t)));
+  p.step_size =
+      static_cast<float>(static_cast<double>(lr) / (1.0 - ::pow(static_cast<double>(beta1), t)));
   p.bc2_sqrt = static_cast<float>(::sqrt(1.0 - ::pow(static_cast<double>(beta2), t)));
   p.decay = sub(1.0f, mul(lr, weight_decay));
   p.beta2 = beta2;
@@ -249,8 +251,7 @@ KILN_HD inline AdamwParams adamw_params(float lr, float inv_scale, double t, flo
 struct AdamwElement {
   float w, m, v;
 };
-KILN_HD inline AdamwElement adamw_update(float w, float g, float m, float v,
-                                         const AdamwParams& p) {
+KILN_HD inline AdamwElement adamw_update(float w, float g, float m, float v, const AdamwParams& p) {
   const float gi = mul(g, p.inv_scale);
   const float wi = mul(w, p.decay);
   const float mi = add(m, mul(p.b1c, sub(gi, m)));

@@ -20,8 +20,12 @@ struct ProgramView {
 };
 
 // The i-th input / output of a node, or kNoTensor when the node has fewer or marks it absent.
-inline TensorId in_at(const Node& n, size_t i) { return i < n.in.size() ? n.in[i] : kNoTensor; }
-inline TensorId out_at(const Node& n, size_t i) { return i < n.out.size() ? n.out[i] : kNoTensor; }
+inline TensorId in_at(const Node& n, size_t i) {
+  return i < n.in.size() ? n.in[i] : kNoTensor;
+}
+inline TensorId out_at(const Node& n, size_t i) {
+  return i < n.out.size() ? n.out[i] : kNoTensor;
+}
 // Output i, or `fallback` (the input it updates in place) when the node leaves it absent.
 inline TensorId out_or(const Node& n, size_t i, TensorId fallback) {
   const TensorId id = out_at(n, i);

@@ -22,7 +22,9 @@ const char* layer_kind_name(LayerKind k) {
   return i < std::size(kLayerKinds) ? kLayerKinds[i].name : "?";
 }
 
-bool layer_kind_has_window(LayerKind k) { return kLayerKinds[static_cast<size_t>(k)].window; }
+bool layer_kind_has_window(LayerKind k) {
+  return kLayerKinds[static_cast<size_t>(k)].window;
+}
 
 static Layer make(LayerKind kind) {
   Layer l;
@@ -78,8 +80,12 @@ Layer adaptive_avgpool(int out_size) {
   return l;
 }
 
-Layer gap() { return make(LayerKind::GlobalAvgPool); }
-Layer flatten() { return make(LayerKind::Flatten); }
+Layer gap() {
+  return make(LayerKind::GlobalAvgPool);
+}
+Layer flatten() {
+  return make(LayerKind::Flatten);
+}
 
 Layer fc(int out, bool bias) {
   Layer l = make(LayerKind::FC);
@@ -94,7 +100,9 @@ Layer dropout(float p) {
   return l;
 }
 
-Layer identity() { return make(LayerKind::Identity); }
+Layer identity() {
+  return make(LayerKind::Identity);
+}
 
 Layer seq(std::vector<Layer> layers) {
   Layer l = make(LayerKind::Seq);

@@ -17,8 +17,8 @@ struct Form {
 };
 
 Layer basic_block(int in, int out, int stride) {
-  Layer main = seq(conv(out, 3, stride, 1).named("conv1"), bn2d().named("bn1"), relu().named("relu"),
-                   conv(out, 3, 1, 1).named("conv2"), bn2d().named("bn2"));
+  Layer main = seq(conv(out, 3, stride, 1).named("conv1"), bn2d().named("bn1"),
+                   relu().named("relu"), conv(out, 3, 1, 1).named("conv2"), bn2d().named("bn2"));
   if (stride != 1 || in != out) {
     return residual(main, seq(conv(out, 1, stride, 0), bn2d()).named("downsample"));
   }
@@ -83,8 +83,9 @@ Layer vgg(const std::vector<int>& cfg, const Form& f) {
   } else {
     root.push_back(adaptive_avgpool(7).named("avgpool"));
     root.push_back(flatten().named("flatten"));
-    root.push_back(seq(fc(4096), relu(), dropout(0.5f), fc(4096), relu(), dropout(0.5f), fc(f.classes))
-                       .named("classifier"));
+    root.push_back(
+        seq(fc(4096), relu(), dropout(0.5f), fc(4096), relu(), dropout(0.5f), fc(f.classes))
+            .named("classifier"));
   }
   return seq(std::move(root));
 }
@@ -99,7 +100,8 @@ BluePrint make_model(const std::string& requested, const ZooOptions& options) {
   std::string name = requested;
   std::string form = options.form;
   const std::string suffix = "_small";
-  if (name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0) {
+  if (name.size() > suffix.size() &&
+      name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0) {
     name = name.substr(0, name.size() - suffix.size());
     form = "small";
   }
@@ -112,8 +114,8 @@ BluePrint make_model(const std::string& requested, const ZooOptions& options) {
   }
   const bool mnist_like = name == "mlp" || name == "lenet" || name == "cnn";
   if (form.empty()) form = mnist_like ? "small" : "imagenet";
-  KILN_CHECK(form == "small" || form == "imagenet", Model, "unknown model form '", form,
-             "' for ", requested, "; use small or imagenet");
+  KILN_CHECK(form == "small" || form == "imagenet", Model, "unknown model form '", form, "' for ",
+             requested, "; use small or imagenet");
   Form f;
   f.small = form == "small";
   if (f.small) {
@@ -134,9 +136,10 @@ BluePrint make_model(const std::string& requested, const ZooOptions& options) {
                   relu(), fc(f.classes).named("fc3"));
   } else if (name == "lenet") {
     // LeNet-5 with ReLU and max-pooling, BatchNorm after each convolution.
-    bp.root = seq(cbr(6, 5, 1, 2).named("c1"), maxpool(2, 2).named("s2"), cbr(16, 5, 1, 0).named("c3"),
-                  maxpool(2, 2).named("s4"), flatten().named("flatten"), fc(120).named("f5"), relu(),
-                  fc(84).named("f6"), relu(), fc(f.classes).named("f7"));
+    bp.root =
+        seq(cbr(6, 5, 1, 2).named("c1"), maxpool(2, 2).named("s2"), cbr(16, 5, 1, 0).named("c3"),
+            maxpool(2, 2).named("s4"), flatten().named("flatten"), fc(120).named("f5"), relu(),
+            fc(84).named("f6"), relu(), fc(f.classes).named("f7"));
   } else if (name == "cnn") {
     // The Fashion-MNIST default (issue 3's anchor): four 3x3 Conv+BN+ReLU (32, 32, 64, 64),
     // two 2x2 max-pools, one fc.
@@ -153,7 +156,8 @@ BluePrint make_model(const std::string& requested, const ZooOptions& options) {
   } else if (name == "vgg11_bn") {
     bp.root = vgg({64, 0, 128, 0, 256, 256, 0, 512, 512, 0, 512, 512, 0}, f);
   } else if (name == "vgg16_bn") {
-    bp.root = vgg({64, 64, 0, 128, 128, 0, 256, 256, 256, 0, 512, 512, 512, 0, 512, 512, 512, 0}, f);
+    bp.root =
+        vgg({64, 64, 0, 128, 128, 0, 256, 256, 256, 0, 512, 512, 512, 0, 512, 512, 512, 0}, f);
   }
   return bp;
 }

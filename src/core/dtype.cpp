@@ -8,44 +8,64 @@ namespace kiln {
 
 size_t dtype_size(DType t) {
   switch (t) {
-    case DType::F32: return 4;
-    case DType::F16: return 2;
-    case DType::BF16: return 2;
-    case DType::I32: return 4;
-    case DType::U8: return 1;
-    case DType::I64: return 8;
+    case DType::F32:
+      return 4;
+    case DType::F16:
+      return 2;
+    case DType::BF16:
+      return 2;
+    case DType::I32:
+      return 4;
+    case DType::U8:
+      return 1;
+    case DType::I64:
+      return 8;
   }
   return 0;
 }
 
 const char* dtype_name(DType t) {
   switch (t) {
-    case DType::F32: return "f32";
-    case DType::F16: return "f16";
-    case DType::BF16: return "bf16";
-    case DType::I32: return "i32";
-    case DType::U8: return "u8";
-    case DType::I64: return "i64";
+    case DType::F32:
+      return "f32";
+    case DType::F16:
+      return "f16";
+    case DType::BF16:
+      return "bf16";
+    case DType::I32:
+      return "i32";
+    case DType::U8:
+      return "u8";
+    case DType::I64:
+      return "i64";
   }
   return "?";
 }
 
 const char* dtype_safetensors_name(DType t) {
   switch (t) {
-    case DType::F32: return "F32";
-    case DType::F16: return "F16";
-    case DType::BF16: return "BF16";
-    case DType::I32: return "I32";
-    case DType::U8: return "U8";
-    case DType::I64: return "I64";
+    case DType::F32:
+      return "F32";
+    case DType::F16:
+      return "F16";
+    case DType::BF16:
+      return "BF16";
+    case DType::I32:
+      return "I32";
+    case DType::U8:
+      return "U8";
+    case DType::I64:
+      return "I64";
   }
   return "?";
 }
 
 bool dtype_from_safetensors_name(const std::string& s, DType* out) {
-  static const struct { const char* name; DType t; } table[] = {
-      {"F32", DType::F32}, {"F16", DType::F16}, {"BF16", DType::BF16},
-      {"I32", DType::I32}, {"U8", DType::U8},   {"I64", DType::I64}};
+  static const struct {
+    const char* name;
+    DType t;
+  } table[] = {{"F32", DType::F32}, {"F16", DType::F16}, {"BF16", DType::BF16},
+               {"I32", DType::I32}, {"U8", DType::U8},   {"I64", DType::I64}};
   for (const auto& e : table) {
     if (s == e.name) {
       *out = e.t;

@@ -1,8 +1,9 @@
+#include "kiln/core/log.h"
+
 #include <atomic>
 #include <cstdio>
 #include <mutex>
 
-#include "kiln/core/log.h"
 #include "kiln/core/switches.h"
 
 namespace kiln {
@@ -12,8 +13,12 @@ static std::atomic<int>& level_ref() {
   return level;
 }
 
-LogLevel log_level() { return static_cast<LogLevel>(level_ref().load()); }
-void set_log_level(LogLevel level) { level_ref().store(static_cast<int>(level)); }
+LogLevel log_level() {
+  return static_cast<LogLevel>(level_ref().load());
+}
+void set_log_level(LogLevel level) {
+  level_ref().store(static_cast<int>(level));
+}
 
 void log_line(LogLevel level, const std::string& text) {
   static std::mutex mu;

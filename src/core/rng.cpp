@@ -23,7 +23,9 @@ Rng Rng::derive(uint64_t seed, uint64_t a, uint64_t b) {
   return Rng(splitmix64(h));
 }
 
-static inline uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+static inline uint64_t rotl(uint64_t x, int k) {
+  return (x << k) | (x >> (64 - k));
+}
 
 uint64_t Rng::next_u64() {
   const uint64_t result = rotl(s_[1] * 5, 7) * 9;
@@ -37,7 +39,9 @@ uint64_t Rng::next_u64() {
   return result;
 }
 
-double Rng::uniform() { return static_cast<double>(next_u64() >> 11) * 0x1.0p-53; }
+double Rng::uniform() {
+  return static_cast<double>(next_u64() >> 11) * 0x1.0p-53;
+}
 
 float Rng::uniform(float lo, float hi) {
   return lo + static_cast<float>(uniform()) * (hi - lo);

@@ -13,7 +13,8 @@ namespace kiln {
 namespace {
 
 std::string lower(std::string s) {
-  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  std::transform(s.begin(), s.end(), s.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
   return s;
 }
 
@@ -36,7 +37,8 @@ std::vector<std::string> split_choices(const std::string& choices) {
 
 void parse_into(bool& out, const std::string& v, const std::string& origin, const char*) {
   const int b = bool_spelling(v);
-  KILN_CHECK(b >= 0, InvalidArgument, origin, "=", v, " is not a switch value; use one of ", kBoolAccepts);
+  KILN_CHECK(b >= 0, InvalidArgument, origin, "=", v, " is not a switch value; use one of ",
+             kBoolAccepts);
   out = b == 1;
 }
 
@@ -54,17 +56,20 @@ void parse_into(Auto& out, const std::string& v, const std::string& origin, cons
     return;
   }
   const int b = bool_spelling(v);
-  KILN_CHECK(b >= 0, InvalidArgument, origin, "=", v, " is not accepted; use auto or ", kBoolAccepts);
+  KILN_CHECK(b >= 0, InvalidArgument, origin, "=", v, " is not accepted; use auto or ",
+             kBoolAccepts);
   out = b == 1 ? Auto::on : Auto::off;
 }
 
-void parse_into(std::string& out, const std::string& v, const std::string& origin, const char* choices) {
+void parse_into(std::string& out, const std::string& v, const std::string& origin,
+                const char* choices) {
   if (choices[0] == '\0') {
     out = v;
     return;
   }
   const std::vector<std::string> words = split_choices(choices);
-  const bool has01 = std::count(words.begin(), words.end(), "0") && std::count(words.begin(), words.end(), "1");
+  const bool has01 =
+      std::count(words.begin(), words.end(), "0") && std::count(words.begin(), words.end(), "1");
   const int b = bool_spelling(v);
   const std::string w = has01 && b >= 0 ? std::to_string(b) : lower(v);
   KILN_CHECK(std::count(words.begin(), words.end(), w) > 0, InvalidArgument, origin, "=", v,
@@ -72,22 +77,48 @@ void parse_into(std::string& out, const std::string& v, const std::string& origi
   out = w;
 }
 
-std::string text_of(bool b) { return b ? "1" : "0"; }
-std::string text_of(int64_t x) { return std::to_string(x); }
-std::string text_of(Auto a) { return a == Auto::automatic ? "auto" : a == Auto::on ? "1" : "0"; }
-std::string text_of(const std::string& s) { return s; }
+std::string text_of(bool b) {
+  return b ? "1" : "0";
+}
+std::string text_of(int64_t x) {
+  return std::to_string(x);
+}
+std::string text_of(Auto a) {
+  return a == Auto::automatic ? "auto" : a == Auto::on ? "1" : "0";
+}
+std::string text_of(const std::string& s) {
+  return s;
+}
 
-std::string accepts_of(bool, const char*) { return "0|1"; }
-std::string accepts_of(int64_t, const char*) { return "an integer"; }
-std::string accepts_of(Auto, const char*) { return "auto, 0 or 1"; }
-std::string accepts_of(const std::string&, const char* choices) { return choices[0] ? choices : "any text"; }
+std::string accepts_of(bool, const char*) {
+  return "0|1";
+}
+std::string accepts_of(int64_t, const char*) {
+  return "an integer";
+}
+std::string accepts_of(Auto, const char*) {
+  return "auto, 0 or 1";
+}
+std::string accepts_of(const std::string&, const char* choices) {
+  return choices[0] ? choices : "any text";
+}
 
-const char* type_of(bool, const char*) { return "bool"; }
-const char* type_of(int64_t, const char*) { return "int"; }
-const char* type_of(Auto, const char*) { return "auto"; }
-const char* type_of(const std::string&, const char* choices) { return choices[0] ? "choice" : "text"; }
+const char* type_of(bool, const char*) {
+  return "bool";
+}
+const char* type_of(int64_t, const char*) {
+  return "int";
+}
+const char* type_of(Auto, const char*) {
+  return "auto";
+}
+const char* type_of(const std::string&, const char* choices) {
+  return choices[0] ? "choice" : "text";
+}
 
-std::string shown(const std::string& s) { return s.empty() ? "\"\"" : s; }
+std::string shown(const std::string& s) {
+  return s.empty() ? "\"\"" : s;
+}
 
 Switches& mutable_base() {
   static Switches b;
@@ -96,13 +127,17 @@ Switches& mutable_base() {
 
 }  // namespace
 
-const Switches& Switches::base() { return mutable_base(); }
-void Switches::set_base(const Switches& b) { mutable_base() = b; }
+const Switches& Switches::base() {
+  return mutable_base();
+}
+void Switches::set_base(const Switches& b) {
+  mutable_base() = b;
+}
 
 Switches Switches::parse(const std::function<const char*(const char*)>& get, Switches s) {
-#define KILN_SWITCH(field, variable, type, fallback, choices, meaning)                   \
-  if (const char* v = get(variable); v != nullptr && v[0] != '\0') {                     \
-    parse_into(s.field, v, variable, choices);                                           \
+#define KILN_SWITCH(field, variable, type, fallback, choices, meaning) \
+  if (const char* v = get(variable); v != nullptr && v[0] != '\0') {   \
+    parse_into(s.field, v, variable, choices);                         \
   }
 #include "kiln/core/switches.def"
 #undef KILN_SWITCH
@@ -127,9 +162,9 @@ bool Switches::set(const std::string& name, const std::string& value, const std:
 std::vector<Switches::Row> Switches::rows() const {
   std::vector<Row> out;
   const Switches defaults;
-#define KILN_SWITCH(field, variable, type, fallback, choices, meaning)                                 \
-  out.push_back({#field, variable, type_of(field, choices), text_of(defaults.field), text_of(field), \
-                 accepts_of(field, choices), meaning});
+#define KILN_SWITCH(field, variable, type, fallback, choices, meaning)               \
+  out.push_back({#field, variable, type_of(field, choices), text_of(defaults.field), \
+                 text_of(field), accepts_of(field, choices), meaning});
 #include "kiln/core/switches.def"
 #undef KILN_SWITCH
   return out;
@@ -143,13 +178,17 @@ std::string Switches::table() const {
     wx = std::max(wx, shown(r.value).size());
     wd = std::max(wd, shown(r.fallback).size());
   }
-  auto pad = [](const std::string& s, size_t w) { return s + std::string(w - std::min(w, s.size()) + 2, ' '); };
+  auto pad = [](const std::string& s, size_t w) {
+    return s + std::string(w - std::min(w, s.size()) + 2, ' ');
+  };
   std::ostringstream os;
   os << "kiln's switches (include/kiln/core/switches.def). A flag given on the command line wins,\n"
         "then the variable, then the default; '*' marks a value that is not the default.\n\n";
-  os << "  " << pad("VARIABLE", wv) << pad("VALUE", wx + 1) << pad("DEFAULT", wd) << "MEANING (ACCEPTS)\n";
+  os << "  " << pad("VARIABLE", wv) << pad("VALUE", wx + 1) << pad("DEFAULT", wd)
+     << "MEANING (ACCEPTS)\n";
   for (const Row& r : all) {
-    os << "  " << pad(r.variable, wv) << pad(shown(r.value) + (r.value != r.fallback ? "*" : ""), wx + 1)
+    os << "  " << pad(r.variable, wv)
+       << pad(shown(r.value) + (r.value != r.fallback ? "*" : ""), wx + 1)
        << pad(shown(r.fallback), wd) << r.meaning << " (" << r.accepts << ")\n";
   }
   return os.str();

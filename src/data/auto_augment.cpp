@@ -175,8 +175,8 @@ void affine_nearest(Image& im, const std::array<double, 6>& m) {
       const float ix = std::nearbyint(((gx + 1.0f) * fw - 1.0f) / 2.0f);
       const float iy = std::nearbyint(((gy + 1.0f) * fh - 1.0f) / 2.0f);
       if (!(ix >= 0 && ix < fw && iy >= 0 && iy < fh)) continue;
-      const uint8_t* s =
-          &im.pixels[static_cast<size_t>((static_cast<int64_t>(iy) * w + static_cast<int64_t>(ix)) * c)];
+      const uint8_t* s = &im.pixels[static_cast<size_t>(
+          (static_cast<int64_t>(iy) * w + static_cast<int64_t>(ix)) * c)];
       std::copy(s, s + c, &out[static_cast<size_t>((y * w + x) * c)]);
     }
   }
@@ -191,8 +191,8 @@ double degrees_of_atan(double m) {
 
 const char* augment_op_name(AugmentOp op) {
   static const char* const kNames[kAugmentOps] = {
-      "Identity",   "ShearX", "ShearY",   "TranslateX", "TranslateY",   "Rotate",  "Brightness",
-      "Color",      "Contrast", "Sharpness", "Posterize", "Solarize", "AutoContrast", "Equalize"};
+      "Identity", "ShearX",   "ShearY",    "TranslateX", "TranslateY", "Rotate",       "Brightness",
+      "Color",    "Contrast", "Sharpness", "Posterize",  "Solarize",   "AutoContrast", "Equalize"};
   return kNames[static_cast<int>(op)];
 }
 
@@ -204,9 +204,11 @@ void apply_augment_op(Image& im, AugmentOp op, double mag) {
     case AugmentOp::identity:
       return;
     case AugmentOp::shear_x:  // about the top-left corner: center [0, 0]
-      return affine_nearest(im, inverse_affine(-0.5 * w, -0.5 * h, 0, 0, 0, degrees_of_atan(mag), 0));
+      return affine_nearest(im,
+                            inverse_affine(-0.5 * w, -0.5 * h, 0, 0, 0, degrees_of_atan(mag), 0));
     case AugmentOp::shear_y:
-      return affine_nearest(im, inverse_affine(-0.5 * w, -0.5 * h, 0, 0, 0, 0, degrees_of_atan(mag)));
+      return affine_nearest(im,
+                            inverse_affine(-0.5 * w, -0.5 * h, 0, 0, 0, 0, degrees_of_atan(mag)));
     case AugmentOp::translate_x:
       return affine_nearest(im, inverse_affine(0, 0, 0, std::trunc(mag), 0, 0, 0));
     case AugmentOp::translate_y:
@@ -302,8 +304,8 @@ std::vector<std::pair<AugmentOp, double>> AutoAugment::draw(int64_t h, int64_t w
   const bool ra = policy_ == AutoAugmentPolicy::rand_augment;
   for (int i = 0; i < (ra ? num_ops_ : 1); ++i) {
     const auto op = static_cast<AugmentOp>(rng.below(kAugmentOps));
-    const bool scalar = op == AugmentOp::identity || op == AugmentOp::autocontrast ||
-                        op == AugmentOp::equalize;
+    const bool scalar =
+        op == AugmentOp::identity || op == AugmentOp::autocontrast || op == AugmentOp::equalize;
     // TrivialAugmentWide draws a bin only for ops with a magnitude table; then, for signed
     // ops, a coin for the sign (torch.randint(2)).
     int bin = magnitude_;
@@ -324,7 +326,8 @@ void AutoAugment::apply(FloatImage& image, Rng& rng) const {
   im.pixels.resize(image.data.size());
   // The bytes a uint8 image would hold (the crop's output rounded, as PIL's).
   for (size_t i = 0; i < image.data.size(); ++i) {
-    im.pixels[i] = static_cast<uint8_t>(std::lround(std::min(1.0f, std::max(0.0f, image.data[i])) * 255.0f));
+    im.pixels[i] =
+        static_cast<uint8_t>(std::lround(std::min(1.0f, std::max(0.0f, image.data[i])) * 255.0f));
   }
   for (const auto& [op, m] : ops) apply_augment_op(im, op, m);
   for (size_t i = 0; i < image.data.size(); ++i) {

@@ -13,8 +13,8 @@ CifarRecords parse_cifar(const uint8_t* bytes, size_t size, int label_bytes, int
              "CIFAR records have 1 (CIFAR-10) or 2 (CIFAR-100) label bytes, not ", label_bytes);
   const size_t record = static_cast<size_t>(label_bytes) + kCifarPixels;
   KILN_CHECK(size > 0, Data, "'", what, "': empty CIFAR file; download the binary version again");
-  KILN_CHECK(size % record == 0, Data, "'", what, "': ", size, " bytes is not a whole number of ", record,
-             "-byte CIFAR-", num_classes, " records (", size / record, " records and ",
+  KILN_CHECK(size % record == 0, Data, "'", what, "': ", size, " bytes is not a whole number of ",
+             record, "-byte CIFAR-", num_classes, " records (", size / record, " records and ",
              size % record,
              " bytes left over); the file is truncated, or it is the other "
              "CIFAR (10 vs 100) or the Python version; download the binary version again");

@@ -7,8 +7,8 @@
 #include "kiln/core/error.h"
 #include "kiln/data/cifar.h"
 #include "kiln/data/idx.h"
-#include "kiln/data/input_batch.h"
 #include "kiln/data/image_folder.h"
+#include "kiln/data/input_batch.h"
 #include "kiln/data/synthetic.h"
 
 namespace kiln {
@@ -70,7 +70,8 @@ std::shared_ptr<Dataset> open_dataset(const DatasetSpec& spec) {
                "an image-folder dataset needs a directory "
                "(--data DIR) holding <split>/<class>/*.jpg");
     return std::make_shared<ImageFolderDataset>(image_folder_split_dir(spec.root, spec.split),
-                                                spec.channels, spec.skip_corrupt, spec.max_image_pixels);
+                                                spec.channels, spec.skip_corrupt,
+                                                spec.max_image_pixels);
   }
   KILN_FAIL(InvalidArgument, "unknown dataset kind '", kind, "'; valid kinds: ", kinds_list());
 }

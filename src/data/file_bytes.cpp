@@ -35,8 +35,8 @@ std::vector<uint8_t> read_file_bytes(const std::string& path) {
   while ((n = std::fread(chunk, 1, sizeof chunk, f.get())) > 0) {
     bytes.insert(bytes.end(), chunk, chunk + n);
   }
-  KILN_CHECK(!std::ferror(f.get()), Data, "error while reading data file '", path, "': ",
-             std::strerror(errno), "; check the disk and the file");
+  KILN_CHECK(!std::ferror(f.get()), Data, "error while reading data file '", path,
+             "': ", std::strerror(errno), "; check the disk and the file");
   return bytes;
 }
 
@@ -65,7 +65,8 @@ std::vector<uint8_t> gunzip(const uint8_t* bytes, size_t size, const std::string
   size_t input_left = size;
   for (;;) {
     if (produced == out.size()) {
-      KILN_CHECK(out.size() < max_output, Data, "'", what, "': gzip data inflates past ", max_output,
+      KILN_CHECK(out.size() < max_output, Data, "'", what, "': gzip data inflates past ",
+                 max_output,
                  " bytes, more than any dataset file kiln reads; the file is not "
                  "what it claims to be, download it again");
       out.resize(std::min(max_output, out.size() * 2));
@@ -88,7 +89,8 @@ std::vector<uint8_t> gunzip(const uint8_t* bytes, size_t size, const std::string
       KILN_CHECK(inflateReset(&zs) == Z_OK, Internal, "zlib inflateReset failed");
       continue;
     }
-    KILN_CHECK(rc == Z_OK || rc == Z_BUF_ERROR, Data, "'", what, "': corrupt gzip data (zlib: ", zs.msg ? zs.msg : "error ",
+    KILN_CHECK(rc == Z_OK || rc == Z_BUF_ERROR, Data, "'", what,
+               "': corrupt gzip data (zlib: ", zs.msg ? zs.msg : "error ",
                zs.msg ? "" : std::to_string(rc), "); download the file again");
     if (rc == Z_BUF_ERROR || (input_left == 0 && zs.avail_out != 0)) {
       // No progress possible: the input ended before the stream did.

@@ -70,8 +70,8 @@ IdxArray parse_raw_idx(const uint8_t* bytes, size_t size, const std::string& wha
                "... describe more than ", kMaxIdxBytes, " bytes; the header is corrupt");
   }
   const size_t body = size - header;
-  KILN_CHECK(body >= total, Data, "'", what, "': truncated: the header says ", dims_str(out.dims), " = ",
-             total, " bytes of data but the file has only ", body,
+  KILN_CHECK(body >= total, Data, "'", what, "': truncated: the header says ", dims_str(out.dims),
+             " = ", total, " bytes of data but the file has only ", body,
              "; the download was probably interrupted, download it again");
   KILN_CHECK(body == total, Data, "'", what, "': ", body - total, " unexpected bytes after the ",
              dims_str(out.dims), " array; the file is not a single IDX array, check it");
@@ -100,17 +100,20 @@ IdxDataset::IdxDataset(IdxArray images, IdxArray labels, const std::string& imag
                        const std::string& labels_what, std::string name, int64_t classes)
     : images_(std::move(images)) {
   const auto& d = images_.dims;
-  KILN_CHECK(d.size() == 3 || d.size() == 4, Data, "'", images_what, "': an image file must have 3 "
+  KILN_CHECK(d.size() == 3 || d.size() == 4, Data, "'", images_what,
+             "': an image file must have 3 "
              "(N x H x W) or 4 (N x H x W x C) dimensions, it has ",
              dims_str(d), "; did you swap the images and labels files?");
-  KILN_CHECK(labels.dims.size() == 1, Data, "'", labels_what, "': a label file must have 1 dimension "
+  KILN_CHECK(labels.dims.size() == 1, Data, "'", labels_what,
+             "': a label file must have 1 dimension "
              "(N), it has ",
              dims_str(labels.dims), "; did you swap the images and labels files?");
   count_ = d[0];
   height_ = d[1];
   width_ = d[2];
   channels_ = d.size() == 4 ? d[3] : 1;
-  KILN_CHECK(count_ > 0 && height_ > 0 && width_ > 0 && channels_ > 0, Data, "'", images_what, "': empty image array (", dims_str(d), "); the file is corrupt");
+  KILN_CHECK(count_ > 0 && height_ > 0 && width_ > 0 && channels_ > 0, Data, "'", images_what,
+             "': empty image array (", dims_str(d), "); the file is corrupt");
   KILN_CHECK(labels.dims[0] == count_, Data, "IDX files disagree: ", images_what, " holds ", count_,
              " images but ", labels_what, " holds ", labels.dims[0],
              " labels; they must come from the same split (train-* with train-*, t10k-* with "

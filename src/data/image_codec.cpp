@@ -222,7 +222,7 @@ struct JpegWindowState {
   int64_t raw_channels = 0;
   bool cmyk = false;  // left to the full decode
   bool too_large = false;
-  bool size_mismatch = false;  // the geometry refers to another size
+  bool size_mismatch = false;                  // the geometry refers to another size
   static constexpr int64_t kRowsPerCall = 16;  // libjpeg's largest row group
   JSAMPROW rows_out[kRowsPerCall] = {};
 };
@@ -562,7 +562,8 @@ Image decode_jpeg(const uint8_t* bytes, size_t size, int64_t channels, const std
   KILN_CHECK(!st->too_large, Data, "'", what, "': JPEG of ", st->width, "x", st->height, kTooLarge,
              max_pixels, "; treating the file as corrupt");
   KILN_CHECK(ok, Data, "'", what, "': corrupt JPEG (libjpeg: ", st->err.message, ")");
-  KILN_CHECK(!st->err.truncated, Data, "'", what, "': truncated JPEG (the data ends before the image does)");
+  KILN_CHECK(!st->err.truncated, Data, "'", what,
+             "': truncated JPEG (the data ends before the image does)");
   return finish(st->raw, st->height, st->width, st->raw_channels, st->adobe, channels);
 }
 
@@ -596,8 +597,10 @@ ImageInfo read_image_info(const uint8_t* bytes, size_t size, const std::string& 
   info.format = sniff_image_format(bytes, size);
   if (info.format == ImageFormat::Jpeg) {
     auto st = std::make_unique<JpegInfoState>();
-    KILN_CHECK(jpeg_read_info(bytes, size, *st), Data, "'", what, "': corrupt JPEG header (libjpeg: ", st->err.message, ")");
-    KILN_CHECK(!st->err.truncated, Data, "'", what, "': truncated JPEG (the data ends inside the header)");
+    KILN_CHECK(jpeg_read_info(bytes, size, *st), Data, "'", what,
+               "': corrupt JPEG header (libjpeg: ", st->err.message, ")");
+    KILN_CHECK(!st->err.truncated, Data, "'", what,
+               "': truncated JPEG (the data ends inside the header)");
     info.height = st->height;
     info.width = st->width;
     info.channels = st->components;
@@ -609,7 +612,8 @@ ImageInfo read_image_info(const uint8_t* bytes, size_t size, const std::string& 
   if (info.format == ImageFormat::Png) {
     // The IHDR chunk comes first: length 13, "IHDR", width, height (big-endian), bit depth,
     // colour type.
-    KILN_CHECK(size >= 8 + 8 + 13 && std::memcmp(bytes + 12, "IHDR", 4) == 0, Data, "'", what, "': corrupt PNG (no IHDR chunk after the signature)");
+    KILN_CHECK(size >= 8 + 8 + 13 && std::memcmp(bytes + 12, "IHDR", 4) == 0, Data, "'", what,
+               "': corrupt PNG (no IHDR chunk after the signature)");
     auto be32 = [&](size_t at) {
       return (uint32_t{bytes[at]} << 24) | (uint32_t{bytes[at + 1]} << 16) |
              (uint32_t{bytes[at + 2]} << 8) | uint32_t{bytes[at + 3]};
@@ -619,8 +623,8 @@ ImageInfo read_image_info(const uint8_t* bytes, size_t size, const std::string& 
     const uint8_t color = bytes[25];
     KILN_CHECK(info.width > 0 && info.height > 0 && info.width <= 0x7fffffff &&
                    info.height <= 0x7fffffff && (color <= 6 && color != 1 && color != 5),
-               Data, "'", what, "': corrupt PNG header (", info.width, "x", info.height, ", colour type ",
-               int{color}, ")");
+               Data, "'", what, "': corrupt PNG header (", info.width, "x", info.height,
+               ", colour type ", int{color}, ")");
     static const int kChannels[7] = {1, 0, 3, 3, 2, 0, 4};  // grey, -, RGB, palette, GA, -, RGBA
     info.channels = kChannels[color];
     info.complete = size >= 12 && std::memcmp(bytes + size - 8, "IEND", 4) == 0;
@@ -635,7 +639,8 @@ namespace {
 // The geometry's output from a decoded image, converting channels as decode_image does; grey
 // to 3 channels is resampled first and replicated after (the same values, a third of the work).
 void resample_converted(const uint8_t* raw, int64_t h, int64_t w, int64_t raw_channels,
-                        int64_t channels, const SampleGeometry& g, uint8_t* out, ResampleOrder order) {
+                        int64_t channels, const SampleGeometry& g, uint8_t* out,
+                        ResampleOrder order) {
   if (raw_channels == channels) {
     resample_u8(raw, h, w, channels, w * channels, g, out, order);
     return;
@@ -656,7 +661,8 @@ void resample_converted(const uint8_t* raw, int64_t h, int64_t w, int64_t raw_ch
 
 void check_geometry(const SampleGeometry& g, int64_t h, int64_t w, const char* format,
                     const std::string& what) {
-  KILN_CHECK(g.src_h == h && g.src_w == w, InvalidArgument, "'", what, "': the sample geometry refers "
+  KILN_CHECK(g.src_h == h && g.src_w == w, InvalidArgument, "'", what,
+             "': the sample geometry refers "
              "to a ",
              g.src_h, "x", g.src_w, " image but the ", format, " is ", h, "x", w,
              "; draw it from the file's read_image_info");
@@ -667,8 +673,9 @@ void check_geometry(const SampleGeometry& g, int64_t h, int64_t w, const char* f
 void decode_resampled(const uint8_t* bytes, size_t size, int64_t channels, const SampleGeometry& g,
                       uint8_t* out, const std::string& what, const ResampledDecodeOptions& o) {
   check_channels(channels);
-  KILN_CHECK(g.src_h > 0 && g.src_w > 0 && g.out_h() > 0 && g.out_w() > 0, InvalidArgument, "'", what, "': decode_resampled needs a geometry with a source and output size, got ", g.src_h,
-             "x", g.src_w, " -> ", g.out_h(), "x", g.out_w());
+  KILN_CHECK(g.src_h > 0 && g.src_w > 0 && g.out_h() > 0 && g.out_w() > 0, InvalidArgument, "'",
+             what, "': decode_resampled needs a geometry with a source and output size, got ",
+             g.src_h, "x", g.src_w, " -> ", g.out_h(), "x", g.out_w());
   // Checked here, not inside the libjpeg calls (where a throw would skip their cleanup).
   for (const ResampleAxis* a : {&g.y, &g.x}) {
     KILN_CHECK(
@@ -680,7 +687,8 @@ void decode_resampled(const uint8_t* bytes, size_t size, int64_t channels, const
   if (format == ImageFormat::Png) {
     const Image img = decode_png(bytes, size, channels, what, o.max_pixels);
     check_geometry(g, img.height, img.width, "PNG", what);
-    resample_u8(img.pixels.data(), img.height, img.width, channels, img.width * channels, g, out, o.resample);
+    resample_u8(img.pixels.data(), img.height, img.width, channels, img.width * channels, g, out,
+                o.resample);
     return;
   }
   KILN_CHECK(format == ImageFormat::Jpeg, Data, "'", what, "': neither JPEG nor PNG (", size,
@@ -691,17 +699,20 @@ void decode_resampled(const uint8_t* bytes, size_t size, int64_t channels, const
   WindowPlan plan{&g, o.dct_scaling, o.crop, o.tight_margin, o.batch_rows, o.max_pixels, {}};
   const bool ok = jpeg_decode_window(bytes, size, plan, *st);
   KILN_CHECK(ok, Data, "'", what, "': corrupt JPEG (libjpeg: ", st->err.message, ")");
-  KILN_CHECK(!st->too_large, Data, "'", what, "': JPEG of ", st->image_w, "x", st->image_h, kTooLarge,
-             o.max_pixels, "; treating the file as corrupt");
-  KILN_CHECK(!st->err.truncated, Data, "'", what, "': truncated JPEG (the data ends before the image does)");
+  KILN_CHECK(!st->too_large, Data, "'", what, "': JPEG of ", st->image_w, "x", st->image_h,
+             kTooLarge, o.max_pixels, "; treating the file as corrupt");
+  KILN_CHECK(!st->err.truncated, Data, "'", what,
+             "': truncated JPEG (the data ends before the image does)");
   check_geometry(g, st->image_h, st->image_w, "JPEG", what);
   if (st->cmyk) {  // rare: the full decode converts CMYK, then the plain resample
     const Image img = decode_jpeg(bytes, size, channels, what, o.max_pixels);
-    resample_u8(img.pixels.data(), img.height, img.width, channels, img.width * channels, g, out, o.resample);
+    resample_u8(img.pixels.data(), img.height, img.width, channels, img.width * channels, g, out,
+                o.resample);
     return;
   }
   const SampleGeometry local = shift_source(plan.scaled, st->top, st->left, st->rows, st->width);
-  resample_converted(raw.data(), st->rows, st->width, st->raw_channels, channels, local, out, o.resample);
+  resample_converted(raw.data(), st->rows, st->width, st->raw_channels, channels, local, out,
+                     o.resample);
   // The buffer is kept for the next sample, unless one huge image grew it (each loader thread
   // has one).
   if (raw.capacity() > (size_t{64} << 20)) std::vector<uint8_t>().swap(raw);

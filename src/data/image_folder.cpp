@@ -34,8 +34,8 @@ std::string image_folder_split_dir(const std::string& root, const std::string& s
     return (fs::path(root) / other).string();
   }
   KILN_FAIL(Data, "image folder split directory '", dir.string(), "' does not exist",
-            other.empty() ? "" : " (nor '" + (fs::path(root) / other).string() + "')", "; expected ",
-            root, "/<split>/<class>/*.jpg with split train, val or test");
+            other.empty() ? "" : " (nor '" + (fs::path(root) / other).string() + "')",
+            "; expected ", root, "/<split>/<class>/*.jpg with split train, val or test");
 }
 
 ImageFolderDataset::ImageFolderDataset(const std::string& dir, int64_t channels, bool skip_corrupt,
@@ -50,8 +50,8 @@ ImageFolderDataset::ImageFolderDataset(const std::string& dir, int64_t channels,
   } catch (const fs::filesystem_error& e) {
     // A symlink loop (ELOOP), an unreadable sub-directory (EACCES), a name too long.
     KILN_FAIL(Data, "cannot list image folder '", dir, "': ", e.code().message(), " at '",
-              e.path1().string(), "'", e.code() == std::errc::too_many_symbolic_link_levels
-              ? " (a symbolic link loop)" : "",
+              e.path1().string(), "'",
+              e.code() == std::errc::too_many_symbolic_link_levels ? " (a symbolic link loop)" : "",
               "; remove or fix that entry, or point --data elsewhere");
   }
   corrupt_ = std::make_unique<std::atomic<uint8_t>[]>(files_.size());
@@ -130,9 +130,10 @@ bool ImageFolderDataset::try_read(int64_t index, Encoded& out) const {
     out.bytes = data_detail::read_file_bytes(path);
     const ImageInfo info = read_image_info(out.bytes.data(), out.bytes.size(), path);
     // Refused here, before any decoder sizes a buffer from the header (a decompression bomb).
-    KILN_CHECK(info.height > 0 && info.width > 0 && info.height <= max_pixels_ / info.width,
-               Data, "'", path, "' declares ", info.height, "x", info.width,
-               " pixels, more than the limit of ", max_pixels_, " (a corrupt or hostile header; --max-image-pixels raises the limit)");
+    KILN_CHECK(info.height > 0 && info.width > 0 && info.height <= max_pixels_ / info.width, Data,
+               "'", path, "' declares ", info.height, "x", info.width,
+               " pixels, more than the limit of ", max_pixels_,
+               " (a corrupt or hostile header; --max-image-pixels raises the limit)");
     out.index = index;
     out.label = labels_[static_cast<size_t>(index)];
     out.name = path;
@@ -141,7 +142,8 @@ bool ImageFolderDataset::try_read(int64_t index, Encoded& out) const {
     // Progressive JPEGs go to the loader's workers: the hardware engines refuse them, and
     // nvJPEG's hybrid decoder would run their Huffman decoding on the one staging thread
     // (1,894 images/s on the H200, bench/RESULTS.md), where 16 workers decode them in parallel.
-    out.device_decodable = info.format == ImageFormat::Jpeg && !info.cmyk && info.complete && !info.progressive;
+    out.device_decodable =
+        info.format == ImageFormat::Jpeg && !info.cmyk && info.complete && !info.progressive;
     return true;
   } catch (const Error& e) {
     if (e.kind() != ErrorKind::Data) throw;

@@ -28,7 +28,9 @@ const char* output_name(LoaderOutput o) {
 
 }  // namespace
 
-int default_loader_workers() { return std::max(1, static_cast<int>(std::thread::hardware_concurrency())); }
+int default_loader_workers() {
+  return std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+}
 
 Loader::Loader(std::shared_ptr<const Dataset> dataset, Pipeline transforms, LoaderOptions options)
     : dataset_(std::move(dataset)), pipeline_(std::move(transforms)), options_(options) {
@@ -112,8 +114,9 @@ int64_t Loader::batch_samples(int64_t batch) const {
 }
 
 void Loader::start_epoch(int64_t epoch, int64_t first_batch) {
-  KILN_CHECK(first_batch >= 0 && first_batch <= batches_, InvalidArgument, "start_epoch: batch ", first_batch,
-             " is outside the epoch's 0..", batches_, " batches (a checkpoint made with another --batch-size "
+  KILN_CHECK(first_batch >= 0 && first_batch <= batches_, InvalidArgument, "start_epoch: batch ",
+             first_batch, " is outside the epoch's 0..", batches_,
+             " batches (a checkpoint made with another --batch-size "
              "or dataset?)");
   std::unique_lock<std::mutex> lock(mutex_);
   // Retire the old epoch: nothing new is claimed, and what is being made is waited for, because
@@ -174,9 +177,9 @@ bool Loader::claim(int64_t max, int64_t& first, int64_t& count, uint64_t& genera
 
 SampleGeometry Loader::checked_geometry(int64_t h, int64_t w, Rng rng, int64_t index) const {
   const SampleGeometry g = pipeline_.geometry(h, w, rng);
-  KILN_CHECK(g.out_h() == hwc_[0] && g.out_w() == hwc_[1], InvalidArgument, "the transforms make a ",
-             g.out_h(), "x", g.out_w(), " image from sample ", index, " but batches hold ", hwc_[0], "x",
-             hwc_[1],
+  KILN_CHECK(g.out_h() == hwc_[0] && g.out_w() == hwc_[1], InvalidArgument,
+             "the transforms make a ", g.out_h(), "x", g.out_w(), " image from sample ", index,
+             " but batches hold ", hwc_[0], "x", hwc_[1],
              " (the shape made from sample 0); end the pipeline with a fixed-size crop "
              "(RandomResizedCrop, CenterCrop, RandomCrop) so that every sample has the same shape");
   return g;
@@ -189,7 +192,8 @@ int32_t Loader::decode_on_host(Dataset::Encoded enc, const Rng& rng, uint8_t* ou
   for (int64_t round = 0;; ++round) {
     const SampleGeometry g = checked_geometry(enc.height, enc.width, rng, enc.index);
     try {
-      decode_resampled(enc.bytes.data(), enc.bytes.size(), hwc_[2], g, out, enc.name, options_.decode);
+      decode_resampled(enc.bytes.data(), enc.bytes.size(), hwc_[2], g, out, enc.name,
+                       options_.decode);
       if (decoded) {
         decoded->bytes.clear();
         decoded->geometry = g;
@@ -314,13 +318,14 @@ void Loader::worker_loop() {
 
 Loader::Slot* Loader::wait_batch(const char* caller, LoaderOutput wanted) {
   static const char* const reader[] = {"next", "next_u8", "next_encoded"};
-  KILN_CHECK(options_.output == wanted, InvalidArgument, "Loader::", caller, " reads ",
-             output_name(wanted), " batches but this loader makes ", output_name(options_.output),
-             " ones (LoaderOptions::output); call Loader::", reader[static_cast<int>(options_.output)]);
+  KILN_CHECK(
+      options_.output == wanted, InvalidArgument, "Loader::", caller, " reads ",
+      output_name(wanted), " batches but this loader makes ", output_name(options_.output),
+      " ones (LoaderOptions::output); call Loader::", reader[static_cast<int>(options_.output)]);
   const auto t0 = Clock::now();
   std::unique_lock<std::mutex> lock(mutex_);
-  KILN_CHECK(active_, State,
-             "Loader::", caller, " called with no epoch running; call start_epoch(e) "
+  KILN_CHECK(active_, State, "Loader::", caller,
+             " called with no epoch running; call start_epoch(e) "
              "first (also after an error, which ends the epoch)");
   if (consumed_ >= batches_) return nullptr;
   const int64_t batch = consumed_;
@@ -363,7 +368,8 @@ int64_t Loader::next(float* images, int32_t* labels) {
   Slot* slot = wait_batch("next", LoaderOutput::float32);
   if (!slot) return 0;
   const int64_t n = batch_samples(slot->batch);
-  std::memcpy(images, slot->images.data(), static_cast<size_t>(n * sample_floats()) * sizeof(float));
+  std::memcpy(images, slot->images.data(),
+              static_cast<size_t>(n * sample_floats()) * sizeof(float));
   std::memcpy(labels, slot->labels.data(), static_cast<size_t>(n) * sizeof(int32_t));
   release_batch();
   return n;
@@ -417,11 +423,13 @@ int64_t Loader::next_encoded(EncodedBatch& out) {
   out.labels.assign(slot->labels.begin(), slot->labels.begin() + n);
   out.labels.resize(static_cast<size_t>(bs), -1);
   // Sample k again, on the host, from its own index and rng: what the worker drew.
-  std::vector<int64_t> indices(order_.begin() + slot->batch * bs, order_.begin() + slot->batch * bs + n);
+  std::vector<int64_t> indices(order_.begin() + slot->batch * bs,
+                               order_.begin() + slot->batch * bs + n);
   const uint64_t epoch = static_cast<uint64_t>(epoch_);
-  out.host_decode = [this, epoch, indices = std::move(indices)](int64_t k, uint8_t* pixels, int32_t* label) {
-    KILN_CHECK(k >= 0 && k < static_cast<int64_t>(indices.size()), InvalidArgument, "host_decode: sample ", k,
-               " is outside the batch of ", indices.size());
+  out.host_decode = [this, epoch, indices = std::move(indices)](int64_t k, uint8_t* pixels,
+                                                                int32_t* label) {
+    KILN_CHECK(k >= 0 && k < static_cast<int64_t>(indices.size()), InvalidArgument,
+               "host_decode: sample ", k, " is outside the batch of ", indices.size());
     const int64_t index = indices[static_cast<size_t>(k)];
     const Rng rng = Rng::derive(options_.seed, epoch, static_cast<uint64_t>(index) + 1);
     const int32_t l = decode_on_host(dataset_->encoded(index), rng, pixels, nullptr);

@@ -16,7 +16,8 @@ const char* filter_name(ResampleFilter f) {
 ResampleFilter parse_filter(const std::string& name) {
   if (name == "bilinear") return ResampleFilter::bilinear;
   if (name == "bicubic") return ResampleFilter::bicubic;
-  KILN_FAIL(InvalidArgument, "interpolation '", name, "' is not one kiln has; use bilinear or bicubic");
+  KILN_FAIL(InvalidArgument, "interpolation '", name,
+            "' is not one kiln has; use bilinear or bicubic");
 }
 
 double filter_weight(ResampleFilter f, double x) {

@@ -282,7 +282,8 @@ class Compiler {
       // every state_dict entry), so that the EMA weights are evaluated with statistics of their
       // own; num_batches_tracked, an integer, is copied as V3 does (checkpoint.cpp).
       if (p_.buffer_elems > 0) {
-        ph.nodes.push_back(make_node(OpKind::ema, {buffer_range(Region::bn_running), p_.io.overflow},
+        ph.nodes.push_back(make_node(OpKind::ema,
+                                     {buffer_range(Region::bn_running), p_.io.overflow},
                                      {buffer_range(Region::ema_bn_running)}, a, "ema bn buffers"));
       }
       if (o.amp && !decay_range_.empty()) {

@@ -229,7 +229,8 @@ void reduce_overflow_and_average(Program& p) {
       int64_t last_check = -1;
       for (size_t i = 0; i < ph.nodes.size(); ++i) {
         Node& n = ph.nodes[i];
-        if (n.op == OpKind::grad_norm) n.attrs.grad_average = 1.0f / static_cast<float>(world);  // the mean's norm
+        if (n.op == OpKind::grad_norm)
+          n.attrs.grad_average = 1.0f / static_cast<float>(world);  // the mean's norm
         if (n.op != OpKind::check_clip) continue;
         n.attrs.clip *= static_cast<float>(world);  // the bound of the sum of `world` averages
         last_check = static_cast<int64_t>(i);

@@ -28,9 +28,13 @@ bool is_param_region(Region r) {
   }
 }
 
-bool is_buffer_region(Region r) { return r == Region::bn_running || r == Region::ema_bn_running; }
+bool is_buffer_region(Region r) {
+  return r == Region::bn_running || r == Region::ema_bn_running;
+}
 
-bool is_reused_region(Region r) { return r == Region::features || r == Region::aux; }
+bool is_reused_region(Region r) {
+  return r == Region::features || r == Region::aux;
+}
 
 struct Interval {
   int64_t first = INT64_MAX;
@@ -39,7 +43,8 @@ struct Interval {
 
 // Root of a view chain.
 TensorId root_of(const Program& p, TensorId id) {
-  while (p.tensors[static_cast<size_t>(id)].view_of != kNoTensor) id = p.tensors[static_cast<size_t>(id)].view_of;
+  while (p.tensors[static_cast<size_t>(id)].view_of != kNoTensor)
+    id = p.tensors[static_cast<size_t>(id)].view_of;
   return id;
 }
 
@@ -175,9 +180,9 @@ static std::string human_bytes(int64_t b) {
 std::string describe_memory(const Program& p) {
   std::ostringstream os;
   os << "memory plan of " << p.model << " (batch " << p.options.batch << ", "
-     << (p.options.amp ? "AMP " : "FP32, ") << (p.options.amp ? dtype_name(p.options.amp_dtype) : "")
-     << (p.options.amp ? ", " : "") << "memory reuse " << (p.options.memory_reuse ? "on" : "off")
-     << ")\n";
+     << (p.options.amp ? "AMP " : "FP32, ")
+     << (p.options.amp ? dtype_name(p.options.amp_dtype) : "") << (p.options.amp ? ", " : "")
+     << "memory reuse " << (p.options.memory_reuse ? "on" : "off") << ")\n";
   char line[256];
   std::snprintf(line, sizeof line, "  %-12s %14s  %s\n", "region", "bytes", "holds");
   os << line;
@@ -197,7 +202,8 @@ std::string describe_memory(const Program& p) {
      << human_bytes(feat_no) << " without";
   if (feat > 0) {
     char r[64];
-    std::snprintf(r, sizeof r, " (%.2fx)", static_cast<double>(feat_no) / static_cast<double>(feat));
+    std::snprintf(r, sizeof r, " (%.2fx)",
+                  static_cast<double>(feat_no) / static_cast<double>(feat));
     os << r;
   }
   os << "\n  total: " << human_bytes(p.memory.total()) << "\n";

@@ -16,8 +16,14 @@ constexpr OpInfo kOps[] = {
 static_assert(sizeof(kOps) / sizeof(kOps[0]) == kOpCount, "ops.def and the op table disagree");
 }  // namespace
 
-const char* op_name(OpKind op) { return kOps[static_cast<int>(op)].name; }
-OpCategory op_category(OpKind op) { return kOps[static_cast<int>(op)].category; }
-const char* op_signature(OpKind op) { return kOps[static_cast<int>(op)].signature; }
+const char* op_name(OpKind op) {
+  return kOps[static_cast<int>(op)].name;
+}
+OpCategory op_category(OpKind op) {
+  return kOps[static_cast<int>(op)].category;
+}
+const char* op_signature(OpKind op) {
+  return kOps[static_cast<int>(op)].signature;
+}
 
 }  // namespace kiln

@@ -18,16 +18,25 @@ constexpr PhaseInfo kPhases[] = {
 };
 }  // namespace
 
-const char* phase_name(PhaseKind k) { return kPhases[static_cast<int>(k)].name; }
-const char* phase_doc(PhaseKind k) { return kPhases[static_cast<int>(k)].doc; }
+const char* phase_name(PhaseKind k) {
+  return kPhases[static_cast<int>(k)].name;
+}
+const char* phase_doc(PhaseKind k) {
+  return kPhases[static_cast<int>(k)].doc;
+}
 
 const char* param_kind_name(ParamKind k) {
   switch (k) {
-    case ParamKind::ConvWeight: return "conv weight";
-    case ParamKind::FcWeight: return "fc weight";
-    case ParamKind::BnWeight: return "bn weight";
-    case ParamKind::BnBias: return "bn bias";
-    case ParamKind::Bias: return "bias";
+    case ParamKind::ConvWeight:
+      return "conv weight";
+    case ParamKind::FcWeight:
+      return "fc weight";
+    case ParamKind::BnWeight:
+      return "bn weight";
+    case ParamKind::BnBias:
+      return "bn bias";
+    case ParamKind::Bias:
+      return "bias";
   }
   return "?";
 }
@@ -73,8 +82,8 @@ static void validate_tensor(const Program& p, const DTensor& t, const std::strin
   KILN_CHECK(p.memory.locked, State, "validate_program: the memory plan of '", p.model,
              "' is not locked yet; call plan_memory first");
   KILN_CHECK(t.offset >= 0, Memory, what, " was never placed by the memory plan");
-  KILN_CHECK(t.offset % kAlignment == 0, Memory, what, " starts at byte ", t.offset,
-             " of region ", region_name(t.region), ", not on a ", kAlignment, "-byte boundary");
+  KILN_CHECK(t.offset % kAlignment == 0, Memory, what, " starts at byte ", t.offset, " of region ",
+             region_name(t.region), ", not on a ", kAlignment, "-byte boundary");
   KILN_CHECK(dtype_allowed(p, t.region, t.dtype), Memory, what, " is ", dtype_name(t.dtype),
              " in region ", region_name(t.region), ", which ",
              p.options.amp ? "under AMP" : "with AMP off", " does not hold that dtype",
@@ -87,12 +96,13 @@ static void validate_tensor(const Program& p, const DTensor& t, const std::strin
   }
   const int64_t region_size = p.memory.region_bytes[static_cast<int>(t.region)];
   KILN_CHECK(t.offset + t.bytes() <= region_size, Memory, what, " (", t.bytes(), " bytes at ",
-             t.offset, ") runs past the end of region ", region_name(t.region), " (",
-             region_size, " bytes)");
+             t.offset, ") runs past the end of region ", region_name(t.region), " (", region_size,
+             " bytes)");
   if (t.view_of != kNoTensor) {
     const DTensor& root = p.storage(t.id);
-    KILN_CHECK(t.region == root.region && t.dtype == root.dtype && t.bytes() <= root.bytes(), Memory, what,
-               " is a view larger than (or of another region or dtype than) '", root.name, "'");
+    KILN_CHECK(t.region == root.region && t.dtype == root.dtype && t.bytes() <= root.bytes(),
+               Memory, what, " is a view larger than (or of another region or dtype than) '",
+               root.name, "'");
   }
 }
 
@@ -100,7 +110,8 @@ void validate_program(const Program& p) {
   for (const auto* list : {&p.train, &p.eval, &p.eval_ema, &p.init}) {
     for (const Phase& ph : *list) {
       for (const Node& n : ph.nodes) {
-        const std::string where = "phase " + ph.name + ", node '" + n.label + "' (" + op_name(n.op) + ")";
+        const std::string where =
+            "phase " + ph.name + ", node '" + n.label + "' (" + op_name(n.op) + ")";
         for (const auto* ids : {&n.in, &n.out}) {
           for (TensorId id : *ids) {
             if (id == kNoTensor) continue;
@@ -122,7 +133,8 @@ std::string describe_program(const Program& p, bool with_tensors) {
     std::ostringstream s;
     s << t.name;
     if (with_tensors) {
-      s << "{" << region_name(t.region) << "+" << t.offset << " " << dtype_name(t.dtype) << t.shape.str() << "}";
+      s << "{" << region_name(t.region) << "+" << t.offset << " " << dtype_name(t.dtype)
+        << t.shape.str() << "}";
     }
     return s.str();
   };
@@ -130,7 +142,8 @@ std::string describe_program(const Program& p, bool with_tensors) {
     if (phases.empty()) return;
     os << title << ":\n";
     for (const Phase& ph : phases) {
-      os << "  phase " << ph.name << " (stream " << ph.stream << ", " << ph.nodes.size() << " nodes)\n";
+      os << "  phase " << ph.name << " (stream " << ph.stream << ", " << ph.nodes.size()
+         << " nodes)\n";
       for (const Node& n : ph.nodes) {
         os << "    " << op_name(n.op) << "  " << n.label << "  (";
         for (size_t i = 0; i < n.in.size(); ++i) os << (i ? ", " : "") << tensor_text(n.in[i]);

@@ -14,16 +14,25 @@ constexpr RegionInfo kRegions[] = {
 };
 }  // namespace
 
-const char* region_name(Region r) { return kRegions[static_cast<int>(r)].name; }
-const char* region_doc(Region r) { return kRegions[static_cast<int>(r)].doc; }
+const char* region_name(Region r) {
+  return kRegions[static_cast<int>(r)].name;
+}
+const char* region_doc(Region r) {
+  return kRegions[static_cast<int>(r)].doc;
+}
 
 const char* layout_name(Layout l) {
   switch (l) {
-    case Layout::Flat: return "flat";
-    case Layout::NHWC: return "NHWC";
-    case Layout::NC: return "NC";
-    case Layout::KRSC: return "KRSC";
-    case Layout::OI: return "OI";
+    case Layout::Flat:
+      return "flat";
+    case Layout::NHWC:
+      return "NHWC";
+    case Layout::NC:
+      return "NC";
+    case Layout::KRSC:
+      return "KRSC";
+    case Layout::OI:
+      return "OI";
   }
   return "?";
 }

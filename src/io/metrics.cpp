@@ -190,7 +190,8 @@ void MetricsWriter::declare_columns(std::vector<std::string> columns) {
   columns_ = std::move(columns);
 }
 
-MetricsWriter::Lines MetricsWriter::format_with(const MetricsRow& row, std::vector<std::string>& columns) const {
+MetricsWriter::Lines MetricsWriter::format_with(const MetricsRow& row,
+                                                std::vector<std::string>& columns) const {
   KILN_CHECK(!row.empty(), InvalidArgument, "a metrics row needs at least one value");
   std::set<std::string> keys;
   for (const auto& [key, value] : row) {
@@ -204,9 +205,10 @@ MetricsWriter::Lines MetricsWriter::format_with(const MetricsRow& row, std::vect
       for (const auto& kv : row) columns.push_back(kv.first);
     }
     for (const auto& kv : row) {
-      KILN_CHECK(std::find(columns.begin(), columns.end(), kv.first) != columns.end(), InvalidArgument,
-                 "metric '", kv.first, "' is not a column of '", csv_path_,
-                 "' (a CSV's columns are fixed by its first row); include '", kv.first, "' in the first row written");
+      KILN_CHECK(std::find(columns.begin(), columns.end(), kv.first) != columns.end(),
+                 InvalidArgument, "metric '", kv.first, "' is not a column of '", csv_path_,
+                 "' (a CSV's columns are fixed by its first row); include '", kv.first,
+                 "' in the first row written");
     }
     for (size_t i = 0; i < columns.size(); ++i) {
       if (i) out.csv += ',';
@@ -286,8 +288,8 @@ bool parse_int(const std::string& s, int64_t& v) {
 
 }  // namespace
 
-MetricsTrim truncate_metrics(const std::string& csv_path, const std::string& jsonl_path, const std::string& key,
-                             int64_t max) {
+MetricsTrim truncate_metrics(const std::string& csv_path, const std::string& jsonl_path,
+                             const std::string& key, int64_t max) {
   MetricsTrim t;
   if (!csv_path.empty() && ::access(csv_path.c_str(), F_OK) == 0) {
     const std::string text = read_file_text(csv_path);
@@ -296,7 +298,8 @@ MetricsTrim truncate_metrics(const std::string& csv_path, const std::string& jso
       const std::vector<std::string> header = csv_first_record(lines[0]);
       const auto col = std::find(header.begin(), header.end(), key);
       KILN_CHECK(col != header.end(), InvalidArgument, "'", csv_path, "' has no column '", key,
-                 "' to cut the rows after a checkpoint by; resume into the run's own folder or give a new --output");
+                 "' to cut the rows after a checkpoint by; resume into the run's own folder or "
+                 "give a new --output");
       std::string kept = lines[0];
       for (size_t i = 1; i < lines.size(); ++i) {
         const std::vector<std::string> f = csv_first_record(lines[i]);
@@ -323,7 +326,8 @@ MetricsTrim truncate_metrics(const std::string& csv_path, const std::string& jso
       if (at != std::string::npos) {
         const size_t from = at + needle.size();
         const size_t to = line.find_first_not_of("-0123456789", from);
-        ok = parse_int(line.substr(from, to == std::string::npos ? std::string::npos : to - from), v);
+        ok = parse_int(line.substr(from, to == std::string::npos ? std::string::npos : to - from),
+                       v);
       }
       if (ok && v <= max) {
         kept += line;

@@ -26,8 +26,12 @@ const char* plan_op_name(PlanOp op) {
   const auto i = static_cast<size_t>(op);
   return i < std::size(kPlanOps) ? kPlanOps[i].name : "?";
 }
-bool plan_op_has_params(PlanOp op) { return kPlanOps[static_cast<size_t>(op)].params; }
-bool plan_op_has_window(PlanOp op) { return kPlanOps[static_cast<size_t>(op)].window; }
+bool plan_op_has_params(PlanOp op) {
+  return kPlanOps[static_cast<size_t>(op)].params;
+}
+bool plan_op_has_window(PlanOp op) {
+  return kPlanOps[static_cast<size_t>(op)].window;
+}
 
 std::vector<const PlanNode*> ArchPlan::live() const {
   std::vector<const PlanNode*> v;
@@ -77,7 +81,8 @@ class Builder {
 
   std::string describe(const Layer& l, const std::string& path) const {
     std::ostringstream os;
-    os << "layer '" << (path.empty() ? std::string("(root)") : path) << "' (" << layer_kind_name(l.kind);
+    os << "layer '" << (path.empty() ? std::string("(root)") : path) << "' ("
+       << layer_kind_name(l.kind);
     if (layer_kind_has_window(l.kind)) {
       os << " " << l.k << "x" << l.k << " stride " << l.stride << " pad " << l.pad;
     }
@@ -86,8 +91,9 @@ class Builder {
   }
 
   void need_map(const Layer& l, const std::string& path, int x) const {
-    KILN_CHECK(shape(x).rank() == 3, Shape, describe(l, path), " needs a feature map [H, W, C] but gets ",
-               shape(x).str(), "; it must come before flatten/fc/gap");
+    KILN_CHECK(shape(x).rank() == 3, Shape, describe(l, path),
+               " needs a feature map [H, W, C] but gets ", shape(x).str(),
+               "; it must come before flatten/fc/gap");
   }
 
   // Output size of a sliding window, with the error naming the layer.
@@ -105,19 +111,22 @@ class Builder {
       case LayerKind::Seq: {
         for (size_t i = 0; i < l.children.size(); ++i) {
           const Layer& c = l.children[i];
-          const std::string seg = c.transparent ? "" : (c.name.empty() ? std::to_string(i) : c.name);
+          const std::string seg =
+              c.transparent ? "" : (c.name.empty() ? std::to_string(i) : c.name);
           x = build(c, x, join(path, seg));
         }
         return x;
       }
       case LayerKind::Residual: {
-        KILN_CHECK(l.children.size() == 2, Model, describe(l, path), " needs a main branch and a shortcut");
+        KILN_CHECK(l.children.size() == 2, Model, describe(l, path),
+                   " needs a main branch and a shortcut");
         const Layer& main = l.children[0];
         const Layer& sc = l.children[1];
         const int a = build(main, x, main.transparent ? path : join(path, main.name));
-        const int b = sc.kind == LayerKind::Identity
-                          ? x
-                          : build(sc, x, sc.name.empty() || sc.transparent ? path : join(path, sc.name));
+        const int b =
+            sc.kind == LayerKind::Identity
+                ? x
+                : build(sc, x, sc.name.empty() || sc.transparent ? path : join(path, sc.name));
         KILN_CHECK(shape(a) == shape(b), Shape, describe(l, path), ": the main branch gives ",
                    shape(a).str(), " but the shortcut gives ", shape(b).str(),
                    "; give the shortcut a 1x1 conv with the same stride and channels (downsample)");
@@ -127,8 +136,8 @@ class Builder {
       case LayerKind::Conv: {
         need_map(l, path, x);
         const Shape& s = shape(x);
-        KILN_CHECK(s[2] > 0 && l.out > 0, Shape, describe(l, path), ": channel counts must be > 0 (in ",
-                   s[2], ", out ", l.out, ")");
+        KILN_CHECK(s[2] > 0 && l.out > 0, Shape, describe(l, path),
+                   ": channel counts must be > 0 (in ", s[2], ", out ", l.out, ")");
         const int64_t h = window(l, path, s[0], "height");
         const int64_t w = window(l, path, s[1], "width");
         const int id = add(PlanOp::Conv, path, {x}, Shape{h, w, l.out});
@@ -146,7 +155,7 @@ class Builder {
       }
       // Element-wise layers (layers.def's pointwise rows): the same-named op, the same shape.
 #define KILN_LAYER(e, name, role, params, window, pointwise) \
-  KILN_POINTWISE_##pointwise(case LayerKind::e: return add(PlanOp::e, path, {x}, shape(x));)
+  KILN_POINTWISE_##pointwise(case LayerKind::e : return add(PlanOp::e, path, {x}, shape(x));)
 #include "kiln/blueprint/layers.def"
 #undef KILN_LAYER
       case LayerKind::MaxPool:
@@ -157,8 +166,8 @@ class Builder {
                    " must be at most half the kernel (as in PyTorch)");
         const int64_t h = window(l, path, s[0], "height");
         const int64_t w = window(l, path, s[1], "width");
-        const int id = add(l.kind == LayerKind::MaxPool ? PlanOp::MaxPool : PlanOp::AvgPool, path, {x},
-                           Shape{h, w, s[2]});
+        const int id = add(l.kind == LayerKind::MaxPool ? PlanOp::MaxPool : PlanOp::AvgPool, path,
+                           {x}, Shape{h, w, s[2]});
         auto& n = plan_.nodes[static_cast<size_t>(id)];
         n.k = l.k, n.stride = l.stride, n.pad = l.pad;
         return id;
@@ -170,7 +179,8 @@ class Builder {
         if (s[0] == l.out && s[1] == l.out) return add(PlanOp::Identity, path, {x}, s);
         KILN_CHECK(s[0] % l.out == 0 && s[1] == s[0], Shape, describe(l, path), ": cannot pool a ",
                    s[0], "x", s[1], " map to ", l.out, "x", l.out,
-                   " with one window size; use an input size whose final map is a multiple of ", l.out);
+                   " with one window size; use an input size whose final map is a multiple of ",
+                   l.out);
         const int id = add(PlanOp::AvgPool, path, {x}, Shape{l.out, l.out, s[2]});
         auto& n = plan_.nodes[static_cast<size_t>(id)];
         n.k = n.stride = static_cast<int>(s[0] / l.out);
@@ -185,14 +195,16 @@ class Builder {
       case LayerKind::FC: {
         KILN_CHECK(shape(x).rank() == 1, Shape, describe(l, path), " needs a flat input but gets ",
                    shape(x).str(), "; put flatten() or gap() before it");
-        KILN_CHECK(l.out > 0 && shape(x)[0] > 0, Shape, describe(l, path), ": feature counts must be > 0");
+        KILN_CHECK(l.out > 0 && shape(x)[0] > 0, Shape, describe(l, path),
+                   ": feature counts must be > 0");
         const int id = add(PlanOp::FC, path, {x}, Shape{l.out});
         auto& n = plan_.nodes[static_cast<size_t>(id)];
         n.out = l.out, n.bias = l.bias;
         return id;
       }
       case LayerKind::Dropout: {
-        KILN_CHECK(l.p >= 0 && l.p < 1, Model, describe(l, path), ": p must be in [0, 1), got ", l.p);
+        KILN_CHECK(l.p >= 0 && l.p < 1, Model, describe(l, path), ": p must be in [0, 1), got ",
+                   l.p);
         const int id = add(PlanOp::Dropout, path, {x}, shape(x));
         plan_.nodes[static_cast<size_t>(id)].p = l.p;
         return id;

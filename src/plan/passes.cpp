@@ -9,7 +9,9 @@ namespace kiln {
 
 namespace {
 
-PlanNode& node(ArchPlan& p, int id) { return p.nodes[static_cast<size_t>(id)]; }
+PlanNode& node(ArchPlan& p, int id) {
+  return p.nodes[static_cast<size_t>(id)];
+}
 
 // Points every consumer of `from` at `to`.
 void rewire(ArchPlan& p, int from, int to) {
@@ -42,8 +44,9 @@ void append_loss_head(ArchPlan& p, const PlanOptions&) {
   }
   const PlanNode& out = node(p, last);
   KILN_CHECK(out.shape.rank() == 1 && out.shape[0] == p.num_classes, Shape, "model '", p.model,
-             "' ends in layer '", out.name, "' with output ", out.shape.str(), " but the loss needs [",
-             p.num_classes, "] (one logit per class); end the model with fc(", p.num_classes, ")");
+             "' ends in layer '", out.name, "' with output ", out.shape.str(),
+             " but the loss needs [", p.num_classes,
+             "] (one logit per class); end the model with fc(", p.num_classes, ")");
   PlanNode head;
   head.id = static_cast<int>(p.nodes.size());
   head.op = PlanOp::SoftmaxCE;
@@ -51,7 +54,8 @@ void append_loss_head(ArchPlan& p, const PlanOptions&) {
   head.inputs = {last};
   head.shape = Shape{1};
   p.nodes.push_back(head);
-  p.notes.push_back("append_loss_head: softmax cross-entropy with top-1/top-5 after '" + out.name + "'");
+  p.notes.push_back("append_loss_head: softmax cross-entropy with top-1/top-5 after '" + out.name +
+                    "'");
 }
 
 void mark_first_layer(ArchPlan& p, const PlanOptions&) {
@@ -78,16 +82,17 @@ void mark_first_layer(ArchPlan& p, const PlanOptions&) {
 // channels that are not a multiple of 8 stay unfused: FP16 convolutions and the fused
 // BatchNorm's 16-byte passes want them.
 std::string cbr_refusal(const PlanNode& conv) {
-  if (conv.out % 8 != 0) return std::to_string(conv.out) + " output channels are not a multiple of 8";
+  if (conv.out % 8 != 0)
+    return std::to_string(conv.out) + " output channels are not a multiple of 8";
   return "";
 }
 
 void merge_cbr(ArchPlan& p, const PlanOptions& o) {
   if (!o.fusion || (!o.amp && !o.backend_fuses_fp32) || !o.backend_fuses_cbr) {
     p.notes.push_back(std::string("merge_cbr: off (") +
-                      (!o.fusion                               ? "fusion disabled"
+                      (!o.fusion                         ? "fusion disabled"
                        : !o.amp && !o.backend_fuses_fp32 ? "the backend fuses only under AMP"
-                                                                 : "backend has no fused CBR") +
+                                                         : "backend has no fused CBR") +
                       ")");
     return;
   }
@@ -123,12 +128,14 @@ void merge_cbr(ArchPlan& p, const PlanOptions& o) {
 // written, and the backward reads the pooled gradient. ResNet's 3x3 / 2 stem pool overlaps
 // and stays.
 void merge_cbr_pool(ArchPlan& p, const PlanOptions& o) {
-  if (!o.fusion || (!o.amp && !o.backend_fuses_fp32) || !o.backend_fuses_cbr || !o.backend_fuses_cbr_pool) {
+  if (!o.fusion || (!o.amp && !o.backend_fuses_fp32) || !o.backend_fuses_cbr ||
+      !o.backend_fuses_cbr_pool) {
     p.notes.push_back(std::string("merge_cbr_pool: off (") +
                       (!o.fusion                         ? "fusion disabled"
                        : !o.amp && !o.backend_fuses_fp32 ? "the backend fuses only under AMP"
-                       : !o.backend_fuses_cbr_pool       ? "backend has no fused CBR+pool, or KILN_FUSE_POOL=0"
-                                                         : "backend has no fused CBR") +
+                       : !o.backend_fuses_cbr_pool
+                           ? "backend has no fused CBR+pool, or KILN_FUSE_POOL=0"
+                           : "backend has no fused CBR") +
                       ")");
     return;
   }
@@ -138,11 +145,12 @@ void merge_cbr_pool(ArchPlan& p, const PlanOptions& o) {
     const auto c = p.consumers(cbr.id);
     if (c.size() != 1 || node(p, c[0]).op != PlanOp::MaxPool) continue;
     PlanNode& pool = node(p, c[0]);
-    const bool tiles = pool.k == pool.stride && pool.pad == 0 && pool.k >= 2 && cbr.shape[0] % pool.k == 0 &&
-                       cbr.shape[1] % pool.k == 0;
+    const bool tiles = pool.k == pool.stride && pool.pad == 0 && pool.k >= 2 &&
+                       cbr.shape[0] % pool.k == 0 && cbr.shape[1] % pool.k == 0;
     if (!tiles) {
-      p.notes.push_back("merge_cbr_pool: '" + pool.name + "' stays apart: its windows do not tile '" + cbr.name +
-                        "''s output (k" + std::to_string(pool.k) + " s" + std::to_string(pool.stride) + " p" +
+      p.notes.push_back("merge_cbr_pool: '" + pool.name +
+                        "' stays apart: its windows do not tile '" + cbr.name + "''s output (k" +
+                        std::to_string(pool.k) + " s" + std::to_string(pool.stride) + " p" +
                         std::to_string(pool.pad) + ")");
       continue;
     }
@@ -159,9 +167,9 @@ void merge_cbr_pool(ArchPlan& p, const PlanOptions& o) {
 void merge_bn_add_relu(ArchPlan& p, const PlanOptions& o) {
   if (!o.fusion || (!o.amp && !o.backend_fuses_fp32) || !o.backend_fuses_bn_add_relu) {
     p.notes.push_back(std::string("merge_bn_add_relu: off (") +
-                      (!o.fusion                               ? "fusion disabled"
+                      (!o.fusion                         ? "fusion disabled"
                        : !o.amp && !o.backend_fuses_fp32 ? "the backend fuses only under AMP"
-                                                                 : "backend has no fused BN+add+ReLU") +
+                                                         : "backend has no fused BN+add+ReLU") +
                       ")");
     return;
   }
@@ -182,7 +190,8 @@ void merge_bn_add_relu(ArchPlan& p, const PlanOptions& o) {
     if (bn_slot < 0) continue;
     PlanNode& bn = node(p, add.inputs[static_cast<size_t>(bn_slot)]);
     if (bn.shape[2] % 8 != 0) {
-      p.notes.push_back("merge_bn_add_relu: '" + bn.name + "' unfused: channels not a multiple of 8");
+      p.notes.push_back("merge_bn_add_relu: '" + bn.name +
+                        "' unfused: channels not a multiple of 8");
       continue;
     }
     const int residual = add.inputs[static_cast<size_t>(1 - bn_slot)];
@@ -202,12 +211,9 @@ void merge_bn_add_relu(ArchPlan& p, const PlanOptions& o) {
 }  // namespace
 
 std::vector<PlanPass> default_passes() {
-  return {{"drop_identities", drop_identities},
-          {"append_loss_head", append_loss_head},
-          {"mark_first_layer", mark_first_layer},
-          {"merge_cbr", merge_cbr},
-          {"merge_cbr_pool", merge_cbr_pool},
-          {"merge_bn_add_relu", merge_bn_add_relu}};
+  return {{"drop_identities", drop_identities},   {"append_loss_head", append_loss_head},
+          {"mark_first_layer", mark_first_layer}, {"merge_cbr", merge_cbr},
+          {"merge_cbr_pool", merge_cbr_pool},     {"merge_bn_add_relu", merge_bn_add_relu}};
 }
 
 }  // namespace kiln

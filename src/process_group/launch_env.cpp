@@ -1,5 +1,6 @@
-// Rank, world size and local rank from the launcher's environment (see kiln/process_group/process_group.h).
-// Kept apart from MPI so that it builds, and is tested, without it.
+// Rank, world size and local rank from the launcher's environment (see
+// kiln/process_group/process_group.h). Kept apart from MPI so that it builds, and is tested,
+// without it.
 #include <cerrno>
 #include <climits>
 #include <cstdlib>

@@ -1,5 +1,8 @@
-// The process group over MPI, its watchdog and its exit paths (see kiln/process_group/process_group.h).
-// Built without MPI (cmake did not find it), it runs one process and refuses more.
+// The process group over MPI, its watchdog and its exit paths (see
+// kiln/process_group/process_group.h). Built without MPI (cmake did not find it), it runs one
+// process and refuses more.
+#include "kiln/process_group/process_group.h"
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -14,7 +17,6 @@
 
 #include "kiln/core/error.h"
 #include "kiln/core/log.h"
-#include "kiln/process_group/process_group.h"
 
 #if defined(KILN_HAVE_MPI)
 #include <mpi.h>

@@ -46,7 +46,8 @@ std::vector<float> as_floats(const StTensor& t, const std::string& name, const s
       v[i] = t.dtype == DType::F16 ? half_to_float(h) : bf16_to_float(h);
     }
   } else {
-    KILN_FAIL(Checkpoint, "'", file, "': tensor '", name, "' is ", dtype_name(t.dtype), "; expected F32, F16 or BF16");
+    KILN_FAIL(Checkpoint, "'", file, "': tensor '", name, "' is ", dtype_name(t.dtype),
+              "; expected F32, F16 or BF16");
   }
   return v;
 }
@@ -63,7 +64,8 @@ const StTensor& need(const StFile& f, const std::string& name, const std::vector
 
 std::string meta(const StFile& f, const std::string& key, const std::string& file) {
   auto it = f.metadata.find(key);
-  KILN_CHECK(it != f.metadata.end(), Checkpoint, "'", file, "': metadata '", key, "' is missing; not a kiln checkpoint");
+  KILN_CHECK(it != f.metadata.end(), Checkpoint, "'", file, "': metadata '", key,
+             "' is missing; not a kiln checkpoint");
   return it->second;
 }
 
@@ -72,18 +74,22 @@ int64_t meta_int(const StFile& f, const std::string& key, const std::string& fil
   try {
     size_t used = 0;
     const long long v = std::stoll(s, &used);
-    KILN_CHECK(used == s.size(), Checkpoint, "'", file, "': metadata '", key, "' = '", s, "' is not an integer");
+    KILN_CHECK(used == s.size(), Checkpoint, "'", file, "': metadata '", key, "' = '", s,
+               "' is not an integer");
     return v;
   } catch (const std::logic_error&) {
     KILN_FAIL(Checkpoint, "'", file, "': metadata '", key, "' = '", s, "' is not an integer");
   }
 }
 
-int64_t meta_int_or(const StFile& f, const std::string& key, int64_t fallback, const std::string& file) {
+int64_t meta_int_or(const StFile& f, const std::string& key, int64_t fallback,
+                    const std::string& file) {
   return f.metadata.count(key) ? meta_int(f, key, file) : fallback;  // older checkpoints lack it
 }
 
-std::string bn_of(const std::string& buffer) { return buffer.substr(0, buffer.rfind('.')); }
+std::string bn_of(const std::string& buffer) {
+  return buffer.substr(0, buffer.rfind('.'));
+}
 
 // An EMA weight and its FP16 copy: the host's round-to-nearest-even cast equals the device's.
 void write_ema_weight(Engine& engine, const ParamDesc& d, const std::vector<float>& v) {
@@ -103,11 +109,13 @@ std::vector<float> to_torch_layout(const ParamDesc& p, const std::vector<float>&
       for (int64_t r = 0; r < R; ++r)
         for (int64_t s = 0; s < S; ++s)
           for (int64_t c = 0; c < C; ++c)
-            out[static_cast<size_t>(((k * C + c) * R + r) * S + s)] = v[static_cast<size_t>(((k * R + r) * S + s) * C + c)];
+            out[static_cast<size_t>(((k * C + c) * R + r) * S + s)] =
+                v[static_cast<size_t>(((k * R + r) * S + s) * C + c)];
     return out;
   }
   if (p.kind == ParamKind::FcWeight && p.fc_input_chw[0] > 0) {
-    const int64_t O = p.shape[0], C = p.fc_input_chw[0], H = p.fc_input_chw[1], W = p.fc_input_chw[2];
+    const int64_t O = p.shape[0], C = p.fc_input_chw[0], H = p.fc_input_chw[1],
+                  W = p.fc_input_chw[2];
     for (int64_t o = 0; o < O; ++o)
       for (int64_t h = 0; h < H; ++h)
         for (int64_t w = 0; w < W; ++w)
@@ -127,11 +135,13 @@ std::vector<float> from_torch_layout(const ParamDesc& p, const std::vector<float
       for (int64_t r = 0; r < R; ++r)
         for (int64_t s = 0; s < S; ++s)
           for (int64_t c = 0; c < C; ++c)
-            out[static_cast<size_t>(((k * R + r) * S + s) * C + c)] = v[static_cast<size_t>(((k * C + c) * R + r) * S + s)];
+            out[static_cast<size_t>(((k * R + r) * S + s) * C + c)] =
+                v[static_cast<size_t>(((k * C + c) * R + r) * S + s)];
     return out;
   }
   if (p.kind == ParamKind::FcWeight && p.fc_input_chw[0] > 0) {
-    const int64_t O = p.shape[0], C = p.fc_input_chw[0], H = p.fc_input_chw[1], W = p.fc_input_chw[2];
+    const int64_t O = p.shape[0], C = p.fc_input_chw[0], H = p.fc_input_chw[1],
+                  W = p.fc_input_chw[2];
     for (int64_t o = 0; o < O; ++o)
       for (int64_t h = 0; h < H; ++h)
         for (int64_t w = 0; w < W; ++w)
@@ -156,12 +166,14 @@ StFile export_state_dict(Engine& engine, bool ema) {
   }
   std::set<std::string> bns;
   for (const BufferDesc& b : p.buffers) {
-    f.tensors[b.name] = f32_tensor(p.tensor(b.tensor).shape.dims, engine.read_param(b.name, buffers));
+    f.tensors[b.name] =
+        f32_tensor(p.tensor(b.tensor).shape.dims, engine.read_param(b.name, buffers));
     bns.insert(bn_of(b.name));
   }
   // An integer: the EMA model's is the live one's, as timm's ModelEmaV3 copies it.
   for (const std::string& bn : bns) {
-    f.tensors[bn + ".num_batches_tracked"] = scalar_tensor<int64_t>(DType::I64, engine.steps_done());
+    f.tensors[bn + ".num_batches_tracked"] =
+        scalar_tensor<int64_t>(DType::I64, engine.steps_done());
   }
   f.metadata["format"] = "pt";
   f.metadata["model"] = p.model;
@@ -172,7 +184,9 @@ void export_weights(Engine& engine, const std::string& path, bool ema) {
   write_safetensors(path, export_state_dict(engine, ema));
 }
 
-void import_weights(Engine& engine, const std::string& path) { import_state_dict(engine, read_safetensors(path), path); }
+void import_weights(Engine& engine, const std::string& path) {
+  import_state_dict(engine, read_safetensors(path), path);
+}
 
 void import_state_dict(Engine& engine, const StFile& f, const std::string& path) {
   const Program& p = engine.program();
@@ -189,8 +203,8 @@ void import_state_dict(Engine& engine, const StFile& f, const std::string& path)
 
 void import_ema_state_dict(Engine& engine, const StFile& f, const std::string& path) {
   const Program& p = engine.program();
-  KILN_CHECK(p.options.ema, InvalidArgument, "'", path, "': EMA weights given, but model '", p.model,
-             "' was compiled without EMA; compile it with --ema (ema=True)");
+  KILN_CHECK(p.options.ema, InvalidArgument, "'", path, "': EMA weights given, but model '",
+             p.model, "' was compiled without EMA; compile it with --ema (ema=True)");
   for (const ParamDesc& d : p.params) {
     const StTensor& t = need(f, d.name, d.torch_shape.dims, path);
     write_ema_weight(engine, d, from_torch_layout(d, as_floats(t, d.name, path)));
@@ -215,10 +229,12 @@ StFile ema_state_of_checkpoint(const Program& p, const StFile& f, const std::str
     // A checkpoint from before the EMA kept BatchNorm statistics of its own: the live ones,
     // which is what its EMA was evaluated with during training.
     auto live = f.tensors.find(b.name);
-    KILN_CHECK(live != f.tensors.end(), Checkpoint, "'", path, "': tensor '", b.name, "' is missing");
+    KILN_CHECK(live != f.tensors.end(), Checkpoint, "'", path, "': tensor '", b.name,
+               "' is missing");
     out.tensors[b.name] = live->second;
     if (!warned) {
-      log_warn("'", path, "' has EMA weights but no EMA BatchNorm statistics (an older "
+      log_warn("'", path,
+               "' has EMA weights but no EMA BatchNorm statistics (an older "
                "checkpoint): the EMA model uses the live model's statistics");
       warned = true;
     }
@@ -232,14 +248,16 @@ void save_checkpoint(Engine& engine, const std::string& path, const TrainState& 
   for (Region r : {Region::moment1, Region::moment2, Region::ema_f32}) {
     for (const ParamDesc& d : p.params) {
       if (d.tensor[static_cast<size_t>(r)] == kNoTensor) continue;
-      const std::string prefix = r == Region::ema_f32 ? "ema." : std::string("optimizer.") + region_name(r) + ".";
-      f.tensors[prefix + d.name] = f32_tensor(d.torch_shape.dims, to_torch_layout(d, engine.read_param(d.name, r)));
+      const std::string prefix =
+          r == Region::ema_f32 ? "ema." : std::string("optimizer.") + region_name(r) + ".";
+      f.tensors[prefix + d.name] =
+          f32_tensor(d.torch_shape.dims, to_torch_layout(d, engine.read_param(d.name, r)));
     }
   }
   if (p.options.ema) {  // the EMA model's BatchNorm statistics, beside its weights
     for (const BufferDesc& b : p.buffers) {
-      f.tensors["ema." + b.name] =
-          f32_tensor(p.tensor(b.tensor).shape.dims, engine.read_param(b.name, Region::ema_bn_running));
+      f.tensors["ema." + b.name] = f32_tensor(p.tensor(b.tensor).shape.dims,
+                                              engine.read_param(b.name, Region::ema_bn_running));
     }
   }
   float scale = 1;
@@ -280,19 +298,24 @@ void save_checkpoint(Engine& engine, const std::string& path, const TrainState& 
 TrainState load_checkpoint(Engine& engine, const std::string& path) {
   const StFile f = read_safetensors(path);
   const Program& p = engine.program();
-  KILN_CHECK(meta(f, "format", path) == kFormat, Checkpoint, "'", path, "': format '", meta(f, "format", path),
-             "' is not ", kFormat, "; to start from plain weights use --init-from");
-  KILN_CHECK(meta(f, "model", path) == p.model, Checkpoint, "'", path, "': made for model '", meta(f, "model", path),
-             "', not '", p.model, "'; pass --model ", meta(f, "model", path));
-  KILN_CHECK(meta(f, "optimizer", path) == p.options.optimizer, Checkpoint, "'", path, "': made with optimizer '",
-             meta(f, "optimizer", path), "'; resume with --opt ", meta(f, "optimizer", path));
+  KILN_CHECK(meta(f, "format", path) == kFormat, Checkpoint, "'", path, "': format '",
+             meta(f, "format", path), "' is not ", kFormat,
+             "; to start from plain weights use --init-from");
+  KILN_CHECK(meta(f, "model", path) == p.model, Checkpoint, "'", path, "': made for model '",
+             meta(f, "model", path), "', not '", p.model, "'; pass --model ",
+             meta(f, "model", path));
+  KILN_CHECK(meta(f, "optimizer", path) == p.options.optimizer, Checkpoint, "'", path,
+             "': made with optimizer '", meta(f, "optimizer", path), "'; resume with --opt ",
+             meta(f, "optimizer", path));
   import_weights(engine, path);  // parameters and running statistics
   for (Region r : {Region::moment1, Region::moment2, Region::ema_f32}) {
     for (const ParamDesc& d : p.params) {
       if (d.tensor[static_cast<size_t>(r)] == kNoTensor) continue;
       const std::string name =
-          (r == Region::ema_f32 ? "ema." : std::string("optimizer.") + region_name(r) + ".") + d.name;
-      if (r == Region::ema_f32 && !f.tensors.count(name)) continue;  // EMA switched on at resume: starts at the weights
+          (r == Region::ema_f32 ? "ema." : std::string("optimizer.") + region_name(r) + ".") +
+          d.name;
+      if (r == Region::ema_f32 && !f.tensors.count(name))
+        continue;  // EMA switched on at resume: starts at the weights
       const StTensor& t = need(f, name, d.torch_shape.dims, path);
       const std::vector<float> v = from_torch_layout(d, as_floats(t, name, path));
       if (r == Region::ema_f32) {
@@ -321,7 +344,8 @@ TrainState load_checkpoint(Engine& engine, const std::string& path) {
                 " EMA BatchNorm buffers (ema.*.running_mean/var) are missing; the file is damaged");
     }
     if (missing > 0 && f.tensors.count("ema." + p.params.front().name)) {
-      log_warn("'", path, "' has EMA weights but no EMA BatchNorm statistics (an older checkpoint): "
+      log_warn("'", path,
+               "' has EMA weights but no EMA BatchNorm statistics (an older checkpoint): "
                "the EMA model's statistics start from the live model's");
     }
   }
@@ -343,8 +367,8 @@ TrainState load_checkpoint(Engine& engine, const std::string& path) {
     const std::string& v = f.metadata.at("epoch_loss_sum");
     char* end = nullptr;
     s.sums.loss_sum = std::strtod(v.c_str(), &end);
-    KILN_CHECK(!v.empty() && end && *end == '\0', Checkpoint, "'", path, "': metadata 'epoch_loss_sum' = '", v,
-               "' is not a number");
+    KILN_CHECK(!v.empty() && end && *end == '\0', Checkpoint, "'", path,
+               "': metadata 'epoch_loss_sum' = '", v, "' is not a number");
   }
   s.sums.loss_count = meta_int_or(f, "epoch_loss_count", 0, path);
   s.sums.seen = meta_int_or(f, "epoch_seen", 0, path);
@@ -358,10 +382,11 @@ TrainState load_checkpoint(Engine& engine, const std::string& path) {
   int32_t applied = static_cast<int32_t>(s.step);
   if (f.tensors.count("kiln.optimizer_steps")) {
     const StTensor& t = need(f, "kiln.optimizer_steps", {}, path);
-    KILN_CHECK(t.dtype == DType::I32, Checkpoint, "'", path, "': kiln.optimizer_steps has the wrong dtype");
+    KILN_CHECK(t.dtype == DType::I32, Checkpoint, "'", path,
+               "': kiln.optimizer_steps has the wrong dtype");
     std::memcpy(&applied, t.data.data(), sizeof(applied));
-    KILN_CHECK(applied >= 0 && applied <= s.step, Checkpoint, "'", path, "': kiln.optimizer_steps ", applied,
-               " is outside [0, step ", s.step, "]");
+    KILN_CHECK(applied >= 0 && applied <= s.step, Checkpoint, "'", path, "': kiln.optimizer_steps ",
+               applied, " is outside [0, step ", s.step, "]");
   }
   engine.backend().write(p.tensor(p.io.optimizer_steps), &applied);
   engine.set_steps_done(s.step);

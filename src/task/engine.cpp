@@ -5,17 +5,20 @@
 
 #include "kiln/core/error.h"
 #include "kiln/core/rng.h"
-#include "kiln/process_group/process_group.h"
 #include "kiln/graph/compiler.h"
 #include "kiln/graph/memory_plan.h"
+#include "kiln/process_group/process_group.h"
 
 namespace kiln {
 
 const char* lifecycle_name(Lifecycle s) {
   switch (s) {
-    case Lifecycle::PLANNING: return "PLANNING";
-    case Lifecycle::MEMORY_LOCKED: return "MEMORY_LOCKED";
-    case Lifecycle::COMPILED: return "COMPILED";
+    case Lifecycle::PLANNING:
+      return "PLANNING";
+    case Lifecycle::MEMORY_LOCKED:
+      return "MEMORY_LOCKED";
+    case Lifecycle::COMPILED:
+      return "COMPILED";
   }
   return "?";
 }
@@ -27,7 +30,8 @@ Engine::Engine(const BluePrint& blueprint, EngineOptions options)
   if (options_.compile.amp) {
     const bool ok = options_.compile.amp_dtype == DType::BF16 ? caps.bf16 : caps.fp16;
     KILN_CHECK(ok, Unsupported, "--amp: the ", backend_->name(), " backend has no ",
-               dtype_name(options_.compile.amp_dtype), " compute; train without --amp or use --device cuda");
+               dtype_name(options_.compile.amp_dtype),
+               " compute; train without --amp or use --device cuda");
   }
   plan_ = plan_for(blueprint_, caps, options_);
 }
@@ -67,8 +71,9 @@ Engine::~Engine() = default;
 
 void Engine::require(Lifecycle s, const char* what) const {
   if (state_ == s) return;
-  const char* next = state_ == Lifecycle::PLANNING ? "lock_memory()"
-                     : state_ == Lifecycle::MEMORY_LOCKED ? "compile()" : "nothing: it is compiled";
+  const char* next = state_ == Lifecycle::PLANNING        ? "lock_memory()"
+                     : state_ == Lifecycle::MEMORY_LOCKED ? "compile()"
+                                                          : "nothing: it is compiled";
   KILN_FAIL(State, what, " needs the engine in state ", lifecycle_name(s), " but it is ",
             lifecycle_name(state_), "; the next step is ", next);
 }
@@ -80,11 +85,14 @@ void Engine::lock_memory() {
 }
 
 const Program& Engine::program() const {
-  KILN_CHECK(program_ != nullptr, State, "program() needs lock_memory() first (state ", lifecycle_name(state_), ")");
+  KILN_CHECK(program_ != nullptr, State, "program() needs lock_memory() first (state ",
+             lifecycle_name(state_), ")");
   return *program_;
 }
 
-Backend& Engine::backend() { return *backend_; }
+Backend& Engine::backend() {
+  return *backend_;
+}
 
 void Engine::compile(uint64_t seed) {
   require(Lifecycle::MEMORY_LOCKED, "compile()");
@@ -109,7 +117,8 @@ void Engine::stage(int slot, const InputView& in) {
     backend_->stage_batch_device(slot, d, in.norm);
     return;
   }
-  KILN_CHECK(in.encoded != nullptr || in.labels != nullptr, InvalidArgument, "a batch needs its labels");
+  KILN_CHECK(in.encoded != nullptr || in.labels != nullptr, InvalidArgument,
+             "a batch needs its labels");
   KILN_CHECK(in.f32 != nullptr || in.norm != nullptr, InvalidArgument,
              "uint8 and encoded batches need their normalisation (InputView::norm)");
   if (in.f32) {
@@ -117,8 +126,9 @@ void Engine::stage(int slot, const InputView& in) {
   } else if (in.u8) {
     backend_->stage_batch_u8(slot, in.u8, in.labels, *in.norm);
   } else {
-    KILN_CHECK(in.encoded->batch == program_->options.batch, InvalidArgument, "an encoded batch of ",
-               in.encoded->batch, " for a step compiled for ", program_->options.batch);
+    KILN_CHECK(in.encoded->batch == program_->options.batch, InvalidArgument,
+               "an encoded batch of ", in.encoded->batch, " for a step compiled for ",
+               program_->options.batch);
     backend_->stage_batch_encoded(slot, *in.encoded, *in.norm);
   }
 }
@@ -156,8 +166,10 @@ void Engine::set_mix(const MixDraw& draw) {
   mix_ = draw;
 }
 
-std::optional<StepStats> Engine::train_step_async(const float* images, const int32_t* labels, float lr) {
-  KILN_CHECK(images != nullptr && labels != nullptr, InvalidArgument, "train_step_async: images and labels are needed");
+std::optional<StepStats> Engine::train_step_async(const float* images, const int32_t* labels,
+                                                  float lr) {
+  KILN_CHECK(images != nullptr && labels != nullptr, InvalidArgument,
+             "train_step_async: images and labels are needed");
   InputView in;
   in.f32 = images;
   in.labels = labels;
@@ -179,7 +191,8 @@ std::optional<StepStats> Engine::train_step_async(const InputView& input, float 
 
 Engine::StatTickets Engine::read_stats_later() {
   const Program& p = *program_;
-  return StatTickets{backend_->read_later(p.tensor(p.io.loss)), backend_->read_later(p.tensor(p.io.correct)),
+  return StatTickets{backend_->read_later(p.tensor(p.io.loss)),
+                     backend_->read_later(p.tensor(p.io.correct)),
                      backend_->read_later(p.tensor(p.io.overflow)),
                      backend_->read_later(p.tensor(p.io.loss_scale))};
 }
@@ -217,10 +230,12 @@ StepStats Engine::collect_stats(const StatTickets& t) {
   return s;
 }
 
-StepStats Engine::train_step(const float* images, const int32_t* labels, float lr, bool read_stats) {
+StepStats Engine::train_step(const float* images, const int32_t* labels, float lr,
+                             bool read_stats) {
   require(Lifecycle::COMPILED, "train_step()");
-  KILN_CHECK(images != nullptr && labels != nullptr, InvalidArgument,
-             "train_step: images and labels are needed (train_step_on_staged reuses a staged batch)");
+  KILN_CHECK(
+      images != nullptr && labels != nullptr, InvalidArgument,
+      "train_step: images and labels are needed (train_step_on_staged reuses a staged batch)");
   const dist::Watch watch("a training step");  // S27: a rank gone mid-step must not hang this one
   pending_stats();  // an async step's statistics are not handed over past a synchronous step
   InputView in;
@@ -267,7 +282,8 @@ StepStats Engine::eval_batch(const InputView& input, int64_t valid, bool ema) {
   const Program& p = *program_;
   KILN_CHECK(!ema || !p.eval_ema.empty(), InvalidArgument, "EMA evaluation needs EMA on (--ema)");
   const int64_t n = p.options.batch;
-  KILN_CHECK(valid > 0 && valid <= n, InvalidArgument, "eval_batch: ", valid, " valid samples for batch ", n);
+  KILN_CHECK(valid > 0 && valid <= n, InvalidArgument, "eval_batch: ", valid,
+             " valid samples for batch ", n);
   InputView in = input;
   DeviceBatch part;
   if (in.device) {
@@ -323,7 +339,8 @@ std::vector<float> Engine::read_param(const std::string& name, Region region) {
   const Program& p = *program_;
   if (const ParamDesc* d = p.find_param(name)) {
     const TensorId id = d->tensor[static_cast<size_t>(region)];
-    KILN_CHECK(id != kNoTensor, InvalidArgument, "parameter '", name, "' has no tensor in region ", region_name(region));
+    KILN_CHECK(id != kNoTensor, InvalidArgument, "parameter '", name, "' has no tensor in region ",
+               region_name(region));
     return read_floats(*backend_, p.tensor(id));
   }
   for (const BufferDesc& b : p.buffers) {
@@ -337,7 +354,8 @@ void Engine::write_param(const std::string& name, const std::vector<float>& valu
   const Program& p = *program_;
   if (const ParamDesc* d = p.find_param(name)) {
     const TensorId id = d->tensor[static_cast<size_t>(region)];
-    KILN_CHECK(id != kNoTensor, InvalidArgument, "parameter '", name, "' has no tensor in region ", region_name(region));
+    KILN_CHECK(id != kNoTensor, InvalidArgument, "parameter '", name, "' has no tensor in region ",
+               region_name(region));
     write_floats(*backend_, p.tensor(id), values);
     return;
   }
@@ -371,7 +389,8 @@ void init_weights(Engine& engine, uint64_t seed) {
       }
       case ParamKind::FcWeight: {
         const double bound = 1.0 / std::sqrt(static_cast<double>(d.shape[1]));
-        for (float& x : v) x = vgg ? static_cast<float>(rng.normal() * 0.01) : rng.uniform(-bound, bound);
+        for (float& x : v)
+          x = vgg ? static_cast<float>(rng.normal() * 0.01) : rng.uniform(-bound, bound);
         break;
       }
       case ParamKind::BnWeight:

@@ -17,7 +17,8 @@ void Progress::update(int64_t epoch, int64_t epochs, int64_t step, int64_t steps
                       double ips, float lr, double elapsed) {
   const double frac = static_cast<double>(step) / static_cast<double>(steps);
   // Time left in the epoch: the mean time per step so far times the steps left.
-  const double eta = step > 0 ? elapsed / static_cast<double>(step) * static_cast<double>(steps - step) : 0;
+  const double eta =
+      step > 0 ? elapsed / static_cast<double>(step) * static_cast<double>(steps - step) : 0;
   // No loss yet (statistics arrive a step late): a dash, not a 0 that reads as a measurement.
   char loss_text[32] = "-";
   if (std::isfinite(loss)) std::snprintf(loss_text, sizeof loss_text, "%.4f", loss);
@@ -33,8 +34,9 @@ void Progress::update(int64_t epoch, int64_t epochs, int64_t step, int64_t steps
     for (int i = 0; i < width; ++i) bar[i] = i < filled ? '#' : '.';
     bar[width] = '\0';
     std::printf("\repoch %lld/%lld [%s] %lld/%lld loss %s  %.0f img/s%s  lr %.4g  eta %.0fs   ",
-                static_cast<long long>(epoch), static_cast<long long>(epochs), bar, static_cast<long long>(step),
-                static_cast<long long>(steps), loss_text, ips, input_text, static_cast<double>(lr), eta);
+                static_cast<long long>(epoch), static_cast<long long>(epochs), bar,
+                static_cast<long long>(step), static_cast<long long>(steps), loss_text, ips,
+                input_text, static_cast<double>(lr), eta);
     std::fflush(stdout);
     drawn_ = true;
   } else if (plain_) {
@@ -42,8 +44,9 @@ void Progress::update(int64_t epoch, int64_t epochs, int64_t step, int64_t steps
     if (decile != last_decile_ && (decile > 0 || step == 1)) {
       last_decile_ = decile;
       std::printf("epoch %lld/%lld step %lld/%lld loss %s %.0f img/s%s lr %.4g eta %.0fs\n",
-                  static_cast<long long>(epoch), static_cast<long long>(epochs), static_cast<long long>(step),
-                  static_cast<long long>(steps), loss_text, ips, input_text, static_cast<double>(lr), eta);
+                  static_cast<long long>(epoch), static_cast<long long>(epochs),
+                  static_cast<long long>(step), static_cast<long long>(steps), loss_text, ips,
+                  input_text, static_cast<double>(lr), eta);
       std::fflush(stdout);
     }
   }
@@ -62,9 +65,11 @@ void Progress::finish() {
 
 void Progress::line(int64_t epoch, int64_t epochs, double seconds, const MetricsRow& row) {
   if (!bar_ && !plain_) return;
-  std::printf("epoch %lld/%lld done in %.1fs:", static_cast<long long>(epoch), static_cast<long long>(epochs), seconds);
+  std::printf("epoch %lld/%lld done in %.1fs:", static_cast<long long>(epoch),
+              static_cast<long long>(epochs), seconds);
   for (const auto& [k, v] : row) {
-    if (k == "test_top1" || k == "test_top5" || k == "test_loss" || k == "train_loss" || k == "ema_test_top1") {
+    if (k == "test_top1" || k == "test_top5" || k == "test_loss" || k == "train_loss" ||
+        k == "ema_test_top1") {
       std::printf(" %s %s", k.c_str(), v.csv().c_str());
     }
   }

@@ -12,8 +12,8 @@ class Progress {
  public:
   explicit Progress(const std::string& mode);
   // loss: the running mean so far, NaN before the first step's statistics have arrived.
-  void update(int64_t epoch, int64_t epochs, int64_t step, int64_t steps, double loss, double images_per_second,
-              float lr, double elapsed_seconds);
+  void update(int64_t epoch, int64_t epochs, int64_t step, int64_t steps, double loss,
+              double images_per_second, float lr, double elapsed_seconds);
   // The loader's own rate and the share of the epoch the step waited for it, shown beside the
   // step's images/s from the next update on.
   void set_input(double loader_images_per_second, double wait_fraction);

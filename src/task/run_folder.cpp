@@ -14,8 +14,8 @@
 #include <string>
 
 #include "kiln/core/error.h"
-#include "kiln/core/log.h"
 #include "kiln/core/file.h"
+#include "kiln/core/log.h"
 
 namespace kiln {
 
@@ -30,7 +30,8 @@ extern "C" void on_stop_signal(int sig) {
   int none = 0;
   if (g_signal.compare_exchange_strong(none, sig)) return;
   if (sig == SIGINT) {
-    static const char kMsg[] = "\nkiln: second interrupt: stopping now; the last checkpoint written is kept\n";
+    static const char kMsg[] =
+        "\nkiln: second interrupt: stopping now; the last checkpoint written is kept\n";
     (void)!::write(STDERR_FILENO, kMsg, sizeof(kMsg) - 1);
     ::_exit(128 + SIGINT);
   }
@@ -40,7 +41,8 @@ struct sigaction g_previous[3];
 
 // A positive decimal PID, or 0.
 long parse_pid(const std::string& s) {
-  if (s.empty() || s.size() > 10 || s.find_first_not_of("0123456789") != std::string::npos) return 0;
+  if (s.empty() || s.size() > 10 || s.find_first_not_of("0123456789") != std::string::npos)
+    return 0;
   return std::stol(s);
 }
 
@@ -73,14 +75,16 @@ RunFolderLock::RunFolderLock(const std::string& folder) : path_(folder + "/.lock
       KILN_CHECK(err == EWOULDBLOCK, Io, "cannot lock '", path_, "': ", std::strerror(err));
       std::string pid = n > 0 ? std::string(buf, static_cast<size_t>(n)) : "";
       while (!pid.empty() && (pid.back() == '\n' || pid.back() == ' ')) pid.pop_back();
-      KILN_FAIL(State, "the output folder '", folder, "' is in use by another kiln train (PID ",
-                pid.empty() ? "unknown" : pid, ", which holds '", path_,
-                "'); two runs in one folder would mix their metrics and checkpoints. Wait for it to end, "
-                "stop it, or give another --output");
+      KILN_FAIL(
+          State, "the output folder '", folder, "' is in use by another kiln train (PID ",
+          pid.empty() ? "unknown" : pid, ", which holds '", path_,
+          "'); two runs in one folder would mix their metrics and checkpoints. Wait for it to end, "
+          "stop it, or give another --output");
     }
-    struct stat by_fd {}, by_path {};
-    if (::fstat(fd, &by_fd) == 0 && ::stat(path_.c_str(), &by_path) == 0 && by_fd.st_ino == by_path.st_ino &&
-        by_fd.st_dev == by_path.st_dev) {
+    struct stat by_fd {
+    }, by_path{};
+    if (::fstat(fd, &by_fd) == 0 && ::stat(path_.c_str(), &by_path) == 0 &&
+        by_fd.st_ino == by_path.st_ino && by_fd.st_dev == by_path.st_dev) {
       fd_ = fd;
       break;
     }
@@ -88,7 +92,8 @@ RunFolderLock::RunFolderLock(const std::string& folder) : path_(folder + "/.lock
     KILN_CHECK(attempt < 100, Io, "cannot lock '", path_, "': the file keeps being replaced");
   }
   const std::string pid = std::to_string(::getpid()) + "\n";
-  if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, pid.data(), pid.size(), 0) != static_cast<ssize_t>(pid.size())) {
+  if (::ftruncate(fd_, 0) != 0 ||
+      ::pwrite(fd_, pid.data(), pid.size(), 0) != static_cast<ssize_t>(pid.size())) {
     log_warn("could not write the PID into '", path_, "': ", std::strerror(errno));
   }
 }
@@ -130,7 +135,9 @@ StopSignals::~StopSignals() {
   for (int i = 0; i < 3; ++i) ::sigaction(kStopSignals[i], &g_previous[i], nullptr);
 }
 
-int StopSignals::pending() { return g_signal.load(); }
+int StopSignals::pending() {
+  return g_signal.load();
+}
 
 // The device state is read once (last.safetensors); best and epoch-N are copies of its bytes.
 void keep_epoch_copies(const std::string& last, int64_t epoch, bool best, int64_t keep_last) {
@@ -140,7 +147,8 @@ void keep_epoch_copies(const std::string& last, int64_t epoch, bool best, int64_
   const std::filesystem::path dir = std::filesystem::path(last).parent_path();
   if (best) write_file_atomic((dir / "best.safetensors").string(), {&piece, 1});
   if (keep_last == 0) return;
-  write_file_atomic((dir / ("epoch-" + std::to_string(epoch) + ".safetensors")).string(), {&piece, 1});
+  write_file_atomic((dir / ("epoch-" + std::to_string(epoch) + ".safetensors")).string(),
+                    {&piece, 1});
   const std::string head = "epoch-", ext = ".safetensors";
   std::error_code ec;
   for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {

@@ -3,8 +3,8 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <csignal>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <optional>
@@ -12,17 +12,17 @@
 #include <thread>
 
 #include "kiln/blueprint/zoo.h"
-#include "kiln/data/auto_augment.h"
 #include "kiln/core/error.h"
+#include "kiln/core/file.h"
 #include "kiln/core/log.h"
+#include "kiln/data/auto_augment.h"
 #include "kiln/data/dataset.h"
 #include "kiln/data/image_folder.h"
-#include "kiln/process_group/process_group.h"
 #include "kiln/data/loader.h"
 #include "kiln/data/transforms.h"
 #include "kiln/io/json.h"
 #include "kiln/io/metrics.h"
-#include "kiln/core/file.h"
+#include "kiln/process_group/process_group.h"
 #include "kiln/task/checkpoint.h"
 #include "kiln/task/distributed.h"
 #include "task/divergence_watch.h"
@@ -52,19 +52,22 @@ constexpr int64_t kMaxImageSize = 8192;
 constexpr int64_t kMaxEpochs = 1000000;
 
 void check_config(const TrainConfig& c) {
-  KILN_CHECK(c.epochs > 0 && c.epochs <= kMaxEpochs, InvalidArgument, "--epochs must be in 1..", kMaxEpochs,
-             ", got ", c.epochs);
+  KILN_CHECK(c.epochs > 0 && c.epochs <= kMaxEpochs, InvalidArgument, "--epochs must be in 1..",
+             kMaxEpochs, ", got ", c.epochs);
   KILN_CHECK(c.batch_size > 0, InvalidArgument, "--batch-size must be > 0, got ", c.batch_size);
   KILN_CHECK(c.workers >= 0 && c.workers <= max_workers(), InvalidArgument, "--workers ", c.workers,
              " is outside 0..", max_workers(), " (", std::thread::hardware_concurrency(),
-             " cores here; more loader threads than 4 per core only contend); give at most ", max_workers());
+             " cores here; more loader threads than 4 per core only contend); give at most ",
+             max_workers());
   KILN_CHECK(c.eval_every > 0, InvalidArgument, "--eval-every must be > 0 epochs");
   KILN_CHECK(c.stop_after_epochs >= 0, InvalidArgument, "--stop-after-epochs must be >= 0");
-  KILN_CHECK(c.stop_after_steps >= 0, InvalidArgument, "--stop-after-steps must be >= 0, got ", c.stop_after_steps);
-  KILN_CHECK(c.save_every_steps >= 0, InvalidArgument, "--save-every-steps must be >= 0 (0 = off), got ",
-             c.save_every_steps);
+  KILN_CHECK(c.stop_after_steps >= 0, InvalidArgument, "--stop-after-steps must be >= 0, got ",
+             c.stop_after_steps);
+  KILN_CHECK(c.save_every_steps >= 0, InvalidArgument,
+             "--save-every-steps must be >= 0 (0 = off), got ", c.save_every_steps);
   KILN_CHECK(c.save_every_minutes >= 0 && std::isfinite(c.save_every_minutes), InvalidArgument,
-             "--save-every-minutes must be a finite number >= 0 (0 = off), got ", c.save_every_minutes);
+             "--save-every-minutes must be a finite number >= 0 (0 = off), got ",
+             c.save_every_minutes);
   KILN_CHECK(c.momentum >= 0 && c.momentum < 1, InvalidArgument, "--momentum must be in [0, 1)");
   KILN_CHECK(c.weight_decay >= 0 && std::isfinite(c.weight_decay), InvalidArgument,
              "--weight-decay must be a finite number >= 0, got ", c.weight_decay);
@@ -75,8 +78,9 @@ void check_config(const TrainConfig& c) {
   KILN_CHECK(c.label_smoothing >= 0 && c.label_smoothing < 1, InvalidArgument,
              "--label-smoothing must be in [0, 1) (0 = off), got ", c.label_smoothing);
   check_mix_options(c.mix);
-  KILN_CHECK(c.keep_last >= 0 && c.keep_last <= kMaxEpochs, InvalidArgument, "--keep-last must be in 0..", kMaxEpochs,
-             " (0 = no epoch checkpoints), got ", c.keep_last);
+  KILN_CHECK(c.keep_last >= 0 && c.keep_last <= kMaxEpochs, InvalidArgument,
+             "--keep-last must be in 0..", kMaxEpochs, " (0 = no epoch checkpoints), got ",
+             c.keep_last);
   const auto& cj = c.color_jitter;
   KILN_CHECK(cj[0] >= 0 && cj[1] >= 0 && cj[2] >= 0 && cj[3] >= 0 && cj[3] <= 0.5f, InvalidArgument,
              "--color-jitter ", cj[0], ",", cj[1], ",", cj[2], ",", cj[3],
@@ -93,24 +97,30 @@ void check_config(const TrainConfig& c) {
   }
   KILN_CHECK(c.ema_decay > 0 && c.ema_decay < 1, InvalidArgument, "--ema-decay must be in (0, 1)");
   KILN_CHECK(c.num_classes >= 0 && c.num_classes <= (int64_t{1} << 24), InvalidArgument,
-             "--num-classes must be in 0..", int64_t{1} << 24, " (0 = the dataset's), got ", c.num_classes);
-  KILN_CHECK(c.max_steps_per_epoch >= 0, InvalidArgument, "--max-steps must be >= 0 (0 = the whole epoch), got ",
-             c.max_steps_per_epoch);
-  KILN_CHECK(c.image_size >= 0 && c.image_size <= kMaxImageSize, InvalidArgument, "--image-size must be in 0..",
-             kMaxImageSize, " (0 = the model's default), got ", c.image_size);
+             "--num-classes must be in 0..", int64_t{1} << 24, " (0 = the dataset's), got ",
+             c.num_classes);
+  KILN_CHECK(c.max_steps_per_epoch >= 0, InvalidArgument,
+             "--max-steps must be >= 0 (0 = the whole epoch), got ", c.max_steps_per_epoch);
+  KILN_CHECK(c.image_size >= 0 && c.image_size <= kMaxImageSize, InvalidArgument,
+             "--image-size must be in 0..", kMaxImageSize, " (0 = the model's default), got ",
+             c.image_size);
   KILN_CHECK(c.val_resize_size >= 0 && c.val_resize_size <= kMaxImageSize, InvalidArgument,
-             "--val-resize-size must be in 0..", kMaxImageSize, " (0 = 8/7 of the input size), got ", c.val_resize_size);
-  KILN_CHECK(c.max_image_pixels > 0, InvalidArgument, "--max-image-pixels must be > 0, got ", c.max_image_pixels);
+             "--val-resize-size must be in 0..", kMaxImageSize,
+             " (0 = 8/7 of the input size), got ", c.val_resize_size);
+  KILN_CHECK(c.max_image_pixels > 0, InvalidArgument, "--max-image-pixels must be > 0, got ",
+             c.max_image_pixels);
   KILN_CHECK(c.resume.empty() || c.init_from.empty(), InvalidArgument, "--resume ", c.resume,
-             " continues a run with its own weights, which would replace those of --init-from ", c.init_from,
-             "; give one of the two");
-  KILN_CHECK(c.progress == "auto" || c.progress == "bar" || c.progress == "plain" || c.progress == "none",
-             InvalidArgument, "--progress must be auto, bar, plain or none");
+             " continues a run with its own weights, which would replace those of --init-from ",
+             c.init_from, "; give one of the two");
+  KILN_CHECK(
+      c.progress == "auto" || c.progress == "bar" || c.progress == "plain" || c.progress == "none",
+      InvalidArgument, "--progress must be auto, bar, plain or none");
   KILN_CHECK(!c.output.empty(), InvalidArgument, "--output must name a folder");
   check_schedule(c.lr, c.epochs);
 }
 
-DatasetSpec dataset_spec(const TrainConfig& c, bool train, int64_t h, int64_t w, int64_t ch, int64_t classes) {
+DatasetSpec dataset_spec(const TrainConfig& c, bool train, int64_t h, int64_t w, int64_t ch,
+                         int64_t classes) {
   DatasetSpec s;
   s.kind = c.data;
   s.root = c.data_dir;
@@ -147,7 +157,8 @@ Pipeline input_pipeline(const TrainConfig& c, bool train, int64_t size, int64_t 
     p.add<AutoAugment>(parse_auto_augment(c.auto_augment), c.ra_num_ops, c.ra_magnitude);
   }
   const auto& cj = c.color_jitter;
-  if (train && (cj[0] > 0 || cj[1] > 0 || cj[2] > 0 || cj[3] > 0)) p.add<ColorJitter>(cj[0], cj[1], cj[2], cj[3]);
+  if (train && (cj[0] > 0 || cj[1] > 0 || cj[2] > 0 || cj[3] > 0))
+    p.add<ColorJitter>(cj[0], cj[1], cj[2], cj[3]);
   const Normalization norm = normalization_for(c.data, channels);
   p.add<Normalize>(norm.mean, norm.std);
   if (train && c.random_erase > 0) p.add<RandomErasing>(c.random_erase);
@@ -156,21 +167,27 @@ Pipeline input_pipeline(const TrainConfig& c, bool train, int64_t size, int64_t 
 
 std::string config_json(const TrainConfig& c) {
   std::string milestones;  // a string, so that every value is one flat token
-  for (int64_t m : c.lr.milestones) milestones += (milestones.empty() ? "" : ",") + std::to_string(m);
+  for (int64_t m : c.lr.milestones)
+    milestones += (milestones.empty() ? "" : ",") + std::to_string(m);
   std::string color_jitter;
   for (float v : c.color_jitter) color_jitter += (color_jitter.empty() ? "" : ",") + json_number(v);
   std::ostringstream os;
   os << "{\"model\":" << json_string(c.model) << ",\"data\":" << json_string(c.data)
-     << ",\"epochs\":" << c.epochs << ",\"batch_size\":" << c.batch_size << ",\"lr\":" << json_number(c.lr.base_lr)
-     << ",\"sched\":" << json_string(c.lr.kind) << ",\"opt\":" << json_string(c.optimizer)
-     << ",\"momentum\":" << json_number(c.momentum) << ",\"weight_decay\":" << json_number(c.weight_decay)
-     << ",\"nesterov\":" << (c.nesterov ? "true" : "false") << ",\"amp\":" << (c.amp ? "true" : "false")
+     << ",\"epochs\":" << c.epochs << ",\"batch_size\":" << c.batch_size
+     << ",\"lr\":" << json_number(c.lr.base_lr) << ",\"sched\":" << json_string(c.lr.kind)
+     << ",\"opt\":" << json_string(c.optimizer) << ",\"momentum\":" << json_number(c.momentum)
+     << ",\"weight_decay\":" << json_number(c.weight_decay)
+     << ",\"nesterov\":" << (c.nesterov ? "true" : "false")
+     << ",\"amp\":" << (c.amp ? "true" : "false")
      << ",\"tf32\":" << (c.switches.tf32 ? "true" : "false")
-     << ",\"ema\":" << (c.ema ? "true" : "false") << ",\"seed\":" << c.seed << ",\"device\":" << json_string(c.device)
-     << ",\"warmup_epochs\":" << json_number(c.lr.warmup_epochs) << ",\"min_lr\":" << json_number(c.lr.min_lr)
-     << ",\"step_size\":" << c.lr.step_size << ",\"milestones\":" << json_string(milestones)
-     << ",\"gamma\":" << json_number(c.lr.gamma) << ",\"max_steps\":" << c.max_steps_per_epoch
-     << ",\"color_jitter\":" << json_string(color_jitter) << ",\"clip_grad\":" << json_number(c.clip_grad)
+     << ",\"ema\":" << (c.ema ? "true" : "false") << ",\"seed\":" << c.seed
+     << ",\"device\":" << json_string(c.device)
+     << ",\"warmup_epochs\":" << json_number(c.lr.warmup_epochs)
+     << ",\"min_lr\":" << json_number(c.lr.min_lr) << ",\"step_size\":" << c.lr.step_size
+     << ",\"milestones\":" << json_string(milestones) << ",\"gamma\":" << json_number(c.lr.gamma)
+     << ",\"max_steps\":" << c.max_steps_per_epoch
+     << ",\"color_jitter\":" << json_string(color_jitter)
+     << ",\"clip_grad\":" << json_number(c.clip_grad)
      << ",\"clip_grad_norm\":" << json_number(c.clip_grad_norm)
      << ",\"label_smoothing\":" << json_number(c.label_smoothing)
      << ",\"mixup_alpha\":" << json_number(c.mix.mixup_alpha)
@@ -181,8 +198,7 @@ std::string config_json(const TrainConfig& c) {
      << ",\"interpolation\":" << json_string(filter_name(c.interpolation))
      << ",\"random_erase\":" << json_number(c.random_erase)
      << ",\"auto_augment\":" << json_string(c.auto_augment) << ",\"ra_num_ops\":" << c.ra_num_ops
-     << ",\"ra_magnitude\":" << c.ra_magnitude
-     << "}";
+     << ",\"ra_magnitude\":" << c.ra_magnitude << "}";
   return os.str();
 }
 
@@ -206,10 +222,12 @@ LoaderOutput choose_input(const TrainConfig& c, const Pipeline& p, const Backend
   if (c.decode == DecodeWhere::gpu) {
     KILN_CHECK(folder, InvalidArgument, "--decode gpu decodes image files; --data ", c.data,
                " holds none (use --decode auto or cpu)");
-    KILN_CHECK(geometric, InvalidArgument, "--decode gpu runs the transforms as one crop-and-resize per sample: ",
-               why, "; use --decode cpu");
+    KILN_CHECK(geometric, InvalidArgument,
+               "--decode gpu runs the transforms as one crop-and-resize per sample: ", why,
+               "; use --decode cpu");
     std::string no_jpeg;
-    KILN_CHECK(b.decodes_jpeg(&no_jpeg), InvalidArgument, "--decode gpu: ", no_jpeg, "; use --decode cpu");
+    KILN_CHECK(b.decodes_jpeg(&no_jpeg), InvalidArgument, "--decode gpu: ", no_jpeg,
+               "; use --decode cpu");
   }
   if (!geometric || !c.input_u8) return LoaderOutput::float32;
   if (folder && c.decode != DecodeWhere::cpu && b.decodes_jpeg()) return LoaderOutput::encoded;
@@ -295,15 +313,16 @@ void check_same_classes(const Dataset& train, const Dataset& test) {
       if (!std::binary_search(tf->classes().begin(), tf->classes().end(), k)) extra.push_back(k);
     }
     KILN_CHECK(missing.empty() && extra.empty(), Data, "the class folders of '", ef->dir(),
-               "' differ from the training split's '", tf->dir(), "': missing ", join_names(missing),
-               ", extra ", join_names(extra),
-               "; labels are positions in the sorted folder list, so every split needs the same class folders "
+               "' differ from the training split's '", tf->dir(), "': missing ",
+               join_names(missing), ", extra ", join_names(extra),
+               "; labels are positions in the sorted folder list, so every split needs the same "
+               "class folders "
                "(add the missing class folders with their images, or remove the extra ones)");
     return;
   }
   KILN_CHECK(test.num_classes() <= train.num_classes(), Data, test.describe(), " has labels up to ",
-             test.num_classes() - 1, " but the training split (", train.describe(), ") has ", train.num_classes(),
-             " classes; the two splits must come from the same dataset");
+             test.num_classes() - 1, " but the training split (", train.describe(), ") has ",
+             train.num_classes(), " classes; the two splits must come from the same dataset");
 }
 
 // Datasets, loaders and the compiled engine for a run. The model's input follows the data.
@@ -311,31 +330,35 @@ void check_same_classes(const Dataset& train, const Dataset& test) {
 // decides the shape and the class count, so a dataset with only a test split evaluates.
 RunSetup setup_run(const TrainConfig& c, bool training) {
   check_config(c);
-  dist::init(c.distributed, c.switches.dist_timeout);  // S27: MPI when started as several processes (mpirun, srun)
+  dist::init(c.distributed,
+             c.switches.dist_timeout);  // S27: MPI when started as several processes (mpirun, srun)
   RunSetup r;
   ZooOptions zo;
   zo.num_classes = static_cast<int>(c.num_classes);
   zo.image_size = static_cast<int>(c.image_size);
   const BluePrint probe = make_model(c.model, zo);
   if (training) {
-    r.train_set = open_dataset(dataset_spec(c, true, probe.input.height, probe.input.width, probe.input.channels,
-                                            probe.num_classes));
+    r.train_set = open_dataset(dataset_spec(c, true, probe.input.height, probe.input.width,
+                                            probe.input.channels, probe.num_classes));
   }
-  r.test_set = open_dataset(dataset_spec(c, false, probe.input.height, probe.input.width, probe.input.channels,
-                                         probe.num_classes));
+  r.test_set = open_dataset(dataset_spec(c, false, probe.input.height, probe.input.width,
+                                         probe.input.channels, probe.num_classes));
   const Dataset& ref = training ? *r.train_set : *r.test_set;  // decides the classes and the shape
   if (training) check_same_classes(*r.train_set, *r.test_set);
-  KILN_CHECK(c.num_classes == 0 || c.num_classes >= ref.num_classes(), Data, "--num-classes ", c.num_classes,
-             " is fewer than the ", ref.num_classes(), " classes of ", ref.describe(),
-             "; drop --num-classes (0 takes the dataset's) or give at least ", ref.num_classes());
+  KILN_CHECK(c.num_classes == 0 || c.num_classes >= ref.num_classes(), Data, "--num-classes ",
+             c.num_classes, " is fewer than the ", ref.num_classes(), " classes of ",
+             ref.describe(), "; drop --num-classes (0 takes the dataset's) or give at least ",
+             ref.num_classes());
   if (ref.num_classes() == 1) {
-    log_warn(ref.describe(), " has one class: every prediction is right, so loss and accuracy say nothing");
+    log_warn(ref.describe(),
+             " has one class: every prediction is right, so loss and accuracy say nothing");
   }
   if (zo.num_classes == 0) zo.num_classes = static_cast<int>(ref.num_classes());
   // Folders are normalised with ImageNet's three-channel statistics; say which model wants what
   // rather than that the statistics disagree with a request the user never made.
-  KILN_CHECK(c.data != "folder" || probe.input.channels == 3, InvalidArgument, "model '", c.model, "' takes ",
-             probe.input.channels, "-channel images but an image folder gives 3-channel (RGB) ones; use a model "
+  KILN_CHECK(c.data != "folder" || probe.input.channels == 3, InvalidArgument, "model '", c.model,
+             "' takes ", probe.input.channels,
+             "-channel images but an image folder gives 3-channel (RGB) ones; use a model "
              "built for RGB input, e.g. --model resnet18_small or vgg11_bn_small for small images");
   const int64_t size = probe.input.height;
   LoaderOptions lo;
@@ -344,8 +367,8 @@ RunSetup setup_run(const TrainConfig& c, bool training) {
   lo.seed = c.seed;
   lo.rank = dist::rank();
   lo.world = dist::world();
-  lo.decode.resample =
-      c.switches.resample_vertical_first ? ResampleOrder::vertical_first : ResampleOrder::horizontal_first;
+  lo.decode.resample = c.switches.resample_vertical_first ? ResampleOrder::vertical_first
+                                                          : ResampleOrder::horizontal_first;
   lo.decode.tight_margin = c.switches.jpeg_tight_margin;
   lo.decode.batch_rows = c.switches.jpeg_batch_rows;
   lo.swap_u8 = c.switches.loader_swap;
@@ -372,13 +395,14 @@ RunSetup setup_run(const TrainConfig& c, bool training) {
   r.hwc = training ? r.train_loader->sample_hwc() : test_hwc;
   // Every batch buffer is sized for the training shape: a test split of another shape would
   // be written past its end (each Loader takes its shape from its own sample 0).
-  KILN_CHECK(test_hwc == r.hwc, Data, "the test split (", r.test_set->describe(), ") has ", hwc_str(test_hwc),
-             " samples but the training split (", ref.describe(), ") has ", hwc_str(r.hwc),
-             "; both splits must have images of one shape, check the test files");
+  KILN_CHECK(test_hwc == r.hwc, Data, "the test split (", r.test_set->describe(), ") has ",
+             hwc_str(test_hwc), " samples but the training split (", ref.describe(), ") has ",
+             hwc_str(r.hwc), "; both splits must have images of one shape, check the test files");
   // IDX and CIFAR images are used at their own size (no resize in the pipeline).
-  KILN_CHECK(c.image_size == 0 || c.image_size == r.hwc[0] || c.data == "folder" || c.data == "synthetic",
-             InvalidArgument, "--image-size ", c.image_size, " has no effect on ", c.data, " data, whose images are ",
-             hwc_str(r.hwc), " and are not resized; drop --image-size");
+  KILN_CHECK(
+      c.image_size == 0 || c.image_size == r.hwc[0] || c.data == "folder" || c.data == "synthetic",
+      InvalidArgument, "--image-size ", c.image_size, " has no effect on ", c.data,
+      " data, whose images are ", hwc_str(r.hwc), " and are not resized; drop --image-size");
   r.train_norm = train_p.normalization(r.hwc[2]);
   r.test_norm = test_p.normalization(r.hwc[2]);
   zo.in_channels = static_cast<int>(r.hwc[2]);
@@ -386,10 +410,11 @@ RunSetup setup_run(const TrainConfig& c, bool training) {
   const BluePrint bp = make_model(c.model, zo);
   // With a training split the test split was checked against it above; for kiln eval this is
   // the test split's own check against the model.
-  KILN_CHECK(r.hwc[0] == bp.input.height && r.hwc[1] == bp.input.width && r.hwc[2] == bp.input.channels, Data,
-             "the dataset (", ref.describe(), ") gives ", hwc_str(r.hwc), " samples but model '", c.model,
-             "' takes ", bp.input.height, "x", bp.input.width, "x", bp.input.channels,
-             "; pass --image-size or another --model");
+  KILN_CHECK(
+      r.hwc[0] == bp.input.height && r.hwc[1] == bp.input.width && r.hwc[2] == bp.input.channels,
+      Data, "the dataset (", ref.describe(), ") gives ", hwc_str(r.hwc), " samples but model '",
+      c.model, "' takes ", bp.input.height, "x", bp.input.width, "x", bp.input.channels,
+      "; pass --image-size or another --model");
   EngineOptions eopt;
   eopt.device = c.device;
   eopt.switches = c.switches;
@@ -419,11 +444,13 @@ RunSetup setup_run(const TrainConfig& c, bool training) {
   if ((training && train_out != r.train_loader->output()) || test_out != r.test_loader->output()) {
     make_loaders(train_out, test_out);
   }
-  if (dist::is_root()) std::printf("%s\n", input_line(training ? train_out : test_out, c, c.workers).c_str());
+  if (dist::is_root())
+    std::printf("%s\n", input_line(training ? train_out : test_out, c, c.workers).c_str());
   r.engine->lock_memory();
   r.engine->compile(c.seed);
-  log_info("model ", c.model, " on ", r.engine->backend().caps().device, ": ", training ? r.train_set->size() : 0,
-           " training and ", r.test_set->size(), " test samples, batch ", c.batch_size);
+  log_info("model ", c.model, " on ", r.engine->backend().caps().device, ": ",
+           training ? r.train_set->size() : 0, " training and ", r.test_set->size(),
+           " test samples, batch ", c.batch_size);
   return r;
 }
 
@@ -437,9 +464,11 @@ struct EmptyRunCleanup {
     if (!fresh || rows > 0) return;
     std::error_code ec;
     for (const char* f : {"metrics.csv", "metrics.jsonl"}) {
-      if (std::filesystem::file_size(output / f, ec) == 0 && !ec) std::filesystem::remove(output / f, ec);
+      if (std::filesystem::file_size(output / f, ec) == 0 && !ec)
+        std::filesystem::remove(output / f, ec);
     }
-    if (made_output && std::filesystem::is_empty(output, ec) && !ec) std::filesystem::remove(output, ec);
+    if (made_output && std::filesystem::is_empty(output, ec) && !ec)
+      std::filesystem::remove(output, ec);
   }
 };
 
@@ -481,8 +510,9 @@ bool all_finite(Engine& engine) {
 
 std::string position(const TrainState& s, int64_t steps_per_epoch) {
   if (s.step_in_epoch == 0) return "after epoch " + std::to_string(s.epoch);
-  return "at step " + std::to_string(s.step) + " (epoch " + std::to_string(s.epoch + 1) + ", step " +
-         std::to_string(s.step_in_epoch) + " of " + std::to_string(steps_per_epoch) + ")";
+  return "at step " + std::to_string(s.step) + " (epoch " + std::to_string(s.epoch + 1) +
+         ", step " + std::to_string(s.step_in_epoch) + " of " + std::to_string(steps_per_epoch) +
+         ")";
 }
 
 }  // namespace
@@ -525,8 +555,8 @@ TrainSummary train(const TrainConfig& c) {
     if (!stale.empty()) {
       std::string names;
       for (const std::string& s : stale) names += (names.empty() ? "" : ", ") + s;
-      log_info("removed ", stale.size(), " temporary file(s) of runs that no longer exist from '", c.output,
-               "': ", names);
+      log_info("removed ", stale.size(), " temporary file(s) of runs that no longer exist from '",
+               c.output, "': ", names);
     }
   }
   RunSetup r = setup_run(c, true);
@@ -554,22 +584,26 @@ TrainSummary train(const TrainConfig& c) {
   sum.metrics_jsonl = (fs::path(c.output) / "metrics.jsonl").string();
   sum.checkpoint = (fs::path(c.output) / "last.safetensors").string();
   const int64_t full = train_loader.batches_per_epoch();
-  const int64_t steps_per_epoch = c.max_steps_per_epoch > 0 ? std::min(full, c.max_steps_per_epoch) : full;
-  KILN_CHECK(steps_per_epoch > 0, Data, "the training set has ", train_set->size(), " samples, fewer than one batch of ",
-             c.batch_size, "; use a smaller --batch-size");
+  const int64_t steps_per_epoch =
+      c.max_steps_per_epoch > 0 ? std::min(full, c.max_steps_per_epoch) : full;
+  KILN_CHECK(steps_per_epoch > 0, Data, "the training set has ", train_set->size(),
+             " samples, fewer than one batch of ", c.batch_size, "; use a smaller --batch-size");
   if (!c.resume.empty()) {
     state = load_checkpoint(engine, c.resume);
     state.config = config_json(c);
-    KILN_CHECK(state.step_in_epoch < steps_per_epoch, Checkpoint, "'", c.resume, "' stopped at step ",
-               state.step_in_epoch, " of epoch ", state.epoch + 1, " but this run's epochs have ", steps_per_epoch,
+    KILN_CHECK(state.step_in_epoch < steps_per_epoch, Checkpoint, "'", c.resume,
+               "' stopped at step ", state.step_in_epoch, " of epoch ", state.epoch + 1,
+               " but this run's epochs have ", steps_per_epoch,
                " steps; resume with the first run's --batch-size, --max-steps and dataset");
     if (state.epoch >= c.epochs) {
       // Nothing to train: the summary, metrics and checkpoint stay as the finished run left them.
       if (dist::is_root()) {
-        std::printf("the run of '%s' is complete: %lld of %lld epochs done (step %lld); nothing changed. To train "
-                    "longer, give a larger --epochs with --resume-override\n",
-                    c.resume.c_str(), static_cast<long long>(state.epoch), static_cast<long long>(c.epochs),
-                    static_cast<long long>(state.step));
+        std::printf(
+            "the run of '%s' is complete: %lld of %lld epochs done (step %lld); nothing changed. "
+            "To train "
+            "longer, give a larger --epochs with --resume-override\n",
+            c.resume.c_str(), static_cast<long long>(state.epoch), static_cast<long long>(c.epochs),
+            static_cast<long long>(state.step));
       }
       sum.complete = true;
       sum.steps = state.step;
@@ -578,7 +612,8 @@ TrainSummary train(const TrainConfig& c) {
     }
     log_info("resumed from ", c.resume, " ", position(state, steps_per_epoch));
   }
-  check_replicas_agree(engine, state.step, c.resume.empty() ? "initialisation" : "resuming");  // S27
+  check_replicas_agree(engine, state.step,
+                       c.resume.empty() ? "initialisation" : "resuming");  // S27
 
   // A resumed run continues after the checkpoint's step: rows past it would be written twice,
   // and the epoch row the checkpoint holds is missing when the kill came between the two.
@@ -586,24 +621,32 @@ TrainSummary train(const TrainConfig& c) {
   if (!c.resume.empty() && dist::is_root()) {
     trim = truncate_metrics(sum.metrics_csv, sum.metrics_jsonl, "step", state.step);
     if (trim.removed_csv + trim.removed_jsonl > 0) {
-      log_info("removed ", std::max(trim.removed_csv, trim.removed_jsonl), " metrics row(s) after step ", state.step,
+      log_info("removed ", std::max(trim.removed_csv, trim.removed_jsonl),
+               " metrics row(s) after step ", state.step,
                " (the checkpoint's); this run writes them again");
     }
   }
-  MetricsWriter metrics(dist::is_root() ? sum.metrics_csv : "", dist::is_root() ? sum.metrics_jsonl : "",  // S27
-                        c.resume.empty() ? MetricsWriter::Mode::Truncate : MetricsWriter::Mode::Append);
+  MetricsWriter metrics(
+      dist::is_root() ? sum.metrics_csv : "", dist::is_root() ? sum.metrics_jsonl : "",  // S27
+      c.resume.empty() ? MetricsWriter::Mode::Truncate : MetricsWriter::Mode::Append);
   // Every column a row of this run can hold, before the first row: an epoch that is not
   // evaluated leaves the test columns empty, and a resumed run appends under the same header.
-  std::vector<std::string> columns = {"epoch",         "step",
-                                      "lr",            "train_loss",
-                                      "train_top1",    "epoch_seconds",
-                                      "images_per_second", "overflow_steps",
-                                      "test_loss",     "test_top1",
+  std::vector<std::string> columns = {"epoch",
+                                      "step",
+                                      "lr",
+                                      "train_loss",
+                                      "train_top1",
+                                      "epoch_seconds",
+                                      "images_per_second",
+                                      "overflow_steps",
+                                      "test_loss",
+                                      "test_top1",
                                       "test_top5"};
   if (c.ema) columns.insert(columns.end(), {"ema_test_top1", "ema_test_top5"});
   metrics.declare_columns(columns);
   if (!c.resume.empty() && dist::is_root() && state.step_in_epoch == 0) {
-    metrics.write_lines({trim.csv_has_max ? "" : state.row_csv, trim.jsonl_has_max ? "" : state.row_jsonl});
+    metrics.write_lines(
+        {trim.csv_has_max ? "" : state.row_csv, trim.jsonl_has_max ? "" : state.row_jsonl});
   }
 
   const int64_t total_steps = steps_per_epoch * c.epochs;
@@ -611,12 +654,13 @@ TrainSummary train(const TrainConfig& c) {
   InputBuffers train_input(train_loader, n, r.train_norm), test_input(test_loader, n, r.test_norm);
   Progress progress(dist::is_root() ? c.progress : "none");
   DivergenceWatch divergence;
-  std::string saved_at;  // where the checkpoint on disk stands, for messages
+  std::string saved_at;             // where the checkpoint on disk stands, for messages
   int64_t saved_step = state.step;  // a resumed run's checkpoint is already on disk
   if (!c.resume.empty()) saved_at = position(state, steps_per_epoch);
   auto diverged = [&](int64_t epoch, const std::string& what) {
     const bool have = !saved_at.empty() && dist::is_root() && fs::exists(sum.checkpoint);
-    KILN_FAIL(Numeric, "training diverged in epoch ", epoch + 1, " near step ", state.step, ": ", what,
+    KILN_FAIL(Numeric, "training diverged in epoch ", epoch + 1, " near step ", state.step, ": ",
+              what,
               "; the weights are no longer finite, so nothing since the last checkpoint is saved. ",
               have ? "The last good checkpoint is '" + sum.checkpoint + "' (" + saved_at +
                          "); continue from it with --resume and "
@@ -626,7 +670,8 @@ TrainSummary train(const TrainConfig& c) {
   };
   auto save = [&](int64_t epoch) {
     if (!dist::is_root()) return;  // rank 0 writes (S27)
-    if (!all_finite(engine)) diverged(epoch, "the weights after step " + std::to_string(state.step) + " are not finite");
+    if (!all_finite(engine))
+      diverged(epoch, "the weights after step " + std::to_string(state.step) + " are not finite");
     save_checkpoint(engine, sum.checkpoint, state);
     saved_at = position(state, steps_per_epoch);
     saved_step = state.step;
@@ -679,17 +724,22 @@ TrainSummary train(const TrainConfig& c) {
       ++state.step;
       es.seen += n;
       const LoaderStats ls = train_loader.stats();
-      progress.set_input(ls.rate(), (ls.wait_seconds - wait_before) / std::max(seconds_since(t0), 1e-9));
+      progress.set_input(ls.rate(),
+                         (ls.wait_seconds - wait_before) / std::max(seconds_since(t0), 1e-9));
       progress.update(epoch + 1, c.epochs, i + 1, steps_per_epoch,
                       es.loss_count ? es.loss_sum / static_cast<double>(es.loss_count) : NAN,
-                      static_cast<double>(es.seen) / std::max(seconds_since(t0), 1e-9), lr, seconds_since(t0));
+                      static_cast<double>(es.seen) / std::max(seconds_since(t0), 1e-9), lr,
+                      seconds_since(t0));
       if (i + 1 == steps_per_epoch) break;  // the epoch's own checkpoint follows
       const bool by_steps = c.save_every_steps > 0 && state.step % c.save_every_steps == 0;
-      const bool by_time = c.save_every_minutes > 0 && seconds_since(last_save) >= 60 * c.save_every_minutes;
-      const bool stop_here = c.stop_after_steps > 0 && state.step - first_step >= c.stop_after_steps;
+      const bool by_time =
+          c.save_every_minutes > 0 && seconds_since(last_save) >= 60 * c.save_every_minutes;
+      const bool stop_here =
+          c.stop_after_steps > 0 && state.step - first_step >= c.stop_after_steps;
       if (by_steps || by_time || stop_here) {
         save_mid_epoch(i + 1);
-        if (dist::is_root() && (by_steps || by_time)) log_info("checkpoint ", saved_at, ": ", sum.checkpoint);
+        if (dist::is_root() && (by_steps || by_time))
+          log_info("checkpoint ", saved_at, ": ", sum.checkpoint);
       }
       if (stop_here) {
         progress.finish();
@@ -700,22 +750,26 @@ TrainSummary train(const TrainConfig& c) {
     if (sum.stop_signal || sum.stopped_early) break;
     account(engine.pending_stats());  // the epoch's last step
     engine.backend().synchronize();
-    reduce_train_sums(es.loss_sum, es.loss_count, es.seen, es.hits);  // S27: the epoch over every rank
-    if (!c.sync_bn) average_bn_running_stats(engine);    // S27: per-rank BN, before eval and save
+    reduce_train_sums(es.loss_sum, es.loss_count, es.seen,
+                      es.hits);                        // S27: the epoch over every rank
+    if (!c.sync_bn) average_bn_running_stats(engine);  // S27: per-rank BN, before eval and save
     const double secs = seconds_since(t0);
     progress.finish();
     if (c.switches.profile) std::printf("%s", engine.backend().profile_report().c_str());
     sum.epoch_seconds.push_back(secs);
     sum.train_seconds += secs;
     sum.steps = state.step;
-    MetricsRow row{{"epoch", epoch + 1},
-                   {"step", state.step},
-                   {"lr", static_cast<double>(lr_at(c.lr, std::max<int64_t>(state.step - 1, 0), total_steps, steps_per_epoch))},
-                   {"train_loss", es.loss_count ? es.loss_sum / static_cast<double>(es.loss_count) : NAN},
-                   {"train_top1", es.seen ? 100.0 * static_cast<double>(es.hits) / static_cast<double>(es.seen) : 0.0},
-                   {"epoch_seconds", secs},
-                   {"images_per_second", static_cast<double>(es.seen) / secs},
-                   {"overflow_steps", es.overflows}};
+    MetricsRow row{
+        {"epoch", epoch + 1},
+        {"step", state.step},
+        {"lr", static_cast<double>(lr_at(c.lr, std::max<int64_t>(state.step - 1, 0), total_steps,
+                                         steps_per_epoch))},
+        {"train_loss", es.loss_count ? es.loss_sum / static_cast<double>(es.loss_count) : NAN},
+        {"train_top1",
+         es.seen ? 100.0 * static_cast<double>(es.hits) / static_cast<double>(es.seen) : 0.0},
+        {"epoch_seconds", secs},
+        {"images_per_second", static_cast<double>(es.seen) / secs},
+        {"overflow_steps", es.overflows}};
     const bool last = epoch + 1 == c.epochs;
     bool new_best = false;
     if ((epoch + 1) % c.eval_every == 0 || last) {
@@ -730,8 +784,9 @@ TrainSummary train(const TrainConfig& c) {
           sum.final_top5 = e.top5;
           sum.final_loss = e.loss;
           // A tie with no best file yet (0% so far) is kept too: best.safetensors always exists.
-          new_best = e.top1 > state.best_top1 ||
-                     (e.top1 == state.best_top1 && !fs::exists(fs::path(c.output) / "best.safetensors"));
+          new_best =
+              e.top1 > state.best_top1 ||
+              (e.top1 == state.best_top1 && !fs::exists(fs::path(c.output) / "best.safetensors"));
           if (e.top1 > state.best_top1) {
             state.best_top1 = e.top1;
             state.stale_epochs = 0;
@@ -761,8 +816,10 @@ TrainSummary train(const TrainConfig& c) {
     ++cleanup.rows;
     ++sum.epochs_run;
     if (c.on_epoch && dist::is_root()) c.on_epoch(row);
-    const bool steps_reached = c.stop_after_steps > 0 && state.step - first_step >= c.stop_after_steps;
-    if ((steps_reached || (c.stop_after_epochs > 0 && sum.epochs_run >= c.stop_after_epochs)) && epoch + 1 < c.epochs) {
+    const bool steps_reached =
+        c.stop_after_steps > 0 && state.step - first_step >= c.stop_after_steps;
+    if ((steps_reached || (c.stop_after_epochs > 0 && sum.epochs_run >= c.stop_after_epochs)) &&
+        epoch + 1 < c.epochs) {
       log_info("stopping after ", sum.epochs_run, " epoch(s) as asked");
       sum.stopped_early = true;
       break;
@@ -784,7 +841,8 @@ TrainSummary train(const TrainConfig& c) {
   }
   sum.best_top1 = state.best_top1;
   double imgs = 0;
-  for (size_t i = 0; i < sum.epoch_seconds.size(); ++i) imgs += static_cast<double>(steps_per_epoch * n * dist::world());
+  for (size_t i = 0; i < sum.epoch_seconds.size(); ++i)
+    imgs += static_cast<double>(steps_per_epoch * n * dist::world());
   sum.images_per_second = sum.train_seconds > 0 ? imgs / sum.train_seconds : 0;
   // Which side bounded the run: the step waiting for batches more than a tenth of the time
   // means a faster loader (more workers, --decode gpu) would speed it up.
@@ -797,22 +855,28 @@ TrainSummary train(const TrainConfig& c) {
   sum.input_wait_fraction = sum.train_seconds > 0 ? ls.wait_seconds / sum.train_seconds : 0;
   sum.skipped_images = train_set->corrupt_skipped() + r.test_set->corrupt_skipped();
   if (dist::is_root()) {
-    std::printf("%s: the step waited for the loader %.0f%% of the time (loader %.0f images/s with %d workers, "
-                "training %.0f images/s)\n",
-                sum.input_wait_fraction > 0.1 ? "input-bound" : "compute-bound", 100 * sum.input_wait_fraction,
-                sum.loader_images_per_second, ls.workers, sum.images_per_second);
+    std::printf(
+        "%s: the step waited for the loader %.0f%% of the time (loader %.0f images/s with %d "
+        "workers, "
+        "training %.0f images/s)\n",
+        sum.input_wait_fraction > 0.1 ? "input-bound" : "compute-bound",
+        100 * sum.input_wait_fraction, sum.loader_images_per_second, ls.workers,
+        sum.images_per_second);
   }
   std::ostringstream js;
-  js << "{\"final_top1\":" << json_number(sum.final_top1) << ",\"final_top5\":" << json_number(sum.final_top5)
+  js << "{\"final_top1\":" << json_number(sum.final_top1)
+     << ",\"final_top5\":" << json_number(sum.final_top5)
      << ",\"best_top1\":" << json_number(sum.best_top1) << ",\"epochs\":" << sum.epochs_run
      << ",\"steps\":" << sum.steps << ",\"train_seconds\":" << json_number(sum.train_seconds)
-     << ",\"images_per_second\":" << json_number(sum.images_per_second) << ",\"input\":" << json_string(sum.input)
+     << ",\"images_per_second\":" << json_number(sum.images_per_second)
+     << ",\"input\":" << json_string(sum.input)
      << ",\"loader_images_per_second\":" << json_number(sum.loader_images_per_second)
      << ",\"input_wait_fraction\":" << json_number(sum.input_wait_fraction)
      << ",\"eval_images_per_second\":" << json_number(sum.eval_images_per_second)
      << ",\"skipped_images\":" << sum.skipped_images << ",\"decoded\":{\"hardware\":" << dc.hardware
      << ",\"gpu_hybrid\":" << dc.gpu_hybrid << ",\"host\":" << dc.host << "}"
-     << ",\"checkpoint\":" << json_string(sum.checkpoint) << ",\"config\":" << config_json(c) << "}\n";
+     << ",\"checkpoint\":" << json_string(sum.checkpoint) << ",\"config\":" << config_json(c)
+     << "}\n";
   if (dist::is_root()) write_text_atomic((fs::path(c.output) / "summary.json").string(), js.str());
   return sum;
 }

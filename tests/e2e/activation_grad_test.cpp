@@ -34,7 +34,9 @@ TEST(ActivationGrad, SiluAndHardswishGradientsMatchFiniteDifferences) {
   const std::vector<int32_t> labels{0, 2, 1, 2};
   e.train_step(images.data(), labels.data(), /*lr=*/0.0f);  // gradients; the weights stay
 
-  auto loss = [&] { return static_cast<double>(e.eval_batch(images.data(), labels.data(), 4).loss); };
+  auto loss = [&] {
+    return static_cast<double>(e.eval_batch(images.data(), labels.data(), 4).loss);
+  };
   int checked = 0;
   for (const ParamDesc& d : e.program().params) {
     const std::vector<float> grad = e.read_param(d.name, Region::grads_f32);

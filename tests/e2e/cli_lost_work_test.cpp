@@ -3,9 +3,8 @@
 // run; two runs on one folder, a resumed finished run, flags that contradict a checkpoint and
 // an export onto its own checkpoint are refused. The CLI runs as a child process whose output
 // the test reads line by line (poll with a timeout), and signals are sent after a known line.
-#include <gtest/gtest.h>
-
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -21,8 +20,8 @@
 #include <string>
 #include <vector>
 
-#include "support/cli_run.h"
 #include "kiln/io/safetensors.h"
+#include "support/cli_run.h"
 
 namespace {
 
@@ -145,7 +144,8 @@ fs::path scratch(const std::string& name) {
 // A small run: mlp, 3 epochs of 8 steps (24 steps), SGD with momentum and the one-cycle schedule.
 std::string run_args(const fs::path& root, const fs::path& out, const std::string& model = "mlp") {
   return "train --model " + model + " --data mnist --data-dir " + (root / "data").string() +
-         " --batch-size 8 --epochs 3 --workers 1 --progress none --device cpu --output " + out.string();
+         " --batch-size 8 --epochs 3 --workers 1 --progress none --device cpu --output " +
+         out.string();
 }
 
 // Every tensor of a checkpoint (weights, BN statistics, optimizer moments, loss scale).
@@ -194,7 +194,8 @@ std::string resume_line(const std::string& out) {
   const size_t at = out.rfind(key);
   if (at == std::string::npos) return "";
   const size_t end = out.find('\n', at);
-  return out.substr(at + key.size(), end == std::string::npos ? std::string::npos : end - at - key.size());
+  return out.substr(at + key.size(),
+                    end == std::string::npos ? std::string::npos : end - at - key.size());
 }
 
 // Runs a command line as the user would paste it.
@@ -227,7 +228,8 @@ void expect_same_as_reference(const fs::path& out, const std::string& model) {
   const Reference& ref = reference(model);
   const auto got = tensors(out / "last.safetensors");
   ASSERT_EQ(got.size(), ref.weights.size());
-  for (const auto& [name, bytes] : ref.weights) EXPECT_TRUE(got.at(name) == bytes) << "tensor " << name << " differs";
+  for (const auto& [name, bytes] : ref.weights)
+    EXPECT_TRUE(got.at(name) == bytes) << "tensor " << name << " differs";
   EXPECT_EQ(metric_rows(out), ref.rows);
 }
 
@@ -238,10 +240,12 @@ TEST(CliLostWork, StopAfterStepsResumesBitIdentical) {
   Result r = kiln(run_args(root, out) + " --stop-after-steps 5");
   for (int stop = 1; stop <= 4; ++stop) {
     ASSERT_EQ(r.code, 0) << r.out;
-    ASSERT_NE(r.out.find("stopped as asked; checkpoint at step " + std::to_string(5 * stop)), std::string::npos)
+    ASSERT_NE(r.out.find("stopped as asked; checkpoint at step " + std::to_string(5 * stop)),
+              std::string::npos)
         << r.out;
     const std::string cmd = resume_line(r.out);
-    ASSERT_NE(cmd.find("--resume " + (out / "last.safetensors").string()), std::string::npos) << r.out;
+    ASSERT_NE(cmd.find("--resume " + (out / "last.safetensors").string()), std::string::npos)
+        << r.out;
     r = run_shell(cmd);
   }
   ASSERT_EQ(r.code, 0) << r.out;
@@ -264,9 +268,12 @@ TEST(CliLostWork, SignalsCheckpointAndResume) {
     const int code = c.wait();
     EXPECT_EQ(code, 128 + sig) << c.out();
     const char* name = sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "SIGHUP";
-    EXPECT_NE(c.out().find(std::string("stopped by ") + name + "; checkpoint at step"), std::string::npos) << c.out();
+    EXPECT_NE(c.out().find(std::string("stopped by ") + name + "; checkpoint at step"),
+              std::string::npos)
+        << c.out();
     const std::string cmd = resume_line(c.out());
-    ASSERT_NE(cmd.find("--resume " + (out / "last.safetensors").string()), std::string::npos) << c.out();
+    ASSERT_NE(cmd.find("--resume " + (out / "last.safetensors").string()), std::string::npos)
+        << c.out();
     EXPECT_TRUE(temp_files(out).empty());
     EXPECT_FALSE(fs::exists(out / ".lock")) << "the lock is released on the way out";
     const Result r = run_shell(cmd);
@@ -288,7 +295,8 @@ TEST(CliLostWork, SigkillAtRandomMomentsLosesNothing) {
   int kills = 0;
   int64_t saved = 0;
   while (kills < 12 && saved < 21) {
-    Child c(run_args(root, out, "cnn") + " --save-every-steps 1" + (kills == 0 ? "" : " --resume " + ckpt.string()));
+    Child c(run_args(root, out, "cnn") + " --save-every-steps 1" +
+            (kills == 0 ? "" : " --resume " + ckpt.string()));
     int64_t target = saved + 1;
     if (target % 8 == 0) ++target;  // an epoch's end: its checkpoint prints no line
     if (!c.wait_for("checkpoint at step " + std::to_string(target) + " ")) {
@@ -298,7 +306,8 @@ TEST(CliLostWork, SigkillAtRandomMomentsLosesNothing) {
     // The dead run's files are gone once this run has started; its own may be mid-save.
     const std::string mine = ".tmp." + std::to_string(c.pid());
     for (const std::string& t : temp_files(out)) {
-      EXPECT_NE(t.find(mine), std::string::npos) << "left by a killed run: " << t << "\n" << c.out();
+      EXPECT_NE(t.find(mine), std::string::npos) << "left by a killed run: " << t << "\n"
+                                                 << c.out();
     }
     ::usleep(static_cast<useconds_t>(rng() % 60000));
     ::kill(c.pid(), SIGKILL);
@@ -320,7 +329,8 @@ TEST(CliLostWork, SigkillAtRandomMomentsLosesNothing) {
   write_bytes(out / stale, {1, 2, 3});
   const Result r = kiln(run_args(root, out, "cnn") + " --resume " + ckpt.string());
   ASSERT_EQ(r.code, 0) << r.out;
-  EXPECT_NE(r.out.find("temporary file(s) of runs that no longer exist"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("temporary file(s) of runs that no longer exist"), std::string::npos)
+      << r.out;
   EXPECT_NE(r.out.find(stale), std::string::npos) << r.out;
   EXPECT_TRUE(temp_files(out).empty());
   expect_same_as_reference(out, "cnn");
@@ -345,8 +355,9 @@ TEST(CliLostWork, OneRunPerFolder) {
   const std::string before = state();
   const Result second = kiln(run_args(root, out) + " --epochs 1");
   EXPECT_EQ(second.code, 2) << second.out;
-  EXPECT_NE(second.out.find("is in use by another kiln train (PID " + std::to_string(first.pid()) + ","),
-            std::string::npos)
+  EXPECT_NE(
+      second.out.find("is in use by another kiln train (PID " + std::to_string(first.pid()) + ","),
+      std::string::npos)
       << second.out;
   EXPECT_NE(second.out.find(out.string()), std::string::npos) << second.out;
   EXPECT_EQ(state(), before) << "the second run wrote into the folder";
@@ -366,7 +377,8 @@ TEST(CliLostWork, ResumeOfAFinishedRunAndContradictingFlags) {
     std::ifstream f(p, std::ios::binary);
     return std::string(std::istreambuf_iterator<char>(f), {});
   };
-  const std::string summary = bytes(out / "summary.json"), csv = bytes(out / "metrics.csv"), model = bytes(ckpt);
+  const std::string summary = bytes(out / "summary.json"), csv = bytes(out / "metrics.csv"),
+                    model = bytes(ckpt);
   const Result done = kiln(run_args(root, out) + " --resume " + ckpt);
   EXPECT_EQ(done.code, 0) << done.out;
   EXPECT_NE(done.out.find("is complete: 3 of 3 epochs done"), std::string::npos) << done.out;
@@ -375,7 +387,8 @@ TEST(CliLostWork, ResumeOfAFinishedRunAndContradictingFlags) {
   EXPECT_EQ(bytes(ckpt), model);
 
   const std::string base = "train --model mlp --data mnist --data-dir " + (root / "data").string() +
-                           " --workers 1 --progress none --device cpu --output " + out.string() + " --resume " + ckpt;
+                           " --workers 1 --progress none --device cpu --output " + out.string() +
+                           " --resume " + ckpt;
   // Without the flags the checkpoint's values are used (batch 8, 3 epochs): complete again.
   const Result bare = kiln(base);
   EXPECT_EQ(bare.code, 0) << bare.out;
@@ -396,7 +409,8 @@ TEST(CliLostWork, ResumeOfAFinishedRunAndContradictingFlags) {
   // With --resume-override the change is logged and the run continues: one more epoch.
   const Result more = kiln(base + " --epochs 4 --resume-override");
   EXPECT_EQ(more.code, 0) << more.out;
-  EXPECT_NE(more.out.find("--resume-override: --epochs 4 replaces the checkpoint's 3"), std::string::npos)
+  EXPECT_NE(more.out.find("--resume-override: --epochs 4 replaces the checkpoint's 3"),
+            std::string::npos)
       << more.out;
   EXPECT_NE(more.out.find("done: 1 epochs"), std::string::npos) << more.out;
   EXPECT_EQ(lines(out / "metrics.csv").size(), 5u);
@@ -416,7 +430,9 @@ TEST(CliLostWork, ResumeTruncatesAndRestoresMetricsRows) {
   ASSERT_EQ(csv.size(), 2u);
   {
     std::ofstream f(out / "metrics.csv");
-    f << csv[0] << "\n" << csv[1] << "\n" << "2,16,0.1,1,1,1,1,0,,,\n";
+    f << csv[0] << "\n"
+      << csv[1] << "\n"
+      << "2,16,0.1,1,1,1,1,0,,,\n";
   }
   r = kiln(run_args(root, out) + " --resume " + ckpt);
   ASSERT_EQ(r.code, 0) << r.out;
@@ -443,12 +459,14 @@ TEST(CliLostWork, ExportOntoItsCheckpointIsRefused) {
   ASSERT_EQ(kiln(run_args(root, out) + " --epochs 1").code, 0);
   const std::string ckpt = (out / "last.safetensors").string();
   const std::string before = tensors(ckpt).begin()->first;
-  const Result r =
-      kiln("export --model mlp --num-classes 10 --checkpoint " + ckpt + " --output " + out.string() + "/./last.safetensors");
+  const Result r = kiln("export --model mlp --num-classes 10 --checkpoint " + ckpt + " --output " +
+                        out.string() + "/./last.safetensors");
   EXPECT_EQ(r.code, 2) << r.out;
   EXPECT_NE(r.out.find("is the checkpoint"), std::string::npos) << r.out;
-  EXPECT_EQ(kiln::read_safetensors(ckpt).metadata.at("format"), "kiln-checkpoint-1") << "the training state is kept";
-  const Result ok = kiln("export --model mlp --num-classes 10 --checkpoint " + ckpt + " --output " + (root / "w.safetensors").string());
+  EXPECT_EQ(kiln::read_safetensors(ckpt).metadata.at("format"), "kiln-checkpoint-1")
+      << "the training state is kept";
+  const Result ok = kiln("export --model mlp --num-classes 10 --checkpoint " + ckpt + " --output " +
+                         (root / "w.safetensors").string());
   EXPECT_EQ(ok.code, 0) << ok.out;
   fs::remove_all(root);
 }

@@ -2,7 +2,6 @@
 // and bad input (an unknown model, flag or dataset, a missing file, an impossible shape)
 // gets one clear error and a non-zero exit, with no partial output left behind.
 #include <gtest/gtest.h>
-
 #include <sys/wait.h>
 
 #include <array>
@@ -17,7 +16,9 @@
 namespace {
 
 using Result = kiln::test::CliResult;
-Result kiln(const std::string& args) { return kiln::test::run_kiln(args); }
+Result kiln(const std::string& args) {
+  return kiln::test::run_kiln(args);
+}
 // kiln with KILN_* variables in its own environment (the edge reads them), not the test's.
 Result kiln_with(const std::string& variables, const std::string& args) {
   return kiln::test::run_shell(variables + " " + KILN_CLI_PATH + " " + args);
@@ -56,9 +57,11 @@ TEST(Cli, ProgramShowsTheEnginesFusionChoice) {
 TEST(Cli, SwitchesTableAndItsRule) {
   const Result plain = kiln("switches");
   ASSERT_EQ(plain.code, 0) << plain.out;
-  for (const char* v : {"KILN_LOG", "KILN_FUSION", "KILN_CUDA_GRAPHS", "KILN_NVJPEG_ROI", "KILN_DIST_TIMEOUT"})
+  for (const char* v :
+       {"KILN_LOG", "KILN_FUSION", "KILN_CUDA_GRAPHS", "KILN_NVJPEG_ROI", "KILN_DIST_TIMEOUT"})
     EXPECT_NE(plain.out.find(v), std::string::npos) << v << "\n" << plain.out;
-  EXPECT_NE(plain.out.find("A flag given on the command line wins"), std::string::npos) << plain.out;
+  EXPECT_NE(plain.out.find("A flag given on the command line wins"), std::string::npos)
+      << plain.out;
   auto row = [](const std::string& out, const std::string& variable) {
     const size_t at = out.find("  " + variable + " ");
     return at == std::string::npos ? std::string() : out.substr(at, out.find('\n', at) - at);
@@ -69,22 +72,27 @@ TEST(Cli, SwitchesTableAndItsRule) {
   EXPECT_NE(row(off.out, "KILN_CBR_FORM").find(" genstats* "), std::string::npos) << off.out;
   const Result flag = kiln_with("KILN_FUSION=0", "switches --fusion");
   ASSERT_EQ(flag.code, 0) << flag.out;
-  EXPECT_NE(row(flag.out, "KILN_FUSION").find(" 1 "), std::string::npos) << "the flag wins\n" << flag.out;
+  EXPECT_NE(row(flag.out, "KILN_FUSION").find(" 1 "), std::string::npos) << "the flag wins\n"
+                                                                         << flag.out;
   EXPECT_EQ(kiln("--help-switches").out, plain.out);
   // The rule reaches the program: --fusion over KILN_FUSION=0 fuses, KILN_FUSION=0 alone does not.
   const std::string program = "program cnn --device cpu --batch 8";
-  EXPECT_EQ(kiln_with("KILN_FUSE_FP32=1 KILN_FUSION=0", program).out.find("cbr_fwd"), std::string::npos);
+  EXPECT_EQ(kiln_with("KILN_FUSE_FP32=1 KILN_FUSION=0", program).out.find("cbr_fwd"),
+            std::string::npos);
   EXPECT_NE(kiln_with("KILN_FUSE_FP32=1 KILN_FUSION=0", program + " --fusion").out.find("cbr_fwd"),
             std::string::npos);
   const Result bad = kiln_with("KILN_CBR_FORM=bogus", "plan cnn");
   EXPECT_NE(bad.code, 0);
-  EXPECT_NE(bad.out.find("KILN_CBR_FORM=bogus is not accepted; use one of kiln|genstats"), std::string::npos)
+  EXPECT_NE(bad.out.find("KILN_CBR_FORM=bogus is not accepted; use one of kiln|genstats"),
+            std::string::npos)
       << bad.out;
   // --deterministic is the flag of KILN_DETERMINISTIC, under the same rule.
-  EXPECT_NE(row(kiln_with("KILN_DETERMINISTIC=1", "switches").out, "KILN_DETERMINISTIC").find(" 1* "),
-            std::string::npos);
+  EXPECT_NE(
+      row(kiln_with("KILN_DETERMINISTIC=1", "switches").out, "KILN_DETERMINISTIC").find(" 1* "),
+      std::string::npos);
   const Result det = kiln_with("KILN_DETERMINISTIC=0", "switches --deterministic");
-  EXPECT_NE(row(det.out, "KILN_DETERMINISTIC").find(" 1* "), std::string::npos) << "the flag wins\n" << det.out;
+  EXPECT_NE(row(det.out, "KILN_DETERMINISTIC").find(" 1* "), std::string::npos) << "the flag wins\n"
+                                                                                << det.out;
   const Result nondet = kiln_with("KILN_DETERMINISTIC=1", "switches --no-deterministic");
   EXPECT_NE(row(nondet.out, "KILN_DETERMINISTIC").find(" 0 "), std::string::npos) << nondet.out;
   const Result bad_bool = kiln_with("KILN_FUSION=maybe", "switches");
@@ -112,7 +120,8 @@ TEST(Cli, UnknownFlagNamesTheFlag) {
   const Result r = kiln("train --batchsize 64");
   EXPECT_NE(r.code, 0);
   EXPECT_NE(r.out.find("--batchsize"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("--batch-size"), std::string::npos) << "the error should list the real flags";
+  EXPECT_NE(r.out.find("--batch-size"), std::string::npos)
+      << "the error should list the real flags";
 }
 
 TEST(Cli, UnknownCommand) {
@@ -134,7 +143,8 @@ TEST(Cli, BadFlagValues) {
   const Result r = kiln("train --epochs 0 --output /tmp/kiln-cli-never");
   EXPECT_NE(r.code, 0);
   EXPECT_NE(r.out.find("--epochs"), std::string::npos) << r.out;
-  EXPECT_FALSE(std::filesystem::exists("/tmp/kiln-cli-never")) << "nothing may be written for a bad run";
+  EXPECT_FALSE(std::filesystem::exists("/tmp/kiln-cli-never"))
+      << "nothing may be written for a bad run";
 }
 
 // kiln bench on the CPU, staging every step (a loader's way) and once (a batch resident on
@@ -143,7 +153,8 @@ TEST(Cli, BadFlagValues) {
 // range on the CPU. The bench says what was fused, and the fused cnn (KILN_FUSE_FP32=1) gives
 // the unfused losses.
 TEST(Cli, BenchStagesEveryStepOrOnce) {
-  const std::string common = "bench --model cnn --device cpu --batch 8 --steps 2 --warmup 3 --repeats 1";
+  const std::string common =
+      "bench --model cnn --device cpu --batch 8 --steps 2 --warmup 3 --repeats 1";
   const Result every = kiln(common), once = kiln(common + " --stage once");
   ASSERT_EQ(every.code, 0) << every.out;
   ASSERT_EQ(once.code, 0) << once.out;
@@ -156,14 +167,17 @@ TEST(Cli, BenchStagesEveryStepOrOnce) {
   EXPECT_FALSE(losses(every.out).empty()) << every.out;
   EXPECT_EQ(losses(every.out), losses(once.out));
   // The CPU fuses in FP32 only when asked: the bench says what was fused.
-  EXPECT_NE(every.out.find("fused layers: 0 Conv+BN+ReLU (0 with their max-pool folded in"), std::string::npos)
+  EXPECT_NE(every.out.find("fused layers: 0 Conv+BN+ReLU (0 with their max-pool folded in"),
+            std::string::npos)
       << every.out;
   {
     const Result fused = kiln_with("KILN_FUSE_FP32=1", common);
     ASSERT_EQ(fused.code, 0) << fused.out;
-    EXPECT_NE(fused.out.find("fused layers: 4 Conv+BN+ReLU (2 with their max-pool folded in"), std::string::npos)
+    EXPECT_NE(fused.out.find("fused layers: 4 Conv+BN+ReLU (2 with their max-pool folded in"),
+              std::string::npos)
         << fused.out;
-    EXPECT_EQ(losses(fused.out), losses(every.out)) << "the fused kernels are the unfused ones' arithmetic";
+    EXPECT_EQ(losses(fused.out), losses(every.out))
+        << "the fused kernels are the unfused ones' arithmetic";
   }
   const Result bad = kiln(common + " --stage twice");
   EXPECT_NE(bad.code, 0);
@@ -177,7 +191,8 @@ TEST(Cli, BenchStagesEveryStepOrOnce) {
   EXPECT_NE(every.out.find("\"tf32\":false"), std::string::npos) << every.out;
   const Result range = kiln(common + " --cuda-profiler-range");
   EXPECT_NE(range.code, 0) << "the profiler range is the CUDA backend's";
-  EXPECT_NE(range.out.find("--cuda-profiler-range needs the CUDA backend"), std::string::npos) << range.out;
+  EXPECT_NE(range.out.find("--cuda-profiler-range needs the CUDA backend"), std::string::npos)
+      << range.out;
 }
 
 TEST(Cli, MissingDataPathSaysWhatWasExpected) {
@@ -209,11 +224,13 @@ TEST(Cli, CorruptCheckpointIsRefused) {
 // --color-jitter (and its run-file key) reaches the training pipeline, which is then not one
 // crop-and-resize: the run says its batches go to the device as float32.
 TEST(Cli, ColorJitterFromTheCommandLineAndARunFile) {
-  const std::string common = "train --model cnn --data synthetic --synthetic-size 32 --batch-size 16 --epochs 1 "
-                             "--device cpu --workers 1 --progress none --output ";
+  const std::string common =
+      "train --model cnn --data synthetic --synthetic-size 32 --batch-size 16 --epochs 1 "
+      "--device cpu --workers 1 --progress none --output ";
   const Result flag = kiln(common + testing::TempDir() + "/cli_jitter_flag --color-jitter 0.4");
   ASSERT_EQ(flag.code, 0) << flag.out;
-  EXPECT_NE(flag.out.find("float32 to the device (the pipeline is not one crop-and-resize)"), std::string::npos)
+  EXPECT_NE(flag.out.find("float32 to the device (the pipeline is not one crop-and-resize)"),
+            std::string::npos)
       << flag.out;
   const std::string path = testing::TempDir() + "/jitter_run.yaml";
   std::ofstream(path) << "color_jitter: [0.4, 0.3, 0.2, 0.1]\n";
@@ -226,7 +243,8 @@ TEST(Cli, ColorJitterFromTheCommandLineAndARunFile) {
   const Result two = kiln(common + testing::TempDir() + "/cli_jitter_two --color-jitter 0.4,0.4");
   EXPECT_NE(two.code, 0);
   EXPECT_NE(two.out.find("--color-jitter '0.4,0.4' has 2 values"), std::string::npos) << two.out;
-  const Result hue = kiln(common + testing::TempDir() + "/cli_jitter_hue --color-jitter 0.4,0.4,0.4,0.7");
+  const Result hue =
+      kiln(common + testing::TempDir() + "/cli_jitter_hue --color-jitter 0.4,0.4,0.4,0.7");
   EXPECT_NE(hue.code, 0);
   EXPECT_NE(hue.out.find("hue in [0, 0.5]"), std::string::npos) << hue.out;
 }
@@ -235,8 +253,9 @@ TEST(Cli, ColorJitterFromTheCommandLineAndARunFile) {
 // --clip-grad-norm and --keep-last train, the summary's config records them, and --keep-last 1
 // leaves the last epoch's checkpoint beside last and best; --deterministic is accepted.
 TEST(Cli, RecipeFlagsFromTheCommandLineAndARunFile) {
-  const std::string common = "train --model mlp --data synthetic --synthetic-size 32 --batch-size 16 --epochs 2 "
-                             "--device cpu --workers 1 --progress none --output ";
+  const std::string common =
+      "train --model mlp --data synthetic --synthetic-size 32 --batch-size 16 --epochs 2 "
+      "--device cpu --workers 1 --progress none --output ";
   auto check = [](const Result& r, const std::string& out) {
     ASSERT_EQ(r.code, 0) << r.out;
     std::stringstream summary;
@@ -249,10 +268,12 @@ TEST(Cli, RecipeFlagsFromTheCommandLineAndARunFile) {
   };
   const std::string flag_out = testing::TempDir() + "/cli_recipe_flags";
   std::filesystem::remove_all(flag_out);
-  check(kiln(common + flag_out + " --label-smoothing 0.25 --clip-grad-norm 1.5 --keep-last 1 --deterministic"),
+  check(kiln(common + flag_out +
+             " --label-smoothing 0.25 --clip-grad-norm 1.5 --keep-last 1 --deterministic"),
         flag_out);
   const std::string path = testing::TempDir() + "/recipe_run.yaml";
-  std::ofstream(path) << "label_smoothing: 0.25\nclip_grad_norm: 1.5\nkeep_last: 1\ndeterministic: true\n";
+  std::ofstream(path)
+      << "label_smoothing: 0.25\nclip_grad_norm: 1.5\nkeep_last: 1\ndeterministic: true\n";
   const std::string file_out = testing::TempDir() + "/cli_recipe_file";
   std::filesystem::remove_all(file_out);
   check(kiln(common + file_out + " --config " + path), file_out);

@@ -86,7 +86,8 @@ TEST(EmaBn, EmaEvaluationUsesTheEmaStatistics) {
   EXPECT_EQ(plain(ema_sd).loss, ema.loss);
   StFile live_stats = ema_sd;
   const StFile live_sd = export_state_dict(*a, false);
-  for (const BufferDesc& buf : a->program().buffers) live_stats.tensors[buf.name] = live_sd.tensors.at(buf.name);
+  for (const BufferDesc& buf : a->program().buffers)
+    live_stats.tensors[buf.name] = live_sd.tensors.at(buf.name);
   EXPECT_NE(plain(live_stats).loss, ema.loss) << "the EMA's own statistics made no difference";
 }
 
@@ -95,14 +96,16 @@ TEST(EmaBn, CheckpointRoundTripAndOlderCheckpoints) {
   auto a = trained(4);
   save_checkpoint(*a, dir + "/ck.safetensors", TrainState{});
   const StFile f = read_safetensors(dir + "/ck.safetensors");
-  for (const BufferDesc& buf : a->program().buffers) ASSERT_TRUE(f.tensors.count("ema." + buf.name)) << buf.name;
+  for (const BufferDesc& buf : a->program().buffers)
+    ASSERT_TRUE(f.tensors.count("ema." + buf.name)) << buf.name;
 
   Engine b(make_model("cnn"), cpu_options(true));
   b.lock_memory();
   b.compile(99);
   load_checkpoint(b, dir + "/ck.safetensors");
   for (const BufferDesc& buf : a->program().buffers) {
-    EXPECT_EQ(b.read_param(buf.name, Region::ema_bn_running), a->read_param(buf.name, Region::ema_bn_running))
+    EXPECT_EQ(b.read_param(buf.name, Region::ema_bn_running),
+              a->read_param(buf.name, Region::ema_bn_running))
         << buf.name;
     EXPECT_EQ(b.read_param(buf.name), a->read_param(buf.name)) << buf.name;
   }
@@ -120,7 +123,8 @@ TEST(EmaBn, CheckpointRoundTripAndOlderCheckpoints) {
     EXPECT_EQ(c.read_param(buf.name, Region::ema_bn_running), a->read_param(buf.name)) << buf.name;
   }
   for (const ParamDesc& d : a->program().params) {
-    EXPECT_EQ(c.read_param(d.name, Region::ema_f32), a->read_param(d.name, Region::ema_f32)) << d.name;
+    EXPECT_EQ(c.read_param(d.name, Region::ema_f32), a->read_param(d.name, Region::ema_f32))
+        << d.name;
   }
 
   // Half of them missing is damage, not an older format.
@@ -157,7 +161,8 @@ TEST(EmaBn, CliExportAndEvalUseTheEmaModel) {
   const StFile f = read_safetensors(ck);
 
   const std::string model = " --model cnn --device cpu";
-  auto r = test::run_kiln("export --model cnn --ema --checkpoint " + ck + " --output " + dir + "/ema.safetensors");
+  auto r = test::run_kiln("export --model cnn --ema --checkpoint " + ck + " --output " + dir +
+                          "/ema.safetensors");
   ASSERT_EQ(r.code, 0) << r.out;
   const StFile e = read_safetensors(dir + "/ema.safetensors");
   bool differs = false;
@@ -168,16 +173,19 @@ TEST(EmaBn, CliExportAndEvalUseTheEmaModel) {
     }
     ASSERT_TRUE(f.tensors.count("ema." + name)) << name;
     EXPECT_EQ(t.data, f.tensors.at("ema." + name).data) << name;
-    if (t.data != f.tensors.at(name).data && name.find("running_") != std::string::npos) differs = true;
+    if (t.data != f.tensors.at(name).data && name.find("running_") != std::string::npos)
+      differs = true;
   }
   EXPECT_TRUE(differs) << "the exported EMA statistics equal the live ones";
-  r = test::run_kiln("export --model cnn --checkpoint " + ck + " --output " + dir + "/live.safetensors");
+  r = test::run_kiln("export --model cnn --checkpoint " + ck + " --output " + dir +
+                     "/live.safetensors");
   ASSERT_EQ(r.code, 0) << r.out;
   for (const auto& [name, t] : read_safetensors(dir + "/live.safetensors").tensors) {
     EXPECT_EQ(t.data, f.tensors.at(name).data) << name;
   }
 
-  const std::string data = " --data synthetic --synthetic-size 64 --batch-size 16 --workers 1 --progress none";
+  const std::string data =
+      " --data synthetic --synthetic-size 64 --batch-size 16 --workers 1 --progress none";
   char want[64];
   std::snprintf(want, sizeof want, "test top-1 %.2f%%", s.ema_top1);
   r = test::run_kiln("eval" + model + data + " --ema --weights " + ck);
@@ -191,8 +199,8 @@ TEST(EmaBn, CliExportAndEvalUseTheEmaModel) {
   r = test::run_kiln("eval" + model + data + " --ema --weights " + dir + "/ema.safetensors");
   EXPECT_NE(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("has no EMA weights"), std::string::npos) << r.out;
-  r = test::run_kiln("export --model cnn --ema --checkpoint " + dir + "/live.safetensors --output " + dir +
-                     "/x.safetensors");
+  r = test::run_kiln("export --model cnn --ema --checkpoint " + dir +
+                     "/live.safetensors --output " + dir + "/x.safetensors");
   EXPECT_NE(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("has no EMA weights"), std::string::npos) << r.out;
   EXPECT_FALSE(fs::exists(dir + "/x.safetensors"));

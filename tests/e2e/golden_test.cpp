@@ -27,7 +27,8 @@ std::vector<float> floats(const StTensor& t) {
 double scaled_error(const std::vector<float>& got, const std::vector<float>& want) {
   double scale = 1e-12, worst = 0;
   for (float w : want) scale = std::max(scale, static_cast<double>(std::fabs(w)));
-  for (size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::fabs(static_cast<double>(got[i]) - want[i]));
+  for (size_t i = 0; i < got.size(); ++i)
+    worst = std::max(worst, std::fabs(static_cast<double>(got[i]) - want[i]));
   return worst / scale;
 }
 
@@ -59,15 +60,18 @@ TEST(GoldenPyTorch, CnnStepMatchesPyTorch) {
     const std::vector<float> grad = to_torch_layout(d, e.read_param(d.name, Region::grads_f32));
     // Gradients pass through four BatchNorm backward passes (each a reduction over 8*28*28
     // or 8*14*14 values in FP32): 1e-4 of the tensor's scale.
-    EXPECT_LT(scaled_error(grad, floats(g.tensors.at("grad." + d.name))), 1e-4) << "gradient of " << d.name;
+    EXPECT_LT(scaled_error(grad, floats(g.tensors.at("grad." + d.name))), 1e-4)
+        << "gradient of " << d.name;
     const std::vector<float> after = to_torch_layout(d, e.read_param(d.name));
     // The update is lr * (g + wd*w) with Nesterov: weights change by ~1e-2 of their scale,
     // so a 1e-4 gradient error moves them by ~1e-6 of theirs.
-    EXPECT_LT(scaled_error(after, floats(g.tensors.at("after." + d.name))), 1e-5) << "weights of " << d.name;
+    EXPECT_LT(scaled_error(after, floats(g.tensors.at("after." + d.name))), 1e-5)
+        << "weights of " << d.name;
   }
   for (const BufferDesc& b : p.buffers) {
     // Running statistics after one step: momentum 0.1 of the batch mean / unbiased variance.
-    EXPECT_LT(scaled_error(e.read_param(b.name), floats(g.tensors.at("after." + b.name))), 1e-5) << b.name;
+    EXPECT_LT(scaled_error(e.read_param(b.name), floats(g.tensors.at("after." + b.name))), 1e-5)
+        << b.name;
   }
 }
 
@@ -81,8 +85,9 @@ TEST(GoldenPyTorch, TorchStepScriptReproducesTheCnnGolden) {
   const std::string golden = std::string(KILN_SOURCE_DIR) + "/tests/data/golden_cnn.safetensors";
   test::golden_detail::TempDir dir("cnn_script");
   const std::string out = dir.file("torch.safetensors");
-  const std::string cmd = "'" + python + "' '" + KILN_SOURCE_DIR + "/tests/golden/torch_step.py' cnn '" + golden +
-                          "' '" + out + "' --lr 0.1 --momentum 0.9 --nesterov --weight-decay 5e-4";
+  const std::string cmd = "'" + python + "' '" + KILN_SOURCE_DIR +
+                          "/tests/golden/torch_step.py' cnn '" + golden + "' '" + out +
+                          "' --lr 0.1 --momentum 0.9 --nesterov --weight-decay 5e-4";
   ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
   const StFile want = read_safetensors(golden), got = read_safetensors(out);
   int compared = 0;
@@ -92,7 +97,8 @@ TEST(GoldenPyTorch, TorchStepScriptReproducesTheCnnGolden) {
     EXPECT_LT(scaled_error(floats(got.tensors.at(name)), floats(t)), 1e-6) << name;
     ++compared;
   }
-  EXPECT_EQ(compared, static_cast<int>(got.tensors.size())) << "torch_step.py wrote tensors the golden lacks";
+  EXPECT_EQ(compared, static_cast<int>(got.tensors.size()))
+      << "torch_step.py wrote tensors the golden lacks";
 }
 
 // ResNet-18 and VGG11-BN (the 32x32 forms) against PyTorch, with references made at test time

@@ -12,11 +12,11 @@
 #include <fstream>
 #include <sstream>
 
-#include "support/cli_run.h"
 #include "kiln/blueprint/zoo.h"
 #include "kiln/data/image_codec.h"
 #include "kiln/task/engine.h"
 #include "kiln/task/trainer.h"
+#include "support/cli_run.h"
 #include "unit/data_test_util.h"
 
 namespace kiln {
@@ -26,7 +26,9 @@ namespace fs = std::filesystem;
 using data_test::write_file;
 
 using Result = kiln::test::CliResult;
-Result kiln_cli(const std::string& args) { return kiln::test::run_kiln(args); }
+Result kiln_cli(const std::string& args) {
+  return kiln::test::run_kiln(args);
+}
 
 std::string read_text(const std::string& path) {
   std::ifstream f(path);
@@ -41,7 +43,9 @@ std::string fresh_dir(const std::string& name) {
   return d;
 }
 
-Image pattern(int64_t h, int64_t w, int64_t c, int seed) { return data_test::smooth_pattern(h, w, c, seed); }
+Image pattern(int64_t h, int64_t w, int64_t c, int seed) {
+  return data_test::smooth_pattern(h, w, c, seed);
+}
 
 // A PNG header declaring 200000 x 200000 pixels (4e10: a decompression bomb), valid CRC.
 std::vector<uint8_t> png_bomb() {
@@ -170,37 +174,45 @@ TEST(InputPath, BadFilesAreSkippedOnceAndCounted) {
   write_good_folder(data, 7, 1);
   const std::vector<uint8_t> good = encode_jpeg(pattern(20, 20, 3, 1), 90);
   std::vector<uint8_t> truncated(good.begin(), good.begin() + static_cast<long>(good.size() / 2));
-  std::vector<uint8_t> corrupt = {0xFF, 0xD8, 0xFF, 0xE0, 0x00, 0x10, 'J', 'F', 'I', 'F', 0, 7, 7, 7};
+  std::vector<uint8_t> corrupt = {0xFF, 0xD8, 0xFF, 0xE0, 0x00, 0x10, 'J',
+                                  'F',  'I',  'F',  0,    7,    7,    7};
   write_file(data + "/train/c0/bad_corrupt.jpg", corrupt);
   write_file(data + "/train/c0/bad_truncated.jpg", truncated);
   write_file(data + "/train/c0/bad_empty.jpg", {});
-  write_file(data + "/train/c1/bad_text.jpg", {'n', 'o', 't', ' ', 'a', 'n', ' ', 'i', 'm', 'a', 'g', 'e'});
+  write_file(data + "/train/c1/bad_text.jpg",
+             {'n', 'o', 't', ' ', 'a', 'n', ' ', 'i', 'm', 'a', 'g', 'e'});
   write_file(data + "/train/c1/bad_bomb.png", png_bomb());
   write_file(data + "/train/c1/ok_cmyk.jpg", encode_jpeg(pattern(20, 19, 4, 2), 90));
-  write_file(data + "/train/c1/ok_progressive.jpg", encode_jpeg(pattern(19, 20, 3, 3), 90, {.progressive = true}));
+  write_file(data + "/train/c1/ok_progressive.jpg",
+             encode_jpeg(pattern(19, 20, 3, 3), 90, {.progressive = true}));
   // 14 good + 5 bad + CMYK + progressive = 21 files; batch 3 visits every one of them.
   // The uint8 path (--decode auto is the host's on the CPU) and the float32 one.
   for (const bool u8 : {true, false}) {
     const std::string out = fresh_dir(std::string("bad_out_") + (u8 ? "u8" : "f32"));
-    const Result r = kiln_cli("train --model resnet18_small --image-size 16 --data folder --data-dir " + data +
-                              " --epochs 1 --batch-size 3 --device cpu --progress none --workers 2 --decode auto " +
-                              (u8 ? "" : "--no-input-u8 ") + "--output " + out);
+    const Result r = kiln_cli(
+        "train --model resnet18_small --image-size 16 --data folder --data-dir " + data +
+        " --epochs 1 --batch-size 3 --device cpu --progress none --workers 2 --decode auto " +
+        (u8 ? "" : "--no-input-u8 ") + "--output " + out);
     ASSERT_EQ(r.code, 0) << r.out;
-    for (const char* bad : {"bad_corrupt.jpg", "bad_truncated.jpg", "bad_empty.jpg", "bad_text.jpg", "bad_bomb.png"}) {
+    for (const char* bad : {"bad_corrupt.jpg", "bad_truncated.jpg", "bad_empty.jpg", "bad_text.jpg",
+                            "bad_bomb.png"}) {
       const size_t at = r.out.find(bad);
       EXPECT_NE(at, std::string::npos) << bad << " not named:\n" << r.out;
       EXPECT_EQ(r.out.find(bad, at + 1), std::string::npos) << bad << " warned twice:\n" << r.out;
     }
     EXPECT_EQ(r.out.find("ok_cmyk"), std::string::npos) << r.out;
     EXPECT_EQ(r.out.find("ok_progressive"), std::string::npos) << r.out;
-    EXPECT_NE(r.out.find(u8 ? "input: decoded on the host by 2 workers, uint8 to the device"
-                            : "input: decoded and transformed on the host by 2 workers, float32 to the device"),
-              std::string::npos)
+    EXPECT_NE(
+        r.out.find(
+            u8 ? "input: decoded on the host by 2 workers, uint8 to the device"
+               : "input: decoded and transformed on the host by 2 workers, float32 to the device"),
+        std::string::npos)
         << r.out;
     EXPECT_NE(r.out.find("-bound: the step waited for the loader"), std::string::npos) << r.out;
     const std::string summary = read_text(out + "/summary.json");
     EXPECT_NE(summary.find("\"skipped_images\":5"), std::string::npos) << summary;
-    EXPECT_NE(summary.find(u8 ? "\"input\":\"uint8\"" : "\"input\":\"float32\""), std::string::npos) << summary;
+    EXPECT_NE(summary.find(u8 ? "\"input\":\"uint8\"" : "\"input\":\"float32\""), std::string::npos)
+        << summary;
     EXPECT_NE(summary.find("\"loader_images_per_second\":"), std::string::npos) << summary;
     EXPECT_NE(summary.find("\"input_wait_fraction\":"), std::string::npos) << summary;
     EXPECT_NE(summary.find("\"eval_images_per_second\":"), std::string::npos) << summary;
@@ -210,8 +222,9 @@ TEST(InputPath, BadFilesAreSkippedOnceAndCounted) {
 TEST(InputPath, FolderMistakesAreOneClearError) {
   const std::string data = fresh_dir("mistakes");
   write_good_folder(data, 2, 1);
-  const std::string common = " --model resnet18_small --image-size 16 --data folder --data-dir " + data +
-                             " --epochs 1 --device cpu --progress none --output " + fresh_dir("mistakes_out");
+  const std::string common = " --model resnet18_small --image-size 16 --data folder --data-dir " +
+                             data + " --epochs 1 --device cpu --progress none --output " +
+                             fresh_dir("mistakes_out");
   // Fewer training images (4) than one batch.
   const Result small = kiln_cli("train --batch-size 8" + common);
   EXPECT_NE(small.code, 0);
@@ -230,26 +243,31 @@ TEST(InputPath, FolderMistakesAreOneClearError) {
   EXPECT_NE(gpu.out.find("--decode cpu"), std::string::npos) << gpu.out;
   const Result bad = kiln_cli("train --batch-size 2 --decode fpga" + common);
   EXPECT_NE(bad.code, 0);
-  EXPECT_NE(bad.out.find("--decode fpga is not one of auto, gpu, cpu"), std::string::npos) << bad.out;
+  EXPECT_NE(bad.out.find("--decode fpga is not one of auto, gpu, cpu"), std::string::npos)
+      << bad.out;
 }
 
 TEST(InputPath, BenchTimesTheInputPipelineAlone) {
   const std::string data = fresh_dir("bench");
   write_good_folder(data, 6, 1);
   const Result r = kiln_cli("bench --input-only --data folder --data-dir " + data +
-                            " --model resnet18_small --image-size 16 --device cpu --batch 4 --steps 2 --warmup 1 --repeats 1 --workers 2");
+                            " --model resnet18_small --image-size 16 --device cpu --batch 4 "
+                            "--steps 2 --warmup 1 --repeats 1 --workers 2");
   ASSERT_EQ(r.code, 0) << r.out;
-  EXPECT_NE(r.out.find("{\"bench\":\"kiln-input\",\"model\":\"resnet18_small\",\"batch\":4,\"amp\":false,\"decode\":\"cpu\","
+  EXPECT_NE(r.out.find("{\"bench\":\"kiln-input\",\"model\":\"resnet18_small\",\"batch\":4,\"amp\":"
+                       "false,\"decode\":\"cpu\","
                        "\"workers\":2,\"images_per_second\":"),
             std::string::npos)
       << r.out;
   const Result steps = kiln_cli("bench --data folder --data-dir " + data +
-                                " --model resnet18_small --image-size 16 --device cpu --batch 4 --steps 2 --warmup 1 --repeats 1 --workers 1");
+                                " --model resnet18_small --image-size 16 --device cpu --batch 4 "
+                                "--steps 2 --warmup 1 --repeats 1 --workers 1");
   ASSERT_EQ(steps.code, 0) << steps.out;
   EXPECT_NE(steps.out.find("{\"bench\":\"kiln-folder\""), std::string::npos) << steps.out;
   EXPECT_NE(steps.out.find("\"first_loss\":"), std::string::npos) << steps.out;
-  const Result gpu = kiln_cli("bench --input-only --data folder --data-dir " + data +
-                              " --model resnet18_small --image-size 16 --device cpu --batch 4 --decode gpu");
+  const Result gpu =
+      kiln_cli("bench --input-only --data folder --data-dir " + data +
+               " --model resnet18_small --image-size 16 --device cpu --batch 4 --decode gpu");
   EXPECT_NE(gpu.code, 0);
   EXPECT_NE(gpu.out.find("--decode cpu"), std::string::npos) << gpu.out;
 }

@@ -20,10 +20,10 @@ namespace kiln {
 namespace {
 
 using Batch = test::LearnableBatch;
-using test::learnable_batch;
-using test::fused_node_count;
-using test::params_and_buffers;
 using test::folded_grad_sum_count;
+using test::fused_node_count;
+using test::learnable_batch;
+using test::params_and_buffers;
 using test::pooled_cbr_count;
 
 EngineOptions cpu_options(int64_t batch) {
@@ -49,17 +49,27 @@ void loss_falls(const std::string& model, int64_t batch, float lr) {
   }
   // From about ln(10) = 2.3 at the start; a network that learns the batch ends far lower.
   EXPECT_GT(losses.front(), 1.5f) << model;
-  EXPECT_LT(losses.back(), 0.25f * losses.front()) << model << ": loss " << losses.front() << " -> " << losses.back();
+  EXPECT_LT(losses.back(), 0.25f * losses.front())
+      << model << ": loss " << losses.front() << " -> " << losses.back();
   const StepStats ev = e.eval_batch(b.images.data(), b.labels.data(), batch);
   // Evaluation uses the running statistics, which after 20 steps at momentum 0.1 hold only
   // 1 - 0.9^20 = 88% of the batch statistics: well above chance (1/10), not yet perfect.
-  EXPECT_GE(ev.top1, batch / 4) << model << ": eval mode should be well above chance on the trained batch";
+  EXPECT_GE(ev.top1, batch / 4) << model
+                                << ": eval mode should be well above chance on the trained batch";
 }
 
-TEST(TrainStep, LossFallsResNet18Small) { loss_falls("resnet18_small", 10, 0.02f); }
-TEST(TrainStep, LossFallsVgg11BnSmall) { loss_falls("vgg11_bn_small", 10, 0.02f); }
-TEST(TrainStep, LossFallsCnn) { loss_falls("cnn", 20, 0.05f); }
-TEST(TrainStep, LossFallsMlp) { loss_falls("mlp", 20, 0.05f); }
+TEST(TrainStep, LossFallsResNet18Small) {
+  loss_falls("resnet18_small", 10, 0.02f);
+}
+TEST(TrainStep, LossFallsVgg11BnSmall) {
+  loss_falls("vgg11_bn_small", 10, 0.02f);
+}
+TEST(TrainStep, LossFallsCnn) {
+  loss_falls("cnn", 20, 0.05f);
+}
+TEST(TrainStep, LossFallsMlp) {
+  loss_falls("mlp", 20, 0.05f);
+}
 
 TEST(Lifecycle, StepsOutOfOrderAreClearErrors) {
   Engine e(make_model("cnn"), cpu_options(4));
@@ -169,13 +179,15 @@ TEST(Switches, MemoryReuseOffAndOnAgree) {
 // loss, top-1 and top-5 ("eval"). `inspect` sees the compiled engine first.
 template <typename Inspect>
 std::map<std::string, std::vector<float>> three_steps_then_eval(const BluePrint& bp, const Batch& b,
-                                                                const EngineOptions& o, Inspect inspect) {
+                                                                const EngineOptions& o,
+                                                                Inspect inspect) {
   Engine e(bp, o);
   e.lock_memory();
   e.compile(5);
   inspect(e);
   std::vector<float> losses;
-  for (int i = 0; i < 3; ++i) losses.push_back(e.train_step(b.images.data(), b.labels.data(), 0.05f).loss);
+  for (int i = 0; i < 3; ++i)
+    losses.push_back(e.train_step(b.images.data(), b.labels.data(), 0.05f).loss);
   std::map<std::string, std::vector<float>> r = params_and_buffers(e);
   r["loss"] = losses;
   // A fused program evaluates its fused nodes in their inference form (bn_relu_infer).
@@ -206,9 +218,8 @@ TEST(Switches, FusionOffAndOnAgree) {
       EngineOptions o = cpu_options(4);
       o.switches.fusion = fusion;
       o.switches.fuse_fp32 = Auto::on;
-      results[fusion ? 1 : 0] = three_steps_then_eval(bp, b, o, [&](const Engine& e) {
-        fused_nodes.push_back(fused_node_count(e));
-      });
+      results[fusion ? 1 : 0] = three_steps_then_eval(
+          bp, b, o, [&](const Engine& e) { fused_nodes.push_back(fused_node_count(e)); });
     }
     EXPECT_EQ(fused_nodes[0], 0) << model;
     EXPECT_GT(fused_nodes[1], 0) << model << ": the CPU backend fuses in FP32";
@@ -220,17 +231,22 @@ TEST(Switches, FusionOffAndOnAgree) {
       if (exact) {
         size_t differ = 0;
         for (size_t i = 0; i < got.size(); ++i) differ += got[i] != want[i];
-        EXPECT_EQ(differ, 0u) << model << ": " << name << ": " << differ << " of " << got.size() << " values differ";
+        EXPECT_EQ(differ, 0u) << model << ": " << name << ": " << differ << " of " << got.size()
+                              << " values differ";
       } else if (name.size() > 5 && name.compare(name.size() - 5, 5, ".bias") == 0 &&
-                 std::all_of(want.begin(), want.end(), [](float v) { return std::fabs(v) <= 1e-6f; })) {
+                 std::all_of(want.begin(), want.end(),
+                             [](float v) { return std::fabs(v) <= 1e-6f; })) {
         // A convolution bias in front of BN (zero-initialised): its gradient is rounding noise
         // (exactly 0 in the fused CBR), so both runs hold noise-sized values, compared absolutely.
-        for (float v : got) EXPECT_LE(std::fabs(v), 1e-6f) << model << ": " << name << " (a bias BN cancels)";
+        for (float v : got)
+          EXPECT_LE(std::fabs(v), 1e-6f) << model << ": " << name << " (a bias BN cancels)";
       } else {
         double scale = 0.0, worst = 0.0;
         for (float v : want) scale = std::max(scale, std::fabs(static_cast<double>(v)));
-        for (size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::fabs(static_cast<double>(got[i]) - want[i]));
-        EXPECT_LE(worst, 1e-5 * std::max(scale, 1e-30)) << model << ": " << name << " (scale " << scale << ")";
+        for (size_t i = 0; i < got.size(); ++i)
+          worst = std::max(worst, std::fabs(static_cast<double>(got[i]) - want[i]));
+        EXPECT_LE(worst, 1e-5 * std::max(scale, 1e-30))
+            << model << ": " << name << " (scale " << scale << ")";
       }
     }
   }
@@ -266,9 +282,8 @@ TEST(Switches, GradientSumFoldingOffAndOnAgree) {
     EngineOptions o = cpu_options(4);
     o.switches.fuse_grad_sum = fold;
     o.switches.fuse_fp32 = Auto::on;
-    results[fold ? 1 : 0] = three_steps_then_eval(bp, b, o, [&](const Engine& e) {
-      folded.push_back(folded_grad_sum_count(e));
-    });
+    results[fold ? 1 : 0] = three_steps_then_eval(
+        bp, b, o, [&](const Engine& e) { folded.push_back(folded_grad_sum_count(e)); });
   }
   EXPECT_EQ(folded[0], 0);
   EXPECT_EQ(folded[1], 7);
@@ -280,7 +295,8 @@ TEST(Switches, GradientSumFoldingOffAndOnAgree) {
 // and an evaluation give the same losses, weights and running statistics bit for bit - the
 // folded kernels are the unfused pool's and ReLU's arithmetic.
 TEST(Switches, PoolFoldingOffAndOnAgree) {
-  for (const auto& [model, pools] : {std::pair{std::string("cnn"), 2}, std::pair{std::string("vgg11_bn_small"), 5}}) {
+  for (const auto& [model, pools] :
+       {std::pair{std::string("cnn"), 2}, std::pair{std::string("vgg11_bn_small"), 5}}) {
     const BluePrint bp = make_model(model);
     const Batch b = learnable_batch(bp, 4, 9);
     std::vector<std::map<std::string, std::vector<float>>> results(2);
@@ -289,9 +305,8 @@ TEST(Switches, PoolFoldingOffAndOnAgree) {
       EngineOptions o = cpu_options(4);
       o.switches.fuse_pool = fold;
       o.switches.fuse_fp32 = Auto::on;
-      results[fold ? 1 : 0] = three_steps_then_eval(bp, b, o, [&](const Engine& e) {
-        pooled.push_back(pooled_cbr_count(e));
-      });
+      results[fold ? 1 : 0] = three_steps_then_eval(
+          bp, b, o, [&](const Engine& e) { pooled.push_back(pooled_cbr_count(e)); });
     }
     EXPECT_EQ(pooled[0], 0) << model;
     EXPECT_EQ(pooled[1], 2 * pools) << model;

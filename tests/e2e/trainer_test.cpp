@@ -1,5 +1,7 @@
 // The training task end to end on the CPU with synthetic data: metrics and checkpoints are
 // written, a resumed run equals an uninterrupted one, and damaged checkpoints are refused.
+#include "kiln/task/trainer.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -14,7 +16,6 @@
 #include "kiln/io/json.h"
 #include "kiln/io/safetensors.h"
 #include "kiln/task/checkpoint.h"
-#include "kiln/task/trainer.h"
 #include "task/progress.h"
 
 namespace kiln {
@@ -84,7 +85,8 @@ TEST(Trainer, WritesMetricsCheckpointAndSummary) {
   // is. The test split is 96 / 5 = 19 images, so top-1 is a whole number of them, top-5 holds
   // top-1, and the summary, the last metrics row and summary.json give the same numbers.
   const std::map<std::string, std::string> last = last_row(out + "/metrics.csv");
-  for (const char* col : {"epoch", "step", "lr", "train_loss", "test_top1", "test_top5", "ema_test_top1"}) {
+  for (const char* col :
+       {"epoch", "step", "lr", "train_loss", "test_top1", "test_top5", "ema_test_top1"}) {
     ASSERT_TRUE(last.count(col)) << col << " missing from metrics.csv";
   }
   EXPECT_EQ(last.at("epoch"), "2");
@@ -107,10 +109,12 @@ TEST(Trainer, WritesMetricsCheckpointAndSummary) {
   std::stringstream summary;
   summary << std::ifstream(out + "/summary.json").rdbuf();
   EXPECT_NE(summary.str().find("\"epochs\":2,\"steps\":12"), std::string::npos) << summary.str();
-  EXPECT_NE(summary.str().find("{\"final_top1\":" + json_number(s.final_top1) + ","), std::string::npos)
+  EXPECT_NE(summary.str().find("{\"final_top1\":" + json_number(s.final_top1) + ","),
+            std::string::npos)
       << summary.str();
   for (const auto& e : fs::directory_iterator(out)) {
-    EXPECT_EQ(e.path().string().find(".tmp"), std::string::npos) << "temporary file left: " << e.path();
+    EXPECT_EQ(e.path().string().find(".tmp"), std::string::npos)
+        << "temporary file left: " << e.path();
   }
 }
 
@@ -150,7 +154,8 @@ TEST(Trainer, KeepsBestAndTheLastKEpochCheckpoints) {
   const TrainSummary s = train(c);
   ASSERT_EQ(s.epochs_run, 4);
   for (int e = 1; e <= 4; ++e) {
-    EXPECT_EQ(fs::exists(out + "/epoch-" + std::to_string(e) + ".safetensors"), e >= 3) << "epoch " << e;
+    EXPECT_EQ(fs::exists(out + "/epoch-" + std::to_string(e) + ".safetensors"), e >= 3)
+        << "epoch " << e;
   }
   auto bytes = [](const std::string& p) {
     std::stringstream b;
@@ -178,10 +183,12 @@ TEST(Trainer, KeepsBestAndTheLastKEpochCheckpoints) {
   c.stop_after_epochs = 0;
   train(c);
   for (int e = 1; e <= 6; ++e) {
-    EXPECT_EQ(fs::exists(out + "/epoch-" + std::to_string(e) + ".safetensors"), e >= 5) << "epoch " << e;
+    EXPECT_EQ(fs::exists(out + "/epoch-" + std::to_string(e) + ".safetensors"), e >= 5)
+        << "epoch " << e;
   }
   for (const auto& e : fs::directory_iterator(out)) {
-    EXPECT_EQ(e.path().string().find(".tmp"), std::string::npos) << "temporary file left: " << e.path();
+    EXPECT_EQ(e.path().string().find(".tmp"), std::string::npos)
+        << "temporary file left: " << e.path();
   }
 }
 
@@ -209,8 +216,10 @@ TEST(Trainer, ColorJitterJoinsTheTrainingPipeline) {
   c.color_jitter = {0.4f, 0.3f, 0.2f, 0.1f};
   const Pipeline train_p = input_pipeline(c, true, 32, 3);
   const std::string d = train_p.describe();
-  const size_t flip = d.find("RandomHorizontalFlip"), jitter = d.find("ColorJitter(brightness 0.4, contrast 0.3, "
-                                                                        "saturation 0.2, hue 0.1)"),
+  const size_t flip = d.find("RandomHorizontalFlip"),
+               jitter = d.find(
+                   "ColorJitter(brightness 0.4, contrast 0.3, "
+                   "saturation 0.2, hue 0.1)"),
                norm = d.find("Normalize");
   ASSERT_NE(jitter, std::string::npos) << d;
   EXPECT_LT(d.find("RandomCrop"), flip) << d;
@@ -226,13 +235,15 @@ TEST(Trainer, ValResizeSizeSetsTheEvaluationResize) {
   TrainConfig c;
   c.data = "folder";
   c.random_resized_crop = true;
-  EXPECT_NE(input_pipeline(c, false, 224, 3).describe().find("Resize(shorter side 256)"), std::string::npos)
+  EXPECT_NE(input_pipeline(c, false, 224, 3).describe().find("Resize(shorter side 256)"),
+            std::string::npos)
       << input_pipeline(c, false, 224, 3).describe();
   c.val_resize_size = 288;
   const std::string val = input_pipeline(c, false, 224, 3).describe();
   EXPECT_NE(val.find("Resize(shorter side 288)"), std::string::npos) << val;
   EXPECT_LT(val.find("Resize"), val.find("CenterCrop")) << val;
-  EXPECT_EQ(input_pipeline(c, true, 224, 3).describe().find("Resize(shorter side"), std::string::npos);
+  EXPECT_EQ(input_pipeline(c, true, 224, 3).describe().find("Resize(shorter side"),
+            std::string::npos);
 }
 
 // Statistics arrive a step late, so the first progress line has no loss yet: it shows a dash,
@@ -252,7 +263,8 @@ TEST(Trainer, ProgressShowsNoLossBeforeTheFirstStatistics) {
 // already classify most of the 10,000 test images; chance is 10%.
 TEST(Trainer, LearnsFashionMnist) {
   if (!fs::exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz")) {
-    GTEST_SKIP() << "Fashion-MNIST is not installed (scripts/setup.sh installs dataset-fashion-mnist)";
+    GTEST_SKIP()
+        << "Fashion-MNIST is not installed (scripts/setup.sh installs dataset-fashion-mnist)";
   }
   const std::string out = fresh_dir("fmnist");
   TrainConfig c;
@@ -320,10 +332,13 @@ TEST(Checkpoint, RoundTripRestoresEveryTensor) {
   EXPECT_EQ(got.step, 1);
   for (const ParamDesc& d : a.program().params) {
     EXPECT_EQ(a.read_param(d.name), b.read_param(d.name)) << d.name;
-    EXPECT_EQ(a.read_param(d.name, Region::moment1), b.read_param(d.name, Region::moment1)) << d.name;
-    EXPECT_EQ(a.read_param(d.name, Region::ema_f32), b.read_param(d.name, Region::ema_f32)) << d.name;
+    EXPECT_EQ(a.read_param(d.name, Region::moment1), b.read_param(d.name, Region::moment1))
+        << d.name;
+    EXPECT_EQ(a.read_param(d.name, Region::ema_f32), b.read_param(d.name, Region::ema_f32))
+        << d.name;
   }
-  for (const BufferDesc& buf : a.program().buffers) EXPECT_EQ(a.read_param(buf.name), b.read_param(buf.name));
+  for (const BufferDesc& buf : a.program().buffers)
+    EXPECT_EQ(a.read_param(buf.name), b.read_param(buf.name));
 }
 
 TEST(Checkpoint, DamagedOrForeignFilesAreRefused) {
@@ -346,7 +361,8 @@ TEST(Checkpoint, DamagedOrForeignFilesAreRefused) {
     bad[12] = '}';
     bad[13] = '{';
     std::ofstream(out + "/bad_header.safetensors", std::ios::binary) << bad;
-    std::ofstream(out + "/truncated.safetensors", std::ios::binary) << bytes.substr(0, bytes.size() / 2);
+    std::ofstream(out + "/truncated.safetensors", std::ios::binary)
+        << bytes.substr(0, bytes.size() / 2);
   }
   for (const std::string name : {"bad_header", "truncated"}) {
     try {
@@ -366,7 +382,8 @@ TEST(Checkpoint, DamagedOrForeignFilesAreRefused) {
     FAIL();
   } catch (const Error& err) {
     EXPECT_EQ(err.kind(), ErrorKind::Checkpoint);
-    EXPECT_NE(std::string(err.what()).find("block3.bn.running_var"), std::string::npos) << err.what();
+    EXPECT_NE(std::string(err.what()).find("block3.bn.running_var"), std::string::npos)
+        << err.what();
   }
   // Another model's checkpoint.
   Engine other(make_model("lenet"), o);

@@ -42,7 +42,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     for (int64_t i : {int64_t{0}, ds.size() - 1}) {
       const kiln::Sample s = ds.sample(i);
       if (s.label != 3 || s.image.pixels.size() != per) std::abort();
-      if (s.image.height != want_h || s.image.width != want_w || s.image.channels != want_c) std::abort();
+      if (s.image.height != want_h || s.image.width != want_w || s.image.channels != want_c)
+        std::abort();
       if (static_cast<size_t>(s.image.numel()) != per) std::abort();
       if (std::memcmp(s.image.pixels.data(), pixels.data() + per * static_cast<size_t>(i), per) !=
           0) {

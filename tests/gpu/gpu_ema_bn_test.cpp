@@ -57,8 +57,10 @@ TEST(GpuEmaBn, EmaEvaluationUsesTheEmaStatistics) {
   EXPECT_NEAR(plain(ema_sd), ema, kGpuFp32Tol * (1.0 + std::fabs(ema)));
   StFile live_stats = ema_sd;
   const StFile live_sd = export_state_dict(a, false);
-  for (const BufferDesc& buf : a.program().buffers) live_stats.tensors[buf.name] = live_sd.tensors.at(buf.name);
-  EXPECT_GT(std::fabs(plain(live_stats) - ema), 1e-3) << "the EMA's own statistics made no difference";
+  for (const BufferDesc& buf : a.program().buffers)
+    live_stats.tensors[buf.name] = live_sd.tensors.at(buf.name);
+  EXPECT_GT(std::fabs(plain(live_stats) - ema), 1e-3)
+      << "the EMA's own statistics made no difference";
 }
 
 }  // namespace

@@ -83,9 +83,10 @@ TEST(GpuEngineTable, TuneLookUpAndFallBack) {
   for (const EngineEntry& e : table.entries()) {
     ASSERT_GE(e.choices.size(), 1u);
     ASSERT_LE(e.choices.size(), 3u);
-    for (size_t i = 1; i < e.choices.size(); ++i) EXPECT_LE(e.choices[i - 1].ms, e.choices[i].ms) << e.key;
-    std::printf("  %-60s %s %.4f ms (%zu choices)\n", e.key.c_str(), e.choices[0].engine.c_str(), e.choices[0].ms,
-                e.choices.size());
+    for (size_t i = 1; i < e.choices.size(); ++i)
+      EXPECT_LE(e.choices[i - 1].ms, e.choices[i].ms) << e.key;
+    std::printf("  %-60s %s %.4f ms (%zu choices)\n", e.key.c_str(), e.choices[0].engine.c_str(),
+                e.choices[0].ms, e.choices.size());
   }
 
   Switches use = sw, off = sw;
@@ -103,7 +104,8 @@ TEST(GpuEngineTable, TuneLookUpAndFallBack) {
   spoil(path, false);
   backups = compile_and_step(true, use);
   EXPECT_EQ(backups.use.from_table + backups.use.heuristics, plans);
-  if (with_backup > 0) EXPECT_GT(backups.use.from_table, 0) << "backups are tried when the winner is missing";
+  if (with_backup > 0)
+    EXPECT_GT(backups.use.from_table, 0) << "backups are tried when the winner is missing";
   spoil(path, true);
   nothing = compile_and_step(true, use);
   EXPECT_EQ(nothing.use.from_table, 0);
@@ -135,7 +137,8 @@ TEST(GpuAutotune, OffAndOnTrainAlike) {
     Switches no_autotune = no_table, deterministic = no_table;
     no_autotune.autotune = Auto::off;
     deterministic.deterministic = true;
-    const Outcome off = compile_and_step(amp, no_autotune), det = compile_and_step(amp, deterministic);
+    const Outcome off = compile_and_step(amp, no_autotune),
+                  det = compile_and_step(amp, deterministic);
     for (const Outcome* o : {&off, &det}) {
       EXPECT_EQ(o->use.autotuned, 0);
       EXPECT_EQ(o->use.heuristics, plans);
@@ -152,8 +155,9 @@ TEST(GpuAutotune, CacheCarriesResultsToTheNextProcess) {
   const std::string dir = ::testing::TempDir() + "kiln_autotune_cache_test";
   std::filesystem::remove_all(dir);
   auto bench = [&](const std::string& cache) {
-    const std::string cmd = "KILN_ENGINE_TABLE=0 KILN_AUTOTUNE_CACHE=" + cache + " " + KILN_CLI_PATH +
-                            " bench --model cnn --device cuda --batch 16 --steps 1 --warmup 1 --repeats 1 2>&1";
+    const std::string cmd =
+        "KILN_ENGINE_TABLE=0 KILN_AUTOTUNE_CACHE=" + cache + " " + KILN_CLI_PATH +
+        " bench --model cnn --device cuda --batch 16 --steps 1 --warmup 1 --repeats 1 2>&1";
     std::string out;
     if (FILE* p = popen(cmd.c_str(), "r")) {
       char buf[4096];
@@ -163,16 +167,17 @@ TEST(GpuAutotune, CacheCarriesResultsToTheNextProcess) {
     }
     return out;
   };
-  auto timed = [](const std::string& out) {  // "N timed while compiling (M of them timed by an earlier ..."
-    int n = -1, m = -1;
-    const size_t at = out.find(" timed while compiling (");
-    if (at != std::string::npos) {
-      const size_t start = out.rfind(", ", at) + 2;
-      n = std::stoi(out.substr(start, at - start));
-      m = std::stoi(out.substr(at + std::strlen(" timed while compiling (")));
-    }
-    return std::pair{n, m};
-  };
+  auto timed =
+      [](const std::string& out) {  // "N timed while compiling (M of them timed by an earlier ..."
+        int n = -1, m = -1;
+        const size_t at = out.find(" timed while compiling (");
+        if (at != std::string::npos) {
+          const size_t start = out.rfind(", ", at) + 2;
+          n = std::stoi(out.substr(start, at - start));
+          m = std::stoi(out.substr(at + std::strlen(" timed while compiling (")));
+        }
+        return std::pair{n, m};
+      };
   const auto first = timed(bench(dir)), second = timed(bench(dir)), off = timed(bench("0"));
   EXPECT_GT(first.first, 0) << "the cnn's convolutions are autotuned without a table";
   EXPECT_EQ(first.second, 0) << "nothing cached yet";
@@ -180,7 +185,8 @@ TEST(GpuAutotune, CacheCarriesResultsToTheNextProcess) {
   EXPECT_EQ(second.second, first.first) << "the second process takes every engine from the cache";
   EXPECT_EQ(off.second, 0) << "KILN_AUTOTUNE_CACHE=0";
   bool file = false;
-  for (const auto& e : std::filesystem::directory_iterator(dir)) file |= e.path().extension() == ".tsv";
+  for (const auto& e : std::filesystem::directory_iterator(dir))
+    file |= e.path().extension() == ".tsv";
   EXPECT_TRUE(file) << "a table file in " << dir;
   std::filesystem::remove_all(dir);
 }

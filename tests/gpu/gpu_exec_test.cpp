@@ -15,8 +15,8 @@ namespace {
 // A small network's forward, loss and a few backward ops, in one phase, FP32 or AMP.
 struct Net {
   OpHarness h;
-  TensorId x, w, y, bn_y, saved, gamma, beta, rm, rv, r, pool, am, g, fw, fb, logits, labels, scale, loss, correct,
-      dz, dfx, dfw, dgap, dpool, drelu, dbn, dgamma, dbeta;
+  TensorId x, w, y, bn_y, saved, gamma, beta, rm, rv, r, pool, am, g, fw, fb, logits, labels, scale,
+      loss, correct, dz, dfx, dfw, dgap, dpool, drelu, dbn, dgamma, dbeta;
   explicit Net(bool amp) : h(amp) {
     const DType ft = amp ? DType::F16 : DType::F32;
     const Region wr = amp ? Region::params_f16 : Region::params_f32;
@@ -83,15 +83,16 @@ struct Net {
   // Every output as raw bits (floats read back as floats; ints as ints).
   std::vector<std::vector<float>> outputs() {
     std::vector<std::vector<float>> v;
-    for (TensorId id : {y, bn_y, saved, rm, rv, r, pool, g, logits, loss, dz, dfx, dfw, dgap, dpool, drelu, dbn, dgamma,
-                        dbeta}) {
+    for (TensorId id : {y, bn_y, saved, rm, rv, r, pool, g, logits, loss, dz, dfx, dfw, dgap, dpool,
+                        drelu, dbn, dgamma, dbeta}) {
       v.push_back(h.read(id));
     }
     return v;
   }
 };
 
-std::vector<std::vector<float>> run_net(bool amp, const char* graphs, const char* streams, int runs) {
+std::vector<std::vector<float>> run_net(bool amp, const char* graphs, const char* streams,
+                                        int runs) {
   Switches sw = Switches::from_environment();
   sw.set("cuda_graphs", graphs, "KILN_CUDA_GRAPHS");
   sw.set("streams", streams, "KILN_STREAMS");
@@ -115,13 +116,17 @@ TEST_P(GpuExec, CapturedPhaseEqualsNodeByNode) {
   for (size_t i = 0; i < eager.size(); ++i) {
     // wgrad / matmul engines may split their sums differently run to run only when they use
     // atomics; the ops here are deterministic, so the bits must agree.
-    EXPECT_EQ(max_ulp(graph[i], eager[i]), 0) << "output " << i << " differs between graph replay and eager";
-    EXPECT_EQ(max_ulp(one_stream[i], eager[i]), 0) << "output " << i << " differs with KILN_STREAMS=1";
+    EXPECT_EQ(max_ulp(graph[i], eager[i]), 0)
+        << "output " << i << " differs between graph replay and eager";
+    EXPECT_EQ(max_ulp(one_stream[i], eager[i]), 0)
+        << "output " << i << " differs with KILN_STREAMS=1";
   }
 }
 
 INSTANTIATE_TEST_SUITE_P(Cuda, GpuExec, ::testing::Values(false, true),
-                         [](const ::testing::TestParamInfo<bool>& i) { return i.param ? "amp" : "fp32"; });
+                         [](const ::testing::TestParamInfo<bool>& i) {
+                           return i.param ? "amp" : "fp32";
+                         });
 
 // The update half of an AMP step, as the compiler schedules it: check_scale, optimizer,
 // ema and weight_cast phases on the update stream.
@@ -131,10 +136,12 @@ TEST(GpuExecOverflow, InjectedInfSkipsTheStepAndHalvesTheScale) {
   Program& p = h.program();
   p.train.clear();
   const int64_t n = 1000;
-  const TensorId w = h.tensor("w", {n}, Region::params_f32), g = h.tensor("g", {n}, Region::grads_f32);
+  const TensorId w = h.tensor("w", {n}, Region::params_f32),
+                 g = h.tensor("g", {n}, Region::grads_f32);
   const TensorId m = h.tensor("m", {n}, Region::moment1), e = h.tensor("ema", {n}, Region::ema_f32);
   const TensorId w16 = h.tensor("w16", {n}, Region::params_f16, DType::F16);
-  const TensorId lr = h.tensor("lr", {1}, Region::scalars), scale = h.tensor("loss_scale", {1}, Region::scalars);
+  const TensorId lr = h.tensor("lr", {1}, Region::scalars),
+                 scale = h.tensor("loss_scale", {1}, Region::scalars);
   const TensorId ov = h.tensor("overflow", {1}, Region::scalars, DType::I32);
   const TensorId good = h.tensor("good_steps", {1}, Region::scalars, DType::I32);
   Attrs a;
@@ -185,7 +192,8 @@ TEST(GpuExecOverflow, InjectedInfSkipsTheStepAndHalvesTheScale) {
   EXPECT_GT(max_ulp(w1, w0), 0) << "a clean step after overflows must update the weights";
   const auto w16v = h.read(w16);
   for (int64_t i = 0; i < n; ++i) {
-    ASSERT_EQ(w16v[static_cast<size_t>(i)], half_to_float(float_to_half(w1[static_cast<size_t>(i)])));
+    ASSERT_EQ(w16v[static_cast<size_t>(i)],
+              half_to_float(float_to_half(w1[static_cast<size_t>(i)])));
   }
 }
 
@@ -198,8 +206,10 @@ TEST(GpuExecStaging, BatchesArriveInTheStepThatUsesThem) {
   const int64_t N = 4, H = 5, C = 3;
   for (int s = 0; s < 2; ++s) {
     const Region r = s == 0 ? Region::input_a : Region::input_b;
-    p.io.staged_images[static_cast<size_t>(s)] = h.tensor(s == 0 ? "img_a" : "img_b", {N * H * H * C}, r);
-    p.io.staged_labels[static_cast<size_t>(s)] = h.tensor(s == 0 ? "lab_a" : "lab_b", {N}, r, DType::I32);
+    p.io.staged_images[static_cast<size_t>(s)] =
+        h.tensor(s == 0 ? "img_a" : "img_b", {N * H * H * C}, r);
+    p.io.staged_labels[static_cast<size_t>(s)] =
+        h.tensor(s == 0 ? "lab_a" : "lab_b", {N}, r, DType::I32);
   }
   const TensorId input = h.tensor("input", {N * H * H * C}, Region::features, DType::F16);
   const TensorId labels = h.tensor("labels", {N}, Region::aux, DType::I32);
@@ -219,7 +229,8 @@ TEST(GpuExecStaging, BatchesArriveInTheStepThatUsesThem) {
     h.backend().stage_batch(slot, img.data(), lab.data());
     h.backend().run(Schedule::train, slot);
     const auto got = h.read(sum);
-    for (size_t i = 0; i < img.size(); ++i) ASSERT_EQ(got[i], 2.0f * img[i]) << "step " << step << " element " << i;
+    for (size_t i = 0; i < img.size(); ++i)
+      ASSERT_EQ(got[i], 2.0f * img[i]) << "step " << step << " element " << i;
     EXPECT_EQ(h.read_i32(labels), lab);
   }
   // Profiling: one time per phase run (transfer of the slot, then the compute phase).

@@ -76,7 +76,8 @@ TEST_P(GpuFusedCbrPool, EqualsConvBnReluMaxPoolBitForBit) {
   sw.deterministic = true;
   for (const char* vec : {"1", "0"}) {
     sw.vector_kernels = vec[0] == '1';
-    SCOPED_TRACE(::testing::Message() << c.cbr.name << (amp ? " AMP" : " FP32") << ", vector kernels " << vec);
+    SCOPED_TRACE(::testing::Message()
+                 << c.cbr.name << (amp ? " AMP" : " FP32") << ", vector kernels " << vec);
     fused::cbr_pool_equals_chain(c.cbr, c.pool, amp, "cuda", sw);
   }
 }
@@ -84,14 +85,16 @@ TEST_P(GpuFusedCbrPool, EqualsConvBnReluMaxPoolBitForBit) {
 INSTANTIATE_TEST_SUITE_P(
     Shapes, GpuFusedCbrPool,
     ::testing::Combine(
-        ::testing::Values(PoolCase{{"n2_8x8_c8_k16_3x3_pool2", 2, 8, 8, 8, 16, 3, 1, 1, false}, 2},
-                          PoolCase{{"n3_6x4_c16_k8_1x1_pool2", 3, 6, 4, 16, 8, 1, 1, 0, false}, 2},
-                          PoolCase{{"n1_9x9_c8_k8_3x3_pool3", 1, 9, 9, 8, 8, 3, 1, 1, false}, 3},
-                          PoolCase{{"n8_16x16_c64_k64_3x3_pool2", 8, 16, 16, 64, 64, 3, 1, 1, false}, 2},
-                          PoolCase{{"n2_8x8_c3_k8_first_layer_pool2", 2, 8, 8, 3, 8, 3, 1, 1, true}, 2}),
+        ::testing::Values(
+            PoolCase{{"n2_8x8_c8_k16_3x3_pool2", 2, 8, 8, 8, 16, 3, 1, 1, false}, 2},
+            PoolCase{{"n3_6x4_c16_k8_1x1_pool2", 3, 6, 4, 16, 8, 1, 1, 0, false}, 2},
+            PoolCase{{"n1_9x9_c8_k8_3x3_pool3", 1, 9, 9, 8, 8, 3, 1, 1, false}, 3},
+            PoolCase{{"n8_16x16_c64_k64_3x3_pool2", 8, 16, 16, 64, 64, 3, 1, 1, false}, 2},
+            PoolCase{{"n2_8x8_c3_k8_first_layer_pool2", 2, 8, 8, 3, 8, 3, 1, 1, true}, 2}),
         ::testing::Bool()),
     [](const auto& info) {
-      return std::string(std::get<0>(info.param).cbr.name) + (std::get<1>(info.param) ? "_amp" : "_fp32");
+      return std::string(std::get<0>(info.param).cbr.name) +
+             (std::get<1>(info.param) ? "_amp" : "_fp32");
     });
 
 // The GPU forms the bias's share of the running mean in double: within 1e-6 of the float sum.
@@ -120,12 +123,15 @@ CbrForward run_cbr_forward(const CbrCase& t, bool amp, const char* form) {
   OpHarness h(amp);
   const fused::Maker m{h, amp};
   const TensorId x = m.feature("x", xs), w = m.weight("w", ws);
-  const TensorId gamma = m.channels("gamma", t.k, Region::params_f32), beta = m.channels("beta", t.k, Region::params_f32);
-  const TensorId rm = m.channels("rm", t.k, Region::bn_running), rv = m.channels("rv", t.k, Region::bn_running);
+  const TensorId gamma = m.channels("gamma", t.k, Region::params_f32),
+                 beta = m.channels("beta", t.k, Region::params_f32);
+  const TensorId rm = m.channels("rm", t.k, Region::bn_running),
+                 rv = m.channels("rv", t.k, Region::bn_running);
   const TensorId saved = h.tensor("saved", {2, t.k}, Region::bn_saved);
   const TensorId z = m.feature("z", ys), y = m.feature("y", ys);
   const TensorId mask = h.tensor("mask", {(ys.numel() + 7) / 8}, Region::aux, DType::U8);
-  h.node(OpKind::cbr_fwd, {x, w, gamma, beta, rm, rv}, {z, y, saved, mask}, fused::conv_bn_attrs(t.r, t.st, t.pad));
+  h.node(OpKind::cbr_fwd, {x, w, gamma, beta, rm, rv}, {z, y, saved, mask},
+         fused::conv_bn_attrs(t.r, t.st, t.pad));
   h.compile(make_backend("cuda", sw));
   h.write(x, random_values(static_cast<size_t>(xs.numel()), 1));
   h.write(w, random_values(static_cast<size_t>(ws.numel()), 2, -0.5f, 0.5f));
@@ -144,7 +150,8 @@ class GpuFusedCbrGenstats : public ::testing::TestWithParam<std::tuple<CbrCase, 
 TEST_P(GpuFusedCbrGenstats, AgreesWithKilnsFormToRounding) {
   KILN_REQUIRE_GPU();
   const auto& [t, amp] = GetParam();
-  const CbrForward kiln = run_cbr_forward(t, amp, "kiln"), article = run_cbr_forward(t, amp, "genstats");
+  const CbrForward kiln = run_cbr_forward(t, amp, "kiln"),
+                   article = run_cbr_forward(t, amp, "genstats");
   EXPECT_EQ(kiln.forms.genstats + kiln.forms.fallbacks, 0);
   EXPECT_EQ(article.forms.genstats + article.forms.fallbacks, 1);
   if (!amp && article.forms.fallbacks == 1) {
@@ -156,7 +163,8 @@ TEST_P(GpuFusedCbrGenstats, AgreesWithKilnsFormToRounding) {
   EXPECT_EQ(article.forms.genstats, 1) << "conv+genstats has no cuDNN engine here";
   const double stat_tol = amp ? 2e-3 : 1e-5;
   EXPECT_LE(rel_error(article.z, kiln.z, kSumFloor), amp ? 2e-3 : 1e-5) << "z";
-  EXPECT_LE(rel_error(article.saved, kiln.saved, kSumFloor), stat_tol) << "saved mean / inverse std";
+  EXPECT_LE(rel_error(article.saved, kiln.saved, kSumFloor), stat_tol)
+      << "saved mean / inverse std";
   EXPECT_LE(rel_error(article.rm, kiln.rm, kSumFloor), stat_tol) << "running mean";
   EXPECT_LE(rel_error(article.rv, kiln.rv, kSumFloor), stat_tol) << "running variance";
   EXPECT_LE(rel_error(article.y, kiln.y, kSumFloor), amp ? 1e-2 : 1e-4) << "y";
@@ -169,13 +177,15 @@ TEST_P(GpuFusedCbrGenstats, AgreesWithKilnsFormToRounding) {
 
 INSTANTIATE_TEST_SUITE_P(
     Shapes, GpuFusedCbrGenstats,
-    ::testing::Combine(::testing::Values(CbrCase{"n2_9x9_c8_k16_3x3", 2, 9, 9, 8, 16, 3, 1, 1, false},
-                                         CbrCase{"n3_8x7_c16_k8_3x3_s2", 3, 8, 7, 16, 8, 3, 2, 1, false},
-                                         CbrCase{"n8_16x16_c64_k64_3x3", 8, 16, 16, 64, 64, 3, 1, 1, false},
-                                         CbrCase{"n4_14x14_c64_k256_1x1", 4, 14, 14, 64, 256, 1, 1, 0, false}),
-                       ::testing::Bool()),
+    ::testing::Combine(
+        ::testing::Values(CbrCase{"n2_9x9_c8_k16_3x3", 2, 9, 9, 8, 16, 3, 1, 1, false},
+                          CbrCase{"n3_8x7_c16_k8_3x3_s2", 3, 8, 7, 16, 8, 3, 2, 1, false},
+                          CbrCase{"n8_16x16_c64_k64_3x3", 8, 16, 16, 64, 64, 3, 1, 1, false},
+                          CbrCase{"n4_14x14_c64_k256_1x1", 4, 14, 14, 64, 256, 1, 1, 0, false}),
+        ::testing::Bool()),
     [](const auto& info) {
-      return std::string(std::get<0>(info.param).name) + (std::get<1>(info.param) ? "_amp" : "_fp32");
+      return std::string(std::get<0>(info.param).name) +
+             (std::get<1>(info.param) ? "_amp" : "_fp32");
     });
 
 class GpuFusedCbrBias : public ::testing::TestWithParam<bool> {};
@@ -212,7 +222,8 @@ TEST_P(GpuFusedBnAddRelu, InferenceEqualsChainBitForBit) {
   KILN_REQUIRE_GPU();
   const auto& [s, amp] = GetParam();
   for (const bool residual : {false, true}) {
-    SCOPED_TRACE(::testing::Message() << s.str() << (amp ? " AMP" : " FP32") << (residual ? ", residual" : ""));
+    SCOPED_TRACE(::testing::Message()
+                 << s.str() << (amp ? " AMP" : " FP32") << (residual ? ", residual" : ""));
     fused::bn_relu_infer_equals_chain(s, amp, "cuda", residual);
   }
 }
@@ -287,7 +298,8 @@ void fused_steps_equal_unfused(bool amp, const std::vector<std::string>& models)
     if (model.rfind("resnet", 0) == 0)
       EXPECT_GT(folded[2], 0) << "residual blocks fold their gradient sums";
     for (const size_t fused : {size_t{1}, size_t{2}}) {
-      SCOPED_TRACE(fused == 2 ? "default fusion: gradient sums folded" : "fusion with KILN_FUSE_GRAD_SUM=0");
+      SCOPED_TRACE(fused == 2 ? "default fusion: gradient sums folded"
+                              : "fusion with KILN_FUSE_GRAD_SUM=0");
       ASSERT_EQ(results[0].size(), results[fused].size());
       size_t differing = 0, cancelled = 0;
       for (const auto& [name, want] : results[0]) {
@@ -310,8 +322,7 @@ void fused_steps_equal_unfused(bool amp, const std::vector<std::string>& models)
                          << rel_error(got, want, kSumFloor) << " of its scale)";
         differing += n > 0;
       }
-      if (vgg)
-        EXPECT_GT(cancelled, 0u) << "VGG's convolution biases are folded";
+      if (vgg) EXPECT_GT(cancelled, 0u) << "VGG's convolution biases are folded";
       std::printf(
           "  %s%s: %d fused nodes, %d step(s); %zu of %zu tensors differ; %zu cancelled biases\n",
           model.c_str(), fused == 2 ? " (gradient sums folded)" : "", fused_nodes[1], steps,
@@ -357,7 +368,8 @@ TEST(GpuFusedStep, PoolFoldingOffAndOnBitForBit) {
       e.compile(5);
       pooled.push_back(pooled_cbr_count(e));
       std::vector<float> losses;
-      for (int i = 0; i < 3; ++i) losses.push_back(e.train_step(b.images.data(), b.labels.data(), 0.05f).loss);
+      for (int i = 0; i < 3; ++i)
+        losses.push_back(e.train_step(b.images.data(), b.labels.data(), 0.05f).loss);
       results[fold ? 1 : 0] = params_and_buffers(e);
       results[fold ? 1 : 0]["loss"] = losses;
     }
@@ -373,8 +385,8 @@ TEST(GpuFusedStep, PoolFoldingOffAndOnBitForBit) {
       EXPECT_EQ(n, 0u) << name << ": " << n << " of " << got.size() << " values differ";
       differing += n > 0;
     }
-    std::printf("  %s %s: pool folding off / on, %zu of %zu tensors differ after 3 steps\n", model.c_str(),
-                amp ? "AMP" : "FP32", differing, results[0].size());
+    std::printf("  %s %s: pool folding off / on, %zu of %zu tensors differ after 3 steps\n",
+                model.c_str(), amp ? "AMP" : "FP32", differing, results[0].size());
   }
 }
 

@@ -2,9 +2,8 @@
 // shares axis_taps with the decoder's window planning), checked against resample_float, which
 // tests/unit/data_bicubic_test.cpp checks against a float64 PIL reference, clamped to bytes'
 // range as the kernel clamps bicubic's overshoot.
-#include <gtest/gtest.h>
-
 #include <cuda_runtime.h>
+#include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
@@ -70,8 +69,9 @@ TEST(GpuInputKernel, BicubicMatchesHostTaps) {
       d.flip = s.flip;
       ASSERT_EQ(d.y.bicubic, 1);
       ASSERT_EQ(cudaMalloc(&dev[static_cast<size_t>(i)], px.size()), cudaSuccess);
-      ASSERT_EQ(cudaMemcpy(dev[static_cast<size_t>(i)], px.data(), px.size(), cudaMemcpyHostToDevice),
-                cudaSuccess);
+      ASSERT_EQ(
+          cudaMemcpy(dev[static_cast<size_t>(i)], px.data(), px.size(), cudaMemcpyHostToDevice),
+          cudaSuccess);
       d.src = dev[static_cast<size_t>(i)];
       d.pitch = s.w * C;
       descs[static_cast<size_t>(i)] = d;
@@ -82,7 +82,8 @@ TEST(GpuInputKernel, BicubicMatchesHostTaps) {
     const cuda::NormParams np = cuda::make_norm_params(norm, C, "test");
     cuda::SampleDesc* d_descs = nullptr;
     ASSERT_EQ(cudaMalloc(&d_descs, descs.size() * sizeof(cuda::SampleDesc)), cudaSuccess);
-    ASSERT_EQ(cudaMemcpy(d_descs, descs.data(), descs.size() * sizeof(cuda::SampleDesc), cudaMemcpyHostToDevice),
+    ASSERT_EQ(cudaMemcpy(d_descs, descs.data(), descs.size() * sizeof(cuda::SampleDesc),
+                         cudaMemcpyHostToDevice),
               cudaSuccess);
     const int64_t per = H * W * C;
     float* out = nullptr;
@@ -90,7 +91,8 @@ TEST(GpuInputKernel, BicubicMatchesHostTaps) {
     cuda::launch_stage_samples(d_descs, n, H, W, np, out, DType::F32, nullptr);
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     std::vector<float> got(static_cast<size_t>(n * per));
-    ASSERT_EQ(cudaMemcpy(got.data(), out, got.size() * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(got.data(), out, got.size() * sizeof(float), cudaMemcpyDeviceToHost),
+              cudaSuccess);
     cudaFree(out);
     cudaFree(d_descs);
     for (uint8_t* p : dev) cudaFree(p);
@@ -98,8 +100,8 @@ TEST(GpuInputKernel, BicubicMatchesHostTaps) {
     // 1e-3 levels (x 255 std 1/255 = the value) leaves room for 30 taps.
     for (int64_t i = 0; i < n; ++i) {
       for (int64_t j = 0; j < per; ++j) {
-        ASSERT_NEAR(got[static_cast<size_t>(i * per + j)], want[static_cast<size_t>(i)][static_cast<size_t>(j)],
-                    1e-3)
+        ASSERT_NEAR(got[static_cast<size_t>(i * per + j)],
+                    want[static_cast<size_t>(i)][static_cast<size_t>(j)], 1e-3)
             << "sample " << i << " value " << j << " channels " << C;
       }
     }

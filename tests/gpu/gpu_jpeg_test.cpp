@@ -9,6 +9,7 @@
 // (KILN_NVJPEG=0: everything through host_decode). Skipped without a GPU, and the nvJPEG cases
 // where decodes_jpeg() says no (a build without nvJPEG).
 #include <cuda_runtime.h>
+#include <jpeglib.h>
 
 #include <cmath>
 #include <cstdio>  // before jpeglib.h, which uses FILE
@@ -20,8 +21,6 @@
 #include "gpu/gpu_test_util.h"
 #include "kiln/data/image_codec.h"
 #include "kiln/data/input_batch.h"
-
-#include <jpeglib.h>
 
 namespace kiln::test {
 namespace {
@@ -37,9 +36,11 @@ Image smooth_image(int64_t h, int64_t w, int64_t c, int seed) {
   for (int64_t y = 0; y < h; ++y) {
     for (int64_t x = 0; x < w; ++x) {
       for (int64_t k = 0; k < c; ++k) {
-        const double v = 128 + 70 * std::sin(0.045 * x + 0.9 * k + seed) * std::cos(0.035 * y + 0.3 * seed) +
-                         40.0 * (static_cast<double>(x) / w - 0.5) + 20.0 * (static_cast<double>(y) / h - 0.5);
-        im.pixels[static_cast<size_t>((y * w + x) * c + k)] = static_cast<uint8_t>(std::lround(std::clamp(v, 0.0, 255.0)));
+        const double v =
+            128 + 70 * std::sin(0.045 * x + 0.9 * k + seed) * std::cos(0.035 * y + 0.3 * seed) +
+            40.0 * (static_cast<double>(x) / w - 0.5) + 20.0 * (static_cast<double>(y) / h - 0.5);
+        im.pixels[static_cast<size_t>((y * w + x) * c + k)] =
+            static_cast<uint8_t>(std::lround(std::clamp(v, 0.0, 255.0)));
       }
     }
   }
@@ -48,7 +49,8 @@ Image smooth_image(int64_t h, int64_t w, int64_t c, int seed) {
 
 // A libjpeg encoder with the choices kiln::encode_jpeg does not offer: luma sampling factors
 // (2x2 = 4:2:0, 2x1 = 4:2:2, 1x1 = 4:4:4) and progressive scans.
-std::vector<uint8_t> encode_test_jpeg(const Image& im, int quality, int h_samp, int v_samp, bool progressive) {
+std::vector<uint8_t> encode_test_jpeg(const Image& im, int quality, int h_samp, int v_samp,
+                                      bool progressive) {
   jpeg_compress_struct c{};
   jpeg_error_mgr err{};
   c.err = jpeg_std_error(&err);
@@ -69,7 +71,8 @@ std::vector<uint8_t> encode_test_jpeg(const Image& im, int quality, int h_samp, 
   if (progressive) jpeg_simple_progression(&c);
   jpeg_start_compress(&c, TRUE);
   while (c.next_scanline < c.image_height) {
-    JSAMPROW row = const_cast<JSAMPROW>(&im.pixels[static_cast<size_t>(c.next_scanline * im.width * im.channels)]);
+    JSAMPROW row = const_cast<JSAMPROW>(
+        &im.pixels[static_cast<size_t>(c.next_scanline * im.width * im.channels)]);
     jpeg_write_scanlines(&c, &row, 1);
   }
   jpeg_finish_compress(&c);
@@ -81,15 +84,20 @@ std::vector<uint8_t> encode_test_jpeg(const Image& im, int quality, int h_samp, 
 
 // ---- the float64 reference of sample_geometry.h --------------------------------------------
 
-ResampleAxis make_axis(int64_t out, double origin, double scale, int64_t lo, int64_t hi, int64_t vlo, int64_t vhi) {
+ResampleAxis make_axis(int64_t out, double origin, double scale, int64_t lo, int64_t hi,
+                       int64_t vlo, int64_t vhi) {
   ResampleAxis a;
-  a.out = out, a.origin = origin, a.scale = scale, a.lo = lo, a.hi = hi, a.valid_lo = vlo, a.valid_hi = vhi;
+  a.out = out, a.origin = origin, a.scale = scale, a.lo = lo, a.hi = hi, a.valid_lo = vlo,
+  a.valid_hi = vhi;
   return a;
 }
-ResampleAxis identity_axis(int64_t n) { return make_axis(n, 0, 1, 0, n, 0, n); }
+ResampleAxis identity_axis(int64_t n) {
+  return make_axis(n, 0, 1, 0, n, 0, n);
+}
 // RandomResizedCrop: PIL crops [lo, lo + len) then resizes it to `out`.
 ResampleAxis crop_axis(int64_t lo, int64_t len, int64_t out) {
-  return make_axis(out, static_cast<double>(lo), static_cast<double>(len) / static_cast<double>(out), lo, lo + len, 0, out);
+  return make_axis(out, static_cast<double>(lo),
+                   static_cast<double>(len) / static_cast<double>(out), lo, lo + len, 0, out);
 }
 SampleGeometry geometry(int64_t h, int64_t w, ResampleAxis y, ResampleAxis x, bool flip) {
   SampleGeometry g;
@@ -110,7 +118,8 @@ std::vector<std::vector<std::pair<int64_t, double>>> ref_taps(const ResampleAxis
     double sum = 0;
     auto& t = taps[static_cast<size_t>(i)];
     for (int64_t j = j0; j < j1; ++j) {
-      const double w = std::max(0.0, 1.0 - std::fabs((static_cast<double>(j) + 0.5 - centre) / support));
+      const double w =
+          std::max(0.0, 1.0 - std::fabs((static_cast<double>(j) + 0.5 - centre) / support));
       t.emplace_back(j, w);
       sum += w;
     }
@@ -148,7 +157,8 @@ std::vector<double> ref_resample(const Image& im, const SampleGeometry& g) {
 }
 std::vector<uint8_t> round_u8(const std::vector<double>& v) {
   std::vector<uint8_t> out(v.size());
-  for (size_t i = 0; i < v.size(); ++i) out[i] = static_cast<uint8_t>(std::lround(std::clamp(v[i], 0.0, 255.0)));
+  for (size_t i = 0; i < v.size(); ++i)
+    out[i] = static_cast<uint8_t>(std::lround(std::clamp(v[i], 0.0, 255.0)));
   return out;
 }
 
@@ -194,7 +204,8 @@ InputNormalization imagenet_norm(int64_t c) {
 }
 // mean 0, std 1/255: the slot holds the pixel values themselves.
 InputNormalization identity_norm(int64_t c) {
-  return {std::vector<float>(static_cast<size_t>(c), 0.0f), std::vector<float>(static_cast<size_t>(c), 1.0f / 255.0f)};
+  return {std::vector<float>(static_cast<size_t>(c), 0.0f),
+          std::vector<float>(static_cast<size_t>(c), 1.0f / 255.0f)};
 }
 
 struct DecodeSwitches {
@@ -205,10 +216,8 @@ struct DecodeSwitches {
   const char* cache;
 };
 const DecodeSwitches kSwitches[] = {
-    {"Defaults", "1", "1", "1", "1"},
-    {"NoHardware", "1", "0", "1", "1"},
-    {"NoRoi", "1", "1", "0", "1"},
-    {"NoCache", "1", "1", "1", "0"},
+    {"Defaults", "1", "1", "1", "1"}, {"NoHardware", "1", "0", "1", "1"},
+    {"NoRoi", "1", "1", "0", "1"},    {"NoCache", "1", "1", "1", "0"},
     {"NoNvjpeg", "0", "1", "1", "1"},
 };
 
@@ -259,14 +268,16 @@ struct Encoded {
 // nvJPEG's pixels against libjpeg-turbo's: an identity geometry (scale 1) and mean 0, std
 // 1/255 make the slot hold the decoded pixels as they are.
 TEST_P(GpuJpeg, DecodesLikeLibjpegTurbo) {
-  const std::vector<std::pair<int64_t, int64_t>> sizes = {{48, 64}, {250, 333}, {375, 500}, {17, 23}};
+  const std::vector<std::pair<int64_t, int64_t>> sizes = {
+      {48, 64}, {250, 333}, {375, 500}, {17, 23}};
   for (const auto& [h, w] : sizes) {
     std::vector<Encoded> files;
     const Image rgb = smooth_image(h, w, 3, static_cast<int>(h));
     for (const auto& [hs, vs] : std::vector<std::pair<int, int>>{{1, 1}, {2, 1}, {2, 2}}) {
       for (bool prog : {false, true}) {
-        files.push_back({"rgb_" + std::to_string(hs) + "x" + std::to_string(vs) + (prog ? "_progressive" : ""),
-                         encode_test_jpeg(rgb, 90, hs, vs, prog), hs, vs, prog, 3});
+        files.push_back(
+            {"rgb_" + std::to_string(hs) + "x" + std::to_string(vs) + (prog ? "_progressive" : ""),
+             encode_test_jpeg(rgb, 90, hs, vs, prog), hs, vs, prog, 3});
       }
     }
     const Image grey = smooth_image(h, w, 1, 7);
@@ -295,16 +306,19 @@ TEST_P(GpuJpeg, DecodesLikeLibjpegTurbo) {
       for (int64_t k = 0; k < n; ++k) {
         const Encoded& f = files[static_cast<size_t>(k)];
         const Image want = decode_jpeg(f.bytes.data(), f.bytes.size(), out_c, f.name);
-        // To grey from colour: nvJPEG's Y plane against libjpeg's luma of its RGB, one more rounding.
+        // To grey from colour: nvJPEG's Y plane against libjpeg's luma of its RGB, one more
+        // rounding.
         DecodeTol tol = decode_tol(f.h_samp, f.v_samp);
         if (out_c == 1 && f.channels == 3) tol.max_diff += 1, tol.mean_diff += 0.5;
         double worst = 0, sum = 0;
         for (int64_t i = 0; i < per; ++i) {
-          const double d = std::fabs(got[static_cast<size_t>(k * per + i)] - want.pixels[static_cast<size_t>(i)]);
+          const double d = std::fabs(got[static_cast<size_t>(k * per + i)] -
+                                     want.pixels[static_cast<size_t>(i)]);
           worst = std::max(worst, d);
           sum += d;
         }
-        EXPECT_LE(worst, tol.max_diff) << f.name << " " << h << "x" << w << " to " << out_c << " channels";
+        EXPECT_LE(worst, tol.max_diff)
+            << f.name << " " << h << "x" << w << " to " << out_c << " channels";
         EXPECT_LE(sum / static_cast<double>(per), tol.mean_diff) << f.name << " " << h << "x" << w;
       }
       EXPECT_EQ(slots.labels(0), b.labels);
@@ -328,7 +342,8 @@ TEST_P(GpuJpeg, DecodesLikeLibjpegTurbo) {
 // by the float64 reference (within the decode tolerance), the host-decoded ones exactly.
 TEST_P(GpuJpeg, MixedBatchMatchesTheHostPath) {
   const int64_t H = 56, W = 48, C = 3, batch = 9;
-  const Image a = smooth_image(375, 500, 3, 1), p = smooth_image(333, 250, 3, 2), g = smooth_image(300, 400, 1, 3);
+  const Image a = smooth_image(375, 500, 3, 1), p = smooth_image(333, 250, 3, 2),
+              g = smooth_image(300, 400, 1, 3);
   const Image cmyk_src = smooth_image(120, 160, 4, 4);
   struct Item {
     std::string name;
@@ -341,17 +356,20 @@ TEST_P(GpuJpeg, MixedBatchMatchesTheHostPath) {
                    geometry(375, 500, crop_axis(40, 200, H), crop_axis(100, 260, W), false)});
   items.push_back({"progressive_444", encode_test_jpeg(p, 90, 1, 1, true),
                    geometry(333, 250, crop_axis(10, 300, H), crop_axis(5, 240, W), true)});
-  items.push_back({"grey", encode_test_jpeg(g, 90, 1, 1, false),
-                   geometry(300, 400, crop_axis(150, 30, H), crop_axis(200, 20, W), false)});  // upscaling
+  items.push_back(
+      {"grey", encode_test_jpeg(g, 90, 1, 1, false),
+       geometry(300, 400, crop_axis(150, 30, H), crop_axis(200, 20, W), false)});  // upscaling
   items.push_back({"baseline_422_flip", encode_test_jpeg(a, 85, 2, 1, false),
                    geometry(375, 500, crop_axis(0, 375, H), crop_axis(0, 500, W), true)});
   // CMYK: the loader decodes it (host_pixels); empty bytes say so.
   const std::vector<uint8_t> cmyk = encode_jpeg(cmyk_src, 90);
-  items.push_back({"cmyk", {}, geometry(120, 160, crop_axis(0, 120, H), crop_axis(20, 120, W), false), true});
+  items.push_back(
+      {"cmyk", {}, geometry(120, 160, crop_axis(0, 120, H), crop_axis(20, 120, W), false), true});
   // Truncated: the host decoder refuses it and the dataset's next good file takes its place.
   std::vector<uint8_t> cut = encode_test_jpeg(a, 90, 2, 2, false);
   cut.resize(cut.size() / 2);
-  items.push_back({"truncated", cut, geometry(375, 500, crop_axis(0, 375, H), crop_axis(0, 500, W), false), true});
+  items.push_back({"truncated", cut,
+                   geometry(375, 500, crop_axis(0, 375, H), crop_axis(0, 500, W), false), true});
   // A PNG named .jpg: not a JPEG, decoded on the host.
   items.push_back({"png", encode_png(smooth_image(64, 80, 3, 5)),
                    geometry(64, 80, crop_axis(4, 56, H), crop_axis(8, 48, W), false), true});
@@ -359,7 +377,8 @@ TEST_P(GpuJpeg, MixedBatchMatchesTheHostPath) {
   ASSERT_LT(size, batch);  // the rest is padding
 
   const Image replacement = smooth_image(60, 50, 3, 9);
-  const SampleGeometry replacement_geom = geometry(60, 50, crop_axis(2, 56, H), crop_axis(1, 48, W), false);
+  const SampleGeometry replacement_geom =
+      geometry(60, 50, crop_axis(2, 56, H), crop_axis(1, 48, W), false);
   EncodedBatch b;
   b.size = size, b.batch = batch, b.height = H, b.width = W, b.channels = C;
   b.host_pixels.assign(static_cast<size_t>(batch * H * W * C), 0);
@@ -367,8 +386,10 @@ TEST_P(GpuJpeg, MixedBatchMatchesTheHostPath) {
     const Item& it = items[static_cast<size_t>(k)];
     b.images.push_back({it.bytes, it.geom, it.name});
   }
-  for (int64_t k = 0; k < batch; ++k) b.labels.push_back(k < size ? static_cast<int32_t>(10 + k) : -1);
-  const auto cmyk_pixels = round_u8(ref_resample(decode_jpeg(cmyk.data(), cmyk.size(), 3, "cmyk"), items[4].geom));
+  for (int64_t k = 0; k < batch; ++k)
+    b.labels.push_back(k < size ? static_cast<int32_t>(10 + k) : -1);
+  const auto cmyk_pixels =
+      round_u8(ref_resample(decode_jpeg(cmyk.data(), cmyk.size(), 3, "cmyk"), items[4].geom));
   std::copy(cmyk_pixels.begin(), cmyk_pixels.end(), b.host_pixels.begin() + 4 * H * W * C);
   // The loader's host decode: decode_image + the reference resample, rounded to bytes; a file
   // that does not decode is replaced by `replacement`, label 99.
@@ -377,7 +398,8 @@ TEST_P(GpuJpeg, MixedBatchMatchesTheHostPath) {
     const EncodedImage& im = b.images[static_cast<size_t>(k)];
     std::vector<uint8_t> px;
     try {
-      px = round_u8(ref_resample(decode_image(im.bytes.data(), im.bytes.size(), C, im.name), im.geometry));
+      px = round_u8(
+          ref_resample(decode_image(im.bytes.data(), im.bytes.size(), C, im.name), im.geometry));
     } catch (const Error&) {
       px = round_u8(ref_resample(replacement, replacement_geom));
       *label = 99;
@@ -406,18 +428,21 @@ TEST_P(GpuJpeg, MixedBatchMatchesTheHostPath) {
         const std::vector<uint8_t>& px = k == 4 ? cmyk_pixels : host_out[static_cast<size_t>(k)];
         std::vector<float> want(static_cast<size_t>(per));
         normalize_u8(px.data(), H * W, norm, want.data());
-        for (int64_t i = 0; i < per; ++i) ASSERT_EQ(s[i], want[static_cast<size_t>(i)]) << it.name << " value " << i;
+        for (int64_t i = 0; i < per; ++i)
+          ASSERT_EQ(s[i], want[static_cast<size_t>(i)]) << it.name << " value " << i;
         continue;
       }
       ASSERT_FALSE(it.host) << it.name << " should have gone through host_decode";
       const Image ref = decode_jpeg(it.bytes.data(), it.bytes.size(), C, it.name);
       const std::vector<double> want = ref_resample(ref, it.geom);
       // Resampling averages the decoders' differences, so the decode tolerance bounds them.
-      const DecodeTol tol = it.name == "progressive_444" || it.name == "grey" ? decode_tol(1, 1) : decode_tol(2, 2);
+      const DecodeTol tol =
+          it.name == "progressive_444" || it.name == "grey" ? decode_tol(1, 1) : decode_tol(2, 2);
       double worst = 0, sum = 0;
       for (int64_t i = 0; i < per; ++i) {
         const int64_t c = i % C;
-        const double sd = norm.std[static_cast<size_t>(c)], mean = norm.mean[static_cast<size_t>(c)];
+        const double sd = norm.std[static_cast<size_t>(c)],
+                     mean = norm.mean[static_cast<size_t>(c)];
         const double levels = (static_cast<double>(s[i]) * sd + mean) * 255.0;  // back to 0..255
         const double d = std::fabs(levels - want[static_cast<size_t>(i)]);
         worst = std::max(worst, d);
@@ -446,7 +471,9 @@ TEST_P(GpuJpeg, MixedBatchMatchesTheHostPath) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Switches, GpuJpeg, ::testing::ValuesIn(kSwitches),
-                         [](const ::testing::TestParamInfo<DecodeSwitches>& i) { return std::string(i.param.name); });
+                         [](const ::testing::TestParamInfo<DecodeSwitches>& i) {
+                           return std::string(i.param.name);
+                         });
 
 // ---- the resample kernel alone ---------------------------------------------------------------
 
@@ -459,20 +486,23 @@ TEST(GpuInputKernel, ResampleMatchesFloat64Reference) {
   KILN_REQUIRE_GPU();
   const int64_t H = 40, W = 36;
   for (int64_t C : {int64_t{3}, int64_t{1}}) {
-    std::vector<Image> src = {smooth_image(97, 131, C, 1), smooth_image(30, 25, C, 2), smooth_image(40, 36, C, 3),
-                              smooth_image(300, 200, C, 4), smooth_image(64, 64, C, 5)};
+    std::vector<Image> src = {smooth_image(97, 131, C, 1), smooth_image(30, 25, C, 2),
+                              smooth_image(40, 36, C, 3), smooth_image(300, 200, C, 4),
+                              smooth_image(64, 64, C, 5)};
     // Add a little detail, so a wrong tap shows.
     for (Image& im : src) {
-      for (size_t i = 0; i < im.pixels.size(); i += 7) im.pixels[i] = static_cast<uint8_t>(im.pixels[i] ^ 0x5a);
+      for (size_t i = 0; i < im.pixels.size(); i += 7)
+        im.pixels[i] = static_cast<uint8_t>(im.pixels[i] ^ 0x5a);
     }
     std::vector<SampleGeometry> geo = {
-        geometry(97, 131, crop_axis(10, 70, H), crop_axis(20, 90, W), false),          // down, RRC
-        geometry(30, 25, crop_axis(3, 12, H), crop_axis(2, 9, W), true),                // up x3-4, flipped
+        geometry(97, 131, crop_axis(10, 70, H), crop_axis(20, 90, W), false),  // down, RRC
+        geometry(30, 25, crop_axis(3, 12, H), crop_axis(2, 9, W), true),       // up x3-4, flipped
         // RandomCrop(pad 4): origin -4 + offset, one source pixel per output; padding reads 0.
-        geometry(40, 36, make_axis(H, -3, 1, -4, 44, 0, H), make_axis(W, -1, 1, -4, 40, 0, W), true),
+        geometry(40, 36, make_axis(H, -3, 1, -4, 44, 0, H), make_axis(W, -1, 1, -4, 40, 0, W),
+                 true),
         // Resize(shorter 32) + CenterCrop(40 x 36): the resized 48 x 32 crop is padded in x.
-        geometry(300, 200, make_axis(H, 4 * 6.25, 6.25, 0, 300, 0, H), make_axis(W, -2 * 6.25, 6.25, 0, 200, 2, W - 2),
-                 false),
+        geometry(300, 200, make_axis(H, 4 * 6.25, 6.25, 0, 300, 0, H),
+                 make_axis(W, -2 * 6.25, 6.25, 0, 200, 2, W - 2), false),
         // Decoded as a window (rows 8.., columns 16..: what a region decode gives) whose box
         // lies inside it, so its taps read nothing the window lacks.
         geometry(64, 64, crop_axis(10, 50, H), crop_axis(20, 40, W), false),
@@ -513,7 +543,8 @@ TEST(GpuInputKernel, ResampleMatchesFloat64Reference) {
     }
     cuda::SampleDesc* d_descs = nullptr;
     ASSERT_EQ(cudaMalloc(&d_descs, descs.size() * sizeof(cuda::SampleDesc)), cudaSuccess);
-    ASSERT_EQ(cudaMemcpy(d_descs, descs.data(), descs.size() * sizeof(cuda::SampleDesc), cudaMemcpyHostToDevice),
+    ASSERT_EQ(cudaMemcpy(d_descs, descs.data(), descs.size() * sizeof(cuda::SampleDesc),
+                         cudaMemcpyHostToDevice),
               cudaSuccess);
     for (DType dt : {DType::F32, DType::F16}) {
       const int64_t count = n * H * W * C;
@@ -536,16 +567,19 @@ TEST(GpuInputKernel, ResampleMatchesFloat64Reference) {
         double worst = 0;
         for (int64_t j = 0; j < per; ++j) {
           const int64_t c = j % C;
-          const double v = (want[static_cast<size_t>(j)] / 255.0 - norm.mean[static_cast<size_t>(c)]) /
-                           norm.std[static_cast<size_t>(c)];
+          const double v =
+              (want[static_cast<size_t>(j)] / 255.0 - norm.mean[static_cast<size_t>(c)]) /
+              norm.std[static_cast<size_t>(c)];
           const double tol = 1e-4 + (dt == DType::F16 ? std::fabs(v) / 1024.0 : 0.0);
-          const double e = std::fabs(got[static_cast<size_t>(static_cast<int64_t>(i) * per + j)] - v);
+          const double e =
+              std::fabs(got[static_cast<size_t>(static_cast<int64_t>(i) * per + j)] - v);
           worst = std::max(worst, e / tol);
         }
         EXPECT_LE(worst, 1.0) << "sample " << i << " channels " << C << " " << dtype_name(dt)
                               << " (error / tolerance)";
       }
-      for (int64_t j = 0; j < per; ++j) ASSERT_EQ(got[static_cast<size_t>((n - 1) * per + j)], 0.0f);
+      for (int64_t j = 0; j < per; ++j)
+        ASSERT_EQ(got[static_cast<size_t>((n - 1) * per + j)], 0.0f);
     }
     cudaFree(d_descs);
     for (uint8_t* p : dev) cudaFree(p);

@@ -5,9 +5,8 @@
 // within 1e-2 (gpu_test_util.h explains the error measure); top-k hits exactly.
 #include <gtest/gtest.h>
 
-#include <limits>
-
 #include <cstdio>
+#include <limits>
 #include <string>
 #include <utility>
 
@@ -32,7 +31,8 @@ struct ConvCase {
 };
 
 // fp32_tol > 0 (FP32 only): check against the float64 reference at that tolerance instead of
-// against the CPU, printing the errors. Returns how many of the three convolution plans took Winograd / FFT engines.
+// against the CPU, printing the errors. Returns how many of the three convolution plans took
+// Winograd / FFT engines.
 int check_conv(const ConvCase& c, bool amp, double fp32_tol = 0,
                const Switches& switches = Switches::from_environment()) {
   const int64_t p = (c.h + 2 * c.pad - c.r) / c.st + 1, q = (c.w + 2 * c.pad - c.s) / c.st + 1;
@@ -50,11 +50,14 @@ int check_conv(const ConvCase& c, bool amp, double fp32_tol = 0,
   a.kw = static_cast<int>(c.s);
   a.sh = a.sw = static_cast<int>(c.st);
   a.ph = a.pw = static_cast<int>(c.pad);
-  t.node(OpKind::conv_fwd, c.bias ? std::vector<TensorId>{x, w, b} : std::vector<TensorId>{x, w}, {y}, a);
+  t.node(OpKind::conv_fwd, c.bias ? std::vector<TensorId>{x, w, b} : std::vector<TensorId>{x, w},
+         {y}, a);
   t.node(OpKind::conv_bwd_data, {dy, w}, {dx}, a);
-  t.node(OpKind::conv_bwd_weight, {x, dy}, c.bias ? std::vector<TensorId>{dw, db} : std::vector<TensorId>{dw}, a);
+  t.node(OpKind::conv_bwd_weight, {x, dy},
+         c.bias ? std::vector<TensorId>{dw, db} : std::vector<TensorId>{dw}, a);
   t.compile();
-  const std::vector<float> xv = t.set_random(x, 1), wv = t.set_random(w, 2), dyv = t.set_random(dy, 3);
+  const std::vector<float> xv = t.set_random(x, 1), wv = t.set_random(w, 2),
+                           dyv = t.set_random(dy, 3);
   const std::vector<float> bv = c.bias ? t.set_random(b, 4) : std::vector<float>{};
   t.run();
   if (!amp && fp32_tol > 0) {
@@ -66,17 +69,22 @@ int check_conv(const ConvCase& c, bool amp, double fp32_tol = 0,
     ref::ConvShape s;
     s.n = c.n, s.h = c.h, s.w = c.w, s.c = c.c, s.k = c.k, s.r = c.r, s.s = c.s;
     s.sh = s.sw = c.st, s.ph = s.pw = c.pad;
-    const ref::Vec X = ref::to_double(xv), W = ref::to_double(wv), DY = ref::to_double(dyv), B = ref::to_double(bv);
-    const ref::Vec aX = ref::abs_of(X), aW = ref::abs_of(W), aDY = ref::abs_of(DY), aB = ref::abs_of(B);
-    const auto check = [&](TensorId id, const char* what, const ref::Vec& want, const ref::Vec& mag) {
+    const ref::Vec X = ref::to_double(xv), W = ref::to_double(wv), DY = ref::to_double(dyv),
+                   B = ref::to_double(bv);
+    const ref::Vec aX = ref::abs_of(X), aW = ref::abs_of(W), aDY = ref::abs_of(DY),
+                   aB = ref::abs_of(B);
+    const auto check = [&](TensorId id, const char* what, const ref::Vec& want,
+                           const ref::Vec& mag) {
       const double err = ref::max_scaled_error(t.gpu().read(id), want, mag);
       std::printf("  %s: error %.3g (tolerance %.3g)\n", what, err, fp32_tol);
       EXPECT_LE(err, fp32_tol) << what << " (FP32, against float64)";
     };
     check(y, "conv_fwd y", ref::conv_fwd(X, W, B, s), ref::conv_fwd(aX, aW, aB, s));
     check(dx, "conv_bwd_data dx", ref::conv_bwd_data(DY, W, s), ref::conv_bwd_data(aDY, aW, s));
-    check(dw, "conv_bwd_weight dw", ref::conv_bwd_weight(X, DY, s), ref::conv_bwd_weight(aX, aDY, s));
-    if (c.bias) check(db, "conv_bwd_weight db", ref::conv_bwd_bias(DY, s), ref::conv_bwd_bias(aDY, s));
+    check(dw, "conv_bwd_weight dw", ref::conv_bwd_weight(X, DY, s),
+          ref::conv_bwd_weight(aX, aDY, s));
+    if (c.bias)
+      check(db, "conv_bwd_weight db", ref::conv_bwd_bias(DY, s), ref::conv_bwd_bias(aDY, s));
     return transformed_plans(t);
   }
   KILN_EXPECT_CLOSE(t, y, kSumFloor, "conv_fwd y");
@@ -97,24 +105,29 @@ TEST(GpuLayerFp32, ConvWinogradAndFft) {
   // The float64 reference costs ~0.5 G multiply-adds per pass at n8 28x28 c64; a VGG-sized
   // layer (n16 56x56 c64: 3.7 G) would take the test past a minute for no new engine kind.
   const ConvCase cases[] = {{8, 28, 28, 64, 64, 3, 3, 1, 1, false},
-                            {4, 14, 14, 128, 128, 3, 3, 1, 1, true}, {2, 9, 9, 8, 16, 3, 3, 1, 1, true}};
+                            {4, 14, 14, 128, 128, 3, 3, 1, 1, true},
+                            {2, 9, 9, 8, 16, 3, 3, 1, 1, true}};
   for (const char* mode : {"only", "0"}) {
     Switches winograd = Switches::from_environment();
     winograd.fp32_winograd = mode;
     int transformed = 0;
     for (const ConvCase& c : cases) {
-      SCOPED_TRACE(::testing::Message() << "KILN_FP32_WINOGRAD=" << mode << " conv 3x3 n" << c.n << " " << c.h
-                                        << "x" << c.w << " c" << c.c << " k" << c.k);
+      SCOPED_TRACE(::testing::Message() << "KILN_FP32_WINOGRAD=" << mode << " conv 3x3 n" << c.n
+                                        << " " << c.h << "x" << c.w << " c" << c.c << " k" << c.k);
       const int plans = check_conv(c, false, kGpuFp32Tol, winograd);
-      std::printf("  KILN_FP32_WINOGRAD=%s n%lld %lldx%lld c%lld k%lld: %d of 3 plans on Winograd / FFT engines\n",
-                  mode, static_cast<long long>(c.n), static_cast<long long>(c.h), static_cast<long long>(c.w),
-                  static_cast<long long>(c.c), static_cast<long long>(c.k), plans);
+      std::printf(
+          "  KILN_FP32_WINOGRAD=%s n%lld %lldx%lld c%lld k%lld: %d of 3 plans on Winograd / FFT "
+          "engines\n",
+          mode, static_cast<long long>(c.n), static_cast<long long>(c.h),
+          static_cast<long long>(c.w), static_cast<long long>(c.c), static_cast<long long>(c.k),
+          plans);
       transformed += plans;
     }
     if (std::string(mode) == "0") {
       EXPECT_EQ(transformed, 0) << "KILN_FP32_WINOGRAD=0 must refuse Winograd and FFT engines";
     } else {
-      EXPECT_GE(transformed, 1) << "cuDNN took no Winograd / FFT engine: the errors above are direct sums'";
+      EXPECT_GE(transformed, 1)
+          << "cuDNN took no Winograd / FFT engine: the errors above are direct sums'";
     }
   }
 }
@@ -132,8 +145,8 @@ TEST_P(GpuLayer, ConvPaddedChannels) {
                             {2, 9, 9, 5, 8, 3, 3, 2, 1, false},
                             {2, 15, 13, 3, 16, 7, 7, 2, 3, false}};
   for (const ConvCase& c : cases) {
-    SCOPED_TRACE(::testing::Message() << "padded conv " << c.r << "x" << c.s << "/" << c.st << " c" << c.c
-                                      << " k" << c.k);
+    SCOPED_TRACE(::testing::Message() << "padded conv " << c.r << "x" << c.s << "/" << c.st << " c"
+                                      << c.c << " k" << c.k);
     check_conv(c, amp, 0, pad);
   }
 }
@@ -171,7 +184,8 @@ TEST_P(GpuLayer, SoftmaxCrossEntropy) {
       SCOPED_TRACE(::testing::Message() << "label smoothing " << smoothing);
       CePair ce(amp, N, K, smoothing);
       Pair& t = ce.t;
-      const TensorId z = ce.z, lab = ce.lab, scale = ce.scale, loss = ce.loss, correct = ce.correct, dz = ce.dz;
+      const TensorId z = ce.z, lab = ce.lab, scale = ce.scale, loss = ce.loss, correct = ce.correct,
+                     dz = ce.dz;
       t.set_random(z, 51, -4.0f, 4.0f);
       Rng rng(52);
       std::vector<int32_t> labels(static_cast<size_t>(N));
@@ -182,7 +196,8 @@ TEST_P(GpuLayer, SoftmaxCrossEntropy) {
       KILN_EXPECT_CLOSE(t, loss, kEltFloor, "softmax_ce loss");
       // dlogits = (p - onehot) scale / N: its largest entries are ~scale / N.
       KILN_EXPECT_CLOSE(t, dz, amp ? kSumFloor : kEltFloor, "softmax_ce dlogits");
-      EXPECT_EQ(t.gpu().read_i32(correct), t.cpu().read_i32(correct)) << "top-1/top-5 counts differ";
+      EXPECT_EQ(t.gpu().read_i32(correct), t.cpu().read_i32(correct))
+          << "top-1/top-5 counts differ";
     }
   }
 }
@@ -224,9 +239,12 @@ TEST_P(GpuLayer, SoftmaxCrossEntropyMixed) {
 TEST_P(GpuLayer, SoftmaxCrossEntropyNonFiniteLogitsAreMisses) {
   KILN_REQUIRE_GPU();
   const bool amp = GetParam();
-  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
-  const std::vector<std::vector<float>> rows = {{nan, nan, nan, nan, nan, nan}, {1, nan, 0, 0, 0, 0},
-                                                {0, 0, inf, 0, 0, 0},           {5, 0, 0, -inf, 0, 0},
+  const float nan = std::numeric_limits<float>::quiet_NaN(),
+              inf = std::numeric_limits<float>::infinity();
+  const std::vector<std::vector<float>> rows = {{nan, nan, nan, nan, nan, nan},
+                                                {1, nan, 0, 0, 0, 0},
+                                                {0, 0, inf, 0, 0, 0},
+                                                {5, 0, 0, -inf, 0, 0},
                                                 {5, 0, 0, 0, 0, 0}};
   const int64_t N = static_cast<int64_t>(rows.size()), K = 6;
   CePair ce(amp, N, K);
@@ -245,7 +263,9 @@ TEST_P(GpuLayer, SoftmaxCrossEntropyNonFiniteLogitsAreMisses) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Cuda, GpuLayer, ::testing::Values(false, true),
-                         [](const ::testing::TestParamInfo<bool>& i) { return i.param ? "amp" : "fp32"; });
+                         [](const ::testing::TestParamInfo<bool>& i) {
+                           return i.param ? "amp" : "fp32";
+                         });
 
 }  // namespace
 }  // namespace kiln::test

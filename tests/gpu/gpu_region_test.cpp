@@ -34,7 +34,7 @@ TEST(GpuRegion, FillCopyCast) {
   // The CPU cannot run f16 casts into an f32-typed twin, so compare the GPU's casts with
   // kiln's host conversions (bit-exact with __float2half_rn by design).
   auto v = rand_floats(kLen, 61, -70000.0f, 70000.0f);  // includes values that overflow f16
-  v[0] = 1e-8f;                                          // an f16 subnormal
+  v[0] = 1e-8f;                                         // an f16 subnormal
   v[1] = std::numeric_limits<float>::quiet_NaN();
   t.set(w32, v);
   t.run();
@@ -66,7 +66,8 @@ TEST(GpuRegion, FillCopyCast) {
   for (int64_t i = 0; i < kLen; ++i) {
     const uint16_t want = float_to_half(v[static_cast<size_t>(i)]);
     const bool nan = std::isnan(v[static_cast<size_t>(i)]);
-    bad += nan ? !((half[static_cast<size_t>(i)] & 0x7c00) == 0x7c00 && (half[static_cast<size_t>(i)] & 0x3ff))
+    bad += nan ? !((half[static_cast<size_t>(i)] & 0x7c00) == 0x7c00 &&
+                   (half[static_cast<size_t>(i)] & 0x3ff))
                : half[static_cast<size_t>(i)] != want;
     if (i > 0) bad += half2[static_cast<size_t>(i - 1)] != want && !nan;
     bad_back += !nan && bits_of(back[static_cast<size_t>(i)]) != bits_of(half_to_float(want));
@@ -102,7 +103,8 @@ TEST(GpuRegion, CheckClipAndLossScale) {
       EXPECT_EQ(t.gpu().read_i32(ov)[0], inject ? 1 : 0);
       EXPECT_EQ(max_ulp(t.gpu().read(g), t.cpu().read(g)), 0) << "clamped gradients";
       EXPECT_EQ(t.gpu().read(scale), t.cpu().read(scale));
-      EXPECT_EQ(t.gpu().read(scale)[0], inject ? 512.0f : 2048.0f);  // halved, or grown after 3 clean steps
+      EXPECT_EQ(t.gpu().read(scale)[0],
+                inject ? 512.0f : 2048.0f);  // halved, or grown after 3 clean steps
       EXPECT_EQ(t.gpu().read_i32(good), t.cpu().read_i32(good));
     }
   }
@@ -190,17 +192,19 @@ TEST_P(GpuOptimizer, MatchesCpuOverSteps) {
   }
   EXPECT_LE(max_ulp(t.gpu().read(w), t.cpu().read(w)), c.max_ulp) << c.name << " weights";
   EXPECT_LE(max_ulp(t.gpu().read(m), t.cpu().read(m)), c.max_ulp) << c.name << " first moment";
-  if (c.op == OpKind::adamw) EXPECT_LE(max_ulp(t.gpu().read(v), t.cpu().read(v)), c.max_ulp) << "second moment";
+  if (c.op == OpKind::adamw)
+    EXPECT_LE(max_ulp(t.gpu().read(v), t.cpu().read(v)), c.max_ulp) << "second moment";
   EXPECT_LE(max_ulp(t.gpu().read(e), t.cpu().read(e)), c.max_ulp) << "ema";
 }
 
-INSTANTIATE_TEST_SUITE_P(Cuda, GpuOptimizer,
-                         ::testing::Values(OptCase{"sgd", OpKind::sgd, 0.9f, 1e-4f, false, 0},
-                                           OptCase{"sgd_nesterov", OpKind::sgd, 0.9f, 5e-4f, true, 0},
-                                           OptCase{"sgd_plain", OpKind::sgd, 0.0f, 0.0f, false, 0},
-                                           OptCase{"adamw", OpKind::adamw, 0.0f, 0.01f, false, 1},
-                                           OptCase{"lars", OpKind::lars, 0.9f, 1e-4f, false, 1}),
-                         [](const ::testing::TestParamInfo<OptCase>& i) { return std::string(i.param.name); });
+INSTANTIATE_TEST_SUITE_P(
+    Cuda, GpuOptimizer,
+    ::testing::Values(OptCase{"sgd", OpKind::sgd, 0.9f, 1e-4f, false, 0},
+                      OptCase{"sgd_nesterov", OpKind::sgd, 0.9f, 5e-4f, true, 0},
+                      OptCase{"sgd_plain", OpKind::sgd, 0.0f, 0.0f, false, 0},
+                      OptCase{"adamw", OpKind::adamw, 0.0f, 0.01f, false, 1},
+                      OptCase{"lars", OpKind::lars, 0.9f, 1e-4f, false, 1}),
+    [](const ::testing::TestParamInfo<OptCase>& i) { return std::string(i.param.name); });
 
 }  // namespace
 }  // namespace kiln::test

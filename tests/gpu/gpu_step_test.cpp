@@ -13,12 +13,12 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "gpu/gpu_test_util.h"
-#include "support/async_stats_check.h"
-#include "support/learnable_batch.h"
 #include "kiln/blueprint/zoo.h"
 #include "kiln/io/safetensors.h"
 #include "kiln/task/checkpoint.h"
 #include "kiln/task/engine.h"
+#include "support/async_stats_check.h"
+#include "support/learnable_batch.h"
 
 namespace kiln::test {
 namespace {
@@ -30,7 +30,8 @@ std::vector<float> floats(const StTensor& t) {
 }
 
 // Largest error relative to the tensor's own largest magnitude.
-double scaled_error(const std::vector<float>& got, const std::vector<float>& want, double factor = 1.0) {
+double scaled_error(const std::vector<float>& got, const std::vector<float>& want,
+                    double factor = 1.0) {
   double scale = 1e-12, worst = 0;
   for (float w : want) scale = std::max(scale, static_cast<double>(std::fabs(w)));
   for (size_t i = 0; i < got.size(); ++i) {
@@ -73,12 +74,15 @@ TEST(GpuStep, ResNet18SmallFiveStepsMatchTheCpu) {
     Engine e(bp, o);
     e.lock_memory();
     e.compile(21);  // host-side initialisation: identical weights on both backends
-    for (int s = 0; s < 5; ++s) losses[static_cast<size_t>(which)].push_back(e.train_step(img.data(), lab.data(), 0.02f).loss);
+    for (int s = 0; s < 5; ++s)
+      losses[static_cast<size_t>(which)].push_back(
+          e.train_step(img.data(), lab.data(), 0.02f).loss);
     ++which;
   }
   for (int s = 0; s < 5; ++s) {
     const double cpu = losses[0][static_cast<size_t>(s)], gpu = losses[1][static_cast<size_t>(s)];
-    std::printf("  step %d: cpu %.8f gpu %.8f relative difference %.3g\n", s, cpu, gpu, std::fabs(gpu - cpu) / cpu);
+    std::printf("  step %d: cpu %.8f gpu %.8f relative difference %.3g\n", s, cpu, gpu,
+                std::fabs(gpu - cpu) / cpu);
     EXPECT_LT(std::fabs(gpu - cpu) / std::fabs(cpu), s == 0 ? 1e-5 : 1e-2) << "step " << s;
   }
   EXPECT_LT(losses[1][4], 0.5 * losses[1][0]) << "the loss falls on the GPU";
@@ -116,7 +120,8 @@ StepsRun six_steps(const std::string& model, bool amp, bool optimised, const cha
   e.lock_memory();
   e.compile(21);
   StepsRun r;
-  if (auto* api = dynamic_cast<CudaBackendApi*>(&e.backend())) r.side_wgrads = api->side_stream_wgrads();
+  if (auto* api = dynamic_cast<CudaBackendApi*>(&e.backend()))
+    r.side_wgrads = api->side_stream_wgrads();
   for (int s = 0; s < 6; ++s) r.losses.push_back(e.train_step(img.data(), lab.data(), 0.02f).loss);
   for (const ParamDesc& d : e.program().params) {
     for (Region reg : {Region::params_f32, Region::moment1}) {
@@ -138,8 +143,8 @@ StepsRun six_steps(const std::string& model, bool amp, bool optimised, const cha
 void expect_same_bits(const StepsRun& a, const StepsRun& b) {
   ASSERT_EQ(a.losses.size(), b.losses.size());
   for (size_t s = 0; s < a.losses.size(); ++s) {
-    EXPECT_EQ(bits_of(a.losses[s]), bits_of(b.losses[s])) << "step " << s << ": " << a.losses[s] << " vs "
-                                                          << b.losses[s];
+    EXPECT_EQ(bits_of(a.losses[s]), bits_of(b.losses[s]))
+        << "step " << s << ": " << a.losses[s] << " vs " << b.losses[s];
   }
   EXPECT_EQ(max_ulp(a.params, b.params), 0) << "weights";
   EXPECT_EQ(max_ulp(a.moments, b.moments), 0) << "momentum buffers";
@@ -149,12 +154,14 @@ void expect_same_bits(const StepsRun& a, const StepsRun& b) {
 
 TEST(GpuStep, OptimisationsOnEqualOffBitForBitFp32) {
   KILN_REQUIRE_GPU();
-  expect_same_bits(six_steps("resnet18_small", false, true, "1"), six_steps("resnet18_small", false, false, "1"));
+  expect_same_bits(six_steps("resnet18_small", false, true, "1"),
+                   six_steps("resnet18_small", false, false, "1"));
 }
 
 TEST(GpuStep, OptimisationsOnEqualOffBitForBitAmp) {
   KILN_REQUIRE_GPU();
-  expect_same_bits(six_steps("resnet18_small", true, true, "1"), six_steps("resnet18_small", true, false, "1"));
+  expect_same_bits(six_steps("resnet18_small", true, true, "1"),
+                   six_steps("resnet18_small", true, false, "1"));
 }
 
 // Weight gradients on the side stream (side_stream.h) against on their node's stream, every
@@ -210,7 +217,8 @@ TEST(GpuStep, AsyncStatsEqualSyncOneStepLate) {
 // For the first tensor that disagrees: where its node's tensors live (and any other tensor
 // sharing those bytes), and at the worst few elements the node's same-sized inputs on both
 // backends, so a stale input (ordering) can be told from a wrong kernel or an overlap.
-void explain_mismatch(const Program& p, const Node& n, TensorId bad, std::vector<std::unique_ptr<Engine>>& e) {
+void explain_mismatch(const Program& p, const Node& n, TensorId bad,
+                      std::vector<std::unique_ptr<Engine>>& e) {
   auto fetch = [&](int which, TensorId id) {
     const DTensor& t = e[static_cast<size_t>(which)]->program().tensor(id);
     std::vector<float> v(static_cast<size_t>(t.numel()));
@@ -223,29 +231,38 @@ void explain_mismatch(const Program& p, const Node& n, TensorId bad, std::vector
     if (id == kNoTensor) continue;
     const DTensor& t = p.tensor(id);
     const DTensor& root = p.storage(id);
-    std::printf("    %-34s region %d offset %lld bytes %lld%s\n", t.name.c_str(), static_cast<int>(root.region),
-                static_cast<long long>(t.offset), static_cast<long long>(t.bytes()), t.view_of != kNoTensor ? " (view)" : "");
+    std::printf("    %-34s region %d offset %lld bytes %lld%s\n", t.name.c_str(),
+                static_cast<int>(root.region), static_cast<long long>(t.offset),
+                static_cast<long long>(t.bytes()), t.view_of != kNoTensor ? " (view)" : "");
     for (const DTensor& o : p.tensors) {
-      if (o.id == id || o.offset < 0 || p.storage(o.id).region != root.region || o.view_of != kNoTensor) continue;
+      if (o.id == id || o.offset < 0 || p.storage(o.id).region != root.region ||
+          o.view_of != kNoTensor)
+        continue;
       if (o.offset < t.offset + t.bytes() && t.offset < o.offset + o.bytes() && root.id != o.id) {
-        std::printf("      overlaps %s (offset %lld bytes %lld)\n", o.name.c_str(), static_cast<long long>(o.offset),
-                    static_cast<long long>(o.bytes()));
+        std::printf("      overlaps %s (offset %lld bytes %lld)\n", o.name.c_str(),
+                    static_cast<long long>(o.offset), static_cast<long long>(o.bytes()));
       }
     }
   }
   const auto a = fetch(0, bad), b = fetch(1, bad);
   std::vector<size_t> order(a.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::partial_sort(order.begin(), order.begin() + std::min<size_t>(8, order.size()), order.end(),
-                    [&](size_t x, size_t y) { return std::fabs(a[x] - b[x]) > std::fabs(a[y] - b[y]); });
+  std::partial_sort(
+      order.begin(), order.begin() + std::min<size_t>(8, order.size()), order.end(),
+      [&](size_t x, size_t y) { return std::fabs(a[x] - b[x]) > std::fabs(a[y] - b[y]); });
   size_t differing = 0;
-  for (size_t i = 0; i < a.size(); ++i) differing += std::fabs(a[i] - b[i]) > 1e-4 * (std::fabs(a[i]) + 1e-3);
-  std::printf("    %zu of %zu elements differ; worst (index: cpu gpu | same-size inputs cpu gpu):\n", differing, a.size());
+  for (size_t i = 0; i < a.size(); ++i)
+    differing += std::fabs(a[i] - b[i]) > 1e-4 * (std::fabs(a[i]) + 1e-3);
+  std::printf(
+      "    %zu of %zu elements differ; worst (index: cpu gpu | same-size inputs cpu gpu):\n",
+      differing, a.size());
   for (size_t k = 0; k < std::min<size_t>(8, order.size()); ++k) {
     const size_t i = order[k];
     std::printf("      %zu: %.6g %.6g |", i, a[i], b[i]);
     for (TensorId in : n.in) {
-      if (in == kNoTensor || p.tensor(in).numel() != p.tensor(bad).numel() || p.tensor(in).dtype != DType::F32) continue;
+      if (in == kNoTensor || p.tensor(in).numel() != p.tensor(bad).numel() ||
+          p.tensor(in).dtype != DType::F32)
+        continue;
       std::printf(" %.6g %.6g", fetch(0, in)[i], fetch(1, in)[i]);
     }
     std::printf("\n");
@@ -324,8 +341,9 @@ void every_tensor_matches(const std::string& model) {
         if (seen[static_cast<size_t>(id)] || t.dtype != DType::F32) continue;
         seen[static_cast<size_t>(id)] = true;
         const std::vector<float> a = read(0, id), b = read(1, id);
-        const bool forward = (ph.kind == PhaseKind::forward_first || ph.kind == PhaseKind::forward_backward) &&
-                             n.label.find("bwd") == std::string::npos;
+        const bool forward =
+            (ph.kind == PhaseKind::forward_first || ph.kind == PhaseKind::forward_backward) &&
+            n.label.find("bwd") == std::string::npos;
         const double err = rel_error(b, a, kSumFloor), tol = forward ? 1e-5 : 1e-4;
         if (!clean) {
           ++tainted_nodes;
@@ -348,15 +366,19 @@ void every_tensor_matches(const std::string& model) {
                               std::max(std::fabs(ya[i]), std::fabs(yb[i])) < 1e-5 * yscale;
             (flip ? here : unexplained) += 1;
           }
-          EXPECT_EQ(unexplained, 0) << n.label << ": " << unexplained << " elements differ that no ReLU flip explains";
-          std::printf("  %-36s %d ReLU mask flip(s) at inputs within 1e-5 of zero; what reads %s is not asserted\n",
-                      n.label.c_str(), here, t.name.c_str());
+          EXPECT_EQ(unexplained, 0)
+              << n.label << ": " << unexplained << " elements differ that no ReLU flip explains";
+          std::printf(
+              "  %-36s %d ReLU mask flip(s) at inputs within 1e-5 of zero; what reads %s is not "
+              "asserted\n",
+              n.label.c_str(), here, t.name.c_str());
           flips += here;
           tainted.push_back(place(id));
           continue;
         }
-        ADD_FAILURE() << ph.name << " / " << n.label << " / " << t.name << " " << t.shape.str() << ": error " << err
-                      << " of scale with agreeing inputs (tolerance " << tol << ")";
+        ADD_FAILURE() << ph.name << " / " << n.label << " / " << t.name << " " << t.shape.str()
+                      << ": error " << err << " of scale with agreeing inputs (tolerance " << tol
+                      << ")";
         if (!explained) {
           explained = true;
           explain_mismatch(p, n, id, engines);
@@ -364,8 +386,8 @@ void every_tensor_matches(const std::string& model) {
       }
     }
   }
-  std::printf("  %s: %d tensors compared with agreeing inputs, %d downstream of %d ReLU flip(s)\n", model.c_str(),
-              clean_checked, tainted_nodes, flips);
+  std::printf("  %s: %d tensors compared with agreeing inputs, %d downstream of %d ReLU flip(s)\n",
+              model.c_str(), clean_checked, tainted_nodes, flips);
   EXPECT_GT(clean_checked, 0);
 }
 

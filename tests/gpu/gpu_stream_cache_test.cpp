@@ -73,7 +73,8 @@ TEST_F(StreamOrderedCacheGpu, PinnedBlockWaitsForItsStream) {
   // Hold s1 on a host function until the test lets it go: the release below is pending.
   std::atomic<bool> go{false};
   ASSERT_EQ(cudaLaunchHostFunc(
-                s1_, [](void* flag) {
+                s1_,
+                [](void* flag) {
                   while (!static_cast<std::atomic<bool>*>(flag)->load()) std::this_thread::yield();
                 },
                 &go),

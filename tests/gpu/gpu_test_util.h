@@ -24,8 +24,8 @@
 
 namespace kiln::test {
 
-#define KILN_REQUIRE_GPU()                                                    \
-  do {                                                                        \
+#define KILN_REQUIRE_GPU()                                                        \
+  do {                                                                            \
     if (!::kiln::cuda_available()) GTEST_SKIP() << "no CUDA GPU on this machine"; \
   } while (0)
 
@@ -35,14 +35,16 @@ inline constexpr double kSumFloor = 1.0;     // relative to max |want| (sums of 
 inline constexpr double kEltFloor = 1e-3;    // elementwise
 
 // max_i |got_i - want_i| / max(|want_i|, floor * max_j |want_j|); NaN anywhere = infinity.
-inline double rel_error(const std::vector<float>& got, const std::vector<float>& want, double floor) {
+inline double rel_error(const std::vector<float>& got, const std::vector<float>& want,
+                        double floor) {
   if (got.size() != want.size()) return INFINITY;
   double mx = 0.0;
   for (float w : want) mx = std::max(mx, std::fabs(static_cast<double>(w)));
   const double f = std::max(floor * mx, 1e-30);
   double worst = 0.0;
   for (size_t i = 0; i < got.size(); ++i) {
-    const double e = std::fabs(static_cast<double>(got[i]) - want[i]) / std::max(std::fabs(static_cast<double>(want[i])), f);
+    const double e = std::fabs(static_cast<double>(got[i]) - want[i]) /
+                     std::max(std::fabs(static_cast<double>(want[i])), f);
     if (std::isnan(e)) return INFINITY;
     worst = std::max(worst, e);
   }
@@ -102,7 +104,10 @@ class Pair {
     Region gr = region, cr = region;
     Layout layout = shape.rank() == 4 ? Layout::NHWC : Layout::Flat;
     switch (kind) {
-      case Kind::Feature: gd = amp_ ? DType::F16 : DType::F32; gr = cr = Region::features; break;
+      case Kind::Feature:
+        gd = amp_ ? DType::F16 : DType::F32;
+        gr = cr = Region::features;
+        break;
       case Kind::Weight:
         cr = Region::params_f32;
         gr = amp_ ? Region::params_f16 : Region::params_f32;
@@ -115,9 +120,16 @@ class Pair {
         gd = amp_ ? DType::F16 : DType::F32;
         layout = shape.rank() == 4 ? Layout::KRSC : Layout::OI;
         break;
-      case Kind::F32: break;
-      case Kind::I32: gd = cd = DType::I32; if (gr == Region::features) gr = cr = Region::aux; break;
-      case Kind::U8: gd = cd = DType::U8; if (gr == Region::features) gr = cr = Region::aux; break;
+      case Kind::F32:
+        break;
+      case Kind::I32:
+        gd = cd = DType::I32;
+        if (gr == Region::features) gr = cr = Region::aux;
+        break;
+      case Kind::U8:
+        gd = cd = DType::U8;
+        if (gr == Region::features) gr = cr = Region::aux;
+        break;
     }
     const TensorId a = cpu_.tensor(name, shape, cr, cd, layout);
     const TensorId b = gpu_.tensor(name, shape, gr, gd, layout);
@@ -163,10 +175,10 @@ class Pair {
   OpHarness cpu_, gpu_;
 };
 
-#define KILN_EXPECT_CLOSE(pair, id, floor, what)                                          \
-  do {                                                                                    \
-    const double kiln_err_ = (pair).error((id), (floor));                                 \
-    EXPECT_LE(kiln_err_, (pair).tol()) << (what) << (pair.amp() ? " (AMP)" : " (FP32)")   \
+#define KILN_EXPECT_CLOSE(pair, id, floor, what)                                            \
+  do {                                                                                      \
+    const double kiln_err_ = (pair).error((id), (floor));                                   \
+    EXPECT_LE(kiln_err_, (pair).tol()) << (what) << (pair.amp() ? " (AMP)" : " (FP32)")     \
                                        << ": error " << kiln_err_ << " > " << (pair).tol(); \
   } while (0)
 

@@ -102,9 +102,12 @@ TEST(CpuOpSoftmaxCeTopK, TiesFollowTheStableOrder) {
 //  4: finite, label the max    -> hit
 TEST(CpuOpSoftmaxCeTopK, NonFiniteLogitsAreMisses) {
   const int64_t k = 6;
-  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
-  const std::vector<std::vector<float>> rows = {{nan, nan, nan, nan, nan, nan}, {1, nan, 0, 0, 0, 0},
-                                                {0, 0, inf, 0, 0, 0},           {5, 0, 0, -inf, 0, 0},
+  const float nan = std::numeric_limits<float>::quiet_NaN(),
+              inf = std::numeric_limits<float>::infinity();
+  const std::vector<std::vector<float>> rows = {{nan, nan, nan, nan, nan, nan},
+                                                {1, nan, 0, 0, 0, 0},
+                                                {0, 0, inf, 0, 0, 0},
+                                                {5, 0, 0, -inf, 0, 0},
                                                 {5, 0, 0, 0, 0, 0}};
   const std::vector<int32_t> labels = {0, 1, 2, 0, 0};
   std::vector<float> z;
@@ -203,7 +206,8 @@ struct SmoothRef {
   double loss = 0;
   ref::Vec dlogits;
 };
-SmoothRef smoothed_ce(const ref::Vec& z, const std::vector<int32_t>& y, int64_t n, int64_t k, double e, double scale) {
+SmoothRef smoothed_ce(const ref::Vec& z, const std::vector<int32_t>& y, int64_t n, int64_t k,
+                      double e, double scale) {
   SmoothRef r;
   r.dlogits.resize(z.size());
   for (int64_t b = 0; b < n; ++b) {
@@ -215,7 +219,8 @@ SmoothRef smoothed_ce(const ref::Vec& z, const std::vector<int32_t>& y, int64_t 
       const double logp = row[j] - mx - std::log(sum);
       const double target = (j == y[b] ? 1 - e : 0.0) + e / static_cast<double>(k);
       r.loss -= target * logp / static_cast<double>(n);
-      r.dlogits[static_cast<size_t>(b * k + j)] = (std::exp(logp) - target) * scale / static_cast<double>(n);
+      r.dlogits[static_cast<size_t>(b * k + j)] =
+          (std::exp(logp) - target) * scale / static_cast<double>(n);
     }
   }
   return r;
@@ -248,12 +253,14 @@ TEST(CpuOpSoftmaxCeSmoothing, LossAndGradientMatchTorchsFormula) {
       const auto zv = rand_vec(c.n * c.k, 121, c.offset - c.spread, c.offset + c.spread);
       const auto lv = rand_labels(c.n, c.k, 122);
       p.run(zv, lv, c.scale);
-      const SmoothRef r = smoothed_ce(ref::to_double(zv), lv, c.n, c.k, static_cast<double>(e), c.scale);
+      const SmoothRef r =
+          smoothed_ce(ref::to_double(zv), lv, c.n, c.k, static_cast<double>(e), c.scale);
       KILN_EXPECT_REL(p.h.read(p.loss), ref::Vec{r.loss}, 1e-6, 1e-6, "smoothed loss");
       ref::Vec mag(r.dlogits.size());
       for (size_t i = 0; i < mag.size(); ++i) {
-        const double target = (static_cast<int64_t>(i) % c.k == lv[i / static_cast<size_t>(c.k)] ? 1.0 - e : 0.0) +
-                              e / static_cast<double>(c.k);
+        const double target =
+            (static_cast<int64_t>(i) % c.k == lv[i / static_cast<size_t>(c.k)] ? 1.0 - e : 0.0) +
+            e / static_cast<double>(c.k);
         mag[i] = (std::fabs(r.dlogits[i] / c.scale * c.n) + 2 * target) * c.scale / c.n;
       }
       KILN_EXPECT_SCALED(p.h.read(p.dz), r.dlogits, mag, kFp32Tol, "smoothed dlogits");

@@ -36,8 +36,7 @@ inline void compile_cpu(OpHarness& h) {
 
 // print_op_errors(): every measured error beside its bound.
 inline void expect_error_within(double err, double tol, const std::string& what) {
-  if (print_op_errors())
-    std::printf("  %-44s error %9.3g  bound %9.3g\n", what.c_str(), err, tol);
+  if (print_op_errors()) std::printf("  %-44s error %9.3g  bound %9.3g\n", what.c_str(), err, tol);
   EXPECT_LE(err, tol) << what << ": error " << err << " exceeds " << tol;
 }
 

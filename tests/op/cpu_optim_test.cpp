@@ -276,7 +276,9 @@ TEST(CpuOpGradNorm, ScalesTheStepToTheNormCapAsTorchClipGradNorm) {
     KILN_EXPECT_REL(w1, W, 1.0, kStateTol, "clipped sgd w");
     double moved = 0;
     for (int64_t i = 0; i < n; ++i) moved += (w1[i] - w0[i]) * static_cast<double>(w1[i] - w0[i]);
-    if (k < 1) EXPECT_NEAR(std::sqrt(moved), lr * max_norm, 1e-4 * lr * max_norm) << "the step's norm is lr * max";
+    if (k < 1)
+      EXPECT_NEAR(std::sqrt(moved), lr * max_norm, 1e-4 * lr * max_norm)
+          << "the step's norm is lr * max";
     if (max_norm > 100) {
       EXPECT_EQ(p.h.read(p.coef)[0], 1.0f);
       SgdProgram plain(n, 0.0f, 0.0f, false);

@@ -24,8 +24,8 @@ TEST(CpuOpSupport, EveryOpIsSupportedInFp32Only) {
 
 // A fused node with the wrong tensors is an error naming the node, never a silent no-op.
 TEST(CpuOpSupport, AMalformedFusedNodeIsRejectedNamingIt) {
-  for (OpKind op :
-       {OpKind::cbr_fwd, OpKind::cbr_bwd, OpKind::bn_add_relu_fwd, OpKind::bn_add_relu_bwd, OpKind::bn_relu_infer}) {
+  for (OpKind op : {OpKind::cbr_fwd, OpKind::cbr_bwd, OpKind::bn_add_relu_fwd,
+                    OpKind::bn_add_relu_bwd, OpKind::bn_relu_infer}) {
     OpHarness h;
     const TensorId x = h.tensor("x", {1, 2, 2, 8});
     h.node(op, {x}, {x}).label = "layer1.0 fused";

@@ -14,7 +14,7 @@
 namespace kiln::test {
 
 struct CliResult {
-  int code = -1;     // the exit status; -1 when the process did not exit normally
+  int code = -1;    // the exit status; -1 when the process did not exit normally
   std::string out;  // stdout and stderr together
 };
 
@@ -33,7 +33,9 @@ inline CliResult run_shell(const std::string& cmd) {
 }
 
 // The built kiln binary with these arguments.
-inline CliResult run_kiln(const std::string& args) { return run_shell(std::string(KILN_CLI_PATH) + " " + args); }
+inline CliResult run_kiln(const std::string& args) {
+  return run_shell(std::string(KILN_CLI_PATH) + " " + args);
+}
 
 inline void write_bytes(const std::filesystem::path& path, const std::vector<uint8_t>& bytes) {
   std::filesystem::create_directories(path.parent_path());
@@ -42,7 +44,8 @@ inline void write_bytes(const std::filesystem::path& path, const std::vector<uin
 }
 
 // An IDX file (ubyte data) of the given dimensions.
-inline std::vector<uint8_t> idx_file(const std::vector<uint32_t>& dims, const std::vector<uint8_t>& data) {
+inline std::vector<uint8_t> idx_file(const std::vector<uint32_t>& dims,
+                                     const std::vector<uint8_t>& data) {
   std::vector<uint8_t> out = {0, 0, 0x08, static_cast<uint8_t>(dims.size())};
   for (uint32_t d : dims) {
     for (int s = 24; s >= 0; s -= 8) out.push_back(static_cast<uint8_t>(d >> s));

@@ -42,7 +42,8 @@ inline void check_ema_bn_recurrence(const std::string& device, bool amp, const s
   for (const BufferDesc& b : p.buffers) {
     const std::vector<float> live = e.read_param(b.name);
     want[b.name].assign(live.begin(), live.end());
-    EXPECT_EQ(e.read_param(b.name, Region::ema_bn_running), live) << b.name << " starts at the live value";
+    EXPECT_EQ(e.read_param(b.name, Region::ema_bn_running), live)
+        << b.name << " starts at the live value";
   }
   double magnitude = 0;
   for (int s = 0; s < steps; ++s) {
@@ -71,7 +72,8 @@ inline void check_ema_bn_recurrence(const std::string& device, bool amp, const s
       if (std::fabs(got[i] - live[i]) > 1e-3) moved = true;
     }
   }
-  EXPECT_TRUE(moved) << "the EMA statistics equal the live ones: the test would not tell them apart";
+  EXPECT_TRUE(moved)
+      << "the EMA statistics equal the live ones: the test would not tell them apart";
 }
 
 }  // namespace kiln::test

@@ -36,7 +36,8 @@ inline int fused_node_count(const Engine& e) {
 inline int pooled_cbr_count(const Engine& e) {
   int pooled = 0;
   for (const Phase& ph : e.program().train) {
-    for (const Node& n : ph.nodes) pooled += n.op == OpKind::cbr_pool_fwd || n.op == OpKind::cbr_pool_bwd;
+    for (const Node& n : ph.nodes)
+      pooled += n.op == OpKind::cbr_pool_fwd || n.op == OpKind::cbr_pool_bwd;
   }
   return pooled;
 }

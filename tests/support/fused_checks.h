@@ -164,26 +164,32 @@ inline void cbr_pool_equals_chain(const CbrCase& t, int pool, bool amp, const ch
                                   const Switches& switches = Switches::from_environment()) {
   const int64_t p = (t.h + 2 * t.pad - t.r) / t.st + 1, q = (t.w + 2 * t.pad - t.r) / t.st + 1;
   ASSERT_TRUE(p % pool == 0 && q % pool == 0) << "the case's map does not tile by " << pool;
-  const Shape xs{t.n, t.h, t.w, t.c}, zs{t.n, p, q, t.k}, ys{t.n, p / pool, q / pool, t.k}, ws{t.k, t.r, t.r, t.c};
+  const Shape xs{t.n, t.h, t.w, t.c}, zs{t.n, p, q, t.k}, ys{t.n, p / pool, q / pool, t.k},
+      ws{t.k, t.r, t.r, t.c};
   OpHarness h(amp);
   const Maker m{h, amp};
   const TensorId x = m.feature("x", xs), dy = m.feature("dy", ys), w = m.weight("w", ws);
   const TensorId gamma = m.channels("gamma", t.k, Region::params_f32),
                  beta = m.channels("beta", t.k, Region::params_f32);
-  const TensorId rm_u = m.channels("rm_u", t.k, Region::bn_running), rv_u = m.channels("rv_u", t.k, Region::bn_running);
-  const TensorId rm_f = m.channels("rm_f", t.k, Region::bn_running), rv_f = m.channels("rv_f", t.k, Region::bn_running);
+  const TensorId rm_u = m.channels("rm_u", t.k, Region::bn_running),
+                 rv_u = m.channels("rv_u", t.k, Region::bn_running);
+  const TensorId rm_f = m.channels("rm_f", t.k, Region::bn_running),
+                 rv_f = m.channels("rv_f", t.k, Region::bn_running);
   const TensorId saved_u = h.tensor("saved_u", {2, t.k}, Region::bn_saved);
   const TensorId saved_f = h.tensor("saved_f", {2, t.k}, Region::bn_saved);
   const TensorId z_u = m.feature("z_u", zs), b_u = m.feature("b_u", zs), r_u = m.feature("r_u", zs),
-                 y_u = m.feature("y_u", ys), dr_u = m.feature("dr_u", zs), g_u = m.feature("g_u", zs),
-                 dz_u = m.feature("dz_u", zs), dx_u = m.feature("dx_u", xs);
+                 y_u = m.feature("y_u", ys), dr_u = m.feature("dr_u", zs),
+                 g_u = m.feature("g_u", zs), dz_u = m.feature("dz_u", zs),
+                 dx_u = m.feature("dx_u", xs);
   const TensorId arg = h.tensor("argmax", ys, Region::aux, DType::I32, Layout::NHWC);
-  const TensorId z_f = m.feature("z_f", zs), y_f = m.feature("y_f", ys), dz_f = m.feature("dz_f", zs),
-                 dx_f = m.feature("dx_f", xs);
+  const TensorId z_f = m.feature("z_f", zs), y_f = m.feature("y_f", ys),
+                 dz_f = m.feature("dz_f", zs), dx_f = m.feature("dx_f", xs);
   const TensorId mask = h.tensor("mask", {(zs.numel() + 7) / 8}, Region::aux, DType::U8);
   const TensorId dw_u = m.weight_grad("dw_u", ws), dw_f = m.weight_grad("dw_f", ws);
-  const TensorId dg_u = m.channels("dg_u", t.k, Region::grads_f32), db_u = m.channels("db_u", t.k, Region::grads_f32);
-  const TensorId dg_f = m.channels("dg_f", t.k, Region::grads_f32), db_f = m.channels("db_f", t.k, Region::grads_f32);
+  const TensorId dg_u = m.channels("dg_u", t.k, Region::grads_f32),
+                 db_u = m.channels("db_u", t.k, Region::grads_f32);
+  const TensorId dg_f = m.channels("dg_f", t.k, Region::grads_f32),
+                 db_f = m.channels("db_f", t.k, Region::grads_f32);
   Attrs a = conv_bn_attrs(t.r, t.st, t.pad);
   a.first_layer = t.first_layer;
   Attrs pa;
@@ -209,7 +215,8 @@ inline void cbr_pool_equals_chain(const CbrCase& t, int pool, bool amp, const ch
   h.write(gamma, random_values(static_cast<size_t>(t.k), 44, 0.5f, 1.5f));
   h.write(beta, random_values(static_cast<size_t>(t.k), 45, -0.3f, 0.3f));
   for (TensorId id : {rm_u, rm_f}) h.write(id, random_values(static_cast<size_t>(t.k), 46));
-  for (TensorId id : {rv_u, rv_f}) h.write(id, random_values(static_cast<size_t>(t.k), 47, 0.5f, 1.5f));
+  for (TensorId id : {rv_u, rv_f})
+    h.write(id, random_values(static_cast<size_t>(t.k), 47, 0.5f, 1.5f));
   h.run();
   expect_equal(h, z_f, z_u, "z (convolution output)");
   expect_equal(h, y_f, y_u, "y (pooled)");
@@ -233,7 +240,8 @@ inline void cbr_pool_equals_chain(const CbrCase& t, int pool, bool amp, const ch
   }
   EXPECT_EQ(wrong, 0) << "mask bits that disagree with the unfused max-pool and ReLU";
   EXPECT_GT(set, 0);
-  for (size_t i = relu.size(); i < 8 * bits.size(); ++i) EXPECT_FALSE((bits[i / 8] >> (i % 8)) & 1u) << "padding bit " << i;
+  for (size_t i = relu.size(); i < 8 * bits.size(); ++i)
+    EXPECT_FALSE((bits[i / 8] >> (i % 8)) & 1u) << "padding bit " << i;
   expect_equal(h, saved_f, saved_u, "saved statistics");
   expect_equal(h, rm_f, rm_u, "running mean");
   expect_equal(h, rv_f, rv_u, "running variance");
@@ -246,7 +254,8 @@ inline void cbr_pool_equals_chain(const CbrCase& t, int pool, bool amp, const ch
 
 // two_grads: the output's gradient has two contributions, dy and dy2 - the unfused chain sums
 // them with an add node, the fused op takes dy2 (ops.def; CompileOptions::fuse_grad_sum).
-inline void bn_add_relu_equals_chain(const Shape& s, bool amp, const char* backend, bool two_grads = false,
+inline void bn_add_relu_equals_chain(const Shape& s, bool amp, const char* backend,
+                                     bool two_grads = false,
                                      const Switches& switches = Switches::from_environment()) {
   const int64_t c = s[3];
   OpHarness h(amp);
@@ -314,10 +323,12 @@ inline void bn_relu_infer_equals_chain(const Shape& s, bool amp, const char* bac
   OpHarness h(amp);
   const Maker m{h, amp};
   const TensorId x = m.feature("x", s), r = residual ? m.feature("residual", s) : kNoTensor;
-  const TensorId gamma = m.channels("gamma", c, Region::params_f32), beta = m.channels("beta", c, Region::params_f32);
-  const TensorId rm = m.channels("rm", c, Region::bn_running), rv = m.channels("rv", c, Region::bn_running);
-  const TensorId b_u = m.feature("b_u", s), s_u = residual ? m.feature("s_u", s) : b_u, y_u = m.feature("y_u", s),
-                 y_f = m.feature("y_f", s);
+  const TensorId gamma = m.channels("gamma", c, Region::params_f32),
+                 beta = m.channels("beta", c, Region::params_f32);
+  const TensorId rm = m.channels("rm", c, Region::bn_running),
+                 rv = m.channels("rv", c, Region::bn_running);
+  const TensorId b_u = m.feature("b_u", s), s_u = residual ? m.feature("s_u", s) : b_u,
+                 y_u = m.feature("y_u", s), y_f = m.feature("y_f", s);
   Attrs a;
   a.eps = 1e-5f;
   h.node(OpKind::bn_fwd_infer, {x, gamma, beta, rm, rv}, {b_u}, a);
@@ -337,15 +348,17 @@ inline void bn_relu_infer_equals_chain(const Shape& s, bool amp, const char* bac
   h.run();
   expect_equal(h, y_f, y_u, residual ? "relu(bn(x) + residual)" : "relu(bn(x))");
   const std::vector<float> y = h.read(y_f);
-  EXPECT_TRUE(std::any_of(y.begin(), y.end(), [](float v) { return v == 0.0f; })) << "some values are clipped";
+  EXPECT_TRUE(std::any_of(y.begin(), y.end(), [](float v) { return v == 0.0f; }))
+      << "some values are clipped";
   EXPECT_TRUE(std::any_of(y.begin(), y.end(), [](float v) { return v > 0.0f; }));
 }
 
 // cbr with a convolution bias (VGG's), which BatchNorm cancels (ops.def), against cbr without
 // it: z, y, mask, statistics and gradients equal; the running mean moved by momentum * b (the
 // host forms it in float; rm_tol allows a backend that forms it in double); db is 0.
-inline void cbr_bias_moves_only_the_running_mean(bool amp, const char* backend, double rm_tol,
-                                                 const Switches& switches = Switches::from_environment()) {
+inline void cbr_bias_moves_only_the_running_mean(
+    bool amp, const char* backend, double rm_tol,
+    const Switches& switches = Switches::from_environment()) {
   const int64_t n = 4, hh = 10, ww = 9, c = 16, k = 32;
   const Shape xs{n, hh, ww, c}, ys{n, hh, ww, k}, ws{k, 3, 3, c};
   OpHarness h(amp);

@@ -17,7 +17,8 @@ struct LearnableBatch {
   std::vector<int32_t> labels;
 };
 
-inline LearnableBatch learnable_batch(const BluePrint& bp, int64_t n, uint64_t seed, int64_t label_step = 1) {
+inline LearnableBatch learnable_batch(const BluePrint& bp, int64_t n, uint64_t seed,
+                                      int64_t label_step = 1) {
   const int64_t per = int64_t{bp.input.height} * bp.input.width * bp.input.channels;
   Rng rng(seed);
   std::vector<float> pattern(static_cast<size_t>(bp.num_classes * per));

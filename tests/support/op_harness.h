@@ -3,9 +3,9 @@
 // places the memory (no reuse) and compiles the backend.
 #pragma once
 #include <cmath>
+#include <cstdlib>
 #include <memory>
 #include <string>
-#include <cstdlib>
 #include <vector>
 
 #include "kiln/backend/backend.h"
@@ -64,15 +64,21 @@ class OpHarness {
   }
   void run() { backend_->run(Schedule::train, 0); }
 
-  void write(TensorId id, const std::vector<float>& v) { write_floats(*backend_, program_.tensor(id), v); }
+  void write(TensorId id, const std::vector<float>& v) {
+    write_floats(*backend_, program_.tensor(id), v);
+  }
   std::vector<float> read(TensorId id) { return read_floats(*backend_, program_.tensor(id)); }
-  void write_i32(TensorId id, const std::vector<int32_t>& v) { backend_->write(program_.tensor(id), v.data()); }
+  void write_i32(TensorId id, const std::vector<int32_t>& v) {
+    backend_->write(program_.tensor(id), v.data());
+  }
   std::vector<int32_t> read_i32(TensorId id) {
     std::vector<int32_t> v(static_cast<size_t>(program_.tensor(id).numel()));
     backend_->read(program_.tensor(id), v.data());
     return v;
   }
-  void write_u8(TensorId id, const std::vector<uint8_t>& v) { backend_->write(program_.tensor(id), v.data()); }
+  void write_u8(TensorId id, const std::vector<uint8_t>& v) {
+    backend_->write(program_.tensor(id), v.data());
+  }
   std::vector<uint8_t> read_u8(TensorId id) {
     std::vector<uint8_t> v(static_cast<size_t>(program_.tensor(id).bytes()));
     backend_->read(program_.tensor(id), v.data());
@@ -101,7 +107,8 @@ inline bool print_op_errors() {
   return on;
 }
 
-inline std::vector<float> random_values(size_t n, uint64_t seed, float lo = -1.0f, float hi = 1.0f) {
+inline std::vector<float> random_values(size_t n, uint64_t seed, float lo = -1.0f,
+                                        float hi = 1.0f) {
   Rng rng(seed);
   std::vector<float> v(n);
   for (auto& x : v) x = rng.uniform(lo, hi);
@@ -110,10 +117,12 @@ inline std::vector<float> random_values(size_t n, uint64_t seed, float lo = -1.0
 
 // Largest |a-b| / max(|b|, floor) over the elements: a relative error that does not blow up
 // at values near zero (floor is the scale below which absolute error is what matters).
-inline double max_rel_error(const std::vector<float>& a, const std::vector<double>& b, double floor = 1e-3) {
+inline double max_rel_error(const std::vector<float>& a, const std::vector<double>& b,
+                            double floor = 1e-3) {
   double worst = 0;
   for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
-    const double err = std::fabs(static_cast<double>(a[i]) - b[i]) / std::max(std::fabs(b[i]), floor);
+    const double err =
+        std::fabs(static_cast<double>(a[i]) - b[i]) / std::max(std::fabs(b[i]), floor);
     worst = std::max(worst, err);
   }
   return worst;

@@ -63,13 +63,14 @@ inline std::string torch_python() {
   return found;
 }
 
-#define KILN_REQUIRE_TORCH(var)                                                                  \
-  const std::string var = ::kiln::test::torch_python();                                         \
-  if (var.empty()) {                                                                             \
-    GTEST_SKIP() << "no Python with torch (tried /usr/bin/python3 and python3; set "             \
-                    "KILN_TEST_PYTHON to one that has it) for the PyTorch golden step";          \
-  }                                                                                              \
-  ASSERT_TRUE(::kiln::test::python_has_torch(var)) << "KILN_TEST_PYTHON=" << var << " cannot import torch"
+#define KILN_REQUIRE_TORCH(var)                                                         \
+  const std::string var = ::kiln::test::torch_python();                                 \
+  if (var.empty()) {                                                                    \
+    GTEST_SKIP() << "no Python with torch (tried /usr/bin/python3 and python3; set "    \
+                    "KILN_TEST_PYTHON to one that has it) for the PyTorch golden step"; \
+  }                                                                                     \
+  ASSERT_TRUE(::kiln::test::python_has_torch(var))                                      \
+      << "KILN_TEST_PYTHON=" << var << " cannot import torch"
 
 // One golden step: the model, the backend and the step's hyper-parameters, and the
 // tolerances (each a fraction: of |loss|, or of the largest magnitude of the tensor compared).
@@ -126,8 +127,8 @@ inline double max_abs(const std::vector<float>& v) {
 // or `min_scale` where that is larger: a gradient's small entries are sums of cancelling terms
 // whose rounding is set by the large ones. `factor` multiplies `got` first (1 / loss scale for
 // AMP gradients). NaN = infinity.
-inline double scaled_error(const std::vector<float>& got, const std::vector<float>& want, double factor = 1.0,
-                           double min_scale = 0.0) {
+inline double scaled_error(const std::vector<float>& got, const std::vector<float>& want,
+                           double factor = 1.0, double min_scale = 0.0) {
   if (got.size() != want.size()) return INFINITY;
   double scale = std::max({1e-30, min_scale, max_abs(want)}), worst = 0;
   for (size_t i = 0; i < got.size(); ++i) {
@@ -145,8 +146,9 @@ class TempDir {
  public:
   explicit TempDir(const std::string& tag) {
     static std::atomic<int> counter{0};
-    path_ = std::filesystem::temp_directory_path() /
-            ("kiln_golden_" + tag + "_" + std::to_string(getpid()) + "_" + std::to_string(counter++));
+    path_ =
+        std::filesystem::temp_directory_path() /
+        ("kiln_golden_" + tag + "_" + std::to_string(getpid()) + "_" + std::to_string(counter++));
     std::filesystem::create_directories(path_);
   }
   ~TempDir() {
@@ -204,10 +206,12 @@ inline StFile kiln_choices(Engine& e) {
   for (const PlanNode& n : plan.nodes) {
     if (n.op == PlanOp::ReLU) {
       const PlanNode* src = &n;
-      while (src->removed && !src->inputs.empty()) src = &plan.nodes[static_cast<size_t>(src->inputs[0])];
+      while (src->removed && !src->inputs.empty())
+        src = &plan.nodes[static_cast<size_t>(src->inputs[0])];
       const DTensor* t = find(src->name + ":y");
       if (!t) continue;
-      auto [shape, mask] = nchw(*t, read_floats(e.backend(), *t), [](float y) { return uint8_t{y > 0.0f}; });
+      auto [shape, mask] =
+          nchw(*t, read_floats(e.backend(), *t), [](float y) { return uint8_t{y > 0.0f}; });
       StTensor st;
       st.dtype = DType::U8;
       st.shape = shape;
@@ -216,7 +220,8 @@ inline StFile kiln_choices(Engine& e) {
     } else if (n.op == PlanOp::MaxPool && !n.removed) {
       const DTensor* t = find(n.name + ":argmax");
       if (!t) continue;
-      auto [shape, idx] = nchw(*t, read_floats(e.backend(), *t), [](float i) { return static_cast<int32_t>(i); });
+      auto [shape, idx] =
+          nchw(*t, read_floats(e.backend(), *t), [](float i) { return static_cast<int32_t>(i); });
       StTensor st;
       st.dtype = DType::I32;
       st.shape = shape;
@@ -282,7 +287,8 @@ inline GoldenErrors run_golden_step(const std::string& python, const GoldenStep&
   LearnableBatch batch = learnable_batch(bp, g.batch, g.seed, 3);
   images = std::move(batch.images);
   labels = std::move(batch.labels);
-  in.tensors["input.nhwc"] = f32({g.batch, bp.input.height, bp.input.width, bp.input.channels}, images);
+  in.tensors["input.nhwc"] =
+      f32({g.batch, bp.input.height, bp.input.width, bp.input.channels}, images);
   StTensor lt;
   lt.dtype = DType::I32;
   lt.shape = {g.batch};
@@ -299,17 +305,18 @@ inline GoldenErrors run_golden_step(const std::string& python, const GoldenStep&
   const auto t_kiln = std::chrono::steady_clock::now();
   const StepStats s = e.train_step(images.data(), labels.data(), g.lr);
   const double kiln_seconds = seconds_since(t_kiln);
-  EXPECT_FALSE(s.overflow) << "the step overflowed at loss scale " << s.loss_scale << ": nothing to compare";
+  EXPECT_FALSE(s.overflow) << "the step overflowed at loss scale " << s.loss_scale
+                           << ": nothing to compare";
   if (s.overflow) return err;
   const std::string choices_path = dir.file("kiln_choices.safetensors");
   write_safetensors(choices_path, kiln_choices(e));
 
   char hyper[256];
-  std::snprintf(hyper, sizeof hyper, " --lr %.9g --momentum %.9g --weight-decay %.9g%s", g.lr, g.momentum,
-                g.weight_decay, g.nesterov ? " --nesterov" : "");
-  const std::string cmd = "'" + python + "' '" + std::string(KILN_SOURCE_DIR) + "/tests/golden/torch_step.py' " +
-                          g.model + " '" + in_path + "' '" + out_path + "'" + hyper + " --choices '" +
-                          choices_path + "'";
+  std::snprintf(hyper, sizeof hyper, " --lr %.9g --momentum %.9g --weight-decay %.9g%s", g.lr,
+                g.momentum, g.weight_decay, g.nesterov ? " --nesterov" : "");
+  const std::string cmd = "'" + python + "' '" + std::string(KILN_SOURCE_DIR) +
+                          "/tests/golden/torch_step.py' " + g.model + " '" + in_path + "' '" +
+                          out_path + "'" + hyper + " --choices '" + choices_path + "'";
   const auto t_py = std::chrono::steady_clock::now();
   const int rc = std::system(cmd.c_str());
   const double py_seconds = seconds_since(t_py);
@@ -324,8 +331,10 @@ inline GoldenErrors run_golden_step(const std::string& python, const GoldenStep&
   err.relu_margin = kinks[1];
   err.pool_flips = static_cast<int64_t>(kinks[2]);
   err.pool_gap = kinks[3];
-  EXPECT_LE(err.relu_margin, g.tol_kink) << err.relu_flips << " ReLU(s) decided differently from float64";
-  EXPECT_LE(err.pool_gap, g.tol_kink) << err.pool_flips << " max-pool pick(s) differ from float64's";
+  EXPECT_LE(err.relu_margin, g.tol_kink)
+      << err.relu_flips << " ReLU(s) decided differently from float64";
+  EXPECT_LE(err.pool_gap, g.tol_kink)
+      << err.pool_flips << " max-pool pick(s) differ from float64's";
 
   const float want_loss = floats(want.tensors.at("loss"))[0];
   err.loss = std::fabs(static_cast<double>(s.loss) - want_loss) / std::fabs(want_loss);
@@ -346,7 +355,8 @@ inline GoldenErrors run_golden_step(const std::string& python, const GoldenStep&
       const auto w = want.tensors.find("grad." + d.name.substr(0, d.name.size() - 5) + ".weight");
       if (w != want.tensors.end()) min_scale = max_abs(floats(w->second));
     }
-    const double eg = scaled_error(grad, floats(want.tensors.at("grad." + d.name)), 1.0 / scale, min_scale);
+    const double eg =
+        scaled_error(grad, floats(want.tensors.at("grad." + d.name)), 1.0 / scale, min_scale);
     EXPECT_LE(eg, g.tol_grad) << "gradient of " << d.name;
     if (eg >= err.grad) err.grad = eg, err.worst_grad = d.name;
     // The first step from zero momentum moves a weight by lr * (1 + momentum) * (g + wd * w)
@@ -356,9 +366,11 @@ inline GoldenErrors run_golden_step(const std::string& python, const GoldenStep&
     // stem weights move by about their own size), so a fixed tolerance would be loose for
     // some tensors and wrong for others.
     const std::vector<float> want_after = floats(want.tensors.at("after." + d.name));
-    const double grad_scale = std::max(min_scale, max_abs(floats(want.tensors.at("grad." + d.name))));
+    const double grad_scale =
+        std::max(min_scale, max_abs(floats(want.tensors.at("grad." + d.name))));
     const double step = g.lr * (g.nesterov ? 1.0 + g.momentum : 1.0);
-    const double tol_w = g.tol_weight + g.tol_grad * step * grad_scale / std::max(max_abs(want_after), 1e-30);
+    const double tol_w =
+        g.tol_weight + g.tol_grad * step * grad_scale / std::max(max_abs(want_after), 1e-30);
     const auto after = to_torch_layout(d, e.read_param(d.name));
     const double ew = scaled_error(after, want_after);
     EXPECT_LE(ew, tol_w) << "weights of " << d.name << " after the step";
@@ -367,7 +379,8 @@ inline GoldenErrors run_golden_step(const std::string& python, const GoldenStep&
     }
   }
   for (const BufferDesc& b : p.buffers) {
-    const double eb = scaled_error(e.read_param(b.name), floats(want.tensors.at("after." + b.name)));
+    const double eb =
+        scaled_error(e.read_param(b.name), floats(want.tensors.at("after." + b.name)));
     EXPECT_LE(eb, g.tol_buffer) << b.name << " after the step";
     if (eb >= err.buffer) err.buffer = eb, err.worst_buffer = b.name;
   }
@@ -379,22 +392,27 @@ inline GoldenErrors run_golden_step(const std::string& python, const GoldenStep&
       std::vector<float> grad = to_torch_layout(d, e.read_param(d.name, Region::grads_f32));
       for (float& x : grad) x /= scale;
       mine.tensors["grad." + d.name] = f32(d.torch_shape.dims, grad);
-      mine.tensors["after." + d.name] = f32(d.torch_shape.dims, to_torch_layout(d, e.read_param(d.name)));
+      mine.tensors["after." + d.name] =
+          f32(d.torch_shape.dims, to_torch_layout(d, e.read_param(d.name)));
     }
     for (const BufferDesc& b : p.buffers) {
       mine.tensors["after." + b.name] = f32(p.tensor(b.tensor).shape.dims, e.read_param(b.name));
     }
     write_safetensors(dir.file("kiln.safetensors"), mine);
   }
-  std::printf("torch golden %s on %s%s, batch %lld: loss %.7g (PyTorch %.7g, error %.2g); worst gradient %.2g "
-              "(%s), weight %.2g (%s, allowed %.2g), running stat %.2g (%s); ReLU choices off float64's: %lld "
-              "(within %.2g of scale), max-pool: %lld (within %.2g); kiln's step %.2f s, PyTorch's %.1f s, "
-              "all %.1f s\n",
-              g.model.c_str(), g.device.c_str(), g.amp ? " AMP" : "", static_cast<long long>(g.batch), s.loss,
-              want_loss, err.loss, err.grad, err.worst_grad.c_str(), err.weight, err.worst_weight.c_str(),
-              err.weight_allowed, err.buffer,
-              err.worst_buffer.c_str(), static_cast<long long>(err.relu_flips), err.relu_margin,
-              static_cast<long long>(err.pool_flips), err.pool_gap, kiln_seconds, py_seconds, seconds_since(t0));
+  std::printf(
+      "torch golden %s on %s%s, batch %lld: loss %.7g (PyTorch %.7g, error %.2g); worst gradient "
+      "%.2g "
+      "(%s), weight %.2g (%s, allowed %.2g), running stat %.2g (%s); ReLU choices off float64's: "
+      "%lld "
+      "(within %.2g of scale), max-pool: %lld (within %.2g); kiln's step %.2f s, PyTorch's %.1f s, "
+      "all %.1f s\n",
+      g.model.c_str(), g.device.c_str(), g.amp ? " AMP" : "", static_cast<long long>(g.batch),
+      s.loss, want_loss, err.loss, err.grad, err.worst_grad.c_str(), err.weight,
+      err.worst_weight.c_str(), err.weight_allowed, err.buffer, err.worst_buffer.c_str(),
+      static_cast<long long>(err.relu_flips), err.relu_margin,
+      static_cast<long long>(err.pool_flips), err.pool_gap, kiln_seconds, py_seconds,
+      seconds_since(t0));
   return err;
 }
 

@@ -678,14 +678,15 @@ KILN_SWEEP(hardswish_fwd) {
   return act_fwd_rows(
       OpKind::hardswish_fwd, 5.0f,
       [](double x) { return x * std::min(std::max(x + 3.0, 0.0), 6.0) / 6.0; },
-      [](double x) { return std::fabs(x) * (std::fabs(x) + 3.0) / 6.0; },
-      {-3.0, 3.0, 0.0, -1.5});
+      [](double x) { return std::fabs(x) * (std::fabs(x) + 3.0) / 6.0; }, {-3.0, 3.0, 0.0, -1.5});
 }
 
 KILN_SWEEP(hardswish_bwd) {
   return act_bwd_rows(
       OpKind::hardswish_bwd, 5.0f,
-      [](double x, double dy) { return x < -3.0 ? 0.0 : x <= 3.0 ? dy * (x / 3.0 + 0.5) : dy; },
+      [](double x, double dy) { return x < -3.0   ? 0.0
+                                       : x <= 3.0 ? dy * (x / 3.0 + 0.5)
+                                                  : dy; },
       [](double x) { return std::fabs(x) / 3.0 + 0.5; }, {-3.0, 3.0, 0.0, -1.5});
 }
 

@@ -47,7 +47,8 @@ void expect_blend(const Image& got, const std::vector<double>& exact, const char
     const double v = std::min(255.0, std::max(0.0, exact[i]));
     const double want = std::trunc(v);
     if (got.pixels[i] == want) continue;
-    const bool boundary = std::fabs(v - std::nearbyint(v)) < 1e-3 && std::fabs(got.pixels[i] - want) <= 1;
+    const bool boundary =
+        std::fabs(v - std::nearbyint(v)) < 1e-3 && std::fabs(got.pixels[i] - want) <= 1;
     ASSERT_TRUE(boundary) << what << " value " << i << ": " << int(got.pixels[i]) << " vs exact "
                           << exact[i];
     // An exact integer (sharpness on the border, where the blur is the pixel itself) lands on
@@ -72,10 +73,11 @@ void expect_sampling(const Image& src, const Image& got, const SourceOf& source,
                        std::fabs(std::fabs(sy - std::floor(sy)) - 0.5) < 1e-3;
       const bool inside = ix >= 0 && ix < src.width && iy >= 0 && iy < src.height;
       for (int64_t k = 0; k < src.channels; ++k) {
-        const int want = inside ? px(src, static_cast<int64_t>(iy), static_cast<int64_t>(ix), k) : 0;
+        const int want =
+            inside ? px(src, static_cast<int64_t>(iy), static_cast<int64_t>(ix), k) : 0;
         if (tie) continue;
-        ASSERT_EQ(px(got, y, x, k), want) << what << " at " << y << "," << x << " from " << sy << ","
-                                          << sx;
+        ASSERT_EQ(px(got, y, x, k), want)
+            << what << " at " << y << "," << x << " from " << sy << "," << sx;
       }
     }
   }
@@ -94,27 +96,44 @@ TEST(DataAutoAugment, GeometricOpsMatchTorchvisionsAffine) {
     const Image im = test_image(s[0], s[1], s[2], 3);
     const double w = static_cast<double>(s[1]), h = static_cast<double>(s[0]);
     for (const double m : {0.27, -0.3, 0.99}) {
-      expect_sampling(im, run(im, AugmentOp::shear_x, m),
-                      [&](double x, double y) { return std::pair{x + m * (y + 0.5), y}; }, "ShearX");
-      expect_sampling(im, run(im, AugmentOp::shear_y, m),
-                      [&](double x, double y) { return std::pair{x, y + m * (x + 0.5)}; }, "ShearY");
+      expect_sampling(
+          im, run(im, AugmentOp::shear_x, m),
+          [&](double x, double y) {
+            return std::pair{x + m * (y + 0.5), y};
+          },
+          "ShearX");
+      expect_sampling(
+          im, run(im, AugmentOp::shear_y, m),
+          [&](double x, double y) {
+            return std::pair{x, y + m * (x + 0.5)};
+          },
+          "ShearY");
     }
     for (const double t : {3.9, -2.2, 0.0, 40.0}) {
       const double ti = std::trunc(t);
-      expect_sampling(im, run(im, AugmentOp::translate_x, t),
-                      [&](double x, double y) { return std::pair{x - ti, y}; }, "TranslateX");
-      expect_sampling(im, run(im, AugmentOp::translate_y, t),
-                      [&](double x, double y) { return std::pair{x, y - ti}; }, "TranslateY");
+      expect_sampling(
+          im, run(im, AugmentOp::translate_x, t),
+          [&](double x, double y) {
+            return std::pair{x - ti, y};
+          },
+          "TranslateX");
+      expect_sampling(
+          im, run(im, AugmentOp::translate_y, t),
+          [&](double x, double y) {
+            return std::pair{x, y - ti};
+          },
+          "TranslateY");
     }
     for (const double deg : {9.0, -30.0, 90.0, 135.0}) {
       const double r = -deg * M_PI / 180.0;
-      expect_sampling(im, run(im, AugmentOp::rotate, deg),
-                      [&](double x, double y) {
-                        const double xc = x - w / 2 + 0.5, yc = y - h / 2 + 0.5;
-                        return std::pair{std::cos(r) * xc + std::sin(r) * yc + w / 2 - 0.5,
-                                         -std::sin(r) * xc + std::cos(r) * yc + h / 2 - 0.5};
-                      },
-                      "Rotate");
+      expect_sampling(
+          im, run(im, AugmentOp::rotate, deg),
+          [&](double x, double y) {
+            const double xc = x - w / 2 + 0.5, yc = y - h / 2 + 0.5;
+            return std::pair{std::cos(r) * xc + std::sin(r) * yc + w / 2 - 0.5,
+                             -std::sin(r) * xc + std::cos(r) * yc + h / 2 - 0.5};
+          },
+          "Rotate");
     }
   }
   // Rotating by 90 degrees is counter-clockwise: the top-right corner goes to the top-left.
@@ -184,7 +203,8 @@ TEST(DataAutoAugment, PointOpsAreExact) {
     std::vector<double> want(static_cast<size_t>(n));
     for (int64_t k = 0; k < c; ++k) {
       int lo = 255, hi = 0;
-      for (int64_t i = k; i < n; i += c) lo = std::min<int>(lo, im.pixels[i]), hi = std::max<int>(hi, im.pixels[i]);
+      for (int64_t i = k; i < n; i += c)
+        lo = std::min<int>(lo, im.pixels[i]), hi = std::max<int>(hi, im.pixels[i]);
       for (int64_t i = k; i < n; i += c) want[i] = (im.pixels[i] - lo) * 255.0 / (hi - lo);
     }
     expect_blend(ac, want, "AutoContrast");
@@ -228,7 +248,7 @@ TEST(DataAutoAugment, MagnitudesAreTorchvisions) {
   EXPECT_FLOAT_EQ(static_cast<float>(ra.magnitude(AugmentOp::translate_x, 9, 100, 331)), 45.0f);
   EXPECT_FLOAT_EQ(static_cast<float>(ra.magnitude(AugmentOp::translate_y, 30, 331, 100)), 150.0f);
   EXPECT_EQ(ra.magnitude(AugmentOp::solarize, 9, 224, 224), 178.5);
-  EXPECT_EQ(ra.magnitude(AugmentOp::posterize, 9, 224, 224), 7.0);   // 8 - round(9 / 7.5)
+  EXPECT_EQ(ra.magnitude(AugmentOp::posterize, 9, 224, 224), 7.0);  // 8 - round(9 / 7.5)
   EXPECT_EQ(ra.magnitude(AugmentOp::posterize, 30, 224, 224), 4.0);
   EXPECT_EQ(ra.magnitude(AugmentOp::equalize, 9, 224, 224), 0.0);
   const AutoAugment ta(AutoAugmentPolicy::trivial_augment_wide);
@@ -280,14 +300,16 @@ TEST(DataAutoAugment, DrawsFollowTorchvisionsOrder) {
 TEST(DataAutoAugment, TransformRoundsToBytesAndNeedsToFloat) {
   const AutoAugment ra(AutoAugmentPolicy::rand_augment, 2, 9, 31);
   FloatImage f(10, 12, 3);
-  for (size_t i = 0; i < f.data.size(); ++i) f.data[i] = static_cast<float>((i * 37) % 256) / 255.0f + 0.001f;
+  for (size_t i = 0; i < f.data.size(); ++i)
+    f.data[i] = static_cast<float>((i * 37) % 256) / 255.0f + 0.001f;
   Image bytes;
   bytes.height = 10, bytes.width = 12, bytes.channels = 3;
   for (float v : f.data) bytes.pixels.push_back(static_cast<uint8_t>(std::lround(v * 255.0f)));
   Rng a(3), b(3);
   ra.apply(f, a);
   for (const auto& [op, m] : ra.draw(10, 12, b)) apply_augment_op(bytes, op, m);
-  for (size_t i = 0; i < f.data.size(); ++i) ASSERT_EQ(f.data[i], bytes.pixels[i] * (1.0f / 255.0f));
+  for (size_t i = 0; i < f.data.size(); ++i)
+    ASSERT_EQ(f.data[i], bytes.pixels[i] * (1.0f / 255.0f));
   Pipeline p;
   EXPECT_THROW(p.add<AutoAugment>(AutoAugmentPolicy::trivial_augment_wide), Error);
   p.add<ToFloat>().add<AutoAugment>(AutoAugmentPolicy::trivial_augment_wide);

@@ -46,9 +46,9 @@ Coeffs ref_coeffs(int64_t len, int64_t out) {
   return k;
 }
 
-std::vector<double> ref_resample(const std::vector<uint8_t>& img, int64_t w, int64_t c,
-                                 int64_t top, int64_t left, int64_t bh, int64_t bw, int64_t oh,
-                                 int64_t ow, bool flip) {
+std::vector<double> ref_resample(const std::vector<uint8_t>& img, int64_t w, int64_t c, int64_t top,
+                                 int64_t left, int64_t bh, int64_t bw, int64_t oh, int64_t ow,
+                                 bool flip) {
   const Coeffs ky = ref_coeffs(bh, oh), kx = ref_coeffs(bw, ow);
   std::vector<double> out(static_cast<size_t>(oh * ow * c), 0.0);
   for (int64_t y = 0; y < oh; ++y) {
@@ -133,7 +133,8 @@ TEST(DataBicubic, FilterValuesArePils) {
 TEST(DataBicubic, ResampleU8MatchesPilReference) {
   // Bound 1 level: the reference is exact, ours accumulates in float and rounds once, so only
   // values within ~1e-4 of a .5 boundary may round the other way (rare: 1% allowed).
-  for (const ResampleOrder order : {ResampleOrder::horizontal_first, ResampleOrder::vertical_first}) {
+  for (const ResampleOrder order :
+       {ResampleOrder::horizontal_first, ResampleOrder::vertical_first}) {
     for (const Case& k : kCases) {
       const auto img = test_image(k.h, k.w, k.c, static_cast<uint64_t>(k.h * 31 + k.w));
       SampleGeometry g = SampleGeometry::identity(k.h, k.w);
@@ -200,8 +201,8 @@ TEST(DataBicubic, TransformsCarryTheFilterIntoTheGeometry) {
     im.height = 90, im.width = 70, im.channels = 3, im.pixels = img;
     Rng r3 = Rng::derive(3, 1, s);
     const FloatImage out = bc(im, r3);
-    const auto want = ref_resample(img, 70, 3, a.y.lo, a.x.lo, a.y.hi - a.y.lo, a.x.hi - a.x.lo,
-                                   32, 32, a.flip);
+    const auto want =
+        ref_resample(img, 70, 3, a.y.lo, a.x.lo, a.y.hi - a.y.lo, a.x.hi - a.x.lo, 32, 32, a.flip);
     for (size_t i = 0; i < want.size(); ++i) ASSERT_NEAR(out.data[i] * 255.0, want[i], 1e-3);
   }
   Pipeline r;

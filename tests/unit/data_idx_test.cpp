@@ -125,11 +125,13 @@ TEST(DataIdx, TruncatedFileIsDataErrorNamingPath) {
   const std::string path = dir.file("train-images-idx3-ubyte");
   write_file(path, bytes);
   // The path quoted, as every data and checkpoint error quotes it (issue 15).
-  expect_error([&] { read_idx(path); }, ErrorKind::Data, {"'" + path + "'", "truncated", "download"});
+  expect_error([&] { read_idx(path); }, ErrorKind::Data,
+               {"'" + path + "'", "truncated", "download"});
 
   // A header cut short.
   write_file(path, {0, 0, 8, 3, 0, 0});
-  expect_error([&] { read_idx(path); }, ErrorKind::Data, {"'" + path + "'", "truncated IDX header"});
+  expect_error([&] { read_idx(path); }, ErrorKind::Data,
+               {"'" + path + "'", "truncated IDX header"});
 }
 
 TEST(DataIdx, TruncatedGzipIsDataError) {
@@ -190,14 +192,17 @@ TEST(DataIdx, MissingFilesSayWhatWasExpected) {
 TEST(DataIdx, LabelOutsideTheKnownClassCountNamesFileAndIndex) {
   TempDir dir;
   const std::string labels = dir.file("train-labels-idx1-ubyte");
-  write_file(dir.file("train-images-idx3-ubyte"), idx_bytes({3, 2, 2}, std::vector<uint8_t>(12, 1)));
+  write_file(dir.file("train-images-idx3-ubyte"),
+             idx_bytes({3, 2, 2}, std::vector<uint8_t>(12, 1)));
   write_file(labels, idx_bytes({3}, {0, 200, 9}));
   DatasetSpec spec;
   spec.kind = "mnist";
   spec.root = dir.path();
-  expect_error([&] { open_dataset(spec); }, ErrorKind::Data, {labels, "label 200", "index 1", "0..9"});
+  expect_error([&] { open_dataset(spec); }, ErrorKind::Data,
+               {labels, "label 200", "index 1", "0..9"});
   write_file(labels, idx_bytes({3}, {0, 3, 1}));
-  EXPECT_EQ(open_dataset(spec)->num_classes(), 10) << "the dataset's count, not 1 + the largest label";
+  EXPECT_EQ(open_dataset(spec)->num_classes(), 10)
+      << "the dataset's count, not 1 + the largest label";
   spec.kind = "idx";
   spec.idx_images = dir.file("train-images-idx3-ubyte");
   spec.idx_labels = labels;
@@ -213,7 +218,8 @@ TEST(DataIdx, DirectoryInPlaceOfAFileIsADataError) {
   DatasetSpec spec;
   spec.kind = "mnist";
   spec.root = dir.path();
-  expect_error([&] { open_dataset(spec); }, ErrorKind::Data, {dir.file("train-images-idx3-ubyte"), "is a directory"});
+  expect_error([&] { open_dataset(spec); }, ErrorKind::Data,
+               {dir.file("train-images-idx3-ubyte"), "is a directory"});
 }
 
 TEST(DataIdx, IdxKindTakesExplicitFiles) {

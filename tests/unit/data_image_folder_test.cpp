@@ -253,7 +253,8 @@ TEST_F(DataImageFolder, SplitsAndLayoutErrors) {
   spec.kind = "folder";
   spec.root = dir_.path();
   spec.split = "val";
-  expect_error([&] { open_dataset(spec); }, ErrorKind::Data, {"'" + dir_.path() + "/val' does not exist"});
+  expect_error([&] { open_dataset(spec); }, ErrorKind::Data,
+               {"'" + dir_.path() + "/val' does not exist"});
   // "val" finds a "test" directory.
   write_file(dir_.path() + "/test/ant/y.png", encode_png(make_image(2, 2, 3, png_pattern)));
   EXPECT_EQ(open_dataset(spec)->size(), 1);

@@ -18,7 +18,9 @@ using data_test::expect_error;
 using data_test::TempDir;
 using data_test::write_file;
 
-Image pattern(int64_t h, int64_t w, int64_t c, int seed) { return data_test::smooth_pattern(h, w, c, seed); }
+Image pattern(int64_t h, int64_t w, int64_t c, int seed) {
+  return data_test::smooth_pattern(h, w, c, seed);
+}
 
 // A JPEG whose header parses but whose scan asks for Huffman tables that were never defined:
 // decoding fails after the header (a file broken mid-stream).
@@ -124,7 +126,8 @@ void expect_same(const std::vector<EncodedBatch>& a, const std::vector<EncodedBa
     ASSERT_EQ(a[i].size, b[i].size);
     EXPECT_EQ(a[i].labels, b[i].labels);
     for (int64_t k = 0; k < a[i].size; ++k) {
-      const EncodedImage &x = a[i].images[static_cast<size_t>(k)], &y = b[i].images[static_cast<size_t>(k)];
+      const EncodedImage &x = a[i].images[static_cast<size_t>(k)],
+                         &y = b[i].images[static_cast<size_t>(k)];
       EXPECT_EQ(x.bytes, y.bytes) << x.name;
       EXPECT_TRUE(x.geometry == y.geometry) << x.name;
       EXPECT_EQ(x.name, y.name);
@@ -135,7 +138,8 @@ void expect_same(const std::vector<EncodedBatch>& a, const std::vector<EncodedBa
 
 TEST(DataLoaderU8, MatchesTheFloatPathOnAFolder) {
   // Both orders of the resample's passes (KILN_RESAMPLE_VERTICAL_FIRST), each within a level.
-  for (const ResampleOrder order : {ResampleOrder::horizontal_first, ResampleOrder::vertical_first}) {
+  for (const ResampleOrder order :
+       {ResampleOrder::horizontal_first, ResampleOrder::vertical_first}) {
     SCOPED_TRACE(order == ResampleOrder::vertical_first ? "vertical first" : "horizontal first");
     TempDir dir;
     write_folder(dir.path(), 6, {{"c1/p.png", encode_png(pattern(30, 41, 3, 3))}});
@@ -180,7 +184,9 @@ TEST(DataLoaderU8, InMemoryDatasetsGiveTheFloatPathsBytes) {
    public:
     int64_t size() const override { return 40; }
     int64_t num_classes() const override { return 40; }
-    Sample sample(int64_t i) const override { return {pattern(8, 8, 3, static_cast<int>(i)), static_cast<int32_t>(i)}; }
+    Sample sample(int64_t i) const override {
+      return {pattern(8, 8, 3, static_cast<int>(i)), static_cast<int32_t>(i)};
+    }
     std::string describe() const override { return "bytes"; }
   };
   auto ds = std::make_shared<Bytes>();
@@ -204,7 +210,8 @@ TEST(DataLoaderU8, InMemoryDatasetsGiveTheFloatPathsBytes) {
     for (size_t i = 0; i < b.labels.size(); ++i) {
       ASSERT_EQ(f32.next(images.data(), labels.data()), 8);
       EXPECT_EQ(b.labels[i], labels);
-      for (size_t j = 0; j < images.size(); ++j) ASSERT_EQ(b.pixels[i][j], std::lround(images[j] * 255.0f)) << j;
+      for (size_t j = 0; j < images.size(); ++j)
+        ASSERT_EQ(b.pixels[i][j], std::lround(images[j] * 255.0f)) << j;
     }
   }
 }
@@ -237,7 +244,8 @@ TEST(DataLoaderU8, SameBatchesForAnyWorkerCount) {
   }
   // The encoded batches carry the uint8 path's labels.
   for (size_t i = 0; i < u8[0].labels.size(); ++i) {
-    EXPECT_EQ(std::vector<int32_t>(enc[0][i].labels.begin(), enc[0][i].labels.begin() + 5), u8[0].labels[i]);
+    EXPECT_EQ(std::vector<int32_t>(enc[0][i].labels.begin(), enc[0][i].labels.begin() + 5),
+              u8[0].labels[i]);
   }
 }
 
@@ -297,7 +305,8 @@ TEST(DataLoaderEncoded, HostDecodesWhatTheDeviceCannot) {
     const EncodedImage& im = b.images[static_cast<size_t>(k)];
     const std::vector<uint8_t> want_px(want.pixels[0].begin() + k * b.sample_bytes(),
                                        want.pixels[0].begin() + (k + 1) * b.sample_bytes());
-    const bool png_or_cmyk = im.name.find("p.png") != std::string::npos || im.name.find("cmyk") != std::string::npos;
+    const bool png_or_cmyk =
+        im.name.find("p.png") != std::string::npos || im.name.find("cmyk") != std::string::npos;
     EXPECT_EQ(im.bytes.empty(), png_or_cmyk) << im.name;
     if (png_or_cmyk) {
       ++host;
@@ -404,7 +413,8 @@ std::vector<uint8_t> png_declaring(uint32_t width, uint32_t height) {
     for (int k = 0; k < 8; ++k) crc = (crc >> 1) ^ (0xEDB88320u & (0u - (crc & 1u)));
   }
   crc ^= 0xFFFFFFFFu;
-  for (int i = 0; i < 4; ++i) b[29 + static_cast<size_t>(i)] = static_cast<uint8_t>(crc >> (24 - 8 * i));
+  for (int i = 0; i < 4; ++i)
+    b[29 + static_cast<size_t>(i)] = static_cast<uint8_t>(crc >> (24 - 8 * i));
   return b;
 }
 

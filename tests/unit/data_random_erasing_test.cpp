@@ -93,8 +93,8 @@ TEST(DataRandomErasing, ErasesTheBoxInEveryChannel) {
   t.apply(im, a);
   for (int64_t y = 0; y < 40; ++y) {
     for (int64_t x = 0; x < 30; ++x) {
-      const bool in = y >= box.top && y < box.top + box.height && x >= box.left &&
-                      x < box.left + box.width;
+      const bool in =
+          y >= box.top && y < box.top + box.height && x >= box.left && x < box.left + box.width;
       for (int64_t c = 0; c < 3; ++c) {
         ASSERT_EQ(im.at(y, x, c), in ? -2.5f : before.at(y, x, c)) << y << "," << x;
       }
@@ -105,7 +105,7 @@ TEST(DataRandomErasing, ErasesTheBoxInEveryChannel) {
 TEST(DataRandomErasing, KeepsThePipelineOnTheFloatPathAndChecksItsArguments) {
   Pipeline p;
   p.add<ToFloat>().add<RandomHorizontalFlip>().add<Normalize>(std::vector<float>{0.5f},
-                                                               std::vector<float>{0.25f});
+                                                              std::vector<float>{0.25f});
   EXPECT_TRUE(p.geometric());
   p.add<RandomErasing>(0.25f);
   std::string why;

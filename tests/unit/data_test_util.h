@@ -14,9 +14,8 @@
 #include <string>
 #include <vector>
 
-#include "kiln/data/dataset.h"
-
 #include "kiln/core/error.h"
+#include "kiln/data/dataset.h"
 
 namespace kiln::data_test {
 
@@ -86,7 +85,8 @@ inline Image smooth_pattern(int64_t h, int64_t w, int64_t c, int seed) {
   for (int64_t y = 0; y < h; ++y) {
     for (int64_t x = 0; x < w; ++x) {
       for (int64_t k = 0; k < c; ++k) {
-        const double v = 127 + 90 * std::sin(0.21 * x + 0.5 * k + seed) * std::cos(0.17 * y - 0.3 * seed);
+        const double v =
+            127 + 90 * std::sin(0.21 * x + 0.5 * k + seed) * std::cos(0.17 * y - 0.3 * seed);
         im.pixels.push_back(static_cast<uint8_t>(std::lround(v)));
       }
     }

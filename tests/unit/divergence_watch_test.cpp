@@ -1,11 +1,11 @@
 // The trainer's divergence rule (task/divergence_watch.h), fed step statistics directly: the CPU
 // backend has no AMP, so this is where the loss-scale-floor stop is tested.
+#include "task/divergence_watch.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <limits>
-
-#include "task/divergence_watch.h"
 
 namespace kiln {
 namespace {
@@ -30,8 +30,9 @@ TEST(DivergenceWatch, FiniteAppliedStepsGoOn) {
 }
 
 TEST(DivergenceWatch, NonFiniteLossOfAnAppliedStepStops) {
-  for (const float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
-                          -std::numeric_limits<float>::infinity()}) {
+  for (const float bad :
+       {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+        -std::numeric_limits<float>::infinity()}) {
     DivergenceWatch w;
     EXPECT_EQ(w.observe(applied(1.0f)), "");
     const std::string why = w.observe(applied(bad));
@@ -42,7 +43,8 @@ TEST(DivergenceWatch, NonFiniteLossOfAnAppliedStepStops) {
 TEST(DivergenceWatch, OverflowsAboveTheFloorAreAmpsNormalBackOff) {
   DivergenceWatch w;
   // The scale halves on each overflow from 65536 down to 2: 15 overflows, none at the floor.
-  for (float scale = 65536; scale >= 2; scale /= 2) EXPECT_EQ(w.observe(overflowed(scale)), "") << scale;
+  for (float scale = 65536; scale >= 2; scale /= 2)
+    EXPECT_EQ(w.observe(overflowed(scale)), "") << scale;
   // Thousands of overflows above the floor never stop the run either.
   for (int i = 0; i < 5000; ++i) EXPECT_EQ(w.observe(overflowed(2.0f)), "");
 }
@@ -59,7 +61,8 @@ TEST(DivergenceWatch, ScaleStuckAtItsFloorStopsAfterFiftyOverflowsInARow) {
 TEST(DivergenceWatch, AnAppliedStepOrAHigherScaleResetsTheFloorCount) {
   for (const StepStats reset : {applied(1.5f), overflowed(2.0f)}) {
     DivergenceWatch w;
-    for (int64_t i = 1; i < DivergenceWatch::kMaxFloorOverflows; ++i) ASSERT_EQ(w.observe(overflowed(1.0f)), "");
+    for (int64_t i = 1; i < DivergenceWatch::kMaxFloorOverflows; ++i)
+      ASSERT_EQ(w.observe(overflowed(1.0f)), "");
     EXPECT_EQ(w.observe(reset), "");
     for (int64_t i = 1; i < DivergenceWatch::kMaxFloorOverflows; ++i) {
       ASSERT_EQ(w.observe(overflowed(1.0f)), "") << "the count was not reset: stopped after " << i;

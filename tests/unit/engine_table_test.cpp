@@ -2,6 +2,8 @@
 // unchanged, entries found by binary search, at most three choices kept fastest first, a
 // newer measurement replacing an older one, and every malformed file refused with its name,
 // the line and the fix.
+#include "kiln/backend/engine_table.h"
+
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -9,7 +11,6 @@
 #include <filesystem>
 #include <string>
 
-#include "kiln/backend/engine_table.h"
 #include "kiln/core/error.h"
 #include "kiln/core/file.h"
 
@@ -27,7 +28,8 @@ EngineTable sample() {
   EngineTable t;
   t.gpu = "NVIDIA H200";
   t.cudnn = 91400;
-  t.put(entry("fprop:256,56,56,64:64,1,1:1,1,0,0:f16,f16,f16", {{"eng0_k2=1", 0, 0.25}, {"eng3", 4096, 0.31}}));
+  t.put(entry("fprop:256,56,56,64:64,1,1:1,1,0,0:f16,f16,f16",
+              {{"eng0_k2=1", 0, 0.25}, {"eng3", 4096, 0.31}}));
   t.put(entry("dgrad:256,56,56,64:64,3,3:1,1,1,1:f16,f16,f16", {{"eng7_k5=2", 1 << 20, 0.5}}));
   t.put(entry("wgrad:256,7,7,512:2048,1,1:1,1,0,0:f16,f16,f16",
               {{"b", 0, 0.9}, {"a", 0, 0.7}, {"d", 0, 1.5}, {"c", 0, 1.1}}));
@@ -61,9 +63,11 @@ TEST(EngineTable, KeepsTheThreeFastestInOrder) {
 
 TEST(EngineTable, BinarySearchFindsEveryKeyAndOnlyThose) {
   EngineTable t;
-  for (int i = 999; i >= 0; --i) t.put(entry("k" + std::to_string(i), {{"e" + std::to_string(i), 0, 1.0}}));
+  for (int i = 999; i >= 0; --i)
+    t.put(entry("k" + std::to_string(i), {{"e" + std::to_string(i), 0, 1.0}}));
   ASSERT_EQ(t.entries().size(), 1000u);
-  for (size_t i = 1; i < t.entries().size(); ++i) EXPECT_LT(t.entries()[i - 1].key, t.entries()[i].key);
+  for (size_t i = 1; i < t.entries().size(); ++i)
+    EXPECT_LT(t.entries()[i - 1].key, t.entries()[i].key);
   for (int i = 0; i < 1000; ++i) {
     const EngineEntry* e = t.find("k" + std::to_string(i));
     ASSERT_NE(e, nullptr) << i;
@@ -93,8 +97,10 @@ TEST(EngineTable, SavesAtomicallyAndLoads) {
 }
 
 TEST(EngineTable, FileNameSaysGpuAndCudnn) {
-  EXPECT_EQ(engine_table_file("configs/engines", "NVIDIA H200", 91400), "configs/engines/nvidia-h200_cudnn91400.tsv");
-  EXPECT_EQ(engine_table_file("d", "NVIDIA GeForce RTX 4090 ", 90100), "d/nvidia-geforce-rtx-4090_cudnn90100.tsv");
+  EXPECT_EQ(engine_table_file("configs/engines", "NVIDIA H200", 91400),
+            "configs/engines/nvidia-h200_cudnn91400.tsv");
+  EXPECT_EQ(engine_table_file("d", "NVIDIA GeForce RTX 4090 ", 90100),
+            "d/nvidia-geforce-rtx-4090_cudnn90100.tsv");
   EXPECT_EQ(engine_table_file("d", "", 1), "d/gpu_cudnn1.tsv");
 }
 
@@ -105,9 +111,11 @@ TEST(EngineTable, TablesComeFromTheSourcesElseTheInstalledCopy) {
   fs::remove_all(root);
   const fs::path src = root / "configs/engines", inst = root / "prefix/share/kiln/engines";
   fs::create_directories(inst);
-  EXPECT_EQ(engine_table_dir(src.string(), inst.string()), inst.string()) << "sources gone: the installed copy";
+  EXPECT_EQ(engine_table_dir(src.string(), inst.string()), inst.string())
+      << "sources gone: the installed copy";
   fs::create_directories(src);
-  EXPECT_EQ(engine_table_dir(src.string(), inst.string()), src.string()) << "a build tree: its own sources";
+  EXPECT_EQ(engine_table_dir(src.string(), inst.string()), src.string())
+      << "a build tree: its own sources";
   EXPECT_EQ(engine_table_dir("", inst.string()), inst.string());
   fs::remove_all(root);
 }

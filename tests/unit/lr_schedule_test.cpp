@@ -1,11 +1,12 @@
 // The learning-rate schedules against PyTorch's schedulers' closed forms at chosen steps (the
 // expected values were computed from the formula in each comment; no PyTorch runs here), and
 // the flags a schedule does not read are refused.
+#include "kiln/algo/lr_schedule.h"
+
 #include <gtest/gtest.h>
 
 #include <string>
 
-#include "kiln/algo/lr_schedule.h"
 #include "kiln/core/error.h"
 
 namespace kiln {

@@ -1,5 +1,7 @@
 // MemoryPlan and Program invariants (SPEC S4, S5): alignment, contiguity, the 2:1 slot rule,
 // AMP gating, and liveness reuse that never lets two live tensors share bytes.
+#include "kiln/graph/memory_plan.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -9,14 +11,14 @@
 #include "kiln/blueprint/zoo.h"
 #include "kiln/core/error.h"
 #include "kiln/graph/compiler.h"
-#include "kiln/graph/memory_plan.h"
 #include "kiln/plan/arch_plan.h"
 
 namespace kiln {
 namespace {
 
-Program compiled(const std::string& model, bool amp, bool reuse = true, int64_t batch = 4, bool ema = false,
-                 const std::string& opt = "sgd", bool fuse = false, bool fuse_grad_sum = false) {
+Program compiled(const std::string& model, bool amp, bool reuse = true, int64_t batch = 4,
+                 bool ema = false, const std::string& opt = "sgd", bool fuse = false,
+                 bool fuse_grad_sum = false) {
   CompileOptions o;
   o.batch = batch;
   o.fuse_grad_sum = fuse_grad_sum;
@@ -26,7 +28,8 @@ Program compiled(const std::string& model, bool amp, bool reuse = true, int64_t 
   o.optimizer = opt;
   PlanOptions po;
   po.amp = amp;
-  po.backend_fuses_cbr = po.backend_fuses_bn_add_relu = fuse;  // as a backend with fused kernels says
+  po.backend_fuses_cbr = po.backend_fuses_bn_add_relu =
+      fuse;  // as a backend with fused kernels says
   Program p = lower_program(make_plan(make_model(model), po), o);
   plan_memory(p);
   validate_program(p);
@@ -51,7 +54,8 @@ TEST(MemoryPlan, ParametersAreContiguousByKindWithTwoToOneSlots) {
     EXPECT_EQ(d.slot, cursor) << d.name;
     EXPECT_EQ(d.slot_elems % 128, 0) << d.name;
     EXPECT_GE(d.slot_elems, d.shape.numel());
-    EXPECT_GE(static_cast<int>(d.kind), static_cast<int>(last)) << "kinds out of order at " << d.name;
+    EXPECT_GE(static_cast<int>(d.kind), static_cast<int>(last))
+        << "kinds out of order at " << d.name;
     last = d.kind;
     cursor += d.slot_elems;
     // The same slot in every region; FP32 slot bytes exactly twice the FP16 slot's.
@@ -59,7 +63,8 @@ TEST(MemoryPlan, ParametersAreContiguousByKindWithTwoToOneSlots) {
     const DTensor& f16 = p.tensor(d.tensor[static_cast<int>(Region::params_f16)]);
     EXPECT_EQ(f32.offset, 2 * f16.offset) << d.name;
     for (Region r : {Region::grads_f32, Region::moment1, Region::moment2, Region::ema_f32}) {
-      EXPECT_EQ(p.tensor(d.tensor[static_cast<int>(r)]).offset, f32.offset) << d.name << " in " << region_name(r);
+      EXPECT_EQ(p.tensor(d.tensor[static_cast<int>(r)]).offset, f32.offset)
+          << d.name << " in " << region_name(r);
     }
     EXPECT_EQ(p.tensor(d.tensor[static_cast<int>(Region::grads_f16)]).offset, f16.offset);
     EXPECT_EQ(p.tensor(d.tensor[static_cast<int>(Region::ema_f16)]).offset, f16.offset);
@@ -130,8 +135,10 @@ std::map<TensorId, std::pair<int64_t, int64_t>> lifetimes(const Program& p) {
             TensorId root = id;
             while (p.tensor(root).view_of != kNoTensor) root = p.tensor(root).view_of;
             auto it = live.find(root);
-            if (it == live.end()) live[root] = {t, t};
-            else it->second = {std::min(it->second.first, t), std::max(it->second.second, t)};
+            if (it == live.end())
+              live[root] = {t, t};
+            else
+              it->second = {std::min(it->second.first, t), std::max(it->second.second, t)};
           }
         }
         ++t;
@@ -142,11 +149,12 @@ std::map<TensorId, std::pair<int64_t, int64_t>> lifetimes(const Program& p) {
 }
 
 TEST(MemoryPlan, ReuseNeverAliasesTwoLiveTensors) {
-  for (const std::string model : {"resnet18_small", "vgg11_bn_small", "lenet", "resnet18_small+fused",
-                                  "vgg11_bn_small+fused"}) {
+  for (const std::string model : {"resnet18_small", "vgg11_bn_small", "lenet",
+                                  "resnet18_small+fused", "vgg11_bn_small+fused"}) {
     const bool fused = model.find("+fused") != std::string::npos;
-    const Program p = fused ? compiled(model.substr(0, model.find('+')), true, true, 4, false, "sgd", true)
-                            : compiled(model, false);
+    const Program p =
+        fused ? compiled(model.substr(0, model.find('+')), true, true, 4, false, "sgd", true)
+              : compiled(model, false);
     const auto live = lifetimes(p);
     std::vector<TensorId> feats;
     for (const auto& [id, iv] : live) {
@@ -159,7 +167,8 @@ TEST(MemoryPlan, ReuseNeverAliasesTwoLiveTensors) {
         const DTensor& a = p.tensor(feats[i]);
         const DTensor& b = p.tensor(feats[j]);
         if (a.region != b.region) continue;
-        const bool bytes_overlap = a.offset < b.offset + b.bytes() && b.offset < a.offset + a.bytes();
+        const bool bytes_overlap =
+            a.offset < b.offset + b.bytes() && b.offset < a.offset + a.bytes();
         if (!bytes_overlap) continue;
         ++shared;
         const auto& ia = live.at(feats[i]);
@@ -187,7 +196,8 @@ TEST(Program, FusedBackwardsReadWhatTheirForwardsWrote) {
         if (n.op == OpKind::cbr_fwd) {
           ASSERT_EQ(n.out.size(), 4u) << n.label;
           EXPECT_EQ(p.tensor(n.out[0]).shape, p.tensor(n.out[1]).shape) << n.label << ": z and y";
-          EXPECT_EQ(p.tensor(n.out[3]).numel(), (p.tensor(n.out[1]).numel() + 7) / 8) << n.label << ": one bit each";
+          EXPECT_EQ(p.tensor(n.out[3]).numel(), (p.tensor(n.out[1]).numel() + 7) / 8)
+              << n.label << ": one bit each";
         }
       }
       if (n.op == OpKind::cbr_bwd) {
@@ -198,7 +208,8 @@ TEST(Program, FusedBackwardsReadWhatTheirForwardsWrote) {
         EXPECT_EQ(n.in[2], f->out[0]) << n.label << ": z, the convolution's output";
         EXPECT_EQ(n.in[4], f->out[3]) << n.label << ": mask";
         EXPECT_EQ(n.in[6], f->out[2]) << n.label << ": saved statistics";
-        EXPECT_EQ(n.out[0] == kNoTensor, n.label.rfind("conv1 ", 0) == 0) << n.label << ": only the stem (the first layer) skips dx";
+        EXPECT_EQ(n.out[0] == kNoTensor, n.label.rfind("conv1 ", 0) == 0)
+            << n.label << ": only the stem (the first layer) skips dx";
       }
       if (n.op == OpKind::bn_add_relu_bwd) {
         ++bar;
@@ -255,7 +266,8 @@ TEST(Program, FusedEvaluationUsesTheInferenceForm) {
       fused += n.op == OpKind::bn_relu_infer;
       relu += n.op == OpKind::relu_fwd;
       bn += n.op == OpKind::bn_fwd_infer;
-      if (n.op == OpKind::bn_relu_infer) EXPECT_TRUE(n.in.size() == 5 || n.in.size() == 6) << n.label;
+      if (n.op == OpKind::bn_relu_infer)
+        EXPECT_TRUE(n.in.size() == 5 || n.in.size() == 6) << n.label;
     }
   }
   EXPECT_EQ(fused, 49);
@@ -266,8 +278,11 @@ TEST(Program, FusedEvaluationUsesTheInferenceForm) {
 TEST(MemoryPlan, ReuseShrinksActivationsAndCanBeSwitchedOff) {
   const Program on = compiled("resnet50", true, true, 32);
   const Program off = compiled("resnet50", true, false, 32);
-  const auto feat = [](const Program& p) { return p.memory.region_bytes[static_cast<int>(Region::features)]; };
-  EXPECT_LT(feat(on), feat(off) / 2) << "liveness reuse should more than halve ResNet-50's activations";
+  const auto feat = [](const Program& p) {
+    return p.memory.region_bytes[static_cast<int>(Region::features)];
+  };
+  EXPECT_LT(feat(on), feat(off) / 2)
+      << "liveness reuse should more than halve ResNet-50's activations";
   EXPECT_EQ(feat(off), off.memory.features_without_reuse);
   EXPECT_EQ(on.memory.features_without_reuse, off.memory.features_without_reuse);
   EXPECT_NE(describe_memory(on).find("with reuse"), std::string::npos);
@@ -287,10 +302,11 @@ TEST(Program, PhasesComeInScheduleOrder) {
   const Program p = compiled("resnet18_small", true, true, 4, true);
   std::vector<PhaseKind> kinds;
   for (const Phase& ph : p.train) kinds.push_back(ph.kind);
-  const std::vector<PhaseKind> expected{PhaseKind::transfer,   PhaseKind::transfer,    PhaseKind::forward_first,
-                                        PhaseKind::forward_backward, PhaseKind::backward_first, PhaseKind::grad_cast,
-                                        PhaseKind::check_scale, PhaseKind::optimizer, PhaseKind::ema,
-                                        PhaseKind::weight_cast};
+  const std::vector<PhaseKind> expected{
+      PhaseKind::transfer,         PhaseKind::transfer,       PhaseKind::forward_first,
+      PhaseKind::forward_backward, PhaseKind::backward_first, PhaseKind::grad_cast,
+      PhaseKind::check_scale,      PhaseKind::optimizer,      PhaseKind::ema,
+      PhaseKind::weight_cast};
   EXPECT_EQ(kinds, expected);
   // The loss scale changes after the optimizer has unscaled with the step's own scale.
   const Phase& opt = p.train[7];

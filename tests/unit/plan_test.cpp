@@ -8,7 +8,9 @@
 namespace kiln {
 namespace {
 
-BluePrint tiny(Layer root, InputSpec in = {8, 8, 3}, int classes = 4) { return BluePrint{"tiny", in, classes, root}; }
+BluePrint tiny(Layer root, InputSpec in = {8, 8, 3}, int classes = 4) {
+  return BluePrint{"tiny", in, classes, root};
+}
 
 template <typename F>
 std::string error_of(F f, ErrorKind kind) {
@@ -23,7 +25,8 @@ std::string error_of(F f, ErrorKind kind) {
 }
 
 TEST(Plan, ShapesFollowTheLayers) {
-  const ArchPlan p = make_plan(tiny(seq(conv(16, 3, 2, 1), bn2d(), relu(), maxpool(2, 2), gap(), fc(4))));
+  const ArchPlan p =
+      make_plan(tiny(seq(conv(16, 3, 2, 1), bn2d(), relu(), maxpool(2, 2), gap(), fc(4))));
   std::vector<Shape> shapes;
   for (const PlanNode* n : p.live()) shapes.push_back(n->shape);
   ASSERT_EQ(shapes.size(), 8u);  // input, conv, bn, relu, pool, gap, fc, loss
@@ -34,19 +37,27 @@ TEST(Plan, ShapesFollowTheLayers) {
 }
 
 TEST(Plan, KernelLargerThanInputNamesTheLayer) {
-  const std::string msg = error_of([] { make_plan(tiny(seq(conv(8, 3).named("stem"), gap(), fc(4)), {2, 2, 3})); },
-                                   ErrorKind::Shape);
+  const std::string msg = error_of(
+      [] {
+        make_plan(tiny(seq(conv(8, 3).named("stem"), gap(), fc(4)), {2, 2, 3}));
+      },
+      ErrorKind::Shape);
   EXPECT_NE(msg.find("'stem'"), std::string::npos) << msg;
   EXPECT_NE(msg.find("larger than the padded input"), std::string::npos) << msg;
 }
 
 TEST(Plan, ZeroChannelsIsAnError) {
   error_of([] { make_plan(tiny(seq(conv(0, 3, 1, 1), gap(), fc(4)))); }, ErrorKind::Shape);
-  error_of([] { make_plan(tiny(seq(conv(8, 3, 1, 1), gap(), fc(4)), {8, 8, 0})); }, ErrorKind::Shape);
+  error_of(
+      [] {
+        make_plan(tiny(seq(conv(8, 3, 1, 1), gap(), fc(4)), {8, 8, 0}));
+      },
+      ErrorKind::Shape);
 }
 
 TEST(Plan, FcNeedsAFlatInput) {
-  const std::string msg = error_of([] { make_plan(tiny(seq(conv(8, 3, 1, 1), fc(4).named("head")))); }, ErrorKind::Shape);
+  const std::string msg = error_of(
+      [] { make_plan(tiny(seq(conv(8, 3, 1, 1), fc(4).named("head")))); }, ErrorKind::Shape);
   EXPECT_NE(msg.find("flatten"), std::string::npos);
 }
 
@@ -56,13 +67,15 @@ TEST(Plan, TheModelMustEndInOneLogitPerClass) {
 }
 
 TEST(Plan, ResidualShapesMustAgree) {
-  const std::string msg =
-      error_of([] { make_plan(tiny(seq(residual(seq(conv(8, 3, 2, 1)), identity()), gap(), fc(4)))); }, ErrorKind::Shape);
+  const std::string msg = error_of(
+      [] { make_plan(tiny(seq(residual(seq(conv(8, 3, 2, 1)), identity()), gap(), fc(4)))); },
+      ErrorKind::Shape);
   EXPECT_NE(msg.find("downsample"), std::string::npos);
 }
 
 TEST(Plan, DropIdentitiesRemovesNoOps) {
-  const ArchPlan p = make_plan(tiny(seq(conv(8, 3, 1, 1), identity(), dropout(0.0f), gap(), flatten(), fc(4))));
+  const ArchPlan p =
+      make_plan(tiny(seq(conv(8, 3, 1, 1), identity(), dropout(0.0f), gap(), flatten(), fc(4))));
   for (const PlanNode* n : p.live()) {
     EXPECT_NE(n->op, PlanOp::Identity);
     EXPECT_NE(n->op, PlanOp::Dropout);
@@ -71,7 +84,8 @@ TEST(Plan, DropIdentitiesRemovesNoOps) {
   // The fc now reads the gap directly.
   const auto live = p.live();
   EXPECT_EQ(live[live.size() - 2]->op, PlanOp::FC);
-  EXPECT_EQ(p.nodes[static_cast<size_t>(live[live.size() - 2]->inputs[0])].op, PlanOp::GlobalAvgPool);
+  EXPECT_EQ(p.nodes[static_cast<size_t>(live[live.size() - 2]->inputs[0])].op,
+            PlanOp::GlobalAvgPool);
 }
 
 TEST(Plan, AdaptivePoolIsIdentityAtSevenBySeven) {
@@ -104,7 +118,8 @@ TEST(Plan, MergePassesRunOnlyWhenTheBackendFuses) {
   for (const PlanNode* n : b.live()) {
     cbr += n->op == PlanOp::CBR;
     bar += n->op == PlanOp::BnAddReLU;
-    if (n->name == "conv1") EXPECT_EQ(n->op, PlanOp::CBR) << "the 7x7 stem with 3 input channels fuses too";
+    if (n->name == "conv1")
+      EXPECT_EQ(n->op, PlanOp::CBR) << "the 7x7 stem with 3 input channels fuses too";
   }
   // ResNet-50: the stem and 16 blocks x 2 inner Conv+BN+ReLU; every block's tail is BN+add+ReLU.
   EXPECT_EQ(cbr, 33);
@@ -112,7 +127,8 @@ TEST(Plan, MergePassesRunOnlyWhenTheBackendFuses) {
   EXPECT_EQ(count_parameters(a), count_parameters(b));
   PlanOptions nofuse = on;
   nofuse.fusion = false;
-  for (const PlanNode* n : make_plan(make_model("resnet50"), nofuse).live()) EXPECT_NE(n->op, PlanOp::CBR);
+  for (const PlanNode* n : make_plan(make_model("resnet50"), nofuse).live())
+    EXPECT_NE(n->op, PlanOp::CBR);
 }
 
 // The fallback: a Conv+BN+ReLU whose output channels are not a multiple of 8 stays unfused,
@@ -122,7 +138,8 @@ TEST(Plan, CbrWithOddOutputChannelsStaysUnfused) {
   on.amp = true;
   on.backend_fuses_cbr = on.backend_fuses_bn_add_relu = true;
   const ArchPlan p = make_plan(
-      tiny(seq(conv(5, 3, 1, 1), bn2d(), relu(), conv(16, 3, 1, 1), bn2d(), relu(), gap(), fc(4))), on);
+      tiny(seq(conv(5, 3, 1, 1), bn2d(), relu(), conv(16, 3, 1, 1), bn2d(), relu(), gap(), fc(4))),
+      on);
   int cbr = 0, conv_left = 0;
   for (const PlanNode* n : p.live()) {
     cbr += n->op == PlanOp::CBR;
@@ -132,7 +149,8 @@ TEST(Plan, CbrWithOddOutputChannelsStaysUnfused) {
   EXPECT_EQ(conv_left, 1);
   bool noted = false;
   for (const std::string& note : p.notes) {
-    noted = noted || (note.find("unfused") != std::string::npos && note.find("5 output channels") != std::string::npos);
+    noted = noted || (note.find("unfused") != std::string::npos &&
+                      note.find("5 output channels") != std::string::npos);
   }
   EXPECT_TRUE(noted) << "the notes name the layer and the reason";
 }
@@ -145,10 +163,10 @@ TEST(Plan, MaxPoolThatTilesACbrFoldsIntoIt) {
   PlanOptions on;
   on.amp = true;
   on.backend_fuses_cbr = on.backend_fuses_cbr_pool = on.backend_fuses_bn_add_relu = true;
-  const Layer model = seq(conv(16, 3, 1, 1), bn2d(), relu(), maxpool(2, 2),     // folds: 16x16 -> 8x8
+  const Layer model = seq(conv(16, 3, 1, 1), bn2d(), relu(), maxpool(2, 2),  // folds: 16x16 -> 8x8
                           conv(16, 3, 1, 1), bn2d(), relu(), maxpool(3, 2, 1),  // overlaps: stays
                           conv(8, 3, 1, 1), bn2d(), relu(), maxpool(3, 3, 1),   // padded: stays
-                          conv(8, 1, 1, 0), maxpool(2, 2),                     // no CBR: stays
+                          conv(8, 1, 1, 0), maxpool(2, 2),                      // no CBR: stays
                           gap(), fc(4));
   const ArchPlan p = make_plan(tiny(model, {16, 16, 3}), on);
   int pooled = 0, pools_left = 0;
@@ -164,7 +182,8 @@ TEST(Plan, MaxPoolThatTilesACbrFoldsIntoIt) {
   EXPECT_EQ(pooled, 1);
   EXPECT_EQ(pools_left, 3);
   bool noted = false;
-  for (const std::string& note : p.notes) noted = noted || note.find("do not tile") != std::string::npos;
+  for (const std::string& note : p.notes)
+    noted = noted || note.find("do not tile") != std::string::npos;
   EXPECT_TRUE(noted) << "the notes say which pool stays apart and why";
   EXPECT_NE(describe_plan(p).find("(max-pool 2x2)"), std::string::npos);
   for (auto off : {&PlanOptions::backend_fuses_cbr_pool, &PlanOptions::fusion}) {

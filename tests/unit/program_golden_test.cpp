@@ -104,13 +104,13 @@ uint64_t fnv1a(const std::string& s) {
 // Every layer kind the zoo leaves out: a plain avg-pool, a padded max-pool, a biased conv
 // without BatchNorm, an fc after a flattened map, dropout, SiLU and hardswish.
 BluePrint every_kind() {
-  return BluePrint{"kinds",
-                   {16, 16, 3},
-                   10,
-                   seq(conv(16, 3, 1, 1, /*bias=*/true), relu(), maxpool(3, 2, 1), cbr(16, 3, 1, 1),
-                       residual(seq(conv(16, 3, 1, 1), bn2d(), relu(), conv(16, 3, 1, 1), bn2d())),
-                       avgpool(2, 2), hardswish(), flatten(), dropout(0.25f), fc(32), silu(),
-                       fc(10))};
+  return BluePrint{
+      "kinds",
+      {16, 16, 3},
+      10,
+      seq(conv(16, 3, 1, 1, /*bias=*/true), relu(), maxpool(3, 2, 1), cbr(16, 3, 1, 1),
+          residual(seq(conv(16, 3, 1, 1), bn2d(), relu(), conv(16, 3, 1, 1), bn2d())),
+          avgpool(2, 2), hardswish(), flatten(), dropout(0.25f), fc(32), silu(), fc(10))};
 }
 
 struct Config {

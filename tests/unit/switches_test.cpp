@@ -1,6 +1,8 @@
 // The switch table (switches.def): each type's parser, the errors that name the variable and
 // what it accepts, the base a process starts from, and the rule by which a set field (a flag)
 // beats a variable. Variables come from a map here, never from the process environment.
+#include "kiln/core/switches.h"
+
 #include <gtest/gtest.h>
 
 #include <map>
@@ -8,7 +10,6 @@
 #include <string>
 
 #include "kiln/core/error.h"
-#include "kiln/core/switches.h"
 
 namespace kiln {
 namespace {
@@ -76,16 +77,20 @@ TEST(Switches, EachTypeParses) {
 }
 
 TEST(Switches, BadValuesNameTheVariableAndItsChoices) {
-  EXPECT_EQ(error_of({{"KILN_FUSION", "maybe"}}),
-            "KILN_FUSION=maybe is not a switch value; use one of 0|1 (or off|on, false|true, no|yes)");
-  EXPECT_EQ(error_of({{"KILN_CBR_FORM", "fast"}}), "KILN_CBR_FORM=fast is not accepted; use one of kiln|genstats");
+  EXPECT_EQ(
+      error_of({{"KILN_FUSION", "maybe"}}),
+      "KILN_FUSION=maybe is not a switch value; use one of 0|1 (or off|on, false|true, no|yes)");
+  EXPECT_EQ(error_of({{"KILN_CBR_FORM", "fast"}}),
+            "KILN_CBR_FORM=fast is not accepted; use one of kiln|genstats");
   EXPECT_EQ(error_of({{"KILN_LOG", "verbose"}}),
             "KILN_LOG=verbose is not accepted; use one of error|warn|info|debug");
   EXPECT_EQ(error_of({{"KILN_FP32_WINOGRAD", "sometimes"}}),
             "KILN_FP32_WINOGRAD=sometimes is not accepted; use one of 0|1|only");
-  EXPECT_EQ(error_of({{"KILN_STREAMS", "two"}}), "KILN_STREAMS=two is not a whole number; use an integer such as 1");
-  EXPECT_EQ(error_of({{"KILN_AUTOTUNE", "perhaps"}}),
-            "KILN_AUTOTUNE=perhaps is not accepted; use auto or 0|1 (or off|on, false|true, no|yes)");
+  EXPECT_EQ(error_of({{"KILN_STREAMS", "two"}}),
+            "KILN_STREAMS=two is not a whole number; use an integer such as 1");
+  EXPECT_EQ(
+      error_of({{"KILN_AUTOTUNE", "perhaps"}}),
+      "KILN_AUTOTUNE=perhaps is not accepted; use auto or 0|1 (or off|on, false|true, no|yes)");
 }
 
 // A variable that is set replaces the base; the base stands where none is (the tests' main
@@ -131,7 +136,8 @@ TEST(Switches, TableListsEverySwitchOnce) {
   const std::string table = s.table();
   const size_t row = table.find("  KILN_FUSION ");
   ASSERT_NE(row, std::string::npos) << table;
-  EXPECT_NE(table.substr(row, table.find('\n', row) - row).find(" 0* "), std::string::npos) << table;
+  EXPECT_NE(table.substr(row, table.find('\n', row) - row).find(" 0* "), std::string::npos)
+      << table;
 }
 
 }  // namespace

@@ -1,6 +1,8 @@
 // The zoo against torchvision: every parameter and buffer name and shape of each ImageNet
 // model equals torchvision 0.14's state_dict (fixtures in tests/data, written by
 // torchvision itself), and the parameter counts match.
+#include "kiln/blueprint/zoo.h"
+
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -8,7 +10,6 @@
 #include <set>
 #include <sstream>
 
-#include "kiln/blueprint/zoo.h"
 #include "kiln/core/error.h"
 #include "kiln/graph/compiler.h"
 #include "kiln/plan/arch_plan.h"
@@ -16,8 +17,10 @@
 namespace kiln {
 namespace {
 
-std::map<std::string, std::vector<int64_t>> read_fixture(const std::string& model, int64_t* params) {
-  std::ifstream in(std::string(KILN_SOURCE_DIR) + "/tests/data/torchvision_" + model + "_state_dict.txt");
+std::map<std::string, std::vector<int64_t>> read_fixture(const std::string& model,
+                                                         int64_t* params) {
+  std::ifstream in(std::string(KILN_SOURCE_DIR) + "/tests/data/torchvision_" + model +
+                   "_state_dict.txt");
   EXPECT_TRUE(in.good()) << model;
   std::map<std::string, std::vector<int64_t>> out;
   std::string line;
@@ -68,14 +71,16 @@ TEST_P(ZooTorchvision, NamesShapesAndCountMatchTorchvision) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Zoo, ZooTorchvision,
-                         ::testing::Values("resnet18", "resnet34", "resnet50", "vgg11_bn", "vgg16_bn"));
+                         ::testing::Values("resnet18", "resnet34", "resnet50", "vgg11_bn",
+                                           "vgg16_bn"));
 
 TEST(Zoo, EveryModelPlansInBothForms) {
   for (const std::string& name : zoo_model_names()) {
     for (const std::string& form : {std::string("small"), std::string("imagenet")}) {
       ZooOptions o;
       o.form = form;
-      if (form == "imagenet" && (name == "mlp" || name == "lenet" || name == "cnn")) o.image_size = 224;
+      if (form == "imagenet" && (name == "mlp" || name == "lenet" || name == "cnn"))
+        o.image_size = 224;
       const BluePrint bp = make_model(name, o);
       const ArchPlan plan = make_plan(bp);
       EXPECT_GT(count_parameters(plan), 0) << name << " " << form;

@@ -25,7 +25,8 @@ static const char* kUsage =
     "  switches  print every KILN_* switch: its variable, value, default and meaning\n";
 
 int run(int argc, char** argv) {
-  if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h") || !std::strcmp(argv[1], "help")) {
+  if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h") ||
+      !std::strcmp(argv[1], "help")) {
     std::printf("%s", kUsage);
     return argc < 2 ? 2 : 0;
   }

@@ -3,17 +3,17 @@
 // for scripts (bench/compare.sh reads it). With --data folder the batches come from an image
 // folder through the loader; --input-only then times the input pipeline alone, from the files
 // to the staged input buffer, without the step.
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <optional>
 #include <vector>
 
-#include <sys/resource.h>
-
-#include "kiln/backend/backend.h"
 #include "cli.h"
 #include "flags.h"
+#include "kiln/backend/backend.h"
 #include "kiln/blueprint/zoo.h"
 #include "kiln/core/error.h"
 #include "kiln/core/rng.h"
@@ -33,17 +33,22 @@ using Clock = std::chrono::steady_clock;
 double process_cpu_seconds() {
   rusage u{};
   getrusage(RUSAGE_SELF, &u);
-  auto sec = [](const timeval& t) { return static_cast<double>(t.tv_sec) + 1e-6 * static_cast<double>(t.tv_usec); };
+  auto sec = [](const timeval& t) {
+    return static_cast<double>(t.tv_sec) + 1e-6 * static_cast<double>(t.tv_usec);
+  };
   return sec(u.ru_utime) + sec(u.ru_stime);
 }
 
 // Batches from an image folder with ImageNet's training transforms, through the loader, into
 // the staged input slots (--input-only) or through whole training steps.
-int bench_folder(const Flags& f, const std::string& model, const BluePrint& bp, const EngineOptions& eo) {
+int bench_folder(const Flags& f, const std::string& model, const BluePrint& bp,
+                 const EngineOptions& eo) {
   KILN_CHECK(f.str("data") == "folder", InvalidArgument, "kiln bench --data ", f.str("data"),
-             ": only an image folder (--data folder --data-dir DIR) is read by the bench; leave --data out "
+             ": only an image folder (--data folder --data-dir DIR) is read by the bench; leave "
+             "--data out "
              "for synthetic batches");
-  KILN_CHECK(f.has("data-dir"), InvalidArgument, "kiln bench --data folder needs --data-dir DIR holding train/<class>/*.jpg");
+  KILN_CHECK(f.has("data-dir"), InvalidArgument,
+             "kiln bench --data folder needs --data-dir DIR holding train/<class>/*.jpg");
   KILN_CHECK(dist::world() == 1, InvalidArgument, "kiln bench --data folder runs in one process");
   const bool input_only = f.on("input-only", false);
   DatasetSpec spec;
@@ -54,26 +59,31 @@ int bench_folder(const Flags& f, const std::string& model, const BluePrint& bp, 
   const std::shared_ptr<Dataset> data = open_dataset(spec);
   Pipeline p;
   const Normalization stats = normalization_for("folder", bp.input.channels);
-  p.add<ToFloat>().add<RandomResizedCrop>(bp.input.height).add<RandomHorizontalFlip>(0.5f).add<Normalize>(
-      stats.mean, stats.std);
+  p.add<ToFloat>()
+      .add<RandomResizedCrop>(bp.input.height)
+      .add<RandomHorizontalFlip>(0.5f)
+      .add<Normalize>(stats.mean, stats.std);
   Engine engine(bp, eo);
   Backend& backend = engine.backend();
   const DecodeWhere where = parse_decode_where(f.str("decode", "auto"));
   std::string no_jpeg;
   const bool device_jpeg = backend.decodes_jpeg(&no_jpeg);
-  KILN_CHECK(where != DecodeWhere::gpu || device_jpeg, InvalidArgument, "--decode gpu: ", no_jpeg, "; use --decode cpu");
+  KILN_CHECK(where != DecodeWhere::gpu || device_jpeg, InvalidArgument, "--decode gpu: ", no_jpeg,
+             "; use --decode cpu");
   LoaderOptions lo;
   lo.batch_size = eo.compile.batch;
   lo.workers = static_cast<int>(f.i64("workers", default_loader_workers()));
-  lo.decode.resample =
-      eo.switches.resample_vertical_first ? ResampleOrder::vertical_first : ResampleOrder::horizontal_first;
+  lo.decode.resample = eo.switches.resample_vertical_first ? ResampleOrder::vertical_first
+                                                           : ResampleOrder::horizontal_first;
   lo.decode.tight_margin = eo.switches.jpeg_tight_margin;
   lo.decode.batch_rows = eo.switches.jpeg_batch_rows;
   lo.swap_u8 = eo.switches.loader_swap;
-  lo.output = device_jpeg && where != DecodeWhere::cpu ? LoaderOutput::encoded : LoaderOutput::uint8;
+  lo.output =
+      device_jpeg && where != DecodeWhere::cpu ? LoaderOutput::encoded : LoaderOutput::uint8;
   // --no-input-u8: the float32 path (full decode, float transforms, float copy), for comparison.
   if (!f.on("input-u8", true)) {
-    KILN_CHECK(where != DecodeWhere::gpu, InvalidArgument, "--no-input-u8 decodes on the host; drop --decode gpu");
+    KILN_CHECK(where != DecodeWhere::gpu, InvalidArgument,
+               "--no-input-u8 decodes on the host; drop --decode gpu");
     lo.output = LoaderOutput::float32;
   }
   Loader loader(data, p, lo);
@@ -102,8 +112,9 @@ int bench_folder(const Flags& f, const std::string& model, const BluePrint& bp, 
     const auto t_next = Clock::now();
     for (;;) {
       const int64_t got = lo.output == LoaderOutput::encoded ? loader.next_encoded(enc[slot])
-                          : lo.output == LoaderOutput::uint8 ? loader.next_u8(pixels, labels.data())
-                                                             : loader.next(floats.data(), labels.data());
+                          : lo.output == LoaderOutput::uint8
+                              ? loader.next_u8(pixels, labels.data())
+                              : loader.next(floats.data(), labels.data());
       if (got == n) break;
       loader.start_epoch(++epoch);  // drop_last: 0 means the epoch ended
     }
@@ -138,8 +149,10 @@ int bench_folder(const Flags& f, const std::string& model, const BluePrint& bp, 
     const std::optional<StepStats> s = read ? engine.pending_stats() : std::nullopt;
     return s ? *s : StepStats{};
   };
-  const int64_t steps = f.i64("steps", 50), warmup = f.i64("warmup", 10), repeats = f.i64("repeats", 3);
-  KILN_CHECK(steps > 0 && warmup >= 0 && repeats > 0, InvalidArgument, "--steps and --repeats must be > 0");
+  const int64_t steps = f.i64("steps", 50), warmup = f.i64("warmup", 10),
+                repeats = f.i64("repeats", 3);
+  KILN_CHECK(steps > 0 && warmup >= 0 && repeats > 0, InvalidArgument,
+             "--steps and --repeats must be > 0");
   for (int64_t i = 0; i < warmup; ++i) {
     const StepStats s = step(i == 0);
     if (i == 0) first = s;
@@ -163,8 +176,8 @@ int bench_folder(const Flags& f, const std::string& model, const BluePrint& bp, 
     backend.synchronize();
     const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
     rates.push_back(static_cast<double>(steps * n) / secs);
-    std::printf("repeat %lld: %.1f images/s (%.2f ms/batch)\n", static_cast<long long>(r + 1), rates.back(),
-                1e3 * secs / static_cast<double>(steps));
+    std::printf("repeat %lld: %.1f images/s (%.2f ms/batch)\n", static_cast<long long>(r + 1),
+                rates.back(), 1e3 * secs / static_cast<double>(steps));
   }
   const double cores_busy =
       (process_cpu_seconds() - cpu0) / std::chrono::duration<double>(Clock::now() - wall0).count();
@@ -178,30 +191,41 @@ int bench_folder(const Flags& f, const std::string& model, const BluePrint& bp, 
   const double timed = static_cast<double>(steps * repeats);
   auto per_batch_ms = [&](double end, double begin) { return 1e3 * (end - begin) / timed; };
   std::printf("host ms per batch: loader %.2f, %s %.2f", 1e3 * next_s / timed,
-              input_only ? "staging" : "staging + step launch + wait for the previous step", 1e3 * step_s / timed);
+              input_only ? "staging" : "staging + step launch + wait for the previous step",
+              1e3 * step_s / timed);
   if (dc.batches > dc0.batches) {
-    std::printf(" (of it staging encoded batches %.2f: bitstream copy %.2f, parse and plan %.2f, engine call %.2f, "
-                "hybrid decoder %.2f, host images %.2f)",
-                per_batch_ms(dc.stage_seconds, dc0.stage_seconds), per_batch_ms(dc.copy_seconds, dc0.copy_seconds),
-                per_batch_ms(dc.parse_seconds, dc0.parse_seconds),
-                per_batch_ms(dc.engine_call_seconds, dc0.engine_call_seconds),
-                per_batch_ms(dc.hybrid_seconds, dc0.hybrid_seconds),
-                per_batch_ms(dc.host_decode_seconds, dc0.host_decode_seconds));
+    std::printf(
+        " (of it staging encoded batches %.2f: bitstream copy %.2f, parse and plan %.2f, engine "
+        "call %.2f, "
+        "hybrid decoder %.2f, host images %.2f)",
+        per_batch_ms(dc.stage_seconds, dc0.stage_seconds),
+        per_batch_ms(dc.copy_seconds, dc0.copy_seconds),
+        per_batch_ms(dc.parse_seconds, dc0.parse_seconds),
+        per_batch_ms(dc.engine_call_seconds, dc0.engine_call_seconds),
+        per_batch_ms(dc.hybrid_seconds, dc0.hybrid_seconds),
+        per_batch_ms(dc.host_decode_seconds, dc0.host_decode_seconds));
   }
   std::printf("; %.1f host cores busy in this process\n", cores_busy);
-  const char* decode = lo.output == LoaderOutput::encoded ? "gpu" : lo.output == LoaderOutput::uint8 ? "cpu" : "cpu-float32";
-  std::printf("%s from %s, batch %lld, decode %s, %d workers on %s: %.1f images/s (median of %lld; loader alone "
-              "%.0f images/s; %lld corrupt files skipped)\n",
-              input_only ? "input pipeline" : model.c_str(), spec.root.c_str(), static_cast<long long>(n), decode,
-              lo.workers, backend.caps().device.c_str(), median, static_cast<long long>(repeats), ls.rate(),
-              static_cast<long long>(data->corrupt_skipped()));
-  std::printf("{\"bench\":\"%s\",\"model\":\"%s\",\"batch\":%lld,\"amp\":%s,\"decode\":\"%s\",\"workers\":%d,"
-              "\"images_per_second\":%.1f,\"loader_images_per_second\":%.1f,\"host_cores_busy\":%.2f,\"skipped_images\":%lld,"
-              "\"decoded\":{\"hardware\":%lld,\"gpu_hybrid\":%lld,\"host\":%lld}",
-              input_only ? "kiln-input" : "kiln-folder", model.c_str(), static_cast<long long>(n),
-              eo.compile.amp ? "true" : "false", decode, lo.workers, median, ls.rate(), cores_busy,
-              static_cast<long long>(data->corrupt_skipped()), static_cast<long long>(dc.hardware),
-              static_cast<long long>(dc.gpu_hybrid), static_cast<long long>(dc.host));
+  const char* decode = lo.output == LoaderOutput::encoded ? "gpu"
+                       : lo.output == LoaderOutput::uint8 ? "cpu"
+                                                          : "cpu-float32";
+  std::printf(
+      "%s from %s, batch %lld, decode %s, %d workers on %s: %.1f images/s (median of %lld; loader "
+      "alone "
+      "%.0f images/s; %lld corrupt files skipped)\n",
+      input_only ? "input pipeline" : model.c_str(), spec.root.c_str(), static_cast<long long>(n),
+      decode, lo.workers, backend.caps().device.c_str(), median, static_cast<long long>(repeats),
+      ls.rate(), static_cast<long long>(data->corrupt_skipped()));
+  std::printf(
+      "{\"bench\":\"%s\",\"model\":\"%s\",\"batch\":%lld,\"amp\":%s,\"decode\":\"%s\",\"workers\":%"
+      "d,"
+      "\"images_per_second\":%.1f,\"loader_images_per_second\":%.1f,\"host_cores_busy\":%.2f,"
+      "\"skipped_images\":%lld,"
+      "\"decoded\":{\"hardware\":%lld,\"gpu_hybrid\":%lld,\"host\":%lld}",
+      input_only ? "kiln-input" : "kiln-folder", model.c_str(), static_cast<long long>(n),
+      eo.compile.amp ? "true" : "false", decode, lo.workers, median, ls.rate(), cores_busy,
+      static_cast<long long>(data->corrupt_skipped()), static_cast<long long>(dc.hardware),
+      static_cast<long long>(dc.gpu_hybrid), static_cast<long long>(dc.host));
   if (!input_only) {
     std::printf(",\"first_loss\":%.5f,\"last_loss\":%.5f", static_cast<double>(first.loss),
                 static_cast<double>(last.loss));
@@ -213,35 +237,42 @@ int bench_folder(const Flags& f, const std::string& model, const BluePrint& bp, 
 }  // namespace
 
 int cmd_bench(int argc, char** argv) {
-  Flags f("bench", "--model NAME [--batch N] [--amp] [flags]",
-          {{"model", "model from the zoo", "resnet50", false},
-           {"batch", "batch size", "256", false},
-           {"batch-size", "same as --batch", "", false},
-           {"amp", "FP16 mixed precision", "off", true},
-           {"tf32", "FP32 convolutions and matmuls may use TF32 (GPU)", "off", true},
-           {"device", "auto, cpu or cuda", "auto", false},
-           {"steps", "timed steps per repeat", "50", false},
-           {"warmup", "untimed steps first", "10", false},
-           {"repeats", "repeats (the median is reported)", "3", false},
-           {"fusion", "fused ops where the device has them", "on", true},
-           {"num-classes", "classes (0 = the form's default)", "0", false},
-           {"image-size", "input size (0 = the form's default)", "0", false},
-           {"opt", "optimizer", "sgd", false},
-           {"stage", "every-step: copy the batch from the host each step, as a loader does; once: "
-                     "train on a batch resident on the device, as PyTorch's reference does",
-            "every-step", false},
-           {"data", "folder: batches from an image folder through the loader (default: one synthetic batch)", "",
-            false},
-           {"data-dir", "the image folder (holding train/<class>/*.jpg)", "", false},
-           {"input-only", "with --data folder: time the input pipeline alone, files to the staged input buffer",
-            "off", true},
-           {"decode", "with --data folder: auto, gpu or cpu", "auto", false},
-           {"input-u8", "with --data folder: uint8 pixels (--no-input-u8: the float32 path, for comparison)", "on",
-            true},
-           {"workers", "with --data folder: loader threads (default: the machine's cores)", "", false},
-           {"profile", "print where the time goes (CPU: per op kind; CUDA: per phase)", "off", true},
-           {"cuda-profiler-range", "CUDA: record only the timed steps under an external profiler "
-                                   "(ncu --profile-from-start off; bench/kernel_breakdown.py)", "off", true}});
+  Flags f(
+      "bench", "--model NAME [--batch N] [--amp] [flags]",
+      {{"model", "model from the zoo", "resnet50", false},
+       {"batch", "batch size", "256", false},
+       {"batch-size", "same as --batch", "", false},
+       {"amp", "FP16 mixed precision", "off", true},
+       {"tf32", "FP32 convolutions and matmuls may use TF32 (GPU)", "off", true},
+       {"device", "auto, cpu or cuda", "auto", false},
+       {"steps", "timed steps per repeat", "50", false},
+       {"warmup", "untimed steps first", "10", false},
+       {"repeats", "repeats (the median is reported)", "3", false},
+       {"fusion", "fused ops where the device has them", "on", true},
+       {"num-classes", "classes (0 = the form's default)", "0", false},
+       {"image-size", "input size (0 = the form's default)", "0", false},
+       {"opt", "optimizer", "sgd", false},
+       {"stage",
+        "every-step: copy the batch from the host each step, as a loader does; once: "
+        "train on a batch resident on the device, as PyTorch's reference does",
+        "every-step", false},
+       {"data",
+        "folder: batches from an image folder through the loader (default: one synthetic batch)",
+        "", false},
+       {"data-dir", "the image folder (holding train/<class>/*.jpg)", "", false},
+       {"input-only",
+        "with --data folder: time the input pipeline alone, files to the staged input buffer",
+        "off", true},
+       {"decode", "with --data folder: auto, gpu or cpu", "auto", false},
+       {"input-u8",
+        "with --data folder: uint8 pixels (--no-input-u8: the float32 path, for comparison)", "on",
+        true},
+       {"workers", "with --data folder: loader threads (default: the machine's cores)", "", false},
+       {"profile", "print where the time goes (CPU: per op kind; CUDA: per phase)", "off", true},
+       {"cuda-profiler-range",
+        "CUDA: record only the timed steps under an external profiler "
+        "(ncu --profile-from-start off; bench/kernel_breakdown.py)",
+        "off", true}});
   if (!f.parse(argc, argv, 2)) return 0;
   // S27: under mpirun or srun, one process per GPU, each with --batch; the figure is the sum.
   const Switches switches = switches_from(f);
@@ -262,18 +293,21 @@ int cmd_bench(int argc, char** argv) {
   eo.compile.weight_decay = 5e-5f;
   eo.compile.world = dist::world();
   if (f.has("data") || f.on("input-only", false)) return bench_folder(f, model, bp, eo);
-  const int64_t steps = f.i64("steps", 50), warmup = f.i64("warmup", 10), repeats = f.i64("repeats", 3);
+  const int64_t steps = f.i64("steps", 50), warmup = f.i64("warmup", 10),
+                repeats = f.i64("repeats", 3);
   const std::string stage = f.str("stage", "every-step");
   KILN_CHECK(stage == "every-step" || stage == "once", InvalidArgument, "--stage ", stage,
              " is not a staging mode; use every-step (the default) or once");
   const bool stage_once = stage == "once";
-  KILN_CHECK(steps > 0 && warmup >= 0 && repeats > 0, InvalidArgument, "--steps and --repeats must be > 0");
+  KILN_CHECK(steps > 0 && warmup >= 0 && repeats > 0, InvalidArgument,
+             "--steps and --repeats must be > 0");
 
   const auto t_compile = std::chrono::steady_clock::now();
   Engine engine(bp, eo);
   engine.lock_memory();
   engine.compile(1);
-  const double compile_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_compile).count();
+  const double compile_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t_compile).count();
   if (dist::is_root()) {
     // What the merge passes fused: a bench's figure depends on it (KILN_FUSION, KILN_FUSE_POOL).
     int cbr = 0, pooled = 0, bar = 0;
@@ -282,24 +316,32 @@ int cmd_bench(int argc, char** argv) {
       pooled += p->op == PlanOp::CBR && p->pool != 0;
       bar += p->op == PlanOp::BnAddReLU;
     }
-    std::printf("fused layers: %d Conv+BN+ReLU (%d with their max-pool folded in; KILN_FUSE_POOL=0 keeps pools "
-                "apart), %d BN+add+ReLU (KILN_FUSION=0 turns fusion off)\n",
-                cbr, pooled, bar);
+    std::printf(
+        "fused layers: %d Conv+BN+ReLU (%d with their max-pool folded in; KILN_FUSE_POOL=0 keeps "
+        "pools "
+        "apart), %d BN+add+ReLU (KILN_FUSION=0 turns fusion off)\n",
+        cbr, pooled, bar);
   }
-  if (const CompileReport use = engine.backend().compile_report(); use.chooses_engines && dist::is_root()) {
-    std::printf("convolution engines: %d from the engine table%s%s, %d timed while compiling (%d of them timed "
-                "by an earlier compile: this process or the autotune cache), %d from cuDNN's heuristics\n",
-                use.from_table, use.table.empty() ? "" : " ", use.table.c_str(), use.autotuned, use.remembered,
-                use.heuristics);
+  if (const CompileReport use = engine.backend().compile_report();
+      use.chooses_engines && dist::is_root()) {
+    std::printf(
+        "convolution engines: %d from the engine table%s%s, %d timed while compiling (%d of them "
+        "timed "
+        "by an earlier compile: this process or the autotune cache), %d from cuDNN's heuristics\n",
+        use.from_table, use.table.empty() ? "" : " ", use.table.c_str(), use.autotuned,
+        use.remembered, use.heuristics);
     std::printf("weight gradients on the side stream: %d (KILN_SIDE_WGRAD=1 forks them there)\n",
                 use.side_stream_wgrads);
     if (!eo.compile.amp) {
-      std::printf("FP32 convolutions on Winograd / FFT engines: %d (KILN_FP32_WINOGRAD=0 refuses them)\n",
-                  use.fp32_transformed_plans);
+      std::printf(
+          "FP32 convolutions on Winograd / FFT engines: %d (KILN_FP32_WINOGRAD=0 refuses them)\n",
+          use.fp32_transformed_plans);
     }
     if (use.cbr_genstats + use.cbr_fallbacks > 0) {
-      std::printf("CBR forward (KILN_CBR_FORM=genstats): %d as conv+genstats, %d fell back to kiln's form\n",
-                  use.cbr_genstats, use.cbr_fallbacks);
+      std::printf(
+          "CBR forward (KILN_CBR_FORM=genstats): %d as conv+genstats, %d fell back to kiln's "
+          "form\n",
+          use.cbr_genstats, use.cbr_fallbacks);
     }
   }
 
@@ -345,10 +387,12 @@ int cmd_bench(int argc, char** argv) {
     const auto t0 = std::chrono::steady_clock::now();
     for (int64_t i = 0; i < steps; ++i) step(done++, false);
     engine.backend().synchronize();
-    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double secs =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     rates.push_back(static_cast<double>(steps * n * dist::world()) / secs);
-    if (dist::is_root()) std::printf("repeat %lld: %.1f images/s (%.2f ms/step)\n", static_cast<long long>(r + 1), rates.back(),
-                1e3 * secs / static_cast<double>(steps));
+    if (dist::is_root())
+      std::printf("repeat %lld: %.1f images/s (%.2f ms/step)\n", static_cast<long long>(r + 1),
+                  rates.back(), 1e3 * secs / static_cast<double>(steps));
   }
   if (profiler_range) engine.backend().profiler_range(false);
   last = step(done++, true);
@@ -356,16 +400,19 @@ int cmd_bench(int argc, char** argv) {
   if (eo.switches.profile) std::printf("%s", engine.backend().profile_report().c_str());
   std::sort(rates.begin(), rates.end());
   const double median = rates[rates.size() / 2];
-  std::printf("%s batch %lld %s on %s: %.1f images/s (median of %lld), compile %.1fs, loss %.4f -> %.4f\n",
-              model.c_str(), static_cast<long long>(n), eo.compile.amp ? "AMP" : "FP32",
-              engine.backend().caps().device.c_str(), median, static_cast<long long>(repeats), compile_s,
-              static_cast<double>(first.loss), static_cast<double>(last.loss));
-  std::printf("{\"bench\":\"kiln\",\"model\":\"%s\",\"batch\":%lld,\"amp\":%s,\"images_per_second\":%.1f,"
-              "\"compile_seconds\":%.2f,\"first_loss\":%.5f,\"last_loss\":%.5f,\"world\":%d,\"stage\":\"%s\","
-              "\"tf32\":%s}\n",
-              model.c_str(), static_cast<long long>(n), eo.compile.amp ? "true" : "false", median, compile_s,
-              static_cast<double>(first.loss), static_cast<double>(last.loss), dist::world(), stage.c_str(),
-              eo.compile.tf32 ? "true" : "false");
+  std::printf(
+      "%s batch %lld %s on %s: %.1f images/s (median of %lld), compile %.1fs, loss %.4f -> %.4f\n",
+      model.c_str(), static_cast<long long>(n), eo.compile.amp ? "AMP" : "FP32",
+      engine.backend().caps().device.c_str(), median, static_cast<long long>(repeats), compile_s,
+      static_cast<double>(first.loss), static_cast<double>(last.loss));
+  std::printf(
+      "{\"bench\":\"kiln\",\"model\":\"%s\",\"batch\":%lld,\"amp\":%s,\"images_per_second\":%.1f,"
+      "\"compile_seconds\":%.2f,\"first_loss\":%.5f,\"last_loss\":%.5f,\"world\":%d,\"stage\":\"%"
+      "s\","
+      "\"tf32\":%s}\n",
+      model.c_str(), static_cast<long long>(n), eo.compile.amp ? "true" : "false", median,
+      compile_s, static_cast<double>(first.loss), static_cast<double>(last.loss), dist::world(),
+      stage.c_str(), eo.compile.tf32 ? "true" : "false");
   return 0;
 }
 

@@ -21,12 +21,13 @@ Switches switches_from(const Flags& f) {
 }
 
 int cmd_switches(int argc, char** argv) {
-  Flags f("switches", "[--fusion|--no-fusion] [--memory-reuse] [--tf32] [--profile] [--deterministic]",
-          {{"fusion", "show the table as a command given --fusion / --no-fusion would run", "", true},
-           {"memory-reuse", "likewise for --memory-reuse", "", true},
-           {"tf32", "likewise for --tf32", "", true},
-           {"profile", "likewise for --profile", "", true},
-           {"deterministic", "likewise for --deterministic", "", true}});
+  Flags f(
+      "switches", "[--fusion|--no-fusion] [--memory-reuse] [--tf32] [--profile] [--deterministic]",
+      {{"fusion", "show the table as a command given --fusion / --no-fusion would run", "", true},
+       {"memory-reuse", "likewise for --memory-reuse", "", true},
+       {"tf32", "likewise for --tf32", "", true},
+       {"profile", "likewise for --profile", "", true},
+       {"deterministic", "likewise for --deterministic", "", true}});
   if (!f.parse(argc, argv, 2)) return 0;
   std::printf("%s", switches_from(f).table().c_str());
   return 0;

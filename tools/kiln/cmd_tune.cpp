@@ -17,19 +17,22 @@
 namespace kiln::cli {
 
 int cmd_tune(int argc, char** argv) {
-  Flags f("tune", "MODEL [--batch N] [--amp] [--out FILE]",
-          {{"model", "model from the zoo", "resnet50", false},
-           {"batch", "batch size", "256", false},
-           {"batch-size", "same as --batch", "", false},
-           {"amp", "FP16 mixed precision", "off", true},
-           {"fusion", "fused ops where the device has them", "on", true},
-           {"num-classes", "classes (0 = the form's default)", "0", false},
-           {"image-size", "input size (0 = the form's default)", "0", false},
-           {"out", "table file (default: configs/engines/<gpu>_cudnn<version>.tsv of the source tree)", "", false}});
+  Flags f(
+      "tune", "MODEL [--batch N] [--amp] [--out FILE]",
+      {{"model", "model from the zoo", "resnet50", false},
+       {"batch", "batch size", "256", false},
+       {"batch-size", "same as --batch", "", false},
+       {"amp", "FP16 mixed precision", "off", true},
+       {"fusion", "fused ops where the device has them", "on", true},
+       {"num-classes", "classes (0 = the form's default)", "0", false},
+       {"image-size", "input size (0 = the form's default)", "0", false},
+       {"out", "table file (default: configs/engines/<gpu>_cudnn<version>.tsv of the source tree)",
+        "", false}});
   if (!f.parse(argc, argv, 2)) return 0;
   std::string model = f.str("model", "resnet50");
   if (!f.has("model") && !f.positional().empty()) model = f.positional()[0];
-  KILN_CHECK(cuda_available(), InvalidArgument, "kiln tune measures cuDNN engines and needs a CUDA GPU; none is "
+  KILN_CHECK(cuda_available(), InvalidArgument,
+             "kiln tune measures cuDNN engines and needs a CUDA GPU; none is "
              "visible here (a CPU build has nothing to tune)");
   ZooOptions zo;
   zo.num_classes = static_cast<int>(f.i64("num-classes", 0));
@@ -46,12 +49,14 @@ int cmd_tune(int argc, char** argv) {
   engine.lock_memory();
   engine.compile(1);
   const CompileReport use = engine.backend().compile_report();
-  KILN_CHECK(use.chooses_engines, State, "kiln tune: the engine did not compile on the CUDA backend");
+  KILN_CHECK(use.chooses_engines, State,
+             "kiln tune: the engine did not compile on the CUDA backend");
   const EngineTable table = EngineTable::load(use.table);
-  std::printf("%s batch %lld %s: tuned %d convolution plans; %s now holds %zu entries (%s, cuDNN %lld)\n",
-              model.c_str(), static_cast<long long>(eo.compile.batch), eo.compile.amp ? "AMP" : "FP32",
-              use.from_table, use.table.c_str(), table.entries().size(), table.gpu.c_str(),
-              static_cast<long long>(table.cudnn));
+  std::printf(
+      "%s batch %lld %s: tuned %d convolution plans; %s now holds %zu entries (%s, cuDNN %lld)\n",
+      model.c_str(), static_cast<long long>(eo.compile.batch), eo.compile.amp ? "AMP" : "FP32",
+      use.from_table, use.table.c_str(), table.entries().size(), table.gpu.c_str(),
+      static_cast<long long>(table.cudnn));
   return 0;
 }
 

@@ -13,7 +13,8 @@ namespace kiln::cli {
 
 Flags::Flags(std::string command, std::string usage, std::vector<FlagSpec> specs)
     : command_(std::move(command)), usage_(std::move(usage)), specs_(std::move(specs)) {
-  specs_.push_back({"config", "YAML or JSON run file; flags on the command line override it", "", false});
+  specs_.push_back(
+      {"config", "YAML or JSON run file; flags on the command line override it", "", false});
   specs_.push_back({"help", "this text", "", true});
 }
 
@@ -28,8 +29,8 @@ std::string Flags::help() const {
   std::ostringstream os;
   os << "usage: kiln " << command_ << " " << usage_ << "\n\nflags:\n";
   for (const FlagSpec& s : specs_) {
-    std::string left = std::string(s.short_name ? std::string("  -") + s.short_name + ", " : "  ") + "--" +
-                       s.name + (s.is_switch ? "" : " VALUE");
+    std::string left = std::string(s.short_name ? std::string("  -") + s.short_name + ", " : "  ") +
+                       "--" + s.name + (s.is_switch ? "" : " VALUE");
     if (left.size() < 28) left.resize(28, ' ');
     os << left << " " << s.help;
     if (!s.alias.empty()) os << " (also --" << s.alias << ")";
@@ -44,7 +45,8 @@ void Flags::set(const std::string& name, const std::string& value, const std::st
   if (!spec) {
     std::string list;
     for (const FlagSpec& s : specs_) list += (list.empty() ? "--" : ", --") + s.name;
-    KILN_FAIL(InvalidArgument, "unknown flag --", name, " for 'kiln ", command_, "'", origin, "; its flags are ", list);
+    KILN_FAIL(InvalidArgument, "unknown flag --", name, " for 'kiln ", command_, "'", origin,
+              "; its flags are ", list);
   }
   values_[spec->name] = value;  // an alias lands under the flag's own name
 }
@@ -58,8 +60,8 @@ bool Flags::parse(int argc, char** argv, int first) {
       for (const FlagSpec& s : specs_) {
         if (s.short_name == a[1]) a = "--" + s.name;
       }
-      KILN_CHECK(a.rfind("--", 0) == 0, InvalidArgument, "unknown flag ", argv[i], " for 'kiln ", command_,
-                 "'; run kiln ", command_, " --help for its flags");
+      KILN_CHECK(a.rfind("--", 0) == 0, InvalidArgument, "unknown flag ", argv[i], " for 'kiln ",
+                 command_, "'; run kiln ", command_, " --help for its flags");
     }
     if (a.rfind("--", 0) != 0 || a == "--") {
       positional_.push_back(a);
@@ -95,7 +97,8 @@ bool Flags::parse(int argc, char** argv, int first) {
       continue;
     }
     if (!has_value) {
-      KILN_CHECK(i + 1 < argc, InvalidArgument, "flag --", name, " needs a value (", spec->help, ")");
+      KILN_CHECK(i + 1 < argc, InvalidArgument, "flag --", name, " needs a value (", spec->help,
+                 ")");
       value = argv[++i];
     }
     if (name == "config") {
@@ -111,7 +114,9 @@ bool Flags::parse(int argc, char** argv, int first) {
   return true;
 }
 
-bool Flags::has(const std::string& name) const { return values_.count(name) != 0; }
+bool Flags::has(const std::string& name) const {
+  return values_.count(name) != 0;
+}
 
 std::string Flags::str(const std::string& name, const std::string& fallback) const {
   auto it = values_.find(name);
@@ -124,9 +129,11 @@ int64_t Flags::i64(const std::string& name, int64_t fallback) const {
   char* end = nullptr;
   errno = 0;
   const long long x = std::strtoll(v.c_str(), &end, 10);
-  KILN_CHECK(!v.empty() && end && *end == '\0', InvalidArgument, "--", name, " takes an integer, got '", v, "'");
+  KILN_CHECK(!v.empty() && end && *end == '\0', InvalidArgument, "--", name,
+             " takes an integer, got '", v, "'");
   // strtoll clamps an overflowing value to 2^63-1 silently.
-  KILN_CHECK(errno != ERANGE, InvalidArgument, "--", name, " ", v, " is out of range (at most ", LLONG_MAX, ")");
+  KILN_CHECK(errno != ERANGE, InvalidArgument, "--", name, " ", v, " is out of range (at most ",
+             LLONG_MAX, ")");
   return x;
 }
 
@@ -135,7 +142,8 @@ double Flags::f64(const std::string& name, double fallback) const {
   const std::string v = str(name);
   char* end = nullptr;
   const double x = std::strtod(v.c_str(), &end);
-  KILN_CHECK(!v.empty() && end && *end == '\0', InvalidArgument, "--", name, " takes a number, got '", v, "'");
+  KILN_CHECK(!v.empty() && end && *end == '\0', InvalidArgument, "--", name,
+             " takes a number, got '", v, "'");
   return x;
 }
 

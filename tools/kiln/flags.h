@@ -1,7 +1,8 @@
 // A small flag parser for the kiln CLI: each command declares its flags (name, help, and
 // whether it takes a value); `--name value`, `--name=value` and, for switches, `--name` /
-// `--no-name` are accepted, and `-x value` for a flag with a short name; `--config FILE` merges a YAML/JSON run file underneath the
-// command line. An unknown flag is an error that lists the command's flags.
+// `--no-name` are accepted, and `-x value` for a flag with a short name; `--config FILE` merges a
+// YAML/JSON run file underneath the command line. An unknown flag is an error that lists the
+// command's flags.
 #pragma once
 #include <map>
 #include <string>
@@ -10,7 +11,7 @@
 namespace kiln::cli {
 
 struct FlagSpec {
-  std::string name;     // without dashes
+  std::string name;  // without dashes
   std::string help;
   std::string fallback;  // shown in --help; "" = none
   bool is_switch = false;

@@ -16,14 +16,14 @@
 namespace kiln {
 
 struct BackendCaps {
-  std::string device;          // "cpu (oneDNN 2.6)", "NVIDIA H200"
-  bool fp16 = false;           // AMP with FP16 compute
+  std::string device;  // "cpu (oneDNN 2.6)", "NVIDIA H200"
+  bool fp16 = false;   // AMP with FP16 compute
   bool bf16 = false;
-  bool fused_cbr = false;      // cbr_fwd / cbr_bwd
-  bool fused_cbr_pool = false; // cbr_pool_fwd / cbr_pool_bwd
+  bool fused_cbr = false;       // cbr_fwd / cbr_bwd
+  bool fused_cbr_pool = false;  // cbr_pool_fwd / cbr_pool_bwd
   bool fused_bn_add_relu = false;
-  bool fused_fp32 = false;     // the fused kernels run in FP32 too (not only under AMP)
-  bool fused_grad_sum = false; // bn_add_relu_bwd takes a second gradient (dy2, ops.def)
+  bool fused_fp32 = false;           // the fused kernels run in FP32 too (not only under AMP)
+  bool fused_grad_sum = false;       // bn_add_relu_bwd takes a second gradient (dy2, ops.def)
   bool fp32_fusion_default = false;  // fuse in FP32 unless asked not to (Switches::fuse_fp32)
 };
 

@@ -31,8 +31,8 @@ struct EngineEntry {
 
 class EngineTable {
  public:
-  std::string gpu;     // cudaDeviceProp::name
-  int64_t cudnn = 0;   // cudnnGetVersion()
+  std::string gpu;    // cudaDeviceProp::name
+  int64_t cudnn = 0;  // cudnnGetVersion()
 
   // Reads a table; a malformed file is an Error(Data) naming the file, the line and the fix.
   static EngineTable load(const std::string& path);

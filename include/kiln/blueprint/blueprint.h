@@ -45,7 +45,7 @@ struct Layer {
   std::string name;          // path segment; empty inside a Seq = its index
   bool transparent = false;  // adds no path segment
   // Conv / FC / pooling.
-  int out = 0;               // output channels (conv) or features (fc); adaptive pool output size
+  int out = 0;  // output channels (conv) or features (fc); adaptive pool output size
   int k = 1, stride = 1, pad = 0;
   bool bias = false;
   // BatchNorm.
@@ -79,7 +79,7 @@ Layer cbr(int out, int k, int stride = 1, int pad = 0);
 Layer maxpool(int k, int stride, int pad = 0);
 Layer avgpool(int k, int stride, int pad = 0);
 Layer adaptive_avgpool(int out_size);  // identity when the map is already that size
-Layer gap();                            // global average pool to [N, C]
+Layer gap();                           // global average pool to [N, C]
 Layer flatten();
 Layer fc(int out, bool bias = true);
 Layer dropout(float p);

@@ -12,9 +12,9 @@ struct ZooOptions {
   // "imagenet" (224x224x3, 1000 classes) or "small" (28x28x1 for mlp/lenet/cnn,
   // 32x32x3 otherwise; 10 classes). A model name ending in "_small" picks "small".
   std::string form;
-  int num_classes = 0;   // 0 = the form's default
-  int image_size = 0;    // 0 = the form's default
-  int in_channels = 0;   // 0 = the form's default
+  int num_classes = 0;  // 0 = the form's default
+  int image_size = 0;   // 0 = the form's default
+  int in_channels = 0;  // 0 = the form's default
 };
 
 // Names: mlp, lenet, cnn (four 3x3 Conv+BN+ReLU, two max-pools, one fc: the Fashion-MNIST

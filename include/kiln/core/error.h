@@ -28,8 +28,7 @@ const char* error_kind_name(ErrorKind kind);
 
 class Error : public std::runtime_error {
  public:
-  Error(ErrorKind kind, const std::string& message)
-      : std::runtime_error(message), kind_(kind) {}
+  Error(ErrorKind kind, const std::string& message) : std::runtime_error(message), kind_(kind) {}
   ErrorKind kind() const { return kind_; }
 
  private:
@@ -48,11 +47,11 @@ std::string concat(Args&&... args) {
 }  // namespace kiln
 
 // KILN_CHECK(cond, Kind, "text ", value, " more text") throws kiln::Error(ErrorKind::Kind, ...).
-#define KILN_CHECK(cond, KIND, ...)                                                        \
-  do {                                                                                     \
-    if (!(cond)) {                                                                         \
-      throw ::kiln::Error(::kiln::ErrorKind::KIND, ::kiln::detail::concat(__VA_ARGS__));   \
-    }                                                                                      \
+#define KILN_CHECK(cond, KIND, ...)                                                      \
+  do {                                                                                   \
+    if (!(cond)) {                                                                       \
+      throw ::kiln::Error(::kiln::ErrorKind::KIND, ::kiln::detail::concat(__VA_ARGS__)); \
+    }                                                                                    \
   } while (0)
 
 #define KILN_FAIL(KIND, ...) \

@@ -28,6 +28,8 @@ struct Shape {
   std::string str() const;  // "[256, 56, 56, 64]"
 };
 
-inline int64_t align_up(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
+inline int64_t align_up(int64_t v, int64_t a) {
+  return (v + a - 1) / a * a;
+}
 
 }  // namespace kiln

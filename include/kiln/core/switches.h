@@ -14,7 +14,9 @@ namespace kiln {
 
 // A switch that may leave its choice to the backend or to another switch.
 enum class Auto : int8_t { automatic, off, on };
-inline bool resolve(Auto a, bool fallback) { return a == Auto::automatic ? fallback : a == Auto::on; }
+inline bool resolve(Auto a, bool fallback) {
+  return a == Auto::automatic ? fallback : a == Auto::on;
+}
 
 struct Switches {
 #define KILN_SWITCH(field, variable, type, fallback, choices, meaning) type field = fallback;
@@ -47,7 +49,9 @@ struct Switches {
   std::string table() const;
 
   LogLevel log_level() const;
-  bool streams_on() const { return streams > 1; }
+  bool streams_on() const {
+    return streams > 1;
+  }
 };
 
 // The logger's level before an edge sets one: KILN_LOG over Switches::base(), Info when it

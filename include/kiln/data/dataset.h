@@ -71,7 +71,9 @@ class Dataset {
     (void)index, (void)message;
     KILN_FAIL(Unsupported, describe(), " has no files to mark corrupt");
   }
-  virtual int64_t channels() const { return 0; }  // the channels sample() decodes to (0: fixed by the data)
+  virtual int64_t channels() const {
+    return 0;
+  }  // the channels sample() decodes to (0: fixed by the data)
 };
 
 // What the CLI's --data flag and a run file describe. Fields a kind does not use are ignored.

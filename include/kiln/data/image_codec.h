@@ -44,9 +44,9 @@ Image decode_image(const uint8_t* bytes, size_t size, int64_t channels, const st
 struct ImageInfo {
   ImageFormat format = ImageFormat::Unknown;
   int64_t height = 0, width = 0;
-  int64_t channels = 0;  // as stored: 1, 3 or 4 (CMYK / YCCK JPEG, RGBA PNG); 2: grey+alpha PNG
+  int64_t channels = 0;      // as stored: 1, 3 or 4 (CMYK / YCCK JPEG, RGBA PNG); 2: grey+alpha PNG
   bool progressive = false;  // JPEG
-  bool cmyk = false;  // JPEG in CMYK or YCCK
+  bool cmyk = false;         // JPEG in CMYK or YCCK
   // The bytes end with the EOI marker, trailing zero padding ignored (a truncated file does
   // not); PNG: with the IEND chunk.
   bool complete = false;

@@ -15,8 +15,8 @@
 // file is Error(Data) naming it and telling how to skip such files instead.
 //
 // encoded() reads a file and its header without decoding (the uint8 and GPU paths decode
-// later); a header that fails, or declares more than the dataset's pixel limit, is corrupt there too.
-// A decoder that later fails on the pixels calls mark_corrupt(), with the same warning and
+// later); a header that fails, or declares more than the dataset's pixel limit, is corrupt there
+// too. A decoder that later fails on the pixels calls mark_corrupt(), with the same warning and
 // count, and asks for the next file: the replacement sample() would have made.
 #pragma once
 #include <atomic>

@@ -33,12 +33,12 @@ struct EncodedImage {
 };
 
 struct EncodedBatch {
-  int64_t size = 0;  // valid samples (the rest of a partial batch are zero, label -1)
+  int64_t size = 0;   // valid samples (the rest of a partial batch are zero, label -1)
   int64_t batch = 0;  // the compiled batch
   int64_t height = 0, width = 0, channels = 0;  // of each output sample
-  std::vector<EncodedImage> images;  // `size` entries
-  std::vector<uint8_t> host_pixels;  // batch * height * width * channels
-  std::vector<int32_t> labels;  // `batch` entries
+  std::vector<EncodedImage> images;             // `size` entries
+  std::vector<uint8_t> host_pixels;             // batch * height * width * channels
+  std::vector<int32_t> labels;                  // `batch` entries
   // Decodes sample k on the host into `out` (height x width x channels), for an image the
   // device decoder refused; may replace the file by the next good one as the dataset does, and
   // then sets *label to that file's label.
@@ -49,17 +49,17 @@ struct EncodedBatch {
 
 // What a backend's JPEG decoder did, summed since it was made (kiln's summary reports it).
 struct DecodeCounters {
-  int64_t hardware = 0;  // images decoded on the JPEG engines
+  int64_t hardware = 0;    // images decoded on the JPEG engines
   int64_t gpu_hybrid = 0;  // on the GPU's CUDA cores (nvJPEG's hybrid / GPU backend)
-  int64_t host = 0;  // decoded on the host: not JPEG, CMYK, or refused by nvJPEG
-  int64_t batches = 0;  // encoded batches staged
+  int64_t host = 0;        // decoded on the host: not JPEG, CMYK, or refused by nvJPEG
+  int64_t batches = 0;     // encoded batches staged
   // Host seconds the staging thread spent in those batches (what it cannot spend enqueuing
   // steps): in all, and in its parts.
-  double stage_seconds = 0;  // the whole stage_batch_encoded call
-  double copy_seconds = 0;  // bitstreams into pinned memory
-  double parse_seconds = 0;  // headers, the engines' support checks, the plan
+  double stage_seconds = 0;        // the whole stage_batch_encoded call
+  double copy_seconds = 0;         // bitstreams into pinned memory
+  double parse_seconds = 0;        // headers, the engines' support checks, the plan
   double engine_call_seconds = 0;  // inside nvjpegDecodeBatched(Ex)
-  double hybrid_seconds = 0;  // the hybrid decoder's images (host Huffman)
+  double hybrid_seconds = 0;       // the hybrid decoder's images (host Huffman)
   double host_decode_seconds = 0;  // images decoded or copied from the host
 };
 

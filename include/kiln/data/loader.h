@@ -46,12 +46,14 @@ enum class LoaderOutput { float32, uint8, encoded };
 // Where the loader's time went, summed since start (the progress line's and summary's
 // loader rate, and the "input-bound" verdict).
 struct LoaderStats {
-  int64_t samples = 0;        // made by the workers
-  double make_seconds = 0;    // worker time spent making them, over all workers
-  double wait_seconds = 0;    // time next() waited for a batch not yet made
+  int64_t samples = 0;      // made by the workers
+  double make_seconds = 0;  // worker time spent making them, over all workers
+  double wait_seconds = 0;  // time next() waited for a batch not yet made
   int workers = 0;
   // Samples a second the workers give when none waits: samples / make_seconds * workers.
-  double rate() const { return make_seconds > 0 ? samples / make_seconds * (workers > 0 ? workers : 1) : 0; }
+  double rate() const {
+    return make_seconds > 0 ? samples / make_seconds * (workers > 0 ? workers : 1) : 0;
+  }
 };
 
 struct LoaderOptions {
@@ -111,8 +113,8 @@ class Loader {
     int64_t remaining = 0;  // samples still being made
     int64_t error_at = -1;  // the lowest sample position that failed, -1 if none
     std::exception_ptr error;
-    std::vector<float> images;         // float32
-    std::vector<uint8_t> pixels;       // uint8; encoded: the samples decoded on the host
+    std::vector<float> images;          // float32
+    std::vector<uint8_t> pixels;        // uint8; encoded: the samples decoded on the host
     std::vector<EncodedImage> encoded;  // encoded
     std::vector<int32_t> labels;
   };

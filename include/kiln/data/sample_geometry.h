@@ -30,8 +30,8 @@ double filter_support(ResampleFilter f);  // 1 or 2 source pixels at scale 1
 struct ResampleAxis {
   int64_t out = 0;  // output pixels
   double origin = 0;
-  double scale = 1;  // source pixels per output pixel
-  int64_t lo = 0, hi = 0;  // source pixels the filter may read
+  double scale = 1;                    // source pixels per output pixel
+  int64_t lo = 0, hi = 0;              // source pixels the filter may read
   int64_t valid_lo = 0, valid_hi = 0;  // outputs that read the source; the rest are 0
   ResampleFilter filter = ResampleFilter::bilinear;
 
@@ -97,8 +97,8 @@ void tap_span(const ResampleTaps& t, int64_t* lo, int64_t* hi);
 // order of PIL and of the float transforms (the switch KILN_RESAMPLE_VERTICAL_FIRST=0 picks it,
 // through ResampledDecodeOptions).
 enum class ResampleOrder { horizontal_first, vertical_first };
-void resample_u8(const uint8_t* src, int64_t src_h, int64_t src_w, int64_t channels,
-                 int64_t stride, const SampleGeometry& g, uint8_t* out,
+void resample_u8(const uint8_t* src, int64_t src_h, int64_t src_w, int64_t channels, int64_t stride,
+                 const SampleGeometry& g, uint8_t* out,
                  ResampleOrder order = ResampleOrder::vertical_first);
 
 }  // namespace kiln

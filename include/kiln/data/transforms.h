@@ -10,8 +10,9 @@
 //    triangle widens to the output pixel's footprint; when enlarging it is plain bilinear with
 //    half-pixel centres. Resize uses the same filter. Either may take PIL's bicubic instead
 //    (torchvision's interpolation=BICUBIC); on the float path its overshoot is not clamped, as
-//    torchvision's on float tensors, while the uint8 paths clamp it to bytes as PIL does. Crops, resizes and flips compose into one
-//    SampleGeometry (Transform::compose), so the float, uint8 and GPU paths give the same pixels;
+//    torchvision's on float tensors, while the uint8 paths clamp it to bytes as PIL does. Crops,
+//    resizes and flips compose into one SampleGeometry (Transform::compose), so the float, uint8
+//    and GPU paths give the same pixels;
 //  - RandomCrop pads with zeros on all four sides, then picks the corner uniformly;
 //  - ColorJitter applies brightness, contrast, saturation and hue in a random order with
 //    factors drawn as torchvision does, clamping to [0,1] after each, so it needs ToFloat
@@ -28,8 +29,8 @@
 #include <vector>
 
 #include "kiln/core/rng.h"
-#include "kiln/data/input_batch.h"
 #include "kiln/data/dataset.h"
+#include "kiln/data/input_batch.h"
 #include "kiln/data/sample_geometry.h"
 
 namespace kiln {

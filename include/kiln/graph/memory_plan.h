@@ -14,7 +14,7 @@ struct Program;
 
 struct MemoryPlan {
   std::array<int64_t, kRegionCount> region_bytes{};  // indexed by Region; 0 = region absent
-  int64_t features_without_reuse = 0;     // what the features region would need without reuse
+  int64_t features_without_reuse = 0;  // what the features region would need without reuse
   int64_t aux_without_reuse = 0;
   bool locked = false;
   int64_t total() const {

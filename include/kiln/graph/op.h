@@ -64,8 +64,8 @@ struct Attrs {
   // allgather, bn_*: the ranks the node was compiled for.
   bool reduce_max = false;
   int world = 1;
-  // sgd / adamw / lars / grad_norm: factor on the unscaled gradient, 1/world when the gradients were
-  // summed over the ranks (folded into the 1/loss_scale multiply; 1 = no change).
+  // sgd / adamw / lars / grad_norm: factor on the unscaled gradient, 1/world when the gradients
+  // were summed over the ranks (folded into the 1/loss_scale multiply; 1 = no change).
   float grad_average = 1.0f;
 };
 

@@ -22,20 +22,20 @@ struct Node {
 };
 
 // The named phases of a training step (ARCHITECTURE.md, "Phases"), in schedule order.
-#define KILN_PHASES(X)                                                                \
-  X(transfer, "copy the staged batch (A or B) into the step's input")                 \
-  X(zero_grad, "zero the gradients that are accumulated rather than written")         \
-  X(forward_first, "the first layer's forward")                                       \
-  X(forward_backward, "deep forward, loss, deep backward")                            \
-  X(backward_first, "the first layer's backward (no input gradient)")                 \
-  X(grad_cast, "FP16 convolution weight gradients to FP32, one range op")             \
-  X(communicate, "gradient all-reduce buckets")                                       \
-  X(check_scale, "NaN/Inf check of the gradients (with clipping)")                    \
-  X(bn_stats, "BatchNorm statistics synchronisation")                                 \
-  X(optimizer, "the fused optimizer over whole regions, then the loss-scale update")   \
-  X(ema, "EMA of the weights and BatchNorm buffers")                                                      \
-  X(weight_cast, "FP32 master weights to the FP16 compute copy, one range op")        \
-  X(eval_forward, "evaluation forward and loss/accuracy")                             \
+#define KILN_PHASES(X)                                                               \
+  X(transfer, "copy the staged batch (A or B) into the step's input")                \
+  X(zero_grad, "zero the gradients that are accumulated rather than written")        \
+  X(forward_first, "the first layer's forward")                                      \
+  X(forward_backward, "deep forward, loss, deep backward")                           \
+  X(backward_first, "the first layer's backward (no input gradient)")                \
+  X(grad_cast, "FP16 convolution weight gradients to FP32, one range op")            \
+  X(communicate, "gradient all-reduce buckets")                                      \
+  X(check_scale, "NaN/Inf check of the gradients (with clipping)")                   \
+  X(bn_stats, "BatchNorm statistics synchronisation")                                \
+  X(optimizer, "the fused optimizer over whole regions, then the loss-scale update") \
+  X(ema, "EMA of the weights and BatchNorm buffers")                                 \
+  X(weight_cast, "FP32 master weights to the FP16 compute copy, one range op")       \
+  X(eval_forward, "evaluation forward and loss/accuracy")                            \
   X(init, "after weights are loaded: compute copies and EMA start")
 
 enum class PhaseKind : uint8_t {
@@ -57,14 +57,14 @@ enum class ParamKind : uint8_t { ConvWeight, FcWeight, BnWeight, BnBias, Bias };
 const char* param_kind_name(ParamKind k);
 
 struct ParamDesc {
-  std::string name;       // torchvision's: "layer1.0.conv1.weight"
+  std::string name;  // torchvision's: "layer1.0.conv1.weight"
   ParamKind kind = ParamKind::ConvWeight;
-  Shape shape;            // kiln's layout: conv KRSC, fc [out, in]
-  Shape torch_shape;      // torchvision's: conv OIHW (K, C, R, S), fc [out, in]
-  bool decay = true;      // weight decay applies (not to BatchNorm or biases)
+  Shape shape;                // kiln's layout: conv KRSC, fc [out, in]
+  Shape torch_shape;          // torchvision's: conv OIHW (K, C, R, S), fc [out, in]
+  bool decay = true;          // weight decay applies (not to BatchNorm or biases)
   bool compute_copy = false;  // has an FP16 compute copy under AMP (conv and fc weights)
-  int64_t slot = 0;       // first element of the slot, the same in every parameter region
-  int64_t slot_elems = 0; // slot length in elements: a multiple of 128 (256 bytes in FP16)
+  int64_t slot = 0;           // first element of the slot, the same in every parameter region
+  int64_t slot_elems = 0;     // slot length in elements: a multiple of 128 (256 bytes in FP16)
   // An fc layer after flattening an NHWC map reads its input as H,W,C while torchvision
   // reads C,H,W: import/export permutes the weight's columns. {C,H,W}, or zeros.
   std::array<int64_t, 3> fc_input_chw{0, 0, 0};
@@ -82,8 +82,8 @@ struct BufferDesc {
 
 // Tensors that the executor, the trainer and the tests address by role.
 struct ProgramIO {
-  TensorId input = kNoTensor;    // [N,H,W,C] in the feature dtype
-  TensorId labels = kNoTensor;   // [N] i32
+  TensorId input = kNoTensor;                                   // [N,H,W,C] in the feature dtype
+  TensorId labels = kNoTensor;                                  // [N] i32
   std::array<TensorId, 2> staged_images{kNoTensor, kNoTensor};  // F32 NHWC in input_a / input_b
   std::array<TensorId, 2> staged_labels{kNoTensor, kNoTensor};
   TensorId logits = kNoTensor;
@@ -106,7 +106,7 @@ struct CompileOptions {
   // FP32 convolutions and matmuls may use TF32 tensor cores (GPU; --tf32 or KILN_TF32=1).
   // Off by default: FP32 means FP32. PyTorch's cuDNN convolutions allow TF32 by default.
   bool tf32 = false;
-  bool memory_reuse = true;   // the Engine sets it from Switches::memory_reuse
+  bool memory_reuse = true;  // the Engine sets it from Switches::memory_reuse
   // A fused BN+add+ReLU backward whose output gradient has two contributions takes both
   // (bn_add_relu_bwd's dy2) instead of an add node summing them first; set by the Engine
   // from the backend's caps and KILN_FUSE_GRAD_SUM.
@@ -122,9 +122,9 @@ struct CompileOptions {
   // AMP loss scaling (S8, S9).
   float initial_loss_scale = 8192.0f;
   int64_t loss_scale_growth_interval = 2000;  // 0 = the scale only falls, as in the source
-  float clip_grad = 0.0f;                    // |unscaled gradient| cap; 0 = off
-  float clip_grad_norm = 0.0f;               // global L2 norm cap of the gradients; 0 = off
-  float label_smoothing = 0.0f;              // softmax-CE target smoothing in [0, 1)
+  float clip_grad = 0.0f;                     // |unscaled gradient| cap; 0 = off
+  float clip_grad_norm = 0.0f;                // global L2 norm cap of the gradients; 0 = off
+  float label_smoothing = 0.0f;               // softmax-CE target smoothing in [0, 1)
   // The training step mixes its batch (mix_batch in the transfer) and the loss its labels by
   // the step's io.mix (mixup / cutmix); false: neither node nor tensor exists.
   bool mix = false;
@@ -144,13 +144,13 @@ struct Program {
   MemoryPlan memory;
   ProgramIO io;
   DType feature_dtype = DType::F32;
-  int64_t param_elems = 0;          // length of every parameter region, in elements
-  int64_t buffer_elems = 0;         // length of bn_running (and ema_bn_running), in elements
+  int64_t param_elems = 0;   // length of every parameter region, in elements
+  int64_t buffer_elems = 0;  // length of bn_running (and ema_bn_running), in elements
   int64_t num_classes = 0;
-  std::vector<Phase> train;         // transfer_a, transfer_b, then the step's phases
-  std::vector<Phase> eval;          // eval_forward over the model's weights
-  std::vector<Phase> eval_ema;      // eval_forward over the EMA weights (when EMA is on)
-  std::vector<Phase> init;          // run once after weights are written
+  std::vector<Phase> train;     // transfer_a, transfer_b, then the step's phases
+  std::vector<Phase> eval;      // eval_forward over the model's weights
+  std::vector<Phase> eval_ema;  // eval_forward over the EMA weights (when EMA is on)
+  std::vector<Phase> init;      // run once after weights are written
 
   const DTensor& tensor(TensorId id) const { return tensors.at(static_cast<size_t>(id)); }
   const ParamDesc* find_param(const std::string& name) const;

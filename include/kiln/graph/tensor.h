@@ -14,22 +14,22 @@ namespace kiln {
 // The semantic regions of SPEC S5. Parameter regions share one slot layout: every
 // parameter has the same slot index in each of them, and an FP32 slot is exactly twice the
 // FP16 slot, so one range kernel covers the whole model.
-#define KILN_REGIONS(X)                                                                   \
-  X(params_f32, "master weights, FP32")                                                   \
-  X(params_f16, "AMP compute weights, FP16 (AMP only)")                                   \
-  X(grads_f32, "parameter gradients that reach the optimizer, FP32")                      \
-  X(grads_f16, "convolution weight gradients as cuDNN writes them, FP16 (AMP only)")      \
-  X(moment1, "optimizer first moment (momentum / Adam m), FP32")                          \
-  X(moment2, "optimizer second moment (Adam v), FP32")                                    \
-  X(ema_f32, "EMA of the weights, FP32")                                                  \
-  X(ema_f16, "EMA of the weights, FP16 (AMP only)")                                       \
-  X(bn_running, "BatchNorm running mean and variance, FP32")                              \
-  X(ema_bn_running, "EMA of the BatchNorm running mean and variance, FP32 (EMA only)")   \
-  X(bn_saved, "BatchNorm saved batch mean and inverse std of the step, FP32")             \
+#define KILN_REGIONS(X)                                                                       \
+  X(params_f32, "master weights, FP32")                                                       \
+  X(params_f16, "AMP compute weights, FP16 (AMP only)")                                       \
+  X(grads_f32, "parameter gradients that reach the optimizer, FP32")                          \
+  X(grads_f16, "convolution weight gradients as cuDNN writes them, FP16 (AMP only)")          \
+  X(moment1, "optimizer first moment (momentum / Adam m), FP32")                              \
+  X(moment2, "optimizer second moment (Adam v), FP32")                                        \
+  X(ema_f32, "EMA of the weights, FP32")                                                      \
+  X(ema_f16, "EMA of the weights, FP16 (AMP only)")                                           \
+  X(bn_running, "BatchNorm running mean and variance, FP32")                                  \
+  X(ema_bn_running, "EMA of the BatchNorm running mean and variance, FP32 (EMA only)")        \
+  X(bn_saved, "BatchNorm saved batch mean and inverse std of the step, FP32")                 \
   X(features, "activations and their gradients, reused by liveness; FP32, or FP16 under AMP") \
-  X(aux, "masks and pooling indices (u8/i32), reused by liveness")                        \
-  X(scalars, "loss, loss scale, overflow flag, counters, learning rate")                   \
-  X(input_a, "input batch A (images and labels), filled while B is used")                 \
+  X(aux, "masks and pooling indices (u8/i32), reused by liveness")                            \
+  X(scalars, "loss, loss scale, overflow flag, counters, learning rate")                      \
+  X(input_a, "input batch A (images and labels), filled while B is used")                     \
   X(input_b, "input batch B")
 
 enum class Region : uint8_t {

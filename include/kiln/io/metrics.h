@@ -98,7 +98,7 @@ struct MetricsTrim {
 // continues after its checkpoint's step, so later rows would be written twice), rewriting
 // each file atomically when it changes; a row cut short (no final newline) is removed too.
 // A missing file is left missing.
-MetricsTrim truncate_metrics(const std::string& csv_path, const std::string& jsonl_path, const std::string& key,
-                             int64_t max);
+MetricsTrim truncate_metrics(const std::string& csv_path, const std::string& jsonl_path,
+                             const std::string& key, int64_t max);
 
 }  // namespace kiln

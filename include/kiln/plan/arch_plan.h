@@ -47,12 +47,14 @@ struct PlanNode {
   // its name; `shape` is then the pooled output, conv_shape() the convolution's.
   int pool = 0;
   std::string pool_name;
-  Shape conv_shape() const { return pool ? Shape{shape[0] * pool, shape[1] * pool, shape[2]} : shape; }
+  Shape conv_shape() const {
+    return pool ? Shape{shape[0] * pool, shape[1] * pool, shape[2]} : shape;
+  }
   bool removed = false;  // dropped by a pass (kept so ids stay stable)
 };
 
 struct PlanOptions {
-  bool fusion = true;          // KILN_FUSION=0 turns the merge passes off
+  bool fusion = true;  // KILN_FUSION=0 turns the merge passes off
   bool amp = false;
   bool backend_fuses_cbr = false;
   bool backend_fuses_cbr_pool = false;  // and KILN_FUSE_POOL is not 0
@@ -64,7 +66,7 @@ struct ArchPlan {
   std::string model;
   Shape input;  // {H, W, C}
   int num_classes = 0;
-  std::vector<PlanNode> nodes;  // topological order; removed nodes stay with removed = true
+  std::vector<PlanNode> nodes;     // topological order; removed nodes stay with removed = true
   std::vector<std::string> notes;  // what each pass did (printed by `kiln plan`)
 
   std::vector<const PlanNode*> live() const;

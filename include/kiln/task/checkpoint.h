@@ -1,7 +1,7 @@
 // Checkpoints (SPEC S25) in safetensors: weights and BatchNorm buffers under torchvision's
 // names and layouts (so a checkpoint loads into torchvision as it is), optimizer moments,
-// EMA weights and BatchNorm statistics, loss-scale state, and the run's position (epoch, step) and seed in the
-// metadata. Written to a temporary file and renamed; resuming restores all of it.
+// EMA weights and BatchNorm statistics, loss-scale state, and the run's position (epoch, step) and
+// seed in the metadata. Written to a temporary file and renamed; resuming restores all of it.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -27,9 +27,9 @@ struct TrainState {
   int64_t step_in_epoch = 0;  // steps of epoch `epoch` (0-based) taken; 0 at an epoch's end
   uint64_t seed = 0;
   double best_top1 = 0;
-  int64_t stale_epochs = 0;   // epochs without a better top-1 (early stop)
-  EpochSums sums;             // of the epoch in progress (step_in_epoch > 0)
-  std::string config;         // the run's options (config_json), checked on resume
+  int64_t stale_epochs = 0;  // epochs without a better top-1 (early stop)
+  EpochSums sums;            // of the epoch in progress (step_in_epoch > 0)
+  std::string config;        // the run's options (config_json), checked on resume
   // The finished epoch's metrics row, written to the metrics files after this checkpoint: a
   // run killed between the two gets it back on resume.
   std::string row_csv, row_jsonl;

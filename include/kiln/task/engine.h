@@ -41,9 +41,9 @@ struct InputView {
 };
 
 struct StepStats {
-  float loss = 0;          // mean cross-entropy of the batch
+  float loss = 0;              // mean cross-entropy of the batch
   int64_t top1 = 0, top5 = 0;  // hits in the batch
-  bool overflow = false;   // AMP: the step was skipped on the device
+  bool overflow = false;       // AMP: the step was skipped on the device
   float loss_scale = 1;
 };
 
@@ -88,7 +88,8 @@ class Engine {
   // COMPILED. One training step on a batch of program().options.batch samples (NHWC float
   // images, int32 labels). `read_stats` = false skips the host read of loss and accuracy
   // (no synchronisation; the returned stats are then empty).
-  StepStats train_step(const float* images, const int32_t* labels, float lr, bool read_stats = true);
+  StepStats train_step(const float* images, const int32_t* labels, float lr,
+                       bool read_stats = true);
   // The training loop's form: enqueues the step and returns the statistics of the step
   // before it, which a GPU has finished by then or nearly, so the host prepares the next batch
   // while this one runs instead of waiting for it (Backend::read_later). Empty on the first
@@ -145,7 +146,7 @@ class Engine {
   Lifecycle state_ = Lifecycle::PLANNING;
   int64_t steps_ = 0;
   int slot_ = 0;
-  bool staged_[2] = {false, false};  // a batch was staged into input slot A / B
+  bool staged_[2] = {false, false};     // a batch was staged into input slot A / B
   std::optional<StatTickets> pending_;  // train_step_async's newest step, not yet collected
   std::vector<float> pad_images_;
   std::vector<uint8_t> pad_u8_;

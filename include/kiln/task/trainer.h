@@ -33,28 +33,28 @@ struct TrainConfig {
   bool amp = false;
   bool ema = false;
   float ema_decay = 0.999f;
-  int64_t eval_every = 1;             // epochs
-  int64_t early_stop = 0;             // epochs without a better top-1 before stopping; 0 = never
-  int64_t stop_after_epochs = 0;      // end after this many epochs of this run, as if interrupted
-                                      // (the schedule still spans `epochs`); 0 = run to the end
-  int64_t stop_after_steps = 0;       // the same after this many steps of this run, mid-epoch
+  int64_t eval_every = 1;         // epochs
+  int64_t early_stop = 0;         // epochs without a better top-1 before stopping; 0 = never
+  int64_t stop_after_epochs = 0;  // end after this many epochs of this run, as if interrupted
+                                  // (the schedule still spans `epochs`); 0 = run to the end
+  int64_t stop_after_steps = 0;   // the same after this many steps of this run, mid-epoch
   // Mid-epoch checkpoints (last.safetensors, as at an epoch's end): every N steps, and every M
   // minutes of training; 0 turns either off. Ten minutes bound what a kill loses on a long
   // epoch while a checkpoint's few seconds stay a small share of the time.
   int64_t save_every_steps = 0;
   double save_every_minutes = 10;
   std::string output = "runs/default";
-  std::string resume;                 // checkpoint to continue from
-  std::string init_from;              // torchvision-named weights to start from
+  std::string resume;     // checkpoint to continue from
+  std::string init_from;  // torchvision-named weights to start from
   uint64_t seed = 0;
-  int workers = 2;                    // the CLI's default: default_loader_workers()
+  int workers = 2;                              // the CLI's default: default_loader_workers()
   DecodeWhere decode = DecodeWhere::automatic;  // where image files are decoded (--decode)
-  bool input_u8 = true;               // uint8 pixels to the device where the pipeline allows;
-                                      // false: float32 from the host (the reference path)
+  bool input_u8 = true;  // uint8 pixels to the device where the pipeline allows;
+                         // false: float32 from the host (the reference path)
   std::string device = "auto";
-  bool hflip = true;                  // random horizontal flip
-  int crop_padding = 0;               // random crop with this padding (0 = off)
-  bool random_resized_crop = false;   // ImageNet-style training crop
+  bool hflip = true;                 // random horizontal flip
+  int crop_padding = 0;              // random crop with this padding (0 = off)
+  bool random_resized_crop = false;  // ImageNet-style training crop
   // ColorJitter on training images after the crop and flip: brightness, contrast, saturation,
   // hue (all 0 = off). Not a crop-and-resize, so the training batches take the float32 path.
   std::array<float, 4> color_jitter{};
@@ -69,15 +69,16 @@ struct TrainConfig {
   std::string auto_augment;
   int ra_num_ops = 2;
   int ra_magnitude = 9;
-  int64_t image_size = 0;             // 0 = the model's default
-  int64_t num_classes = 0;            // 0 = the dataset's
-  int64_t max_steps_per_epoch = 0;    // 0 = the whole epoch (for quick runs and tests)
-  int64_t synthetic_size = 0;         // synthetic dataset length (0 = 50 batches)
-  int64_t max_image_pixels = int64_t{1} << 26;  // image folders: larger images are skipped as corrupt
-  std::string progress = "auto";      // auto, bar, plain, none
+  int64_t image_size = 0;           // 0 = the model's default
+  int64_t num_classes = 0;          // 0 = the dataset's
+  int64_t max_steps_per_epoch = 0;  // 0 = the whole epoch (for quick runs and tests)
+  int64_t synthetic_size = 0;       // synthetic dataset length (0 = 50 batches)
+  int64_t max_image_pixels = int64_t{1}
+                             << 26;  // image folders: larger images are skipped as corrupt
+  std::string progress = "auto";     // auto, bar, plain, none
   float clip_grad = 0.0f;
-  float clip_grad_norm = 0.0f;        // global L2 norm cap of the gradients (0 = off)
-  float label_smoothing = 0.0f;       // cross-entropy target smoothing in [0, 1)
+  float clip_grad_norm = 0.0f;   // global L2 norm cap of the gradients (0 = off)
+  float label_smoothing = 0.0f;  // cross-entropy target smoothing in [0, 1)
   // Mixup / CutMix of the training batches (kiln/data/mixup.h; both alphas 0 = off): alphas,
   // the share of mixed steps and cutmix's share when both are on (torchvision's RandomChoice
   // is 0.5). Evaluation is unmixed.
@@ -93,7 +94,7 @@ struct TrainConfig {
   // Data parallel (S27): several processes (mpirun, srun) are detected from the launcher's
   // environment; `distributed` starts MPI even without it. batch_size is the global batch.
   bool distributed = false;
-  bool sync_bn = true;                // BatchNorm statistics over every rank's batch (SyncBN)
+  bool sync_bn = true;  // BatchNorm statistics over every rank's batch (SyncBN)
   // Called on rank 0 with each epoch's metrics row once the row is written and the epoch
   // saved (kiln.train's callback); an exception from it ends the run, that epoch kept.
   std::function<void(const MetricsRow&)> on_epoch;
@@ -106,16 +107,18 @@ struct TrainSummary {
   double train_seconds = 0;           // wall time of the training epochs (without evaluation)
   std::vector<double> epoch_seconds;  // per epoch, training only
   double images_per_second = 0;
-  std::string input;                  // the loader's output: encoded, uint8 or float32
+  std::string input;                    // the loader's output: encoded, uint8 or float32
   double loader_images_per_second = 0;  // the training loader's own rate (LoaderStats::rate)
-  double input_wait_fraction = 0;     // share of training time the step waited for a batch
-  double eval_images_per_second = 0;  // the last evaluation pass's (all ranks' images, its wall time)
-  int64_t skipped_images = 0;         // corrupt files replaced (both splits)
+  double input_wait_fraction = 0;       // share of training time the step waited for a batch
+  double eval_images_per_second =
+      0;                       // the last evaluation pass's (all ranks' images, its wall time)
+  int64_t skipped_images = 0;  // corrupt files replaced (both splits)
   std::string metrics_csv, metrics_jsonl, checkpoint;
-  int stop_signal = 0;        // SIGINT, SIGTERM or SIGHUP stopped the run between two steps
-  bool stopped_early = false; // --stop-after-epochs or --stop-after-steps ended it
-  bool complete = false;      // --resume of a run that had done all its epochs: nothing ran
-  std::string saved_at;       // where the checkpoint on disk stands ("after epoch 2", "at step 7 (...)"); "" if none
+  int stop_signal = 0;         // SIGINT, SIGTERM or SIGHUP stopped the run between two steps
+  bool stopped_early = false;  // --stop-after-epochs or --stop-after-steps ended it
+  bool complete = false;       // --resume of a run that had done all its epochs: nothing ran
+  std::string saved_at;        // where the checkpoint on disk stands ("after epoch 2", "at step 7
+                               // (...)"); "" if none
 };
 
 // Validates the configuration (clear errors naming the flag) and runs it.

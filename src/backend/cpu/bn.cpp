@@ -130,7 +130,8 @@ KernelPtr bn_fwd_train(const Node& n, Context& ctx, float* dst) {
                  beta = need_in(n, 2, "beta"), rm = need_in(n, 3, "running_mean"),
                  rv = need_in(n, 4, "running_var");
   const TensorId y = dst ? kNoTensor : need_out(n, 0, "y"), saved = need_out(n, 1, "saved");
-  const BnGeom g = dst ? bn_geom(ctx, n, x, {}, {gamma, beta, rm, rv}) : bn_geom(ctx, n, x, {y}, {gamma, beta, rm, rv});
+  const BnGeom g = dst ? bn_geom(ctx, n, x, {}, {gamma, beta, rm, rv})
+                       : bn_geom(ctx, n, x, {y}, {gamma, beta, rm, rv});
   expect_dtype(ctx, n, saved, DType::F32, "saved");
   expect_numel(ctx, n, saved, 2 * g.x.c, "saved (2 x C)");
   std::vector<float> var(static_cast<size_t>(g.x.c));
@@ -157,9 +158,13 @@ KernelPtr bn_fwd_train(const Node& n, Context& ctx, float* dst) {
 }  // namespace
 
 // "x, gamma, beta, running_mean, running_var -> y, saved (2xC: mean, invstd)"
-KernelPtr make_bn_fwd_train(const Node& n, Context& ctx) { return bn_fwd_train(n, ctx, nullptr); }
+KernelPtr make_bn_fwd_train(const Node& n, Context& ctx) {
+  return bn_fwd_train(n, ctx, nullptr);
+}
 
-KernelPtr make_bn_fwd_train_into(const Node& n, Context& ctx, float* dst) { return bn_fwd_train(n, ctx, dst); }
+KernelPtr make_bn_fwd_train_into(const Node& n, Context& ctx, float* dst) {
+  return bn_fwd_train(n, ctx, dst);
+}
 
 // "x, gamma, beta, running_mean, running_var -> y"
 KernelPtr make_bn_fwd_infer(const Node& n, Context& ctx) {

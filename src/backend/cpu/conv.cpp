@@ -98,10 +98,9 @@ KernelPtr make_conv_fwd(const Node& n, Context& ctx) {
   try {
     auto pd = fwd_pd(ctx, g, b != kNoTensor, user_scratchpad_attr());
     WeightsIn wi = weights_for(n, ctx, g, w, pd.weights_desc(), /*to_primitive=*/true);
-    std::unordered_map<int, memory> args{
-        {DNNL_ARG_SRC, make_memory(ctx, x, nchw(g.x), tag::nhwc)},
-        {DNNL_ARG_WEIGHTS, wi.mem},
-        {DNNL_ARG_DST, make_memory(ctx, y, nchw(g.y), tag::nhwc)}};
+    std::unordered_map<int, memory> args{{DNNL_ARG_SRC, make_memory(ctx, x, nchw(g.x), tag::nhwc)},
+                                         {DNNL_ARG_WEIGHTS, wi.mem},
+                                         {DNNL_ARG_DST, make_memory(ctx, y, nchw(g.y), tag::nhwc)}};
     if (b != kNoTensor) args[DNNL_ARG_BIAS] = make_memory(ctx, b, {g.k}, tag::x);
     DnnlCall conv(n, ctx, convolution_forward(pd), pd, std::move(args));
     return sequence(std::move(wi), std::move(conv), true);

@@ -1,10 +1,10 @@
 // CpuBackend: one aligned buffer per region, one prepared kernel per node, phases run in
 // order on the calling thread (oneDNN uses its own threads inside a primitive).
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <algorithm>
 #include <map>
 #include <vector>
 
@@ -68,7 +68,8 @@ class CpuBackend final : public Backend {
     std::snprintf(line, sizeof line, "cpu profile: %.3f s in kernels\n", total);
     out += line;
     for (const auto& [s, op] : rows) {
-      std::snprintf(line, sizeof line, "  %-18s %9.3f s  %5.1f%%\n", op.c_str(), s, 100 * s / total);
+      std::snprintf(line, sizeof line, "  %-18s %9.3f s  %5.1f%%\n", op.c_str(), s,
+                    100 * s / total);
       out += line;
     }
     return out;
@@ -92,7 +93,8 @@ class CpuBackend final : public Backend {
       regions_[static_cast<size_t>(r)].reset(p);
       ctx_.base[static_cast<size_t>(r)] = p;
     }
-    auto build = [&](const std::vector<Phase>& phases, std::vector<std::vector<cpu::KernelPtr>>& out) {
+    auto build = [&](const std::vector<Phase>& phases,
+                     std::vector<std::vector<cpu::KernelPtr>>& out) {
       out.clear();
       for (const Phase& ph : phases) {
         std::vector<cpu::KernelPtr> ks;
@@ -126,7 +128,9 @@ class CpuBackend final : public Backend {
         for (size_t i = 0; i < p.train.size(); ++i) {
           const Phase& ph = p.train[i];
           // Of the two transfer phases, run the one for the slot that holds this batch.
-          if (ph.kind == PhaseKind::transfer && ph.name != (slot == 0 ? "transfer_a" : "transfer_b")) continue;
+          if (ph.kind == PhaseKind::transfer &&
+              ph.name != (slot == 0 ? "transfer_a" : "transfer_b"))
+            continue;
           run_list(train_[i]);
         }
         break;
@@ -150,8 +154,8 @@ class CpuBackend final : public Backend {
   }
   // Every run() has finished when it returns: a late read reads at once.
   uint64_t read_later(const DTensor& t) override {
-    KILN_CHECK(t.bytes() <= kLateReadBytes, InvalidArgument, "read_later: '", t.name, "' has ", t.bytes(),
-               " bytes; at most ", kLateReadBytes, " (use read())");
+    KILN_CHECK(t.bytes() <= kLateReadBytes, InvalidArgument, "read_later: '", t.name, "' has ",
+               t.bytes(), " bytes; at most ", kLateReadBytes, " (use read())");
     const uint64_t ticket = late_next_++;
     std::vector<uint8_t>& bytes = late_[ticket];
     bytes.resize(static_cast<size_t>(t.bytes()));
@@ -160,7 +164,8 @@ class CpuBackend final : public Backend {
   }
   void collect(uint64_t ticket, void* host) override {
     auto it = late_.find(ticket);
-    KILN_CHECK(it != late_.end(), InvalidArgument, "collect: ticket ", ticket, " was never issued or is collected");
+    KILN_CHECK(it != late_.end(), InvalidArgument, "collect: ticket ", ticket,
+               " was never issued or is collected");
     std::memcpy(host, it->second.data(), it->second.size());
     late_.erase(it);
   }
@@ -176,10 +181,12 @@ class CpuBackend final : public Backend {
     const Program& p = *ctx_.program;
     KILN_CHECK(slot == 0 || slot == 1, InvalidArgument, "stage_batch_u8: slot must be 0 or 1");
     const DTensor& t = p.tensor(p.io.staged_images[static_cast<size_t>(slot)]);
-    KILN_CHECK(t.dtype == DType::F32, Internal, "staged images are ", dtype_name(t.dtype), ", not F32");
+    KILN_CHECK(t.dtype == DType::F32, Internal, "staged images are ", dtype_name(t.dtype),
+               ", not F32");
     const int64_t channels = static_cast<int64_t>(norm.mean.size());
-    KILN_CHECK(channels > 0 && t.numel() % channels == 0, InvalidArgument, "stage_batch_u8: ", channels,
-               " channel statistics for an input of ", t.numel(), " values");
+    KILN_CHECK(channels > 0 && t.numel() % channels == 0, InvalidArgument,
+               "stage_batch_u8: ", channels, " channel statistics for an input of ", t.numel(),
+               " values");
     normalize_u8(images, t.numel() / channels, norm, reinterpret_cast<float*>(address(t)));
     write(p.tensor(p.io.staged_labels[static_cast<size_t>(slot)]), labels);
   }
@@ -198,7 +205,8 @@ class CpuBackend final : public Backend {
         const auto t0 = std::chrono::steady_clock::now();
         k->run(ctx_);
         ctx_.stream.wait();
-        profile_[kernel_op_.at(k.get())] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        profile_[kernel_op_.at(k.get())] +=
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       }
       return;
     }

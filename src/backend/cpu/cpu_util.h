@@ -19,7 +19,9 @@ using tag = dnnl::memory::format_tag;
 using dt = dnnl::memory::data_type;
 
 // oneDNN's dims of an NHWC map (N, C, H, W order; the memory tag gives the layout).
-inline dims nchw(const Nhwc& s) { return {s.n, s.c, s.h, s.w}; }
+inline dims nchw(const Nhwc& s) {
+  return {s.n, s.c, s.h, s.w};
+}
 
 // oneDNN memory over a kiln tensor (fixed address: the region buffers never move).
 dnnl::memory make_memory(Context& ctx, TensorId id, const dims& d, tag t);

@@ -87,7 +87,8 @@ const std::array<std::array<uint32_t, 8>, 256>& byte_to_lanes() {
 
 // g = mask ? dy + dy2 : 0, the gradient-sum add (make_add's a + b) and the ReLU backward in
 // one pass; then the masking above on g.
-KernelPtr apply_mask_sum(const float* dy, const float* dy2, const uint8_t* mask, float* g, int64_t count) {
+KernelPtr apply_mask_sum(const float* dy, const float* dy2, const uint8_t* mask, float* g,
+                         int64_t count) {
   return make_loop([=](Context&) {
 #pragma omp parallel for simd schedule(static)
     for (int64_t i = 0; i < count; ++i) {
@@ -133,11 +134,14 @@ KernelPtr cancelled_bias_moves_running_mean(const Node& n, Context& ctx, TensorI
 KernelPtr cbr_backward(const Node& n, Context& ctx, const CbrBwdTensors& t, KernelPtr to_dz) {
   std::vector<KernelPtr> parts;
   parts.push_back(std::move(to_dz));
-  parts.push_back(
-      make_bn_bwd(fused_part(OpKind::bn_bwd, {t.z, t.dz, t.gamma, t.saved}, {t.dz, t.dgamma, t.dbeta}, n, "bn"), ctx));
-  parts.push_back(make_conv_bwd_weight(fused_part(OpKind::conv_bwd_weight, {t.x, t.dz}, {t.dw}, n, "wgrad"), ctx));
+  parts.push_back(make_bn_bwd(
+      fused_part(OpKind::bn_bwd, {t.z, t.dz, t.gamma, t.saved}, {t.dz, t.dgamma, t.dbeta}, n, "bn"),
+      ctx));
+  parts.push_back(make_conv_bwd_weight(
+      fused_part(OpKind::conv_bwd_weight, {t.x, t.dz}, {t.dw}, n, "wgrad"), ctx));
   if (t.dx != kNoTensor) {
-    parts.push_back(make_conv_bwd_data(fused_part(OpKind::conv_bwd_data, {t.dz, t.w}, {t.dx}, n, "dgrad"), ctx));
+    parts.push_back(make_conv_bwd_data(
+        fused_part(OpKind::conv_bwd_data, {t.dz, t.w}, {t.dx}, n, "dgrad"), ctx));
   }
   if (t.db != kNoTensor) {
     expect_dtype(ctx, n, t.db, DType::F32, "db");
@@ -157,9 +161,10 @@ KernelPtr make_cbr_fwd(const Node& n, Context& ctx) {
   expect_mask(ctx, n, mask, y);
   std::vector<KernelPtr> parts;
   parts.push_back(make_conv_fwd(fused_part(OpKind::conv_fwd, {x, w}, {z}, n, "conv"), ctx));
+  parts.push_back(make_bn_fwd_train(
+      fused_part(OpKind::bn_fwd_train, {z, gamma, beta, rm, rv}, {y, saved}, n, "bn"), ctx));
   parts.push_back(
-      make_bn_fwd_train(fused_part(OpKind::bn_fwd_train, {z, gamma, beta, rm, rv}, {y, saved}, n, "bn"), ctx));
-  parts.push_back(relu_with_mask(ctx.ptr<float>(y), nullptr, ctx.ptr<uint8_t>(mask), ctx.tensor(y).numel()));
+      relu_with_mask(ctx.ptr<float>(y), nullptr, ctx.ptr<uint8_t>(mask), ctx.tensor(y).numel()));
   if (b != kNoTensor) parts.push_back(cancelled_bias_moves_running_mean(n, ctx, b, rm));
   return std::make_unique<Sequence>(std::move(parts));
 }
@@ -173,8 +178,9 @@ KernelPtr make_cbr_bwd(const Node& n, Context& ctx) {
   expect_mask(ctx, n, t.mask, t.dy);
   // The ReLU's backward into dz, then BatchNorm's backward in place there (oneDNN's BN
   // backward reads each diff_dst element before writing the same diff_src element).
-  return cbr_backward(
-      n, ctx, t, apply_mask(ctx.ptr<float>(t.dy), ctx.ptr<uint8_t>(t.mask), ctx.ptr<float>(t.dz), ctx.tensor(t.dy).numel()));
+  return cbr_backward(n, ctx, t,
+                      apply_mask(ctx.ptr<float>(t.dy), ctx.ptr<uint8_t>(t.mask),
+                                 ctx.ptr<float>(t.dz), ctx.tensor(t.dy).numel()));
 }
 
 namespace {
@@ -186,7 +192,8 @@ struct PoolTiles {
   int64_t pool = 0;
   // The element of y whose window holds element i of z.
   int64_t pooled(int64_t i) const {
-    const int64_t c = i % z.c, pix = i / z.c, w = pix % z.w, h = (pix / z.w) % z.h, b = pix / (z.w * z.h);
+    const int64_t c = i % z.c, pix = i / z.c, w = pix % z.w, h = (pix / z.w) % z.h,
+                  b = pix / (z.w * z.h);
     return ((b * y.h + h / pool) * y.w + w / pool) * z.c + c;
   }
 };
@@ -196,9 +203,11 @@ PoolTiles pool_tiles(const Context& ctx, const Node& n, TensorId z, TensorId y) 
   t.z = nhwc_of(ctx, n, z, "z");
   t.y = nhwc_of(ctx, n, y, "y (pooled)");
   t.pool = n.attrs.pool;
-  KILN_CHECK(t.pool >= 1 && t.y.n == t.z.n && t.y.c == t.z.c && t.y.h * t.pool == t.z.h && t.y.w * t.pool == t.z.w,
-             Shape, op_name(n.op), " node '", n.label, "': y ", ctx.tensor(y).shape.str(), " is not z ",
-             ctx.tensor(z).shape.str(), " max-pooled by ", t.pool, "x", t.pool, " windows that tile it (attrs.pool)");
+  KILN_CHECK(t.pool >= 1 && t.y.n == t.z.n && t.y.c == t.z.c && t.y.h * t.pool == t.z.h &&
+                 t.y.w * t.pool == t.z.w,
+             Shape, op_name(n.op), " node '", n.label, "': y ", ctx.tensor(y).shape.str(),
+             " is not z ", ctx.tensor(z).shape.str(), " max-pooled by ", t.pool, "x", t.pool,
+             " windows that tile it (attrs.pool)");
   return t;
 }
 
@@ -219,8 +228,8 @@ KernelPtr make_cbr_pool_fwd(const Node& n, Context& ctx) {
   float* a = relu.data();
   std::vector<KernelPtr> parts;
   parts.push_back(make_conv_fwd(fused_part(OpKind::conv_fwd, {x, w}, {z}, n, "conv"), ctx));
-  parts.push_back(
-      make_bn_fwd_train_into(fused_part(OpKind::bn_fwd_train, {z, gamma, beta, rm, rv}, {z, saved}, n, "bn"), ctx, a));
+  parts.push_back(make_bn_fwd_train_into(
+      fused_part(OpKind::bn_fwd_train, {z, gamma, beta, rm, rv}, {z, saved}, n, "bn"), ctx, a));
   float* yp = ctx.ptr<float>(y);
   uint8_t* mp = ctx.ptr<uint8_t>(mask);
   const int64_t count = t.z.numel();
@@ -240,7 +249,8 @@ KernelPtr make_cbr_pool_fwd(const Node& n, Context& ctx) {
           int64_t at = -1;
           for (int64_t dh = 0; dh < t.pool; ++dh) {
             for (int64_t dw = 0; dw < t.pool; ++dw) {
-              const int64_t i = ((bi * t.z.h + ph * t.pool + dh) * t.z.w + pw * t.pool + dw) * t.z.c + c;
+              const int64_t i =
+                  ((bi * t.z.h + ph * t.pool + dh) * t.z.w + pw * t.pool + dw) * t.z.c + c;
               if (a[i] > best || a[i] != a[i] || at < 0) {
                 best = a[i];
                 at = i;
@@ -284,25 +294,27 @@ KernelPtr make_cbr_pool_bwd(const Node& n, Context& ctx) {
   const int64_t count = t.z.numel();
   return cbr_backward(n, ctx, io, make_loop([=](Context&) {
 #pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < count; ++i) g[i] = (mp[i >> 3] >> (i & 7)) & 1u ? dyp[t.pooled(i)] : 0.0f;
-  }));
+                        for (int64_t i = 0; i < count; ++i)
+                          g[i] = (mp[i >> 3] >> (i & 7)) & 1u ? dyp[t.pooled(i)] : 0.0f;
+                      }));
 }
 
 // "x, gamma, beta, running_mean, running_var, residual -> y, saved, mask"
 KernelPtr make_bn_add_relu_fwd(const Node& n, Context& ctx) {
   reject_accumulate(ctx, n);
-  const TensorId x = need_in(n, 0, "x"), gamma = need_in(n, 1, "gamma"), beta = need_in(n, 2, "beta"),
-                 rm = need_in(n, 3, "running_mean"), rv = need_in(n, 4, "running_var"),
-                 residual = need_in(n, 5, "residual");
-  const TensorId y = need_out(n, 0, "y"), saved = need_out(n, 1, "saved"), mask = need_out(n, 2, "mask");
+  const TensorId x = need_in(n, 0, "x"), gamma = need_in(n, 1, "gamma"),
+                 beta = need_in(n, 2, "beta"), rm = need_in(n, 3, "running_mean"),
+                 rv = need_in(n, 4, "running_var"), residual = need_in(n, 5, "residual");
+  const TensorId y = need_out(n, 0, "y"), saved = need_out(n, 1, "saved"),
+                 mask = need_out(n, 2, "mask");
   expect_same_size(ctx, n, y, residual);
   expect_dtype(ctx, n, residual, DType::F32, "residual");
   expect_mask(ctx, n, mask, y);
   std::vector<KernelPtr> parts;
-  parts.push_back(
-      make_bn_fwd_train(fused_part(OpKind::bn_fwd_train, {x, gamma, beta, rm, rv}, {y, saved}, n, "bn"), ctx));
-  parts.push_back(
-      relu_with_mask(ctx.ptr<float>(y), ctx.ptr<float>(residual), ctx.ptr<uint8_t>(mask), ctx.tensor(y).numel()));
+  parts.push_back(make_bn_fwd_train(
+      fused_part(OpKind::bn_fwd_train, {x, gamma, beta, rm, rv}, {y, saved}, n, "bn"), ctx));
+  parts.push_back(relu_with_mask(ctx.ptr<float>(y), ctx.ptr<float>(residual),
+                                 ctx.ptr<uint8_t>(mask), ctx.tensor(y).numel()));
   return std::make_unique<Sequence>(std::move(parts));
 }
 
@@ -313,8 +325,8 @@ KernelPtr make_bn_add_relu_bwd(const Node& n, Context& ctx) {
   reject_accumulate(ctx, n);
   const TensorId x = need_in(n, 0, "x"), dy = need_in(n, 1, "dy"), mask = need_in(n, 2, "mask"),
                  gamma = need_in(n, 3, "gamma"), saved = need_in(n, 4, "saved"), dy2 = in_at(n, 5);
-  const TensorId dx = need_out(n, 0, "dx"), dres = need_out(n, 1, "dresidual"), dgamma = need_out(n, 2, "dgamma"),
-                 dbeta = need_out(n, 3, "dbeta");
+  const TensorId dx = need_out(n, 0, "dx"), dres = need_out(n, 1, "dresidual"),
+                 dgamma = need_out(n, 2, "dgamma"), dbeta = need_out(n, 3, "dbeta");
   expect_same_size(ctx, n, dy, dres);
   expect_mask(ctx, n, mask, dy);
   std::vector<KernelPtr> parts;
@@ -324,10 +336,11 @@ KernelPtr make_bn_add_relu_bwd(const Node& n, Context& ctx) {
     parts.push_back(apply_mask_sum(ctx.ptr<float>(dy), ctx.ptr<float>(dy2), ctx.ptr<uint8_t>(mask),
                                    ctx.ptr<float>(dres), ctx.tensor(dy).numel()));
   } else {
-    parts.push_back(
-        apply_mask(ctx.ptr<float>(dy), ctx.ptr<uint8_t>(mask), ctx.ptr<float>(dres), ctx.tensor(dy).numel()));
+    parts.push_back(apply_mask(ctx.ptr<float>(dy), ctx.ptr<uint8_t>(mask), ctx.ptr<float>(dres),
+                               ctx.tensor(dy).numel()));
   }
-  parts.push_back(make_bn_bwd(fused_part(OpKind::bn_bwd, {x, dres, gamma, saved}, {dx, dgamma, dbeta}, n, "bn"), ctx));
+  parts.push_back(make_bn_bwd(
+      fused_part(OpKind::bn_bwd, {x, dres, gamma, saved}, {dx, dgamma, dbeta}, n, "bn"), ctx));
   return std::make_unique<Sequence>(std::move(parts));
 }
 
@@ -335,8 +348,9 @@ KernelPtr make_bn_add_relu_bwd(const Node& n, Context& ctx) {
 // the add and the ReLU (relu_fwd's: NaN passes) in one pass over y.
 KernelPtr make_bn_relu_infer(const Node& n, Context& ctx) {
   reject_accumulate(ctx, n);
-  const TensorId x = need_in(n, 0, "x"), gamma = need_in(n, 1, "gamma"), beta = need_in(n, 2, "beta"),
-                 rm = need_in(n, 3, "running_mean"), rv = need_in(n, 4, "running_var"), residual = in_at(n, 5);
+  const TensorId x = need_in(n, 0, "x"), gamma = need_in(n, 1, "gamma"),
+                 beta = need_in(n, 2, "beta"), rm = need_in(n, 3, "running_mean"),
+                 rv = need_in(n, 4, "running_var"), residual = in_at(n, 5);
   const TensorId y = need_out(n, 0, "y");
   float* yp = ctx.ptr<float>(y);
   const float* rp = nullptr;
@@ -347,7 +361,8 @@ KernelPtr make_bn_relu_infer(const Node& n, Context& ctx) {
   }
   const int64_t count = ctx.tensor(y).numel();
   std::vector<KernelPtr> parts;
-  parts.push_back(make_bn_fwd_infer(fused_part(OpKind::bn_fwd_infer, {x, gamma, beta, rm, rv}, {y}, n, "bn"), ctx));
+  parts.push_back(make_bn_fwd_infer(
+      fused_part(OpKind::bn_fwd_infer, {x, gamma, beta, rm, rv}, {y}, n, "bn"), ctx));
   parts.push_back(make_loop([=](Context&) {
     if (rp) {
 #pragma omp parallel for simd schedule(static)

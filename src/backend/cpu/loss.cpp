@@ -56,13 +56,14 @@ KernelPtr make_softmax_ce(const Node& n, Context& ctx) {
   float* dzp = dz != kNoTensor ? ctx.ptr<float>(dz) : nullptr;
   const std::string label = n.label;
   const double eps = n.attrs.label_smoothing;
-  KILN_CHECK(eps >= 0.0 && eps < 1.0, InvalidArgument, "softmax_ce node '", label, "': label smoothing ", eps,
-             " is outside [0, 1)");
+  KILN_CHECK(eps >= 0.0 && eps < 1.0, InvalidArgument, "softmax_ce node '", label,
+             "': label smoothing ", eps, " is outside [0, 1)");
   const formula::SmoothedTarget target = formula::smoothed_target(eps, K);
   return make_loop([=, e = std::vector<double>(static_cast<size_t>(K))](Context& c) mutable {
     int64_t valid = 0;
     for (int64_t b = 0; b < N; ++b) valid += lp[b] >= 0;
-    const double grad_scale = read_scalar(c, scale, 1.0) / static_cast<double>(std::max<int64_t>(valid, 1));
+    const double grad_scale =
+        read_scalar(c, scale, 1.0) / static_cast<double>(std::max<int64_t>(valid, 1));
     const formula::MixStep m =
         mixp ? formula::mix_step(mixp) : formula::MixStep{0, 1.0f, 0.0f, 0, 0, 0, 0};
     KILN_CHECK(m.kind == 0 || (m.lambda >= 0.0f && m.lambda <= 1.0f), InvalidArgument,
@@ -77,9 +78,8 @@ KernelPtr make_softmax_ce(const Node& n, Context& ctx) {
         if (dzp) std::fill(dzp + b * K, dzp + (b + 1) * K, 0.0f);
         continue;
       }
-      KILN_CHECK(y < K, Data, "softmax_ce node '", label, "': label ", y, " of sample ",
-                 b, " is outside [0, ", K,
-                 "); check the dataset's class count against the model's");
+      KILN_CHECK(y < K, Data, "softmax_ce node '", label, "': label ", y, " of sample ", b,
+                 " is outside [0, ", K, "); check the dataset's class count against the model's");
       float mx = row[0];
       bool finite = std::isfinite(row[0]);
       for (int64_t j = 1; j < K; ++j) {

@@ -28,8 +28,8 @@ struct StepScalars {
 };
 // `average` is attrs.grad_average (1/world after a summing all-reduce, else 1): folded into
 // the unscale factor, so averaging over the ranks costs no pass of its own.
-bool step_scalars(const Context& c, TensorId lr, TensorId scale, TensorId overflow,
-                  float average, TensorId clip_coef, StepScalars* s) {
+bool step_scalars(const Context& c, TensorId lr, TensorId scale, TensorId overflow, float average,
+                  TensorId clip_coef, StepScalars* s) {
   if (read_scalar(c, overflow, 0.0) != 0.0) return false;
   s->lr = static_cast<float>(read_scalar(c, lr, 0.0));
   s->inv_scale = formula::inv_loss_scale(static_cast<float>(read_scalar(c, scale, 1.0)), average,
@@ -99,8 +99,8 @@ KernelPtr make_adamw(const Node& n, Context& ctx) {
     StepScalars s;
     if (!step_scalars(c, lr, scale, overflow, a.grad_average, coef, &s)) return;
     const double t = read_scalar(c, step, 0.0) + 1.0;
-    const formula::AdamwParams p = formula::adamw_params(s.lr, s.inv_scale, t, a.beta1, a.beta2,
-                                                         a.adam_eps, a.weight_decay);
+    const formula::AdamwParams p =
+        formula::adamw_params(s.lr, s.inv_scale, t, a.beta1, a.beta2, a.adam_eps, a.weight_decay);
     for (int64_t i = 0; i < count; ++i) {
       const formula::AdamwElement r = formula::adamw_update(wp[i], gp[i], mp[i], vp[i], p);
       mo[i] = r.m;
@@ -178,7 +178,8 @@ KernelPtr make_grad_norm(const Node& n, Context& ctx) {
   expect_scalar(ctx, n, scale, "loss_scale");
   expect_dtype(ctx, n, coef, DType::F32, "clip_coef");
   const double max_norm = n.attrs.max_norm, average = n.attrs.grad_average;
-  KILN_CHECK(max_norm > 0.0, InvalidArgument, "grad_norm node '", n.label, "': max_norm must be > 0, is ", max_norm);
+  KILN_CHECK(max_norm > 0.0, InvalidArgument, "grad_norm node '", n.label,
+             "': max_norm must be > 0, is ", max_norm);
   return make_loop([=](Context& c) {
     const double inv = average / read_scalar(c, scale, 1.0);
     double ss = 0.0;

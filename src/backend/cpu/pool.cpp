@@ -159,9 +159,8 @@ KernelPtr make_avgpool_fwd(const Node& n, Context& ctx) {
   const PoolGeom g = pool_geom(ctx, n, x, y);
   try {
     auto pd = avg_fwd_pd(ctx, n, g, user_scratchpad_attr());
-    std::unordered_map<int, memory> args{
-        {DNNL_ARG_SRC, make_memory(ctx, x, nchw(g.x), tag::nhwc)},
-        {DNNL_ARG_DST, make_memory(ctx, y, nchw(g.y), tag::nhwc)}};
+    std::unordered_map<int, memory> args{{DNNL_ARG_SRC, make_memory(ctx, x, nchw(g.x), tag::nhwc)},
+                                         {DNNL_ARG_DST, make_memory(ctx, y, nchw(g.y), tag::nhwc)}};
     return std::make_unique<DnnlKernel>(DnnlCall(n, ctx, pooling_forward(pd), pd, std::move(args)));
   } catch (const dnnl::error& e) {
     rethrow_dnnl(n, e);

@@ -166,9 +166,9 @@ KernelPtr make_loss_scale_update(const Node& n, Context& ctx) {
   }
   const int64_t interval = n.attrs.growth_interval;
   return make_loop([=](Context& c) {
-    const formula::LossScale s = formula::loss_scale_next(
-        {read_scalar(c, scale, 1.0), read_scalar(c, good, 0.0)},
-        read_scalar(c, overflow, 0.0) != 0.0, interval);
+    const formula::LossScale s =
+        formula::loss_scale_next({read_scalar(c, scale, 1.0), read_scalar(c, good, 0.0)},
+                                 read_scalar(c, overflow, 0.0) != 0.0, interval);
     write_scalar(c, scale_out, s.scale);
     write_scalar(c, good_out, s.good_steps);
   });

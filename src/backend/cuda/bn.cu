@@ -27,7 +27,8 @@ namespace {
 constexpr int kFinC = 8, kFinS = 64;
 
 // The channel's [sum, second sum] over all chunks, in every thread of the block.
-__device__ __forceinline__ double2 sum_partials(const double2* __restrict__ partial, int gy, int64_t C, int64_t c) {
+__device__ __forceinline__ double2 sum_partials(const double2* __restrict__ partial, int gy,
+                                                int64_t C, int64_t c) {
   __shared__ double2 sm[kFinS][kFinC];
   double2 a = make_double2(0.0, 0.0), b = make_double2(0.0, 0.0);
   if (c < C) {
@@ -61,12 +62,11 @@ __device__ __forceinline__ double2 sum_partials(const double2* __restrict__ part
 
 // saved = [mean; invstd], the running statistics, and the apply pass's coefficients
 // coef[c] = (mean, gamma * invstd, beta).
-__global__ void __launch_bounds__(kFinC * kFinS) stats_finalize_kernel(const double2* partial, int gy, int64_t rows,
-                                                                       int64_t C, float eps, float momentum,
-                                                                       float* saved, float* running_mean,
-                                                                       float* running_var, const float* gamma,
-                                                                       const float* beta, const float* conv_bias,
-                                                                       float4* coef) {
+__global__ void __launch_bounds__(kFinC* kFinS)
+    stats_finalize_kernel(const double2* partial, int gy, int64_t rows, int64_t C, float eps,
+                          float momentum, float* saved, float* running_mean, float* running_var,
+                          const float* gamma, const float* beta, const float* conv_bias,
+                          float4* coef) {
   const int64_t c = static_cast<int64_t>(blockIdx.x) * kFinC + threadIdx.x;
   const double2 sums = sum_partials(partial, gy, C, c);
   if (threadIdx.y != 0 || c >= C) return;
@@ -80,7 +80,8 @@ __global__ void __launch_bounds__(kFinC * kFinS) stats_finalize_kernel(const dou
   const double unbias = formula::bn_unbias(n);
   const double m = momentum;
   // A fused convolution's bias, which BN cancels, still moves the running mean (ops.def).
-  const double batch_mean = conv_bias ? static_cast<double>(mean_f) + conv_bias[c] : static_cast<double>(mean_f);
+  const double batch_mean =
+      conv_bias ? static_cast<double>(mean_f) + conv_bias[c] : static_cast<double>(mean_f);
   running_mean[c] = formula::running_mean_update(running_mean[c], m, batch_mean);
   running_var[c] = formula::running_var_update(running_var[c], m, unbias, var_f);
   coef[c] = make_float4(mean_f, gamma[c] * invstd_f, beta[c], 0.0f);
@@ -93,10 +94,9 @@ __global__ void sums_to_partial(const float* sums, int64_t C, double2* partial) 
 }
 
 // dgamma = sum g xhat, dbeta = sum g; coefficients of dx = k1 (g - mg - (x - mean) k3).
-__global__ void __launch_bounds__(kFinC * kFinS) bwd_finalize_kernel(const double2* partial, int gy, int64_t rows,
-                                                                     int64_t C, const float* saved,
-                                                                     const float* gamma, float* dgamma, float* dbeta,
-                                                                     float4* coef) {
+__global__ void __launch_bounds__(kFinC* kFinS)
+    bwd_finalize_kernel(const double2* partial, int gy, int64_t rows, int64_t C, const float* saved,
+                        const float* gamma, float* dgamma, float* dbeta, float4* coef) {
   const int64_t c = static_cast<int64_t>(blockIdx.x) * kFinC + threadIdx.x;
   const double2 sums = sum_partials(partial, gy, C, c);
   if (threadIdx.y != 0 || c >= C) return;
@@ -108,7 +108,9 @@ __global__ void __launch_bounds__(kFinC * kFinS) bwd_finalize_kernel(const doubl
                         static_cast<float>(sx * invstd * invstd / n));
 }
 
-inline unsigned finalize_grid(int64_t C) { return static_cast<unsigned>((C + kFinC - 1) / kFinC); }
+inline unsigned finalize_grid(int64_t C) {
+  return static_cast<unsigned>((C + kFinC - 1) / kFinC);
+}
 
 // ---- plain elementwise kernels (any C, any alignment) ----------------------------------
 
@@ -124,8 +126,9 @@ __global__ void apply_kernel(const T* x, T* y, int64_t count, int64_t C, const f
 // rounded to T, the residual added and rounded again (the add op's rounding), then relu_fwd's
 // ReLU (NaN passes): the unfused chain's bits.
 template <typename T, bool Relu>
-__global__ void infer_kernel(const T* x, const T* residual, T* y, int64_t count, int64_t C, const float* rm,
-                             const float* rv, const float* gamma, const float* beta, float eps) {
+__global__ void infer_kernel(const T* x, const T* residual, T* y, int64_t count, int64_t C,
+                             const float* rm, const float* rv, const float* gamma,
+                             const float* beta, float eps) {
   KILN_GRID_STRIDE(i, count) {
     const int64_t c = i % C;
     const float scale = gamma[c] / sqrtf(rv[c] + eps);
@@ -142,11 +145,13 @@ __global__ void infer_kernel(const T* x, const T* residual, T* y, int64_t count,
 // g = dy where the mask passes it (fused ops; a null mask passes all), written to dres when
 // asked (BN+add+ReLU's residual gradient); dx from g. Any of dy, dres, dx may alias.
 template <typename T>
-__global__ void bwd_dx_kernel(const T* x, const T* dy, const T* dy2, const uint8_t* mask, T* dx, T* dres,
-                              int64_t count, int64_t C, const float4* coef, PoolMap pm = {}) {
+__global__ void bwd_dx_kernel(const T* x, const T* dy, const T* dy2, const uint8_t* mask, T* dx,
+                              T* dres, int64_t count, int64_t C, const float4* coef,
+                              PoolMap pm = {}) {
   KILN_GRID_STRIDE(i, count) {
     const float4 k = coef[i % C];
-    const T g = mask_bit(mask, i) ? grad_sum(dy[pm.row(i / C) * C + i % C], dy2, i) : from_f<T>(0.0f);
+    const T g =
+        mask_bit(mask, i) ? grad_sum(dy[pm.row(i / C) * C + i % C], dy2, i) : from_f<T>(0.0f);
     const float v = k.y * (to_f(g) - k.z - (to_f(x[i]) - k.x) * k.w);
     if (dres) dres[i] = g;
     dx[i] = from_f<T>(v);
@@ -168,8 +173,8 @@ __device__ __forceinline__ T bn_relu_one(float x, const T* res, float4 k, unsign
 }
 
 template <typename T>
-__global__ void apply_relu_mask_kernel(const T* x, const T* residual, T* y, uint8_t* mask, int64_t count, int64_t C,
-                                       const float4* coef) {
+__global__ void apply_relu_mask_kernel(const T* x, const T* residual, T* y, uint8_t* mask,
+                                       int64_t count, int64_t C, const float4* coef) {
   KILN_GRID_STRIDE(g, (count + 7) / 8) {
     unsigned bits = 0;
     for (int j = 0; j < 8 && g * 8 + j < count; ++j) {
@@ -197,9 +202,9 @@ __device__ __forceinline__ unsigned vec_mask_bits(const uint8_t* mask, int64_t v
 }
 
 template <typename T>
-__global__ void __launch_bounds__(kVecThreads) bwd_partial_vec(const T* x, const T* dy, const T* dy2,
-                                                                const uint8_t* mask, const float* mean, int rows, int C,
-                                                                double2* partial, PoolMap pm = {}) {
+__global__ void __launch_bounds__(kVecThreads)
+    bwd_partial_vec(const T* x, const T* dy, const T* dy2, const uint8_t* mask, const float* mean,
+                    int rows, int C, double2* partial, PoolMap pm = {}) {
   constexpr int V = kVec<T>, U = 4;  // U rows (2U loads) in flight
   const int cv = C / V, cvec = threadIdx.x % cv, rpb = kVecThreads / cv, rstride = gridDim.x * rpb;
   const auto* xv = reinterpret_cast<const uint4*>(x);
@@ -218,7 +223,8 @@ __global__ void __launch_bounds__(kVecThreads) bwd_partial_vec(const T* x, const
     for (int u = 0; u < U; ++u) {
       const int ru = r + u * rstride;
       a[u] = load_row<T>(xv, ru, rows, cv, cvec);
-      g[u] = ru < rows ? gv[pm.row(ru) * cv + cvec] : make_uint4(0, 0, 0, 0);  // a zero dy adds nothing
+      g[u] = ru < rows ? gv[pm.row(ru) * cv + cvec]
+                       : make_uint4(0, 0, 0, 0);  // a zero dy adds nothing
       if (dy2) g2[u] = load_row<T>(g2v, ru, rows, cv, cvec);
       m[u] = ru < rows ? vec_mask_bits<V>(mask, static_cast<int64_t>(ru) * cv + cvec) : 0u;
     }
@@ -251,18 +257,21 @@ inline constexpr int kWords8 = 8 * static_cast<int>(sizeof(T)) / 16;
 template <typename T>
 __device__ __forceinline__ void load8(const T* p, T (&v)[8]) {
 #pragma unroll
-  for (int w = 0; w < kWords8<T>; ++w) reinterpret_cast<uint4*>(v)[w] = reinterpret_cast<const uint4*>(p)[w];
+  for (int w = 0; w < kWords8<T>; ++w)
+    reinterpret_cast<uint4*>(v)[w] = reinterpret_cast<const uint4*>(p)[w];
 }
 template <typename T>
 __device__ __forceinline__ void store8(T* p, const T (&v)[8]) {
 #pragma unroll
-  for (int w = 0; w < kWords8<T>; ++w) reinterpret_cast<uint4*>(p)[w] = reinterpret_cast<const uint4*>(v)[w];
+  for (int w = 0; w < kWords8<T>; ++w)
+    reinterpret_cast<uint4*>(p)[w] = reinterpret_cast<const uint4*>(v)[w];
 }
 
 // Relu: the fused epilogue (mask non-null; residual optional), else BatchNorm's apply.
 template <typename T, bool Relu>
-__global__ void __launch_bounds__(kVecThreads) apply_group(const T* x, const T* residual, T* y, uint8_t* mask,
-                                                            int rows, int cg, const float4* coef) {
+__global__ void __launch_bounds__(kVecThreads)
+    apply_group(const T* x, const T* residual, T* y, uint8_t* mask, int rows, int cg,
+                const float4* coef) {
   const int gi = threadIdx.x % cg, rpb = kVecThreads / cg, rstride = gridDim.x * rpb;
   float4 k[8];
 #pragma unroll
@@ -285,7 +294,8 @@ __global__ void __launch_bounds__(kVecThreads) apply_group(const T* x, const T* 
       if constexpr (Relu) {
         unsigned bits = 0;
 #pragma unroll
-        for (int j = 0; j < 8; ++j) o[j] = bn_relu_one(to_f(a[u][j]), residual ? &b[u][j] : nullptr, k[j], bits, j);
+        for (int j = 0; j < 8; ++j)
+          o[j] = bn_relu_one(to_f(a[u][j]), residual ? &b[u][j] : nullptr, k[j], bits, j);
         mask[g[u]] = static_cast<uint8_t>(bits);
       } else {
 #pragma unroll
@@ -306,8 +316,8 @@ __global__ void __launch_bounds__(kVecThreads) apply_group(const T* x, const T* 
 // where the pool took the element and the ReLU passed it. Vec: 16-byte loads and stores
 // (aligned maps). Thread indices are 32-bit (the host checks pixels x groups < 2^31).
 template <typename T>
-__device__ __forceinline__ void pool_take(const T (&a)[8], const float4 (&k)[8], int pos, T (&best)[8],
-                                          float (&bestf)[8], int (&at)[8]) {
+__device__ __forceinline__ void pool_take(const T (&a)[8], const float4 (&k)[8], int pos,
+                                          T (&best)[8], float (&bestf)[8], int (&at)[8]) {
   unsigned unused = 0;
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
@@ -332,13 +342,15 @@ __device__ __forceinline__ void load_group(const T* p, T (&v)[8]) {
 }
 
 template <typename T, bool Vec, int P>
-__global__ void __launch_bounds__(kVecThreads) apply_relu_pool(const T* z, T* y, uint8_t* mask, int total, int cg,
-                                                                int hp, int wp, int pool_rt, const float4* coef) {
+__global__ void __launch_bounds__(kVecThreads)
+    apply_relu_pool(const T* z, T* y, uint8_t* mask, int total, int cg, int hp, int wp, int pool_rt,
+                    const float4* coef) {
   const int pool = P ? P : pool_rt;
   const int zw = wp * pool;
   for (int t = blockIdx.x * blockDim.x + threadIdx.x; t < total; t += gridDim.x * blockDim.x) {
     const int gi = t % cg, pix = t / cg;
-    const int pq = pix / wp, pw = pix - pq * wp;  // pq = b hp + ph: z's image row of the window's top is pq * pool
+    const int pq = pix / wp,
+              pw = pix - pq * wp;  // pq = b hp + ph: z's image row of the window's top is pq * pool
     float4 k[8];
 #pragma unroll
     for (int j = 0; j < 8; ++j) k[j] = coef[gi * 8 + j];
@@ -351,7 +363,8 @@ __global__ void __launch_bounds__(kVecThreads) apply_relu_pool(const T* z, T* y,
       at[j] = -1;
     }
     // Element (pixel, group) of z's top-left window position; (dh, dw) moves by rows and pixels.
-    const int64_t top = ((static_cast<int64_t>(pq) * pool * zw + static_cast<int64_t>(pw) * pool) * cg + gi) * 8;
+    const int64_t top =
+        ((static_cast<int64_t>(pq) * pool * zw + static_cast<int64_t>(pw) * pool) * cg + gi) * 8;
     const int64_t drow = static_cast<int64_t>(zw) * cg * 8, dpix = static_cast<int64_t>(cg) * 8;
     if constexpr (P == 2) {
       alignas(16) T a[4][8];
@@ -380,7 +393,8 @@ __global__ void __launch_bounds__(kVecThreads) apply_relu_pool(const T* z, T* y,
       for (int dw = 0; dw < pool; ++dw) {
         unsigned bits = 0;
 #pragma unroll
-        for (int j = 0; j < 8; ++j) bits |= (at[j] == dh * pool + dw && bestf[j] > 0.0f ? 1u : 0u) << j;
+        for (int j = 0; j < 8; ++j)
+          bits |= (at[j] == dh * pool + dw && bestf[j] > 0.0f ? 1u : 0u) << j;
         mask[(top + dh * drow + dw * dpix) / 8] = static_cast<uint8_t>(bits);
       }
     }
@@ -388,9 +402,9 @@ __global__ void __launch_bounds__(kVecThreads) apply_relu_pool(const T* z, T* y,
 }
 
 template <typename T>
-__global__ void __launch_bounds__(kVecThreads) bwd_dx_group(const T* x, const T* dy, const T* dy2, const uint8_t* mask,
-                                                             T* dx, T* dres, int rows, int cg, const float4* coef,
-                                                             PoolMap pm = {}) {
+__global__ void __launch_bounds__(kVecThreads)
+    bwd_dx_group(const T* x, const T* dy, const T* dy2, const uint8_t* mask, T* dx, T* dres,
+                 int rows, int cg, const float4* coef, PoolMap pm = {}) {
   const int gi = threadIdx.x % cg, rpb = kVecThreads / cg, rstride = gridDim.x * rpb;
   float4 k[8];
 #pragma unroll
@@ -409,7 +423,8 @@ __global__ void __launch_bounds__(kVecThreads) bwd_dx_group(const T* x, const T*
           alignas(16) T d2[8];
           load8(dy2 + g[u] * 8, d2);
 #pragma unroll
-          for (int j = 0; j < 8; ++j) d[u][j] = from_f<T>(to_f(d[u][j]) + to_f(d2[j]));  // grad_sum's rounding
+          for (int j = 0; j < 8; ++j)
+            d[u][j] = from_f<T>(to_f(d[u][j]) + to_f(d2[j]));  // grad_sum's rounding
         }
         if (mask) m[u] = mask[g[u]];
       }
@@ -438,7 +453,8 @@ struct BnVec {
   int cv = 0, blocks = 0;
 };
 
-BnVec bn_vec(const Context& ctx, DType dt, int64_t rows, int64_t C, std::initializer_list<const void*> ptrs) {
+BnVec bn_vec(const Context& ctx, DType dt, int64_t rows, int64_t C,
+             std::initializer_list<const void*> ptrs) {
   BnVec v;
   const int width = dt == DType::F32 ? 4 : 8;
   if (C % width != 0 || !vec_fits(ctx.opts, rows * C, width, ptrs)) return v;
@@ -456,7 +472,8 @@ struct GroupPlan {
   int cg = 0, blocks = 0;
 };
 
-GroupPlan group_plan(const Context& ctx, int64_t rows, int64_t C, std::initializer_list<const void*> ptrs) {
+GroupPlan group_plan(const Context& ctx, int64_t rows, int64_t C,
+                     std::initializer_list<const void*> ptrs) {
   GroupPlan p;
   if (C % 8 != 0 || !vec_fits(ctx.opts, rows * C, 8, ptrs) || rows >= (int64_t{1} << 31)) return p;
   const int64_t cg = C / 8;
@@ -465,28 +482,32 @@ GroupPlan group_plan(const Context& ctx, int64_t rows, int64_t C, std::initializ
   p.on = true;
   p.cg = static_cast<int>(cg);
   // Two rows per thread per trip; up to 8 blocks of 256 per multiprocessor.
-  p.blocks = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>((rows + 2 * rpb - 1) / (2 * rpb), ctx.sm_count * 8)));
+  p.blocks = static_cast<int>(
+      std::max<int64_t>(1, std::min<int64_t>((rows + 2 * rpb - 1) / (2 * rpb), ctx.sm_count * 8)));
   return p;
 }
 
-size_t align256(size_t b) { return (b + 255) / 256 * 256; }
+size_t align256(size_t b) {
+  return (b + 255) / 256 * 256;
+}
 
-Nhwc bn_check(const Context& ctx, const Node& n, TensorId x, std::initializer_list<TensorId> same_shape,
+Nhwc bn_check(const Context& ctx, const Node& n, TensorId x,
+              std::initializer_list<TensorId> same_shape,
               std::initializer_list<TensorId> per_channel) {
   const Nhwc s = nhwc_of(ctx, n, x, "x");
   expect_float(ctx, n, x, "x");
   for (TensorId id : same_shape) {
     if (id == kNoTensor) continue;  // cbr_pool_fwd's y is pooled (checked by its caller)
     expect_same_dtype(ctx, n, x, id);
-    KILN_CHECK(ctx.tensor(id).numel() == ctx.tensor(x).numel(), Shape, op_name(n.op), " node '", n.label, "': '",
-               ctx.tensor(id).name, "' has shape ", ctx.tensor(id).shape.str(), ", x has ", ctx.tensor(x).shape.str());
+    KILN_CHECK(ctx.tensor(id).numel() == ctx.tensor(x).numel(), Shape, op_name(n.op), " node '",
+               n.label, "': '", ctx.tensor(id).name, "' has shape ", ctx.tensor(id).shape.str(),
+               ", x has ", ctx.tensor(x).shape.str());
   }
   expect_per_channel(ctx, n, per_channel, s.c);
-  KILN_CHECK(n.attrs.eps > 0.0f, InvalidArgument, op_name(n.op), " node '", n.label, "': eps must be > 0, is ",
-             n.attrs.eps);
+  KILN_CHECK(n.attrs.eps > 0.0f, InvalidArgument, op_name(n.op), " node '", n.label,
+             "': eps must be > 0, is ", n.attrs.eps);
   return s;
 }
-
 
 constexpr int kThreads = 256;
 
@@ -500,9 +521,10 @@ struct BnFwd {
   float *saved = nullptr, *rm = nullptr, *rv = nullptr;
   const float *gamma = nullptr, *beta = nullptr;
   const float* conv_bias = nullptr;  // cbr_fwd's optional b (ops.def)
-  const float* sums = nullptr;       // x's [sum; sum of squares] per channel from conv+genstats, or none
+  const float* sums = nullptr;  // x's [sum; sum of squares] per channel from conv+genstats, or none
   float eps = 0.0f, momentum = 0.0f;
-  int pool = 0;  // cbr_pool_fwd: y is the max-pool of the ReLU output by pool x pool windows, mask covers x
+  int pool = 0;  // cbr_pool_fwd: y is the max-pool of the ReLU output by pool x pool windows, mask
+                 // covers x
 };
 
 // What one BatchNorm backward reads and writes. mask non-null: the gradient at BN's output is
@@ -529,16 +551,19 @@ KernelPtr bn_forward(Context& ctx, int stream, const Nhwc& s, DType dt, const Bn
   // cbr_pool_fwd: one thread per pooled pixel and group of eight channels (C % 8 == 0, as the
   // merge pass plans it), 16-byte accesses where the maps allow.
   KILN_CHECK(!a.pool || (C % 8 == 0 && a.mask && s.h % a.pool == 0 && s.w % a.pool == 0), Internal,
-             "BatchNorm with a merged max-pool needs C % 8 == 0 and windows that tile the map (C ", C, ", ", s.h,
-             "x", s.w, ", pool ", a.pool, ")");
+             "BatchNorm with a merged max-pool needs C % 8 == 0 and windows that tile the map (C ",
+             C, ", ", s.h, "x", s.w, ", pool ", a.pool, ")");
   const bool pool_vec = a.pool && vec_fits(ctx.opts, d.rows * C, 8, {a.x, a.y});
   const int64_t pooled_pixels = a.pool ? d.rows / (a.pool * a.pool) : 0;
-  KILN_CHECK(pooled_pixels * (C / 8) < (int64_t{1} << 31), Unsupported, "BatchNorm with a merged max-pool: ",
-             pooled_pixels, " pooled pixels x ", C / 8, " channel groups; the kernel indexes them in 32 bits");
+  KILN_CHECK(pooled_pixels * (C / 8) < (int64_t{1} << 31), Unsupported,
+             "BatchNorm with a merged max-pool: ", pooled_pixels, " pooled pixels x ", C / 8,
+             " channel groups; the kernel indexes them in 32 bits");
   const unsigned pgrid = a.pool ? grid_for(ctx, pooled_pixels * (C / 8), kVecThreads) : 1;
-  const int hp = a.pool ? static_cast<int>(s.h / a.pool) : 0, wp = a.pool ? static_cast<int>(s.w / a.pool) : 0;
+  const int hp = a.pool ? static_cast<int>(s.h / a.pool) : 0,
+            wp = a.pool ? static_cast<int>(s.w / a.pool) : 0;
   const int chunks = a.sums ? 1 : v.on ? v.blocks : d.gy;
-  const size_t coef_off = align256(sizeof(double2) * static_cast<size_t>(chunks) * static_cast<size_t>(C));
+  const size_t coef_off =
+      align256(sizeof(double2) * static_cast<size_t>(chunks) * static_cast<size_t>(C));
   ctx.need_workspace(stream, coef_off + sizeof(float4) * static_cast<size_t>(C));
   const dim3 rgrid(static_cast<unsigned>((C + kCx - 1) / kCx), static_cast<unsigned>(d.gy));
   const int64_t count = d.rows * C;
@@ -557,33 +582,40 @@ KernelPtr bn_forward(Context& ctx, int stream, const Nhwc& s, DType dt, const Bn
         sums_to_partial<<<cgrid, kThreads, 0, st>>>(a.sums, C, partial);
         KILN_LAUNCH_CHECK("bn stats from conv+genstats");
       } else if (v.on) {
-        stats_partial_vec<T><<<v.blocks, kVecThreads, 0, st>>>(x, static_cast<int>(d.rows), static_cast<int>(C), partial);
+        stats_partial_vec<T><<<v.blocks, kVecThreads, 0, st>>>(x, static_cast<int>(d.rows),
+                                                               static_cast<int>(C), partial);
         KILN_LAUNCH_CHECK("bn stats (vec)");
       } else {
         stats_partial_kernel<T><<<rgrid, dim3(kCx, kCy), 0, st>>>(x, d.rows, C, partial);
         KILN_LAUNCH_CHECK("bn stats");
       }
       stats_finalize_kernel<<<finalize_grid(C), dim3(kFinC, kFinS), 0, st>>>(
-          partial, chunks, d.rows, C, a.eps, a.momentum, a.saved, a.rm, a.rv, a.gamma, a.beta, a.conv_bias, coef);
+          partial, chunks, d.rows, C, a.eps, a.momentum, a.saved, a.rm, a.rv, a.gamma, a.beta,
+          a.conv_bias, coef);
       KILN_LAUNCH_CHECK("bn stats finalize");
       if (a.pool) {
         const int cg = static_cast<int>(C / 8), total = static_cast<int>(pooled_pixels * (C / 8));
         if (a.pool == 2 && pool_vec) {
-          apply_relu_pool<T, true, 2><<<pgrid, kVecThreads, 0, st>>>(x, y, a.mask, total, cg, hp, wp, 2, coef);
+          apply_relu_pool<T, true, 2>
+              <<<pgrid, kVecThreads, 0, st>>>(x, y, a.mask, total, cg, hp, wp, 2, coef);
         } else if (a.pool == 2) {
-          apply_relu_pool<T, false, 2><<<pgrid, kVecThreads, 0, st>>>(x, y, a.mask, total, cg, hp, wp, 2, coef);
+          apply_relu_pool<T, false, 2>
+              <<<pgrid, kVecThreads, 0, st>>>(x, y, a.mask, total, cg, hp, wp, 2, coef);
         } else if (pool_vec) {
-          apply_relu_pool<T, true, 0><<<pgrid, kVecThreads, 0, st>>>(x, y, a.mask, total, cg, hp, wp, a.pool, coef);
+          apply_relu_pool<T, true, 0>
+              <<<pgrid, kVecThreads, 0, st>>>(x, y, a.mask, total, cg, hp, wp, a.pool, coef);
         } else {
-          apply_relu_pool<T, false, 0><<<pgrid, kVecThreads, 0, st>>>(x, y, a.mask, total, cg, hp, wp, a.pool, coef);
+          apply_relu_pool<T, false, 0>
+              <<<pgrid, kVecThreads, 0, st>>>(x, y, a.mask, total, cg, hp, wp, a.pool, coef);
         }
         KILN_LAUNCH_CHECK("bn apply + relu + max-pool + mask");
       } else if (gp.on && a.mask) {
-        apply_group<T, true><<<gp.blocks, kVecThreads, 0, st>>>(x, res, y, a.mask, static_cast<int>(d.rows), gp.cg, coef);
+        apply_group<T, true><<<gp.blocks, kVecThreads, 0, st>>>(
+            x, res, y, a.mask, static_cast<int>(d.rows), gp.cg, coef);
         KILN_LAUNCH_CHECK("bn apply + relu + mask (vec)");
       } else if (gp.on) {
-        apply_group<T, false><<<gp.blocks, kVecThreads, 0, st>>>(x, nullptr, y, nullptr, static_cast<int>(d.rows), gp.cg,
-                                                                 coef);
+        apply_group<T, false><<<gp.blocks, kVecThreads, 0, st>>>(
+            x, nullptr, y, nullptr, static_cast<int>(d.rows), gp.cg, coef);
         KILN_LAUNCH_CHECK("bn apply (vec)");
       } else if (a.mask) {
         apply_relu_mask_kernel<T><<<egrid, kThreads, 0, st>>>(x, res, y, a.mask, count, C, coef);
@@ -605,7 +637,8 @@ KernelPtr bn_backward(Context& ctx, int stream, const Nhwc& s, DType dt, const B
   const BnVec v = bn_vec(ctx, dt, d.rows, C, {a.x, a.dy, a.dy2});
   const GroupPlan gp = group_plan(ctx, d.rows, C, {a.x, a.dy, a.dy2, a.dx, a.dres});
   const int chunks = v.on ? v.blocks : d.gy;
-  const size_t coef_off = align256(sizeof(double2) * static_cast<size_t>(chunks) * static_cast<size_t>(C));
+  const size_t coef_off =
+      align256(sizeof(double2) * static_cast<size_t>(chunks) * static_cast<size_t>(C));
   ctx.need_workspace(stream, coef_off + sizeof(float4) * static_cast<size_t>(C));
   const dim3 rgrid(static_cast<unsigned>((C + kCx - 1) / kCx), static_cast<unsigned>(d.gy));
   const int64_t count = d.rows * C;
@@ -616,25 +649,29 @@ KernelPtr bn_backward(Context& ctx, int stream, const Nhwc& s, DType dt, const B
       auto* ws = static_cast<uint8_t*>(c.streams[static_cast<size_t>(stream)].workspace);
       auto* partial = reinterpret_cast<double2*>(ws);
       auto* coef = reinterpret_cast<float4*>(ws + coef_off);
-      const T *x = static_cast<const T*>(a.x), *dy = static_cast<const T*>(a.dy), *dy2 = static_cast<const T*>(a.dy2);
+      const T *x = static_cast<const T*>(a.x), *dy = static_cast<const T*>(a.dy),
+              *dy2 = static_cast<const T*>(a.dy2);
       T *dx = static_cast<T*>(a.dx), *dres = static_cast<T*>(a.dres);
       if (v.on) {
-        bwd_partial_vec<T><<<v.blocks, kVecThreads, 0, st>>>(x, dy, dy2, a.mask, a.saved, static_cast<int>(d.rows),
+        bwd_partial_vec<T><<<v.blocks, kVecThreads, 0, st>>>(x, dy, dy2, a.mask, a.saved,
+                                                             static_cast<int>(d.rows),
                                                              static_cast<int>(C), partial, a.pm);
         KILN_LAUNCH_CHECK("bn bwd sums (vec)");
       } else {
-        bwd_partial_kernel<T><<<rgrid, dim3(kCx, kCy), 0, st>>>(x, dy, dy2, a.mask, a.saved, d.rows, C, partial, a.pm);
+        bwd_partial_kernel<T><<<rgrid, dim3(kCx, kCy), 0, st>>>(x, dy, dy2, a.mask, a.saved, d.rows,
+                                                                C, partial, a.pm);
         KILN_LAUNCH_CHECK("bn bwd sums");
       }
-      bwd_finalize_kernel<<<finalize_grid(C), dim3(kFinC, kFinS), 0, st>>>(partial, chunks, d.rows, C, a.saved,
-                                                                           a.gamma, a.dgamma, a.dbeta, coef);
+      bwd_finalize_kernel<<<finalize_grid(C), dim3(kFinC, kFinS), 0, st>>>(
+          partial, chunks, d.rows, C, a.saved, a.gamma, a.dgamma, a.dbeta, coef);
       KILN_LAUNCH_CHECK("bn bwd finalize");
       if (gp.on) {
-        bwd_dx_group<T><<<gp.blocks, kVecThreads, 0, st>>>(x, dy, dy2, a.mask, dx, dres, static_cast<int>(d.rows), gp.cg,
-                                                           coef, a.pm);
+        bwd_dx_group<T><<<gp.blocks, kVecThreads, 0, st>>>(
+            x, dy, dy2, a.mask, dx, dres, static_cast<int>(d.rows), gp.cg, coef, a.pm);
         KILN_LAUNCH_CHECK("bn bwd dx (vec)");
       } else {
-        bwd_dx_kernel<T><<<egrid, kThreads, 0, st>>>(x, dy, dy2, a.mask, dx, dres, count, C, coef, a.pm);
+        bwd_dx_kernel<T>
+            <<<egrid, kThreads, 0, st>>>(x, dy, dy2, a.mask, dx, dres, count, C, coef, a.pm);
         KILN_LAUNCH_CHECK("bn bwd dx");
       }
     });
@@ -643,8 +680,8 @@ KernelPtr bn_backward(Context& ctx, int stream, const Nhwc& s, DType dt, const B
 }
 
 // The checks and pointers shared by the unfused BatchNorm passes and the fused ones.
-BnFwd bn_fwd_args(const Context& ctx, const Node& n, TensorId x, TensorId gamma, TensorId beta, TensorId rm,
-                  TensorId rv, TensorId y, TensorId saved, Nhwc* shape) {
+BnFwd bn_fwd_args(const Context& ctx, const Node& n, TensorId x, TensorId gamma, TensorId beta,
+                  TensorId rm, TensorId rv, TensorId y, TensorId saved, Nhwc* shape) {
   *shape = bn_check(ctx, n, x, {y}, {gamma, beta, rm, rv});
   expect_dtype(ctx, n, saved, DType::F32, "saved");
   expect_numel(ctx, n, saved, 2 * shape->c, "saved (2 x C)");
@@ -661,8 +698,8 @@ BnFwd bn_fwd_args(const Context& ctx, const Node& n, TensorId x, TensorId gamma,
   return a;
 }
 
-BnBwd bn_bwd_args(const Context& ctx, const Node& n, TensorId x, TensorId dy, TensorId gamma, TensorId saved,
-                  TensorId dx, TensorId dgamma, TensorId dbeta, Nhwc* shape) {
+BnBwd bn_bwd_args(const Context& ctx, const Node& n, TensorId x, TensorId dy, TensorId gamma,
+                  TensorId saved, TensorId dx, TensorId dgamma, TensorId dbeta, Nhwc* shape) {
   *shape = bn_check(ctx, n, x, {dy, dx}, {gamma, dgamma, dbeta});
   expect_dtype(ctx, n, saved, DType::F32, "saved");
   expect_numel(ctx, n, saved, 2 * shape->c, "saved (2 x C)");
@@ -682,8 +719,9 @@ BnBwd bn_bwd_args(const Context& ctx, const Node& n, TensorId x, TensorId dy, Te
 // "x, gamma, beta, running_mean, running_var -> y, saved (2xC: mean, invstd)"
 KernelPtr make_bn_fwd_train(const Node& n, Context& ctx, int stream) {
   reject_accumulate(ctx, n);
-  const TensorId x = need_in(n, 0, "x"), gamma = need_in(n, 1, "gamma"), beta = need_in(n, 2, "beta"),
-                 rm = need_in(n, 3, "running_mean"), rv = need_in(n, 4, "running_var");
+  const TensorId x = need_in(n, 0, "x"), gamma = need_in(n, 1, "gamma"),
+                 beta = need_in(n, 2, "beta"), rm = need_in(n, 3, "running_mean"),
+                 rv = need_in(n, 4, "running_var");
   const TensorId y = need_out(n, 0, "y"), saved = need_out(n, 1, "saved");
   Nhwc s;
   const BnFwd a = bn_fwd_args(ctx, n, x, gamma, beta, rm, rv, y, saved, &s);
@@ -692,9 +730,10 @@ KernelPtr make_bn_fwd_train(const Node& n, Context& ctx, int stream) {
 
 // The BatchNorm + ReLU part of cbr_fwd (z -> y, saved, mask) and all of bn_add_relu_fwd
 // (fused.cpp): "x, gamma, beta, running_mean, running_var, [residual], [b] -> y, saved, mask".
-KernelPtr make_bn_relu_mask_fwd(const Node& n, Context& ctx, int stream, TensorId x, TensorId gamma, TensorId beta,
-                                TensorId rm, TensorId rv, TensorId residual, TensorId conv_bias, TensorId y,
-                                TensorId saved, TensorId mask, const float* conv_sums) {
+KernelPtr make_bn_relu_mask_fwd(const Node& n, Context& ctx, int stream, TensorId x, TensorId gamma,
+                                TensorId beta, TensorId rm, TensorId rv, TensorId residual,
+                                TensorId conv_bias, TensorId y, TensorId saved, TensorId mask,
+                                const float* conv_sums) {
   Nhwc s;
   BnFwd a = bn_fwd_args(ctx, n, x, gamma, beta, rm, rv, y, saved, &s);
   a.sums = conv_sums;
@@ -715,9 +754,9 @@ KernelPtr make_bn_relu_mask_fwd(const Node& n, Context& ctx, int stream, TensorI
 
 // The BatchNorm backward of cbr_bwd (z, dy, mask -> dz) and of bn_add_relu_bwd (x, dy, mask,
 // [dy2] -> dx, dresidual) (fused.cpp), with the ReLU backward taken from the mask.
-KernelPtr make_bn_relu_mask_bwd(const Node& n, Context& ctx, int stream, TensorId x, TensorId dy, TensorId dy2,
-                                TensorId mask, TensorId gamma, TensorId saved, TensorId dx, TensorId dres,
-                                TensorId dgamma, TensorId dbeta) {
+KernelPtr make_bn_relu_mask_bwd(const Node& n, Context& ctx, int stream, TensorId x, TensorId dy,
+                                TensorId dy2, TensorId mask, TensorId gamma, TensorId saved,
+                                TensorId dx, TensorId dres, TensorId dgamma, TensorId dbeta) {
   Nhwc s;
   BnBwd a = bn_bwd_args(ctx, n, x, dy, gamma, saved, dx, dgamma, dbeta, &s);
   if (dy2 != kNoTensor) {
@@ -737,17 +776,18 @@ KernelPtr make_bn_relu_mask_bwd(const Node& n, Context& ctx, int stream, TensorI
 
 // cbr_pool_fwd's BatchNorm, ReLU and max-pool (fused.cpp): "z, gamma, beta, running_mean,
 // running_var, [b] -> y (pooled), saved, mask (over z)".
-KernelPtr make_bn_relu_pool_fwd(const Node& n, Context& ctx, int stream, TensorId z, TensorId gamma, TensorId beta,
-                                TensorId rm, TensorId rv, TensorId conv_bias, TensorId y, TensorId saved,
-                                TensorId mask, const float* conv_sums) {
+KernelPtr make_bn_relu_pool_fwd(const Node& n, Context& ctx, int stream, TensorId z, TensorId gamma,
+                                TensorId beta, TensorId rm, TensorId rv, TensorId conv_bias,
+                                TensorId y, TensorId saved, TensorId mask, const float* conv_sums) {
   Nhwc s;
   BnFwd a = bn_fwd_args(ctx, n, z, gamma, beta, rm, rv, kNoTensor, saved, &s);
   const int pool = n.attrs.pool;
   const Nhwc ys = nhwc_of(ctx, n, y, "y (pooled)");
   expect_same_dtype(ctx, n, z, y);
-  KILN_CHECK(pool >= 1 && ys.n == s.n && ys.c == s.c && ys.h * pool == s.h && ys.w * pool == s.w, Shape,
-             op_name(n.op), " node '", n.label, "': y ", ctx.tensor(y).shape.str(), " is not z ",
-             ctx.tensor(z).shape.str(), " max-pooled by ", pool, "x", pool, " windows that tile it (attrs.pool)");
+  KILN_CHECK(pool >= 1 && ys.n == s.n && ys.c == s.c && ys.h * pool == s.h && ys.w * pool == s.w,
+             Shape, op_name(n.op), " node '", n.label, "': y ", ctx.tensor(y).shape.str(),
+             " is not z ", ctx.tensor(z).shape.str(), " max-pooled by ", pool, "x", pool,
+             " windows that tile it (attrs.pool)");
   if (conv_bias != kNoTensor) {
     expect_dtype(ctx, n, conv_bias, DType::F32, "b");
     expect_numel(ctx, n, conv_bias, s.c, "b (one per output channel)");
@@ -763,21 +803,24 @@ KernelPtr make_bn_relu_pool_fwd(const Node& n, Context& ctx, int stream, TensorI
 
 // cbr_pool_bwd's BatchNorm backward (fused.cpp): "z, dy (pooled), mask (over z), gamma, saved
 // -> dz, dgamma, dbeta", the gradient at BatchNorm's output read from the pooled dy.
-KernelPtr make_bn_relu_pool_bwd(const Node& n, Context& ctx, int stream, TensorId z, TensorId dy, TensorId mask,
-                                TensorId gamma, TensorId saved, TensorId dz, TensorId dgamma, TensorId dbeta) {
+KernelPtr make_bn_relu_pool_bwd(const Node& n, Context& ctx, int stream, TensorId z, TensorId dy,
+                                TensorId mask, TensorId gamma, TensorId saved, TensorId dz,
+                                TensorId dgamma, TensorId dbeta) {
   Nhwc s;
   BnBwd a = bn_bwd_args(ctx, n, z, dz, gamma, saved, dz, dgamma, dbeta, &s);
   const int pool = n.attrs.pool;
   const Nhwc ds = nhwc_of(ctx, n, dy, "dy (pooled)");
   expect_same_dtype(ctx, n, z, dy);
-  KILN_CHECK(pool >= 1 && ds.n == s.n && ds.c == s.c && ds.h * pool == s.h && ds.w * pool == s.w, Shape,
-             op_name(n.op), " node '", n.label, "': dy ", ctx.tensor(dy).shape.str(), " is not the gradient of z ",
-             ctx.tensor(z).shape.str(), " max-pooled by ", pool, "x", pool, " windows (attrs.pool)");
+  KILN_CHECK(pool >= 1 && ds.n == s.n && ds.c == s.c && ds.h * pool == s.h && ds.w * pool == s.w,
+             Shape, op_name(n.op), " node '", n.label, "': dy ", ctx.tensor(dy).shape.str(),
+             " is not the gradient of z ", ctx.tensor(z).shape.str(), " max-pooled by ", pool, "x",
+             pool, " windows (attrs.pool)");
   expect_mask(ctx, n, mask, z);
   a.dy = ctx.ptr(dy);
   a.mask = ctx.ptr<uint8_t>(mask);
-  KILN_CHECK(s.numel() / s.c < (int64_t{1} << 31), Unsupported, op_name(n.op), " node '", n.label, "': ",
-             s.numel() / s.c, " pixels; the pooled backward indexes rows in 32 bits (at most 2^31)");
+  KILN_CHECK(s.numel() / s.c < (int64_t{1} << 31), Unsupported, op_name(n.op), " node '", n.label,
+             "': ", s.numel() / s.c,
+             " pixels; the pooled backward indexes rows in 32 bits (at most 2^31)");
   a.pm = PoolMap{pool, static_cast<int>(s.w)};
   return bn_backward(ctx, stream, s, ctx.tensor(z).dtype, a);
 }
@@ -787,8 +830,9 @@ namespace {
 // bn_fwd_infer, or with relu bn_relu_infer (residual optional): one pass.
 KernelPtr bn_infer(const Node& n, Context& ctx, int stream, bool relu) {
   reject_accumulate(ctx, n);
-  const TensorId x = need_in(n, 0, "x"), gamma = need_in(n, 1, "gamma"), beta = need_in(n, 2, "beta"),
-                 rm = need_in(n, 3, "running_mean"), rv = need_in(n, 4, "running_var");
+  const TensorId x = need_in(n, 0, "x"), gamma = need_in(n, 1, "gamma"),
+                 beta = need_in(n, 2, "beta"), rm = need_in(n, 3, "running_mean"),
+                 rv = need_in(n, 4, "running_var");
   const TensorId residual = relu ? in_at(n, 5) : kNoTensor, y = need_out(n, 0, "y");
   const Nhwc s = bn_check(ctx, n, x, {y}, {gamma, beta, rm, rv});
   if (residual != kNoTensor) {
@@ -810,10 +854,12 @@ KernelPtr bn_infer(const Node& n, Context& ctx, int stream, bool relu) {
       const auto* rt = static_cast<const T*>(resp);
       auto* yt = static_cast<T*>(yp);
       if (relu) {
-        infer_kernel<T, true><<<grid, kThreads, 0, st>>>(xt, rt, yt, count, C, rmp, rvp, gp, bp, eps);
+        infer_kernel<T, true>
+            <<<grid, kThreads, 0, st>>>(xt, rt, yt, count, C, rmp, rvp, gp, bp, eps);
         KILN_LAUNCH_CHECK("bn + relu infer");
       } else {
-        infer_kernel<T, false><<<grid, kThreads, 0, st>>>(xt, nullptr, yt, count, C, rmp, rvp, gp, bp, eps);
+        infer_kernel<T, false>
+            <<<grid, kThreads, 0, st>>>(xt, nullptr, yt, count, C, rmp, rvp, gp, bp, eps);
         KILN_LAUNCH_CHECK("bn infer");
       }
     });
@@ -824,14 +870,17 @@ KernelPtr bn_infer(const Node& n, Context& ctx, int stream, bool relu) {
 }  // namespace
 
 // "x, gamma, beta, running_mean, running_var -> y"
-KernelPtr make_bn_fwd_infer(const Node& n, Context& ctx, int stream) { return bn_infer(n, ctx, stream, false); }
+KernelPtr make_bn_fwd_infer(const Node& n, Context& ctx, int stream) {
+  return bn_infer(n, ctx, stream, false);
+}
 
 // "x, dy, gamma, saved -> dx, dgamma, dbeta"
 KernelPtr make_bn_bwd(const Node& n, Context& ctx, int stream) {
   reject_accumulate(ctx, n);
   const TensorId x = need_in(n, 0, "x"), dy = need_in(n, 1, "dy"), gamma = need_in(n, 2, "gamma"),
                  saved = need_in(n, 3, "saved");
-  const TensorId dx = need_out(n, 0, "dx"), dgamma = need_out(n, 1, "dgamma"), dbeta = need_out(n, 2, "dbeta");
+  const TensorId dx = need_out(n, 0, "dx"), dgamma = need_out(n, 1, "dgamma"),
+                 dbeta = need_out(n, 2, "dbeta");
   Nhwc s;
   const BnBwd a = bn_bwd_args(ctx, n, x, dy, gamma, saved, dx, dgamma, dbeta, &s);
   return bn_backward(ctx, stream, s, ctx.tensor(x).dtype, a);
@@ -839,6 +888,8 @@ KernelPtr make_bn_bwd(const Node& n, Context& ctx, int stream) {
 
 // "x, gamma, beta, running_mean, running_var, [residual] -> y": the evaluation form of the
 // fused ops' BatchNorm, add and ReLU, one pass.
-KernelPtr make_bn_relu_infer(const Node& n, Context& ctx, int stream) { return bn_infer(n, ctx, stream, true); }
+KernelPtr make_bn_relu_infer(const Node& n, Context& ctx, int stream) {
+  return bn_infer(n, ctx, stream, true);
+}
 
 }  // namespace kiln::cuda

@@ -26,12 +26,13 @@ inline int stats_vec_blocks(int64_t rows, int64_t cv, int sm_count) {
 
 template <typename T>
 __device__ __forceinline__ uint4 load_row(const uint4* v, int r, int rows, int cv, int cvec) {
-  return r < rows ? v[static_cast<int64_t>(r) * cv + cvec] : make_uint4(0, 0, 0, 0);  // zeros add nothing
+  return r < rows ? v[static_cast<int64_t>(r) * cv + cvec]
+                  : make_uint4(0, 0, 0, 0);  // zeros add nothing
 }
 
 template <int V>
-__device__ __forceinline__ void combine_store(double (&a)[V], double (&b)[V], int cv, int cvec, int64_t C,
-                                              double2* partial) {
+__device__ __forceinline__ void combine_store(double (&a)[V], double (&b)[V], int cv, int cvec,
+                                              int64_t C, double2* partial) {
   __shared__ double sm[kVecThreads * 8];
 #pragma unroll
   for (int j = 0; j < V; ++j) sm[threadIdx.x * V + j] = a[j];
@@ -59,7 +60,8 @@ __device__ __forceinline__ void combine_store(double (&a)[V], double (&b)[V], in
 }
 
 template <typename T>
-__global__ void __launch_bounds__(kVecThreads) stats_partial_vec(const T* x, int rows, int C, double2* partial) {
+__global__ void __launch_bounds__(kVecThreads)
+    stats_partial_vec(const T* x, int rows, int C, double2* partial) {
   constexpr int V = kVec<T>;
   const int cv = C / V, cvec = threadIdx.x % cv, rpb = kVecThreads / cv, rstride = gridDim.x * rpb;
   const auto* xv = reinterpret_cast<const uint4*>(x);

@@ -67,7 +67,8 @@ int row_chunks(int64_t rows, int64_t c, int sm_count) {
 
 }  // namespace
 
-void launch_bias_add(void* y, DType dt, const float* b, int64_t rows, int64_t c, int sm_count, cudaStream_t s) {
+void launch_bias_add(void* y, DType dt, const float* b, int64_t rows, int64_t c, int sm_count,
+                     cudaStream_t s) {
   const int64_t count = rows * c;
   const unsigned grid = elementwise_grid(count, sm_count);
   KILN_DISPATCH_FLOAT(dt, T, {
@@ -80,34 +81,36 @@ size_t channel_sum_workspace(int64_t rows, int64_t c, int sm_count) {
   return sizeof(double) * static_cast<size_t>(row_chunks(rows, c, sm_count) * c);
 }
 
-void launch_channel_sum(const void* dy, DType dt, float* db, int64_t rows, int64_t c, void* workspace, int sm_count,
-                        cudaStream_t s) {
+void launch_channel_sum(const void* dy, DType dt, float* db, int64_t rows, int64_t c,
+                        void* workspace, int sm_count, cudaStream_t s) {
   const int gy = row_chunks(rows, c, sm_count);
   const dim3 grid(static_cast<unsigned>((c + kCx - 1) / kCx), static_cast<unsigned>(gy));
   auto* partial = static_cast<double*>(workspace);
   KILN_DISPATCH_FLOAT(dt, T, {
-    channel_partial_kernel<T><<<grid, dim3(kCx, kCy), 0, s>>>(static_cast<const T*>(dy), rows, c, partial);
+    channel_partial_kernel<T>
+        <<<grid, dim3(kCx, kCy), 0, s>>>(static_cast<const T*>(dy), rows, c, partial);
     KILN_LAUNCH_CHECK("bias grad sums");
   });
-  channel_finalize_kernel<<<static_cast<unsigned>((c + 255) / 256), 256, 0, s>>>(partial, gy, c, db);
+  channel_finalize_kernel<<<static_cast<unsigned>((c + 255) / 256), 256, 0, s>>>(partial, gy, c,
+                                                                                 db);
   KILN_LAUNCH_CHECK("bias grad finalize");
 }
 
-void launch_pad_channels(const void* src, void* dst, DType dt, int64_t rows, int64_t c, int64_t cp, int sm_count,
-                         cudaStream_t s) {
+void launch_pad_channels(const void* src, void* dst, DType dt, int64_t rows, int64_t c, int64_t cp,
+                         int sm_count, cudaStream_t s) {
   KILN_DISPATCH_FLOAT(dt, T, {
-    pad_channels_kernel<T><<<elementwise_grid(rows, sm_count), 256, 0, s>>>(static_cast<const T*>(src),
-                                                                          static_cast<T*>(dst), rows, c, cp);
+    pad_channels_kernel<T><<<elementwise_grid(rows, sm_count), 256, 0, s>>>(
+        static_cast<const T*>(src), static_cast<T*>(dst), rows, c, cp);
     KILN_LAUNCH_CHECK("pad channels");
   });
 }
 
-void launch_unpad_channels(const void* src, void* dst, DType dt, int64_t rows, int64_t cp, int64_t c, int sm_count,
-                           cudaStream_t s) {
+void launch_unpad_channels(const void* src, void* dst, DType dt, int64_t rows, int64_t cp,
+                           int64_t c, int sm_count, cudaStream_t s) {
   const int64_t count = rows * c;
   KILN_DISPATCH_FLOAT(dt, T, {
-    unpad_channels_kernel<T><<<elementwise_grid(count, sm_count), 256, 0, s>>>(static_cast<const T*>(src),
-                                                                             static_cast<T*>(dst), count, cp, c);
+    unpad_channels_kernel<T><<<elementwise_grid(count, sm_count), 256, 0, s>>>(
+        static_cast<const T*>(src), static_cast<T*>(dst), count, cp, c);
     KILN_LAUNCH_CHECK("unpad channels");
   });
 }

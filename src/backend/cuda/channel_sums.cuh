@@ -26,9 +26,12 @@ inline ChannelDims channel_dims(const Context& ctx, const Nhwc& s) {
   return d;
 }
 
-inline size_t partial_bytes(const ChannelDims& d) { return sizeof(double2) * static_cast<size_t>(d.gy * d.c); }
+inline size_t partial_bytes(const ChannelDims& d) {
+  return sizeof(double2) * static_cast<size_t>(d.gy * d.c);
+}
 
-__device__ __forceinline__ void block_reduce_store(double a, double b, double2* partial, int64_t c, int64_t C) {
+__device__ __forceinline__ void block_reduce_store(double a, double b, double2* partial, int64_t c,
+                                                   int64_t C) {
   __shared__ double sa[kCy][kCx], sb[kCy][kCx];
   sa[threadIdx.y][threadIdx.x] = a;
   sb[threadIdx.y][threadIdx.x] = b;
@@ -82,7 +85,8 @@ struct PoolMap {
   int pool = 0, w = 0;  // the pool's window (= stride); z's width
   __device__ __forceinline__ int64_t row(int64_t r) const {
     if (pool == 0) return r;
-    const auto r32 = static_cast<uint32_t>(r), uw = static_cast<uint32_t>(w), up = static_cast<uint32_t>(pool);
+    const auto r32 = static_cast<uint32_t>(r), uw = static_cast<uint32_t>(w),
+               up = static_cast<uint32_t>(pool);
     const uint32_t q = r32 / uw, x = r32 - q * uw;
     if (up == 2) return static_cast<int64_t>((q >> 1) * (uw >> 1) + (x >> 1));
     return static_cast<int64_t>((q / up) * (uw / up) + x / up);
@@ -92,15 +96,17 @@ struct PoolMap {
 // sum g and sum g * (x - mean) per channel, per row chunk, with g = dy where the mask passes
 // it (the ReLU backward of a fused op) and 0 elsewhere.
 template <typename T>
-__global__ void bwd_partial_kernel(const T* x, const T* dy, const T* dy2, const uint8_t* mask, const float* mean,
-                                   int64_t rows, int64_t C, double2* partial, PoolMap pm = {}) {
+__global__ void bwd_partial_kernel(const T* x, const T* dy, const T* dy2, const uint8_t* mask,
+                                   const float* mean, int64_t rows, int64_t C, double2* partial,
+                                   PoolMap pm = {}) {
   const int64_t c = static_cast<int64_t>(blockIdx.x) * kCx + threadIdx.x;
   double s = 0.0, sx = 0.0;
   if (c < C) {
     const double mu = mean[c];
     for (int64_t r = static_cast<int64_t>(blockIdx.y) * kCy + threadIdx.y; r < rows;
          r += static_cast<int64_t>(gridDim.y) * kCy) {
-      const double g = mask_bit(mask, r * C + c) ? to_f(grad_sum(dy[pm.row(r) * C + c], dy2, r * C + c)) : 0.0;
+      const double g =
+          mask_bit(mask, r * C + c) ? to_f(grad_sum(dy[pm.row(r) * C + c], dy2, r * C + c)) : 0.0;
       s += g;
       sx += g * (static_cast<double>(to_f(x[r * C + c])) - mu);
     }

@@ -38,16 +38,24 @@ enum : int64_t { kUidX = 1, kUidW = 2, kUidY = 3, kUidSum = 4, kUidSqSum = 5 };
 
 fe::DataType_t fe_type(DType d) {
   switch (d) {
-    case DType::F32: return fe::DataType_t::FLOAT;
-    case DType::F16: return fe::DataType_t::HALF;
-    case DType::BF16: return fe::DataType_t::BFLOAT16;
-    default: KILN_FAIL(Unsupported, "cuDNN convolution: dtype ", dtype_name(d), " is not a float type");
+    case DType::F32:
+      return fe::DataType_t::FLOAT;
+    case DType::F16:
+      return fe::DataType_t::HALF;
+    case DType::BF16:
+      return fe::DataType_t::BFLOAT16;
+    default:
+      KILN_FAIL(Unsupported, "cuDNN convolution: dtype ", dtype_name(d), " is not a float type");
   }
 }
 
 // NCHW dims with NHWC strides (cuDNN's way of saying channels-last).
-std::vector<int64_t> nchw_dims(const Nhwc& t) { return {t.n, t.c, t.h, t.w}; }
-std::vector<int64_t> nhwc_strides(const Nhwc& t) { return {t.h * t.w * t.c, 1, t.w * t.c, t.c}; }
+std::vector<int64_t> nchw_dims(const Nhwc& t) {
+  return {t.n, t.c, t.h, t.w};
+}
+std::vector<int64_t> nhwc_strides(const Nhwc& t) {
+  return {t.h * t.w * t.c, 1, t.w * t.c, t.c};
+}
 
 // fe::graph::Graph with each engine's numerical notes readable by index (the frontend keeps
 // them in a protected member): which engines transform their sums (Winograd, FFT) decides
@@ -65,7 +73,8 @@ class NotedGraph : public fe::graph::Graph {
   int64_t heuristic_candidate() const { return plans.candidate; }
   static bool is_transform(fe::NumericalNote_t note) {
     return note == fe::NumericalNote_t::FFT || note == fe::NumericalNote_t::WINOGRAD ||
-           note == fe::NumericalNote_t::WINOGRAD_TILE_4x4 || note == fe::NumericalNote_t::WINOGRAD_TILE_6x6 ||
+           note == fe::NumericalNote_t::WINOGRAD_TILE_4x4 ||
+           note == fe::NumericalNote_t::WINOGRAD_TILE_6x6 ||
            note == fe::NumericalNote_t::WINOGRAD_TILE_13x13;
   }
 };
@@ -73,21 +82,24 @@ class NotedGraph : public fe::graph::Graph {
 struct ConvPlan {
   std::shared_ptr<NotedGraph> graph;
   int64_t workspace = 0;
-  int64_t index = -1;  // the engine config chosen from the table or by tuning; -1: heuristics' choice
+  int64_t index =
+      -1;  // the engine config chosen from the table or by tuning; -1: heuristics' choice
 };
 
-#define FE_CHECK(expr, what)                                                                       \
-  do {                                                                                             \
-    auto kiln_fe_ = (expr);                                                                        \
-    if (kiln_fe_.is_bad()) {                                                                       \
-      KILN_FAIL(Backend, what, ": cuDNN frontend ", #expr, " failed: ", kiln_fe_.get_message(),     \
-                " at ", __FILE__, ":", __LINE__);                                                  \
-    }                                                                                              \
+#define FE_CHECK(expr, what)                                                                    \
+  do {                                                                                          \
+    auto kiln_fe_ = (expr);                                                                     \
+    if (kiln_fe_.is_bad()) {                                                                    \
+      KILN_FAIL(Backend, what, ": cuDNN frontend ", #expr, " failed: ", kiln_fe_.get_message(), \
+                " at ", __FILE__, ":", __LINE__);                                               \
+    }                                                                                           \
   } while (0)
 
 std::string graph_first_name(fe::graph::Graph& graph) {
   std::string name;
-  return graph.get_execution_plan_count() > 0 && graph.get_plan_name_at_index(0, name).is_good() ? name : "none";
+  return graph.get_execution_plan_count() > 0 && graph.get_plan_name_at_index(0, name).is_good()
+             ? name
+             : "none";
 }
 
 struct ConvPointers {
@@ -126,7 +138,8 @@ struct TimingRule {
   int64_t max_candidates;
   int untimed, timed;
   float cut;
-  bool precompiled_after_first;  // after the first candidate, skip runtime-compiled engines (~1 s of NVRTC each)
+  bool precompiled_after_first;  // after the first candidate, skip runtime-compiled engines (~1 s
+                                 // of NVRTC each)
 };
 constexpr TimingRule kTuneRule{1 << 30, 2, 5, 4.0f, false};
 constexpr TimingRule kAutotuneRule{6, 1, 3, 2.0f, true};
@@ -147,9 +160,11 @@ struct Timed {
 // the first timed one.
 constexpr float kSlowRunMs = 50.0f;
 bool time_runs(fe::graph::Graph& graph, cudnnHandle_t handle, cudaStream_t stream,
-               std::unordered_map<int64_t, void*>& pack, Timed& t, int untimed, int timed, float give_up_ms) {
+               std::unordered_map<int64_t, void*>& pack, Timed& t, int untimed, int timed,
+               float give_up_ms) {
   void* wsp = nullptr;
-  if (t.choice.workspace > 0 && cudaMalloc(&wsp, static_cast<size_t>(t.choice.workspace)) != cudaSuccess) {
+  if (t.choice.workspace > 0 &&
+      cudaMalloc(&wsp, static_cast<size_t>(t.choice.workspace)) != cudaSuccess) {
     cudaGetLastError();
     return false;
   }
@@ -192,10 +207,12 @@ std::vector<Timed> time_engines(fe::graph::Graph& graph, cudnnHandle_t handle, c
   auto runtime_compiled = [&](int64_t i) {
     std::vector<fe::BehaviorNote_t> notes;
     return graph.get_behavior_notes_for_plan_at_index(i, notes).is_good() &&
-           std::find(notes.begin(), notes.end(), fe::BehaviorNote_t::RUNTIME_COMPILATION) != notes.end();
+           std::find(notes.begin(), notes.end(), fe::BehaviorNote_t::RUNTIME_COMPILATION) !=
+               notes.end();
   };
   std::vector<Timed> candidates;
-  for (int64_t i = 0; i < count && static_cast<int64_t>(candidates.size()) < rule.max_candidates; ++i) {
+  for (int64_t i = 0; i < count && static_cast<int64_t>(candidates.size()) < rule.max_candidates;
+       ++i) {
     Timed t{i, {}, {}};
     if (graph.get_plan_name_at_index(i, t.choice.engine).is_bad()) continue;
     if (rule.precompiled_after_first && !candidates.empty() && runtime_compiled(i)) continue;
@@ -221,12 +238,14 @@ std::vector<Timed> time_engines(fe::graph::Graph& graph, cudnnHandle_t handle, c
   std::vector<Timed> measured;
   for (Timed& t : round1) {
     if (t.times[0] > rule.cut * best) continue;
-    if (rule.timed > 1 && !time_runs(graph, handle, stream, pack, t, 0, rule.timed - 1, 1e30f)) continue;
+    if (rule.timed > 1 && !time_runs(graph, handle, stream, pack, t, 0, rule.timed - 1, 1e30f))
+      continue;
     std::sort(t.times.begin(), t.times.end());
     t.choice.ms = t.times[t.times.size() / 2];
     measured.push_back(std::move(t));
   }
-  std::sort(measured.begin(), measured.end(), [](const Timed& a, const Timed& b) { return a.choice.ms < b.choice.ms; });
+  std::sort(measured.begin(), measured.end(),
+            [](const Timed& a, const Timed& b) { return a.choice.ms < b.choice.ms; });
   return measured;
 }
 
@@ -239,17 +258,19 @@ EngineEntry entry_of(const std::string& key, const std::vector<Timed>& measured)
 
 // `kiln tune`: every candidate timed, the three fastest recorded in ctx.tuned; the fastest
 // one's index, -1 when none ran.
-int64_t tune_engines(Context& ctx, fe::graph::Graph& graph, cudnnHandle_t handle, cudaStream_t stream,
-                     std::unordered_map<int64_t, void*>& pack, const std::string& key) {
+int64_t tune_engines(Context& ctx, fe::graph::Graph& graph, cudnnHandle_t handle,
+                     cudaStream_t stream, std::unordered_map<int64_t, void*>& pack,
+                     const std::string& key) {
   if (const EngineEntry* done = ctx.tuned.find(key)) {  // the same graph on another stream
     const int64_t i = pick_from_table(graph, *done);
     if (i >= 0) return i;
   }
-  const std::vector<Timed> measured = time_engines(graph, handle, stream, pack, kTuneRule, ctx.workspace_cap);
+  const std::vector<Timed> measured =
+      time_engines(graph, handle, stream, pack, kTuneRule, ctx.workspace_cap);
   if (measured.empty()) return -1;
   ctx.tuned.put(entry_of(key, measured));
-  log_info("tuned ", key, ": ", measured.size(), " engines, fastest ", measured[0].choice.engine, " ",
-           measured[0].choice.ms, " ms (heuristics' first: ", graph_first_name(graph), ")");
+  log_info("tuned ", key, ": ", measured.size(), " engines, fastest ", measured[0].choice.engine,
+           " ", measured[0].choice.ms, " ms (heuristics' first: ", graph_first_name(graph), ")");
   return measured[0].index;
 }
 
@@ -259,11 +280,11 @@ int64_t tune_engines(Context& ctx, fe::graph::Graph& graph, cudnnHandle_t handle
 // in a process compute with the same engines.
 std::mutex g_autotuned_mutex;
 EngineTable g_autotuned;
-bool g_autotuned_new = false;           // timed since the cache was last written
+bool g_autotuned_new = false;          // timed since the cache was last written
 std::set<std::string> g_cache_loaded;  // cache files merged into g_autotuned
 
-int64_t autotune_engines(Context& ctx, fe::graph::Graph& graph, const TimingRule& rule, cudnnHandle_t handle,
-                         cudaStream_t stream,
+int64_t autotune_engines(Context& ctx, fe::graph::Graph& graph, const TimingRule& rule,
+                         cudnnHandle_t handle, cudaStream_t stream,
                          std::unordered_map<int64_t, void*>& pack, const std::string& key) {
   std::lock_guard<std::mutex> lock(g_autotuned_mutex);
   if (const EngineEntry* done = g_autotuned.find(key)) {
@@ -274,14 +295,16 @@ int64_t autotune_engines(Context& ctx, fe::graph::Graph& graph, const TimingRule
     }
   }
   const auto started = std::chrono::steady_clock::now();
-  const std::vector<Timed> measured = time_engines(graph, handle, stream, pack, rule, ctx.workspace_cap);
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  const std::vector<Timed> measured =
+      time_engines(graph, handle, stream, pack, rule, ctx.workspace_cap);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   if (measured.empty()) return -1;
   g_autotuned.put(entry_of(key, measured));
   g_autotuned_new = true;
   log_debug("autotuned ", key, " in ", seconds, " s: ", measured.size(), " engines timed, fastest ",
-            measured[0].choice.engine, " ", measured[0].choice.ms, " ms (heuristics' first: ", graph_first_name(graph),
-            ")");
+            measured[0].choice.engine, " ", measured[0].choice.ms,
+            " ms (heuristics' first: ", graph_first_name(graph), ")");
   return measured[0].index;
 }
 
@@ -295,17 +318,18 @@ void autotune_cache_load(const std::string& path, const std::string& gpu, int64_
   try {
     EngineTable file = EngineTable::load(path);
     if (file.gpu != gpu || file.cudnn != cudnn) {
-      log_warn("autotune cache ", path, " holds ", file.gpu, " with cuDNN ", file.cudnn, ", not ", gpu, " with cuDNN ",
-               cudnn, "; ignoring it");
+      log_warn("autotune cache ", path, " holds ", file.gpu, " with cuDNN ", file.cudnn, ", not ",
+               gpu, " with cuDNN ", cudnn, "; ignoring it");
       return;
     }
     const size_t n = file.entries().size();
     file.merge(g_autotuned);  // what this process timed wins
     g_autotuned = std::move(file);
-    log_info("autotune cache: ", n, " convolution graphs' engines from ", path, " (KILN_AUTOTUNE_CACHE=0 turns it off)");
+    log_info("autotune cache: ", n, " convolution graphs' engines from ", path,
+             " (KILN_AUTOTUNE_CACHE=0 turns it off)");
   } catch (const Error& e) {
-    log_warn("autotune cache ", path, " is unreadable, so it is ignored (delete it, or KILN_AUTOTUNE_CACHE=0): ",
-             e.what());
+    log_warn("autotune cache ", path,
+             " is unreadable, so it is ignored (delete it, or KILN_AUTOTUNE_CACHE=0): ", e.what());
   }
 }
 
@@ -329,24 +353,28 @@ void autotune_cache_save(const std::string& path, const std::string& gpu, int64_
     out.merge(g_autotuned);
     out.save(path);
     g_autotuned_new = false;
-    log_info("autotune cache: ", out.entries().size(), " convolution graphs' engines kept in ", path);
+    log_info("autotune cache: ", out.entries().size(), " convolution graphs' engines kept in ",
+             path);
   } catch (const std::exception& e) {
-    log_warn("autotune cache: could not write ", path, " (", e.what(), "); the next process times its engines again");
+    log_warn("autotune cache: could not write ", path, " (", e.what(),
+             "); the next process times its engines again");
   }
 }
 
 namespace {
 
-std::shared_ptr<ConvPlan> build_plan(Context& ctx, const Node& n, int stream, ConvKind kind, const ConvGeom& g,
-                                     DType x_dt, DType w_dt, DType y_dt, ConvPointers ptrs) {
+std::shared_ptr<ConvPlan> build_plan(Context& ctx, const Node& n, int stream, ConvKind kind,
+                                     const ConvGeom& g, DType x_dt, DType w_dt, DType y_dt,
+                                     ConvPointers ptrs) {
   const bool fp32 = x_dt == DType::F32 && w_dt == DType::F32 && y_dt == DType::F32;
   const bool tf32 = fp32 && ctx.opts.tf32;
   // The experience-table key: op kind, shape, geometry, dtypes and the numerics switches that
   // change which engines are allowed (the same key on every stream).
   std::ostringstream key;
-  key << kConvKindName[static_cast<int>(kind)] << ":" << g.x.n << "," << g.x.h << "," << g.x.w << "," << g.x.c << ":"
-      << g.k << "," << g.r << "," << g.s << ":" << g.sh << "," << g.sw << "," << g.ph << "," << g.pw << ":"
-      << dtype_name(x_dt) << "," << dtype_name(w_dt) << "," << dtype_name(y_dt) << (tf32 ? ":tf32" : "")
+  key << kConvKindName[static_cast<int>(kind)] << ":" << g.x.n << "," << g.x.h << "," << g.x.w
+      << "," << g.x.c << ":" << g.k << "," << g.r << "," << g.s << ":" << g.sh << "," << g.sw << ","
+      << g.ph << "," << g.pw << ":" << dtype_name(x_dt) << "," << dtype_name(w_dt) << ","
+      << dtype_name(y_dt) << (tf32 ? ":tf32" : "")
       << (fp32 && ctx.opts.fp32_winograd == Fp32Winograd::allowed ? ":winograd" : "")
       << (fp32 && ctx.opts.fp32_winograd == Fp32Winograd::only ? ":winograd-only" : "")
       << (ctx.opts.deterministic ? ":det" : "");
@@ -362,50 +390,78 @@ std::shared_ptr<ConvPlan> build_plan(Context& ctx, const Node& n, int stream, Co
   // cuDNN has none for this graph, so the caller builds the graph again without that filter.
   auto make_graph = [&](bool winograd_only) -> std::shared_ptr<NotedGraph> {
     auto graph = std::make_shared<NotedGraph>();
-    graph->set_io_data_type(fe_type(y_dt)).set_intermediate_data_type(fe::DataType_t::FLOAT)
+    graph->set_io_data_type(fe_type(y_dt))
+        .set_intermediate_data_type(fe::DataType_t::FLOAT)
         .set_compute_data_type(fe::DataType_t::FLOAT);
-    const std::vector<int64_t> w_dims{g.k, g.x.c, g.r, g.s}, w_strides{g.r * g.s * g.x.c, 1, g.s * g.x.c, g.x.c};
+    const std::vector<int64_t> w_dims{g.k, g.x.c, g.r, g.s},
+        w_strides{g.r * g.s * g.x.c, 1, g.s * g.x.c, g.x.c};
     const std::vector<int64_t> pad{g.ph, g.pw}, stride{g.sh, g.sw}, dil{1, 1};
-    auto X = fe::graph::Tensor_attributes().set_name("X").set_dim(nchw_dims(g.x)).set_stride(nhwc_strides(g.x))
+    auto X = fe::graph::Tensor_attributes()
+                 .set_name("X")
+                 .set_dim(nchw_dims(g.x))
+                 .set_stride(nhwc_strides(g.x))
                  .set_data_type(fe_type(x_dt));
-    auto W = fe::graph::Tensor_attributes().set_name("W").set_dim(w_dims).set_stride(w_strides)
+    auto W = fe::graph::Tensor_attributes()
+                 .set_name("W")
+                 .set_dim(w_dims)
+                 .set_stride(w_strides)
                  .set_data_type(fe_type(w_dt));
-    auto Y = fe::graph::Tensor_attributes().set_name("Y").set_dim(nchw_dims(g.y)).set_stride(nhwc_strides(g.y))
+    auto Y = fe::graph::Tensor_attributes()
+                 .set_name("Y")
+                 .set_dim(nchw_dims(g.y))
+                 .set_stride(nhwc_strides(g.y))
                  .set_data_type(fe_type(y_dt));
     switch (kind) {
       case ConvKind::fprop:
       case ConvKind::fprop_genstats: {
         auto x = graph->tensor(X.set_uid(kUidX));
         auto w = graph->tensor(W.set_uid(kUidW));
-        auto y = graph->conv_fprop(x, w, fe::graph::Conv_fprop_attributes().set_padding(pad).set_stride(stride)
-                                             .set_dilation(dil));
-        y->set_output(true).set_uid(kUidY).set_dim(nchw_dims(g.y)).set_stride(nhwc_strides(g.y))
+        auto y = graph->conv_fprop(
+            x, w,
+            fe::graph::Conv_fprop_attributes().set_padding(pad).set_stride(stride).set_dilation(
+                dil));
+        y->set_output(true)
+            .set_uid(kUidY)
+            .set_dim(nchw_dims(g.y))
+            .set_stride(nhwc_strides(g.y))
             .set_data_type(fe_type(y_dt));
         if (kind == ConvKind::fprop) break;
         // z is written and also reduced per channel, in FP32.
-        auto [sum, sq_sum] = graph->genstats(y, fe::graph::Genstats_attributes().set_compute_data_type(
-                                                    fe::DataType_t::FLOAT));
+        auto [sum, sq_sum] = graph->genstats(
+            y, fe::graph::Genstats_attributes().set_compute_data_type(fe::DataType_t::FLOAT));
         const std::vector<int64_t> cdims{1, g.k, 1, 1}, cstrides{g.k, 1, g.k, g.k};
-        sum->set_output(true).set_uid(kUidSum).set_dim(cdims).set_stride(cstrides).set_data_type(fe::DataType_t::FLOAT);
-        sq_sum->set_output(true).set_uid(kUidSqSum).set_dim(cdims).set_stride(cstrides)
+        sum->set_output(true).set_uid(kUidSum).set_dim(cdims).set_stride(cstrides).set_data_type(
+            fe::DataType_t::FLOAT);
+        sq_sum->set_output(true)
+            .set_uid(kUidSqSum)
+            .set_dim(cdims)
+            .set_stride(cstrides)
             .set_data_type(fe::DataType_t::FLOAT);
         break;
       }
       case ConvKind::dgrad: {  // Y is dy, X is dx
         auto dy = graph->tensor(Y.set_uid(kUidY));
         auto w = graph->tensor(W.set_uid(kUidW));
-        auto dx = graph->conv_dgrad(dy, w, fe::graph::Conv_dgrad_attributes().set_padding(pad).set_stride(stride)
-                                               .set_dilation(dil));
-        dx->set_output(true).set_uid(kUidX).set_dim(nchw_dims(g.x)).set_stride(nhwc_strides(g.x))
+        auto dx = graph->conv_dgrad(
+            dy, w,
+            fe::graph::Conv_dgrad_attributes().set_padding(pad).set_stride(stride).set_dilation(
+                dil));
+        dx->set_output(true)
+            .set_uid(kUidX)
+            .set_dim(nchw_dims(g.x))
+            .set_stride(nhwc_strides(g.x))
             .set_data_type(fe_type(x_dt));
         break;
       }
       case ConvKind::wgrad: {  // Y is dy, W is dw
         auto dy = graph->tensor(Y.set_uid(kUidY));
         auto x = graph->tensor(X.set_uid(kUidX));
-        auto dw = graph->conv_wgrad(dy, x, fe::graph::Conv_wgrad_attributes().set_padding(pad).set_stride(stride)
-                                               .set_dilation(dil));
-        dw->set_output(true).set_uid(kUidW).set_dim(w_dims).set_stride(w_strides).set_data_type(fe_type(w_dt));
+        auto dw = graph->conv_wgrad(
+            dy, x,
+            fe::graph::Conv_wgrad_attributes().set_padding(pad).set_stride(stride).set_dilation(
+                dil));
+        dw->set_output(true).set_uid(kUidW).set_dim(w_dims).set_stride(w_strides).set_data_type(
+            fe_type(w_dt));
         break;
       }
     }
@@ -414,12 +470,13 @@ std::shared_ptr<ConvPlan> build_plan(Context& ctx, const Node& n, int stream, Co
     FE_CHECK(graph->create_execution_plans({fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK}), what);
     std::vector<fe::NumericalNote_t> bad;
     if (fp32) {
-      bad = {fe::NumericalNote_t::DOWN_CONVERT_INPUTS, fe::NumericalNote_t::REDUCED_PRECISION_REDUCTION};
+      bad = {fe::NumericalNote_t::DOWN_CONVERT_INPUTS,
+             fe::NumericalNote_t::REDUCED_PRECISION_REDUCTION};
       if (ctx.opts.fp32_winograd == Fp32Winograd::off) {
-        for (fe::NumericalNote_t note : {fe::NumericalNote_t::FFT, fe::NumericalNote_t::WINOGRAD,
-                                         fe::NumericalNote_t::WINOGRAD_TILE_4x4,
-                                         fe::NumericalNote_t::WINOGRAD_TILE_6x6,
-                                         fe::NumericalNote_t::WINOGRAD_TILE_13x13}) {
+        for (fe::NumericalNote_t note :
+             {fe::NumericalNote_t::FFT, fe::NumericalNote_t::WINOGRAD,
+              fe::NumericalNote_t::WINOGRAD_TILE_4x4, fe::NumericalNote_t::WINOGRAD_TILE_6x6,
+              fe::NumericalNote_t::WINOGRAD_TILE_13x13}) {
           bad.push_back(note);
         }
       }
@@ -442,7 +499,8 @@ std::shared_ptr<ConvPlan> build_plan(Context& ctx, const Node& n, int stream, Co
       std::vector<std::string> direct;
       for (int64_t i = 0; i < graph->get_execution_plan_count(); ++i) {
         std::string name;
-        if (!graph->transforms_sums(i) && graph->get_plan_name_at_index(i, name).is_good()) direct.push_back(name);
+        if (!graph->transforms_sums(i) && graph->get_plan_name_at_index(i, name).is_good())
+          direct.push_back(name);
       }
       if (static_cast<int64_t>(direct.size()) == graph->get_execution_plan_count()) return nullptr;
       graph->deselect_engines(direct);
@@ -455,7 +513,9 @@ std::shared_ptr<ConvPlan> build_plan(Context& ctx, const Node& n, int stream, Co
   std::shared_ptr<NotedGraph> graph;
   if (fp32 && ctx.opts.fp32_winograd == Fp32Winograd::only) {
     graph = make_graph(true);
-    if (!graph) log_info(what, ": cuDNN has no Winograd or FFT engine for ", table_key, "; its other FP32 engines are used");
+    if (!graph)
+      log_info(what, ": cuDNN has no Winograd or FFT engine for ", table_key,
+               "; its other FP32 engines are used");
   }
   if (!graph) graph = make_graph(false);
   auto plan = std::make_shared<ConvPlan>();
@@ -469,25 +529,31 @@ std::shared_ptr<ConvPlan> build_plan(Context& ctx, const Node& n, int stream, Co
   bool autotuned = false;
   if (!ctx.opts.tune_path.empty()) {
     plan->index = tune_engines(ctx, *graph, handle, cu_stream, pack, table_key);
-  } else if (const EngineEntry* entry = ctx.opts.engine_table ? ctx.engine_table.find(table_key) : nullptr) {
+  } else if (const EngineEntry* entry =
+                 ctx.opts.engine_table ? ctx.engine_table.find(table_key) : nullptr) {
     plan->index = pick_from_table(*graph, *entry);
     if (plan->index < 0) {
-      log_warn("engine table: none of the ", entry->choices.size(), " engines listed for ", table_key,
-               " builds here; ", ctx.opts.autotune ? "timing a few engines instead" : "using cuDNN's heuristics",
+      log_warn("engine table: none of the ", entry->choices.size(), " engines listed for ",
+               table_key, " builds here; ",
+               ctx.opts.autotune ? "timing a few engines instead" : "using cuDNN's heuristics",
                " (re-run kiln tune)");
     }
   }
   if (plan->index < 0 && ctx.opts.autotune && ctx.opts.tune_path.empty()) {
     const auto tune_start = std::chrono::steady_clock::now();
-    plan->index = autotune_engines(ctx, *graph, kind == ConvKind::fprop_genstats ? kAutotuneFusedRule : kAutotuneRule,
-                                   handle, cu_stream, pack, table_key);
+    plan->index = autotune_engines(
+        ctx, *graph, kind == ConvKind::fprop_genstats ? kAutotuneFusedRule : kAutotuneRule, handle,
+        cu_stream, pack, table_key);
     autotuned = plan->index >= 0;
-    ctx.autotune_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - tune_start).count();
+    ctx.autotune_seconds +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - tune_start).count();
     if (ctx.autotune_seconds >= ctx.autotune_report_at) {
-      log_info("autotuning convolution engines: ", ctx.autotuned + (autotuned ? 1 : 0), " graphs timed in ",
-               static_cast<int>(ctx.autotune_seconds), " s so far (once per shape on this GPU and cuDNN",
-               ctx.opts.autotune_cache.empty() ? "" : "; later runs take them from the autotune cache",
-               "; KILN_AUTOTUNE=0 skips it)");
+      log_info(
+          "autotuning convolution engines: ", ctx.autotuned + (autotuned ? 1 : 0),
+          " graphs timed in ", static_cast<int>(ctx.autotune_seconds),
+          " s so far (once per shape on this GPU and cuDNN",
+          ctx.opts.autotune_cache.empty() ? "" : "; later runs take them from the autotune cache",
+          "; KILN_AUTOTUNE=0 skips it)");
       ctx.autotune_report_at = ctx.autotune_seconds + kAutotuneReportSeconds;
     }
   }
@@ -504,11 +570,13 @@ std::shared_ptr<ConvPlan> build_plan(Context& ctx, const Node& n, int stream, Co
     FE_CHECK(graph->build_plans(handle, fe::BuildPlanPolicy_t::HEURISTICS_CHOICE), what);
     FE_CHECK(graph->get_workspace_size(plan->workspace), what);
   }
-  if (fp32 && graph->transforms_sums(plan->index >= 0 ? plan->index : graph->heuristic_candidate())) {
+  if (fp32 &&
+      graph->transforms_sums(plan->index >= 0 ? plan->index : graph->heuristic_candidate())) {
     ++ctx.fp32_transformed;
     log_debug(what, ": FP32 on a Winograd / FFT engine (KILN_FP32_WINOGRAD=0 refuses them)");
   }
-  ctx.plan_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  ctx.plan_seconds +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   slot = plan;
   return plan;
 }
@@ -565,14 +633,18 @@ class ConvKernel final : public Kernel {
   void run(Context& ctx) override {
     const StreamRes& r = res(ctx);
     for (const PadCopy& c : before_) copy(ctx, c, r.stream);
-    auto status = plan_->index >= 0 ? plan_->graph->execute_plan_at_index(r.cudnn, pack_, r.workspace, plan_->index)
+    auto status = plan_->index >= 0 ? plan_->graph->execute_plan_at_index(r.cudnn, pack_,
+                                                                          r.workspace, plan_->index)
                                     : plan_->graph->execute(r.cudnn, pack_, r.workspace);
-    if (status.is_bad()) KILN_FAIL(Backend, what_, ": cuDNN execute failed: ", status.get_message());
+    if (status.is_bad())
+      KILN_FAIL(Backend, what_, ": cuDNN execute failed: ", status.get_message());
     KILN_LAUNCH_CHECK(what_.c_str());
     for (const PadCopy& c : after_) copy(ctx, c, r.stream);
-    if (bias_.add) launch_bias_add(bias_.t, bias_.dt, bias_.b, bias_.rows, bias_.c, ctx.sm_count, r.stream);
+    if (bias_.add)
+      launch_bias_add(bias_.t, bias_.dt, bias_.b, bias_.rows, bias_.c, ctx.sm_count, r.stream);
     if (bias_.grad) {
-      launch_channel_sum(bias_.t, bias_.dt, bias_.b, bias_.rows, bias_.c, r.workspace, ctx.sm_count, r.stream);
+      launch_channel_sum(bias_.t, bias_.dt, bias_.b, bias_.rows, bias_.c, r.workspace, ctx.sm_count,
+                         r.stream);
     }
   }
 
@@ -616,7 +688,9 @@ void* padded(ConvKernel& k, const ChannelPad& pad, void* t, DType dt, int64_t ro
   return p;
 }
 
-std::string describe(const Node& n) { return std::string(op_name(n.op)) + " node '" + n.label + "'"; }
+std::string describe(const Node& n) {
+  return std::string(op_name(n.op)) + " node '" + n.label + "'";
+}
 
 void expect_weight_dtype(const Context& ctx, const Node& n, TensorId feature, TensorId w) {
   // AMP: f16 features with f16 compute weights; FP32: both f32.
@@ -628,7 +702,8 @@ void expect_weight_dtype(const Context& ctx, const Node& n, TensorId feature, Te
 // "x, w, [b] -> y"
 KernelPtr make_conv_fwd(const Node& n, Context& ctx, int stream) {
   reject_accumulate(ctx, n);
-  const TensorId x = need_in(n, 0, "x"), w = need_in(n, 1, "w"), b = in_at(n, 2), y = need_out(n, 0, "y");
+  const TensorId x = need_in(n, 0, "x"), w = need_in(n, 1, "w"), b = in_at(n, 2),
+                 y = need_out(n, 0, "y");
   const DType dt = expect_float(ctx, n, x, "x");
   expect_same_dtype(ctx, n, x, y);
   expect_weight_dtype(ctx, n, x, w);
@@ -674,7 +749,8 @@ KernelPtr make_conv_bwd_data(const Node& n, Context& ctx, int stream) {
 // grad_cast phase, SPEC S10); db f32.
 KernelPtr make_conv_bwd_weight(const Node& n, Context& ctx, int stream) {
   reject_accumulate(ctx, n);
-  const TensorId x = need_in(n, 0, "x"), dy = need_in(n, 1, "dy"), dw = need_out(n, 0, "dw"), db = out_at(n, 1);
+  const TensorId x = need_in(n, 0, "x"), dy = need_in(n, 1, "dy"), dw = need_out(n, 0, "dw"),
+                 db = out_at(n, 1);
   const DType dt = expect_float(ctx, n, x, "x");
   expect_same_dtype(ctx, n, x, dy);
   const DType wdt = expect_float(ctx, n, dw, "dw");
@@ -702,8 +778,8 @@ KernelPtr make_conv_bwd_weight(const Node& n, Context& ctx, int stream) {
 // and sums[K, 2K) (the sum of squares), FP32, so BatchNorm needs no statistics pass over z.
 // nullptr, with one log line, when cuDNN has no engine for this graph here: the caller falls
 // back to the plain convolution and kiln's statistics pass.
-KernelPtr make_conv_fwd_genstats(const Node& n, Context& ctx, int stream, TensorId x, TensorId w, TensorId z,
-                                 float* sums) {
+KernelPtr make_conv_fwd_genstats(const Node& n, Context& ctx, int stream, TensorId x, TensorId w,
+                                 TensorId z, float* sums) {
   const DType dt = expect_float(ctx, n, x, "x");
   expect_same_dtype(ctx, n, x, z);
   expect_weight_dtype(ctx, n, x, w);
@@ -716,11 +792,14 @@ KernelPtr make_conv_fwd_genstats(const Node& n, Context& ctx, int stream, Tensor
   const ConvGeom gp = g.with_channels(pad.on ? pad.cp : g.x.c);
   std::shared_ptr<ConvPlan> plan;
   try {
-    plan = build_plan(ctx, n, stream, ConvKind::fprop_genstats, gp, dt, wdt, dt, {xp, wp, ctx.ptr(z), sums});
+    plan = build_plan(ctx, n, stream, ConvKind::fprop_genstats, gp, dt, wdt, dt,
+                      {xp, wp, ctx.ptr(z), sums});
   } catch (const Error& e) {
     if (e.kind() != ErrorKind::Backend) throw;
-    log_info(describe(n), ": no cuDNN engine for conv+genstats here, so the convolution and kiln's statistics pass ",
-             "run apart (", e.what(), ")");
+    log_info(
+        describe(n),
+        ": no cuDNN engine for conv+genstats here, so the convolution and kiln's statistics pass ",
+        "run apart (", e.what(), ")");
     return nullptr;
   }
   ctx.need_workspace(stream, static_cast<size_t>(plan->workspace));

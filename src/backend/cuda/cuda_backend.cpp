@@ -46,7 +46,8 @@ constexpr Factory kFactories[] = {
 #include "kiln/graph/ops.def"
 #undef KILN_OP
 };
-static_assert(sizeof(kFactories) / sizeof(kFactories[0]) == kOpCount, "every op of ops.def needs a CUDA factory");
+static_assert(sizeof(kFactories) / sizeof(kFactories[0]) == kOpCount,
+              "every op of ops.def needs a CUDA factory");
 
 void warn(const char* what, cudaError_t e) {
   if (e != cudaSuccess) std::fprintf(stderr, "kiln: %s failed: %s\n", what, cudaGetErrorString(e));
@@ -58,13 +59,14 @@ struct PhaseExec {
   int stream = 0;
   std::array<bool, 2> reads_slot{false, false};  // reads staged input A / B
   std::vector<KernelPtr> kernels;
-  std::vector<OpKind> ops;                // per kernel, for the per-op profile
+  std::vector<OpKind> ops;  // per kernel, for the per-op profile
   // Per kernel, the bytes its node reads and writes: where side-stream work must join back.
   std::vector<std::vector<ByteRange>> node_reads, node_writes;
-  std::vector<cudaEvent_t> node_events;   // KILN_PROFILE_OPS=1: one before each node, one after the last
+  std::vector<cudaEvent_t>
+      node_events;  // KILN_PROFILE_OPS=1: one before each node, one after the last
   GraphExec graph;
   int runs = 0;
-  cudaEvent_t done = nullptr;           // joins
+  cudaEvent_t done = nullptr;              // joins
   cudaEvent_t t0 = nullptr, t1 = nullptr;  // profiling
 };
 
@@ -87,20 +89,23 @@ class CudaBackend final : public CudaBackendApi {
     // Fused CBR and BN+add+ReLU (fused.cpp), in FP32 too by default: the same bits as the
     // unfused chain (GpuFusedStep.*Fp32) and faster on the H200 (ResNet-50 FP32 +5.3%, the
     // Fashion-MNIST cnn +3%, bench/RESULTS.md).
-    c.fused_cbr = c.fused_cbr_pool = c.fused_bn_add_relu = c.fused_fp32 = c.fp32_fusion_default = true;
+    c.fused_cbr = c.fused_cbr_pool = c.fused_bn_add_relu = c.fused_fp32 = c.fp32_fusion_default =
+        true;
     // The gradient-sum fusion (bn_add_relu_bwd's dy2): +2.3% on ResNet-50 AMP on the H200
     // (bench/RESULTS.md); Engine turns it off with KILN_FUSE_GRAD_SUM=0.
     c.fused_grad_sum = true;
     return c;
   }
-  bool supports(OpKind op, DType feature_dtype) const override { return cuda_supports(op, feature_dtype); }
+  bool supports(OpKind op, DType feature_dtype) const override {
+    return cuda_supports(op, feature_dtype);
+  }
 
   void prepare(const Program& program) override {
     KILN_CHECK(program.memory.locked, State, "cuda backend: prepare() needs a locked memory plan; ",
                "run plan_memory (the lifecycle's MEMORY_LOCKED step) first");
-    KILN_CHECK(program.feature_dtype == DType::F32 || program.feature_dtype == DType::F16, Unsupported,
-               "cuda backend: features in ", dtype_name(program.feature_dtype), " are not supported yet; use ",
-               "--amp (FP16) or FP32");
+    KILN_CHECK(program.feature_dtype == DType::F32 || program.feature_dtype == DType::F16,
+               Unsupported, "cuda backend: features in ", dtype_name(program.feature_dtype),
+               " are not supported yet; use ", "--amp (FP16) or FP32");
     release();
     ctx_.program = &program;
     ctx_.opts.tf32 = env_tf32_ || program.options.tf32;
@@ -147,27 +152,39 @@ class CudaBackend final : public CudaBackendApi {
       CUDA_CHECK(cudaEventCreateWithFlags(&st.produced, cudaEventDisableTiming));
     }
     CUDA_CHECK(cudaHostAlloc(&small_.host, kSmallSlots * kSmallWrite, cudaHostAllocDefault));
-    for (cudaEvent_t& e : small_.done) CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    for (cudaEvent_t& e : small_.done)
+      CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     CUDA_CHECK(cudaHostAlloc(&late_.host, kLateReadSlots * kLateReadBytes, cudaHostAllocDefault));
-    for (cudaEvent_t& e : late_.done) CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    for (cudaEvent_t& e : late_.done)
+      CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     late_.ticket.fill(~uint64_t{0});
     CUDA_CHECK(cudaDeviceSynchronize());
   }
 
   void run(Schedule schedule, int slot) override {
     KILN_CHECK(ctx_.program != nullptr, State, "cuda backend: run() before prepare()");
-    KILN_CHECK(slot == 0 || slot == 1, InvalidArgument, "cuda backend: slot must be 0 (A) or 1 (B), is ", slot);
+    KILN_CHECK(slot == 0 || slot == 1, InvalidArgument,
+               "cuda backend: slot must be 0 (A) or 1 (B), is ", slot);
     std::vector<PhaseExec>* phases = nullptr;
     switch (schedule) {
-      case Schedule::train: phases = &train_; break;
-      case Schedule::eval: phases = &eval_; break;
-      case Schedule::eval_ema: phases = &eval_ema_; break;
-      case Schedule::init: phases = &init_; break;
+      case Schedule::train:
+        phases = &train_;
+        break;
+      case Schedule::eval:
+        phases = &eval_;
+        break;
+      case Schedule::eval_ema:
+        phases = &eval_ema_;
+        break;
+      case Schedule::init:
+        phases = &init_;
+        break;
     }
     if (profile_) collect_profile();
     last_run_.clear();
     for (PhaseExec& ph : *phases) {
-      if (ph.kind == PhaseKind::transfer && ph.name != (slot == 0 ? "transfer_a" : "transfer_b")) continue;
+      if (ph.kind == PhaseKind::transfer && ph.name != (slot == 0 ? "transfer_a" : "transfer_b"))
+        continue;
       launch_phase(ph);
       last_run_.push_back(&ph);
     }
@@ -184,13 +201,15 @@ class CudaBackend final : public CudaBackendApi {
     }
     synchronize();
     cudaStream_t s = ctx_.streams[0].stream;
-    CUDA_CHECK(cudaMemcpyAsync(address(t), host, static_cast<size_t>(t.bytes()), cudaMemcpyHostToDevice, s));
+    CUDA_CHECK(cudaMemcpyAsync(address(t), host, static_cast<size_t>(t.bytes()),
+                               cudaMemcpyHostToDevice, s));
     CUDA_CHECK(cudaStreamSynchronize(s));
   }
   void read(const DTensor& t, void* host) override {
     synchronize();
     cudaStream_t s = ctx_.streams[0].stream;
-    CUDA_CHECK(cudaMemcpyAsync(host, address(t), static_cast<size_t>(t.bytes()), cudaMemcpyDeviceToHost, s));
+    CUDA_CHECK(cudaMemcpyAsync(host, address(t), static_cast<size_t>(t.bytes()),
+                               cudaMemcpyDeviceToHost, s));
     CUDA_CHECK(cudaStreamSynchronize(s));
   }
 
@@ -199,17 +218,19 @@ class CudaBackend final : public CudaBackendApi {
     KILN_CHECK(slot == 0 || slot == 1, InvalidArgument, "stage_batch: slot must be 0 or 1");
     const Program& p = *ctx_.program;
     Staging& st = staging_[static_cast<size_t>(slot)];
-    KILN_CHECK(st.host != nullptr, State, "stage_batch: the program has no staged input slot ", slot);
+    KILN_CHECK(st.host != nullptr, State, "stage_batch: the program has no staged input slot ",
+               slot);
     // The pinned buffer is free once its previous copy ended (normally long ago).
     CUDA_CHECK(cudaEventSynchronize(st.copied));
     std::memcpy(st.host, images, st.img_bytes);
     std::memcpy(static_cast<uint8_t*>(st.host) + st.img_bytes, labels, st.lab_bytes);
     cudaStream_t s = ctx_.streams[2].stream;
     if (st.read_recorded) CUDA_CHECK(cudaStreamWaitEvent(s, st.read, 0));
-    CUDA_CHECK(cudaMemcpyAsync(address(p.tensor(p.io.staged_images[static_cast<size_t>(slot)])), st.host, st.img_bytes,
-                               cudaMemcpyHostToDevice, s));
+    CUDA_CHECK(cudaMemcpyAsync(address(p.tensor(p.io.staged_images[static_cast<size_t>(slot)])),
+                               st.host, st.img_bytes, cudaMemcpyHostToDevice, s));
     CUDA_CHECK(cudaMemcpyAsync(address(p.tensor(p.io.staged_labels[static_cast<size_t>(slot)])),
-                               static_cast<uint8_t*>(st.host) + st.img_bytes, st.lab_bytes, cudaMemcpyHostToDevice, s));
+                               static_cast<uint8_t*>(st.host) + st.img_bytes, st.lab_bytes,
+                               cudaMemcpyHostToDevice, s));
     CUDA_CHECK(cudaEventRecord(st.copied, s));
     st.copy_pending = true;
   }
@@ -222,11 +243,13 @@ class CudaBackend final : public CudaBackendApi {
     KILN_CHECK(slot == 0 || slot == 1, InvalidArgument, "stage_batch_u8: slot must be 0 or 1");
     const Program& p = *ctx_.program;
     Staging& st = staging_[static_cast<size_t>(slot)];
-    KILN_CHECK(st.host != nullptr, State, "stage_batch_u8: the program has no staged input slot ", slot);
+    KILN_CHECK(st.host != nullptr, State, "stage_batch_u8: the program has no staged input slot ",
+               slot);
     const DTensor& t = p.tensor(p.io.staged_images[static_cast<size_t>(slot)]);
     const int64_t channels = static_cast<int64_t>(norm.mean.size());
-    KILN_CHECK(channels > 0 && t.numel() % channels == 0, InvalidArgument, "stage_batch_u8: ", channels,
-               " channel statistics for an input of ", t.numel(), " values");
+    KILN_CHECK(channels > 0 && t.numel() % channels == 0, InvalidArgument,
+               "stage_batch_u8: ", channels, " channel statistics for an input of ", t.numel(),
+               " values");
     const NormParams np = make_norm_params(norm, channels, "stage_batch_u8");
     const auto bytes = static_cast<size_t>(t.numel());
     if (!st.dev_u8) CUDA_CHECK(cudaMalloc(&st.dev_u8, bytes));
@@ -236,9 +259,11 @@ class CudaBackend final : public CudaBackendApi {
     cudaStream_t s = ctx_.streams[2].stream;
     CUDA_CHECK(cudaMemcpyAsync(st.dev_u8, st.host, bytes, cudaMemcpyHostToDevice, s));
     if (st.read_recorded) CUDA_CHECK(cudaStreamWaitEvent(s, st.read, 0));
-    launch_normalize_u8(static_cast<const uint8_t*>(st.dev_u8), t.numel() / channels, np, address(t), t.dtype, s);
+    launch_normalize_u8(static_cast<const uint8_t*>(st.dev_u8), t.numel() / channels, np,
+                        address(t), t.dtype, s);
     CUDA_CHECK(cudaMemcpyAsync(address(p.tensor(p.io.staged_labels[static_cast<size_t>(slot)])),
-                               static_cast<uint8_t*>(st.host) + st.img_bytes, st.lab_bytes, cudaMemcpyHostToDevice, s));
+                               static_cast<uint8_t*>(st.host) + st.img_bytes, st.lab_bytes,
+                               cudaMemcpyHostToDevice, s));
     CUDA_CHECK(cudaEventRecord(st.copied, s));
     st.copy_pending = true;
   }
@@ -338,26 +363,34 @@ class CudaBackend final : public CudaBackendApi {
   // Decodes go first on the transfer stream (they touch only the stage's own buffers, so they
   // may run while the step still reads the slot); the kernel that writes the slot waits for
   // the slot's last reader.
-  void stage_batch_encoded(int slot, const EncodedBatch& batch, const InputNormalization& norm) override {
-    KILN_CHECK(ctx_.program != nullptr, State, "cuda backend: stage_batch_encoded() before prepare()");
+  void stage_batch_encoded(int slot, const EncodedBatch& batch,
+                           const InputNormalization& norm) override {
+    KILN_CHECK(ctx_.program != nullptr, State,
+               "cuda backend: stage_batch_encoded() before prepare()");
     KILN_CHECK(slot == 0 || slot == 1, InvalidArgument, "stage_batch_encoded: slot must be 0 or 1");
     const Program& p = *ctx_.program;
     Staging& st = staging_[static_cast<size_t>(slot)];
-    KILN_CHECK(st.host != nullptr, State, "stage_batch_encoded: the program has no staged input slot ", slot);
+    KILN_CHECK(st.host != nullptr, State,
+               "stage_batch_encoded: the program has no staged input slot ", slot);
     const DTensor& t = p.tensor(p.io.staged_images[static_cast<size_t>(slot)]);
     const DTensor& lt = p.tensor(p.io.staged_labels[static_cast<size_t>(slot)]);
-    KILN_CHECK(batch.batch * batch.height * batch.width * batch.channels == t.numel() && lt.numel() == batch.batch,
-               InvalidArgument, "stage_batch_encoded: a batch of ", batch.batch, " x ", batch.height, "x", batch.width,
-               "x", batch.channels, " for an input slot of ", t.numel(), " values and ", lt.numel(), " labels");
-    KILN_CHECK(lt.dtype == DType::I32, Internal, "stage_batch_encoded: labels are ", dtype_name(lt.dtype), ", not I32");
+    KILN_CHECK(batch.batch * batch.height * batch.width * batch.channels == t.numel() &&
+                   lt.numel() == batch.batch,
+               InvalidArgument, "stage_batch_encoded: a batch of ", batch.batch, " x ",
+               batch.height, "x", batch.width, "x", batch.channels, " for an input slot of ",
+               t.numel(), " values and ", lt.numel(), " labels");
+    KILN_CHECK(lt.dtype == DType::I32, Internal, "stage_batch_encoded: labels are ",
+               dtype_name(lt.dtype), ", not I32");
     const NormParams np = make_norm_params(norm, batch.channels, "stage_batch_encoded");
     const auto t0 = std::chrono::steady_clock::now();
     if (!jpeg_) jpeg_ = std::make_unique<JpegStage>(jpeg_options());
     cudaStream_t s = ctx_.streams[2].stream;
     const JpegStage::Prepared prep = jpeg_->prepare(batch, s);
     if (st.read_recorded) CUDA_CHECK(cudaStreamWaitEvent(s, st.read, 0));
-    launch_stage_samples(prep.descs, batch.batch, batch.height, batch.width, np, address(t), t.dtype, s);
-    CUDA_CHECK(cudaMemcpyAsync(address(lt), prep.labels, static_cast<size_t>(lt.bytes()), cudaMemcpyHostToDevice, s));
+    launch_stage_samples(prep.descs, batch.batch, batch.height, batch.width, np, address(t),
+                         t.dtype, s);
+    CUDA_CHECK(cudaMemcpyAsync(address(lt), prep.labels, static_cast<size_t>(lt.bytes()),
+                               cudaMemcpyHostToDevice, s));
     jpeg_->finished(s);
     CUDA_CHECK(cudaEventRecord(st.copied, s));
     st.copy_pending = true;
@@ -370,7 +403,8 @@ class CudaBackend final : public CudaBackendApi {
     decoded_.engine_call_seconds += prep.counts.engine_call_seconds;
     decoded_.hybrid_seconds += prep.counts.hybrid_seconds;
     decoded_.host_decode_seconds += prep.counts.host_decode_seconds;
-    decoded_.stage_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    decoded_.stage_seconds +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
   DecodeCounters decode_counters() const override { return decoded_; }
 
@@ -399,10 +433,12 @@ class CudaBackend final : public CudaBackendApi {
       }
       std::sort(rows.rbegin(), rows.rend());
       std::snprintf(line, sizeof line, "cuda profile (%s): %.3f ms of GPU time over %lld runs\n",
-                    table == &phase_ms_ ? "phases" : "ops", total, static_cast<long long>(profiled_runs_));
+                    table == &phase_ms_ ? "phases" : "ops", total,
+                    static_cast<long long>(profiled_runs_));
       out += line;
       for (const auto& [ms, k] : rows) {
-        std::snprintf(line, sizeof line, "  %-20s %10.3f ms  %5.1f%%\n", k.c_str(), ms, total > 0 ? 100 * ms / total : 0.0);
+        std::snprintf(line, sizeof line, "  %-20s %10.3f ms  %5.1f%%\n", k.c_str(), ms,
+                      total > 0 ? 100 * ms / total : 0.0);
         out += line;
       }
     }
@@ -412,8 +448,8 @@ class CudaBackend final : public CudaBackendApi {
   // A late read is write_small's mirror: the copy goes on the compute stream after every
   // phase and write enqueued so far, into a pinned ring slot with its own event.
   uint64_t read_later(const DTensor& t) override {
-    KILN_CHECK(t.bytes() <= kLateReadBytes, InvalidArgument, "read_later: '", t.name, "' has ", t.bytes(),
-               " bytes; at most ", kLateReadBytes, " (use read())");
+    KILN_CHECK(t.bytes() <= kLateReadBytes, InvalidArgument, "read_later: '", t.name, "' has ",
+               t.bytes(), " bytes; at most ", kLateReadBytes, " (use read())");
     KILN_CHECK(late_.host != nullptr, State, "cuda backend: read_later() before prepare()");
     const uint64_t ticket = late_.next++;
     const size_t i = ticket % kLateReadSlots;
@@ -422,8 +458,8 @@ class CudaBackend final : public CudaBackendApi {
     late_.bytes[i] = static_cast<size_t>(t.bytes());
     cudaStream_t s = ctx_.streams[0].stream;
     if (last_done_ && last_stream_ != 0) CUDA_CHECK(cudaStreamWaitEvent(s, last_done_, 0));
-    CUDA_CHECK(cudaMemcpyAsync(static_cast<uint8_t*>(late_.host) + i * kLateReadBytes, address(t), late_.bytes[i],
-                               cudaMemcpyDeviceToHost, s));
+    CUDA_CHECK(cudaMemcpyAsync(static_cast<uint8_t*>(late_.host) + i * kLateReadBytes, address(t),
+                               late_.bytes[i], cudaMemcpyDeviceToHost, s));
     CUDA_CHECK(cudaEventRecord(late_.done[i], s));
     last_done_ = late_.done[i];
     last_stream_ = 0;
@@ -431,8 +467,10 @@ class CudaBackend final : public CudaBackendApi {
   }
   void collect(uint64_t ticket, void* host) override {
     const size_t i = ticket % kLateReadSlots;
-    KILN_CHECK(ticket < late_.next && late_.ticket[i] == ticket, InvalidArgument, "collect: ticket ", ticket,
-               " was never issued, is collected, or was overwritten by ", kLateReadSlots, " newer reads");
+    KILN_CHECK(ticket < late_.next && late_.ticket[i] == ticket, InvalidArgument,
+               "collect: ticket ", ticket,
+               " was never issued, is collected, or was overwritten by ", kLateReadSlots,
+               " newer reads");
     CUDA_CHECK(cudaEventSynchronize(late_.done[i]));
     std::memcpy(host, static_cast<uint8_t*>(late_.host) + i * kLateReadBytes, late_.bytes[i]);
     late_.ticket[i] = ~uint64_t{0};
@@ -449,7 +487,8 @@ class CudaBackend final : public CudaBackendApi {
     std::memcpy(slot, host, static_cast<size_t>(t.bytes()));
     cudaStream_t s = ctx_.streams[0].stream;
     if (last_done_ && last_stream_ != 0) CUDA_CHECK(cudaStreamWaitEvent(s, last_done_, 0));
-    CUDA_CHECK(cudaMemcpyAsync(address(t), slot, static_cast<size_t>(t.bytes()), cudaMemcpyHostToDevice, s));
+    CUDA_CHECK(cudaMemcpyAsync(address(t), slot, static_cast<size_t>(t.bytes()),
+                               cudaMemcpyHostToDevice, s));
     CUDA_CHECK(cudaEventRecord(small_.done[i], s));
     last_done_ = small_.done[i];
     last_stream_ = 0;
@@ -470,7 +509,8 @@ class CudaBackend final : public CudaBackendApi {
 
  private:
   JpegStageOptions jpeg_options() const {
-    return JpegStageOptions{ctx_.opts.nvjpeg, ctx_.opts.nvjpeg_hardware, ctx_.opts.nvjpeg_roi, ctx_.opts.nvjpeg_cache};
+    return JpegStageOptions{ctx_.opts.nvjpeg, ctx_.opts.nvjpeg_hardware, ctx_.opts.nvjpeg_roi,
+                            ctx_.opts.nvjpeg_cache};
   }
   std::unique_ptr<JpegStage> jpeg_;  // made at the first stage_batch_encoded
   DecodeCounters decoded_;           // summed over every JpegStage this backend made
@@ -494,8 +534,8 @@ class CudaBackend final : public CudaBackendApi {
     void* host = nullptr;
     void* dev_u8 = nullptr;  // stage_batch_u8's device copy of the bytes, made at its first call
     size_t img_bytes = 0, lab_bytes = 0;
-    cudaEvent_t copied = nullptr;  // the H2D copy into the slot ended
-    cudaEvent_t read = nullptr;    // the last phase that reads the slot ended
+    cudaEvent_t copied = nullptr;    // the H2D copy into the slot ended
+    cudaEvent_t read = nullptr;      // the last phase that reads the slot ended
     cudaEvent_t produced = nullptr;  // stage_batch_device: the producer's stream reached the batch
     bool copy_pending = false, read_recorded = false;
   };
@@ -535,7 +575,8 @@ class CudaBackend final : public CudaBackendApi {
   }
 
   static std::string table_dir() {
-    return engine_table_dir(KILN_ENGINE_TABLE_DIR, installed_engine_table_dir(KILN_ENGINES_FROM_LIB));
+    return engine_table_dir(KILN_ENGINE_TABLE_DIR,
+                            installed_engine_table_dir(KILN_ENGINES_FROM_LIB));
   }
 
   // Each stream's workspace is the largest any of its nodes asks for, and the streams do not
@@ -547,8 +588,8 @@ class CudaBackend final : public CudaBackendApi {
     CUDA_CHECK(cudaMemGetInfo(&free, &total));
     const int64_t mib = int64_t{1} << 20;
     ctx_.workspace_cap = std::clamp(static_cast<int64_t>(free / 8), 256 * mib, 16384 * mib);
-    log_debug("convolution workspace cap ", ctx_.workspace_cap / mib, " MiB (", free / mib, " MiB free of ",
-              total / mib, ")");
+    log_debug("convolution workspace cap ", ctx_.workspace_cap / mib, " MiB (", free / mib,
+              " MiB free of ", total / mib, ")");
   }
 
   // S16: the experience table for this GPU and cuDNN version (see engine_table.h).
@@ -579,7 +620,8 @@ class CudaBackend final : public CudaBackendApi {
     if (ctx_.engine_table.gpu != gpu || ctx_.engine_table.cudnn != cudnn) {
       log_warn("engine table ", path, " was tuned on ", ctx_.engine_table.gpu, " with cuDNN ",
                ctx_.engine_table.cudnn, ", this is ", gpu, " with cuDNN ", cudnn,
-               "; its engines are tried anyway (each falls back to the heuristics if it does not build)");
+               "; its engines are tried anyway (each falls back to the heuristics if it does not "
+               "build)");
     }
     table_path_ = path;
   }
@@ -594,17 +636,19 @@ class CudaBackend final : public CudaBackendApi {
       merged.cudnn = static_cast<int64_t>(cudnnGetVersion());
       merged.merge(ctx_.tuned);
       merged.save(path);
-      log_info("engine table: tuned ", ctx_.tuned.entries().size(), " convolution graphs into ", path, " (",
-               merged.entries().size(), " entries in all)");
+      log_info("engine table: tuned ", ctx_.tuned.entries().size(), " convolution graphs into ",
+               path, " (", merged.entries().size(), " entries in all)");
     } else if (!table_path_.empty()) {
-      log_info("engine table: ", ctx_.table_hits, " of ", plans, " convolution plans from ", table_path_);
+      log_info("engine table: ", ctx_.table_hits, " of ", plans, " convolution plans from ",
+               table_path_);
     }
     if (ctx_.autotuned > 0) {
-      log_info("autotune: ", ctx_.autotuned, " of ", plans, " convolution plans chosen by timing a few engines",
+      log_info("autotune: ", ctx_.autotuned, " of ", plans,
+               " convolution plans chosen by timing a few engines",
                " (KILN_AUTOTUNE=0: cuDNN's heuristic choice)");
     }
-    log_info("convolution plans: ", plans, " built in ", ctx_.plan_seconds, " s, ", ctx_.autotune_seconds,
-             " s of it autotuning");
+    log_info("convolution plans: ", plans, " built in ", ctx_.plan_seconds, " s, ",
+             ctx_.autotune_seconds, " s of it autotuning");
     if (const std::string cache = autotune_cache_file(gpu); !cache.empty()) {
       autotune_cache_save(cache, gpu, static_cast<int64_t>(cudnnGetVersion()));
     }
@@ -612,8 +656,10 @@ class CudaBackend final : public CudaBackendApi {
   // The autotune cache's file for this GPU and cuDNN; empty when autotuning or its cache is
   // off, or while `kiln tune` measures every engine instead.
   std::string autotune_cache_file(const std::string& gpu) const {
-    if (!ctx_.opts.autotune || ctx_.opts.autotune_cache.empty() || !ctx_.opts.tune_path.empty()) return "";
-    return engine_table_file(ctx_.opts.autotune_cache, gpu, static_cast<int64_t>(cudnnGetVersion()));
+    if (!ctx_.opts.autotune || ctx_.opts.autotune_cache.empty() || !ctx_.opts.tune_path.empty())
+      return "";
+    return engine_table_file(ctx_.opts.autotune_cache, gpu,
+                             static_cast<int64_t>(cudnnGetVersion()));
   }
 
   int stream_of(const Phase& ph) const {
@@ -635,7 +681,8 @@ class CudaBackend final : public CudaBackendApi {
   }
   // With one stream, indices 1 and 2 alias stream 0 (its handles and workspace too).
   void share_aliases() {
-    for (int i = owned_streams_; i < kStreams; ++i) ctx_.streams[static_cast<size_t>(i)] = ctx_.streams[0];
+    for (int i = owned_streams_; i < kStreams; ++i)
+      ctx_.streams[static_cast<size_t>(i)] = ctx_.streams[0];
   }
   std::vector<std::reference_wrapper<StreamRes>> unique_streams() {
     std::vector<std::reference_wrapper<StreamRes>> v;
@@ -652,12 +699,14 @@ class CudaBackend final : public CudaBackendApi {
       e.kind = ph.kind;
       e.stream = stream_of(ph);
       for (const Node& n : ph.nodes) {
-        KILN_CHECK(cuda_supports(n.op, ctx_.program->feature_dtype), Unsupported, "the CUDA backend has no kernel for ",
-                   op_name(n.op), " (node '", n.label, "'); turn fusion off (KILN_FUSION=0)");
+        KILN_CHECK(cuda_supports(n.op, ctx_.program->feature_dtype), Unsupported,
+                   "the CUDA backend has no kernel for ", op_name(n.op), " (node '", n.label,
+                   "'); turn fusion off (KILN_FUSION=0)");
         for (TensorId id : n.in) note_slot_read(e, id);
         auto make = [&](int stream) { return kFactories[static_cast<int>(n.op)](n, ctx_, stream); };
-        e.kernels.push_back(n.op == OpKind::conv_bwd_weight ? maybe_on_side_stream(ctx_, e.stream, n.in, n.out, make)
-                                                            : make(e.stream));
+        e.kernels.push_back(n.op == OpKind::conv_bwd_weight
+                                ? maybe_on_side_stream(ctx_, e.stream, n.in, n.out, make)
+                                : make(e.stream));
         e.ops.push_back(n.op);
         e.node_reads.push_back(byte_ranges(ctx_, n.in));
         e.node_writes.push_back(byte_ranges(ctx_, n.out));
@@ -685,7 +734,8 @@ class CudaBackend final : public CudaBackendApi {
     if (last_done_ && last_stream_ != ph.stream) CUDA_CHECK(cudaStreamWaitEvent(s, last_done_, 0));
     for (int slot = 0; slot < 2; ++slot) {
       Staging& st = staging_[static_cast<size_t>(slot)];
-      if (ph.reads_slot[static_cast<size_t>(slot)] && st.copy_pending) CUDA_CHECK(cudaStreamWaitEvent(s, st.copied, 0));
+      if (ph.reads_slot[static_cast<size_t>(slot)] && st.copy_pending)
+        CUDA_CHECK(cudaStreamWaitEvent(s, st.copied, 0));
     }
     if (profile_) CUDA_CHECK(cudaEventRecord(ph.t0, s));
     if (!ph.kernels.empty()) {
@@ -757,7 +807,9 @@ class CudaBackend final : public CudaBackendApi {
 
   void release() {
     if (owned_streams_ > 0) {
-      for (int i = 0; i < owned_streams_; ++i) warn("cudaStreamSynchronize", cudaStreamSynchronize(ctx_.streams[static_cast<size_t>(i)].stream));
+      for (int i = 0; i < owned_streams_; ++i)
+        warn("cudaStreamSynchronize",
+             cudaStreamSynchronize(ctx_.streams[static_cast<size_t>(i)].stream));
     }
     last_run_.clear();
     last_done_ = nullptr;

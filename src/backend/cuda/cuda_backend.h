@@ -23,7 +23,8 @@ class CudaBackendApi : public Backend {
   // to cuDNN's heuristics.
   struct EngineTableUse {
     int from_table = 0, heuristics = 0, autotuned = 0;
-    int remembered = 0;  // of autotuned: timed by an earlier compile (this process, or the autotune cache)
+    int remembered =
+        0;  // of autotuned: timed by an earlier compile (this process, or the autotune cache)
     std::string table;  // the file consulted or written; empty when none
   };
   virtual EngineTableUse engine_table_use() const = 0;

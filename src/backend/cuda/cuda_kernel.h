@@ -34,20 +34,22 @@ namespace kiln::cuda {
 
 }  // namespace kiln::cuda
 
-#define CUDA_CHECK(call)                                                            \
-  do {                                                                              \
-    const cudaError_t kiln_e_ = (call);                                             \
+#define CUDA_CHECK(call)                                                                      \
+  do {                                                                                        \
+    const cudaError_t kiln_e_ = (call);                                                       \
     if (kiln_e_ != cudaSuccess) ::kiln::cuda::throw_cuda(#call, kiln_e_, __FILE__, __LINE__); \
   } while (0)
-#define CUDNN_CHECK(call)                                                           \
-  do {                                                                              \
-    const cudnnStatus_t kiln_e_ = (call);                                           \
-    if (kiln_e_ != CUDNN_STATUS_SUCCESS) ::kiln::cuda::throw_cudnn(#call, kiln_e_, __FILE__, __LINE__); \
+#define CUDNN_CHECK(call)                                            \
+  do {                                                               \
+    const cudnnStatus_t kiln_e_ = (call);                            \
+    if (kiln_e_ != CUDNN_STATUS_SUCCESS)                             \
+      ::kiln::cuda::throw_cudnn(#call, kiln_e_, __FILE__, __LINE__); \
   } while (0)
-#define CUBLAS_CHECK(call)                                                          \
-  do {                                                                              \
-    const cublasStatus_t kiln_e_ = (call);                                          \
-    if (kiln_e_ != CUBLAS_STATUS_SUCCESS) ::kiln::cuda::throw_cublas(#call, kiln_e_, __FILE__, __LINE__); \
+#define CUBLAS_CHECK(call)                                            \
+  do {                                                                \
+    const cublasStatus_t kiln_e_ = (call);                            \
+    if (kiln_e_ != CUBLAS_STATUS_SUCCESS)                             \
+      ::kiln::cuda::throw_cublas(#call, kiln_e_, __FILE__, __LINE__); \
   } while (0)
 // After every kernel launch: a bad configuration shows up here, not three launches later.
 #define KILN_LAUNCH_CHECK(what) CUDA_CHECK((static_cast<void>(what), cudaGetLastError()))
@@ -77,8 +79,8 @@ struct Options {
   // KILN_AUTOTUNE_CACHE: where autotuning's results persist between processes (engine_table.h's
   // autotune_cache_dir: empty = none).
   std::string autotune_cache;
-  bool profile = false; // KILN_PROFILE=1: per-phase event timings
-  bool profile_ops = false;  // KILN_PROFILE_OPS=1: per-op event timings too
+  bool profile = false;        // KILN_PROFILE=1: per-phase event timings
+  bool profile_ops = false;    // KILN_PROFILE_OPS=1: per-op event timings too
   bool vector_kernels = true;  // KILN_VECTOR_KERNELS=0: one element per thread, no 16-byte paths
   // KILN_PAD_CHANNELS=1: FP16/BF16 convolutions whose input channels are not a multiple of 8
   // run on zero-padded copies (conv.cpp); opt-in: slower on the H200 (bench/RESULTS.md).
@@ -120,8 +122,8 @@ struct StreamRes {
   cudaStream_t stream = nullptr;
   cudnnHandle_t cudnn = nullptr;
   cublasLtHandle_t lt = nullptr;
-  void* workspace = nullptr;    // shared by the nodes of this stream (they run in order)
-  size_t workspace_bytes = 0;   // what the factories asked for (max over nodes)
+  void* workspace = nullptr;   // shared by the nodes of this stream (they run in order)
+  size_t workspace_bytes = 0;  // what the factories asked for (max over nodes)
 };
 
 // Bytes of one region that a node reads or writes (views resolved to their base).
@@ -163,7 +165,8 @@ struct Context : ProgramView {
   double autotune_report_at = kAutotuneReportSeconds;
   // KILN_CBR_FORM=genstats: CBR forwards built as conv+genstats, and those that fell back.
   int cbr_genstats = 0, cbr_genstats_fallbacks = 0;
-  int fp32_transformed = 0;  // FP32 convolution plans on Winograd / FFT engines (KILN_FP32_WINOGRAD)
+  int fp32_transformed =
+      0;  // FP32 convolution plans on Winograd / FFT engines (KILN_FP32_WINOGRAD)
   // The most workspace one convolution engine may ask for: set by prepare() from the device
   // memory left once the regions are allocated (the fastest FP32 engines of VGG16 at batch
   // 256 want several GiB; a fixed 1 GiB cap left only engines ~40x slower).
@@ -195,8 +198,12 @@ class Kernel {
   virtual void run(Context& ctx) = 0;
 
  protected:
-  cudaStream_t stream(const Context& ctx) const { return ctx.streams[static_cast<size_t>(stream_)].stream; }
-  const StreamRes& res(const Context& ctx) const { return ctx.streams[static_cast<size_t>(stream_)]; }
+  cudaStream_t stream(const Context& ctx) const {
+    return ctx.streams[static_cast<size_t>(stream_)].stream;
+  }
+  const StreamRes& res(const Context& ctx) const {
+    return ctx.streams[static_cast<size_t>(stream_)];
+  }
   int stream_;
 };
 using KernelPtr = std::unique_ptr<Kernel>;
@@ -218,7 +225,8 @@ KernelPtr make_fn(int stream, F f) {
 
 // Factories, one per op (defined across src/backend/cuda/*). `stream` is the index of the
 // stream the node runs on.
-#define KILN_OP(name, category, doc) KernelPtr make_##name(const Node& node, Context& ctx, int stream);
+#define KILN_OP(name, category, doc) \
+  KernelPtr make_##name(const Node& node, Context& ctx, int stream);
 #include "kiln/graph/ops.def"
 #undef KILN_OP
 
@@ -245,7 +253,8 @@ class DeviceBuffer {
  public:
   explicit DeviceBuffer(size_t bytes) { CUDA_CHECK(cudaMalloc(&p_, bytes)); }
   ~DeviceBuffer() {
-    if (p_ && cudaFree(p_) != cudaSuccess) log_warn("cudaFree of a kernel's own device buffer failed");
+    if (p_ && cudaFree(p_) != cudaSuccess)
+      log_warn("cudaFree of a kernel's own device buffer failed");
   }
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;

@@ -8,14 +8,15 @@
 namespace kiln::cuda {
 
 void throw_cuda(const char* call, cudaError_t e, const char* file, int line) {
-  KILN_FAIL(Backend, call, " failed: ", cudaGetErrorName(e), " (", cudaGetErrorString(e), ") at ", file, ":", line);
+  KILN_FAIL(Backend, call, " failed: ", cudaGetErrorName(e), " (", cudaGetErrorString(e), ") at ",
+            file, ":", line);
 }
 void throw_cudnn(const char* call, cudnnStatus_t e, const char* file, int line) {
   KILN_FAIL(Backend, call, " failed: ", cudnnGetErrorString(e), " at ", file, ":", line);
 }
 void throw_cublas(const char* call, cublasStatus_t e, const char* file, int line) {
-  KILN_FAIL(Backend, call, " failed: cuBLAS status ", static_cast<int>(e), " (", cublasGetStatusString(e), ") at ",
-            file, ":", line);
+  KILN_FAIL(Backend, call, " failed: cuBLAS status ", static_cast<int>(e), " (",
+            cublasGetStatusString(e), ") at ", file, ":", line);
 }
 
 Options options_from_switches(const Switches& sw) {
@@ -23,8 +24,9 @@ Options options_from_switches(const Switches& sw) {
   o.graphs = sw.cuda_graphs;
   o.streams = sw.streams_on();
   o.tf32 = sw.tf32;
-  o.fp32_winograd = sw.fp32_winograd == "1" ? Fp32Winograd::allowed
-                    : sw.fp32_winograd == "0" ? Fp32Winograd::off : Fp32Winograd::only;
+  o.fp32_winograd = sw.fp32_winograd == "1"   ? Fp32Winograd::allowed
+                    : sw.fp32_winograd == "0" ? Fp32Winograd::off
+                                              : Fp32Winograd::only;
   o.side_wgrad = sw.side_wgrad;
   o.profile = sw.profile;
   o.profile_ops = sw.profile_ops;
@@ -55,15 +57,21 @@ DevScalar dev_scalar(const Context& ctx, const Node& n, TensorId id, const char*
   if (id == kNoTensor) return s;
   const DTensor& t = ctx.tensor(id);
   switch (t.dtype) {
-    case DType::F32: s.kind = 1; break;
-    case DType::I32: s.kind = 2; break;
-    case DType::I64: s.kind = 3; break;
+    case DType::F32:
+      s.kind = 1;
+      break;
+    case DType::I32:
+      s.kind = 2;
+      break;
+    case DType::I64:
+      s.kind = 3;
+      break;
     default:
       KILN_FAIL(InvalidArgument, op_name(n.op), " node '", n.label, "': ", role, " '", t.name,
                 "' must be an f32, i32 or i64 scalar; it is ", dtype_name(t.dtype));
   }
-  KILN_CHECK(t.numel() >= 1, InvalidArgument, op_name(n.op), " node '", n.label, "': ", role, " '", t.name,
-             "' is empty");
+  KILN_CHECK(t.numel() >= 1, InvalidArgument, op_name(n.op), " node '", n.label, "': ", role, " '",
+             t.name, "' is empty");
   s.p = ctx.ptr(id);
   return s;
 }

@@ -111,9 +111,6 @@ ncclDataType_t nccl_type(const Context& ctx, const Node& n, TensorId id) {
 // ---- SyncBN kernels ------------------------------------------------------------------
 constexpr int kThreads = 256;
 
-
-
-
 __global__ void local_stats_kernel(const double2* partial, int gy, int64_t rows, int64_t C,
                                    float* stats) {
   KILN_GRID_STRIDE(c, C) {
@@ -151,7 +148,6 @@ __global__ void apply_kernel(const T* x, T* y, int64_t count, int64_t C, const f
     y[i] = from_f<T>((to_f(x[i]) - saved[c]) * (gamma[c] * saved[C + c]) + beta[c]);
   }
 }
-
 
 __global__ void bwd_local_kernel(const double2* partial, int gy, int64_t C, const float* saved,
                                  float* dgamma, float* dbeta, float* sums) {
@@ -334,8 +330,9 @@ KernelPtr make_bn_bwd_reduce(const Node& n, Context& ctx, int stream) {
   KILN_DISPATCH_FLOAT(ctx.tensor(x).dtype, T, {
     k = make_fn(stream, [=](Context& c, cudaStream_t st) {
       auto* partial = static_cast<double2*>(c.streams[static_cast<size_t>(stream)].workspace);
-      bwd_partial_kernel<T><<<rgrid, dim3(kCx, kCy), 0, st>>>(
-          static_cast<const T*>(xp), static_cast<const T*>(dyp), nullptr, nullptr, sp, d.rows, d.c, partial);
+      bwd_partial_kernel<T><<<rgrid, dim3(kCx, kCy), 0, st>>>(static_cast<const T*>(xp),
+                                                              static_cast<const T*>(dyp), nullptr,
+                                                              nullptr, sp, d.rows, d.c, partial);
       KILN_LAUNCH_CHECK("bn_bwd_reduce sums");
       bwd_local_kernel<<<cgrid, kThreads, 0, st>>>(partial, d.gy, d.c, sp, dgp, dbp, sump);
       KILN_LAUNCH_CHECK("bn_bwd_reduce");

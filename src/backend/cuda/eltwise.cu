@@ -44,7 +44,8 @@ template <typename T>
 __global__ void relu_bwd_vec(const T* y, const T* dy, T* dx, int nvec) {
   constexpr int V = kVec<T>;
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < nvec; i += gridDim.x * blockDim.x) {
-    const uint4 ry = reinterpret_cast<const uint4*>(y)[i], rg = reinterpret_cast<const uint4*>(dy)[i];
+    const uint4 ry = reinterpret_cast<const uint4*>(y)[i],
+                rg = reinterpret_cast<const uint4*>(dy)[i];
     const T* ye = reinterpret_cast<const T*>(&ry);
     const T* ge = reinterpret_cast<const T*>(&rg);
     uint4 out;
@@ -87,8 +88,8 @@ __global__ void add_kernel(const T* a, const T* b, T* y, int64_t count, bool acc
 }
 
 template <typename T>
-__global__ void dropout_fwd_kernel(const T* x, T* y, uint8_t* mask, int64_t count, float p, float scale,
-                                   uint64_t seed, DevScalar step) {
+__global__ void dropout_fwd_kernel(const T* x, T* y, uint8_t* mask, int64_t count, float p,
+                                   float scale, uint64_t seed, DevScalar step) {
   const auto s = static_cast<uint32_t>(static_cast<int64_t>(load_scalar(step, 0.0)));
   const uint64_t k = formula::dropout_key(seed, s);
   KILN_GRID_STRIDE(i, count) {
@@ -99,7 +100,8 @@ __global__ void dropout_fwd_kernel(const T* x, T* y, uint8_t* mask, int64_t coun
 }
 
 template <typename T>
-__global__ void dropout_bwd_kernel(const T* dy, const uint8_t* mask, T* dx, int64_t count, float scale) {
+__global__ void dropout_bwd_kernel(const T* dy, const uint8_t* mask, T* dx, int64_t count,
+                                   float scale) {
   KILN_GRID_STRIDE(i, count) dx[i] = from_f<T>(mask[i] ? fmul(to_f(dy[i]), scale) : 0.0f);
 }
 
@@ -141,8 +143,8 @@ KernelPtr unary_fwd(const Node& n, Context& ctx, int stream, const char* what) {
   KernelPtr k;
   KILN_DISPATCH_FLOAT(dt, T, {
     k = make_fn(stream, [=](Context&, cudaStream_t s) {
-      unary_fwd_kernel<T><<<grid, kThreads, 0, s>>>(static_cast<const T*>(xp), static_cast<T*>(yp),
-                                                    count, F{});
+      unary_fwd_kernel<T>
+          <<<grid, kThreads, 0, s>>>(static_cast<const T*>(xp), static_cast<T*>(yp), count, F{});
       KILN_LAUNCH_CHECK(what);
     });
   });
@@ -165,9 +167,8 @@ KernelPtr unary_bwd(const Node& n, Context& ctx, int stream, const char* what) {
   KernelPtr k;
   KILN_DISPATCH_FLOAT(dt, T, {
     k = make_fn(stream, [=](Context&, cudaStream_t s) {
-      unary_bwd_kernel<T><<<grid, kThreads, 0, s>>>(static_cast<const T*>(xp),
-                                                    static_cast<const T*>(dyp),
-                                                    static_cast<T*>(dxp), count, G{});
+      unary_bwd_kernel<T><<<grid, kThreads, 0, s>>>(
+          static_cast<const T*>(xp), static_cast<const T*>(dyp), static_cast<T*>(dxp), count, G{});
       KILN_LAUNCH_CHECK(what);
     });
   });
@@ -203,7 +204,8 @@ KernelPtr make_relu_fwd(const Node& n, Context& ctx, int stream) {
       (reinterpret_cast<uintptr_t>(yp) % 16) == 0) {
     const unsigned grid = grid_for(ctx, count / 8, kThreads);
     return make_fn(stream, [=](Context&, cudaStream_t s) {
-      relu_fwd_h8<<<grid, kThreads, 0, s>>>(static_cast<const uint4*>(xp), static_cast<uint4*>(yp), count / 8);
+      relu_fwd_h8<<<grid, kThreads, 0, s>>>(static_cast<const uint4*>(xp), static_cast<uint4*>(yp),
+                                            count / 8);
       KILN_LAUNCH_CHECK("relu_fwd");
     });
   }
@@ -211,7 +213,8 @@ KernelPtr make_relu_fwd(const Node& n, Context& ctx, int stream) {
   KernelPtr k;
   KILN_DISPATCH_FLOAT(dt, T, {
     k = make_fn(stream, [=](Context&, cudaStream_t s) {
-      relu_fwd_kernel<T><<<grid, kThreads, 0, s>>>(static_cast<const T*>(xp), static_cast<T*>(yp), count);
+      relu_fwd_kernel<T>
+          <<<grid, kThreads, 0, s>>>(static_cast<const T*>(xp), static_cast<T*>(yp), count);
       KILN_LAUNCH_CHECK("relu_fwd");
     });
   });
@@ -237,8 +240,8 @@ KernelPtr make_relu_bwd(const Node& n, Context& ctx, int stream) {
     const unsigned vgrid = grid_for(ctx, nvec, kThreads);
     KILN_DISPATCH_FLOAT(dt, T, {
       k = make_fn(stream, [=](Context&, cudaStream_t s) {
-        relu_bwd_vec<T><<<vgrid, kThreads, 0, s>>>(static_cast<const T*>(yp), static_cast<const T*>(dyp),
-                                                   static_cast<T*>(dxp), nvec);
+        relu_bwd_vec<T><<<vgrid, kThreads, 0, s>>>(
+            static_cast<const T*>(yp), static_cast<const T*>(dyp), static_cast<T*>(dxp), nvec);
         KILN_LAUNCH_CHECK("relu_bwd (vec)");
       });
     });
@@ -247,8 +250,8 @@ KernelPtr make_relu_bwd(const Node& n, Context& ctx, int stream) {
   const unsigned grid = grid_for(ctx, count, kThreads);
   KILN_DISPATCH_FLOAT(dt, T, {
     k = make_fn(stream, [=](Context&, cudaStream_t s) {
-      relu_bwd_kernel<T><<<grid, kThreads, 0, s>>>(static_cast<const T*>(yp), static_cast<const T*>(dyp),
-                                                   static_cast<T*>(dxp), count);
+      relu_bwd_kernel<T><<<grid, kThreads, 0, s>>>(
+          static_cast<const T*>(yp), static_cast<const T*>(dyp), static_cast<T*>(dxp), count);
       KILN_LAUNCH_CHECK("relu_bwd");
     });
   });
@@ -278,8 +281,8 @@ KernelPtr make_add(const Node& n, Context& ctx, int stream) {
     const unsigned vgrid = grid_for(ctx, nvec, kThreads);
     KILN_DISPATCH_FLOAT(dt, T, {
       k = make_fn(stream, [=](Context&, cudaStream_t s) {
-        add_vec<T><<<vgrid, kThreads, 0, s>>>(static_cast<const T*>(ap), static_cast<const T*>(bp), static_cast<T*>(yp),
-                                              nvec, acc);
+        add_vec<T><<<vgrid, kThreads, 0, s>>>(static_cast<const T*>(ap), static_cast<const T*>(bp),
+                                              static_cast<T*>(yp), nvec, acc);
         KILN_LAUNCH_CHECK("add (vec)");
       });
     });
@@ -321,8 +324,8 @@ KernelPtr make_dropout_fwd(const Node& n, Context& ctx, int stream) {
   KernelPtr k;
   KILN_DISPATCH_FLOAT(dt, T, {
     k = make_fn(stream, [=](Context&, cudaStream_t s) {
-      dropout_fwd_kernel<T><<<grid, kThreads, 0, s>>>(static_cast<const T*>(xp), static_cast<T*>(yp), mp, count, p,
-                                                      scale, seed, st);
+      dropout_fwd_kernel<T><<<grid, kThreads, 0, s>>>(
+          static_cast<const T*>(xp), static_cast<T*>(yp), mp, count, p, scale, seed, st);
       KILN_LAUNCH_CHECK("dropout_fwd");
     });
   });
@@ -348,8 +351,8 @@ KernelPtr make_dropout_bwd(const Node& n, Context& ctx, int stream) {
   KernelPtr k;
   KILN_DISPATCH_FLOAT(dt, T, {
     k = make_fn(stream, [=](Context&, cudaStream_t s) {
-      dropout_bwd_kernel<T><<<grid, kThreads, 0, s>>>(static_cast<const T*>(dyp), mp, static_cast<T*>(dxp), count,
-                                                      scale);
+      dropout_bwd_kernel<T><<<grid, kThreads, 0, s>>>(static_cast<const T*>(dyp), mp,
+                                                      static_cast<T*>(dxp), count, scale);
       KILN_LAUNCH_CHECK("dropout_bwd");
     });
   });

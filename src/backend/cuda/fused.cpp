@@ -43,7 +43,8 @@ class Sequence final : public Kernel {
 // Its sums are FP32, accumulated in cuDNN's order, so that form agrees with the unfused chain
 // to rounding, not bit for bit.
 template <typename Epilogue>
-KernelPtr cbr_forward(const Node& n, Context& ctx, int stream, TensorId x, TensorId w, TensorId z, Epilogue epilogue) {
+KernelPtr cbr_forward(const Node& n, Context& ctx, int stream, TensorId x, TensorId w, TensorId z,
+                      Epilogue epilogue) {
   std::vector<KernelPtr> parts;
   if (ctx.opts.cbr_genstats) {
     const int64_t k = ctx.tensor(z).shape.dims.back();
@@ -68,12 +69,13 @@ KernelPtr cbr_forward(const Node& n, Context& ctx, int stream, TensorId x, Tenso
 KernelPtr make_cbr_fwd(const Node& n, Context& ctx, int stream) {
   reject_accumulate(ctx, n);
   const TensorId x = need_in(n, 0, "x"), w = need_in(n, 1, "w"), gamma = need_in(n, 2, "gamma"),
-                 beta = need_in(n, 3, "beta"), rm = need_in(n, 4, "running_mean"), rv = need_in(n, 5, "running_var"),
-                 b = in_at(n, 6);
+                 beta = need_in(n, 3, "beta"), rm = need_in(n, 4, "running_mean"),
+                 rv = need_in(n, 5, "running_var"), b = in_at(n, 6);
   const TensorId z = need_out(n, 0, "z"), y = need_out(n, 1, "y"), saved = need_out(n, 2, "saved"),
                  mask = need_out(n, 3, "mask");
   return cbr_forward(n, ctx, stream, x, w, z, [&](const float* sums) {
-    return make_bn_relu_mask_fwd(n, ctx, stream, z, gamma, beta, rm, rv, kNoTensor, b, y, saved, mask, sums);
+    return make_bn_relu_mask_fwd(n, ctx, stream, z, gamma, beta, rm, rv, kNoTensor, b, y, saved,
+                                 mask, sums);
   });
 }
 
@@ -82,17 +84,19 @@ namespace {
 // The convolution gradients of cbr_bwd and cbr_pool_bwd after their BatchNorm part (which
 // wrote dz): the weight gradient on the side stream beside the data gradient (side_stream.h)
 // unless dx or db shares bytes with what it reads or writes; the first layer's form has no dx.
-KernelPtr cbr_conv_backward(const Node& n, Context& ctx, int stream, KernelPtr bn, TensorId x, TensorId w,
-                            TensorId dz, TensorId dx, TensorId dw, TensorId db) {
+KernelPtr cbr_conv_backward(const Node& n, Context& ctx, int stream, KernelPtr bn, TensorId x,
+                            TensorId w, TensorId dz, TensorId dx, TensorId dw, TensorId db) {
   std::vector<KernelPtr> parts;
   parts.push_back(std::move(bn));
   auto wgrad = [&](int s) {
-    return make_conv_bwd_weight(fused_part(OpKind::conv_bwd_weight, {x, dz}, {dw}, n, "wgrad"), ctx, s);
+    return make_conv_bwd_weight(fused_part(OpKind::conv_bwd_weight, {x, dz}, {dw}, n, "wgrad"), ctx,
+                                s);
   };
   const bool apart = !any_overlap(byte_ranges(ctx, {dx, db}), byte_ranges(ctx, {x, dz, dw}));
   parts.push_back(apart ? maybe_on_side_stream(ctx, stream, {x, dz}, {dw}, wgrad) : wgrad(stream));
   if (dx != kNoTensor) {
-    parts.push_back(make_conv_bwd_data(fused_part(OpKind::conv_bwd_data, {dz, w}, {dx}, n, "dgrad"), ctx, stream));
+    parts.push_back(make_conv_bwd_data(fused_part(OpKind::conv_bwd_data, {dz, w}, {dx}, n, "dgrad"),
+                                       ctx, stream));
   }
   if (db != kNoTensor) {
     // The cancelled bias's gradient: sum of dz per channel, exactly 0 (ops.def).
@@ -111,14 +115,15 @@ KernelPtr cbr_conv_backward(const Node& n, Context& ctx, int stream, KernelPtr b
 // "x, w, z, dy, mask, gamma, saved -> [dx], dw, dgamma, dbeta, dz, [db]"
 KernelPtr make_cbr_bwd(const Node& n, Context& ctx, int stream) {
   reject_accumulate(ctx, n);
-  const TensorId x = need_in(n, 0, "x"), w = need_in(n, 1, "w"), z = need_in(n, 2, "z"), dy = need_in(n, 3, "dy"),
-                 mask = need_in(n, 4, "mask"), gamma = need_in(n, 5, "gamma"), saved = need_in(n, 6, "saved");
+  const TensorId x = need_in(n, 0, "x"), w = need_in(n, 1, "w"), z = need_in(n, 2, "z"),
+                 dy = need_in(n, 3, "dy"), mask = need_in(n, 4, "mask"),
+                 gamma = need_in(n, 5, "gamma"), saved = need_in(n, 6, "saved");
   const TensorId dx = out_at(n, 0), dw = need_out(n, 1, "dw"), dgamma = need_out(n, 2, "dgamma"),
                  dbeta = need_out(n, 3, "dbeta"), dz = need_out(n, 4, "dz"), db = out_at(n, 5);
-  return cbr_conv_backward(
-      n, ctx, stream,
-      make_bn_relu_mask_bwd(n, ctx, stream, z, dy, kNoTensor, mask, gamma, saved, dz, kNoTensor, dgamma, dbeta), x, w,
-      dz, dx, dw, db);
+  return cbr_conv_backward(n, ctx, stream,
+                           make_bn_relu_mask_bwd(n, ctx, stream, z, dy, kNoTensor, mask, gamma,
+                                                 saved, dz, kNoTensor, dgamma, dbeta),
+                           x, w, dz, dx, dw, db);
 }
 
 // "x, w, gamma, beta, running_mean, running_var, [b] -> z, y (pooled), saved, mask (over z)":
@@ -127,8 +132,8 @@ KernelPtr make_cbr_bwd(const Node& n, Context& ctx, int stream) {
 KernelPtr make_cbr_pool_fwd(const Node& n, Context& ctx, int stream) {
   reject_accumulate(ctx, n);
   const TensorId x = need_in(n, 0, "x"), w = need_in(n, 1, "w"), gamma = need_in(n, 2, "gamma"),
-                 beta = need_in(n, 3, "beta"), rm = need_in(n, 4, "running_mean"), rv = need_in(n, 5, "running_var"),
-                 b = in_at(n, 6);
+                 beta = need_in(n, 3, "beta"), rm = need_in(n, 4, "running_mean"),
+                 rv = need_in(n, 5, "running_var"), b = in_at(n, 6);
   const TensorId z = need_out(n, 0, "z"), y = need_out(n, 1, "y"), saved = need_out(n, 2, "saved"),
                  mask = need_out(n, 3, "mask");
   return cbr_forward(n, ctx, stream, x, w, z, [&](const float* sums) {
@@ -139,23 +144,27 @@ KernelPtr make_cbr_pool_fwd(const Node& n, Context& ctx, int stream) {
 // "x, w, z, dy (pooled), mask (over z), gamma, saved -> [dx], dw, dgamma, dbeta, dz, [db]"
 KernelPtr make_cbr_pool_bwd(const Node& n, Context& ctx, int stream) {
   reject_accumulate(ctx, n);
-  const TensorId x = need_in(n, 0, "x"), w = need_in(n, 1, "w"), z = need_in(n, 2, "z"), dy = need_in(n, 3, "dy"),
-                 mask = need_in(n, 4, "mask"), gamma = need_in(n, 5, "gamma"), saved = need_in(n, 6, "saved");
+  const TensorId x = need_in(n, 0, "x"), w = need_in(n, 1, "w"), z = need_in(n, 2, "z"),
+                 dy = need_in(n, 3, "dy"), mask = need_in(n, 4, "mask"),
+                 gamma = need_in(n, 5, "gamma"), saved = need_in(n, 6, "saved");
   const TensorId dx = out_at(n, 0), dw = need_out(n, 1, "dw"), dgamma = need_out(n, 2, "dgamma"),
                  dbeta = need_out(n, 3, "dbeta"), dz = need_out(n, 4, "dz"), db = out_at(n, 5);
-  return cbr_conv_backward(n, ctx, stream,
-                           make_bn_relu_pool_bwd(n, ctx, stream, z, dy, mask, gamma, saved, dz, dgamma, dbeta), x, w,
-                           dz, dx, dw, db);
+  return cbr_conv_backward(
+      n, ctx, stream,
+      make_bn_relu_pool_bwd(n, ctx, stream, z, dy, mask, gamma, saved, dz, dgamma, dbeta), x, w, dz,
+      dx, dw, db);
 }
 
 // "x, gamma, beta, running_mean, running_var, residual -> y, saved, mask"
 KernelPtr make_bn_add_relu_fwd(const Node& n, Context& ctx, int stream) {
   reject_accumulate(ctx, n);
-  const TensorId x = need_in(n, 0, "x"), gamma = need_in(n, 1, "gamma"), beta = need_in(n, 2, "beta"),
-                 rm = need_in(n, 3, "running_mean"), rv = need_in(n, 4, "running_var"),
-                 residual = need_in(n, 5, "residual");
-  const TensorId y = need_out(n, 0, "y"), saved = need_out(n, 1, "saved"), mask = need_out(n, 2, "mask");
-  return make_bn_relu_mask_fwd(n, ctx, stream, x, gamma, beta, rm, rv, residual, kNoTensor, y, saved, mask);
+  const TensorId x = need_in(n, 0, "x"), gamma = need_in(n, 1, "gamma"),
+                 beta = need_in(n, 2, "beta"), rm = need_in(n, 3, "running_mean"),
+                 rv = need_in(n, 4, "running_var"), residual = need_in(n, 5, "residual");
+  const TensorId y = need_out(n, 0, "y"), saved = need_out(n, 1, "saved"),
+                 mask = need_out(n, 2, "mask");
+  return make_bn_relu_mask_fwd(n, ctx, stream, x, gamma, beta, rm, rv, residual, kNoTensor, y,
+                               saved, mask);
 }
 
 // "x, dy, mask, gamma, saved, [dy2] -> dx, dresidual, dgamma, dbeta": the add passes the
@@ -165,9 +174,10 @@ KernelPtr make_bn_add_relu_bwd(const Node& n, Context& ctx, int stream) {
   reject_accumulate(ctx, n);
   const TensorId x = need_in(n, 0, "x"), dy = need_in(n, 1, "dy"), mask = need_in(n, 2, "mask"),
                  gamma = need_in(n, 3, "gamma"), saved = need_in(n, 4, "saved"), dy2 = in_at(n, 5);
-  const TensorId dx = need_out(n, 0, "dx"), dres = need_out(n, 1, "dresidual"), dgamma = need_out(n, 2, "dgamma"),
-                 dbeta = need_out(n, 3, "dbeta");
-  return make_bn_relu_mask_bwd(n, ctx, stream, x, dy, dy2, mask, gamma, saved, dx, dres, dgamma, dbeta);
+  const TensorId dx = need_out(n, 0, "dx"), dres = need_out(n, 1, "dresidual"),
+                 dgamma = need_out(n, 2, "dgamma"), dbeta = need_out(n, 3, "dbeta");
+  return make_bn_relu_mask_bwd(n, ctx, stream, x, dy, dy2, mask, gamma, saved, dx, dres, dgamma,
+                               dbeta);
 }
 
 }  // namespace kiln::cuda

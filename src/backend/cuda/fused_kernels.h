@@ -12,33 +12,36 @@ namespace kiln::cuda {
 // (ops.def). n names the fused node in errors and supplies eps and momentum. conv_sums, when
 // given, holds x's per-channel sum and sum of squares (make_conv_fwd_genstats wrote them),
 // which replace the statistics pass over x.
-KernelPtr make_bn_relu_mask_fwd(const Node& n, Context& ctx, int stream, TensorId x, TensorId gamma, TensorId beta,
-                                TensorId rm, TensorId rv, TensorId residual, TensorId conv_bias, TensorId y,
-                                TensorId saved, TensorId mask, const float* conv_sums = nullptr);
+KernelPtr make_bn_relu_mask_fwd(const Node& n, Context& ctx, int stream, TensorId x, TensorId gamma,
+                                TensorId beta, TensorId rm, TensorId rv, TensorId residual,
+                                TensorId conv_bias, TensorId y, TensorId saved, TensorId mask,
+                                const float* conv_sums = nullptr);
 
 // The seed article's CBR convolution (KILN_CBR_FORM=genstats): z = conv(x, w) with z's
 // per-channel sum in sums[0, K) and sum of squares in sums[K, 2K) (FP32), one cuDNN graph.
 // nullptr (with one log line) when cuDNN has no engine for it here.
-KernelPtr make_conv_fwd_genstats(const Node& n, Context& ctx, int stream, TensorId x, TensorId w, TensorId z,
-                                 float* sums);
+KernelPtr make_conv_fwd_genstats(const Node& n, Context& ctx, int stream, TensorId x, TensorId w,
+                                 TensorId z, float* sums);
 
 // BatchNorm's backward with the ReLU's backward taken from the mask: g = mask ? dy [+ dy2] : 0
 // (also written to dres unless that is kNoTensor), dx, dgamma, dbeta from g. dy2 (optional)
 // is bn_add_relu_bwd's second gradient contribution, summed as the add op would.
-KernelPtr make_bn_relu_mask_bwd(const Node& n, Context& ctx, int stream, TensorId x, TensorId dy, TensorId dy2,
-                                TensorId mask, TensorId gamma, TensorId saved, TensorId dx, TensorId dres,
-                                TensorId dgamma, TensorId dbeta);
+KernelPtr make_bn_relu_mask_bwd(const Node& n, Context& ctx, int stream, TensorId x, TensorId dy,
+                                TensorId dy2, TensorId mask, TensorId gamma, TensorId saved,
+                                TensorId dx, TensorId dres, TensorId dgamma, TensorId dbeta);
 
 // cbr_pool_fwd's epilogue (ops.def): saved and running statistics as make_bn_relu_mask_fwd,
 // then y = the max-pool of relu(bn(z)) by n.attrs.pool windows that tile z, and the mask over
 // z of the elements the pool took where the ReLU passed them.
-KernelPtr make_bn_relu_pool_fwd(const Node& n, Context& ctx, int stream, TensorId z, TensorId gamma, TensorId beta,
-                                TensorId rm, TensorId rv, TensorId conv_bias, TensorId y, TensorId saved,
-                                TensorId mask, const float* conv_sums = nullptr);
+KernelPtr make_bn_relu_pool_fwd(const Node& n, Context& ctx, int stream, TensorId z, TensorId gamma,
+                                TensorId beta, TensorId rm, TensorId rv, TensorId conv_bias,
+                                TensorId y, TensorId saved, TensorId mask,
+                                const float* conv_sums = nullptr);
 
 // cbr_pool_bwd's BatchNorm backward: the gradient at BatchNorm's output is the pooled dy of the
 // element's window where the mask is set, 0 elsewhere; dz, dgamma, dbeta from it.
-KernelPtr make_bn_relu_pool_bwd(const Node& n, Context& ctx, int stream, TensorId z, TensorId dy, TensorId mask,
-                                TensorId gamma, TensorId saved, TensorId dz, TensorId dgamma, TensorId dbeta);
+KernelPtr make_bn_relu_pool_bwd(const Node& n, Context& ctx, int stream, TensorId z, TensorId dy,
+                                TensorId mask, TensorId gamma, TensorId saved, TensorId dz,
+                                TensorId dgamma, TensorId dbeta);
 
 }  // namespace kiln::cuda

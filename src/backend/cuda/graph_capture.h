@@ -15,7 +15,10 @@ class GraphExec {
   GraphExec() = default;
   GraphExec(const GraphExec&) = delete;
   GraphExec& operator=(const GraphExec&) = delete;
-  GraphExec(GraphExec&& o) noexcept : graph_(o.graph_), exec_(o.exec_) { o.graph_ = nullptr; o.exec_ = nullptr; }
+  GraphExec(GraphExec&& o) noexcept : graph_(o.graph_), exec_(o.exec_) {
+    o.graph_ = nullptr;
+    o.exec_ = nullptr;
+  }
   GraphExec& operator=(GraphExec&& o) noexcept {
     if (this != &o) {
       reset();
@@ -37,8 +40,10 @@ class GraphExec {
   }
   void launch(cudaStream_t s) const { CUDA_CHECK(cudaGraphLaunch(exec_, s)); }
   void reset() {
-    if (exec_ && cudaGraphExecDestroy(exec_) != cudaSuccess) std::fprintf(stderr, "kiln: cudaGraphExecDestroy failed\n");
-    if (graph_ && cudaGraphDestroy(graph_) != cudaSuccess) std::fprintf(stderr, "kiln: cudaGraphDestroy failed\n");
+    if (exec_ && cudaGraphExecDestroy(exec_) != cudaSuccess)
+      std::fprintf(stderr, "kiln: cudaGraphExecDestroy failed\n");
+    if (graph_ && cudaGraphDestroy(graph_) != cudaSuccess)
+      std::fprintf(stderr, "kiln: cudaGraphDestroy failed\n");
     exec_ = nullptr;
     graph_ = nullptr;
   }

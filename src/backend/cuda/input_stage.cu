@@ -12,16 +12,19 @@
 namespace kiln::cuda {
 
 NormParams make_norm_params(const InputNormalization& norm, int64_t channels, const char* who) {
-  KILN_CHECK(channels >= 1 && channels <= kMaxInputChannels, InvalidArgument, who, ": input of ", channels,
-             " channels; the GPU input stage takes 1 to ", kMaxInputChannels);
-  KILN_CHECK(static_cast<int64_t>(norm.mean.size()) == channels && static_cast<int64_t>(norm.std.size()) == channels,
-             InvalidArgument, who, ": ", channels, "-channel input needs one mean and one std per channel, got ",
-             norm.mean.size(), " and ", norm.std.size());
+  KILN_CHECK(channels >= 1 && channels <= kMaxInputChannels, InvalidArgument, who, ": input of ",
+             channels, " channels; the GPU input stage takes 1 to ", kMaxInputChannels);
+  KILN_CHECK(static_cast<int64_t>(norm.mean.size()) == channels &&
+                 static_cast<int64_t>(norm.std.size()) == channels,
+             InvalidArgument, who, ": ", channels,
+             "-channel input needs one mean and one std per channel, got ", norm.mean.size(),
+             " and ", norm.std.size());
   NormParams p;
   p.channels = static_cast<int32_t>(channels);
   for (int64_t c = 0; c < channels; ++c) {
     const float sd = norm.std[static_cast<size_t>(c)];
-    KILN_CHECK(sd > 0, InvalidArgument, who, ": input std of channel ", c, " must be > 0, got ", sd);
+    KILN_CHECK(sd > 0, InvalidArgument, who, ": input std of channel ", c, " must be > 0, got ",
+               sd);
     p.scale[c] = 1.0f / (255.0f * sd);
     p.shift[c] = -norm.mean[static_cast<size_t>(c)] / sd;
   }
@@ -29,14 +32,17 @@ NormParams make_norm_params(const InputNormalization& norm, int64_t channels, co
 }
 
 AxisDesc axis_desc(const ResampleAxis& a, int64_t size) {
-  KILN_CHECK(a.out > 0 && a.scale > 0 && a.lo <= a.hi && size > 0 && size < (int64_t{1} << 30), InvalidArgument,
-             "sample geometry axis: out ", a.out, ", scale ", a.scale, ", source [", a.lo, ", ", a.hi, ") of ", size,
+  KILN_CHECK(a.out > 0 && a.scale > 0 && a.lo <= a.hi && size > 0 && size < (int64_t{1} << 30),
+             InvalidArgument, "sample geometry axis: out ", a.out, ", scale ", a.scale,
+             ", source [", a.lo, ", ", a.hi, ") of ", size,
              " pixels is not a resampling (out and scale > 0, lo <= hi)");
   AxisDesc d;
   d.origin = a.origin;
   d.scale = a.scale;
   d.out = static_cast<int32_t>(a.out);
-  auto clamp32 = [](int64_t v) { return static_cast<int32_t>(std::clamp<int64_t>(v, -(int64_t{1} << 30), int64_t{1} << 30)); };
+  auto clamp32 = [](int64_t v) {
+    return static_cast<int32_t>(std::clamp<int64_t>(v, -(int64_t{1} << 30), int64_t{1} << 30));
+  };
   d.lo = clamp32(a.lo);
   d.hi = clamp32(a.hi);
   d.valid_lo = clamp32(a.valid_lo);
@@ -86,8 +92,8 @@ __device__ inline __half to_out<__half>(float v) {
 }
 
 template <typename T, int C>
-__global__ void stage_samples_kernel(const SampleDesc* __restrict__ descs, int64_t batch, int32_t h, int32_t w,
-                                     NormParams norm, T* __restrict__ out) {
+__global__ void stage_samples_kernel(const SampleDesc* __restrict__ descs, int64_t batch, int32_t h,
+                                     int32_t w, NormParams norm, T* __restrict__ out) {
   const int64_t plane = int64_t{h} * w;
   const int64_t total = batch * plane;
   for (int64_t idx = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; idx < total;
@@ -135,15 +141,19 @@ __global__ void stage_samples_kernel(const SampleDesc* __restrict__ descs, int64
       for (int c = 0; c < C; ++c) acc[c] = fminf(255.0f, fmaxf(0.0f, acc[c]));
     }
 #pragma unroll
-    for (int c = 0; c < C; ++c) o[c] = to_out<T>(__fadd_rn(__fmul_rn(acc[c], norm.scale[c]), norm.shift[c]));
+    for (int c = 0; c < C; ++c)
+      o[c] = to_out<T>(__fadd_rn(__fmul_rn(acc[c], norm.scale[c]), norm.shift[c]));
   }
 }
 
 template <typename T>
-__global__ void normalize_u8_kernel(const uint8_t* __restrict__ in, int64_t n, NormParams norm, T* __restrict__ out) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+__global__ void normalize_u8_kernel(const uint8_t* __restrict__ in, int64_t n, NormParams norm,
+                                    T* __restrict__ out) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
     const int c = static_cast<int>(i % norm.channels);
-    out[i] = to_out<T>(__fadd_rn(__fmul_rn(static_cast<float>(in[i]), norm.scale[c]), norm.shift[c]));
+    out[i] =
+        to_out<T>(__fadd_rn(__fmul_rn(static_cast<float>(in[i]), norm.scale[c]), norm.shift[c]));
   }
 }
 
@@ -163,50 +173,64 @@ __global__ void stage_labels_kernel(const L* __restrict__ in, int64_t count, int
 
 constexpr int kThreads = 256;
 unsigned blocks_for(int64_t n) {
-  return static_cast<unsigned>(std::clamp<int64_t>((n + kThreads - 1) / kThreads, 1, int64_t{1} << 20));
+  return static_cast<unsigned>(
+      std::clamp<int64_t>((n + kThreads - 1) / kThreads, 1, int64_t{1} << 20));
 }
 
 template <typename T>
-void launch_samples_t(const SampleDesc* descs, int64_t batch, int32_t h, int32_t w, const NormParams& norm, T* out,
-                      cudaStream_t stream) {
+void launch_samples_t(const SampleDesc* descs, int64_t batch, int32_t h, int32_t w,
+                      const NormParams& norm, T* out, cudaStream_t stream) {
   const unsigned blocks = blocks_for(batch * h * w);
   switch (norm.channels) {
-    case 1: stage_samples_kernel<T, 1><<<blocks, kThreads, 0, stream>>>(descs, batch, h, w, norm, out); break;
-    case 3: stage_samples_kernel<T, 3><<<blocks, kThreads, 0, stream>>>(descs, batch, h, w, norm, out); break;
-    case 2: stage_samples_kernel<T, 2><<<blocks, kThreads, 0, stream>>>(descs, batch, h, w, norm, out); break;
-    case 4: stage_samples_kernel<T, 4><<<blocks, kThreads, 0, stream>>>(descs, batch, h, w, norm, out); break;
-    default: KILN_FAIL(InvalidArgument, "GPU input stage: ", norm.channels, " channels; it takes 1 to 4");
+    case 1:
+      stage_samples_kernel<T, 1><<<blocks, kThreads, 0, stream>>>(descs, batch, h, w, norm, out);
+      break;
+    case 3:
+      stage_samples_kernel<T, 3><<<blocks, kThreads, 0, stream>>>(descs, batch, h, w, norm, out);
+      break;
+    case 2:
+      stage_samples_kernel<T, 2><<<blocks, kThreads, 0, stream>>>(descs, batch, h, w, norm, out);
+      break;
+    case 4:
+      stage_samples_kernel<T, 4><<<blocks, kThreads, 0, stream>>>(descs, batch, h, w, norm, out);
+      break;
+    default:
+      KILN_FAIL(InvalidArgument, "GPU input stage: ", norm.channels, " channels; it takes 1 to 4");
   }
   KILN_LAUNCH_CHECK("stage_samples_kernel");
 }
 
 }  // namespace
 
-void launch_stage_samples(const SampleDesc* descs, int64_t batch, int64_t h, int64_t w, const NormParams& norm,
-                          void* out, DType dtype, cudaStream_t stream) {
-  KILN_CHECK(batch > 0 && h > 0 && w > 0 && h < (int64_t{1} << 30) && w < (int64_t{1} << 30), InvalidArgument,
-             "GPU input stage: a batch of ", batch, " samples of ", h, "x", w);
+void launch_stage_samples(const SampleDesc* descs, int64_t batch, int64_t h, int64_t w,
+                          const NormParams& norm, void* out, DType dtype, cudaStream_t stream) {
+  KILN_CHECK(batch > 0 && h > 0 && w > 0 && h < (int64_t{1} << 30) && w < (int64_t{1} << 30),
+             InvalidArgument, "GPU input stage: a batch of ", batch, " samples of ", h, "x", w);
   if (dtype == DType::F32) {
-    launch_samples_t(descs, batch, static_cast<int32_t>(h), static_cast<int32_t>(w), norm, static_cast<float*>(out),
-                     stream);
+    launch_samples_t(descs, batch, static_cast<int32_t>(h), static_cast<int32_t>(w), norm,
+                     static_cast<float*>(out), stream);
   } else if (dtype == DType::F16) {
-    launch_samples_t(descs, batch, static_cast<int32_t>(h), static_cast<int32_t>(w), norm, static_cast<__half*>(out),
-                     stream);
+    launch_samples_t(descs, batch, static_cast<int32_t>(h), static_cast<int32_t>(w), norm,
+                     static_cast<__half*>(out), stream);
   } else {
-    KILN_FAIL(Unsupported, "GPU input stage: the input slot is ", dtype_name(dtype), "; it writes F32 or F16");
+    KILN_FAIL(Unsupported, "GPU input stage: the input slot is ", dtype_name(dtype),
+              "; it writes F32 or F16");
   }
 }
 
-void launch_normalize_u8(const uint8_t* in, int64_t pixels, const NormParams& norm, void* out, DType dtype,
-                         cudaStream_t stream) {
+void launch_normalize_u8(const uint8_t* in, int64_t pixels, const NormParams& norm, void* out,
+                         DType dtype, cudaStream_t stream) {
   const int64_t n = pixels * norm.channels;
   if (n == 0) return;
   if (dtype == DType::F32) {
-    normalize_u8_kernel<float><<<blocks_for(n), kThreads, 0, stream>>>(in, n, norm, static_cast<float*>(out));
+    normalize_u8_kernel<float>
+        <<<blocks_for(n), kThreads, 0, stream>>>(in, n, norm, static_cast<float*>(out));
   } else if (dtype == DType::F16) {
-    normalize_u8_kernel<__half><<<blocks_for(n), kThreads, 0, stream>>>(in, n, norm, static_cast<__half*>(out));
+    normalize_u8_kernel<__half>
+        <<<blocks_for(n), kThreads, 0, stream>>>(in, n, norm, static_cast<__half*>(out));
   } else {
-    KILN_FAIL(Unsupported, "stage_batch_u8: the input slot is ", dtype_name(dtype), "; it writes F32 or F16");
+    KILN_FAIL(Unsupported, "stage_batch_u8: the input slot is ", dtype_name(dtype),
+              "; it writes F32 or F16");
   }
   KILN_LAUNCH_CHECK("normalize_u8_kernel");
 }

@@ -68,7 +68,8 @@ KILN_HD inline double filter_at(int32_t bicubic, double x) {
 }
 KILN_HD inline Taps axis_taps(const AxisDesc& a, int32_t i) {
   Taps t;
-  const int32_t vlo = a.valid_lo > 0 ? a.valid_lo : 0, vhi = a.valid_hi < a.out ? a.valid_hi : a.out;
+  const int32_t vlo = a.valid_lo > 0 ? a.valid_lo : 0,
+                vhi = a.valid_hi < a.out ? a.valid_hi : a.out;
   if (i < vlo || i >= vhi) return t;
   const double fscale = a.scale > 1 ? a.scale : 1;
   const double support = (a.bicubic ? 2 : 1) * fscale;
@@ -79,11 +80,13 @@ KILN_HD inline Taps axis_taps(const AxisDesc& a, int32_t i) {
   const int64_t xmax = fmax < a.hi ? static_cast<int64_t>(fmax) : a.hi;
   if (xmax <= xmin) return t;
   double sum = 0;
-  for (int64_t j = xmin; j < xmax; ++j) sum += filter_at(a.bicubic, (static_cast<double>(j) - centre + 0.5) * inv);
+  for (int64_t j = xmin; j < xmax; ++j)
+    sum += filter_at(a.bicubic, (static_cast<double>(j) - centre + 0.5) * inv);
   if (sum <= 0) return t;
   int64_t j0 = xmin > 0 ? xmin : 0, j1 = xmax < a.size ? xmax : a.size;
   while (j0 < j1 && filter_at(a.bicubic, (static_cast<double>(j0) - centre + 0.5) * inv) == 0) ++j0;
-  while (j1 > j0 && filter_at(a.bicubic, (static_cast<double>(j1 - 1) - centre + 0.5) * inv) == 0) --j1;
+  while (j1 > j0 && filter_at(a.bicubic, (static_cast<double>(j1 - 1) - centre + 0.5) * inv) == 0)
+    --j1;
   if (j1 <= j0) return t;
   t.first = static_cast<int32_t>(j0);
   t.count = static_cast<int32_t>(j1 - j0);
@@ -95,19 +98,19 @@ KILN_HD inline Taps axis_taps(const AxisDesc& a, int32_t i) {
 }
 // The weight of source pixel j (inside the taps), rounded to float as the CPU's taps are.
 KILN_HD inline float tap_weight(const Taps& t, int32_t j) {
-  return static_cast<float>(filter_at(t.bicubic, (static_cast<double>(j) - t.centre + 0.5) * t.inv_support) *
-                            t.inv_sum);
+  return static_cast<float>(
+      filter_at(t.bicubic, (static_cast<double>(j) - t.centre + 0.5) * t.inv_support) * t.inv_sum);
 }
 
 // The source pixels an axis reads, [*first, *last), empty (first == last) when none.
 void axis_span(const AxisDesc& a, int64_t* first, int64_t* last);
 
 // out (batch x h x w x channels of `dtype`, F32 or F16) from the device descriptors.
-void launch_stage_samples(const SampleDesc* descs, int64_t batch, int64_t h, int64_t w, const NormParams& norm,
-                          void* out, DType dtype, cudaStream_t stream);
+void launch_stage_samples(const SampleDesc* descs, int64_t batch, int64_t h, int64_t w,
+                          const NormParams& norm, void* out, DType dtype, cudaStream_t stream);
 // out[p, c] = normalised in[p, c] over `pixels` pixels (device pointers).
-void launch_normalize_u8(const uint8_t* in, int64_t pixels, const NormParams& norm, void* out, DType dtype,
-                         cudaStream_t stream);
+void launch_normalize_u8(const uint8_t* in, int64_t pixels, const NormParams& norm, void* out,
+                         DType dtype, cudaStream_t stream);
 
 // out[i] = label i as int32 for i < count (in: I32 or I64 device memory), -1 (padding) for
 // count <= i < batch. A label outside 0..classes-1 becomes `classes`, which poisons the step

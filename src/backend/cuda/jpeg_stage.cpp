@@ -31,44 +31,59 @@ void warn_cuda(const char* what, cudaError_t e) {
   if (e != cudaSuccess) std::fprintf(stderr, "kiln: %s failed: %s\n", what, cudaGetErrorString(e));
 }
 
-int64_t align256(int64_t v) { return (v + 255) / 256 * 256; }
+int64_t align256(int64_t v) {
+  return (v + 255) / 256 * 256;
+}
 
 #if KILN_HAVE_NVJPEG
 const char* nvjpeg_status_name(nvjpegStatus_t s) {
   switch (s) {
-    case NVJPEG_STATUS_SUCCESS: return "NVJPEG_STATUS_SUCCESS";
-    case NVJPEG_STATUS_NOT_INITIALIZED: return "NVJPEG_STATUS_NOT_INITIALIZED";
-    case NVJPEG_STATUS_INVALID_PARAMETER: return "NVJPEG_STATUS_INVALID_PARAMETER";
-    case NVJPEG_STATUS_BAD_JPEG: return "NVJPEG_STATUS_BAD_JPEG";
-    case NVJPEG_STATUS_JPEG_NOT_SUPPORTED: return "NVJPEG_STATUS_JPEG_NOT_SUPPORTED";
-    case NVJPEG_STATUS_ALLOCATOR_FAILURE: return "NVJPEG_STATUS_ALLOCATOR_FAILURE";
-    case NVJPEG_STATUS_EXECUTION_FAILED: return "NVJPEG_STATUS_EXECUTION_FAILED";
-    case NVJPEG_STATUS_ARCH_MISMATCH: return "NVJPEG_STATUS_ARCH_MISMATCH";
-    case NVJPEG_STATUS_INTERNAL_ERROR: return "NVJPEG_STATUS_INTERNAL_ERROR";
-    case NVJPEG_STATUS_IMPLEMENTATION_NOT_SUPPORTED: return "NVJPEG_STATUS_IMPLEMENTATION_NOT_SUPPORTED";
-    case NVJPEG_STATUS_INCOMPLETE_BITSTREAM: return "NVJPEG_STATUS_INCOMPLETE_BITSTREAM";
+    case NVJPEG_STATUS_SUCCESS:
+      return "NVJPEG_STATUS_SUCCESS";
+    case NVJPEG_STATUS_NOT_INITIALIZED:
+      return "NVJPEG_STATUS_NOT_INITIALIZED";
+    case NVJPEG_STATUS_INVALID_PARAMETER:
+      return "NVJPEG_STATUS_INVALID_PARAMETER";
+    case NVJPEG_STATUS_BAD_JPEG:
+      return "NVJPEG_STATUS_BAD_JPEG";
+    case NVJPEG_STATUS_JPEG_NOT_SUPPORTED:
+      return "NVJPEG_STATUS_JPEG_NOT_SUPPORTED";
+    case NVJPEG_STATUS_ALLOCATOR_FAILURE:
+      return "NVJPEG_STATUS_ALLOCATOR_FAILURE";
+    case NVJPEG_STATUS_EXECUTION_FAILED:
+      return "NVJPEG_STATUS_EXECUTION_FAILED";
+    case NVJPEG_STATUS_ARCH_MISMATCH:
+      return "NVJPEG_STATUS_ARCH_MISMATCH";
+    case NVJPEG_STATUS_INTERNAL_ERROR:
+      return "NVJPEG_STATUS_INTERNAL_ERROR";
+    case NVJPEG_STATUS_IMPLEMENTATION_NOT_SUPPORTED:
+      return "NVJPEG_STATUS_IMPLEMENTATION_NOT_SUPPORTED";
+    case NVJPEG_STATUS_INCOMPLETE_BITSTREAM:
+      return "NVJPEG_STATUS_INCOMPLETE_BITSTREAM";
   }
   return "an unknown nvjpegStatus_t";
 }
 
 [[noreturn]] void throw_nvjpeg(const char* call, nvjpegStatus_t s, const char* file, int line) {
-  KILN_FAIL(Backend, call, " failed: ", nvjpeg_status_name(s), " (", static_cast<int>(s), ") at ", file, ":", line,
-            "; KILN_NVJPEG=0 decodes JPEGs on the host instead");
+  KILN_FAIL(Backend, call, " failed: ", nvjpeg_status_name(s), " (", static_cast<int>(s), ") at ",
+            file, ":", line, "; KILN_NVJPEG=0 decodes JPEGs on the host instead");
 }
-#define NVJPEG_CHECK(call)                                                                    \
-  do {                                                                                        \
-    const nvjpegStatus_t kiln_s_ = (call);                                                    \
-    if (kiln_s_ != NVJPEG_STATUS_SUCCESS) throw_nvjpeg(#call, kiln_s_, __FILE__, __LINE__);   \
+#define NVJPEG_CHECK(call)                                                                  \
+  do {                                                                                      \
+    const nvjpegStatus_t kiln_s_ = (call);                                                  \
+    if (kiln_s_ != NVJPEG_STATUS_SUCCESS) throw_nvjpeg(#call, kiln_s_, __FILE__, __LINE__); \
   } while (0)
 // Per image: a failure is that image's, and the caller sends it to the host.
 #define NVJPEG_TRY(call, name) nvjpeg_try((call), #call, name)
 bool nvjpeg_try(nvjpegStatus_t s, const char* call, const std::string& name) {
   if (s == NVJPEG_STATUS_SUCCESS) return true;
-  log_debug("nvjpeg: ", call, " on '", name, "': ", nvjpeg_status_name(s), "; decoding it on the host");
+  log_debug("nvjpeg: ", call, " on '", name, "': ", nvjpeg_status_name(s),
+            "; decoding it on the host");
   return false;
 }
 void warn_nvjpeg(const char* call, nvjpegStatus_t s) {
-  if (s != NVJPEG_STATUS_SUCCESS) std::fprintf(stderr, "kiln: %s failed: %s\n", call, nvjpeg_status_name(s));
+  if (s != NVJPEG_STATUS_SUCCESS)
+    std::fprintf(stderr, "kiln: %s failed: %s\n", call, nvjpeg_status_name(s));
 }
 #endif
 
@@ -91,9 +106,9 @@ struct JpegStage::Nv {
   nvjpegHandle_t hw = nullptr;   // NVJPEG_BACKEND_HARDWARE, when the GPU has engines
   nvjpegHandle_t gen = nullptr;  // NVJPEG_BACKEND_DEFAULT: the decoupled decoder's
   nvjpegJpegState_t hw_state = nullptr;
-  nvjpegJpegStream_t hw_probe = nullptr;  // parses headers for nvjpegDecodeBatchedSupported
+  nvjpegJpegStream_t hw_probe = nullptr;        // parses headers for nvjpegDecodeBatchedSupported
   std::vector<nvjpegDecodeParams_t> hw_params;  // one per sample, reused
-  int hw_batch = -1;  // the batch size hw_state was initialised for
+  int hw_batch = -1;                            // the batch size hw_state was initialised for
   nvjpegOutputFormat_t hw_format = NVJPEG_OUTPUT_RGBI;
   bool hw_roi = true;  // cleared when the engines refused a region decode once
   unsigned engines = 0, cores = 0;
@@ -113,7 +128,9 @@ struct JpegStage::Nv {
   int next_dec = 0;
 
   ~Nv() {
-    if (cache) warn_cuda("cudaDeviceSynchronize", cudaDeviceSynchronize());  // nothing reads the cache's blocks
+    if (cache)
+      warn_cuda("cudaDeviceSynchronize",
+                cudaDeviceSynchronize());  // nothing reads the cache's blocks
     for (Dec& d : decs) {
       if (d.done) {
         if (d.pending) warn_cuda("cudaEventSynchronize", cudaEventSynchronize(d.done));
@@ -126,7 +143,8 @@ struct JpegStage::Nv {
       if (d.device) warn_nvjpeg("nvjpegBufferDeviceDestroy", nvjpegBufferDeviceDestroy(d.device));
     }
     if (dec) warn_nvjpeg("nvjpegDecoderDestroy", nvjpegDecoderDestroy(dec));
-    for (nvjpegDecodeParams_t p : hw_params) warn_nvjpeg("nvjpegDecodeParamsDestroy", nvjpegDecodeParamsDestroy(p));
+    for (nvjpegDecodeParams_t p : hw_params)
+      warn_nvjpeg("nvjpegDecodeParamsDestroy", nvjpegDecodeParamsDestroy(p));
     if (hw_probe) warn_nvjpeg("nvjpegJpegStreamDestroy", nvjpegJpegStreamDestroy(hw_probe));
     if (hw_state) warn_nvjpeg("nvjpegJpegStateDestroy", nvjpegJpegStateDestroy(hw_state));
     if (hw) warn_nvjpeg("nvjpegDestroy", nvjpegDestroy(hw));
@@ -160,7 +178,8 @@ struct JpegStage::Nv {
     if (want_hardware) {
       // The engines exist only on some GPUs (A100, H100, H200): a refusal here is normal.
       if (make_handle(NVJPEG_BACKEND_HARDWARE, &hw) == NVJPEG_STATUS_SUCCESS) {
-        if (nvjpegGetHardwareDecoderInfo(hw, &engines, &cores) != NVJPEG_STATUS_SUCCESS || engines == 0) {
+        if (nvjpegGetHardwareDecoderInfo(hw, &engines, &cores) != NVJPEG_STATUS_SUCCESS ||
+            engines == 0) {
           warn_nvjpeg("nvjpegDestroy", nvjpegDestroy(hw));
           hw = nullptr;
           engines = cores = 0;
@@ -191,10 +210,12 @@ struct JpegStage::Nv {
       CUDA_CHECK(cudaEventCreateWithFlags(&d.done, cudaEventDisableTiming));
     }
     log_info("nvjpeg: ",
-             hw ? "hardware JPEG engines (" + std::to_string(engines) + " engines, " + std::to_string(cores) +
+             hw ? "hardware JPEG engines (" + std::to_string(engines) + " engines, " +
+                      std::to_string(cores) +
                       " cores each), the hybrid decoder for what they refuse"
                 : std::string("hybrid decoder (no hardware JPEG engines in use)"),
-             cache ? "; its memory is cached and reused" : "; its memory comes from CUDA's allocators (KILN_NVJPEG_CACHE=0)");
+             cache ? "; its memory is cached and reused"
+                   : "; its memory comes from CUDA's allocators (KILN_NVJPEG_CACHE=0)");
   }
 };
 #else
@@ -220,7 +241,8 @@ bool JpegStage::available(const JpegStageOptions& o, std::string* why_not) {
       return;
     }
     nvjpegHandle_t h = nullptr;
-    const nvjpegStatus_t s = nvjpegCreateEx(NVJPEG_BACKEND_DEFAULT, nullptr, nullptr, NVJPEG_FLAGS_DEFAULT, &h);
+    const nvjpegStatus_t s =
+        nvjpegCreateEx(NVJPEG_BACKEND_DEFAULT, nullptr, nullptr, NVJPEG_FLAGS_DEFAULT, &h);
     if (s != NVJPEG_STATUS_SUCCESS) {
       reason = std::string("nvjpegCreateEx failed on this GPU: ") + nvjpeg_status_name(s);
       return;
@@ -233,8 +255,9 @@ bool JpegStage::available(const JpegStageOptions& o, std::string* why_not) {
   return true;
 #else
   (void)o;
-  return say("this kiln was built without nvJPEG (neither the CUDA toolkit nor .deps/nvjpeg had it; run "
-             "scripts/setup.sh and configure again)");
+  return say(
+      "this kiln was built without nvJPEG (neither the CUDA toolkit nor .deps/nvjpeg had it; run "
+      "scripts/setup.sh and configure again)");
 #endif
 }
 
@@ -255,12 +278,12 @@ JpegStage::JpegStage(const JpegStageOptions& o) : opts_(o) {
 JpegStage::~JpegStage() {
   if (pending_) warn_cuda("cudaEventSynchronize", cudaEventSynchronize(done_));
   nv_.reset();
-  for (void* p : {static_cast<void*>(host_descs_), static_cast<void*>(host_labels_), static_cast<void*>(host_pixels_),
-                  static_cast<void*>(bits_)}) {
+  for (void* p : {static_cast<void*>(host_descs_), static_cast<void*>(host_labels_),
+                  static_cast<void*>(host_pixels_), static_cast<void*>(bits_)}) {
     if (p) warn_cuda("cudaFreeHost", cudaFreeHost(p));
   }
-  for (void* p : {static_cast<void*>(dev_descs_), static_cast<void*>(dev_pixels_), static_cast<void*>(arena_),
-                  static_cast<void*>(pad_)}) {
+  for (void* p : {static_cast<void*>(dev_descs_), static_cast<void*>(dev_pixels_),
+                  static_cast<void*>(arena_), static_cast<void*>(pad_)}) {
     if (p) warn_cuda("cudaFree", cudaFree(p));
   }
   if (done_) warn_cuda("cudaEventDestroy", cudaEventDestroy(done_));
@@ -289,7 +312,8 @@ void JpegStage::finished(cudaStream_t stream) {
 
 void JpegStage::ensure_host_buffers(const EncodedBatch& b) {
   if (b.batch == batch_ && b.sample_bytes() == sample_bytes_) return;
-  for (void* p : {static_cast<void*>(host_descs_), static_cast<void*>(host_labels_), static_cast<void*>(host_pixels_)}) {
+  for (void* p : {static_cast<void*>(host_descs_), static_cast<void*>(host_labels_),
+                  static_cast<void*>(host_pixels_)}) {
     if (p) CUDA_CHECK(cudaFreeHost(p));
   }
   for (void* p : {static_cast<void*>(dev_descs_), static_cast<void*>(dev_pixels_)}) {
@@ -302,8 +326,10 @@ void JpegStage::ensure_host_buffers(const EncodedBatch& b) {
   sample_bytes_ = b.sample_bytes();
   const auto n = static_cast<size_t>(batch_);
   const auto px = static_cast<size_t>(batch_ * sample_bytes_);
-  CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&host_descs_), n * sizeof(SampleDesc), cudaHostAllocDefault));
-  CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&host_labels_), n * sizeof(int32_t), cudaHostAllocDefault));
+  CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&host_descs_), n * sizeof(SampleDesc),
+                           cudaHostAllocDefault));
+  CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&host_labels_), n * sizeof(int32_t),
+                           cudaHostAllocDefault));
   CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&host_pixels_), px, cudaHostAllocDefault));
   CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&dev_descs_), n * sizeof(SampleDesc)));
   CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&dev_pixels_), px));
@@ -320,7 +346,8 @@ uint8_t* JpegStage::arena_reserve(int64_t bytes, cudaStream_t stream, int64_t* o
     CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&grown), static_cast<size_t>(cap)));
     if (arena_) {
       if (arena_used_ > 0) {
-        CUDA_CHECK(cudaMemcpyAsync(grown, arena_, static_cast<size_t>(arena_used_), cudaMemcpyDeviceToDevice, stream));
+        CUDA_CHECK(cudaMemcpyAsync(grown, arena_, static_cast<size_t>(arena_used_),
+                                   cudaMemcpyDeviceToDevice, stream));
       }
       CUDA_CHECK(cudaStreamSynchronize(stream));
       CUDA_CHECK(cudaFree(arena_));
@@ -334,19 +361,23 @@ uint8_t* JpegStage::arena_reserve(int64_t bytes, cudaStream_t stream, int64_t* o
   return arena_ + *offset;
 }
 
-void JpegStage::host_sample(const EncodedBatch& b, int64_t k, bool decode, cudaStream_t stream, DecodeCounters& counts) {
+void JpegStage::host_sample(const EncodedBatch& b, int64_t k, bool decode, cudaStream_t stream,
+                            DecodeCounters& counts) {
   const auto t0 = std::chrono::steady_clock::now();
   const auto sb = static_cast<size_t>(sample_bytes_);
   uint8_t* pinned = host_pixels_ + static_cast<size_t>(k) * sb;
   if (decode) {
-    KILN_CHECK(static_cast<bool>(b.host_decode), InvalidArgument, "encoded batch: sample ", k, " ('",
-               b.images[static_cast<size_t>(k)].name, "') needs the host decoder, and the batch has no host_decode");
+    KILN_CHECK(static_cast<bool>(b.host_decode), InvalidArgument, "encoded batch: sample ", k,
+               " ('", b.images[static_cast<size_t>(k)].name,
+               "') needs the host decoder, and the batch has no host_decode");
     int32_t label = host_labels_[k];
     b.host_decode(k, pinned, &label);
     host_labels_[k] = label;
   } else {
-    KILN_CHECK(b.host_pixels.size() >= static_cast<size_t>(k + 1) * sb, InvalidArgument, "encoded batch: sample ", k,
-               " has no bytes, so its pixels are in host_pixels, which holds ", b.host_pixels.size(), " bytes");
+    KILN_CHECK(b.host_pixels.size() >= static_cast<size_t>(k + 1) * sb, InvalidArgument,
+               "encoded batch: sample ", k,
+               " has no bytes, so its pixels are in host_pixels, which holds ",
+               b.host_pixels.size(), " bytes");
     std::memcpy(pinned, b.host_pixels.data() + static_cast<size_t>(k) * sb, sb);
   }
   uint8_t* dev = dev_pixels_ + static_cast<size_t>(k) * sb;
@@ -360,23 +391,27 @@ JpegStage::Prepared JpegStage::prepare(const EncodedBatch& b, cudaStream_t strea
   try {
     return prepare_batch(b, stream);
   } catch (...) {
-    warn_cuda("cudaStreamSynchronize", cudaStreamSynchronize(stream));  // what was enqueued ends first
+    warn_cuda("cudaStreamSynchronize",
+              cudaStreamSynchronize(stream));  // what was enqueued ends first
     throw;
   }
 }
 
 JpegStage::Prepared JpegStage::prepare_batch(const EncodedBatch& b, cudaStream_t stream) {
-  KILN_CHECK(b.batch > 0 && b.size >= 0 && b.size <= b.batch && static_cast<int64_t>(b.images.size()) == b.size &&
+  KILN_CHECK(b.batch > 0 && b.size >= 0 && b.size <= b.batch &&
+                 static_cast<int64_t>(b.images.size()) == b.size &&
                  static_cast<int64_t>(b.labels.size()) == b.batch,
-             InvalidArgument, "encoded batch: ", b.size, " samples of ", b.batch, " with ", b.images.size(),
-             " images and ", b.labels.size(), " labels; it needs `size` images and `batch` labels");
+             InvalidArgument, "encoded batch: ", b.size, " samples of ", b.batch, " with ",
+             b.images.size(), " images and ", b.labels.size(),
+             " labels; it needs `size` images and `batch` labels");
   KILN_CHECK(b.channels == 1 || b.channels == 3, InvalidArgument, "encoded batch: ", b.channels,
              " channels; the GPU decoder writes 1 (grey) or 3 (RGB)");
   for (int64_t k = 0; k < b.size; ++k) {
     const SampleGeometry& g = b.images[static_cast<size_t>(k)].geometry;
-    KILN_CHECK(g.out_h() == b.height && g.out_w() == b.width, InvalidArgument, "encoded batch: sample ", k, " ('",
-               b.images[static_cast<size_t>(k)].name, "') has a ", g.out_h(), "x", g.out_w(), " geometry for ",
-               b.height, "x", b.width, " samples");
+    KILN_CHECK(g.out_h() == b.height && g.out_w() == b.width, InvalidArgument,
+               "encoded batch: sample ", k, " ('", b.images[static_cast<size_t>(k)].name,
+               "') has a ", g.out_h(), "x", g.out_w(), " geometry for ", b.height, "x", b.width,
+               " samples");
   }
   // The previous batch's kernel has read every buffer below (normally long ago).
   if (pending_) CUDA_CHECK(cudaEventSynchronize(done_));
@@ -411,12 +446,14 @@ JpegStage::Prepared JpegStage::prepare_batch(const EncodedBatch& b, cudaStream_t
     // The bitstreams, copied where they outlive the caller's batch (nvJPEG reads them
     // asynchronously); pinned, so the engines' uploads are direct.
     int64_t bits = 0;
-    for (int64_t k : jpegs) bits += align256(static_cast<int64_t>(b.images[static_cast<size_t>(k)].bytes.size()));
+    for (int64_t k : jpegs)
+      bits += align256(static_cast<int64_t>(b.images[static_cast<size_t>(k)].bytes.size()));
     if (bits > bits_cap_) {
       if (bits_) CUDA_CHECK(cudaFreeHost(bits_));
       bits_ = nullptr;
       bits_cap_ = align256(bits * 5 / 4);
-      CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&bits_), static_cast<size_t>(bits_cap_), cudaHostAllocDefault));
+      CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&bits_), static_cast<size_t>(bits_cap_),
+                               cudaHostAllocDefault));
     }
     std::vector<const unsigned char*> data(static_cast<size_t>(b.batch), nullptr);
     std::vector<size_t> length(static_cast<size_t>(b.batch), 0);
@@ -434,16 +471,17 @@ JpegStage::Prepared JpegStage::prepare_batch(const EncodedBatch& b, cudaStream_t
     if (nv.hw && nv.hw_params.size() < static_cast<size_t>(b.batch)) {
       const size_t have = nv.hw_params.size();
       nv.hw_params.resize(static_cast<size_t>(b.batch), nullptr);
-      for (size_t i = have; i < nv.hw_params.size(); ++i) NVJPEG_CHECK(nvjpegDecodeParamsCreate(nv.hw, &nv.hw_params[i]));
+      for (size_t i = have; i < nv.hw_params.size(); ++i)
+        NVJPEG_CHECK(nvjpegDecodeParamsCreate(nv.hw, &nv.hw_params[i]));
     }
     // Each image's window: the rows and columns its taps read, widened to whole 16-pixel
     // MCUs (so a region decode upsamples chroma from the same neighbours as a full one).
     struct Plan {
       int64_t k;
-      SampleDesc desc;  // axes, window, flip; src filled once the arena is final
+      SampleDesc desc;          // axes, window, flip; src filled once the arena is final
       int64_t top, left, h, w;  // the window decoded
-      bool roi;  // a region, not the whole image
-      bool empty;  // reads nothing: no decode
+      bool roi;                 // a region, not the whole image
+      bool empty;               // reads nothing: no decode
     };
     std::vector<Plan> hw_list, dec_list;
     auto to_host = [&](int64_t k) {
@@ -458,10 +496,12 @@ JpegStage::Prepared JpegStage::prepare_batch(const EncodedBatch& b, cudaStream_t
       nvjpegHandle_t ph = nv.hw ? nv.hw : nv.gen;
       nvjpegJpegStream_t ps = nv.hw ? nv.hw_probe : nv.decs[0].stream;
       unsigned width = 0, height = 0, comps = 0;
-      if (!ends_with_eoi(im.bytes) || !NVJPEG_TRY(nvjpegJpegStreamParseHeader(ph, data[k], length[k], ps), im.name) ||
+      if (!ends_with_eoi(im.bytes) ||
+          !NVJPEG_TRY(nvjpegJpegStreamParseHeader(ph, data[k], length[k], ps), im.name) ||
           !NVJPEG_TRY(nvjpegJpegStreamGetFrameDimensions(ps, &width, &height), im.name) ||
-          !NVJPEG_TRY(nvjpegJpegStreamGetComponentsNum(ps, &comps), im.name) || (comps != 1 && comps != 3) ||
-          static_cast<int64_t>(height) != g.src_h || static_cast<int64_t>(width) != g.src_w) {
+          !NVJPEG_TRY(nvjpegJpegStreamGetComponentsNum(ps, &comps), im.name) ||
+          (comps != 1 && comps != 3) || static_cast<int64_t>(height) != g.src_h ||
+          static_cast<int64_t>(width) != g.src_w) {
         // CMYK / YCCK (4 components: kiln's host decoder converts them as PIL does), or a
         // header that disagrees with the one the geometry was drawn from.
         to_host(k);
@@ -482,7 +522,8 @@ JpegStage::Prepared JpegStage::prepare_batch(const EncodedBatch& b, cudaStream_t
       }
       if (opts_.roi) {
         y0 = y0 / 16 * 16, x0 = x0 / 16 * 16;
-        y1 = std::min<int64_t>(g.src_h, (y1 + 15) / 16 * 16), x1 = std::min<int64_t>(g.src_w, (x1 + 15) / 16 * 16);
+        y1 = std::min<int64_t>(g.src_h, (y1 + 15) / 16 * 16),
+        x1 = std::min<int64_t>(g.src_w, (x1 + 15) / 16 * 16);
       } else {
         y0 = x0 = 0, y1 = g.src_h, x1 = g.src_w;
       }
@@ -492,11 +533,13 @@ JpegStage::Prepared JpegStage::prepare_batch(const EncodedBatch& b, cudaStream_t
         int sup = 1;
         if (p.roi && nv.hw_roi) {
           nvjpegDecodeParams_t prm = nv.hw_params[static_cast<size_t>(k)];
-          hw_ok = NVJPEG_TRY(nvjpegDecodeParamsSetOutputFormat(prm, format), im.name) &&
-                  NVJPEG_TRY(nvjpegDecodeParamsSetROI(prm, static_cast<int>(x0), static_cast<int>(y0),
-                                                      static_cast<int>(x1 - x0), static_cast<int>(y1 - y0)),
-                             im.name) &&
-                  NVJPEG_TRY(nvjpegDecodeBatchedSupportedEx(nv.hw, ps, prm, &sup), im.name) && sup == 0;
+          hw_ok =
+              NVJPEG_TRY(nvjpegDecodeParamsSetOutputFormat(prm, format), im.name) &&
+              NVJPEG_TRY(
+                  nvjpegDecodeParamsSetROI(prm, static_cast<int>(x0), static_cast<int>(y0),
+                                           static_cast<int>(x1 - x0), static_cast<int>(y1 - y0)),
+                  im.name) &&
+              NVJPEG_TRY(nvjpegDecodeBatchedSupportedEx(nv.hw, ps, prm, &sup), im.name) && sup == 0;
         }
         if (!hw_ok) {
           // The engines without a region (or not at all): the whole image.
@@ -581,25 +624,30 @@ JpegStage::Prepared JpegStage::prepare_batch(const EncodedBatch& b, cudaStream_t
       bool ok = true;
       if (nv.hw_batch != full || nv.hw_format != format) {
         const int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-        ok = NVJPEG_TRY(nvjpegDecodeBatchedInitialize(nv.hw, nv.hw_state, full, threads, format), "the batch");
+        ok = NVJPEG_TRY(nvjpegDecodeBatchedInitialize(nv.hw, nv.hw_state, full, threads, format),
+                        "the batch");
         nv.hw_batch = ok ? full : -1;
         nv.hw_format = format;
       }
       if (ok) {
         const auto t_call = std::chrono::steady_clock::now();
         const nvjpegStatus_t s =
-            any_roi ? nvjpegDecodeBatchedEx(nv.hw, nv.hw_state, hd.data(), hl.data(), dst.data(), prm.data(), stream)
-                    : nvjpegDecodeBatched(nv.hw, nv.hw_state, hd.data(), hl.data(), dst.data(), stream);
+            any_roi
+                ? nvjpegDecodeBatchedEx(nv.hw, nv.hw_state, hd.data(), hl.data(), dst.data(),
+                                        prm.data(), stream)
+                : nvjpegDecodeBatched(nv.hw, nv.hw_state, hd.data(), hl.data(), dst.data(), stream);
         out.counts.engine_call_seconds += seconds_since(t_call);
         ok = s == NVJPEG_STATUS_SUCCESS;
         if (!ok && any_roi) {
           // A region decode the engines said they take and then refused: whole images on the
           // engines from now on, and this batch through the hybrid decoder.
-          log_warn("nvjpeg: the hardware engines refused a region decode (", nvjpeg_status_name(s),
-                   "); decoding whole images from now on (KILN_NVJPEG_ROI=0 does so from the start)");
+          log_warn(
+              "nvjpeg: the hardware engines refused a region decode (", nvjpeg_status_name(s),
+              "); decoding whole images from now on (KILN_NVJPEG_ROI=0 does so from the start)");
           nv.hw_roi = false;
         } else if (!ok) {
-          log_warn("nvjpeg: a batched hardware decode of ", n, " images failed (", nvjpeg_status_name(s),
+          log_warn("nvjpeg: a batched hardware decode of ", n, " images failed (",
+                   nvjpeg_status_name(s),
                    "); this batch goes through the hybrid decoder, image by image");
         }
       }
@@ -629,10 +677,13 @@ JpegStage::Prepared JpegStage::prepare_batch(const EncodedBatch& b, cudaStream_t
       int sup = 1;
       bool moved = false;  // the window differs from the one planned
       if (ok && p.roi) {
-        ok = NVJPEG_TRY(nvjpegDecodeParamsSetROI(d.params, static_cast<int>(p.left), static_cast<int>(p.top),
-                                                 static_cast<int>(p.w), static_cast<int>(p.h)),
-                        im.name);
-        if (ok && !(NVJPEG_TRY(nvjpegDecoderJpegSupported(nv.dec, d.stream, d.params, &sup), im.name) && sup == 0)) {
+        ok = NVJPEG_TRY(
+            nvjpegDecodeParamsSetROI(d.params, static_cast<int>(p.left), static_cast<int>(p.top),
+                                     static_cast<int>(p.w), static_cast<int>(p.h)),
+            im.name);
+        if (ok &&
+            !(NVJPEG_TRY(nvjpegDecoderJpegSupported(nv.dec, d.stream, d.params, &sup), im.name) &&
+              sup == 0)) {
           p.roi = false;  // no region for this one: the whole image, in a new place
           p.top = p.left = 0, p.h = im.geometry.src_h, p.w = im.geometry.src_w;
           moved = true;
@@ -640,7 +691,8 @@ JpegStage::Prepared JpegStage::prepare_batch(const EncodedBatch& b, cudaStream_t
       }
       if (ok && !p.roi) {
         ok = NVJPEG_TRY(nvjpegDecodeParamsSetROI(d.params, 0, 0, -1, -1), im.name) &&
-             NVJPEG_TRY(nvjpegDecoderJpegSupported(nv.dec, d.stream, d.params, &sup), im.name) && sup == 0;
+             NVJPEG_TRY(nvjpegDecoderJpegSupported(nv.dec, d.stream, d.params, &sup), im.name) &&
+             sup == 0;
       }
       if (!ok) {
         to_host(p.k);
@@ -658,7 +710,8 @@ JpegStage::Prepared JpegStage::prepare_batch(const EncodedBatch& b, cudaStream_t
       dst.channel[0] = arena_ + off;
       dst.pitch[0] = static_cast<size_t>(p.w * b.channels);
       ok = NVJPEG_TRY(nvjpegDecodeJpegHost(nv.gen, nv.dec, d.state, d.params, d.stream), im.name) &&
-           NVJPEG_TRY(nvjpegDecodeJpegTransferToDevice(nv.gen, nv.dec, d.state, d.stream, stream), im.name) &&
+           NVJPEG_TRY(nvjpegDecodeJpegTransferToDevice(nv.gen, nv.dec, d.state, d.stream, stream),
+                      im.name) &&
            NVJPEG_TRY(nvjpegDecodeJpegDevice(nv.gen, nv.dec, d.state, &dst, stream), im.name);
       CUDA_CHECK(cudaEventRecord(d.done, stream));
       d.pending = true;
@@ -676,7 +729,8 @@ JpegStage::Prepared JpegStage::prepare_batch(const EncodedBatch& b, cudaStream_t
     const int64_t off = arena_offset_[static_cast<size_t>(k)];
     if (off >= 0) host_descs_[k].src = arena_ + off;
   }
-  CUDA_CHECK(cudaMemcpyAsync(dev_descs_, host_descs_, static_cast<size_t>(b.batch) * sizeof(SampleDesc),
+  CUDA_CHECK(cudaMemcpyAsync(dev_descs_, host_descs_,
+                             static_cast<size_t>(b.batch) * sizeof(SampleDesc),
                              cudaMemcpyHostToDevice, stream));
   out.descs = dev_descs_;
   out.labels = host_labels_;

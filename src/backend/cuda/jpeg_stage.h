@@ -44,8 +44,9 @@ class JpegStage {
 
   struct Prepared {
     const SampleDesc* descs = nullptr;  // device, batch.batch entries, ready on `stream`
-    const int32_t* labels = nullptr;    // pinned host, batch.batch entries (host_decode may replace some)
-    DecodeCounters counts;              // this batch's images by path
+    const int32_t* labels =
+        nullptr;            // pinned host, batch.batch entries (host_decode may replace some)
+    DecodeCounters counts;  // this batch's images by path
   };
   // Enqueues the decodes of `batch` and the descriptors' upload on `stream`; returns before
   // the device is done. The caller then launches launch_stage_samples and calls finished().
@@ -61,7 +62,8 @@ class JpegStage {
   Prepared prepare_batch(const EncodedBatch& batch, cudaStream_t stream);
   void ensure_host_buffers(const EncodedBatch& batch);
   uint8_t* arena_reserve(int64_t bytes, cudaStream_t stream, int64_t* offset);
-  void host_sample(const EncodedBatch& batch, int64_t k, bool decode, cudaStream_t stream, DecodeCounters& counts);
+  void host_sample(const EncodedBatch& batch, int64_t k, bool decode, cudaStream_t stream,
+                   DecodeCounters& counts);
 
   JpegStageOptions opts_;
   std::unique_ptr<Nv> nv_;

@@ -169,12 +169,14 @@ KernelPtr make_softmax_ce(const Node& n, Context& ctx, int stream) {
     expect_numel(ctx, n, mix, 8, "mix (mix_batch's step parameters)");
   }
   const float* mixp = mix != kNoTensor ? ctx.ptr<float>(mix) : nullptr;
-  const TensorId loss = need_out(n, 0, "loss"), correct = need_out(n, 1, "correct"), dz = out_at(n, 2);
+  const TensorId loss = need_out(n, 0, "loss"), correct = need_out(n, 1, "correct"),
+                 dz = out_at(n, 2);
   const DType dt = expect_float(ctx, n, z, "logits");
   expect_rank(ctx, n, z, 2, "logits [N, classes]");
   expect_dtype(ctx, n, labels, DType::I32, "labels");
   const int64_t N = ctx.tensor(z).shape[0], K = ctx.tensor(z).shape[1];
-  KILN_CHECK(N > 0 && K > 0, Shape, "softmax_ce node '", n.label, "': logits ", ctx.tensor(z).shape.str(), " are empty");
+  KILN_CHECK(N > 0 && K > 0, Shape, "softmax_ce node '", n.label, "': logits ",
+             ctx.tensor(z).shape.str(), " are empty");
   expect_numel(ctx, n, labels, N, "labels [N]");
   const DevScalar sc = dev_scalar(ctx, n, scale, "loss_scale");
   expect_dtype(ctx, n, loss, DType::F32, "loss");
@@ -191,8 +193,8 @@ KernelPtr make_softmax_ce(const Node& n, Context& ctx, int stream) {
   int32_t* cp = ctx.ptr<int32_t>(correct);
   void* dzp = ctx.ptr(dz);
   const double eps = n.attrs.label_smoothing;
-  KILN_CHECK(eps >= 0.0 && eps < 1.0, InvalidArgument, "softmax_ce node '", n.label, "': label smoothing ", eps,
-             " is outside [0, 1)");
+  KILN_CHECK(eps >= 0.0 && eps < 1.0, InvalidArgument, "softmax_ce node '", n.label,
+             "': label smoothing ", eps, " is outside [0, 1)");
   KernelPtr k;
   KILN_DISPATCH_FLOAT(dt, T, {
     k = make_fn(stream, [=](Context& c, cudaStream_t s) {

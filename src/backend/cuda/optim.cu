@@ -20,14 +20,16 @@ struct StepScalars {
   DevScalar coef;        // grad_norm's clip factor (absent: 1)
 };
 
-__device__ __forceinline__ bool skipped(const StepScalars& s) { return load_scalar(s.overflow, 0.0) != 0.0; }
+__device__ __forceinline__ bool skipped(const StepScalars& s) {
+  return load_scalar(s.overflow, 0.0) != 0.0;
+}
 __device__ __forceinline__ float inv_scale(const StepScalars& s) {
   return formula::inv_loss_scale(static_cast<float>(load_scalar(s.scale, 1.0)), s.average,
                                  static_cast<float>(load_scalar(s.coef, 1.0)));
 }
 
-__global__ void sgd_kernel(const float* w, const float* g, const float* m, float* wo, float* mo, int64_t count,
-                           float mom, float wd, bool nesterov, StepScalars sc) {
+__global__ void sgd_kernel(const float* w, const float* g, const float* m, float* wo, float* mo,
+                           int64_t count, float mom, float wd, bool nesterov, StepScalars sc) {
   if (skipped(sc)) return;
   const float lr = static_cast<float>(load_scalar(sc.lr, 0.0));
   const float inv = inv_scale(sc);
@@ -43,8 +45,9 @@ struct AdamAttrs {
   float beta1, beta2, eps, wd;
 };
 
-__global__ void adamw_kernel(const float* w, const float* g, const float* m, const float* v, float* wo, float* mo,
-                             float* vo, int64_t count, AdamAttrs a, StepScalars sc, DevScalar step) {
+__global__ void adamw_kernel(const float* w, const float* g, const float* m, const float* v,
+                             float* wo, float* mo, float* vo, int64_t count, AdamAttrs a,
+                             StepScalars sc, DevScalar step) {
   if (skipped(sc)) return;
   const float lr = static_cast<float>(load_scalar(sc.lr, 0.0));
   const float inv = inv_scale(sc);
@@ -59,7 +62,8 @@ __global__ void adamw_kernel(const float* w, const float* g, const float* m, con
 }
 
 // LARS pass 1: per-block partial sums of ||w||^2 and ||g / scale||^2, in double.
-__global__ void lars_norms_kernel(const float* w, const float* g, int64_t count, StepScalars sc, double2* partial) {
+__global__ void lars_norms_kernel(const float* w, const float* g, int64_t count, StepScalars sc,
+                                  double2* partial) {
   const double inv = static_cast<double>(inv_scale(sc));
   double ww = 0.0, gg = 0.0;
   KILN_GRID_STRIDE(i, count) {
@@ -88,9 +92,10 @@ __global__ void lars_norms_kernel(const float* w, const float* g, int64_t count,
   }
 }
 
-__global__ void lars_update_kernel(const float* w, const float* g, const float* m, float* wo, float* mo,
-                                   int64_t count, float mom, float wd, float eta, bool nesterov, StepScalars sc,
-                                   const double2* partial, int blocks) {
+__global__ void lars_update_kernel(const float* w, const float* g, const float* m, float* wo,
+                                   float* mo, int64_t count, float mom, float wd, float eta,
+                                   bool nesterov, StepScalars sc, const double2* partial,
+                                   int blocks) {
   if (skipped(sc)) return;
   __shared__ float trust_s;
   if (threadIdx.x == 0) {
@@ -112,8 +117,8 @@ __global__ void lars_update_kernel(const float* w, const float* g, const float* 
 }
 
 // grad_norm pass 1: per-block partial sums of (g * average / scale)^2, in double as the CPU.
-__global__ void grad_norm_partial_kernel(const float* g, int64_t count, DevScalar scale, double average,
-                                         double* partial) {
+__global__ void grad_norm_partial_kernel(const float* g, int64_t count, DevScalar scale,
+                                         double average, double* partial) {
   const double inv = average / load_scalar(scale, 1.0);
   double ss = 0.0;
   KILN_GRID_STRIDE(i, count) {
@@ -133,7 +138,8 @@ __global__ void grad_norm_partial_kernel(const float* g, int64_t count, DevScala
 }
 
 // grad_norm pass 2 (one thread, fixed order): coef = min(1, max / (norm + 1e-6)), NaN kept.
-__global__ void grad_norm_finish_kernel(const double* partial, int blocks, double max_norm, DevScalar coef) {
+__global__ void grad_norm_finish_kernel(const double* partial, int blocks, double max_norm,
+                                        DevScalar coef) {
   double ss = 0.0;
   for (int b = 0; b < blocks; ++b) ss += partial[b];
   store_scalar(coef, formula::clip_coef(ss, max_norm));
@@ -144,7 +150,8 @@ __global__ void step_count_kernel(DevScalar overflow, DevScalar count, DevScalar
   store_scalar(out, load_scalar(overflow, 0.0) != 0.0 ? k : k + 1.0);
 }
 
-__global__ void ema_kernel(const float* w, float* e, int64_t count, float d, float one_minus_d, DevScalar overflow) {
+__global__ void ema_kernel(const float* w, float* e, int64_t count, float d, float one_minus_d,
+                           DevScalar overflow) {
   if (load_scalar(overflow, 0.0) != 0.0) return;
   KILN_GRID_STRIDE(i, count) e[i] = formula::ema_update(e[i], w[i], d, one_minus_d);
 }
@@ -155,10 +162,11 @@ float* region_f32(Context& ctx, const Node& n, TensorId id, int64_t count, const
   return ctx.ptr<float>(id);
 }
 
-StepScalars step_scalars(Context& ctx, const Node& n, TensorId lr, TensorId scale, TensorId overflow,
-                         TensorId coef) {
-  return {dev_scalar(ctx, n, lr, "lr"), dev_scalar(ctx, n, scale, "loss_scale"), dev_scalar(ctx, n, overflow, "overflow"),
-          n.attrs.grad_average, dev_scalar(ctx, n, coef, "clip_coef")};
+StepScalars step_scalars(Context& ctx, const Node& n, TensorId lr, TensorId scale,
+                         TensorId overflow, TensorId coef) {
+  return {dev_scalar(ctx, n, lr, "lr"), dev_scalar(ctx, n, scale, "loss_scale"),
+          dev_scalar(ctx, n, overflow, "overflow"), n.attrs.grad_average,
+          dev_scalar(ctx, n, coef, "clip_coef")};
 }
 
 }  // namespace
@@ -166,11 +174,12 @@ StepScalars step_scalars(Context& ctx, const Node& n, TensorId lr, TensorId scal
 // "w, g, m, lr, loss_scale, overflow, [clip_coef] -> w, m"
 KernelPtr make_sgd(const Node& n, Context& ctx, int stream) {
   reject_accumulate(ctx, n);
-  const TensorId w = need_in(n, 0, "w"), g = need_in(n, 1, "g"), m = in_at(n, 2), lr = need_in(n, 3, "lr");
+  const TensorId w = need_in(n, 0, "w"), g = need_in(n, 1, "g"), m = in_at(n, 2),
+                 lr = need_in(n, 3, "lr");
   const int64_t count = ctx.tensor(w).numel();
   const Attrs& a = n.attrs;
-  KILN_CHECK(m != kNoTensor || a.momentum == 0.0f, InvalidArgument, "sgd node '", n.label, "': momentum ", a.momentum,
-             " needs the moment tensor (input 2)");
+  KILN_CHECK(m != kNoTensor || a.momentum == 0.0f, InvalidArgument, "sgd node '", n.label,
+             "': momentum ", a.momentum, " needs the moment tensor (input 2)");
   const float* wp = region_f32(ctx, n, w, count, "w");
   const float* gp = region_f32(ctx, n, g, count, "g");
   const float* mp = m != kNoTensor ? region_f32(ctx, n, m, count, "m") : nullptr;
@@ -189,8 +198,8 @@ KernelPtr make_sgd(const Node& n, Context& ctx, int stream) {
 // "w, g, m, v, lr, loss_scale, overflow, step, [clip_coef] -> w, m, v"
 KernelPtr make_adamw(const Node& n, Context& ctx, int stream) {
   reject_accumulate(ctx, n);
-  const TensorId w = need_in(n, 0, "w"), g = need_in(n, 1, "g"), m = need_in(n, 2, "m"), v = need_in(n, 3, "v"),
-                 lr = need_in(n, 4, "lr"), step = need_in(n, 7, "step");
+  const TensorId w = need_in(n, 0, "w"), g = need_in(n, 1, "g"), m = need_in(n, 2, "m"),
+                 v = need_in(n, 3, "v"), lr = need_in(n, 4, "lr"), step = need_in(n, 7, "step");
   const int64_t count = ctx.tensor(w).numel();
   const float* wp = region_f32(ctx, n, w, count, "w");
   const float* gp = region_f32(ctx, n, g, count, "g");
@@ -212,7 +221,8 @@ KernelPtr make_adamw(const Node& n, Context& ctx, int stream) {
 // "w, g, m, lr, loss_scale, overflow -> w, m": one parameter per node (see cpu/optim.cpp).
 KernelPtr make_lars(const Node& n, Context& ctx, int stream) {
   reject_accumulate(ctx, n);
-  const TensorId w = need_in(n, 0, "w"), g = need_in(n, 1, "g"), m = need_in(n, 2, "m"), lr = need_in(n, 3, "lr");
+  const TensorId w = need_in(n, 0, "w"), g = need_in(n, 1, "g"), m = need_in(n, 2, "m"),
+                 lr = need_in(n, 3, "lr");
   const int64_t count = ctx.tensor(w).numel();
   const float* wp = region_f32(ctx, n, w, count, "w");
   const float* gp = region_f32(ctx, n, g, count, "g");
@@ -227,8 +237,9 @@ KernelPtr make_lars(const Node& n, Context& ctx, int stream) {
     auto* partial = static_cast<double2*>(c.streams[static_cast<size_t>(stream)].workspace);
     lars_norms_kernel<<<grid, kThreads, 0, s>>>(wp, gp, count, sc, partial);
     KILN_LAUNCH_CHECK("lars norms");
-    lars_update_kernel<<<grid, kThreads, 0, s>>>(wp, gp, mp, wo, mo, count, a.momentum, a.weight_decay, a.lars_eta,
-                                                 a.nesterov, sc, partial, static_cast<int>(grid));
+    lars_update_kernel<<<grid, kThreads, 0, s>>>(wp, gp, mp, wo, mo, count, a.momentum,
+                                                 a.weight_decay, a.lars_eta, a.nesterov, sc,
+                                                 partial, static_cast<int>(grid));
     KILN_LAUNCH_CHECK("lars update");
   });
 }
@@ -243,7 +254,8 @@ KernelPtr make_grad_norm(const Node& n, Context& ctx, int stream) {
   expect_dtype(ctx, n, coef, DType::F32, "clip_coef");
   const DevScalar co = dev_scalar(ctx, n, coef, "clip_coef");
   const double max_norm = n.attrs.max_norm, average = n.attrs.grad_average;
-  KILN_CHECK(max_norm > 0.0, InvalidArgument, "grad_norm node '", n.label, "': max_norm must be > 0, is ", max_norm);
+  KILN_CHECK(max_norm > 0.0, InvalidArgument, "grad_norm node '", n.label,
+             "': max_norm must be > 0, is ", max_norm);
   const unsigned grid = std::min<unsigned>(grid_for(ctx, count, kThreads), 1024u);
   ctx.need_workspace(stream, sizeof(double) * grid);
   return make_fn(stream, [=](Context& c, cudaStream_t s) {
@@ -262,7 +274,8 @@ KernelPtr make_step_count(const Node& n, Context& ctx, int stream) {
   const TensorId out = out_or(n, 0, count);
   expect_dtype(ctx, n, count, DType::I32, "count");
   expect_dtype(ctx, n, out, DType::I32, "count (out)");
-  const DevScalar ov = dev_scalar(ctx, n, in_at(n, 0), "overflow"), k = dev_scalar(ctx, n, count, "count"),
+  const DevScalar ov = dev_scalar(ctx, n, in_at(n, 0), "overflow"),
+                  k = dev_scalar(ctx, n, count, "count"),
                   ko = dev_scalar(ctx, n, out, "count (out)");
   return make_fn(stream, [=](Context&, cudaStream_t s) {
     step_count_kernel<<<1, 1, 0, s>>>(ov, k, ko);

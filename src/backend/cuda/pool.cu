@@ -18,8 +18,12 @@ namespace {
 
 constexpr int kThreads = 256;
 
-__device__ __forceinline__ int64_t imax(int64_t a, int64_t b) { return a > b ? a : b; }
-__device__ __forceinline__ int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
+__device__ __forceinline__ int64_t imax(int64_t a, int64_t b) {
+  return a > b ? a : b;
+}
+__device__ __forceinline__ int64_t imin(int64_t a, int64_t b) {
+  return a < b ? a : b;
+}
 
 struct PoolDims {
   int64_t n, h, w, c;  // input
@@ -59,7 +63,8 @@ __global__ void maxpool_fwd_kernel(const T* x, T* y, int32_t* argmax, PoolDims d
 }
 
 // Output rows / columns whose window covers input row i: oh with oh*s - p <= i < oh*s - p + k.
-__device__ __forceinline__ void covering(int64_t i, int k, int s, int p, int64_t out, int64_t* lo, int64_t* hi) {
+__device__ __forceinline__ void covering(int64_t i, int k, int s, int p, int64_t out, int64_t* lo,
+                                         int64_t* hi) {
   const int64_t num = i + p - k + 1;
   *lo = num <= 0 ? 0 : (num + s - 1) / s;
   *hi = imin((i + p) / s, out - 1);
@@ -129,7 +134,8 @@ __device__ __forceinline__ void load_argmax(const int32_t* argmax, int64_t o, in
 }
 
 template <typename T>
-__global__ void maxpool_fwd_vec(const uint4* x, uint4* y, int32_t* argmax, int total, PoolDims32 d) {
+__global__ void maxpool_fwd_vec(const uint4* x, uint4* y, int32_t* argmax, int total,
+                                PoolDims32 d) {
   constexpr int V = kVec<T>;
   for (int o = blockIdx.x * blockDim.x + threadIdx.x; o < total; o += gridDim.x * blockDim.x) {
     const auto [b, oh, ow, cvec] = out_pos(o, d);
@@ -172,7 +178,8 @@ __global__ void maxpool_fwd_vec(const uint4* x, uint4* y, int32_t* argmax, int t
 }
 
 template <typename T>
-__global__ void maxpool_bwd_vec(const uint4* dy, const int32_t* argmax, uint4* dx, int total, PoolDims32 d) {
+__global__ void maxpool_bwd_vec(const uint4* dy, const int32_t* argmax, uint4* dx, int total,
+                                PoolDims32 d) {
   constexpr int V = kVec<T>;
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
     const int cvec = i % d.cv;
@@ -217,7 +224,8 @@ __global__ void maxpool_bwd_vec(const uint4* dy, const int32_t* argmax, uint4* d
 // VGG16-BN's AMP step on the H200, at 2.1 TB/s). The value is maxpool_bwd_vec's own, 0 + g,
 // so the bits are the same (a -0 gradient becomes +0 in both).
 template <typename T>
-__global__ void maxpool_bwd_tiled(const uint4* dy, const int32_t* argmax, uint4* dx, int total, PoolDims32 d) {
+__global__ void maxpool_bwd_tiled(const uint4* dy, const int32_t* argmax, uint4* dx, int total,
+                                  PoolDims32 d) {
   constexpr int V = kVec<T>;
   for (int o = blockIdx.x * blockDim.x + threadIdx.x; o < total; o += gridDim.x * blockDim.x) {
     const auto [b, oh, ow, cvec] = out_pos(o, d);
@@ -241,13 +249,22 @@ __global__ void maxpool_bwd_tiled(const uint4* dy, const int32_t* argmax, uint4*
 }
 
 // The vector form applies: C a multiple of V, 16-byte aligned maps, every index within int.
-bool pool_vec(const Context& ctx, const PoolDims& d, DType dt, std::initializer_list<const void*> ptrs,
-              PoolDims32* out) {
+bool pool_vec(const Context& ctx, const PoolDims& d, DType dt,
+              std::initializer_list<const void*> ptrs, PoolDims32* out) {
   const int v = dt == DType::F32 ? 4 : 8;
   const int64_t big = std::max(d.n * d.h * d.w * d.c, d.n * d.p * d.q * d.c);
   if (d.c % v != 0 || big >= (int64_t{1} << 31) || !vec_fits(ctx.opts, big, v, ptrs)) return false;
-  *out = {static_cast<int>(d.h), static_cast<int>(d.w), static_cast<int>(d.c / v), static_cast<int>(d.p),
-          static_cast<int>(d.q), d.kh, d.kw, d.sh, d.sw, d.ph, d.pw};
+  *out = {static_cast<int>(d.h),
+          static_cast<int>(d.w),
+          static_cast<int>(d.c / v),
+          static_cast<int>(d.p),
+          static_cast<int>(d.q),
+          d.kh,
+          d.kw,
+          d.sh,
+          d.sw,
+          d.ph,
+          d.pw};
   return true;
 }
 
@@ -333,30 +350,31 @@ PoolDims pool_dims(const Context& ctx, const Node& n, TensorId x, TensorId y) {
   expect_same_dtype(ctx, n, x, y);
   const Nhwc xs = nhwc_of(ctx, n, x, "x"), ys = nhwc_of(ctx, n, y, "y");
   const Attrs& a = n.attrs;
-  KILN_CHECK(a.kh >= 1 && a.kw >= 1 && a.sh >= 1 && a.sw >= 1 && a.ph >= 0 && a.pw >= 0 && 2 * a.ph <= a.kh &&
-                 2 * a.pw <= a.kw,
-             Shape, op_name(n.op), " node '", n.label, "': kernel ", a.kh, "x", a.kw, ", stride ", a.sh, "x", a.sw,
-             ", padding ", a.ph, "x", a.pw, " is not a valid pooling (padding at most half the kernel, as PyTorch)");
+  KILN_CHECK(a.kh >= 1 && a.kw >= 1 && a.sh >= 1 && a.sw >= 1 && a.ph >= 0 && a.pw >= 0 &&
+                 2 * a.ph <= a.kh && 2 * a.pw <= a.kw,
+             Shape, op_name(n.op), " node '", n.label, "': kernel ", a.kh, "x", a.kw, ", stride ",
+             a.sh, "x", a.sw, ", padding ", a.ph, "x", a.pw,
+             " is not a valid pooling (padding at most half the kernel, as PyTorch)");
   const int64_t p = (xs.h + 2 * a.ph - a.kh) / a.sh + 1, q = (xs.w + 2 * a.pw - a.kw) / a.sw + 1;
-  KILN_CHECK(xs.h + 2 * a.ph >= a.kh && xs.w + 2 * a.pw >= a.kw && p == ys.h && q == ys.w && xs.n == ys.n &&
-                 xs.c == ys.c,
-             Shape, op_name(n.op), " node '", n.label, "': pooling ", a.kh, "x", a.kw, "/", a.sh, " pad ", a.ph,
-             " over ", ctx.tensor(x).shape.str(), " gives [", xs.n, ", ", p, ", ", q, ", ", xs.c, "], but the output is ",
-             ctx.tensor(y).shape.str());
+  KILN_CHECK(xs.h + 2 * a.ph >= a.kh && xs.w + 2 * a.pw >= a.kw && p == ys.h && q == ys.w &&
+                 xs.n == ys.n && xs.c == ys.c,
+             Shape, op_name(n.op), " node '", n.label, "': pooling ", a.kh, "x", a.kw, "/", a.sh,
+             " pad ", a.ph, " over ", ctx.tensor(x).shape.str(), " gives [", xs.n, ", ", p, ", ", q,
+             ", ", xs.c, "], but the output is ", ctx.tensor(y).shape.str());
   return {xs.n, xs.h, xs.w, xs.c, p, q, a.kh, a.kw, a.sh, a.sw, a.ph, a.pw, a.count_include_pad};
 }
 
 }  // namespace
 
-#define KILN_POOL_LAUNCH(kernel, count, ...)                                   \
-  KernelPtr k;                                                                 \
-  const unsigned grid = grid_for(ctx, (count), kThreads);                      \
-  KILN_DISPATCH_FLOAT(dt, T, {                                                 \
-    k = make_fn(stream, [=](Context&, cudaStream_t s) {                        \
-      kernel<T><<<grid, kThreads, 0, s>>>(__VA_ARGS__);                        \
-      KILN_LAUNCH_CHECK(#kernel);                                              \
-    });                                                                        \
-  });                                                                          \
+#define KILN_POOL_LAUNCH(kernel, count, ...)              \
+  KernelPtr k;                                            \
+  const unsigned grid = grid_for(ctx, (count), kThreads); \
+  KILN_DISPATCH_FLOAT(dt, T, {                            \
+    k = make_fn(stream, [=](Context&, cudaStream_t s) {   \
+      kernel<T><<<grid, kThreads, 0, s>>>(__VA_ARGS__);   \
+      KILN_LAUNCH_CHECK(#kernel);                         \
+    });                                                   \
+  });                                                     \
   return k
 
 // "x -> y, [argmax]"
@@ -376,13 +394,15 @@ KernelPtr make_maxpool_fwd(const Node& n, Context& ctx, int stream) {
     KernelPtr k;
     KILN_DISPATCH_FLOAT(dt, T, {
       k = make_fn(stream, [=](Context&, cudaStream_t s) {
-        maxpool_fwd_vec<T><<<grid, kThreads, 0, s>>>(static_cast<const uint4*>(xp), static_cast<uint4*>(yp), ap, total, v);
+        maxpool_fwd_vec<T><<<grid, kThreads, 0, s>>>(static_cast<const uint4*>(xp),
+                                                     static_cast<uint4*>(yp), ap, total, v);
         KILN_LAUNCH_CHECK("maxpool_fwd (vec)");
       });
     });
     return k;
   }
-  KILN_POOL_LAUNCH(maxpool_fwd_kernel, d.n * d.p * d.q * d.c, static_cast<const T*>(xp), static_cast<T*>(yp), ap, d);
+  KILN_POOL_LAUNCH(maxpool_fwd_kernel, d.n * d.p * d.q * d.c, static_cast<const T*>(xp),
+                   static_cast<T*>(yp), ap, d);
 }
 
 // "dy, argmax -> dx"
@@ -396,15 +416,16 @@ KernelPtr make_maxpool_bwd(const Node& n, Context& ctx, int stream) {
   const int32_t* ap = ctx.ptr<int32_t>(am);
   void* dxp = ctx.ptr(dx);
   PoolDims32 v{};
-  const bool tiles = d.ph == 0 && d.pw == 0 && d.kh == d.sh && d.kw == d.sw && d.h == d.p * d.sh && d.w == d.q * d.sw;
+  const bool tiles = d.ph == 0 && d.pw == 0 && d.kh == d.sh && d.kw == d.sw && d.h == d.p * d.sh &&
+                     d.w == d.q * d.sw;
   if (tiles && pool_vec(ctx, d, dt, {dyp, ap, dxp}, &v)) {
     const int total = static_cast<int>(d.n * d.p * d.q) * v.cv;
     const unsigned grid = grid_for(ctx, total, kThreads);
     KernelPtr k;
     KILN_DISPATCH_FLOAT(dt, T, {
       k = make_fn(stream, [=](Context&, cudaStream_t s) {
-        maxpool_bwd_tiled<T><<<grid, kThreads, 0, s>>>(static_cast<const uint4*>(dyp), ap, static_cast<uint4*>(dxp),
-                                                        total, v);
+        maxpool_bwd_tiled<T><<<grid, kThreads, 0, s>>>(static_cast<const uint4*>(dyp), ap,
+                                                       static_cast<uint4*>(dxp), total, v);
         KILN_LAUNCH_CHECK("maxpool_bwd (tiled)");
       });
     });
@@ -416,14 +437,15 @@ KernelPtr make_maxpool_bwd(const Node& n, Context& ctx, int stream) {
     KernelPtr k;
     KILN_DISPATCH_FLOAT(dt, T, {
       k = make_fn(stream, [=](Context&, cudaStream_t s) {
-        maxpool_bwd_vec<T><<<grid, kThreads, 0, s>>>(static_cast<const uint4*>(dyp), ap, static_cast<uint4*>(dxp), total,
-                                                      v);
+        maxpool_bwd_vec<T><<<grid, kThreads, 0, s>>>(static_cast<const uint4*>(dyp), ap,
+                                                     static_cast<uint4*>(dxp), total, v);
         KILN_LAUNCH_CHECK("maxpool_bwd (vec)");
       });
     });
     return k;
   }
-  KILN_POOL_LAUNCH(maxpool_bwd_kernel, d.n * d.h * d.w * d.c, static_cast<const T*>(dyp), ap, static_cast<T*>(dxp), d);
+  KILN_POOL_LAUNCH(maxpool_bwd_kernel, d.n * d.h * d.w * d.c, static_cast<const T*>(dyp), ap,
+                   static_cast<T*>(dxp), d);
 }
 
 // "x -> y"
@@ -434,7 +456,8 @@ KernelPtr make_avgpool_fwd(const Node& n, Context& ctx, int stream) {
   const DType dt = ctx.tensor(x).dtype;
   const void* xp = ctx.ptr(x);
   void* yp = ctx.ptr(y);
-  KILN_POOL_LAUNCH(avgpool_fwd_kernel, d.n * d.p * d.q * d.c, static_cast<const T*>(xp), static_cast<T*>(yp), d);
+  KILN_POOL_LAUNCH(avgpool_fwd_kernel, d.n * d.p * d.q * d.c, static_cast<const T*>(xp),
+                   static_cast<T*>(yp), d);
 }
 
 // "dy -> dx"
@@ -445,7 +468,8 @@ KernelPtr make_avgpool_bwd(const Node& n, Context& ctx, int stream) {
   const DType dt = ctx.tensor(dy).dtype;
   const void* dyp = ctx.ptr(dy);
   void* dxp = ctx.ptr(dx);
-  KILN_POOL_LAUNCH(avgpool_bwd_kernel, d.n * d.h * d.w * d.c, static_cast<const T*>(dyp), static_cast<T*>(dxp), d);
+  KILN_POOL_LAUNCH(avgpool_bwd_kernel, d.n * d.h * d.w * d.c, static_cast<const T*>(dyp),
+                   static_cast<T*>(dxp), d);
 }
 
 // "x [N,H,W,C] -> y [N,C]"
@@ -460,7 +484,8 @@ KernelPtr make_gap_fwd(const Node& n, Context& ctx, int stream) {
   const void* xp = ctx.ptr(x);
   void* yp = ctx.ptr(y);
   const int64_t nn = s.n, hw = s.h * s.w, c = s.c;
-  KILN_POOL_LAUNCH(gap_fwd_kernel, nn * c, static_cast<const T*>(xp), static_cast<T*>(yp), nn, hw, c);
+  KILN_POOL_LAUNCH(gap_fwd_kernel, nn * c, static_cast<const T*>(xp), static_cast<T*>(yp), nn, hw,
+                   c);
 }
 
 // "dy [N,C] -> dx [N,H,W,C]"
@@ -475,7 +500,8 @@ KernelPtr make_gap_bwd(const Node& n, Context& ctx, int stream) {
   const void* dyp = ctx.ptr(dy);
   void* dxp = ctx.ptr(dx);
   const int64_t nn = s.n, hw = s.h * s.w, c = s.c;
-  KILN_POOL_LAUNCH(gap_bwd_kernel, nn * hw * c, static_cast<const T*>(dyp), static_cast<T*>(dxp), nn, hw, c);
+  KILN_POOL_LAUNCH(gap_bwd_kernel, nn * hw * c, static_cast<const T*>(dyp), static_cast<T*>(dxp),
+                   nn, hw, c);
 }
 
 }  // namespace kiln::cuda

@@ -38,8 +38,8 @@ __global__ void cast_f16_f32_vec4(const __half2* x, float4* y, int64_t count4) {
 }
 
 // Any non-finite g sets *flag; with clip, g is clamped to +-bound in the same pass.
-__global__ void check_clip_kernel(const float* g, float* out, int64_t count, float clip, DevScalar scale,
-                                  int* flag) {
+__global__ void check_clip_kernel(const float* g, float* out, int64_t count, float clip,
+                                  DevScalar scale, int* flag) {
   const float bound = clip > 0.0f ? fmul(clip, static_cast<float>(load_scalar(scale, 1.0))) : 0.0f;
   bool bad = false;
   KILN_GRID_STRIDE(i, count) {
@@ -60,8 +60,9 @@ __global__ void check_finish_kernel(const int* flag, DevScalar overflow, bool ac
 }
 
 // SPEC S8: formula::loss_scale_next, as the CPU loop.
-__global__ void loss_scale_update_kernel(DevScalar overflow, DevScalar scale, DevScalar good, DevScalar scale_out,
-                                         DevScalar good_out, int64_t interval) {
+__global__ void loss_scale_update_kernel(DevScalar overflow, DevScalar scale, DevScalar good,
+                                         DevScalar scale_out, DevScalar good_out,
+                                         int64_t interval) {
   const formula::LossScale now{load_scalar(scale, 1.0), load_scalar(good, 0.0)};
   const bool skipped = load_scalar(overflow, 0.0) != 0.0;
   const formula::LossScale s = formula::loss_scale_next(now, skipped, interval);
@@ -69,7 +70,9 @@ __global__ void loss_scale_update_kernel(DevScalar overflow, DevScalar scale, De
   store_scalar(good_out, s.good_steps);
 }
 
-bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+bool aligned16(const void* p) {
+  return (reinterpret_cast<uintptr_t>(p) & 15u) == 0;
+}
 
 }  // namespace
 
@@ -90,12 +93,18 @@ KernelPtr make_fill(const Node& n, Context& ctx, int stream) {
     });
   };
   switch (t.dtype) {
-    case DType::F32: return launch(v);
-    case DType::F16: return launch(__float2half_rn(v));
-    case DType::BF16: return launch(__float2bfloat16_rn(v));
-    case DType::I32: return launch(static_cast<int32_t>(v));
-    case DType::I64: return launch(static_cast<int64_t>(v));
-    case DType::U8: return launch(static_cast<uint8_t>(v));
+    case DType::F32:
+      return launch(v);
+    case DType::F16:
+      return launch(__float2half_rn(v));
+    case DType::BF16:
+      return launch(__float2bfloat16_rn(v));
+    case DType::I32:
+      return launch(static_cast<int32_t>(v));
+    case DType::I64:
+      return launch(static_cast<int64_t>(v));
+    case DType::U8:
+      return launch(static_cast<uint8_t>(v));
   }
   KILN_FAIL(Internal, "fill node '", n.label, "': unknown dtype");
 }
@@ -105,9 +114,10 @@ KernelPtr make_copy(const Node& n, Context& ctx, int stream) {
   reject_accumulate(ctx, n);
   const TensorId x = need_in(n, 0, "x"), y = need_out(n, 0, "y");
   const DTensor &tx = ctx.tensor(x), &ty = ctx.tensor(y);
-  KILN_CHECK(tx.dtype == ty.dtype && tx.numel() == ty.numel(), InvalidArgument, "copy node '", n.label, "': '",
-             tx.name, "' (", dtype_name(tx.dtype), " ", tx.shape.str(), ") and '", ty.name, "' (",
-             dtype_name(ty.dtype), " ", ty.shape.str(), ") differ; use cast to change the dtype");
+  KILN_CHECK(tx.dtype == ty.dtype && tx.numel() == ty.numel(), InvalidArgument, "copy node '",
+             n.label, "': '", tx.name, "' (", dtype_name(tx.dtype), " ", tx.shape.str(), ") and '",
+             ty.name, "' (", dtype_name(ty.dtype), " ", ty.shape.str(),
+             ") differ; use cast to change the dtype");
   const void* xp = ctx.ptr(x);
   void* yp = ctx.ptr(y);
   const auto bytes = static_cast<size_t>(tx.bytes());
@@ -134,15 +144,18 @@ KernelPtr make_cast(const Node& n, Context& ctx, int stream) {
     });
   }
   if (count % 4 == 0 && aligned16(xp) && aligned16(yp) &&
-      ((tx.dtype == DType::F32 && ty.dtype == DType::F16) || (tx.dtype == DType::F16 && ty.dtype == DType::F32))) {
+      ((tx.dtype == DType::F32 && ty.dtype == DType::F16) ||
+       (tx.dtype == DType::F16 && ty.dtype == DType::F32))) {
     const int64_t count4 = count / 4;
     const unsigned grid = grid_for(ctx, count4, kThreads);
     const bool down = tx.dtype == DType::F32;
     return make_fn(stream, [=](Context&, cudaStream_t s) {
       if (down) {
-        cast_f32_f16_vec4<<<grid, kThreads, 0, s>>>(static_cast<const float4*>(xp), static_cast<__half2*>(yp), count4);
+        cast_f32_f16_vec4<<<grid, kThreads, 0, s>>>(static_cast<const float4*>(xp),
+                                                    static_cast<__half2*>(yp), count4);
       } else {
-        cast_f16_f32_vec4<<<grid, kThreads, 0, s>>>(static_cast<const __half2*>(xp), static_cast<float4*>(yp), count4);
+        cast_f16_f32_vec4<<<grid, kThreads, 0, s>>>(static_cast<const __half2*>(xp),
+                                                    static_cast<float4*>(yp), count4);
       }
       KILN_LAUNCH_CHECK("cast");
     });
@@ -152,7 +165,8 @@ KernelPtr make_cast(const Node& n, Context& ctx, int stream) {
   KILN_DISPATCH_FLOAT(tx.dtype, S, {
     KILN_DISPATCH_FLOAT(ty.dtype, D, {
       k = make_fn(stream, [=](Context&, cudaStream_t s) {
-        cast_kernel<S, D><<<grid, kThreads, 0, s>>>(static_cast<const S*>(xp), static_cast<D*>(yp), count);
+        cast_kernel<S, D>
+            <<<grid, kThreads, 0, s>>>(static_cast<const S*>(xp), static_cast<D*>(yp), count);
         KILN_LAUNCH_CHECK("cast");
       });
     });
@@ -171,8 +185,8 @@ KernelPtr make_check_clip(const Node& n, Context& ctx, int stream) {
     expect_dtype(ctx, n, gout, DType::F32, "g (out)");
     expect_numel(ctx, n, gout, ctx.tensor(g).numel(), "g (out)");
   }
-  KILN_CHECK(n.attrs.clip >= 0.0f, InvalidArgument, "check_clip node '", n.label, "': clip must be >= 0 (0 = off), is ",
-             n.attrs.clip);
+  KILN_CHECK(n.attrs.clip >= 0.0f, InvalidArgument, "check_clip node '", n.label,
+             "': clip must be >= 0 (0 = off), is ", n.attrs.clip);
   const DevScalar sc = dev_scalar(ctx, n, scale, "loss_scale");
   const DevScalar ov = dev_scalar(ctx, n, overflow, "overflow");
   const float* gp = ctx.ptr<float>(g);
@@ -201,8 +215,10 @@ KernelPtr make_loss_scale_update(const Node& n, Context& ctx, int stream) {
                  good = need_in(n, 2, "good_steps");
   const TensorId scale_out = out_at(n, 0) != kNoTensor ? out_at(n, 0) : scale;
   const TensorId good_out = out_at(n, 1) != kNoTensor ? out_at(n, 1) : good;
-  const DevScalar ov = dev_scalar(ctx, n, overflow, "overflow"), sc = dev_scalar(ctx, n, scale, "loss_scale"),
-                  gd = dev_scalar(ctx, n, good, "good_steps"), so = dev_scalar(ctx, n, scale_out, "loss_scale (out)"),
+  const DevScalar ov = dev_scalar(ctx, n, overflow, "overflow"),
+                  sc = dev_scalar(ctx, n, scale, "loss_scale"),
+                  gd = dev_scalar(ctx, n, good, "good_steps"),
+                  so = dev_scalar(ctx, n, scale_out, "loss_scale (out)"),
                   go = dev_scalar(ctx, n, good_out, "good_steps (out)");
   const int64_t interval = n.attrs.growth_interval;
   return make_fn(stream, [=](Context&, cudaStream_t s) {

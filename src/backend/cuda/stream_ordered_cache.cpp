@@ -28,12 +28,14 @@ StreamOrderedCache::~StreamOrderedCache() {
         warn("cudaEventSynchronize", cudaEventSynchronize(b.released));
         warn("cudaEventDestroy", cudaEventDestroy(b.released));
       }
-      warn(pool == &device_ ? "cudaFree" : "cudaFreeHost", pool == &device_ ? cudaFree(b.ptr) : cudaFreeHost(b.ptr));
+      warn(pool == &device_ ? "cudaFree" : "cudaFreeHost",
+           pool == &device_ ? cudaFree(b.ptr) : cudaFreeHost(b.ptr));
     }
   }
 }
 
-int StreamOrderedCache::alloc(std::vector<Block>& pool, bool pinned, void** ptr, size_t bytes, cudaStream_t stream) {
+int StreamOrderedCache::alloc(std::vector<Block>& pool, bool pinned, void** ptr, size_t bytes,
+                              cudaStream_t stream) {
   if (!ptr) return 1;
   const size_t cls = size_class(bytes);
   std::lock_guard<std::mutex> lock(mutex_);
@@ -56,7 +58,8 @@ int StreamOrderedCache::alloc(std::vector<Block>& pool, bool pinned, void** ptr,
   }
   Block b;
   b.bytes = cls;
-  const cudaError_t e = pinned ? cudaHostAlloc(&b.ptr, cls, cudaHostAllocDefault) : cudaMalloc(&b.ptr, cls);
+  const cudaError_t e =
+      pinned ? cudaHostAlloc(&b.ptr, cls, cudaHostAllocDefault) : cudaMalloc(&b.ptr, cls);
   if (e != cudaSuccess) {
     cudaGetLastError();  // nvJPEG reports NVJPEG_STATUS_ALLOCATOR_FAILURE; the error is not sticky
     return 1;
@@ -73,7 +76,8 @@ int StreamOrderedCache::release(std::vector<Block>& pool, void* ptr, cudaStream_
   for (Block& b : pool) {
     if (b.ptr != ptr) continue;
     if (!b.in_use) return 1;
-    if (!b.released && cudaEventCreateWithFlags(&b.released, cudaEventDisableTiming) != cudaSuccess) return 1;
+    if (!b.released && cudaEventCreateWithFlags(&b.released, cudaEventDisableTiming) != cudaSuccess)
+      return 1;
     if (cudaEventRecord(b.released, stream) != cudaSuccess) return 1;
     b.stream = stream;
     b.in_use = false;
@@ -85,11 +89,15 @@ int StreamOrderedCache::release(std::vector<Block>& pool, void* ptr, cudaStream_
 int StreamOrderedCache::device_alloc(void** ptr, size_t bytes, cudaStream_t stream) {
   return alloc(device_, false, ptr, bytes, stream);
 }
-int StreamOrderedCache::device_free(void* ptr, cudaStream_t stream) { return release(device_, ptr, stream); }
+int StreamOrderedCache::device_free(void* ptr, cudaStream_t stream) {
+  return release(device_, ptr, stream);
+}
 int StreamOrderedCache::pinned_alloc(void** ptr, size_t bytes, cudaStream_t stream) {
   return alloc(pinned_, true, ptr, bytes, stream);
 }
-int StreamOrderedCache::pinned_free(void* ptr, cudaStream_t stream) { return release(pinned_, ptr, stream); }
+int StreamOrderedCache::pinned_free(void* ptr, cudaStream_t stream) {
+  return release(pinned_, ptr, stream);
+}
 
 StreamOrderedCache::Counts StreamOrderedCache::counts() const {
   std::lock_guard<std::mutex> lock(mutex_);

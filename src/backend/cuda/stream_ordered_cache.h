@@ -47,7 +47,7 @@ class StreamOrderedCache {
  private:
   struct Block {
     void* ptr = nullptr;
-    size_t bytes = 0;  // the size class
+    size_t bytes = 0;                // the size class
     cudaEvent_t released = nullptr;  // recorded on the releasing stream
     cudaStream_t stream = nullptr;   // that stream
     bool in_use = false;
