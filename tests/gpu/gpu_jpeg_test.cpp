@@ -9,10 +9,14 @@
 // (KILN_NVJPEG=0: everything through host_decode). Skipped without a GPU, and the nvJPEG cases
 // where decodes_jpeg() says no (a build without nvJPEG).
 #include <cuda_runtime.h>
+
+// jpeglib.h needs FILE declared first.
+// clang-format off
+#include <cstdio>
 #include <jpeglib.h>
+// clang-format on
 
 #include <cmath>
-#include <cstdio>  // before jpeglib.h, which uses FILE
 #include <memory>
 #include <string>
 #include <vector>
