@@ -58,7 +58,7 @@ TEST(ActivationGrad, SiluAndHardswishGradientsMatchFiniteDifferences) {
       ++checked;
     }
   }
-  EXPECT_GE(checked, 30);
+  EXPECT_GE(checked, 24);  // six parameters, about five elements each
 }
 
 }  // namespace
