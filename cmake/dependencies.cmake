@@ -50,6 +50,11 @@ if(NOT KILN_CUDA STREQUAL "OFF")
       set(KILN_WITH_CUDA ON)
     endif()
   endif()
+  if(KILN_CUDA STREQUAL "AUTO" AND CMAKE_CUDA_COMPILER AND NOT KILN_WITH_CUDA)
+    message(WARNING "kiln: a CUDA compiler is here, but the CUDA backend is not built: it needs cuDNN "
+                    "and the cuDNN frontend headers in ${KILN_DEPS_DIR}/cudnn-frontend (bash "
+                    "scripts/setup.sh stages them; then configure, or pip install ., again)")
+  endif()
   if(KILN_CUDA STREQUAL "ON" AND NOT KILN_WITH_CUDA)
     message(FATAL_ERROR "KILN_CUDA=ON but the CUDA toolkit, cuDNN or the cuDNN frontend headers "
                         "(.deps/cudnn-frontend, staged by scripts/setup.sh) were not found")
