@@ -26,6 +26,7 @@
 #include "kiln/data/image_folder.h"
 #include "kiln/data/loader.h"
 #include "kiln/task/engine.h"
+#include "kiln/task/trainer.h"
 #include "unit/data_test_util.h"
 
 namespace kiln::test {
@@ -553,6 +554,44 @@ TEST(GpuAugment, PartialEncodedBatchPadsWithZeros) {
   engine->backend().stage_batch_encoded(1, b, norm);
   const Program& p = engine->program();
   EXPECT_EQ(read_floats(engine->backend(), p.tensor(p.io.staged_images[1])), want);
+}
+
+// The trainer on the GPU with --auto-augment ra and --random-erase: --decode gpu keeps the
+// encoded input (it used to refuse these flags) and --decode cpu the uint8 one, and both train.
+TEST(GpuAugment, TrainerKeepsTheDevicePathsWithTheAugmentations) {
+  KILN_REQUIRE_GPU();
+  if (!make_backend("cuda")->decodes_jpeg()) GTEST_SKIP() << "this build or GPU has no nvJPEG";
+  data_test::TempDir dir;
+  const int64_t sizes[][2] = {{60, 48}, {47, 64}, {80, 40}};
+  for (const char* split : {"train", "test"}) {
+    for (int i = 0; i < 8; ++i) {
+      const auto& s = sizes[i % 3];
+      data_test::write_file(dir.path() + "/" + split + "/c" + std::to_string(i % 2) + "/img" +
+                                std::to_string(i) + ".jpg",
+                            encode_jpeg(data_test::smooth_pattern(s[0], s[1], 3, i), 92));
+    }
+  }
+  for (const DecodeWhere where : {DecodeWhere::gpu, DecodeWhere::cpu}) {
+    TrainConfig c;
+    c.model = "resnet18_small";
+    c.image_size = 32;
+    c.data = "folder";
+    c.data_dir = dir.path();
+    c.random_resized_crop = true;
+    c.auto_augment = "ra";
+    c.random_erase = 0.25f;
+    c.decode = where;
+    c.batch_size = 4;
+    c.epochs = 1;
+    c.workers = 2;
+    c.device = "cuda";
+    c.progress = "none";
+    c.output = dir.path() + "/run_" + decode_where_name(where);
+    const TrainSummary r = train(c);
+    EXPECT_EQ(r.input, where == DecodeWhere::gpu ? "encoded" : "uint8");
+    EXPECT_EQ(r.steps, 2);  // 8 training images in batches of 4
+    EXPECT_TRUE(std::isfinite(r.final_loss));
+  }
 }
 
 }  // namespace
