@@ -75,7 +75,7 @@ struct Recipe {
 
 Recipe cifar_recipe() {
   Recipe r;
-  r.crop = std::make_shared<RandomCrop>(28, 4);
+  r.crop = std::make_shared<RandomCrop>(28, 22, 4);  // not square: h and w are told apart
   r.augment = std::make_shared<AutoAugment>(AutoAugmentPolicy::rand_augment, 3, 15, 31);
   r.erase = std::make_shared<RandomErasing>(0.5f);
   return r;
@@ -121,7 +121,7 @@ TEST(DataSampleAugment, LoaderDrawsWhatTheFloatTransformsDraw) {
   EXPECT_LT(erased, 24);
   // The pointer form of next_u8 cannot carry the augmentations: refused, not dropped.
   loader.start_epoch(0);
-  std::vector<uint8_t> buf(static_cast<size_t>(8 * 28 * 28 * 3));
+  std::vector<uint8_t> buf(static_cast<size_t>(8 * 28 * 22 * 3));
   expect_error([&] { loader.next_u8(buf.data(), labels.data()); }, ErrorKind::InvalidArgument,
                {"augmentations", "&augments"});
 }
@@ -135,7 +135,7 @@ TEST(DataSampleAugment, Uint8PathGivesTheFloatPathsValues) {
   const Recipe r = cifar_recipe();
   Loader u8(data, r.pipeline(), options(LoaderOutput::uint8));
   Loader f32(data, r.pipeline(), options(LoaderOutput::float32));
-  const int64_t per = 28 * 28 * 3;
+  const int64_t per = 28 * 22 * 3;
   const InputNormalization norm{kMean, kStd};
   u8.start_epoch(1);
   f32.start_epoch(1);
@@ -147,9 +147,9 @@ TEST(DataSampleAugment, Uint8PathGivesTheFloatPathsValues) {
   while (const int64_t n = u8.next_u8(px, l1.data(), &augments)) {
     ASSERT_EQ(f32.next(want.data(), l2.data()), n);
     EXPECT_EQ(l1, l2);
-    augment_normalize_u8(px.data(), n, 28, 28, 3, augments.data(), norm, got.data());
+    augment_normalize_u8(px.data(), n, 28, 22, 3, augments.data(), norm, got.data());
     std::vector<float> plain(got.size());
-    normalize_u8(px.data(), n * 28 * 28, norm, plain.data());
+    normalize_u8(px.data(), n * 28 * 22, norm, plain.data());
     for (int64_t i = 0; i < n * per; ++i) {
       ASSERT_NEAR(got[static_cast<size_t>(i)], want[static_cast<size_t>(i)], 1e-5)
           << "batch " << batches << " value " << i;
@@ -174,7 +174,8 @@ TEST(DataSampleAugment, EncodedAndUint8BatchesCarryTheFloatPathsDraws) {
   }
   const auto data = std::make_shared<ImageFolderDataset>(dir.path() + "/train", 3, true);
   Recipe r;
-  r.crop = std::make_shared<RandomResizedCrop>(24);
+  r.crop = std::make_shared<RandomResizedCrop>(24, 20, std::array<float, 2>{0.08f, 1.0f},
+                                               std::array<float, 2>{3.0f / 4.0f, 4.0f / 3.0f});
   r.augment = std::make_shared<AutoAugment>(AutoAugmentPolicy::trivial_augment_wide);
   r.erase = std::make_shared<RandomErasing>(0.7f);
   LoaderOptions eo = options(LoaderOutput::encoded);
