@@ -19,7 +19,8 @@
 #         torch torch-eval; *-float is the host's float path (--no-input-u8), the one kiln
 #         had before issue 16; train-base runs kiln train with no --decode (older builds)
 # Environment: BUILD (default build-gpu), JPEG_ROOT (default /tmp/kiln-jpegs; made if missing),
-# WORKERS (default the cores), EPOCHS (default 3: the first warms up), LOGS.
+# WORKERS (default the cores), EPOCHS (default 3: the first warms up), LOGS, BENCH_EXTRA (flags
+# added to the folder-* and input-* rows' kiln bench, e.g. "--auto-augment ra --random-erase 0.25").
 set -uo pipefail
 cd "$(dirname "$0")/.."
 MODELS=${1:-"resnet50 vgg16_bn"}
@@ -76,12 +77,12 @@ for entry in $MODELS; do
         row "$m" "$r" "$v" "$(cores_between "$b0" "$(busy)")" "kiln bench" ;;
       folder-*)
         "$BUILD"/kiln bench --model "$m" --batch 256 --amp --data folder --data-dir "$ROOT" \
-          $(decode_flags "${r#folder-}") --workers "$WORKERS" --steps 60 --warmup 10 --repeats 3 >"$out" 2>&1
+          $(decode_flags "${r#folder-}") ${BENCH_EXTRA:-} --workers "$WORKERS" --steps 60 --warmup 10 --repeats 3 >"$out" 2>&1
         v=$(grep '^{"bench":"kiln-folder"' "$out" | tail -1 | python3 -c "import json,sys; print(json.loads(sys.stdin.read() or '{}').get('images_per_second','nan'))")
         row "$m" "$r" "$v" "$(bench_cores "$out" "$b0")" "kiln bench --data folder: steps fed from the files" ;;
       input-*)
         "$BUILD"/kiln bench --input-only --model "$m" --batch 256 --amp --data folder --data-dir "$ROOT" \
-          $(decode_flags "${r#input-}") --workers "$WORKERS" --steps 40 >"$out" 2>&1
+          $(decode_flags "${r#input-}") ${BENCH_EXTRA:-} --workers "$WORKERS" --steps 40 >"$out" 2>&1
         v=$(grep '^{"bench":"kiln-input"' "$out" | tail -1 | python3 -c "import json,sys; print(json.loads(sys.stdin.read() or '{}').get('images_per_second','nan'))")
         row "$m" "$r" "$v" "$(bench_cores "$out" "$b0")" "files to the staged input buffer, no step" ;;
       eval-*)

@@ -20,9 +20,8 @@ uint8_t to_u8(float v) {  // clamp(0, 255).to(uint8): truncation toward zero
   return static_cast<uint8_t>(v);
 }
 
-// _blend(img1, img2, ratio) for one value: ratio and 1 - ratio are float32 scalars.
-uint8_t blend(uint8_t a, float b, double ratio) {
-  const float r = static_cast<float>(ratio), q = static_cast<float>(1.0 - ratio);
+// _blend(img1, img2, ratio) for one value: ratio and 1 - ratio are float32 scalars (r, q).
+uint8_t blend(uint8_t a, float b, float r, float q) {
   const float x = r * static_cast<float>(a);
   const float y = q * b;
   return to_u8(x + y);
@@ -36,20 +35,20 @@ uint8_t grey(const uint8_t* p) {
   return to_u8((r + g) + b);
 }
 
-void adjust_brightness(Image& im, double f) {
-  for (uint8_t& v : im.pixels) v = blend(v, 0.0f, f);
+void adjust_brightness(Image& im, float r, float q) {
+  for (uint8_t& v : im.pixels) v = blend(v, 0.0f, r, q);
 }
 
-void adjust_saturation(Image& im, double f) {
+void adjust_saturation(Image& im, float r, float q) {
   if (im.channels != 3) return;  // torchvision returns 1-channel images as they are
   for (int64_t p = 0; p < im.height * im.width; ++p) {
     uint8_t* px = &im.pixels[static_cast<size_t>(p * 3)];
     const float g = grey(px);
-    for (int k = 0; k < 3; ++k) px[k] = blend(px[k], g, f);
+    for (int k = 0; k < 3; ++k) px[k] = blend(px[k], g, r, q);
   }
 }
 
-void adjust_contrast(Image& im, double f) {
+void adjust_contrast(Image& im, float r, float q) {
   // The mean of the (truncated) grey image in float32: torch sums (exactly, integers below
   // 2^24 here) and divides by the count.
   const int64_t n = im.height * im.width;
@@ -59,10 +58,10 @@ void adjust_contrast(Image& im, double f) {
     sum += im.channels == 3 ? grey(px) : px[0];
   }
   const float mean = static_cast<float>(sum) / static_cast<float>(n);
-  for (uint8_t& v : im.pixels) v = blend(v, mean, f);
+  for (uint8_t& v : im.pixels) v = blend(v, mean, r, q);
 }
 
-void adjust_sharpness(Image& im, double f) {
+void adjust_sharpness(Image& im, float r, float q) {
   if (im.width <= 2 || im.height <= 2) return;
   // The blur [[1,1,1],[1,5,1],[1,1,1]] / 13, rounded to bytes, on the interior; the border keeps
   // its pixels. round(S / 13) of an integer S is never a tie, so integer arithmetic gives it.
@@ -82,7 +81,9 @@ void adjust_sharpness(Image& im, double f) {
       }
     }
   }
-  for (size_t i = 0; i < im.pixels.size(); ++i) im.pixels[i] = blend(im.pixels[i], blurred[i], f);
+  for (size_t i = 0; i < im.pixels.size(); ++i) {
+    im.pixels[i] = blend(im.pixels[i], blurred[i], r, q);
+  }
 }
 
 void posterize(Image& im, int bits) {
@@ -90,7 +91,8 @@ void posterize(Image& im, int bits) {
   for (uint8_t& v : im.pixels) v = static_cast<uint8_t>(v & mask);
 }
 
-void solarize(Image& im, double threshold) {
+// threshold: the least byte inverted, ceil of torchvision's (a byte v >= t iff v >= ceil(t)).
+void solarize(Image& im, int threshold) {
   for (uint8_t& v : im.pixels) v = v >= threshold ? static_cast<uint8_t>(255 - v) : v;
 }
 
@@ -155,23 +157,19 @@ std::array<double, 6> inverse_affine(double cx, double cy, double angle, double 
 }
 
 // F_t.affine with nearest sampling and zero fill: _gen_affine_grid's float32 grid over pixel
-// centres relative to the image centre, then grid_sample's unnormalisation (align_corners
-// False) and round half to even.
-void affine_nearest(Image& im, const std::array<double, 6>& m) {
+// centres relative to the image centre (coefficients from affine_grid below), then
+// grid_sample's unnormalisation (align_corners False) and round half to even.
+void affine_nearest(Image& im, const float* r) {
   const int64_t h = im.height, w = im.width, c = im.channels;
   const float hw = 0.5f * static_cast<float>(w), hh = 0.5f * static_cast<float>(h);
-  float t[6];
-  for (int i = 0; i < 6; ++i) t[i] = static_cast<float>(m[static_cast<size_t>(i)]);
-  const float r00 = t[0] / hw, r10 = t[1] / hw, r20 = t[2] / hw;
-  const float r01 = t[3] / hh, r11 = t[4] / hh, r21 = t[5] / hh;
   const float fw = static_cast<float>(w), fh = static_cast<float>(h);
   std::vector<uint8_t> out(im.pixels.size(), 0);
   for (int64_t y = 0; y < h; ++y) {
     const float yc = -hh + 0.5f + static_cast<float>(y);
     for (int64_t x = 0; x < w; ++x) {
       const float xc = -hw + 0.5f + static_cast<float>(x);
-      const float gx = (xc * r00 + yc * r10) + r20;
-      const float gy = (xc * r01 + yc * r11) + r21;
+      const float gx = (xc * r[0] + yc * r[1]) + r[2];
+      const float gy = (xc * r[3] + yc * r[4]) + r[5];
       const float ix = std::nearbyint(((gx + 1.0f) * fw - 1.0f) / 2.0f);
       const float iy = std::nearbyint(((gy + 1.0f) * fh - 1.0f) / 2.0f);
       if (!(ix >= 0 && ix < fw && iy >= 0 && iy < fh)) continue;
@@ -181,6 +179,15 @@ void affine_nearest(Image& im, const std::array<double, 6>& m) {
     }
   }
   im.pixels = std::move(out);
+}
+
+// The matrix in float32 divided by the half sizes: _gen_affine_grid's base grid times theta.
+void affine_grid(const std::array<double, 6>& m, int64_t h, int64_t w, float* r) {
+  const float hw = 0.5f * static_cast<float>(w), hh = 0.5f * static_cast<float>(h);
+  float t[6];
+  for (int i = 0; i < 6; ++i) t[i] = static_cast<float>(m[static_cast<size_t>(i)]);
+  r[0] = t[0] / hw, r[1] = t[1] / hw, r[2] = t[2] / hw;
+  r[3] = t[3] / hh, r[4] = t[4] / hh, r[5] = t[5] / hh;
 }
 
 double degrees_of_atan(double m) {
@@ -196,45 +203,95 @@ const char* augment_op_name(AugmentOp op) {
   return kNames[static_cast<int>(op)];
 }
 
-void apply_augment_op(Image& im, AugmentOp op, double mag) {
+bool augment_op_is_geometric(AugmentOp op) {
+  return op >= AugmentOp::shear_x && op <= AugmentOp::rotate;
+}
+
+AugmentOpParams augment_op_params(AugmentOp op, double mag, int64_t h, int64_t w) {
+  KILN_CHECK(static_cast<int>(op) >= 0 && static_cast<int>(op) < kAugmentOps, InvalidArgument,
+             "augment op ", static_cast<int>(op), " is not one of the ", kAugmentOps, " ops");
+  KILN_CHECK(h > 0 && w > 0, InvalidArgument, augment_op_name(op), " on an empty image (", h, "x",
+             w, ")");
+  AugmentOpParams p;
+  p.op = static_cast<int32_t>(op);
+  const double fw = static_cast<double>(w), fh = static_cast<double>(h);
+  auto factor = [&](double f) {  // _blend's float32 ratio and 1 - ratio
+    p.ratio = static_cast<float>(f);
+    p.rest = static_cast<float>(1.0 - f);
+  };
+  switch (op) {
+    case AugmentOp::shear_x:  // about the top-left corner: center [0, 0]
+      affine_grid(inverse_affine(-0.5 * fw, -0.5 * fh, 0, 0, 0, degrees_of_atan(mag), 0), h, w,
+                  p.grid);
+      break;
+    case AugmentOp::shear_y:
+      affine_grid(inverse_affine(-0.5 * fw, -0.5 * fh, 0, 0, 0, 0, degrees_of_atan(mag)), h, w,
+                  p.grid);
+      break;
+    case AugmentOp::translate_x:
+      affine_grid(inverse_affine(0, 0, 0, std::trunc(mag), 0, 0, 0), h, w, p.grid);
+      break;
+    case AugmentOp::translate_y:
+      affine_grid(inverse_affine(0, 0, 0, 0, std::trunc(mag), 0, 0), h, w, p.grid);
+      break;
+    case AugmentOp::rotate:  // F.rotate passes -angle to the matrix
+      affine_grid(inverse_affine(0, 0, -mag, 0, 0, 0, 0), h, w, p.grid);
+      break;
+    case AugmentOp::brightness:
+    case AugmentOp::color:
+    case AugmentOp::contrast:
+    case AugmentOp::sharpness:
+      factor(1.0 + mag);
+      break;
+    case AugmentOp::posterize:
+      p.bits = static_cast<int32_t>(mag);
+      KILN_CHECK(p.bits >= 0 && p.bits <= 8, InvalidArgument, "Posterize keeps 0 to 8 bits, not ",
+                 mag);
+      break;
+    case AugmentOp::solarize:
+      KILN_CHECK(std::isfinite(mag), InvalidArgument, "Solarize's threshold must be finite, got ",
+                 mag);
+      p.bits = static_cast<int32_t>(std::clamp(std::ceil(mag), 0.0, 256.0));
+      break;
+    default:
+      break;
+  }
+  return p;
+}
+
+void apply_augment_params(Image& im, const AugmentOpParams& p) {
+  const auto op = static_cast<AugmentOp>(p.op);
+  KILN_CHECK(p.op >= 0 && p.op < kAugmentOps, InvalidArgument, "augment op ", p.op,
+             " is not one of the ", kAugmentOps, " ops");
   KILN_CHECK(im.channels == 1 || im.channels == 3, InvalidArgument, augment_op_name(op),
              " takes 1- or 3-channel images, not ", im.channels);
-  const double w = static_cast<double>(im.width), h = static_cast<double>(im.height);
+  if (augment_op_is_geometric(op)) return affine_nearest(im, p.grid);
   switch (op) {
-    case AugmentOp::identity:
-      return;
-    case AugmentOp::shear_x:  // about the top-left corner: center [0, 0]
-      return affine_nearest(im,
-                            inverse_affine(-0.5 * w, -0.5 * h, 0, 0, 0, degrees_of_atan(mag), 0));
-    case AugmentOp::shear_y:
-      return affine_nearest(im,
-                            inverse_affine(-0.5 * w, -0.5 * h, 0, 0, 0, 0, degrees_of_atan(mag)));
-    case AugmentOp::translate_x:
-      return affine_nearest(im, inverse_affine(0, 0, 0, std::trunc(mag), 0, 0, 0));
-    case AugmentOp::translate_y:
-      return affine_nearest(im, inverse_affine(0, 0, 0, 0, std::trunc(mag), 0, 0));
-    case AugmentOp::rotate:  // F.rotate passes -angle to the matrix
-      return affine_nearest(im, inverse_affine(0, 0, -mag, 0, 0, 0, 0));
     case AugmentOp::brightness:
-      return adjust_brightness(im, 1.0 + mag);
+      return adjust_brightness(im, p.ratio, p.rest);
     case AugmentOp::color:
-      return adjust_saturation(im, 1.0 + mag);
+      return adjust_saturation(im, p.ratio, p.rest);
     case AugmentOp::contrast:
-      return adjust_contrast(im, 1.0 + mag);
+      return adjust_contrast(im, p.ratio, p.rest);
     case AugmentOp::sharpness:
-      return adjust_sharpness(im, 1.0 + mag);
-    case AugmentOp::posterize: {
-      const int bits = static_cast<int>(mag);
-      KILN_CHECK(bits >= 0 && bits <= 8, InvalidArgument, "Posterize keeps 0 to 8 bits, not ", mag);
-      return posterize(im, bits);
-    }
+      return adjust_sharpness(im, p.ratio, p.rest);
+    case AugmentOp::posterize:
+      return posterize(im, p.bits);
     case AugmentOp::solarize:
-      return solarize(im, mag);
+      return solarize(im, p.bits);
     case AugmentOp::autocontrast:
       return autocontrast(im);
     case AugmentOp::equalize:
       return equalize(im);
+    default:  // identity
+      return;
   }
+}
+
+void apply_augment_op(Image& im, AugmentOp op, double mag) {
+  KILN_CHECK(im.channels == 1 || im.channels == 3, InvalidArgument, augment_op_name(op),
+             " takes 1- or 3-channel images, not ", im.channels);
+  apply_augment_params(im, augment_op_params(op, mag, im.height, im.width));
 }
 
 float linspace_f32(double start, double end, int64_t steps, int64_t i) {
@@ -315,6 +372,10 @@ std::vector<std::pair<AugmentOp, double>> AutoAugment::draw(int64_t h, int64_t w
     ops.emplace_back(op, m);
   }
   return ops;
+}
+
+void AutoAugment::draw_augment(SampleAugment& a, int64_t h, int64_t w, Rng& rng) const {
+  for (const auto& op : draw(h, w, rng)) a.ops.push_back(op);
 }
 
 void AutoAugment::apply(FloatImage& image, Rng& rng) const {

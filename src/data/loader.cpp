@@ -62,7 +62,8 @@ Loader::Loader(std::shared_ptr<const Dataset> dataset, Pipeline transforms, Load
     hwc_ = {first.height, first.width, first.channels};
   } else {
     std::string why;
-    KILN_CHECK(pipeline_.geometric(&why), InvalidArgument, "the ", output_name(o.output),
+    KILN_CHECK(pipeline_.geometric_with_augments(&why), InvalidArgument, "the ",
+               output_name(o.output),
                " input path runs the transforms as one crop-and-resize per sample, which the "
                "pipeline ",
                pipeline_.describe(), " cannot be: ", why,
@@ -78,8 +79,10 @@ Loader::Loader(std::shared_ptr<const Dataset> dataset, Pipeline transforms, Load
       const Sample s = dataset_->sample(0);
       h = s.image.height, w = s.image.width, c = s.image.channels;
     }
-    const SampleGeometry g = pipeline_.geometry(h, w, rng);
+    SampleAugment augment;
+    const SampleGeometry g = pipeline_.geometry(h, w, rng, augment);
     hwc_ = {g.out_h(), g.out_w(), c};
+    augments_ = pipeline_.has_augments();
   }
   KILN_CHECK(sample_floats() > 0, InvalidArgument, "the transforms made an empty image");
 
@@ -94,6 +97,9 @@ Loader::Loader(std::shared_ptr<const Dataset> dataset, Pipeline transforms, Load
       s.pixels.resize(static_cast<size_t>(o.batch_size * sample_floats()));
     }
     if (o.output == LoaderOutput::encoded) s.encoded.resize(static_cast<size_t>(o.batch_size));
+    if (o.output == LoaderOutput::uint8 && augments_) {
+      s.augments.resize(static_cast<size_t>(o.batch_size));
+    }
     s.labels.resize(static_cast<size_t>(o.batch_size));
   }
   stats_.workers = o.workers;
@@ -175,8 +181,10 @@ bool Loader::claim(int64_t max, int64_t& first, int64_t& count, uint64_t& genera
   return true;
 }
 
-SampleGeometry Loader::checked_geometry(int64_t h, int64_t w, Rng rng, int64_t index) const {
-  const SampleGeometry g = pipeline_.geometry(h, w, rng);
+SampleGeometry Loader::checked_geometry(int64_t h, int64_t w, Rng rng, int64_t index,
+                                        SampleAugment* augment) const {
+  SampleAugment unused;
+  const SampleGeometry g = pipeline_.geometry(h, w, rng, augment ? *augment : unused);
   KILN_CHECK(g.out_h() == hwc_[0] && g.out_w() == hwc_[1], InvalidArgument,
              "the transforms make a ", g.out_h(), "x", g.out_w(), " image from sample ", index,
              " but batches hold ", hwc_[0], "x", hwc_[1],
@@ -190,13 +198,15 @@ int32_t Loader::decode_on_host(Dataset::Encoded enc, const Rng& rng, uint8_t* ou
   // Each failure marks one more file corrupt, so this ends within size() rounds (encoded()
   // throws once every file is marked).
   for (int64_t round = 0;; ++round) {
-    const SampleGeometry g = checked_geometry(enc.height, enc.width, rng, enc.index);
+    SampleAugment augment;
+    const SampleGeometry g = checked_geometry(enc.height, enc.width, rng, enc.index, &augment);
     try {
       decode_resampled(enc.bytes.data(), enc.bytes.size(), hwc_[2], g, out, enc.name,
                        options_.decode);
       if (decoded) {
         decoded->bytes.clear();
         decoded->geometry = g;
+        decoded->augment = std::move(augment);
         decoded->name = enc.name;
       }
       return enc.label;
@@ -210,14 +220,20 @@ int32_t Loader::decode_on_host(Dataset::Encoded enc, const Rng& rng, uint8_t* ou
   }
 }
 
-int32_t Loader::make_u8(int64_t index, const Rng& rng, uint8_t* out) const {
-  if (dataset_->has_encoded()) return decode_on_host(dataset_->encoded(index), rng, out, nullptr);
+int32_t Loader::make_u8(int64_t index, const Rng& rng, uint8_t* out, SampleAugment* augment) const {
+  if (dataset_->has_encoded()) {
+    if (!augment) return decode_on_host(dataset_->encoded(index), rng, out, nullptr);
+    EncodedImage decoded;
+    const int32_t label = decode_on_host(dataset_->encoded(index), rng, out, &decoded);
+    *augment = std::move(decoded.augment);
+    return label;
+  }
   // Datasets held in memory (IDX, CIFAR, synthetic): the bytes are there, resample them.
   const Sample s = dataset_->sample(index);
   const Image& im = s.image;
   KILN_CHECK(im.channels == hwc_[2], InvalidArgument, "sample ", index, " has ", im.channels,
              " channels but batches hold ", hwc_[2], " (those of sample 0)");
-  const SampleGeometry g = checked_geometry(im.height, im.width, rng, index);
+  const SampleGeometry g = checked_geometry(im.height, im.width, rng, index, augment);
   resample_u8(im.pixels.data(), im.height, im.width, im.channels, im.width * im.channels, g, out,
               options_.decode.resample);
   return s.label;
@@ -234,7 +250,8 @@ void Loader::make_one(int64_t position, Slot& slot, int64_t& error_at, std::exce
                           ? nullptr
                           : slot.pixels.data() + k * sample_floats();
     if (options_.output == LoaderOutput::uint8) {
-      label = make_u8(index, rng, pixels);
+      label =
+          make_u8(index, rng, pixels, augments_ ? &slot.augments[static_cast<size_t>(k)] : nullptr);
       return;
     }
     if (options_.output == LoaderOutput::encoded) {
@@ -246,7 +263,7 @@ void Loader::make_one(int64_t position, Slot& slot, int64_t& error_at, std::exce
         label = decode_on_host(std::move(enc), rng, pixels, &out);
         return;
       }
-      out.geometry = checked_geometry(enc.height, enc.width, rng, enc.index);
+      out.geometry = checked_geometry(enc.height, enc.width, rng, enc.index, &out.augment);
       out.name = std::move(enc.name);
       out.bytes = std::move(enc.bytes);
       label = enc.label;
@@ -378,6 +395,9 @@ int64_t Loader::next(float* images, int32_t* labels) {
 int64_t Loader::next_u8(uint8_t* images, int32_t* labels) {
   KILN_CHECK(images != nullptr && labels != nullptr, InvalidArgument,
              "Loader::next_u8 needs image and label buffers, got null");
+  KILN_CHECK(!augments_, InvalidArgument, "the pipeline ", pipeline_.describe(),
+             " draws value augmentations that this form of Loader::next_u8 would drop; call "
+             "next_u8(images, labels, &augments) and hand them to the backend");
   Slot* slot = wait_batch("next_u8", LoaderOutput::uint8);
   if (!slot) return 0;
   const int64_t n = batch_samples(slot->batch);
@@ -387,8 +407,13 @@ int64_t Loader::next_u8(uint8_t* images, int32_t* labels) {
   return n;
 }
 
-int64_t Loader::next_u8(std::vector<uint8_t>& images, int32_t* labels) {
+int64_t Loader::next_u8(std::vector<uint8_t>& images, int32_t* labels,
+                        std::vector<SampleAugment>* augments) {
   KILN_CHECK(labels != nullptr, InvalidArgument, "Loader::next_u8 needs a label buffer, got null");
+  KILN_CHECK(!augments_ || augments != nullptr, InvalidArgument, "the pipeline ",
+             pipeline_.describe(),
+             " draws value augmentations; pass next_u8 a vector for them and hand them to the "
+             "backend");
   Slot* slot = wait_batch("next_u8", LoaderOutput::uint8);
   if (!slot) return 0;
   const int64_t n = batch_samples(slot->batch);
@@ -399,6 +424,13 @@ int64_t Loader::next_u8(std::vector<uint8_t>& images, int32_t* labels) {
     std::memcpy(images.data(), slot->pixels.data(), static_cast<size_t>(n * sample_floats()));
   }
   std::memcpy(labels, slot->labels.data(), static_cast<size_t>(n) * sizeof(int32_t));
+  if (augments) {
+    // Swapped (the slot reuses the caller's vectors next time); past n, none.
+    augments->swap(slot->augments);
+    augments->resize(static_cast<size_t>(options_.batch_size));
+    slot->augments.resize(augments_ ? static_cast<size_t>(options_.batch_size) : 0);
+    for (size_t k = static_cast<size_t>(n); k < augments->size(); ++k) (*augments)[k] = {};
+  }
   release_batch();
   return n;
 }

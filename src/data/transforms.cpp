@@ -523,6 +523,11 @@ void RandomErasing::apply(FloatImage& image, Rng& rng) const {
   }
 }
 
+void RandomErasing::draw_augment(SampleAugment& a, int64_t h, int64_t w, Rng& rng) const {
+  const CropBox b = sample_box(h, w, rng);
+  if (b.height > 0 && b.width > 0) a.erase = EraseBox{b.top, b.left, b.height, b.width, value_};
+}
+
 std::string RandomErasing::describe() const {
   std::ostringstream os;
   os << "RandomErasing(p " << p_ << ", scale " << scale_[0] << ".." << scale_[1] << ", ratio "
@@ -606,18 +611,65 @@ void Pipeline::apply(FloatImage& image, Rng& rng) const {
 }
 
 bool Pipeline::geometric(std::string* why_not) const {
+  return check_geometric(why_not, false);
+}
+
+bool Pipeline::geometric_with_augments(std::string* why_not) const {
+  return check_geometric(why_not, true);
+}
+
+bool Pipeline::has_augments() const {
+  for (const auto& t : transforms_) {
+    if (t->value_augment() != Transform::ValueAugment::none) return true;
+  }
+  return false;
+}
+
+bool Pipeline::check_geometric(std::string* why_not, bool augments) const {
   auto no = [&](std::string why) {
     if (why_not) *why_not = std::move(why);
     return false;
   };
+  using VA = Transform::ValueAugment;
   const Transform* resampled = nullptr;  // the crop or resize so far, if any
   const Transform* normalize = nullptr;
+  const Transform* byte_ops = nullptr;  // the last value augmentation on bytes, if any
+  const Transform* erase = nullptr;
   for (const auto& t : transforms_) {
     const Transform* p = t.get();
-    // Transforms that change values (RandomErasing after Normalize) are refused below as such.
-    if (normalize && !dynamic_cast<const RandomErasing*>(p)) {
+    const VA va = p->value_augment();
+    if (erase) {
+      return no(p->describe() + " follows " + erase->describe() +
+                ": the uint8 / GPU path erases the finished sample; put " + erase->describe() +
+                " last");
+    }
+    if (va == VA::erase && augments) {
+      // After Normalize (or with none), as torchvision's reference has it: the backend erases
+      // the normalised values.
+      erase = p;
+      continue;
+    }
+    if (normalize && va == VA::none) {
       return no(p->describe() + " follows " + normalize->describe() +
                 ": the uint8 / GPU path normalises last; move Normalize to the end");
+    }
+    if (va == VA::byte_ops && augments) {
+      if (normalize) {
+        return no(p->describe() + " follows " + normalize->describe() +
+                  ": the uint8 / GPU path augments the bytes before it normalises; move "
+                  "Normalize after it");
+      }
+      byte_ops = p;
+      continue;
+    }
+    const bool moves_pixels =
+        dynamic_cast<const RandomResizedCrop*>(p) || dynamic_cast<const Resize*>(p) ||
+        dynamic_cast<const CenterCrop*>(p) || dynamic_cast<const RandomCrop*>(p) ||
+        dynamic_cast<const RandomHorizontalFlip*>(p);
+    if (byte_ops && moves_pixels) {
+      return no(p->describe() + " follows " + byte_ops->describe() +
+                ": the uint8 / GPU path augments the resampled sample; crop, resize and flip "
+                "before it");
     }
     if (dynamic_cast<const ToFloat*>(p) || dynamic_cast<const RandomHorizontalFlip*>(p)) continue;
     if (dynamic_cast<const Normalize*>(p)) {
@@ -636,14 +688,15 @@ bool Pipeline::geometric(std::string* why_not) const {
       resampled = resampled ? resampled : p;
       continue;
     }
-    // Any other transform (ColorJitter, or one defined elsewhere): whatever its compose() says
-    // on an unresampled image.
+    // Any other transform (ColorJitter, a value augmentation where none is asked for, or one
+    // defined elsewhere): whatever its compose() says on an unresampled image.
     SampleGeometry g = SampleGeometry::identity(64, 64);
     Rng rng(0);
-    if (resampled || !p->compose(g, rng)) {
+    if (va != VA::none || byte_ops || resampled || !p->compose(g, rng)) {
       return no(p->describe() +
                 " changes pixel values or does not compose into the sample's geometry; the "
-                "uint8 / GPU path only crops, resizes, flips and normalises");
+                "uint8 / GPU path only crops, resizes, flips and normalises" +
+                (augments ? std::string(" (and runs AutoAugment and RandomErasing)") : ""));
     }
   }
   return true;
@@ -660,6 +713,27 @@ SampleGeometry Pipeline::geometry(int64_t h, int64_t w, Rng& rng) const {
       KILN_FAIL(InvalidArgument, "the pipeline ", describe(),
                 " has no uint8 / GPU geometry: ", why.empty() ? t->describe() : why,
                 "; use the float path (check Pipeline::geometric() first)");
+    }
+  }
+  return g;
+}
+
+SampleGeometry Pipeline::geometry(int64_t h, int64_t w, Rng& rng, SampleAugment& augment) const {
+  KILN_CHECK(h > 0 && w > 0, InvalidArgument, "Pipeline::geometry needs an image size, got ", h,
+             "x", w);
+  std::string why;
+  KILN_CHECK(geometric_with_augments(&why), InvalidArgument, "the pipeline ", describe(),
+             " has no uint8 / GPU geometry: ", why,
+             "; use the float path (check Pipeline::geometric_with_augments() first)");
+  augment = SampleAugment{};
+  SampleGeometry g = SampleGeometry::identity(h, w);
+  for (const auto& t : transforms_) {
+    if (t->value_augment() != Transform::ValueAugment::none) {
+      // The float path draws these on the image the transforms before them made: g's output.
+      t->draw_augment(augment, g.out_h(), g.out_w(), rng);
+    } else {
+      KILN_CHECK(t->compose(g, rng), Internal, t->describe(), " passed geometric_with_augments()",
+                 " but does not compose");
     }
   }
   return g;

@@ -108,6 +108,8 @@ void Engine::stage(int slot, const InputView& in) {
              "a batch needs exactly one of float images, uint8 images, an encoded batch or a "
              "device batch, got ",
              set);
+  KILN_CHECK(in.augments == nullptr || in.u8 != nullptr, InvalidArgument,
+             "InputView::augments goes with uint8 images (encoded batches carry their own)");
   if (in.device) {
     const DeviceBatch& d = *in.device;
     KILN_CHECK(d.images != nullptr && d.labels != nullptr, InvalidArgument,
@@ -124,7 +126,7 @@ void Engine::stage(int slot, const InputView& in) {
   if (in.f32) {
     backend_->stage_batch(slot, in.f32, in.labels);
   } else if (in.u8) {
-    backend_->stage_batch_u8(slot, in.u8, in.labels, *in.norm);
+    backend_->stage_batch_u8(slot, in.u8, in.labels, *in.norm, in.augments);
   } else {
     KILN_CHECK(in.encoded->batch == program_->options.batch, InvalidArgument,
                "an encoded batch of ", in.encoded->batch, " for a step compiled for ",

@@ -217,7 +217,7 @@ struct RunSetup {
 // pipeline is not one crop-and-resize (or --no-input-u8 asks for the reference path).
 LoaderOutput choose_input(const TrainConfig& c, const Pipeline& p, const Backend& b) {
   std::string why;
-  const bool geometric = p.geometric(&why);
+  const bool geometric = p.geometric_with_augments(&why);
   const bool folder = c.data == "folder";
   if (c.decode == DecodeWhere::gpu) {
     KILN_CHECK(folder, InvalidArgument, "--decode gpu decodes image files; --data ", c.data,
@@ -261,7 +261,9 @@ class InputBuffers {
   }
   int64_t next(Loader& l) {
     if (l.output() == LoaderOutput::float32) return l.next(f32_.data(), labels_.data());
-    if (l.output() == LoaderOutput::uint8) return l.next_u8(u8_, labels_.data());
+    if (l.output() == LoaderOutput::uint8) {
+      return l.next_u8(u8_, labels_.data(), l.has_augments() ? &augments_ : nullptr);
+    }
     cur_ ^= 1;
     return l.next_encoded(enc_[cur_]);
   }
@@ -273,6 +275,7 @@ class InputBuffers {
       v.f32 = f32_.data();
     } else if (!u8_.empty()) {
       v.u8 = u8_.data();
+      if (!augments_.empty()) v.augments = augments_.data();
     } else {
       v.encoded = &enc_[cur_];
     }
@@ -283,6 +286,7 @@ class InputBuffers {
   InputNormalization norm_;
   std::vector<float> f32_;
   std::vector<uint8_t> u8_;
+  std::vector<SampleAugment> augments_;  // uint8 with AutoAugment / RandomErasing
   std::vector<int32_t> labels_;
   EncodedBatch enc_[2];
   int cur_ = 0;
@@ -388,7 +392,7 @@ RunSetup setup_run(const TrainConfig& c, bool training) {
     r.test_loader = std::make_unique<Loader>(r.test_set, test_p, eo);
   };
   auto host_form = [&](const Pipeline& p) {
-    return p.geometric() && c.input_u8 ? LoaderOutput::uint8 : LoaderOutput::float32;
+    return p.geometric_with_augments() && c.input_u8 ? LoaderOutput::uint8 : LoaderOutput::float32;
   };
   make_loaders(host_form(train_p), host_form(test_p));
   const auto test_hwc = r.test_loader->sample_hwc();

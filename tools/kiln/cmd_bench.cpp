@@ -17,6 +17,7 @@
 #include "kiln/blueprint/zoo.h"
 #include "kiln/core/error.h"
 #include "kiln/core/rng.h"
+#include "kiln/data/auto_augment.h"
 #include "kiln/data/dataset.h"
 #include "kiln/data/loader.h"
 #include "kiln/data/transforms.h"
@@ -59,10 +60,18 @@ int bench_folder(const Flags& f, const std::string& model, const BluePrint& bp,
   const std::shared_ptr<Dataset> data = open_dataset(spec);
   Pipeline p;
   const Normalization stats = normalization_for("folder", bp.input.channels);
-  p.add<ToFloat>()
-      .add<RandomResizedCrop>(bp.input.height)
-      .add<RandomHorizontalFlip>(0.5f)
-      .add<Normalize>(stats.mean, stats.std);
+  p.add<ToFloat>().add<RandomResizedCrop>(bp.input.height).add<RandomHorizontalFlip>(0.5f);
+  // The training recipe's value augmentations, to time what they add on each input path.
+  if (f.has("auto-augment")) {
+    p.add<AutoAugment>(parse_auto_augment(f.str("auto-augment")),
+                       static_cast<int>(f.i64("ra-num-ops", 2)),
+                       static_cast<int>(f.i64("ra-magnitude", 9)));
+  }
+  p.add<Normalize>(stats.mean, stats.std);
+  const double erase = f.f64("random-erase", 0);
+  KILN_CHECK(erase >= 0 && erase <= 1, InvalidArgument,
+             "--random-erase is a probability in [0, 1] (0 = off), got ", erase);
+  if (erase > 0) p.add<RandomErasing>(static_cast<float>(erase));
   Engine engine(bp, eo);
   Backend& backend = engine.backend();
   const DecodeWhere where = parse_decode_where(f.str("decode", "auto"));
@@ -95,6 +104,7 @@ int bench_folder(const Flags& f, const std::string& model, const BluePrint& bp,
   std::vector<uint8_t> pixels(static_cast<size_t>(n * hwc[0] * hwc[1] * hwc[2]));
   std::vector<float> floats(lo.output == LoaderOutput::float32 ? pixels.size() : 0);
   std::vector<int32_t> labels(static_cast<size_t>(n));
+  std::vector<SampleAugment> augments;
   EncodedBatch enc[2];
   int64_t epoch = 0, done = 0;
   loader.start_epoch(epoch);
@@ -111,10 +121,11 @@ int bench_folder(const Flags& f, const std::string& model, const BluePrint& bp,
     v.labels = labels.data();
     const auto t_next = Clock::now();
     for (;;) {
-      const int64_t got = lo.output == LoaderOutput::encoded ? loader.next_encoded(enc[slot])
-                          : lo.output == LoaderOutput::uint8
-                              ? loader.next_u8(pixels, labels.data())
-                              : loader.next(floats.data(), labels.data());
+      const int64_t got =
+          lo.output == LoaderOutput::encoded ? loader.next_encoded(enc[slot])
+          : lo.output == LoaderOutput::uint8
+              ? loader.next_u8(pixels, labels.data(), loader.has_augments() ? &augments : nullptr)
+              : loader.next(floats.data(), labels.data());
       if (got == n) break;
       loader.start_epoch(++epoch);  // drop_last: 0 means the epoch ended
     }
@@ -132,6 +143,7 @@ int bench_folder(const Flags& f, const std::string& model, const BluePrint& bp,
       v.encoded = &enc[slot];
     } else if (lo.output == LoaderOutput::uint8) {
       v.u8 = pixels.data();
+      if (loader.has_augments()) v.augments = augments.data();
     } else {
       v.f32 = floats.data();
     }
@@ -139,7 +151,7 @@ int bench_folder(const Flags& f, const std::string& model, const BluePrint& bp,
       if (v.encoded) {
         backend.stage_batch_encoded(slot, *v.encoded, norm);
       } else if (v.u8) {
-        backend.stage_batch_u8(slot, v.u8, v.labels, norm);
+        backend.stage_batch_u8(slot, v.u8, v.labels, norm, v.augments);
       } else {
         backend.stage_batch(slot, v.f32, v.labels);
       }
@@ -268,6 +280,10 @@ int cmd_bench(int argc, char** argv) {
         "with --data folder: uint8 pixels (--no-input-u8: the float32 path, for comparison)", "on",
         true},
        {"workers", "with --data folder: loader threads (default: the machine's cores)", "", false},
+       {"auto-augment", "with --data folder: ra or ta_wide after the crop and flip", "", false},
+       {"ra-num-ops", "with --auto-augment ra: ops per image", "2", false},
+       {"ra-magnitude", "with --auto-augment ra: the magnitude bin, 0..30", "9", false},
+       {"random-erase", "with --data folder: RandomErasing's probability (0 = off)", "0", false},
        {"profile", "print where the time goes (CPU: per op kind; CUDA: per phase)", "off", true},
        {"cuda-profiler-range",
         "CUDA: record only the timed steps under an external profiler "

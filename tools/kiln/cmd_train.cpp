@@ -113,16 +113,14 @@ std::vector<FlagSpec> train_flags() {
        "bilinear", false},
       {"auto-augment",
        "ra (RandAugment) or ta_wide (TrivialAugmentWide) on training images after the crop and "
-       "flip, as "
-       "torchvision's; on the host, so batches go to the device as float32 (needs --decode cpu or "
-       "auto)",
+       "flip, as torchvision's; applied where the batch lands (on the GPU with --decode gpu or "
+       "uint8 input)",
        "", false},
       {"ra-magnitude", "with --auto-augment ra: the magnitude bin, 0..30", "9", false},
       {"ra-num-ops", "with --auto-augment ra: ops per image", "2", false},
       {"random-erase",
        "torchvision's RandomErasing on the normalised training images with this probability (0 = "
-       "off); on the "
-       "host, so batches go to the device as float32 (needs --decode cpu or auto)",
+       "off); applied where the batch lands (on the GPU with --decode gpu or uint8 input)",
        "0", false},
       {"image-size", "input size (0 = the model's default)", "0", false},
       {"val-resize-size",

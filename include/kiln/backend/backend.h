@@ -94,18 +94,21 @@ class Backend {
   virtual void stage_batch(int slot, const float* images, const int32_t* labels) = 0;
   // The same from uint8 NHWC pixels (a quarter of the bytes), normalised where they land: the
   // CUDA backend copies the bytes and normalises on its transfer stream, the CPU backend in its
-  // staging pass. `norm` has one mean and std per channel.
+  // staging pass. `norm` has one mean and std per channel. `augments`: null, or one per sample
+  // of the batch, applied there too (augment_normalize_u8).
   virtual void stage_batch_u8(int slot, const uint8_t* images, const int32_t* labels,
-                              const InputNormalization& norm) = 0;
+                              const InputNormalization& norm,
+                              const SampleAugment* augments = nullptr) = 0;
   // Whether stage_batch_encoded decodes JPEGs on the device (CUDA builds with nvJPEG on a GPU
   // that runs it); the reason when not, for the line the trainer prints.
   virtual bool decodes_jpeg(std::string* why_not = nullptr) const {
     if (why_not) *why_not = std::string(name()) + " backend has no JPEG decoder";
     return false;
   }
-  // Decodes, crops, resizes, flips and normalises an encoded batch into input slot A/B on the
-  // device (hardware JPEG engines where the GPU has them, else its CUDA cores; what nvJPEG
-  // refuses goes through batch.host_decode). Returns before the work ends, as stage_batch.
+  // Decodes, crops, resizes, flips, augments (each image's SampleAugment) and normalises an
+  // encoded batch into input slot A/B on the device (hardware JPEG engines where the GPU has
+  // them, else its CUDA cores; what nvJPEG refuses goes through batch.host_decode). Returns
+  // before the work ends, as stage_batch.
   virtual void stage_batch_encoded(int slot, const EncodedBatch& batch,
                                    const InputNormalization& norm) {
     (void)slot, (void)batch, (void)norm;
@@ -162,6 +165,12 @@ bool cuda_available();
 // x = (p / 255 - mean[c]) / std[c] over `pixels` pixels of norm.mean.size() channels: the
 // host's normalisation of uint8 input (the CPU backend's staging; tests' reference).
 void normalize_u8(const uint8_t* in, int64_t pixels, const InputNormalization& norm, float* out);
+// The same for a batch of h x w x c samples, each with its value augmentations (`augments`,
+// `batch` entries, sample_augment.h): the ops on a copy of its bytes, then the normalisation,
+// then its erase box. The CPU backend's staging, and the reference of the CUDA kernels.
+void augment_normalize_u8(const uint8_t* in, int64_t batch, int64_t h, int64_t w, int64_t c,
+                          const SampleAugment* augments, const InputNormalization& norm,
+                          float* out);
 
 // Float helpers over read()/write() that convert from/to the tensor's dtype (F32/F16/BF16).
 std::vector<float> read_floats(Backend& backend, const DTensor& t);

@@ -6,7 +6,9 @@
 //
 // On the float pipeline the transform rounds its [0, 1] input to bytes (what a uint8 image
 // would hold), runs the ops and divides by 255 again, so it needs ToFloat before it. The op
-// and magnitude choices draw from the sample's Rng, like every random transform.
+// and magnitude choices draw from the sample's Rng, like every random transform. On the uint8
+// and GPU paths the loader draws them (draw_augment) and the backend applies them to the
+// resampled bytes (sample_augment.h).
 #pragma once
 #include <cstdint>
 #include <string>
@@ -14,36 +16,19 @@
 #include <vector>
 
 #include "kiln/data/dataset.h"
+#include "kiln/data/sample_augment.h"
 #include "kiln/data/transforms.h"
 
 namespace kiln {
-
-// In torchvision's order of _augmentation_space: an op index drawn from [0, 14) means the same
-// op as there.
-enum class AugmentOp {
-  identity,
-  shear_x,
-  shear_y,
-  translate_x,
-  translate_y,
-  rotate,
-  brightness,
-  color,
-  contrast,
-  sharpness,
-  posterize,
-  solarize,
-  autocontrast,
-  equalize,
-};
-inline constexpr int kAugmentOps = 14;
-const char* augment_op_name(AugmentOp op);
 
 // torchvision's _apply_op(img, op, magnitude) with nearest sampling and fill 0: shears take the
 // magnitude as the shear factor (tan of the angle), translations whole pixels (truncated),
 // rotate degrees counter-clockwise, the colour ops the factor 1 + magnitude, posterize the bits
 // kept, solarize the threshold.
 void apply_augment_op(Image& image, AugmentOp op, double magnitude);
+// The same from the op's resolved constants (augment_op_params for this image's size): the
+// reference the CUDA kernel's arithmetic follows step by step.
+void apply_augment_params(Image& image, const AugmentOpParams& params);
 
 // torch.linspace(start, end, steps)[i] in float32, as its CPU kernel computes it (the two halves
 // from either end), which is where torchvision's magnitudes come from.
@@ -61,6 +46,8 @@ class AutoAugment : public Transform {
   void apply(FloatImage& image, Rng& rng) const override;
   std::string describe() const override;
   bool needs_unit_range() const override { return true; }
+  ValueAugment value_augment() const override { return ValueAugment::byte_ops; }
+  void draw_augment(SampleAugment& a, int64_t h, int64_t w, Rng& rng) const override;
 
   // The ops and signed magnitudes one image of h x w draws, in the order applied.
   std::vector<std::pair<AugmentOp, double>> draw(int64_t h, int64_t w, Rng& rng) const;

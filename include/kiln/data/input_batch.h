@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "kiln/data/sample_augment.h"
 #include "kiln/data/sample_geometry.h"
 
 namespace kiln {
@@ -30,6 +31,8 @@ struct EncodedImage {
   std::vector<uint8_t> bytes;
   SampleGeometry geometry;
   std::string name;  // the file, for messages
+  // Applied after the geometry, where the batch lands (host-decoded samples too).
+  SampleAugment augment;
 };
 
 struct EncodedBatch {

@@ -40,7 +40,9 @@ namespace kiln {
 // resampling per sample (Pipeline::geometry; image folders decode only what it reads), bytes
 // out, normalised where the batch lands. encoded: for a device that decodes JPEGs, the files'
 // bytes and each sample's geometry; what it cannot take is decoded here into host_pixels.
-// uint8 and encoded need Pipeline::geometric(); encoded needs Dataset::has_encoded().
+// uint8 and encoded need Pipeline::geometric_with_augments(), and hand out each sample's value
+// augmentations (sample_augment.h) for the backend to apply; encoded needs
+// Dataset::has_encoded().
 enum class LoaderOutput { float32, uint8, encoded };
 
 // Where the loader's time went, summed since start (the progress line's and summary's
@@ -95,12 +97,17 @@ class Loader {
   // The same in uint8 mode: batch_size*H*W*C bytes.
   int64_t next_u8(uint8_t* images, int32_t* labels);
   // The same, the batch handed over in `images` (resized to batch_size*H*W*C bytes): a swap
-  // of buffers with the loader where options.swap_u8, else a copy.
-  int64_t next_u8(std::vector<uint8_t>& images, int32_t* labels);
+  // of buffers with the loader where options.swap_u8, else a copy. `augments` (batch_size
+  // entries) receives each sample's value augmentations; it may be null only when the
+  // pipeline has none (has_augments()).
+  int64_t next_u8(std::vector<uint8_t>& images, int32_t* labels,
+                  std::vector<SampleAugment>* augments = nullptr);
   // The same in encoded mode: fills `batch` (its vectors are reused across calls) with the
   // next batch's samples; batch.host_decode stays valid until the next call.
   int64_t next_encoded(EncodedBatch& batch);
   LoaderOutput output() const { return options_.output; }
+  // The pipeline draws value augmentations that the uint8 and encoded batches carry.
+  bool has_augments() const { return augments_; }
   LoaderStats stats() const;
   int64_t batches_per_epoch() const { return batches_; }
   int64_t samples_per_epoch() const { return samples_; }
@@ -113,9 +120,10 @@ class Loader {
     int64_t remaining = 0;  // samples still being made
     int64_t error_at = -1;  // the lowest sample position that failed, -1 if none
     std::exception_ptr error;
-    std::vector<float> images;          // float32
-    std::vector<uint8_t> pixels;        // uint8; encoded: the samples decoded on the host
-    std::vector<EncodedImage> encoded;  // encoded
+    std::vector<float> images;            // float32
+    std::vector<uint8_t> pixels;          // uint8; encoded: the samples decoded on the host
+    std::vector<EncodedImage> encoded;    // encoded
+    std::vector<SampleAugment> augments;  // uint8 with value augmentations
     std::vector<int32_t> labels;
   };
 
@@ -126,13 +134,15 @@ class Loader {
   void make_samples(int64_t first, int64_t count, uint64_t generation);
   void make_one(int64_t position, Slot& slot, int64_t& error_at, std::exception_ptr& error);
   // One sample as uint8 (out: sample_bytes()); returns its label.
-  int32_t make_u8(int64_t index, const Rng& rng, uint8_t* out) const;
+  int32_t make_u8(int64_t index, const Rng& rng, uint8_t* out, SampleAugment* augment) const;
   // Decodes `enc` on the host with its geometry; a file whose pixels turn out corrupt is
   // marked so and the next good one is decoded instead, with the same rng (as sample() and
   // the float path replace). Returns the label of the file decoded.
   int32_t decode_on_host(Dataset::Encoded enc, const Rng& rng, uint8_t* out,
                          EncodedImage* decoded) const;
-  SampleGeometry checked_geometry(int64_t h, int64_t w, Rng rng, int64_t index) const;
+  // `augment`, where not null, receives the value augmentations drawn after the geometry.
+  SampleGeometry checked_geometry(int64_t h, int64_t w, Rng rng, int64_t index,
+                                  SampleAugment* augment = nullptr) const;
   // The next batch's slot, made here when there are no workers; null when the epoch is done.
   // release_batch() hands the slot back to the workers.
   Slot* wait_batch(const char* caller, LoaderOutput wanted);
@@ -144,6 +154,7 @@ class Loader {
   Pipeline pipeline_;
   LoaderOptions options_;
   std::array<int64_t, 3> hwc_{};
+  bool augments_ = false;
   int64_t per_rank_ = 0, samples_ = 0, batches_ = 0;
 
   // Epoch state, all under mutex_.

@@ -31,6 +31,7 @@
 #include "kiln/core/rng.h"
 #include "kiln/data/dataset.h"
 #include "kiln/data/input_batch.h"
+#include "kiln/data/sample_augment.h"
 #include "kiln/data/sample_geometry.h"
 
 namespace kiln {
@@ -78,6 +79,15 @@ class Transform {
   virtual bool compose(SampleGeometry& g, Rng& rng) const {
     (void)g, (void)rng;
     return false;
+  }
+  // The same paths' value augmentations (sample_augment.h): a transform the backend applies to
+  // the resampled sample says where (byte_ops: on its bytes before the normalisation, erase:
+  // on the normalised values), and draw_augment draws its parameters for the h x w sample into
+  // `a`, from rng exactly as apply() does.
+  enum class ValueAugment { none, byte_ops, erase };
+  virtual ValueAugment value_augment() const { return ValueAugment::none; }
+  virtual void draw_augment(SampleAugment& a, int64_t h, int64_t w, Rng& rng) const {
+    (void)a, (void)h, (void)w, (void)rng;
   }
 };
 
@@ -162,8 +172,8 @@ class Normalize : public Transform {
 
 // torchvision's RandomErasing on the normalised image: with probability p, a box of
 // scale x area pixels and aspect (h / w) drawn log-uniformly from ratio is set to value in every
-// channel; 10 tries, then nothing is erased. Not a crop-and-resize, so it keeps the pipeline on
-// the float path.
+// channel; 10 tries, then nothing is erased. The uint8 and GPU paths erase where the batch lands
+// (after Normalize, so it must come last there).
 class RandomErasing : public Transform {
  public:
   explicit RandomErasing(float p, std::array<float, 2> scale = {0.02f, 0.33f},
@@ -172,6 +182,8 @@ class RandomErasing : public Transform {
   std::string describe() const override;
   // The p draw and get_params for an h x w image: the box, or height 0 when nothing is erased.
   CropBox sample_box(int64_t h, int64_t w, Rng& rng) const;
+  ValueAugment value_augment() const override { return ValueAugment::erase; }
+  void draw_augment(SampleAugment& a, int64_t h, int64_t w, Rng& rng) const override;
 
  private:
   float p_;
@@ -222,15 +234,24 @@ class Pipeline {
   // Whether the uint8 / GPU path can run this pipeline: ToFloat, the geometric transforms,
   // then at most one Normalize, last (the reason when not).
   bool geometric(std::string* why_not = nullptr) const;
+  // The same, with value augmentations the backend applies (sample_augment.h): AutoAugment
+  // after the geometric transforms and before Normalize, at most one RandomErasing, last.
+  bool geometric_with_augments(std::string* why_not = nullptr) const;
+  bool has_augments() const;  // an AutoAugment or RandomErasing
   // The sample's geometry for a source of h x w, drawing from rng as operator() would, so both
   // paths crop the same boxes. Needs geometric().
   SampleGeometry geometry(int64_t h, int64_t w, Rng& rng) const;
+  // The same and, in `augment`, the value augmentations drawn after it (in the order and from
+  // the rng state of the float path's draws). Needs geometric_with_augments().
+  SampleGeometry geometry(int64_t h, int64_t w, Rng& rng, SampleAugment& augment) const;
   // The final Normalize's statistics on [0,1] pixels (mean 0, std 1 per channel when none),
   // such that (p / 255 - mean) / std is what the float path gives: without a ToFloat before
   // it, the float path's values are 0..255, so mean and std come out divided by 255.
   InputNormalization normalization(int64_t channels) const;
 
  private:
+  bool check_geometric(std::string* why_not, bool augments) const;
+
   std::vector<std::shared_ptr<const Transform>> transforms_;
   bool unit_range_ = false;  // a ToFloat has been added
 };

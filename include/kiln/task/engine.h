@@ -38,6 +38,9 @@ struct InputView {
   const DeviceBatch* device = nullptr;
   const int32_t* labels = nullptr;  // ignored for encoded and device (they carry their own)
   const InputNormalization* norm = nullptr;  // u8, encoded, and device batches of U8
+  // u8: null, or each sample's value augmentations (one per sample of the batch); encoded
+  // batches carry theirs in their images.
+  const SampleAugment* augments = nullptr;
 };
 
 struct StepStats {

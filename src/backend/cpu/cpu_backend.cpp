@@ -177,7 +177,8 @@ class CpuBackend final : public Backend {
   }
   // The last host pass: bytes to normalised floats straight into the slot.
   void stage_batch_u8(int slot, const uint8_t* images, const int32_t* labels,
-                      const InputNormalization& norm) override {
+                      const InputNormalization& norm,
+                      const SampleAugment* augments = nullptr) override {
     const Program& p = *ctx_.program;
     KILN_CHECK(slot == 0 || slot == 1, InvalidArgument, "stage_batch_u8: slot must be 0 or 1");
     const DTensor& t = p.tensor(p.io.staged_images[static_cast<size_t>(slot)]);
@@ -187,7 +188,15 @@ class CpuBackend final : public Backend {
     KILN_CHECK(channels > 0 && t.numel() % channels == 0, InvalidArgument,
                "stage_batch_u8: ", channels, " channel statistics for an input of ", t.numel(),
                " values");
-    normalize_u8(images, t.numel() / channels, norm, reinterpret_cast<float*>(address(t)));
+    float* out = reinterpret_cast<float*>(address(t));
+    if (augments) {
+      KILN_CHECK(t.shape.rank() == 4 && t.shape[3] == channels, InvalidArgument,
+                 "stage_batch_u8: augmented samples need an NHWC input of ", channels, " channels");
+      augment_normalize_u8(images, t.shape[0], t.shape[1], t.shape[2], channels, augments, norm,
+                           out);
+    } else {
+      normalize_u8(images, t.numel() / channels, norm, out);
+    }
     write(p.tensor(p.io.staged_labels[static_cast<size_t>(slot)]), labels);
   }
   void synchronize() override {}

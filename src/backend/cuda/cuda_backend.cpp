@@ -28,6 +28,7 @@
 #include <fstream>
 #include <map>
 
+#include "backend/cuda/augment_stage.h"
 #include "backend/cuda/cuda_kernel.h"
 #include "backend/cuda/graph_capture.h"
 #include "backend/cuda/input_stage.h"
@@ -238,7 +239,8 @@ class CudaBackend final : public CudaBackendApi {
   // The bytes go through the slot's pinned buffer (a quarter of its size is used) into a
   // device copy, which a kernel normalises into the slot once the slot's last reader is done.
   void stage_batch_u8(int slot, const uint8_t* images, const int32_t* labels,
-                      const InputNormalization& norm) override {
+                      const InputNormalization& norm,
+                      const SampleAugment* augments = nullptr) override {
     KILN_CHECK(ctx_.program != nullptr, State, "cuda backend: stage_batch_u8() before prepare()");
     KILN_CHECK(slot == 0 || slot == 1, InvalidArgument, "stage_batch_u8: slot must be 0 or 1");
     const Program& p = *ctx_.program;
@@ -259,8 +261,15 @@ class CudaBackend final : public CudaBackendApi {
     cudaStream_t s = ctx_.streams[2].stream;
     CUDA_CHECK(cudaMemcpyAsync(st.dev_u8, st.host, bytes, cudaMemcpyHostToDevice, s));
     if (st.read_recorded) CUDA_CHECK(cudaStreamWaitEvent(s, st.read, 0));
-    launch_normalize_u8(static_cast<const uint8_t*>(st.dev_u8), t.numel() / channels, np,
-                        address(t), t.dtype, s);
+    if (augments) {
+      KILN_CHECK(t.shape.rank() == 4 && t.shape[3] == channels, InvalidArgument,
+                 "stage_batch_u8: augmented samples need an NHWC input of ", channels, " channels");
+      augment_stage().stage_u8(static_cast<uint8_t*>(st.dev_u8), augments, t.shape[0], t.shape[1],
+                               t.shape[2], np, address(t), t.dtype, s);
+    } else {
+      launch_normalize_u8(static_cast<const uint8_t*>(st.dev_u8), t.numel() / channels, np,
+                          address(t), t.dtype, s);
+    }
     CUDA_CHECK(cudaMemcpyAsync(address(p.tensor(p.io.staged_labels[static_cast<size_t>(slot)])),
                                static_cast<uint8_t*>(st.host) + st.img_bytes, st.lab_bytes,
                                cudaMemcpyHostToDevice, s));
@@ -387,8 +396,7 @@ class CudaBackend final : public CudaBackendApi {
     cudaStream_t s = ctx_.streams[2].stream;
     const JpegStage::Prepared prep = jpeg_->prepare(batch, s);
     if (st.read_recorded) CUDA_CHECK(cudaStreamWaitEvent(s, st.read, 0));
-    launch_stage_samples(prep.descs, batch.batch, batch.height, batch.width, np, address(t),
-                         t.dtype, s);
+    augment_stage().stage_encoded(prep.descs, batch, np, address(t), t.dtype, s);
     CUDA_CHECK(cudaMemcpyAsync(address(lt), prep.labels, static_cast<size_t>(lt.bytes()),
                                cudaMemcpyHostToDevice, s));
     jpeg_->finished(s);
@@ -512,8 +520,13 @@ class CudaBackend final : public CudaBackendApi {
     return JpegStageOptions{ctx_.opts.nvjpeg, ctx_.opts.nvjpeg_hardware, ctx_.opts.nvjpeg_roi,
                             ctx_.opts.nvjpeg_cache};
   }
-  std::unique_ptr<JpegStage> jpeg_;  // made at the first stage_batch_encoded
-  DecodeCounters decoded_;           // summed over every JpegStage this backend made
+  std::unique_ptr<JpegStage> jpeg_;        // made at the first stage_batch_encoded
+  std::unique_ptr<AugmentStage> augment_;  // made at the first batch staged through it
+  AugmentStage& augment_stage() {
+    if (!augment_) augment_ = std::make_unique<AugmentStage>();
+    return *augment_;
+  }
+  DecodeCounters decoded_;  // summed over every JpegStage this backend made
   static constexpr int64_t kSmallWrite = 64;
   static constexpr size_t kSmallSlots = 64;
   struct LateReads {

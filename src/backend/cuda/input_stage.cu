@@ -5,6 +5,7 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <type_traits>
 
 #include "backend/cuda/cuda_kernel.h"
 #include "backend/cuda/input_stage.h"
@@ -90,10 +91,17 @@ template <>
 __device__ inline __half to_out<__half>(float v) {
   return __float2half_rn(v);
 }
+template <>
+__device__ inline uint8_t to_out<uint8_t>(float v) {  // the zero of padding samples only
+  return static_cast<uint8_t>(v);
+}
 
+// T = uint8_t: the resampled bytes (no normalisation, no erasing), rounded as resample_u8.
 template <typename T, int C>
 __global__ void stage_samples_kernel(const SampleDesc* __restrict__ descs, int64_t batch, int32_t h,
-                                     int32_t w, NormParams norm, T* __restrict__ out) {
+                                     int32_t w, NormParams norm, const AugmentDesc* augments,
+                                     T* __restrict__ out) {
+  constexpr bool kBytes = std::is_same_v<T, uint8_t>;
   const int64_t plane = int64_t{h} * w;
   const int64_t total = batch * plane;
   for (int64_t idx = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; idx < total;
@@ -135,14 +143,25 @@ __global__ void stage_samples_kernel(const SampleDesc* __restrict__ descs, int64
         for (int c = 0; c < C; ++c) acc[c] += wy * racc[c];
       }
     }
-    // Bicubic overshoots the source's range: clamp to bytes' as the host's rounding does.
-    if (ty.bicubic) {
+    if constexpr (kBytes) {
 #pragma unroll
-      for (int c = 0; c < C; ++c) acc[c] = fminf(255.0f, fmaxf(0.0f, acc[c]));
+      for (int c = 0; c < C; ++c) {
+        const float v = fminf(255.0f, fmaxf(0.0f, __fadd_rn(acc[c], 0.5f)));
+        o[c] = static_cast<uint8_t>(static_cast<int32_t>(v));
+      }
+    } else {
+      // Bicubic overshoots the source's range: clamp to bytes' as the host's rounding does.
+      if (ty.bicubic) {
+#pragma unroll
+        for (int c = 0; c < C; ++c) acc[c] = fminf(255.0f, fmaxf(0.0f, acc[c]));
+      }
+      const bool erase = augments != nullptr && erased(augments[k], oy, ox);
+#pragma unroll
+      for (int c = 0; c < C; ++c) {
+        o[c] = to_out<T>(erase ? augments[k].erase_value
+                               : __fadd_rn(__fmul_rn(acc[c], norm.scale[c]), norm.shift[c]));
+      }
     }
-#pragma unroll
-    for (int c = 0; c < C; ++c)
-      o[c] = to_out<T>(__fadd_rn(__fmul_rn(acc[c], norm.scale[c]), norm.shift[c]));
   }
 }
 
@@ -179,20 +198,25 @@ unsigned blocks_for(int64_t n) {
 
 template <typename T>
 void launch_samples_t(const SampleDesc* descs, int64_t batch, int32_t h, int32_t w,
-                      const NormParams& norm, T* out, cudaStream_t stream) {
+                      const NormParams& norm, const AugmentDesc* augments, T* out,
+                      cudaStream_t stream) {
   const unsigned blocks = blocks_for(batch * h * w);
   switch (norm.channels) {
     case 1:
-      stage_samples_kernel<T, 1><<<blocks, kThreads, 0, stream>>>(descs, batch, h, w, norm, out);
+      stage_samples_kernel<T, 1>
+          <<<blocks, kThreads, 0, stream>>>(descs, batch, h, w, norm, augments, out);
       break;
     case 3:
-      stage_samples_kernel<T, 3><<<blocks, kThreads, 0, stream>>>(descs, batch, h, w, norm, out);
+      stage_samples_kernel<T, 3>
+          <<<blocks, kThreads, 0, stream>>>(descs, batch, h, w, norm, augments, out);
       break;
     case 2:
-      stage_samples_kernel<T, 2><<<blocks, kThreads, 0, stream>>>(descs, batch, h, w, norm, out);
+      stage_samples_kernel<T, 2>
+          <<<blocks, kThreads, 0, stream>>>(descs, batch, h, w, norm, augments, out);
       break;
     case 4:
-      stage_samples_kernel<T, 4><<<blocks, kThreads, 0, stream>>>(descs, batch, h, w, norm, out);
+      stage_samples_kernel<T, 4>
+          <<<blocks, kThreads, 0, stream>>>(descs, batch, h, w, norm, augments, out);
       break;
     default:
       KILN_FAIL(InvalidArgument, "GPU input stage: ", norm.channels, " channels; it takes 1 to 4");
@@ -203,19 +227,32 @@ void launch_samples_t(const SampleDesc* descs, int64_t batch, int32_t h, int32_t
 }  // namespace
 
 void launch_stage_samples(const SampleDesc* descs, int64_t batch, int64_t h, int64_t w,
-                          const NormParams& norm, void* out, DType dtype, cudaStream_t stream) {
+                          const NormParams& norm, void* out, DType dtype, cudaStream_t stream,
+                          const AugmentDesc* augments) {
   KILN_CHECK(batch > 0 && h > 0 && w > 0 && h < (int64_t{1} << 30) && w < (int64_t{1} << 30),
              InvalidArgument, "GPU input stage: a batch of ", batch, " samples of ", h, "x", w);
   if (dtype == DType::F32) {
-    launch_samples_t(descs, batch, static_cast<int32_t>(h), static_cast<int32_t>(w), norm,
+    launch_samples_t(descs, batch, static_cast<int32_t>(h), static_cast<int32_t>(w), norm, augments,
                      static_cast<float*>(out), stream);
   } else if (dtype == DType::F16) {
-    launch_samples_t(descs, batch, static_cast<int32_t>(h), static_cast<int32_t>(w), norm,
+    launch_samples_t(descs, batch, static_cast<int32_t>(h), static_cast<int32_t>(w), norm, augments,
                      static_cast<__half*>(out), stream);
   } else {
     KILN_FAIL(Unsupported, "GPU input stage: the input slot is ", dtype_name(dtype),
               "; it writes F32 or F16");
   }
+}
+
+void launch_stage_samples_u8(const SampleDesc* descs, int64_t batch, int64_t h, int64_t w,
+                             int64_t channels, uint8_t* out, cudaStream_t stream) {
+  KILN_CHECK(batch > 0 && h > 0 && w > 0 && h < (int64_t{1} << 30) && w < (int64_t{1} << 30),
+             InvalidArgument, "GPU input stage: a batch of ", batch, " samples of ", h, "x", w);
+  KILN_CHECK(channels >= 1 && channels <= kMaxInputChannels, InvalidArgument,
+             "GPU input stage: ", channels, " channels; it takes 1 to ", kMaxInputChannels);
+  NormParams bytes;  // unused by the byte kernel but for its channel count
+  bytes.channels = static_cast<int32_t>(channels);
+  launch_samples_t(descs, batch, static_cast<int32_t>(h), static_cast<int32_t>(w), bytes, nullptr,
+                   out, stream);
 }
 
 void launch_normalize_u8(const uint8_t* in, int64_t pixels, const NormParams& norm, void* out,

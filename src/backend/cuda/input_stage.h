@@ -1,7 +1,8 @@
 // The GPU half of the input pipeline: one kernel per batch turns every sample into the step's
 // input slot (the antialiased resample of sample_geometry.h, the flip, the normalisation and
 // the cast to the slot's dtype), from decoded pixels already on the device: nvJPEG's output
-// (jpeg_stage.h) or host-decoded bytes copied there. A second kernel normalises plain uint8
+// (jpeg_stage.h) or host-decoded bytes copied there; with AutoAugment's ops it writes the
+// resampled bytes instead, for augment_stage.h. A second kernel normalises plain uint8
 // batches (stage_batch_u8, stage_batch_device), a third converts device labels. All run on
 // the transfer stream the caller gives.
 #pragma once
@@ -25,6 +26,20 @@ struct AxisDesc {
   int32_t win_lo = 0, win_n = 0;
   int32_t bicubic = 0;  // ResampleFilter::bicubic, else bilinear
 };
+
+// A sample's value augmentations on the device (augment_stage.h): its ops are
+// ops[first_op, first_op + ops) of the batch's AugmentOpParams; outputs in the erase box are
+// set to erase_value after the normalisation (erase_h 0: none).
+struct AugmentDesc {
+  int32_t first_op = 0, ops = 0;
+  int32_t erase_top = 0, erase_left = 0, erase_h = 0, erase_w = 0;
+  float erase_value = 0;
+  int32_t zero = 0;  // a padding sample of an encoded batch: every value written is 0
+};
+KILN_HD inline bool erased(const AugmentDesc& a, int32_t y, int32_t x) {
+  return y >= a.erase_top && y < a.erase_top + a.erase_h && x >= a.erase_left &&
+         x < a.erase_left + a.erase_w;
+}
 
 struct SampleDesc {
   const uint8_t* src = nullptr;  // decoded window, HWC, `pitch` bytes a row; null: reads as 0
@@ -105,9 +120,15 @@ KILN_HD inline float tap_weight(const Taps& t, int32_t j) {
 // The source pixels an axis reads, [*first, *last), empty (first == last) when none.
 void axis_span(const AxisDesc& a, int64_t* first, int64_t* last);
 
-// out (batch x h x w x channels of `dtype`, F32 or F16) from the device descriptors.
+// out (batch x h x w x channels of `dtype`, F32 or F16) from the device descriptors; with
+// `augments` (device, batch entries, or null), each sample's erase box set to its value.
 void launch_stage_samples(const SampleDesc* descs, int64_t batch, int64_t h, int64_t w,
-                          const NormParams& norm, void* out, DType dtype, cudaStream_t stream);
+                          const NormParams& norm, void* out, DType dtype, cudaStream_t stream,
+                          const AugmentDesc* augments = nullptr);
+// The resampled samples as bytes (batch x h x w x channels), rounded as the host's
+// resample_u8 rounds (v + 0.5 clamped to [0, 255], truncated): the input of the ops.
+void launch_stage_samples_u8(const SampleDesc* descs, int64_t batch, int64_t h, int64_t w,
+                             int64_t channels, uint8_t* out, cudaStream_t stream);
 // out[p, c] = normalised in[p, c] over `pixels` pixels (device pointers).
 void launch_normalize_u8(const uint8_t* in, int64_t pixels, const NormParams& norm, void* out,
                          DType dtype, cudaStream_t stream);
