@@ -74,8 +74,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   std::vector<std::string> files;
-  for (const auto& e : std::filesystem::recursive_directory_iterator(
-           std::filesystem::path(argv[1]) / "train")) {
+  for (const auto& e :
+       std::filesystem::recursive_directory_iterator(std::filesystem::path(argv[1]) / "train")) {
     if (e.is_regular_file()) files.push_back(e.path().string());
   }
   std::sort(files.begin(), files.end());
@@ -86,8 +86,8 @@ int main(int argc, char** argv) {
   int repeat = 1;
   for (int i = 4; i < argc; ++i) {
     if (std::strncmp(argv[i], "fixed=", 6) == 0) {
-      job.options.math = argv[i][6] == '1' ? kiln::ResampleMath::fixed16
-                                           : kiln::ResampleMath::float32;
+      job.options.math =
+          argv[i][6] == '1' ? kiln::ResampleMath::fixed16 : kiln::ResampleMath::float32;
     } else if (std::strncmp(argv[i], "stop=", 5) == 0) {
       job.options.progressive_stop = argv[i][5] == '1';
     } else if (std::strncmp(argv[i], "repeat=", 7) == 0) {

@@ -318,7 +318,9 @@ bool jpeg_decode_window(const uint8_t* bytes, size_t size, WindowPlan& plan, Jpe
   st.width = width;
   const size_t full_stride = static_cast<size_t>(st.cinfo.output_width) * st.raw_channels;
   const size_t stride = static_cast<size_t>(st.width * st.raw_channels);
-  st.raw->resize(std::max(stride, full_stride) * static_cast<size_t>(win.height + 1));
+  // Grown only: resize() down and up again would zero-fill the difference for every image.
+  const size_t raw_size = std::max(stride, full_stride) * static_cast<size_t>(win.height + 1);
+  if (st.raw->size() < raw_size) st.raw->resize(raw_size);
   // Rows above the window (only where the library cannot skip them) are read and overwritten.
   while (static_cast<int64_t>(st.cinfo.output_scanline) < win.top) {
     JSAMPROW row = st.raw->data();

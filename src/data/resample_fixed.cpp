@@ -100,8 +100,8 @@ void vertical_plain(const uint8_t* const* rows, const int16_t* q, int32_t taps, 
 #if KILN_RESAMPLE_X86
 // Two taps at a time: the rows' bytes interleaved (a0 b0 a1 b1 ...), widened to int16 and
 // multiplied by (qa, qb) pairs with pmaddwd; 16 values an iteration.
-void vertical_sse2(const uint8_t* const* rows, const int16_t* q, int32_t taps, int64_t n,
-                   int shift, int16_t* dst) {
+void vertical_sse2(const uint8_t* const* rows, const int16_t* q, int32_t taps, int64_t n, int shift,
+                   int16_t* dst) {
   const __m128i zero = _mm_setzero_si128();
   const __m128i half = _mm_set1_epi32(1 << (shift - 1));
   const __m128i count = _mm_cvtsi32_si128(shift);
@@ -156,15 +156,15 @@ void horizontal_plain(const int16_t* mid, const FixedAxis& fx, const int32_t* of
 // (qa qb qa qb qa qb 0 0). PAIRS > 0: that many pairs, unrolled; 0: `pairs` at run time.
 template <int PAIRS>
 __attribute__((target("ssse3"))) inline __m128i pixel3(const int16_t* s, const int16_t* w,
-                                                       int32_t pairs, __m128i half,
-                                                       __m128i count) {
+                                                       int32_t pairs, __m128i half, __m128i count) {
   const __m128i order = _mm_setr_epi8(0, 1, 6, 7, 2, 3, 8, 9, 4, 5, 10, 11, -1, -1, -1, -1);
   const int32_t np = PAIRS > 0 ? PAIRS : pairs;
   __m128i a = half;
   for (int32_t p = 0; p < np; ++p) {
     const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 6 * p));
-    a = _mm_add_epi32(a, _mm_madd_epi16(_mm_shuffle_epi8(v, order),
-                                        _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + 8 * p))));
+    a = _mm_add_epi32(a,
+                      _mm_madd_epi16(_mm_shuffle_epi8(v, order),
+                                     _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + 8 * p))));
   }
   return _mm_sra_epi32(a, count);
 }
@@ -195,9 +195,8 @@ template <int PAIRS>
 __attribute__((target("avx2"))) inline __m256i pixel3x2(const int16_t* s0, const int16_t* s1,
                                                         const int16_t* w, int32_t pairs,
                                                         __m256i half, __m128i count) {
-  const __m256i order =
-      _mm256_setr_epi8(0, 1, 6, 7, 2, 3, 8, 9, 4, 5, 10, 11, -1, -1, -1, -1, 0, 1, 6, 7, 2, 3, 8,
-                       9, 4, 5, 10, 11, -1, -1, -1, -1);
+  const __m256i order = _mm256_setr_epi8(0, 1, 6, 7, 2, 3, 8, 9, 4, 5, 10, 11, -1, -1, -1, -1, 0, 1,
+                                         6, 7, 2, 3, 8, 9, 4, 5, 10, 11, -1, -1, -1, -1);
   const int32_t np = PAIRS > 0 ? PAIRS : pairs;
   __m256i a = half;
   for (int32_t p = 0; p < np; ++p) {
@@ -225,14 +224,14 @@ __attribute__((target("avx2"))) void horizontal3_avx2(const int16_t* mid, const 
                                       wide + (i / 2 + 1) * pairs * 16, pairs, half, count);
     // Lane 0 holds pixels i, i+2; lane 1 pixels i+1, i+3 (4 bytes each after the packs).
     const __m256i bytes = _mm256_packus_epi16(_mm256_packs_epi32(a, b), _mm256_setzero_si256());
-    const __m128i ordered = _mm_unpacklo_epi32(_mm256_castsi256_si128(bytes),
-                                               _mm256_extracti128_si256(bytes, 1));
+    const __m128i ordered =
+        _mm_unpacklo_epi32(_mm256_castsi256_si128(bytes), _mm256_extracti128_si256(bytes, 1));
     _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + 3 * i), _mm_shuffle_epi8(ordered, squeeze));
   }
 }
 
-using Horizontal3 = void (*)(const int16_t*, const int16_t*, int32_t, const int32_t*, int64_t,
-                             int, uint8_t*);
+using Horizontal3 = void (*)(const int16_t*, const int16_t*, int32_t, const int32_t*, int64_t, int,
+                             uint8_t*);
 Horizontal3 pick_horizontal3(bool avx2, int32_t pairs) {
   switch (pairs) {
     case 1:
@@ -249,30 +248,63 @@ Horizontal3 pick_horizontal3(bool avx2, int32_t pairs) {
 }
 
 // Vertical pass with AVX2: 16 values an iteration, bytes widened with vpmovzxbw; the packs
-// work per lane and the lanes hold values 0-7 and 8-15, so the order comes out right.
+// work per lane and the lanes hold values 0-7 and 8-15, so the order comes out right. TAPS > 0:
+// that many taps, unrolled, the rows and weights held in registers; 0: `taps` at run time.
+template <int TAPS>
 __attribute__((target("avx2"))) void vertical_avx2(const uint8_t* const* rows, const int16_t* q,
                                                    const int32_t* pair_weights, int32_t taps,
                                                    int64_t n, int shift, int16_t* dst) {
+  constexpr int kMax = TAPS > 0 ? TAPS : 1;
+  const int32_t nt = TAPS > 0 ? TAPS : taps;
+  const uint8_t* r[kMax + 1];
+  __m256i w[(kMax + 1) / 2];
+  if (TAPS > 0) {
+    for (int k = 0; k < TAPS; ++k) r[k] = rows[k];
+    for (int k = 0; k < TAPS; k += 2) w[k / 2] = _mm256_set1_epi32(pair_weights[k / 2]);
+  }
   const __m256i half = _mm256_set1_epi32(1 << (shift - 1));
   const __m128i count = _mm_cvtsi32_si128(shift);
   int64_t j = 0;
   for (; j + 16 <= n; j += 16) {
     __m256i lo = half, hi = half;
-    for (int32_t k = 0; k < taps; k += 2) {
+    for (int32_t k = 0; k < nt; k += 2) {
+      const uint8_t* ra = TAPS > 0 ? r[k] : rows[k];
       const __m256i a =
-          _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[k] + j)));
-      const __m256i b =
-          k + 1 < taps ? _mm256_cvtepu8_epi16(
-                             _mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[k + 1] + j)))
-                       : _mm256_setzero_si256();
-      const __m256i w = _mm256_set1_epi32(pair_weights[k / 2]);
-      lo = _mm256_add_epi32(lo, _mm256_madd_epi16(_mm256_unpacklo_epi16(a, b), w));
-      hi = _mm256_add_epi32(hi, _mm256_madd_epi16(_mm256_unpackhi_epi16(a, b), w));
+          _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ra + j)));
+      __m256i b = _mm256_setzero_si256();
+      if (k + 1 < nt) {
+        const uint8_t* rb = TAPS > 0 ? r[k + 1] : rows[k + 1];
+        b = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rb + j)));
+      }
+      const __m256i wk = TAPS > 0 ? w[k / 2] : _mm256_set1_epi32(pair_weights[k / 2]);
+      lo = _mm256_add_epi32(lo, _mm256_madd_epi16(_mm256_unpacklo_epi16(a, b), wk));
+      hi = _mm256_add_epi32(hi, _mm256_madd_epi16(_mm256_unpackhi_epi16(a, b), wk));
     }
     lo = _mm256_sra_epi32(lo, count), hi = _mm256_sra_epi32(hi, count);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + j), _mm256_packs_epi32(lo, hi));
   }
   vertical_plain(rows, q, taps, j, n, shift, dst);
+}
+
+using Vertical = void (*)(const uint8_t* const*, const int16_t*, const int32_t*, int32_t, int64_t,
+                          int, int16_t*);
+Vertical pick_vertical_avx2(int32_t taps) {
+  switch (taps) {
+    case 1:
+      return vertical_avx2<1>;
+    case 2:
+      return vertical_avx2<2>;
+    case 3:
+      return vertical_avx2<3>;
+    case 4:
+      return vertical_avx2<4>;
+    case 5:
+      return vertical_avx2<5>;
+    case 6:
+      return vertical_avx2<6>;
+    default:
+      return vertical_avx2<0>;
+  }
 }
 
 bool cpu_has_ssse3() {
@@ -287,12 +319,12 @@ bool cpu_has_avx2() {
 
 // Per-thread scratch, reused across samples.
 struct FixedScratch {
-  std::vector<int16_t> mid;          // one output row after the vertical pass, zero slack after
-  std::vector<int32_t> offset;       // each output's first tap, as an index into mid
-  std::vector<int16_t> wide;         // the horizontal tap pairs laid out for the SIMD pass
+  std::vector<int16_t> mid;           // one output row after the vertical pass, zero slack after
+  std::vector<int32_t> offset;        // each output's first tap, as an index into mid
+  std::vector<int16_t> wide;          // the horizontal tap pairs laid out for the SIMD pass
   std::vector<int32_t> pair_weights;  // one output row's vertical tap pairs, packed
-  std::vector<const uint8_t*> rows;  // one output row's source rows
-  std::vector<uint8_t> row;          // one output row, with slack for the padded outputs
+  std::vector<const uint8_t*> rows;   // one output row's source rows
+  std::vector<uint8_t> row;           // one output row, with slack for the padded outputs
 };
 thread_local FixedScratch tl_fixed;
 
@@ -358,8 +390,8 @@ void resample_u8_fixed(const uint8_t* src, int64_t c, int64_t stride, const Resa
     for (int64_t i = 0; i < out_w; ++i) {
       const int16_t* q = fx.q.data() + i * nk;
       for (int32_t k = 0; k < nk; ++k) {
-        const int64_t at = avx2 ? ((i / 2) * pairs + k / 2) * 16 + (i % 2) * 8
-                                : (i * pairs + k / 2) * 8;
+        const int64_t at =
+            avx2 ? ((i / 2) * pairs + k / 2) * 16 + (i % 2) * 8 : (i * pairs + k / 2) * 8;
         int16_t* w = s.wide.data() + at + (k & 1);
         w[0] = w[2] = w[4] = q[k];
       }
@@ -390,7 +422,8 @@ void resample_u8_fixed(const uint8_t* src, int64_t c, int64_t stride, const Resa
         s.pair_weights[static_cast<size_t>(k / 2)] =
             static_cast<int32_t>((uint32_t{b} << 16) | static_cast<uint16_t>(q[k]));
       }
-      vertical_avx2(s.rows.data(), q, s.pair_weights.data(), taps, n, vshift, s.mid.data());
+      pick_vertical_avx2(taps)(s.rows.data(), q, s.pair_weights.data(), taps, n, vshift,
+                               s.mid.data());
     } else if (simd) {
       vertical_sse2(s.rows.data(), q, taps, n, vshift, s.mid.data());
     } else {

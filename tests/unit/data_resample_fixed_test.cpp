@@ -62,8 +62,7 @@ std::vector<double> ref_resample(const std::vector<uint8_t>& img, bool cubic, co
         double s = 0;
         for (auto [sy, wy] : ky[static_cast<size_t>(y)]) {
           for (auto [sx, wx] : kx[static_cast<size_t>(x)]) {
-            s += wy * wx *
-                 img[static_cast<size_t>(((k.top + sy) * k.w + k.left + sx) * k.c + ch)];
+            s += wy * wx * img[static_cast<size_t>(((k.top + sy) * k.w + k.left + sx) * k.c + ch)];
           }
         }
         out[static_cast<size_t>((y * k.ow + (k.flip ? k.ow - 1 - x : x)) * k.c + ch)] = s;
@@ -220,7 +219,8 @@ TEST(DataResampleFixed, AgreesWithTheFloatFormOnRandomCrops) {
     const int64_t w = 20 + static_cast<int64_t>(draw.below(400));
     const int64_t c = draw.below(4) == 0 ? 1 : 3;
     const int64_t size = 5 + static_cast<int64_t>(draw.below(240));
-    const ResampleFilter f = draw.below(3) == 0 ? ResampleFilter::bicubic : ResampleFilter::bilinear;
+    const ResampleFilter f =
+        draw.below(3) == 0 ? ResampleFilter::bicubic : ResampleFilter::bilinear;
     Pipeline p;
     p.add<RandomResizedCrop>(size, std::array{0.08f, 1.0f}, std::array{0.75f, 4.0f / 3.0f}, f)
         .add<RandomHorizontalFlip>();
