@@ -247,6 +247,31 @@ Horizontal3 pick_horizontal3(bool avx2, int32_t pairs) {
   }
 }
 
+// Grey rows with AVX2: eight outputs a step; per tap pair, one gather of the eight outputs'
+// two neighbouring int16 (as an int32) and one pmaddwd with their weights (16 int16 per eight
+// outputs and tap pair in `wide`). out_w is padded to a multiple of 8 like the RGB pass's.
+__attribute__((target("avx2"))) void horizontal1_avx2(const int16_t* mid, const int16_t* wide,
+                                                      int32_t pairs, const int32_t* offset,
+                                                      int64_t out_w, int shift, uint8_t* dst) {
+  const __m256i half = _mm256_set1_epi32(1 << (shift - 1));
+  const __m128i count = _mm_cvtsi32_si128(shift);
+  for (int64_t i = 0; i < out_w; i += 8) {
+    const __m256i at = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(offset + i));
+    const int16_t* w = wide + (i / 8) * pairs * 16;
+    __m256i a = half;
+    for (int32_t p = 0; p < pairs; ++p) {
+      const __m256i v = _mm256_i32gather_epi32(reinterpret_cast<const int*>(mid + 2 * p), at, 2);
+      a = _mm256_add_epi32(
+          a,
+          _mm256_madd_epi16(v, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 16 * p))));
+    }
+    a = _mm256_sra_epi32(a, count);
+    const __m128i words =
+        _mm_packs_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(dst + i), _mm_packus_epi16(words, words));
+  }
+}
+
 // Vertical pass with AVX2: 16 values an iteration, bytes widened with vpmovzxbw; the packs
 // work per lane and the lanes hold values 0-7 and 8-15, so the order comes out right. TAPS > 0:
 // that many taps, unrolled, the rows and weights held in registers; 0: `taps` at run time.
@@ -374,10 +399,15 @@ void resample_u8_fixed(const uint8_t* src, int64_t c, int64_t stride, const Resa
   const size_t mid_size = static_cast<size_t>(n + (2 * pairs + 2) * c + 16);
   if (s.mid.size() < mid_size) s.mid.resize(mid_size);
   std::fill(s.mid.begin() + n, s.mid.begin() + static_cast<std::ptrdiff_t>(mid_size), 0);
-  // The SIMD horizontal pass runs outputs in fours: the padding outputs have zero weights and
-  // offset 0, and land in the row buffer's slack.
+  // The SIMD horizontal passes run outputs in fours (RGB) or eights (grey, AVX2): the padding
+  // outputs have zero weights and offset 0, and land in the row buffer's slack.
   const bool rgb_simd = simd && c == 3;
-  const int64_t padded = rgb_simd ? (out_w + 3) / 4 * 4 : out_w;
+#if KILN_RESAMPLE_X86
+  const bool grey_simd = avx2 && c == 1;
+#else
+  const bool grey_simd = false;
+#endif
+  const int64_t padded = rgb_simd ? (out_w + 3) / 4 * 4 : grey_simd ? (out_w + 7) / 8 * 8 : out_w;
   s.offset.assign(static_cast<size_t>(padded), 0);
   for (int64_t i = 0; i < out_w; ++i) {
     // An output with no taps has zero weights; any offset inside the row does.
@@ -394,6 +424,15 @@ void resample_u8_fixed(const uint8_t* src, int64_t c, int64_t stride, const Resa
             avx2 ? ((i / 2) * pairs + k / 2) * 16 + (i % 2) * 8 : (i * pairs + k / 2) * 8;
         int16_t* w = s.wide.data() + at + (k & 1);
         w[0] = w[2] = w[4] = q[k];
+      }
+    }
+  }
+  if (grey_simd) {
+    s.wide.assign(static_cast<size_t>(padded * pairs * 2), 0);
+    for (int64_t i = 0; i < out_w; ++i) {
+      const int16_t* q = fx.q.data() + i * nk;
+      for (int32_t k = 0; k < nk; ++k) {
+        s.wide[static_cast<size_t>(((i / 8) * pairs + k / 2) * 16 + (i % 8) * 2 + (k & 1))] = q[k];
       }
     }
   }
@@ -429,9 +468,9 @@ void resample_u8_fixed(const uint8_t* src, int64_t c, int64_t stride, const Resa
     } else {
       vertical_plain(s.rows.data(), q, taps, 0, n, vshift, s.mid.data());
     }
-    if (rgb_simd) {
-      horizontal3(s.mid.data(), s.wide.data(), pairs, s.offset.data(), padded, hshift,
-                  s.row.data());
+    if (rgb_simd || grey_simd) {
+      (rgb_simd ? horizontal3 : horizontal1_avx2)(s.mid.data(), s.wide.data(), pairs,
+                                                  s.offset.data(), padded, hshift, s.row.data());
       std::memcpy(o, s.row.data(), static_cast<size_t>(row));
       continue;
     }
