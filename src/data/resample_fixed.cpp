@@ -371,7 +371,8 @@ void resample_u8_fixed(const uint8_t* src, int64_t c, int64_t stride, const Resa
   const bool avx2 = level == FixedSimd::best && cpu_has_avx2();
   const bool simd = level != FixedSimd::plain && cpu_has_ssse3();
 #else
-  const bool simd = false;
+  const bool avx2 = false, simd = false;
+  (void)level;
 #endif
   // Vertical weights, then the intermediate's fraction bits F: the most that keeps every
   // vertical sum (within [-255 neg, 255 pos] / 2^bits) inside int16; 7 at most, so that the
@@ -402,11 +403,7 @@ void resample_u8_fixed(const uint8_t* src, int64_t c, int64_t stride, const Resa
   // The SIMD horizontal passes run outputs in fours (RGB) or eights (grey, AVX2): the padding
   // outputs have zero weights and offset 0, and land in the row buffer's slack.
   const bool rgb_simd = simd && c == 3;
-#if KILN_RESAMPLE_X86
   const bool grey_simd = avx2 && c == 1;
-#else
-  const bool grey_simd = false;
-#endif
   const int64_t padded = rgb_simd ? (out_w + 3) / 4 * 4 : grey_simd ? (out_w + 7) / 8 * 8 : out_w;
   s.offset.assign(static_cast<size_t>(padded), 0);
   for (int64_t i = 0; i < out_w; ++i) {
