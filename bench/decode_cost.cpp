@@ -6,7 +6,7 @@
 // (seed, epoch, index) draws. Bytes are read before timing. Prints an FNV-1a checksum of the
 // outputs (equal across runs whose switches keep the pixels) and the thread CPU time.
 //
-//   g++ -O2 -std=c++17 -Iinclude bench/decode_cost.cpp -Lbuild -lkiln -Wl,-rpath,$PWD/build \
+//   g++ -O2 -std=c++20 -Iinclude bench/decode_cost.cpp -Lbuild -lkiln -Wl,-rpath,$PWD/build \
 //       -o build/decode_cost
 //   build/decode_cost DIR N u8|float [fixed=0|1] [stop=0|1] [repeat=R]
 #include <time.h>
