@@ -3,10 +3,12 @@
 // rows is one pmaddwd (byte pixels widened to int16, times int16 weights, summed in int32),
 // rounded to an int16 intermediate with F fraction bits (7, or fewer where bicubic's overshoot
 // needs the range). Horizontal pass: for an RGB output pixel, one pshufb puts two neighbouring
-// pixels' channels side by side and one pmaddwd applies a tap pair to all three channels.
-// Weights carry 15 fraction bits where every weight and sum fits (14 when a weight is 1), and
-// each output's weights are nudged to sum exactly to one, so flat regions come out exact.
-// Integer sums are exact, so the SIMD and the plain loops agree bit for bit.
+// pixels' channels side by side and one pmaddwd applies a tap pair to all three channels
+// (AVX2: two output pixels an instruction; grey rows: a gather of eight outputs' tap pairs).
+// The AVX2 loops run where the CPU has AVX2 (checked at run time), else SSE2/SSSE3. Weights carry
+// 15 fraction bits where every weight and sum fits (14 when a weight is 1), and each output's
+// weights are nudged to sum exactly to one, so flat regions come out exact. Integer sums are exact,
+// so the SIMD and the plain loops agree bit for bit.
 #include "resample_fixed.h"
 
 #include <algorithm>
