@@ -17,7 +17,10 @@
 #   ROWS: any of synthetic input-gpu input-cpu input-float folder-gpu folder-cpu train-gpu
 #         train-cpu train-float eval-gpu eval-cpu
 #         torch torch-eval; *-float is the host's float path (--no-input-u8), the one kiln
-#         had before issue 16; train-base runs kiln train with no --decode (older builds)
+#         had before issue 16; train-base runs kiln train with no --decode (older builds);
+#         input-cpu-plain is the host's uint8 path with the fixed-point resample and the
+#         progressive early stop off (KILN_RESAMPLE_FIXED_POINT=0 KILN_JPEG_PROGRESSIVE_STOP=0);
+#         a row may repeat (alternating rounds), each run adds its line to the table
 # Environment: BUILD (default build-gpu), JPEG_ROOT (default /tmp/kiln-jpegs; made if missing),
 # WORKERS (default the cores), EPOCHS (default 3: the first warms up), LOGS, BENCH_EXTRA (flags
 # added to the folder-* and input-* rows' kiln bench, e.g. "--auto-augment ra --random-erase 0.25").
@@ -55,6 +58,7 @@ PY
 decode_flags() {
   case $1 in
     float) echo "--decode cpu --no-input-u8" ;;
+    cpu-plain) echo "--decode cpu" ;;
     base) echo "" ;;
     *) echo "--decode $1" ;;
   esac
@@ -81,7 +85,9 @@ for entry in $MODELS; do
         v=$(grep '^{"bench":"kiln-folder"' "$out" | tail -1 | python3 -c "import json,sys; print(json.loads(sys.stdin.read() or '{}').get('images_per_second','nan'))")
         row "$m" "$r" "$v" "$(bench_cores "$out" "$b0")" "kiln bench --data folder: steps fed from the files" ;;
       input-*)
-        "$BUILD"/kiln bench --input-only --model "$m" --batch 256 --amp --data folder --data-dir "$ROOT" \
+        plain=""
+        [ "$r" = input-cpu-plain ] && plain="KILN_RESAMPLE_FIXED_POINT=0 KILN_JPEG_PROGRESSIVE_STOP=0"
+        env $plain "$BUILD"/kiln bench --input-only --model "$m" --batch 256 --amp --data folder --data-dir "$ROOT" \
           $(decode_flags "${r#input-}") ${BENCH_EXTRA:-} --workers "$WORKERS" --steps 40 >"$out" 2>&1
         v=$(grep '^{"bench":"kiln-input"' "$out" | tail -1 | python3 -c "import json,sys; print(json.loads(sys.stdin.read() or '{}').get('images_per_second','nan'))")
         row "$m" "$r" "$v" "$(bench_cores "$out" "$b0")" "files to the staged input buffer, no step" ;;

@@ -19,6 +19,7 @@
 #include <cstring>
 #include <memory>
 
+#include "jpeg_progressive.h"
 #include "kiln/core/error.h"
 
 // jpeg_crop_scanline and jpeg_skip_scanlines: libjpeg-turbo 1.5 and later. Elsewhere the
@@ -231,7 +232,7 @@ struct JpegWindowState {
 // known) and stops. Returns false with st.err.message set on failure.
 struct WindowPlan {
   const SampleGeometry* g;
-  bool dct_scaling, crop, tight_margin, batch_rows;
+  bool dct_scaling, crop, tight_margin, batch_rows, progressive_stop;
   int64_t max_pixels;
   SampleGeometry scaled;  // g on the scaled image
 };
@@ -273,7 +274,28 @@ bool jpeg_decode_window(const uint8_t* bytes, size_t size, WindowPlan& plan, Jpe
   SourceWindow win =
       plan.crop ? source_window(plan.scaled) : SourceWindow{0, 0, st.scaled_h, st.scaled_w};
   if (win.height <= 0 || win.width <= 0) win = {0, 0, 1, 1};  // nothing read: decode a pixel
+#if KILN_JPEG_CROP
+  // Progressive files decode every scan before the first row comes out; the rows below the
+  // window need not be. Only for data that ends with EOI (else decoded to the end, below).
+  const bool stop_scans =
+      plan.crop && plan.progressive_stop && st.cinfo.progressive_mode && ends_with_eoi(bytes, size);
+  st.cinfo.buffered_image = stop_scans;
   jpeg_start_decompress(&st.cinfo);
+  if (stop_scans) {
+#if JPEG_LIB_VERSION >= 70
+    const int64_t imcu = st.cinfo.max_v_samp_factor * st.cinfo.min_DCT_v_scaled_size;
+#else
+    const int64_t imcu = st.cinfo.max_v_samp_factor * st.cinfo.min_DCT_scaled_size;
+#endif
+    // Two iMCU rows past the one holding the window's last row: the fancy upsampler's context
+    // row and block smoothing's two block rows below (chroma has one block row an iMCU row).
+    const int64_t last = (win.top + win.height - 1) / std::max<int64_t>(1, imcu);
+    consume_progressive(st.cinfo, static_cast<unsigned>(last + 3));
+    jpeg_start_output(&st.cinfo, st.cinfo.input_scan_number);
+  }
+#else
+  jpeg_start_decompress(&st.cinfo);
+#endif
   st.raw_channels = st.cinfo.output_components;
   // Fancy (smooth) chroma upsampling replicates the edge chroma sample of a cropped region
   // where the full decode sees the neighbouring one, which changes the region's outermost pixel
@@ -296,7 +318,9 @@ bool jpeg_decode_window(const uint8_t* bytes, size_t size, WindowPlan& plan, Jpe
   st.width = width;
   const size_t full_stride = static_cast<size_t>(st.cinfo.output_width) * st.raw_channels;
   const size_t stride = static_cast<size_t>(st.width * st.raw_channels);
-  st.raw->resize(std::max(stride, full_stride) * static_cast<size_t>(win.height + 1));
+  // Grown only: resize() down and up again would zero-fill the difference for every image.
+  const size_t raw_size = std::max(stride, full_stride) * static_cast<size_t>(win.height + 1);
+  if (st.raw->size() < raw_size) st.raw->resize(raw_size);
   // Rows above the window (only where the library cannot skip them) are read and overwritten.
   while (static_cast<int64_t>(st.cinfo.output_scanline) < win.top) {
     JSAMPROW row = st.raw->data();
@@ -327,9 +351,9 @@ bool jpeg_decode_window(const uint8_t* bytes, size_t size, WindowPlan& plan, Jpe
       jpeg_read_scanlines(&st.cinfo, &row, 1);
     }
   }
-  if (st.cinfo.output_scanline >= st.cinfo.output_height) {
+  if (st.cinfo.output_scanline >= st.cinfo.output_height && !st.cinfo.buffered_image) {
     jpeg_finish_decompress(&st.cinfo);
-  } else {
+  } else {  // buffered-image mode consumed the data to its EOI already
     jpeg_abort_decompress(&st.cinfo);
   }
   jpeg_destroy_decompress(&st.cinfo);
@@ -640,23 +664,23 @@ namespace {
 // to 3 channels is resampled first and replicated after (the same values, a third of the work).
 void resample_converted(const uint8_t* raw, int64_t h, int64_t w, int64_t raw_channels,
                         int64_t channels, const SampleGeometry& g, uint8_t* out,
-                        ResampleOrder order) {
+                        ResampleOrder order, ResampleMath math) {
   if (raw_channels == channels) {
-    resample_u8(raw, h, w, channels, w * channels, g, out, order);
+    resample_u8(raw, h, w, channels, w * channels, g, out, order, math);
     return;
   }
   if (raw_channels == 1 && channels == 3) {
     thread_local std::vector<uint8_t> grey;
     const int64_t n = g.out_h() * g.out_w();
     grey.resize(static_cast<size_t>(n));
-    resample_u8(raw, h, w, 1, w, g, grey.data(), order);
+    resample_u8(raw, h, w, 1, w, g, grey.data(), order, math);
     for (int64_t p = n - 1; p >= 0; --p) out[3 * p] = out[3 * p + 1] = out[3 * p + 2] = grey[p];
     return;
   }
   thread_local std::vector<uint8_t> conv;
   conv.resize(static_cast<size_t>(h * w * channels));
   convert_channels(raw, h * w, raw_channels, false, channels, conv.data());
-  resample_u8(conv.data(), h, w, channels, w * channels, g, out, order);
+  resample_u8(conv.data(), h, w, channels, w * channels, g, out, order, math);
 }
 
 void check_geometry(const SampleGeometry& g, int64_t h, int64_t w, const char* format,
@@ -688,7 +712,7 @@ void decode_resampled(const uint8_t* bytes, size_t size, int64_t channels, const
     const Image img = decode_png(bytes, size, channels, what, o.max_pixels);
     check_geometry(g, img.height, img.width, "PNG", what);
     resample_u8(img.pixels.data(), img.height, img.width, channels, img.width * channels, g, out,
-                o.resample);
+                o.resample, o.math);
     return;
   }
   KILN_CHECK(format == ImageFormat::Jpeg, Data, "'", what, "': neither JPEG nor PNG (", size,
@@ -696,7 +720,8 @@ void decode_resampled(const uint8_t* bytes, size_t size, int64_t channels, const
   thread_local std::vector<uint8_t> raw;
   auto st = std::make_unique<JpegWindowState>();
   st->raw = &raw;
-  WindowPlan plan{&g, o.dct_scaling, o.crop, o.tight_margin, o.batch_rows, o.max_pixels, {}};
+  WindowPlan plan{&g,           o.dct_scaling,      o.crop,       o.tight_margin,
+                  o.batch_rows, o.progressive_stop, o.max_pixels, {}};
   const bool ok = jpeg_decode_window(bytes, size, plan, *st);
   KILN_CHECK(ok, Data, "'", what, "': corrupt JPEG (libjpeg: ", st->err.message, ")");
   KILN_CHECK(!st->too_large, Data, "'", what, "': JPEG of ", st->image_w, "x", st->image_h,
@@ -707,12 +732,12 @@ void decode_resampled(const uint8_t* bytes, size_t size, int64_t channels, const
   if (st->cmyk) {  // rare: the full decode converts CMYK, then the plain resample
     const Image img = decode_jpeg(bytes, size, channels, what, o.max_pixels);
     resample_u8(img.pixels.data(), img.height, img.width, channels, img.width * channels, g, out,
-                o.resample);
+                o.resample, o.math);
     return;
   }
   const SampleGeometry local = shift_source(plan.scaled, st->top, st->left, st->rows, st->width);
   resample_converted(raw.data(), st->rows, st->width, st->raw_channels, channels, local, out,
-                     o.resample);
+                     o.resample, o.math);
   // The buffer is kept for the next sample, unless one huge image grew it (each loader thread
   // has one).
   if (raw.capacity() > (size_t{64} << 20)) std::vector<uint8_t>().swap(raw);

@@ -235,7 +235,7 @@ int32_t Loader::make_u8(int64_t index, const Rng& rng, uint8_t* out, SampleAugme
              " channels but batches hold ", hwc_[2], " (those of sample 0)");
   const SampleGeometry g = checked_geometry(im.height, im.width, rng, index, augment);
   resample_u8(im.pixels.data(), im.height, im.width, im.channels, im.width * im.channels, g, out,
-              options_.decode.resample);
+              options_.decode.resample, options_.decode.math);
   return s.label;
 }
 

@@ -12,6 +12,7 @@
 
 #include "kiln/core/error.h"
 #include "kiln/data/sample_geometry.h"
+#include "resample_fixed.h"
 
 namespace kiln {
 namespace {
@@ -387,7 +388,7 @@ void resample_vertical_first(const uint8_t* src, int64_t c, int64_t stride, cons
 }  // namespace
 
 void resample_u8(const uint8_t* src, int64_t src_h, int64_t src_w, int64_t channels, int64_t stride,
-                 const SampleGeometry& g, uint8_t* out, ResampleOrder order) {
+                 const SampleGeometry& g, uint8_t* out, ResampleOrder order, ResampleMath math) {
   KILN_CHECK(src_h == g.src_h && src_w == g.src_w, InvalidArgument, "resample_u8: the image is ",
              src_h, "x", src_w, " but the geometry refers to ", g.src_h, "x", g.src_w,
              "; shift or rescale the geometry to the decoded image");
@@ -396,6 +397,13 @@ void resample_u8(const uint8_t* src, int64_t src_h, int64_t src_w, int64_t chann
              src_w, " pixels");
   const ResampleTaps ty = resample_taps(g.y, src_h);
   const ResampleTaps tx = resample_taps(g.x, src_w);
+  if (math != ResampleMath::float32) {
+    const FixedSimd simd = math == ResampleMath::fixed16         ? FixedSimd::best
+                           : math == ResampleMath::fixed16_ssse3 ? FixedSimd::ssse3
+                                                                 : FixedSimd::plain;
+    resample_u8_fixed(src, channels, stride, ty, tx, g.flip, out, simd);
+    return;
+  }
   if (order == ResampleOrder::vertical_first) {
     resample_vertical_first(src, channels, stride, ty, tx, g.flip, out);
   } else {

@@ -373,8 +373,10 @@ RunSetup setup_run(const TrainConfig& c, bool training) {
   lo.world = dist::world();
   lo.decode.resample = c.switches.resample_vertical_first ? ResampleOrder::vertical_first
                                                           : ResampleOrder::horizontal_first;
+  lo.decode.math = c.switches.resample_fixed_point ? ResampleMath::fixed16 : ResampleMath::float32;
   lo.decode.tight_margin = c.switches.jpeg_tight_margin;
   lo.decode.batch_rows = c.switches.jpeg_batch_rows;
+  lo.decode.progressive_stop = c.switches.jpeg_progressive_stop;
   lo.swap_u8 = c.switches.loader_swap;
   const Pipeline train_p = input_pipeline(c, true, size, probe.input.channels);
   const Pipeline test_p = input_pipeline(c, false, size, probe.input.channels);

@@ -62,10 +62,15 @@ void decode_windows(const uint8_t* data, size_t size, const kiln::Image* decoded
   kiln::Rng rng(seed);
   const kiln::SampleGeometry g = p.geometry(info.height, info.width, rng);
   std::vector<uint8_t> out(static_cast<size_t>(g.out_h() * g.out_w() * 3));
-  for (int mode = 0; mode < 4; ++mode) {
+  for (int mode = 0; mode < 5; ++mode) {
     kiln::ResampledDecodeOptions o;
     o.dct_scaling = mode & 1;
     o.crop = mode & 2;
+    // Mode 4: crop with the progressive early stop off and the float resample; the others
+    // have both on (the defaults).
+    o.crop = o.crop || mode == 4;
+    o.progressive_stop = mode != 4;
+    o.math = mode == 4 ? kiln::ResampleMath::float32 : kiln::ResampleMath::fixed16;
     o.max_pixels = kFuzzMaxPixels;
     only_data_errors([&] {
       kiln::decode_resampled(data, size, 3 - 2 * (mode == 3), g, out.data(), "fuzz-input", o);

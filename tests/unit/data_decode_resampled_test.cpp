@@ -54,11 +54,13 @@ Diff diff(const std::vector<uint8_t>& a, const std::vector<uint8_t>& b) {
 }
 
 std::vector<uint8_t> decode(const std::vector<uint8_t>& jpg, int64_t channels,
-                            const SampleGeometry& g, bool dct, bool crop) {
+                            const SampleGeometry& g, bool dct, bool crop,
+                            ResampleMath math = ResampleMath::fixed16) {
   std::vector<uint8_t> out(static_cast<size_t>(g.out_h() * g.out_w() * channels));
   ResampledDecodeOptions o;
   o.dct_scaling = dct;
   o.crop = crop;
+  o.math = math;
   decode_resampled(jpg.data(), jpg.size(), channels, g, out.data(), "test.jpg", o);
   return out;
 }
@@ -156,11 +158,14 @@ TEST(DataCodecGeometry, FullDecodeOptionsMatchDecodeImage) {
   const SampleGeometry g = geometries(60, 70, 1)[0];
   for (const auto& f : files) {
     for (int64_t channels : {int64_t{1}, int64_t{3}}) {
-      const Image full = decode_image(f.data(), f.size(), channels, "f");
-      std::vector<uint8_t> want(static_cast<size_t>(224 * 224 * channels));
-      resample_u8(full.pixels.data(), 60, 70, channels, 70 * channels, g, want.data());
-      EXPECT_EQ(decode(f, channels, g, false, false), want);
-      EXPECT_EQ(decode(f, channels, g, false, true), want);
+      for (const ResampleMath m : {ResampleMath::float32, ResampleMath::fixed16}) {
+        const Image full = decode_image(f.data(), f.size(), channels, "f");
+        std::vector<uint8_t> want(static_cast<size_t>(224 * 224 * channels));
+        resample_u8(full.pixels.data(), 60, 70, channels, 70 * channels, g, want.data(),
+                    ResampleOrder::vertical_first, m);
+        EXPECT_EQ(decode(f, channels, g, false, false, m), want);
+        EXPECT_EQ(decode(f, channels, g, false, true, m), want);
+      }
     }
   }
 }
@@ -217,7 +222,8 @@ TEST(DataCodecGeometry, BadInput) {
 }
 
 TEST(DataCodecGeometry, DecodeSwitchesKeepThePixels) {
-  // KILN_JPEG_TIGHT_MARGIN and KILN_JPEG_BATCH_ROWS, each off and on: the cropped decode gives
+  // KILN_JPEG_TIGHT_MARGIN, KILN_JPEG_BATCH_ROWS and KILN_JPEG_PROGRESSIVE_STOP, each off and
+  // on: the cropped decode gives
   // the full decode's pixels bit for bit (the tight margin still covers the one column fancy
   // upsampling changes at each edge of a cropped region).
   for (const JpegCase& k : kCases) {
@@ -227,12 +233,13 @@ TEST(DataCodecGeometry, DecodeSwitchesKeepThePixels) {
     for (const SampleGeometry& g : geometries(k.h, k.w, 4, 64)) gs.push_back(g);
     for (const SampleGeometry& g : gs) {
       const auto want = decode(jpg, 3, g, false, false);
-      for (int m = 0; m < 4; ++m) {
+      for (int m = 0; m < 8; ++m) {
         std::vector<uint8_t> out(want.size());
         ResampledDecodeOptions o;
         o.dct_scaling = false;
         o.tight_margin = m & 1;
         o.batch_rows = m & 2;
+        o.progressive_stop = m & 4;
         decode_resampled(jpg.data(), jpg.size(), 3, g, out.data(), "test.jpg", o);
         EXPECT_EQ(out, want) << k.h << "x" << k.w << "x" << k.c << ", switches " << m;
       }
@@ -252,9 +259,12 @@ TEST(DataCodecGeometry, PinnedBatchChecksum) {
   // path at 224 with training and evaluation geometries, under every combination of the decode
   // switches: the checksum of the bytes was taken with all of them off (the decode as it was
   // before they existed), so any change to a sample's pixels shows here. The value holds for
-  // libjpeg-turbo, whose decoder's output does not depend on its SIMD level.
+  // libjpeg-turbo, whose decoder's output does not depend on its SIMD level. The pinned value
+  // is the float resample's (KILN_RESAMPLE_FIXED_POINT=0); the fixed-point one (m >= 8) must
+  // give one checksum under every decode switch, and another than the float one.
   std::vector<uint8_t> batch;
-  for (int m = 0; m < 8; ++m) {
+  uint64_t fixed = 0;
+  for (int m = 0; m < 16; ++m) {
     batch.clear();
     for (const JpegCase& k : kCases) {
       const Image img = photo(k.h, k.w, k.c, static_cast<uint64_t>(k.h + 3 * k.w));
@@ -265,13 +275,77 @@ TEST(DataCodecGeometry, PinnedBatchChecksum) {
         o.crop = m & 1;
         o.tight_margin = m & 2;
         o.batch_rows = m & 4;
+        o.math = m & 8 ? ResampleMath::fixed16 : ResampleMath::float32;
         decode_resampled(jpg.data(), jpg.size(), 3, g, out.data(), "test.jpg", o);
         batch.insert(batch.end(), out.begin(), out.end());
       }
     }
     std::printf("  switches %d: checksum %016llx\n", m,
                 static_cast<unsigned long long>(checksum(batch)));
-    EXPECT_EQ(checksum(batch), 0xafb27ee91cc33ed3ull) << "switches " << m;
+    if (m < 8) {
+      EXPECT_EQ(checksum(batch), 0xafb27ee91cc33ed3ull) << "switches " << m;
+    } else {
+      if (m == 8) fixed = checksum(batch);
+      EXPECT_EQ(checksum(batch), fixed) << "switches " << m;
+      EXPECT_NE(fixed, 0xafb27ee91cc33ed3ull);
+    }
+  }
+}
+
+TEST(DataCodecGeometry, ProgressiveScansStopBelowTheWindow) {
+  // KILN_JPEG_PROGRESSIVE_STOP: windows at the top, middle and bottom of progressive files of
+  // each subsampling (and grey, and sizes that are not whole iMCU rows), DCT-scaled or not:
+  // the window's pixels are the full decode's, bit for bit.
+  struct P {
+    int64_t h, w, c;
+    JpegSubsampling sub;
+  };
+  const P files[] = {{375, 500, 3, JpegSubsampling::s420},
+                     {333, 500, 3, JpegSubsampling::s422},
+                     {301, 245, 3, JpegSubsampling::s444},
+                     {250, 333, 1, JpegSubsampling::s420}};
+  for (const P& f : files) {
+    const auto jpg =
+        encode_jpeg(photo(f.h, f.w, f.c, static_cast<uint64_t>(f.h)), 90, {true, f.sub});
+    std::vector<SampleGeometry> gs;
+    for (const int64_t top : {int64_t{0}, f.h / 3, f.h - 40}) {
+      for (const int64_t out : {int64_t{24}, int64_t{40}}) {
+        SampleGeometry g = SampleGeometry::identity(f.h, f.w);
+        g.y.origin = static_cast<double>(top);
+        g.y.lo = top, g.y.hi = top + 40;
+        g.y.scale = 40.0 / static_cast<double>(out);
+        g.y.out = g.y.valid_hi = out;
+        g.x.lo = 30, g.x.hi = 130;
+        g.x.origin = 30;
+        g.x.scale = 100.0 / static_cast<double>(out);
+        g.x.out = g.x.valid_hi = out;
+        gs.push_back(g);
+      }
+    }
+    for (const SampleGeometry& g : geometries(f.h, f.w, 4, 64)) gs.push_back(g);
+    for (const SampleGeometry& g : gs) {
+      for (const bool dct : {false, true}) {
+        const auto want = decode(jpg, 3, g, dct, false);
+        std::vector<uint8_t> out(want.size());
+        ResampledDecodeOptions o;
+        o.dct_scaling = dct;
+        o.progressive_stop = true;
+        decode_resampled(jpg.data(), jpg.size(), 3, g, out.data(), "p.jpg", o);
+        EXPECT_EQ(out, want) << f.h << "x" << f.w << "x" << f.c << " window from row " << g.y.lo
+                             << (dct ? ", DCT-scaled" : "");
+      }
+    }
+    // Cut in its last scans or with bytes after EOI, the data is decoded to its end (and a cut
+    // is called truncated) as without the switch.
+    SampleGeometry top = SampleGeometry::identity(f.h, f.w);
+    top.y.out = top.y.valid_hi = top.y.hi = 16;
+    std::vector<uint8_t> out(static_cast<size_t>(16 * f.w * 3));
+    const std::vector<uint8_t> cut(jpg.begin(), jpg.end() - 300);
+    expect_error([&] { decode_resampled(cut.data(), cut.size(), 3, top, out.data(), "cut.jpg"); },
+                 ErrorKind::Data, {"cut.jpg", "truncated"});
+    std::vector<uint8_t> trailing = jpg;
+    trailing.insert(trailing.end(), {0x12, 0x34, 0xFF, 0xD9, 0x56});
+    EXPECT_EQ(decode(trailing, 3, top, false, true), decode(jpg, 3, top, false, false));
   }
 }
 

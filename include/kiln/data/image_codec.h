@@ -66,8 +66,12 @@ struct ResampledDecodeOptions {
   bool crop = true;
   bool tight_margin = true;  // KILN_JPEG_TIGHT_MARGIN
   bool batch_rows = true;    // KILN_JPEG_BATCH_ROWS
+  // Progressive JPEGs: each scan entropy-decoded only down to the window (with crop, for data
+  // that ends with EOI).
+  bool progressive_stop = true;  // KILN_JPEG_PROGRESSIVE_STOP
   int64_t max_pixels = kMaxDecodePixels;
   ResampleOrder resample = ResampleOrder::vertical_first;  // KILN_RESAMPLE_VERTICAL_FIRST
+  ResampleMath math = ResampleMath::fixed16;               // KILN_RESAMPLE_FIXED_POINT
 };
 void decode_resampled(const uint8_t* bytes, size_t size, int64_t channels, const SampleGeometry& g,
                       uint8_t* out, const std::string& what, const ResampledDecodeOptions& o = {});

@@ -96,9 +96,19 @@ void tap_span(const ResampleTaps& t, int64_t* lo, int64_t* hi);
 // runs the horizontal pass, the costlier one, on output rows only; horizontal_first is the
 // order of PIL and of the float transforms (the switch KILN_RESAMPLE_VERTICAL_FIRST=0 picks it,
 // through ResampledDecodeOptions).
+//
+// math = fixed16 (KILN_RESAMPLE_FIXED_POINT, the loader's default) computes the same taps in
+// 16-bit fixed point, vertical pass first whatever the order: weights of 15 fraction bits (14
+// where a weight is 1), an intermediate of up to 7 fraction bits; about 0.01 of a level from
+// the float result, so a value within that of a .5 boundary may round the other way (see
+// data_resample_fixed_test). fixed16 picks AVX2 or SSSE3 loops at run time; fixed16_ssse3 and
+// fixed16_plain force the SSSE3 loops and plain ones (what runs where the CPU lacks SSSE3):
+// the same integer arithmetic, bit for bit (the tests compare them).
 enum class ResampleOrder { horizontal_first, vertical_first };
+enum class ResampleMath { float32, fixed16, fixed16_ssse3, fixed16_plain };
 void resample_u8(const uint8_t* src, int64_t src_h, int64_t src_w, int64_t channels, int64_t stride,
                  const SampleGeometry& g, uint8_t* out,
-                 ResampleOrder order = ResampleOrder::vertical_first);
+                 ResampleOrder order = ResampleOrder::vertical_first,
+                 ResampleMath math = ResampleMath::float32);
 
 }  // namespace kiln
