@@ -130,7 +130,7 @@ gpu_tests=(kiln_gpu_tests kiln_sweep_tests kiln_conv_forms)
 [ "$MODE" = timeline ] && targets=(kiln kiln_cli kiln_cupti_trace)
 [ "$MODE" = forms ] && targets=(kiln_conv_forms)
 [ "$MODE" = python ] && targets=(kiln kiln_cli kiln_python kiln_py_reference)
-[ "$MODE" = cutlass ] && targets=(kiln_cutlass_probe)
+[ "$MODE" = cutlass ] && targets=(kiln_cutlass_probe kiln_cutlass_layout_check)
 [ "$MODE" = jpeg ] && targets=(kiln kiln_cli "${gpu_tests[@]}" kiln_cupti_trace)
 if ! cmake --build "$BUILD" -j "$JOBS" ${targets[@]:+--target "${targets[@]}"} >"$LOGS/build.log" 2>&1; then
   grep -E 'error|FAILED' "$LOGS/build.log" | head -40
@@ -233,6 +233,9 @@ if [ "$MODE" = forms ]; then
 fi
 
 if [ "$MODE" = cutlass ]; then
+  # The accumulator layout the register sums assume (host only), before the kernels run.
+  "$BUILD/kiln_cutlass_layout_check" >"$LOGS/cutlass-layout.txt" 2>&1 || status=1
+  note "cutlass layout" "$(tr '\n' ' ' <"$LOGS/cutlass-layout.txt")"
   "$BUILD/kiln_cutlass_probe" --batch 256 --reps "${CUTLASS_REPS:-20}" >"$LOGS/cutlass-probe.txt" 2>&1 || status=1
   cat "$LOGS/cutlass-probe.txt"
   # Whether the kernels run on Hopper's warpgroup MMA (HGMMA), and what each holds: per
