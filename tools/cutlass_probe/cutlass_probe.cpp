@@ -7,7 +7,8 @@
 //       kiln's statistics pass over z (bn_stats.cuh's stats_partial_vec, as a training step
 //       runs it);
 //   (b) each SM90 CUTLASS variant of gemm_stats.h that fits the shape: z and the sums in one
-//       kernel (plus, for the partials variants, their finalize kernel).
+//       kernel (plus clearing what the sums add into, and for the partials variants their
+//       finalize kernel).
 // BatchNorm's finalize (sums to mean and invstd) follows either and is left out of both.
 // Every (b) is checked against (a): z elementwise, the sums against kiln's double sums. Times
 // are medians of --reps runs after warm-up, from CUDA events around each run.
