@@ -255,6 +255,8 @@ if [ "$MODE" = cutlass ]; then
           grep -o 'REG:[0-9]* STACK:[0-9]* SHARED:[0-9]*' | head -1)" \
         "$(grep -c HGMMA <<<"$sass")" "$(grep -c 'LDL\|STL' <<<"$sass")"
     done | tee "$LOGS/cutlass-variants.txt"
+    local_mem=$(grep -v ', 0 LDL/STL$' "$LOGS/cutlass-variants.txt" | cut -d' ' -f1 | tr '\n' ' ')
+    note "cutlass LDL/STL" "${local_mem:-none} (variants whose GEMM uses local memory)"
     note "cutlass sass" "$(grep -c HGMMA "$LOGS/cutlass-probe.sass") HGMMA, $(grep -c 'UTMASTG\|UBLKCP' "$LOGS/cutlass-probe.sass") TMA stores"
     gzip -f "$LOGS/cutlass-probe.sass"
   fi

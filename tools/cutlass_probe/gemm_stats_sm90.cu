@@ -175,9 +175,9 @@ typename Gemm::Arguments arguments(const GemmStats& g, void* workspace) {
       hw};
 }
 
-// sum[c] and sumsq[c] = the partials' column c over the M tiles. Blocks of 32 columns x 8 row
-// slices, several blocks down each column (enough to fill the GPU), combined with atomics into
-// sums zeroed first.
+// sum[c] and sumsq[c] = the partials' column c over their rows. Blocks of 32 columns x 8 row
+// slices; several blocks down each column (enough to fill the GPU) combine with atomics into
+// sums zeroed first, one block stores them.
 constexpr int kFinX = 32, kFinY = 8;
 __global__ void __launch_bounds__(kFinX* kFinY)
     finalize_partials(const float* __restrict__ ps, const float* __restrict__ pq, int rows, int n,
@@ -199,9 +199,23 @@ __global__ void __launch_bounds__(kFinX* kFinY)
       a += ss[j][threadIdx.x];
       b += sq[j][threadIdx.x];
     }
-    atomicAdd(sum + c, a);
-    atomicAdd(sumsq + c, b);
+    if (gridDim.y == 1) {
+      sum[c] = a;
+      sumsq[c] = b;
+    } else {
+      atomicAdd(sum + c, a);
+      atomicAdd(sumsq + c, b);
+    }
   }
+}
+
+// Zeroes sum and sumsq [n], with one memset where they are contiguous (the probe's are).
+std::string clear_sums(const GemmStats& g, cudaStream_t stream) {
+  const size_t bytes = sizeof(float) * g.n;
+  cudaError_t e = g.sumsq == g.sum + g.n ? cudaMemsetAsync(g.sum, 0, 2 * bytes, stream)
+                                         : cudaMemsetAsync(g.sum, 0, bytes, stream);
+  if (e == cudaSuccess && g.sumsq != g.sum + g.n) e = cudaMemsetAsync(g.sumsq, 0, bytes, stream);
+  return e == cudaSuccess ? "" : std::string("cudaMemsetAsync: ") + cudaGetErrorString(e);
 }
 
 std::string status_error(const char* what, cutlass::Status st) {
@@ -220,10 +234,7 @@ std::string run(const GemmStats& g, void* workspace, cudaStream_t stream) {
   // initialize also clears what the EVT accumulates into (atomic sums, tile counters); the
   // register epilogue adds into sums or partials cleared here.
   if constexpr (kMode == StatsMode::reg_atomic) {
-    for (float* p : {g.sum, g.sumsq}) {
-      if (cudaError_t e = cudaMemsetAsync(p, 0, sizeof(float) * g.n, stream); e != cudaSuccess)
-        return std::string("cudaMemsetAsync: ") + cudaGetErrorString(e);
-    }
+    if (std::string err = clear_sums(g, stream); !err.empty()) return err;
   } else if constexpr (kMode == StatsMode::reg_partials) {
     if (cudaError_t e = cudaMemsetAsync(workspace, 0, partial_bytes(g), stream); e != cudaSuccess)
       return std::string("cudaMemsetAsync: ") + cudaGetErrorString(e);
@@ -240,13 +251,13 @@ std::string run(const GemmStats& g, void* workspace, cudaStream_t stream) {
     const auto* ps = static_cast<const float*>(workspace);
     const auto* pq = reinterpret_cast<const float*>(static_cast<const uint8_t*>(workspace) +
                                                     partial_bytes(g) / 2);
-    for (float* p : {g.sum, g.sumsq}) {
-      if (cudaError_t e = cudaMemsetAsync(p, 0, sizeof(float) * g.n, stream); e != cudaSuccess)
-        return std::string("cudaMemsetAsync: ") + cudaGetErrorString(e);
-    }
     const int gx = static_cast<int>((g.n + kFinX - 1) / kFinX);
     const int want = std::max(1, 2 * g.sm_count / gx), most = (rows + 4 * kFinY - 1) / (4 * kFinY);
-    const dim3 grid(gx, std::max(1, std::min(want, most)));
+    // reg_partials has a row per CTA: one block down each column sums them and stores.
+    const dim3 grid(gx, kMode == StatsMode::reg_partials ? 1 : std::max(1, std::min(want, most)));
+    if (grid.y > 1) {
+      if (std::string err = clear_sums(g, stream); !err.empty()) return err;
+    }
     finalize_partials<<<grid, dim3(kFinX, kFinY), 0, stream>>>(ps, pq, rows, static_cast<int>(g.n),
                                                                ld, g.sum, g.sumsq);
     if (cudaError_t e = cudaGetLastError(); e != cudaSuccess)
