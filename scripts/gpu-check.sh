@@ -27,7 +27,8 @@
 #            tools/cutlass_probe: ResNet-50's 1x1 stride-1 convolutions at batch 256 as SM90
 #            CUTLASS GEMMs whose epilogue also writes BatchNorm's per-channel sums, timed and
 #            checked against cuDNN's fprop + kiln's statistics pass (issue 20; CUTLASS_REPS runs
-#            each, default 20), and the probe's SASS (HGMMA count, registers, shared memory)
+#            each, default 20), and the probe's SASS per variant (HGMMA count, registers,
+#            stack, shared memory, local loads and stores)
 #     kernels  build, then Nsight Compute over two timed AMP steps at batch 256 of each of
 #            PROFILE_MODELS (default "resnet50 vgg16_bn") and bench/kernel_breakdown.py's table
 #            of GPU time per step by kernel kind (issue 5's breakdown; no tests run)
@@ -129,7 +130,7 @@ gpu_tests=(kiln_gpu_tests kiln_sweep_tests kiln_conv_forms)
 [ "$MODE" = timeline ] && targets=(kiln kiln_cli kiln_cupti_trace)
 [ "$MODE" = forms ] && targets=(kiln_conv_forms)
 [ "$MODE" = python ] && targets=(kiln kiln_cli kiln_python kiln_py_reference)
-[ "$MODE" = cutlass ] && targets=(kiln_cutlass_probe)
+[ "$MODE" = cutlass ] && targets=(kiln_cutlass_probe kiln_cutlass_layout_check)
 [ "$MODE" = jpeg ] && targets=(kiln kiln_cli "${gpu_tests[@]}" kiln_cupti_trace)
 if ! cmake --build "$BUILD" -j "$JOBS" ${targets[@]:+--target "${targets[@]}"} >"$LOGS/build.log" 2>&1; then
   grep -E 'error|FAILED' "$LOGS/build.log" | head -40
@@ -232,13 +233,30 @@ if [ "$MODE" = forms ]; then
 fi
 
 if [ "$MODE" = cutlass ]; then
+  # The accumulator layout the register sums assume (host only), before the kernels run.
+  "$BUILD/kiln_cutlass_layout_check" >"$LOGS/cutlass-layout.txt" 2>&1 || status=1
+  note "cutlass layout" "$(tr '\n' ' ' <"$LOGS/cutlass-layout.txt")"
   "$BUILD/kiln_cutlass_probe" --batch 256 --reps "${CUTLASS_REPS:-20}" >"$LOGS/cutlass-probe.txt" 2>&1 || status=1
   cat "$LOGS/cutlass-probe.txt"
-  # Whether the kernels run on Hopper's warpgroup MMA (HGMMA), and what each holds.
+  # Whether the kernels run on Hopper's warpgroup MMA (HGMMA), and what each holds: per
+  # variant (one object file each) its GEMM kernel's registers, stack and static shared
+  # memory, and its local loads and stores (LDL/STL: run-time-indexed or spilled registers).
   if command -v cuobjdump >/dev/null 2>&1; then
     cuobjdump --dump-sass "$BUILD/kiln_cutlass_probe" >"$LOGS/cutlass-probe.sass" 2>&1
     cuobjdump --dump-resource-usage "$BUILD/kiln_cutlass_probe" >"$LOGS/cutlass-resources.txt" 2>&1
-    grep -o 'REG:[0-9]* STACK:[0-9]* SHARED:[0-9]* LOCAL:[0-9]*' "$LOGS/cutlass-resources.txt" | sort | uniq -c
+    # The variants of gemm_stats.h's list, X(tile_m, tile_n, mode, cluster_m, cluster_n), as
+    # CMake names their units (older units may linger in the build folder).
+    for v in $(sed -n 's/^ *X(\([0-9]*\), \([0-9]*\), \([a-z_]*\), \([0-9]*\), \([0-9]*\)).*/\1x\2_\3_\4x\5/p' \
+      tools/cutlass_probe/gemm_stats.h); do
+      o="$BUILD/CMakeFiles/kiln_gemm_stats_$v.dir/tools/cutlass_probe/gemm_stats_sm90.cu.o"
+      sass=$(cuobjdump --dump-sass "$o" 2>&1)
+      printf '%-28s %s, %s HGMMA, %s LDL/STL\n' "$v" \
+        "$(cuobjdump --dump-resource-usage "$o" 2>&1 | grep -A1 device_kernel |
+          grep -o 'REG:[0-9]* STACK:[0-9]* SHARED:[0-9]*' | head -1)" \
+        "$(grep -c HGMMA <<<"$sass")" "$(grep -c 'LDL\|STL' <<<"$sass")"
+    done | tee "$LOGS/cutlass-variants.txt"
+    local_mem=$(grep -v ', 0 LDL/STL$' "$LOGS/cutlass-variants.txt" | cut -d' ' -f1 | tr '\n' ' ')
+    note "cutlass LDL/STL" "${local_mem:-none} (variants whose GEMM uses local memory)"
     note "cutlass sass" "$(grep -c HGMMA "$LOGS/cutlass-probe.sass") HGMMA, $(grep -c 'UTMASTG\|UBLKCP' "$LOGS/cutlass-probe.sass") TMA stores"
     gzip -f "$LOGS/cutlass-probe.sass"
   fi

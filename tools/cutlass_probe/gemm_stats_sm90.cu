@@ -1,12 +1,13 @@
-// One SM90 kernel of tools/cutlass_probe, chosen by the compile definitions KILN_TILE_N,
-// KILN_STATS_MODE (a StatsMode name), KILN_CLUSTER_M and KILN_CLUSTER_N: CMake compiles this
-// file once per variant of gemm_stats.h, each in its own translation unit (CUTLASS kernels
-// compile slowly; separate units build in parallel and rebuild alone).
+// One SM90 kernel of tools/cutlass_probe, chosen by the compile definitions KILN_TILE_M,
+// KILN_TILE_N, KILN_STATS_MODE (a StatsMode name), KILN_CLUSTER_M and KILN_CLUSTER_N: CMake
+// compiles this file once per variant of gemm_stats.h, each in its own translation unit (CUTLASS
+// kernels compile slowly; separate units build in parallel and rebuild alone).
 //
 // z[m][n] = sum_k x[m][k] w[n][k]: a TMA warp-specialised cooperative GEMM (FP16 operands,
 // both K-major, FP32 accumulators) whose epilogue visitor tree rounds z to FP16, stores it
 // with TMA and reduces the rounded values over the rows of each column: the sums of z and z^2
-// that BatchNorm's statistics pass would otherwise read z again for.
+// that BatchNorm's statistics pass would otherwise read z again for (the reg_ modes take them
+// from the accumulators instead: register_stats_epilogue.cuh).
 #include <cutlass/cutlass.h>
 #include <cutlass/epilogue/thread/activation.h>
 #include <cutlass/gemm/device/gemm_universal_adapter.h>
@@ -19,12 +20,14 @@
 #include <cutlass/gemm/kernel/gemm_universal.hpp>
 #include <cutlass/util/packed_stride.hpp>
 #include <string>
+#include <type_traits>
 
 #include "gemm_stats.h"
+#include "register_stats_epilogue.cuh"
 
-#if !defined(KILN_TILE_N) || !defined(KILN_STATS_MODE) || !defined(KILN_CLUSTER_M) || \
-    !defined(KILN_CLUSTER_N)
-#error "compile with KILN_TILE_N, KILN_STATS_MODE, KILN_CLUSTER_M and KILN_CLUSTER_N"
+#if !defined(KILN_TILE_M) || !defined(KILN_TILE_N) || !defined(KILN_STATS_MODE) || \
+    !defined(KILN_CLUSTER_M) || !defined(KILN_CLUSTER_N)
+#error "compile with KILN_TILE_M, KILN_TILE_N, KILN_STATS_MODE, KILN_CLUSTER_M and KILN_CLUSTER_N"
 #endif
 
 namespace kiln::probe {
@@ -34,7 +37,8 @@ using namespace cute;
 namespace fusion = cutlass::epilogue::fusion;
 
 constexpr StatsMode kMode = StatsMode::KILN_STATS_MODE;
-constexpr int kTileM = 128;
+constexpr int kTileM = KILN_TILE_M;
+constexpr bool kRegisterStats = kMode == StatsMode::reg_atomic || kMode == StatsMode::reg_partials;
 using TileShape = Shape<Int<kTileM>, Int<KILN_TILE_N>, _64>;
 using ClusterShape = Shape<Int<KILN_CLUSTER_M>, Int<KILN_CLUSTER_N>, _1>;
 constexpr auto kRound = cutlass::FloatRoundStyle::round_to_nearest;
@@ -60,9 +64,7 @@ using ColumnSum = fusion::Sm90RowReduction<RegFn, cutlass::plus, GmemFn, 0, Tile
                                            kRound, Stride<_0, _1, _0>, 4, true, Final>;
 
 template <StatsMode M>
-struct Tree;
-template <>
-struct Tree<StatsMode::none> {
+struct Tree {  // none and the reg_ modes: the EVT only writes z
   using type = ZHalf;
   static typename type::Arguments args(void*, void*) { return {}; }
 };
@@ -82,11 +84,15 @@ struct Tree<StatsMode::last_cta> : StatsTree<cutlass::plus, true> {};
 template <>
 struct Tree<StatsMode::partials> : StatsTree<cutlass::plus, false> {};
 
-using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+using TreeEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
     cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
     cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, cutlass::layout::RowMajor,
     8, cutlass::half_t, cutlass::layout::RowMajor, 8,
     cutlass::epilogue::TmaWarpSpecializedCooperative, typename Tree<kMode>::type>::CollectiveOp;
+using Epilogue = std::conditional_t<
+    kRegisterStats,
+    RegisterStatsEpilogue<TreeEpilogue, kTileM, KILN_TILE_N, kMode == StatsMode::reg_partials>,
+    TreeEpilogue>;
 
 using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
     cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, cutlass::half_t, cutlass::layout::RowMajor,
@@ -108,10 +114,37 @@ size_t align256(size_t b) {
   return (b + 255) / 256 * 256;
 }
 
-// Per-CTA partial buffers (StatsMode::partials) ahead of CUTLASS's own workspace.
+// The persistent grid's CTA count for the reg_ modes: a multiple of the column blocks where it
+// costs under 4% of the SMs, so that each CTA's tiles keep to one column block (the scheduler
+// rasters along N: CTA i takes tiles i, i + CTAs, ...) and its sums are reduced once.
+int stats_ctas(const GemmStats& g) {
+  const int blocks = static_cast<int>((g.n + KILN_TILE_N - 1) / KILN_TILE_N);
+  const int rounded = g.sm_count - g.sm_count % blocks;
+  return blocks <= g.sm_count && rounded * 25 >= g.sm_count * 24 ? rounded : g.sm_count;
+}
+
+// Rows of the partial sums: M tiles (partials) or CTAs (reg_partials).
+int64_t partial_rows(const GemmStats& g) {
+  return kMode == StatsMode::partials ? m_tiles(g) : stats_ctas(g);
+}
+int64_t partial_ld(const GemmStats& g) {
+  return kMode == StatsMode::partials ? n_padded(g) : g.n;
+}
+
+// Per-CTA partial buffers (partials, reg_partials) ahead of CUTLASS's own workspace.
 size_t partial_bytes(const GemmStats& g) {
-  const size_t one = align256(sizeof(float) * static_cast<size_t>(m_tiles(g) * n_padded(g)));
-  return kMode == StatsMode::partials ? 2 * one : 0;
+  const size_t one = align256(sizeof(float) * static_cast<size_t>(partial_rows(g) * partial_ld(g)));
+  return kMode == StatsMode::partials || kMode == StatsMode::reg_partials ? 2 * one : 0;
+}
+
+// Where the register epilogue adds its sums (a template, so that the other modes' arguments,
+// which have no stats, discard the assignment).
+template <class EpilogueArguments>
+void set_stats_arguments(EpilogueArguments& epilogue, void* sum, void* sumsq, const GemmStats& g) {
+  if constexpr (kRegisterStats) {
+    epilogue.stats = {static_cast<float*>(sum), static_cast<float*>(sumsq),
+                      static_cast<int>(partial_rows(g)), static_cast<int>(partial_ld(g))};
+  }
 }
 
 typename Gemm::Arguments arguments(const GemmStats& g, void* workspace) {
@@ -122,25 +155,29 @@ typename Gemm::Arguments arguments(const GemmStats& g, void* workspace) {
   const auto sd = cutlass::make_cute_packed_stride(typename Kernel::StrideD{}, {m, n, 1});
   void* sum = g.sum;
   void* sumsq = g.sumsq;
-  if (kMode == StatsMode::partials) {
+  if (partial_bytes(g) > 0) {
     sum = workspace;
     sumsq = static_cast<uint8_t*>(workspace) + partial_bytes(g) / 2;
   }
-  const auto tree = Tree<kMode>::args(sum, sumsq);
   cutlass::KernelHardwareInfo hw;
   hw.device_id = 0;
-  hw.sm_count = g.sm_count;
+  hw.sm_count = kRegisterStats ? stats_ctas(g) : g.sm_count;
+  typename Epilogue::Arguments epilogue{};
+  static_cast<typename TreeEpilogue::Arguments&>(epilogue) = {Tree<kMode>::args(sum, sumsq),
+                                                              nullptr, typename Kernel::StrideC{},
+                                                              static_cast<Element*>(g.z), sd};
+  set_stats_arguments(epilogue, sum, sumsq, g);
   return typename Gemm::Arguments{
       cutlass::gemm::GemmUniversalMode::kGemm,
       {m, n, k, 1},
       {static_cast<const Element*>(g.x), sa, static_cast<const Element*>(g.w), sb},
-      {tree, nullptr, typename Kernel::StrideC{}, static_cast<Element*>(g.z), sd},
+      epilogue,
       hw};
 }
 
-// sum[c] and sumsq[c] = the partials' column c over the M tiles. Blocks of 32 columns x 8 row
-// slices, several blocks down each column (enough to fill the GPU), combined with atomics into
-// sums zeroed first.
+// sum[c] and sumsq[c] = the partials' column c over their rows. Blocks of 32 columns x 8 row
+// slices; several blocks down each column (enough to fill the GPU) combine with atomics into
+// sums zeroed first, one block stores them.
 constexpr int kFinX = 32, kFinY = 8;
 __global__ void __launch_bounds__(kFinX* kFinY)
     finalize_partials(const float* __restrict__ ps, const float* __restrict__ pq, int rows, int n,
@@ -162,9 +199,23 @@ __global__ void __launch_bounds__(kFinX* kFinY)
       a += ss[j][threadIdx.x];
       b += sq[j][threadIdx.x];
     }
-    atomicAdd(sum + c, a);
-    atomicAdd(sumsq + c, b);
+    if (gridDim.y == 1) {
+      sum[c] = a;
+      sumsq[c] = b;
+    } else {
+      atomicAdd(sum + c, a);
+      atomicAdd(sumsq + c, b);
+    }
   }
+}
+
+// Zeroes sum and sumsq [n], with one memset where they are contiguous (the probe's are).
+std::string clear_sums(const GemmStats& g, cudaStream_t stream) {
+  const size_t bytes = sizeof(float) * g.n;
+  cudaError_t e = g.sumsq == g.sum + g.n ? cudaMemsetAsync(g.sum, 0, 2 * bytes, stream)
+                                         : cudaMemsetAsync(g.sum, 0, bytes, stream);
+  if (e == cudaSuccess && g.sumsq != g.sum + g.n) e = cudaMemsetAsync(g.sumsq, 0, bytes, stream);
+  return e == cudaSuccess ? "" : std::string("cudaMemsetAsync: ") + cudaGetErrorString(e);
 }
 
 std::string status_error(const char* what, cutlass::Status st) {
@@ -180,26 +231,33 @@ std::string run(const GemmStats& g, void* workspace, cudaStream_t stream) {
   Gemm gemm;
   if (auto st = gemm.can_implement(args); st != cutlass::Status::kSuccess)
     return status_error("can_implement", st);
-  // initialize also clears what the epilogue accumulates into (atomic sums, tile counters).
+  // initialize also clears what the EVT accumulates into (atomic sums, tile counters); the
+  // register epilogue adds into sums or partials cleared here.
+  if constexpr (kMode == StatsMode::reg_atomic) {
+    if (std::string err = clear_sums(g, stream); !err.empty()) return err;
+  } else if constexpr (kMode == StatsMode::reg_partials) {
+    if (cudaError_t e = cudaMemsetAsync(workspace, 0, partial_bytes(g), stream); e != cudaSuccess)
+      return std::string("cudaMemsetAsync: ") + cudaGetErrorString(e);
+  }
   void* own = static_cast<uint8_t*>(workspace) + partial_bytes(g);
   if (auto st = gemm.initialize(args, own, stream); st != cutlass::Status::kSuccess)
     return status_error("initialize", st);
   if (auto st = gemm.run(stream); st != cutlass::Status::kSuccess) return status_error("run", st);
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess)
     return std::string("GEMM launch: ") + cudaGetErrorString(e);
-  if constexpr (kMode == StatsMode::partials) {
-    const auto rows = static_cast<int>(m_tiles(g));
-    const auto ld = static_cast<int>(n_padded(g));
+  if constexpr (kMode == StatsMode::partials || kMode == StatsMode::reg_partials) {
+    const auto rows = static_cast<int>(partial_rows(g));
+    const auto ld = static_cast<int>(partial_ld(g));
     const auto* ps = static_cast<const float*>(workspace);
     const auto* pq = reinterpret_cast<const float*>(static_cast<const uint8_t*>(workspace) +
                                                     partial_bytes(g) / 2);
-    for (float* p : {g.sum, g.sumsq}) {
-      if (cudaError_t e = cudaMemsetAsync(p, 0, sizeof(float) * g.n, stream); e != cudaSuccess)
-        return std::string("cudaMemsetAsync: ") + cudaGetErrorString(e);
-    }
     const int gx = static_cast<int>((g.n + kFinX - 1) / kFinX);
     const int want = std::max(1, 2 * g.sm_count / gx), most = (rows + 4 * kFinY - 1) / (4 * kFinY);
-    const dim3 grid(gx, std::max(1, std::min(want, most)));
+    // reg_partials has a row per CTA: one block down each column sums them and stores.
+    const dim3 grid(gx, kMode == StatsMode::reg_partials ? 1 : std::max(1, std::min(want, most)));
+    if (grid.y > 1) {
+      if (std::string err = clear_sums(g, stream); !err.empty()) return err;
+    }
     finalize_partials<<<grid, dim3(kFinX, kFinY), 0, stream>>>(ps, pq, rows, static_cast<int>(g.n),
                                                                ld, g.sum, g.sumsq);
     if (cudaError_t e = cudaGetLastError(); e != cudaSuccess)
@@ -213,9 +271,11 @@ std::string run(const GemmStats& g, void* workspace, cudaStream_t stream) {
 
 }  // namespace
 
-GemmStatsKernel KILN_GEMM_STATS_FN(KILN_TILE_N, KILN_STATS_MODE, KILN_CLUSTER_M, KILN_CLUSTER_N)() {
-  return {"128x" KILN_STR(KILN_TILE_N) " " KILN_STR(KILN_STATS_MODE) " cluster " KILN_STR(
-              KILN_CLUSTER_M) "x" KILN_STR(KILN_CLUSTER_N),
+GemmStatsKernel KILN_GEMM_STATS_FN(KILN_TILE_M, KILN_TILE_N, KILN_STATS_MODE, KILN_CLUSTER_M,
+                                   KILN_CLUSTER_N)() {
+  return {KILN_STR(KILN_TILE_M) "x" KILN_STR(KILN_TILE_N) " " KILN_STR(
+              KILN_STATS_MODE) " cluster " KILN_STR(KILN_CLUSTER_M) "x" KILN_STR(KILN_CLUSTER_N),
+          KILN_TILE_M,
           KILN_TILE_N,
           kMode,
           KILN_CLUSTER_N,
