@@ -14,6 +14,7 @@
 
 #include <array>
 #include <cstdint>
+#include <cstdio>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -118,6 +119,11 @@ struct Options {
 };
 Options options_from_switches(const Switches& switches);
 
+// For release paths: prints a failed call instead of throwing.
+inline void warn(const char* what, cudaError_t e) {
+  if (e != cudaSuccess) std::fprintf(stderr, "kiln: %s failed: %s\n", what, cudaGetErrorString(e));
+}
+
 struct StreamRes {
   cudaStream_t stream = nullptr;
   cudnnHandle_t cudnn = nullptr;
@@ -184,6 +190,13 @@ struct Context : ProgramView {
     if (id == kNoTensor) return nullptr;
     const DTensor& t = program->tensor(id);
     return reinterpret_cast<T*>(base[static_cast<size_t>(t.region)] + t.offset);
+  }
+  // The same from a tensor, checked: for the host-side copies (read, write, staging).
+  uint8_t* address(const DTensor& t) const {
+    KILN_CHECK(program != nullptr, State, "cuda backend: tensor access before prepare()");
+    uint8_t* b = base[static_cast<size_t>(t.region)];
+    KILN_CHECK(b != nullptr && t.offset >= 0, Internal, "tensor '", t.name, "' is not placed");
+    return b + t.offset;
   }
   void need_workspace(int stream, size_t bytes) {
     StreamRes& s = streams[static_cast<size_t>(stream)];
