@@ -11,6 +11,7 @@
 #include <cfloat>
 
 #include "backend/cuda/device_util.cuh"
+#include "backend/cuda/float_launch.cuh"
 
 namespace kiln::cuda {
 
@@ -391,15 +392,11 @@ KernelPtr make_maxpool_fwd(const Node& n, Context& ctx, int stream) {
   if (pool_vec(ctx, d, dt, {xp, yp, ap}, &v)) {
     const int total = static_cast<int>(d.n * d.p * d.q) * v.cv;
     const unsigned grid = grid_for(ctx, total, kThreads);
-    KernelPtr k;
-    KILN_DISPATCH_FLOAT(dt, T, {
-      k = make_fn(stream, [=](Context&, cudaStream_t s) {
-        maxpool_fwd_vec<T><<<grid, kThreads, 0, s>>>(static_cast<const uint4*>(xp),
-                                                     static_cast<uint4*>(yp), ap, total, v);
-        KILN_LAUNCH_CHECK("maxpool_fwd (vec)");
-      });
+    return float_launch(dt, stream, "maxpool_fwd (vec)", [=](auto t, cudaStream_t s) {
+      using T = decltype(t);
+      maxpool_fwd_vec<T><<<grid, kThreads, 0, s>>>(static_cast<const uint4*>(xp),
+                                                   static_cast<uint4*>(yp), ap, total, v);
     });
-    return k;
   }
   KILN_POOL_LAUNCH(maxpool_fwd_kernel, d.n * d.p * d.q * d.c, static_cast<const T*>(xp),
                    static_cast<T*>(yp), ap, d);
@@ -421,55 +418,61 @@ KernelPtr make_maxpool_bwd(const Node& n, Context& ctx, int stream) {
   if (tiles && pool_vec(ctx, d, dt, {dyp, ap, dxp}, &v)) {
     const int total = static_cast<int>(d.n * d.p * d.q) * v.cv;
     const unsigned grid = grid_for(ctx, total, kThreads);
-    KernelPtr k;
-    KILN_DISPATCH_FLOAT(dt, T, {
-      k = make_fn(stream, [=](Context&, cudaStream_t s) {
-        maxpool_bwd_tiled<T><<<grid, kThreads, 0, s>>>(static_cast<const uint4*>(dyp), ap,
-                                                       static_cast<uint4*>(dxp), total, v);
-        KILN_LAUNCH_CHECK("maxpool_bwd (tiled)");
-      });
+    return float_launch(dt, stream, "maxpool_bwd (tiled)", [=](auto t, cudaStream_t s) {
+      using T = decltype(t);
+      maxpool_bwd_tiled<T><<<grid, kThreads, 0, s>>>(static_cast<const uint4*>(dyp), ap,
+                                                     static_cast<uint4*>(dxp), total, v);
     });
-    return k;
   }
   if (pool_vec(ctx, d, dt, {dyp, ap, dxp}, &v)) {
     const int total = static_cast<int>(d.n * d.h * d.w) * v.cv;
     const unsigned grid = grid_for(ctx, total, kThreads);
-    KernelPtr k;
-    KILN_DISPATCH_FLOAT(dt, T, {
-      k = make_fn(stream, [=](Context&, cudaStream_t s) {
-        maxpool_bwd_vec<T><<<grid, kThreads, 0, s>>>(static_cast<const uint4*>(dyp), ap,
-                                                     static_cast<uint4*>(dxp), total, v);
-        KILN_LAUNCH_CHECK("maxpool_bwd (vec)");
-      });
+    return float_launch(dt, stream, "maxpool_bwd (vec)", [=](auto t, cudaStream_t s) {
+      using T = decltype(t);
+      maxpool_bwd_vec<T><<<grid, kThreads, 0, s>>>(static_cast<const uint4*>(dyp), ap,
+                                                   static_cast<uint4*>(dxp), total, v);
     });
-    return k;
   }
   KILN_POOL_LAUNCH(maxpool_bwd_kernel, d.n * d.h * d.w * d.c, static_cast<const T*>(dyp), ap,
                    static_cast<T*>(dxp), d);
 }
 
+namespace {
+
+// avgpool_fwd "x -> y" and avgpool_bwd "dy -> dx": one map in and one out, the pooled one being
+// y or dy.
+KernelPtr avgpool(const Node& n, Context& ctx, int stream, bool backward) {
+  reject_accumulate(ctx, n);
+  const TensorId in = need_in(n, 0, backward ? "dy" : "x"),
+                 out = need_out(n, 0, backward ? "dx" : "y");
+  const PoolDims d = backward ? pool_dims(ctx, n, out, in) : pool_dims(ctx, n, in, out);
+  const void* ip = ctx.ptr(in);
+  void* op = ctx.ptr(out);
+  const unsigned grid =
+      grid_for(ctx, backward ? d.n * d.h * d.w * d.c : d.n * d.p * d.q * d.c, kThreads);
+  return float_launch(ctx.tensor(in).dtype, stream, backward ? "avgpool_bwd" : "avgpool_fwd",
+                      [=](auto t, cudaStream_t s) {
+                        using T = decltype(t);
+                        if (backward) {
+                          avgpool_bwd_kernel<T><<<grid, kThreads, 0, s>>>(static_cast<const T*>(ip),
+                                                                          static_cast<T*>(op), d);
+                        } else {
+                          avgpool_fwd_kernel<T><<<grid, kThreads, 0, s>>>(static_cast<const T*>(ip),
+                                                                          static_cast<T*>(op), d);
+                        }
+                      });
+}
+
+}  // namespace
+
 // "x -> y"
 KernelPtr make_avgpool_fwd(const Node& n, Context& ctx, int stream) {
-  reject_accumulate(ctx, n);
-  const TensorId x = need_in(n, 0, "x"), y = need_out(n, 0, "y");
-  const PoolDims d = pool_dims(ctx, n, x, y);
-  const DType dt = ctx.tensor(x).dtype;
-  const void* xp = ctx.ptr(x);
-  void* yp = ctx.ptr(y);
-  KILN_POOL_LAUNCH(avgpool_fwd_kernel, d.n * d.p * d.q * d.c, static_cast<const T*>(xp),
-                   static_cast<T*>(yp), d);
+  return avgpool(n, ctx, stream, false);
 }
 
 // "dy -> dx"
 KernelPtr make_avgpool_bwd(const Node& n, Context& ctx, int stream) {
-  reject_accumulate(ctx, n);
-  const TensorId dy = need_in(n, 0, "dy"), dx = need_out(n, 0, "dx");
-  const PoolDims d = pool_dims(ctx, n, dx, dy);
-  const DType dt = ctx.tensor(dy).dtype;
-  const void* dyp = ctx.ptr(dy);
-  void* dxp = ctx.ptr(dx);
-  KILN_POOL_LAUNCH(avgpool_bwd_kernel, d.n * d.h * d.w * d.c, static_cast<const T*>(dyp),
-                   static_cast<T*>(dxp), d);
+  return avgpool(n, ctx, stream, true);
 }
 
 // "x [N,H,W,C] -> y [N,C]"
