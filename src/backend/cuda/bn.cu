@@ -59,6 +59,23 @@ size_t align256(size_t b) {
   return (b + 255) / 256 * 256;
 }
 
+// A statistics pass's room in the stream's workspace: the [chunks][C] double2 partials, then
+// the C float4 apply coefficients at the returned (256-byte aligned) offset.
+size_t reserve_stats_workspace(Context& ctx, int stream, int chunks, int64_t C) {
+  const size_t coef_off =
+      align256(sizeof(double2) * static_cast<size_t>(chunks) * static_cast<size_t>(C));
+  ctx.need_workspace(stream, coef_off + sizeof(float4) * static_cast<size_t>(C));
+  return coef_off;
+}
+struct StatsScratch {
+  double2* partial;
+  float4* coef;
+};
+StatsScratch stats_scratch(const Context& c, int stream, size_t coef_off) {
+  auto* ws = static_cast<uint8_t*>(c.streams[static_cast<size_t>(stream)].workspace);
+  return {reinterpret_cast<double2*>(ws), reinterpret_cast<float4*>(ws + coef_off)};
+}
+
 Nhwc bn_check(const Context& ctx, const Node& n, TensorId x,
               std::initializer_list<TensorId> same_shape,
               std::initializer_list<TensorId> per_channel) {
@@ -130,9 +147,7 @@ KernelPtr bn_forward(Context& ctx, int stream, const Nhwc& s, DType dt, const Bn
   const int hp = a.pool ? static_cast<int>(s.h / a.pool) : 0,
             wp = a.pool ? static_cast<int>(s.w / a.pool) : 0;
   const int chunks = a.sums ? 1 : v.on ? v.blocks : d.gy;
-  const size_t coef_off =
-      align256(sizeof(double2) * static_cast<size_t>(chunks) * static_cast<size_t>(C));
-  ctx.need_workspace(stream, coef_off + sizeof(float4) * static_cast<size_t>(C));
+  const size_t coef_off = reserve_stats_workspace(ctx, stream, chunks, C);
   const dim3 rgrid(static_cast<unsigned>((C + kCx - 1) / kCx), static_cast<unsigned>(d.gy));
   const int64_t count = d.rows * C;
   const unsigned egrid = grid_for(ctx, a.mask ? (count + 7) / 8 : count, kThreads);
@@ -140,9 +155,7 @@ KernelPtr bn_forward(Context& ctx, int stream, const Nhwc& s, DType dt, const Bn
   KernelPtr k;
   KILN_DISPATCH_FLOAT(dt, T, {
     k = make_fn(stream, [=](Context& c, cudaStream_t st) {
-      auto* ws = static_cast<uint8_t*>(c.streams[static_cast<size_t>(stream)].workspace);
-      auto* partial = reinterpret_cast<double2*>(ws);
-      auto* coef = reinterpret_cast<float4*>(ws + coef_off);
+      const auto [partial, coef] = stats_scratch(c, stream, coef_off);
       const T* x = static_cast<const T*>(a.x);
       const T* res = static_cast<const T*>(a.residual);
       T* y = static_cast<T*>(a.y);
@@ -205,18 +218,14 @@ KernelPtr bn_backward(Context& ctx, int stream, const Nhwc& s, DType dt, const B
   const BnVec v = bn_vec(ctx, dt, d.rows, C, {a.x, a.dy, a.dy2});
   const GroupPlan gp = group_plan(ctx, d.rows, C, {a.x, a.dy, a.dy2, a.dx, a.dres});
   const int chunks = v.on ? v.blocks : d.gy;
-  const size_t coef_off =
-      align256(sizeof(double2) * static_cast<size_t>(chunks) * static_cast<size_t>(C));
-  ctx.need_workspace(stream, coef_off + sizeof(float4) * static_cast<size_t>(C));
+  const size_t coef_off = reserve_stats_workspace(ctx, stream, chunks, C);
   const dim3 rgrid(static_cast<unsigned>((C + kCx - 1) / kCx), static_cast<unsigned>(d.gy));
   const int64_t count = d.rows * C;
   const unsigned egrid = grid_for(ctx, count, kThreads);
   KernelPtr k;
   KILN_DISPATCH_FLOAT(dt, T, {
     k = make_fn(stream, [=](Context& c, cudaStream_t st) {
-      auto* ws = static_cast<uint8_t*>(c.streams[static_cast<size_t>(stream)].workspace);
-      auto* partial = reinterpret_cast<double2*>(ws);
-      auto* coef = reinterpret_cast<float4*>(ws + coef_off);
+      const auto [partial, coef] = stats_scratch(c, stream, coef_off);
       const T *x = static_cast<const T*>(a.x), *dy = static_cast<const T*>(a.dy),
               *dy2 = static_cast<const T*>(a.dy2);
       T *dx = static_cast<T*>(a.dx), *dres = static_cast<T*>(a.dres);
