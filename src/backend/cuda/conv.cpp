@@ -423,6 +423,32 @@ void* padded(ConvKernel& k, const ChannelPad& pad, void* t, DType dt, int64_t ro
   return p;
 }
 
+// A convolution kernel over (a, w): the operands as cuDNN reads or writes them (channel-padded
+// copies where channel_pad asks for them; an output's copy is written back after each run)
+// and the geometry with the padded channel count.
+struct ConvOperands {
+  std::unique_ptr<ConvKernel> k;
+  void *a = nullptr, *w = nullptr;
+  ConvGeom g;
+};
+ConvOperands conv_operands(const Context& ctx, int stream, const std::string& what,
+                           const ConvGeom& g, DType dt, void* a, bool a_out, DType wdt, void* w,
+                           bool w_out) {
+  const ChannelPad pad = channel_pad(ctx, dt, g.x.c);
+  ConvOperands o;
+  o.k = std::make_unique<ConvKernel>(stream, what);
+  o.a = padded(*o.k, pad, a, dt, g.x_rows(), a_out);
+  o.w = padded(*o.k, pad, w, wdt, g.w_rows(), w_out);
+  o.g = g.with_channels(pad.on ? pad.cp : g.x.c);
+  return o;
+}
+
+// The plan's workspace reserved on the stream, and the kernel set to run it over (a, w, b).
+void use_plan(ConvOperands& o, Context& ctx, int stream, std::shared_ptr<ConvPlan> plan, void* b) {
+  ctx.need_workspace(stream, static_cast<size_t>(plan->workspace));
+  o.k->set_plan(plan, o.a, o.w, b);
+}
+
 std::string describe(const Node& n) {
   return std::string(op_name(n.op)) + " node '" + n.label + "'";
 }
@@ -444,20 +470,17 @@ KernelPtr make_conv_fwd(const Node& n, Context& ctx, int stream) {
   expect_weight_dtype(ctx, n, x, w);
   const ConvGeom g = conv_geom(ctx, n, x, w, y);
   const DType wdt = ctx.tensor(w).dtype;
-  const ChannelPad pad = channel_pad(ctx, dt, g.x.c);
-  auto k = std::make_unique<ConvKernel>(stream, describe(n));
-  void* xp = padded(*k, pad, ctx.ptr(x), dt, g.x_rows(), false);
-  void* wp = padded(*k, pad, ctx.ptr(w), wdt, g.w_rows(), false);
-  const ConvGeom gp = g.with_channels(pad.on ? pad.cp : g.x.c);
-  auto plan = build_plan(ctx, n, stream, ConvKind::fprop, gp, dt, wdt, dt, {xp, wp, ctx.ptr(y)});
-  ctx.need_workspace(stream, static_cast<size_t>(plan->workspace));
-  k->set_plan(plan, xp, wp, ctx.ptr(y));
+  ConvOperands o =
+      conv_operands(ctx, stream, describe(n), g, dt, ctx.ptr(x), false, wdt, ctx.ptr(w), false);
+  use_plan(o, ctx, stream,
+           build_plan(ctx, n, stream, ConvKind::fprop, o.g, dt, wdt, dt, {o.a, o.w, ctx.ptr(y)}),
+           ctx.ptr(y));
   if (b != kNoTensor) {
     expect_dtype(ctx, n, b, DType::F32, "bias");
     expect_numel(ctx, n, b, g.k, "bias");
-    k->set_bias_add(ctx.ptr(y), dt, ctx.ptr<float>(b), g.y.n * g.y.h * g.y.w, g.k);
+    o.k->set_bias_add(ctx.ptr(y), dt, ctx.ptr<float>(b), g.y.n * g.y.h * g.y.w, g.k);
   }
-  return k;
+  return std::move(o.k);
 }
 
 // "dy, w -> dx"
@@ -469,15 +492,12 @@ KernelPtr make_conv_bwd_data(const Node& n, Context& ctx, int stream) {
   expect_weight_dtype(ctx, n, dy, w);
   const ConvGeom g = conv_geom(ctx, n, dx, w, dy);
   const DType wdt = ctx.tensor(w).dtype;
-  const ChannelPad pad = channel_pad(ctx, dt, g.x.c);
-  auto k = std::make_unique<ConvKernel>(stream, describe(n));
-  void* dxp = padded(*k, pad, ctx.ptr(dx), dt, g.x_rows(), true);
-  void* wp = padded(*k, pad, ctx.ptr(w), wdt, g.w_rows(), false);
-  const ConvGeom gp = g.with_channels(pad.on ? pad.cp : g.x.c);
-  auto plan = build_plan(ctx, n, stream, ConvKind::dgrad, gp, dt, wdt, dt, {dxp, wp, ctx.ptr(dy)});
-  ctx.need_workspace(stream, static_cast<size_t>(plan->workspace));
-  k->set_plan(plan, dxp, wp, ctx.ptr(dy));
-  return k;
+  ConvOperands o =
+      conv_operands(ctx, stream, describe(n), g, dt, ctx.ptr(dx), true, wdt, ctx.ptr(w), false);
+  use_plan(o, ctx, stream,
+           build_plan(ctx, n, stream, ConvKind::dgrad, o.g, dt, wdt, dt, {o.a, o.w, ctx.ptr(dy)}),
+           ctx.ptr(dy));
+  return std::move(o.k);
 }
 
 // "x, dy -> dw, [db]": dw in the weight gradient's dtype (f16 under AMP, cast to f32 by the
@@ -490,22 +510,19 @@ KernelPtr make_conv_bwd_weight(const Node& n, Context& ctx, int stream) {
   expect_same_dtype(ctx, n, x, dy);
   const DType wdt = expect_float(ctx, n, dw, "dw");
   const ConvGeom g = conv_geom(ctx, n, x, dw, dy);
-  const ChannelPad pad = channel_pad(ctx, dt, g.x.c);
-  auto k = std::make_unique<ConvKernel>(stream, describe(n));
-  void* xp = padded(*k, pad, ctx.ptr(x), dt, g.x_rows(), false);
-  void* dwp = padded(*k, pad, ctx.ptr(dw), wdt, g.w_rows(), true);
-  const ConvGeom gp = g.with_channels(pad.on ? pad.cp : g.x.c);
-  auto plan = build_plan(ctx, n, stream, ConvKind::wgrad, gp, dt, wdt, dt, {xp, dwp, ctx.ptr(dy)});
-  ctx.need_workspace(stream, static_cast<size_t>(plan->workspace));
-  k->set_plan(plan, xp, dwp, ctx.ptr(dy));
+  ConvOperands o =
+      conv_operands(ctx, stream, describe(n), g, dt, ctx.ptr(x), false, wdt, ctx.ptr(dw), true);
+  use_plan(o, ctx, stream,
+           build_plan(ctx, n, stream, ConvKind::wgrad, o.g, dt, wdt, dt, {o.a, o.w, ctx.ptr(dy)}),
+           ctx.ptr(dy));
   if (db != kNoTensor) {
     expect_dtype(ctx, n, db, DType::F32, "db");
     expect_numel(ctx, n, db, g.k, "db");
     const int64_t rows = g.y.n * g.y.h * g.y.w;
     ctx.need_workspace(stream, channel_sum_workspace(rows, g.k, ctx.sm_count));
-    k->set_bias_grad(ctx.ptr(dy), dt, ctx.ptr<float>(db), rows, g.k);
+    o.k->set_bias_grad(ctx.ptr(dy), dt, ctx.ptr<float>(db), rows, g.k);
   }
-  return k;
+  return std::move(o.k);
 }
 
 // cbr_fwd's convolution in the seed article's form (KILN_CBR_FORM=genstats): one cuDNN graph,
@@ -520,15 +537,12 @@ KernelPtr make_conv_fwd_genstats(const Node& n, Context& ctx, int stream, Tensor
   expect_weight_dtype(ctx, n, x, w);
   const ConvGeom g = conv_geom(ctx, n, x, w, z);
   const DType wdt = ctx.tensor(w).dtype;
-  const ChannelPad pad = channel_pad(ctx, dt, g.x.c);
-  auto k = std::make_unique<ConvKernel>(stream, describe(n) + " (conv+genstats)");
-  void* xp = padded(*k, pad, ctx.ptr(x), dt, g.x_rows(), false);
-  void* wp = padded(*k, pad, ctx.ptr(w), wdt, g.w_rows(), false);
-  const ConvGeom gp = g.with_channels(pad.on ? pad.cp : g.x.c);
+  ConvOperands o = conv_operands(ctx, stream, describe(n) + " (conv+genstats)", g, dt, ctx.ptr(x),
+                                 false, wdt, ctx.ptr(w), false);
   std::shared_ptr<ConvPlan> plan;
   try {
-    plan = build_plan(ctx, n, stream, ConvKind::fprop_genstats, gp, dt, wdt, dt,
-                      {xp, wp, ctx.ptr(z), sums});
+    plan = build_plan(ctx, n, stream, ConvKind::fprop_genstats, o.g, dt, wdt, dt,
+                      {o.a, o.w, ctx.ptr(z), sums});
   } catch (const Error& e) {
     if (e.kind() != ErrorKind::Backend) throw;
     log_info(
@@ -538,8 +552,8 @@ KernelPtr make_conv_fwd_genstats(const Node& n, Context& ctx, int stream, Tensor
     return nullptr;
   }
   ctx.need_workspace(stream, static_cast<size_t>(plan->workspace));
-  k->set_plan(plan, xp, wp, ctx.ptr(z), sums, sums + g.k);
-  return k;
+  o.k->set_plan(plan, o.a, o.w, ctx.ptr(z), sums, sums + g.k);
+  return std::move(o.k);
 }
 
 }  // namespace kiln::cuda
