@@ -195,7 +195,7 @@ class Compiler {
       if (!ph->nodes.empty()) p_.train.push_back(std::move(*ph));
     }
 
-    // FP16 convolution weight gradients → FP32 (FC and BN gradients are FP32 already, S10).
+    // FP16 convolution weight gradients → FP32 (FC and BN gradients are written in FP32).
     if (o.amp && !conv_range_.empty()) {
       Phase ph{PhaseKind::grad_cast, "grad_cast", 0, {}};
       ph.nodes.push_back(make_node(

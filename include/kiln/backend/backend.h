@@ -31,7 +31,7 @@ struct BackendCaps {
 // choices (the CPU) leaves it empty (`chooses_engines` false).
 struct CompileReport {
   bool chooses_engines = false;
-  // Convolution plans: from the experience table (SPEC S16), timed while compiling (a graph
+  // Convolution plans: from the experience table, timed while compiling (a graph
   // the table lacks; `remembered` of them timed by an earlier compile or the autotune cache),
   // left to cuDNN's heuristics; `table` is the file consulted or written (empty when none).
   int from_table = 0, heuristics = 0, autotuned = 0, remembered = 0;

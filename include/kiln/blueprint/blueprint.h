@@ -1,4 +1,4 @@
-// BluePrint: the C++ DSL in which a model is written (SPEC S1). A model is a tree of
+// BluePrint: the C++ DSL in which a model is written. A model is a tree of
 // Layers; names along the tree give torchvision's parameter names ("layer1.0.conv1.weight").
 //
 //   BluePrint net{"tiny", {28, 28, 1}, 10,

@@ -1,5 +1,5 @@
 // Fused optimizers and the EMA on the CPU, over whole ranges of the parameter regions
-// (SPEC S21, S22). Every one reads the learning rate, loss scale and overflow flag from
+//. Every one reads the learning rate, loss scale and overflow flag from
 // their device scalars at run time (so a schedule changes lr without a recompile), undoes
 // the loss scale itself (g' = g * (1/scale), SPEC S8: no separate unscale pass), and does
 // nothing at all when overflow != 0 (SPEC S9: an overflowed step changes no weight, moment

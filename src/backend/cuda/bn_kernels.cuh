@@ -12,12 +12,10 @@ namespace {
 
 // ---- finalize passes ---------------------------------------------------------------------
 // The reductions leave one double2 partial per channel and row chunk ([chunks][C], chunks =
-// 4 per multiprocessor: 528 on the H200); a block of 8 channels (one 128-byte line of each
-// partial row) x 64 slices adds them up: slice j takes chunks j, j + 64, ... in two
-// independent chains (loads in flight), then the slices combine in a fixed tree, so the sums
-// are deterministic. The first form, 32 channels x 16 slices with one chain each, took ~10 us
-// a launch on the H200 (ResNet-50: 106 launches, 1.0 ms a step): too few blocks for small C
-// and each thread's 33 loads one after another.
+// 4 per multiprocessor); a block of 8 channels (one 128-byte line of each partial row) x 64
+// slices adds them up: slice j takes chunks j, j + 64, ... in two independent chains (loads in
+// flight), then the slices combine in a fixed tree, so the sums are deterministic. Narrow
+// blocks and many slices keep small C busy and each thread's loads overlapping.
 constexpr int kFinC = 8, kFinS = 64;
 
 // The channel's [sum, second sum] over all chunks, in every thread of the block.
@@ -242,9 +240,8 @@ __global__ void __launch_bounds__(kVecThreads)
 // Elementwise passes over groups of eight channels (one 16-byte vector of f16, two of f32;
 // one mask byte). Each thread keeps one group's channels - and so their coefficients, in
 // registers - and walks rows, two groups in flight: a pass reads each coefficient once per
-// thread instead of once per element (the first version read a float4 per element and ran
-// at ~0.9-1.4 TB/s). cg = C / 8 groups per row, 256 % cg == 0; the arithmetic is the plain
-// kernels', expression for expression.
+// thread instead of once per element. cg = C / 8 groups per row, 256 % cg == 0; the
+// arithmetic is the plain kernels', expression for expression.
 template <typename T>
 inline constexpr int kWords8 = 8 * static_cast<int>(sizeof(T)) / 16;
 

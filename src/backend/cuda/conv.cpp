@@ -27,7 +27,7 @@ namespace kiln::cuda {
 
 namespace {
 
-// fprop_genstats: the seed article's CBR convolution, one graph whose output is also reduced
+// fprop_genstats: the MLPerf-style CBR convolution, one graph whose output is also reduced
 // per channel (sum and sum of squares, FP32) for BatchNorm (make_conv_fwd_genstats).
 enum class ConvKind { fprop, dgrad, wgrad, fprop_genstats };
 enum : int64_t { kUidX = 1, kUidW = 2, kUidY = 3, kUidSum = 4, kUidSqSum = 5 };
@@ -525,7 +525,7 @@ KernelPtr make_conv_bwd_weight(const Node& n, Context& ctx, int stream) {
   return std::move(o.k);
 }
 
-// cbr_fwd's convolution in the seed article's form (KILN_CBR_FORM=genstats): one cuDNN graph,
+// cbr_fwd's convolution in the MLPerf-style form (KILN_CBR_FORM=genstats): one cuDNN graph,
 // conv_fprop whose output z is also reduced per channel by genstats into sums[0, K) (the sum)
 // and sums[K, 2K) (the sum of squares), FP32, so BatchNorm needs no statistics pass over z.
 // nullptr, with one log line, when cuDNN has no engine for this graph here: the caller falls

@@ -75,12 +75,11 @@ class CudaBackend final : public CudaBackendApi {
     c.device = cudaGetDeviceProperties(&prop, 0) == cudaSuccess ? prop.name : "cuda";
     c.fp16 = true;
     // Fused CBR and BN+add+ReLU (fused.cpp), in FP32 too by default: the same bits as the
-    // unfused chain (GpuFusedStep.*Fp32) and faster on the H200 (ResNet-50 FP32 +5.3%, the
-    // Fashion-MNIST cnn +3%, bench/RESULTS.md).
+    // unfused chain (GpuFusedStep.*Fp32), and faster (bench/RESULTS.md).
     c.fused_cbr = c.fused_cbr_pool = c.fused_bn_add_relu = c.fused_fp32 = c.fp32_fusion_default =
         true;
-    // The gradient-sum fusion (bn_add_relu_bwd's dy2): +2.3% on ResNet-50 AMP on the H200
-    // (bench/RESULTS.md); Engine turns it off with KILN_FUSE_GRAD_SUM=0.
+    // The gradient-sum fusion (bn_add_relu_bwd's dy2), faster too (bench/RESULTS.md); Engine
+    // turns it off with KILN_FUSE_GRAD_SUM=0.
     c.fused_grad_sum = true;
     return c;
   }
@@ -375,7 +374,7 @@ class CudaBackend final : public CudaBackendApi {
               " MiB free of ", total / mib, ")");
   }
 
-  // S16: the experience table for this GPU and cuDNN version (see engine_table.h).
+  // The experience table for this GPU and cuDNN version (see engine_table.h).
   void load_engine_table(const std::string& gpu) {
     ctx_.engine_table = EngineTable{};
     ctx_.tuned = EngineTable{};
@@ -636,7 +635,7 @@ class CudaBackend final : public CudaBackendApi {
 // More hardware work queues than CUDA's default 8, set when the library loads, before anything
 // initialises CUDA. nvJPEG's batched hardware decode enqueues on 14 streams of its own; with 8
 // queues some of them share one with the step's CUDA graph, so the decode's copies and kernels
-// wait behind the whole step and its host thread with them (bench/RESULTS.md, 2026-12-01).
+// wait behind the whole step and its host thread with them (bench/RESULTS.md).
 // A value the user exported wins (CUDA_DEVICE_MAX_CONNECTIONS=8 restores CUDA's default).
 [[maybe_unused]] const bool kMoreConnections = [] {
   setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", /*overwrite=*/0);

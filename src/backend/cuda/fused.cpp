@@ -1,4 +1,4 @@
-// Fused ops on the GPU (SPEC S12-S15): CBR and BN+add+ReLU as kiln's own kernels around
+// Fused ops on the GPU: CBR and BN+add+ReLU as kiln's own kernels around
 // cuDNN's convolutions. What fusion saves here, against the unfused chain:
 //  - forward: the ReLU pass (a read and a write of the map) becomes part of BatchNorm's
 //    apply pass, which also writes the one-bit mask (1/16 of an FP16 map);
@@ -8,7 +8,7 @@
 //    backward the residual's gradient is written by BatchNorm's dx pass.
 // The arithmetic is the unfused chain's, rounding for rounding, so fused and unfused programs
 // give the same bits (tests/gpu/gpu_fused_test.cpp). The parts run in order on the node's
-// stream. KILN_CBR_FORM=genstats takes the seed article's forward instead (conv+genstats in
+// stream. KILN_CBR_FORM=genstats takes the MLPerf-style forward instead (conv+genstats in
 // one cuDNN graph); its backward forms (dgrad+drelu+dbn) and the MLPerf prologue form are not
 // built (bench/RESULTS.md: cuDNN has no dgrad+drelu+dbn_weight engine at batch 256, and the
 // prologue convolutions cost about what they save). cbr_pool_* also fold a max-pool that tiles
@@ -38,7 +38,7 @@ class Sequence final : public Kernel {
 };
 
 // cbr_fwd's and cbr_pool_fwd's convolution, then `epilogue(sums)`, their BatchNorm part. With
-// KILN_CBR_FORM=genstats, the seed article's form where cuDNN has it: the convolution's graph
+// KILN_CBR_FORM=genstats, the MLPerf-style form where cuDNN has it: the convolution's graph
 // also sums z per channel (genstats; sums non-null), so BatchNorm skips its statistics pass.
 // Its sums are FP32, accumulated in cuDNN's order, so that form agrees with the unfused chain
 // to rounding, not bit for bit.

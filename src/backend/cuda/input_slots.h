@@ -1,6 +1,6 @@
 // The CUDA backend's two staged input slots, A and B, and every way a batch gets into one.
 //
-// Staging (S19): stage_batch() copies into a pinned host buffer and from there, on the
+// Staging: stage_batch() copies into a pinned host buffer and from there, on the
 // transfer stream, into input slot A or B, so the copy overlaps the step in flight; the copy
 // waits for the last phase that read the slot, and phases that read the slot wait for it.
 // stage_batch_u8 moves uint8 pixels (a quarter of the bytes) and normalises them there;

@@ -97,9 +97,9 @@ __global__ void maxpool_bwd_kernel(const T* dy, const int32_t* argmax, T* dx, Po
 }
 
 // 16-byte paths of max pooling (KILN_VECTOR_KERNELS): one thread per V channels of a pixel
-// (V = 8 f16 or 4 f32), 32-bit index arithmetic, the argmax as V i32 in 16-byte words. The
-// scalar kernels above spent most of their time in 64-bit divisions and 2-byte loads (ResNet-50's
-// max-pool backward ran at ~0.2 TB/s). Same rules and summation order as the scalar kernels.
+// (V = 8 f16 or 4 f32), 32-bit index arithmetic, the argmax as V i32 in 16-byte words, as the
+// scalar kernels above spend most of their time in 64-bit divisions and 2-byte loads. Same rules
+// and summation order as the scalar kernels.
 struct PoolDims32 {
   int h, w, cv;  // input rows, columns, channel vectors
   int p, q;      // output rows, columns
@@ -221,9 +221,9 @@ __global__ void maxpool_bwd_vec(const uint4* dy, const int32_t* argmax, uint4* d
 // Windows that tile the input exactly, without overlap or padding (VGG's 2x2 stride 2): each
 // input element lies in one window, so a thread takes one output vector and writes its
 // window's kh x kw input vectors - the gradient where the argmax points, zero elsewhere -
-// instead of every input searching the windows that cover it (maxpool_bwd_vec: 2.56 ms of
-// VGG16-BN's AMP step on the H200, at 2.1 TB/s). The value is maxpool_bwd_vec's own, 0 + g,
-// so the bits are the same (a -0 gradient becomes +0 in both).
+// instead of every input searching the windows that cover it (maxpool_bwd_vec, far slower on
+// VGG's pools). The value is maxpool_bwd_vec's own, 0 + g, so the bits are the same (a -0
+// gradient becomes +0 in both).
 template <typename T>
 __global__ void maxpool_bwd_tiled(const uint4* dy, const int32_t* argmax, uint4* dx, int total,
                                   PoolDims32 d) {
