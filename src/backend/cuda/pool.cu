@@ -33,19 +33,30 @@ struct PoolDims {
   bool include_pad;
 };
 
+// Output element o of the pooled map: its pixel and channel, and its window clipped to the input.
+struct OutWindow {
+  int64_t b, oh, ow, c;
+  int64_t hs, he, ws, we;  // input rows [hs, he), columns [ws, we)
+};
+__device__ __forceinline__ OutWindow out_window(const PoolDims& d, int64_t o) {
+  OutWindow v;
+  v.c = o % d.c;
+  int64_t r = o / d.c;
+  v.ow = r % d.q;
+  r /= d.q;
+  v.oh = r % d.p;
+  v.b = r / d.p;
+  const int64_t h0 = v.oh * d.sh - d.ph, w0 = v.ow * d.sw - d.pw;
+  v.hs = imax(h0, 0), v.he = imin(h0 + d.kh, d.h);
+  v.ws = imax(w0, 0), v.we = imin(w0 + d.kw, d.w);
+  return v;
+}
+
 template <typename T>
 __global__ void maxpool_fwd_kernel(const T* x, T* y, int32_t* argmax, PoolDims d) {
   const int64_t total = d.n * d.p * d.q * d.c;
   KILN_GRID_STRIDE(o, total) {
-    const int64_t c = o % d.c;
-    int64_t r = o / d.c;
-    const int64_t ow = r % d.q;
-    r /= d.q;
-    const int64_t oh = r % d.p;
-    const int64_t b = r / d.p;
-    const int64_t h0 = oh * d.sh - d.ph, w0 = ow * d.sw - d.pw;
-    const int64_t hs = imax(h0, 0), he = imin(h0 + d.kh, d.h);
-    const int64_t ws = imax(w0, 0), we = imin(w0 + d.kw, d.w);
+    const auto [b, oh, ow, c, hs, he, ws, we] = out_window(d, o);
     float best = -INFINITY;
     int32_t idx = static_cast<int32_t>(hs * d.w + ws);
     const T* xb = x + b * d.h * d.w * d.c + c;
@@ -71,19 +82,30 @@ __device__ __forceinline__ void covering(int64_t i, int k, int s, int p, int64_t
   *hi = imin((i + p) / s, out - 1);
 }
 
+// Input element i of the map: its pixel and channel, and the output rows [oh0, oh1] and
+// columns [ow0, ow1] whose windows cover it.
+struct InCover {
+  int64_t b, ih, iw, c;
+  int64_t oh0, oh1, ow0, ow1;
+};
+__device__ __forceinline__ InCover in_cover(const PoolDims& d, int64_t i) {
+  InCover v;
+  v.c = i % d.c;
+  int64_t r = i / d.c;
+  v.iw = r % d.w;
+  r /= d.w;
+  v.ih = r % d.h;
+  v.b = r / d.h;
+  covering(v.ih, d.kh, d.sh, d.ph, d.p, &v.oh0, &v.oh1);
+  covering(v.iw, d.kw, d.sw, d.pw, d.q, &v.ow0, &v.ow1);
+  return v;
+}
+
 template <typename T>
 __global__ void maxpool_bwd_kernel(const T* dy, const int32_t* argmax, T* dx, PoolDims d) {
   const int64_t total = d.n * d.h * d.w * d.c;
   KILN_GRID_STRIDE(i, total) {
-    const int64_t c = i % d.c;
-    int64_t r = i / d.c;
-    const int64_t iw = r % d.w;
-    r /= d.w;
-    const int64_t ih = r % d.h;
-    const int64_t b = r / d.h;
-    int64_t oh0, oh1, ow0, ow1;
-    covering(ih, d.kh, d.sh, d.ph, d.p, &oh0, &oh1);
-    covering(iw, d.kw, d.sw, d.pw, d.q, &ow0, &ow1);
+    const auto [b, ih, iw, c, oh0, oh1, ow0, ow1] = in_cover(d, i);
     const auto self = static_cast<int32_t>(ih * d.w + iw);
     float sum = 0.0f;
     for (int64_t oh = oh0; oh <= oh1; ++oh) {
@@ -281,15 +303,7 @@ template <typename T>
 __global__ void avgpool_fwd_kernel(const T* x, T* y, PoolDims d) {
   const int64_t total = d.n * d.p * d.q * d.c;
   KILN_GRID_STRIDE(o, total) {
-    const int64_t c = o % d.c;
-    int64_t r = o / d.c;
-    const int64_t ow = r % d.q;
-    r /= d.q;
-    const int64_t oh = r % d.p;
-    const int64_t b = r / d.p;
-    const int64_t h0 = oh * d.sh - d.ph, w0 = ow * d.sw - d.pw;
-    const int64_t hs = imax(h0, 0), he = imin(h0 + d.kh, d.h);
-    const int64_t ws = imax(w0, 0), we = imin(w0 + d.kw, d.w);
+    const auto [b, oh, ow, c, hs, he, ws, we] = out_window(d, o);
     const T* xb = x + b * d.h * d.w * d.c + c;
     float sum = 0.0f;
     for (int64_t ih = hs; ih < he; ++ih) {
@@ -303,15 +317,7 @@ template <typename T>
 __global__ void avgpool_bwd_kernel(const T* dy, T* dx, PoolDims d) {
   const int64_t total = d.n * d.h * d.w * d.c;
   KILN_GRID_STRIDE(i, total) {
-    const int64_t c = i % d.c;
-    int64_t r = i / d.c;
-    const int64_t iw = r % d.w;
-    r /= d.w;
-    const int64_t ih = r % d.h;
-    const int64_t b = r / d.h;
-    int64_t oh0, oh1, ow0, ow1;
-    covering(ih, d.kh, d.sh, d.ph, d.p, &oh0, &oh1);
-    covering(iw, d.kw, d.sw, d.pw, d.q, &ow0, &ow1);
+    const auto [b, ih, iw, c, oh0, oh1, ow0, ow1] = in_cover(d, i);
     float sum = 0.0f;
     for (int64_t oh = oh0; oh <= oh1; ++oh) {
       for (int64_t ow = ow0; ow <= ow1; ++ow) {
