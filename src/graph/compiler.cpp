@@ -320,7 +320,7 @@ class Compiler {
 
 Program lower_program(const ArchPlan& plan, const CompileOptions& options) {
   Program p = Compiler(plan, options).run();
-  add_data_parallel(p);  // S27: nothing when options.world == 1
+  add_data_parallel(p);  // nothing when options.world == 1
   return p;
 }
 

@@ -261,7 +261,7 @@ std::string config_json(const TrainConfig& c) {
 RunSetup setup_run(const TrainConfig& c, bool training) {
   check_config(c);
   dist::init(c.distributed,
-             c.switches.dist_timeout);  // S27: MPI when started as several processes (mpirun, srun)
+             c.switches.dist_timeout);  // MPI when started as several processes (mpirun, srun)
   RunSetup r;
   ZooOptions zo;
   zo.num_classes = static_cast<int>(c.num_classes);
@@ -292,7 +292,7 @@ RunSetup setup_run(const TrainConfig& c, bool training) {
              "built for RGB input, e.g. --model resnet18_small or vgg11_bn_small for small images");
   const int64_t size = probe.input.height;
   LoaderOptions lo;
-  lo.batch_size = dist::split_batch(c.batch_size);  // this rank's share of the global batch (S27)
+  lo.batch_size = dist::split_batch(c.batch_size);  // this rank's share of the global batch
   lo.workers = c.workers;
   lo.seed = c.seed;
   lo.rank = dist::rank();

@@ -80,7 +80,7 @@ class InputBuffers {
 };
 
 // A fresh run that stops before its first metrics row (a divergence, a data error in the
-// first epoch) leaves no empty metrics files and no empty output folder behind (SPEC Q1).
+// first epoch) leaves no empty metrics files and no empty output folder behind.
 struct EmptyRunCleanup {
   std::filesystem::path output;
   bool made_output = false, fresh = false;
@@ -116,7 +116,7 @@ EvalResult run_eval(Engine& engine, Loader& loader, bool ema, InputBuffers& inpu
     t5 += s.top5;
     count += got;
   }
-  reduce_eval_sums(loss, t1, t5, count);  // over the ranks' shards (S27)
+  reduce_eval_sums(loss, t1, t5, count);  // over the ranks' shards
   const double n = static_cast<double>(std::max<int64_t>(count, 1));
   return {loss / n, 100.0 * static_cast<double>(t1) / n, 100.0 * static_cast<double>(t5) / n,
           static_cast<double>(count) / std::max(seconds_since(t0), 1e-9)};
@@ -143,7 +143,7 @@ std::string position(const TrainState& s, int64_t steps_per_epoch) {
 }  // namespace
 
 TrainSummary evaluate(const TrainConfig& c) {
-  const dist::FailureGuard failure_guard;  // S27: an error on one rank stops every rank
+  const dist::FailureGuard failure_guard;  // an error on one rank stops every rank
   RunSetup r = setup_run(c, false);
   if (!c.init_from.empty()) import_weights(*r.engine, c.init_from);
   if (c.ema) {  // kiln eval --ema: the checkpoint's EMA weights and EMA BatchNorm statistics
@@ -164,7 +164,7 @@ TrainSummary evaluate(const TrainConfig& c) {
 
 TrainSummary train(const TrainConfig& c) {
   namespace fs = std::filesystem;
-  const dist::FailureGuard failure_guard;  // S27: an error on one rank stops every rank
+  const dist::FailureGuard failure_guard;  // an error on one rank stops every rank
   check_config(c);
   // Declared before the lock, so that it runs after the lock is released (and its file gone).
   EmptyRunCleanup cleanup;
@@ -275,7 +275,7 @@ TrainSummary train(const TrainConfig& c) {
   }
 
   const int64_t total_steps = steps_per_epoch * c.epochs;
-  const int64_t n = dist::split_batch(c.batch_size);  // per rank (S27)
+  const int64_t n = dist::split_batch(c.batch_size);  // per rank
   InputBuffers train_input(train_loader, n, r.train_norm), test_input(test_loader, n, r.test_norm);
   Progress progress(dist::is_root() ? c.progress : "none");
   DivergenceWatch divergence;
@@ -294,7 +294,7 @@ TrainSummary train(const TrainConfig& c) {
               ") or set --clip-grad");
   };
   auto save = [&](int64_t epoch) {
-    if (!dist::is_root()) return;  // rank 0 writes (S27)
+    if (!dist::is_root()) return;  // rank 0 writes
     if (!all_finite(engine))
       diverged(epoch, "the weights after step " + std::to_string(state.step) + " are not finite");
     save_checkpoint(engine, sum.checkpoint, state);
@@ -317,7 +317,7 @@ TrainSummary train(const TrainConfig& c) {
       es.hits += s->top1;
       es.overflows += s->overflow ? 1 : 0;
       if (const std::string why = divergence.observe(*s); !why.empty()) diverged(epoch, why);
-      if (s->overflow) return;  // the step changed nothing (S9)
+      if (s->overflow) return;  // the step changed nothing
       es.loss_sum += s->loss;
       ++es.loss_count;
     };
@@ -376,8 +376,8 @@ TrainSummary train(const TrainConfig& c) {
     account(engine.pending_stats());  // the epoch's last step
     engine.backend().synchronize();
     reduce_train_sums(es.loss_sum, es.loss_count, es.seen,
-                      es.hits);                        // S27: the epoch over every rank
-    if (!c.sync_bn) average_bn_running_stats(engine);  // S27: per-rank BN, before eval and save
+                      es.hits);                        // the epoch over every rank
+    if (!c.sync_bn) average_bn_running_stats(engine);  // per-rank BN, before eval and save
     const double secs = seconds_since(t0);
     progress.finish();
     if (c.switches.profile) std::printf("%s", engine.backend().profile_report().c_str());

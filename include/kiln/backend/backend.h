@@ -129,7 +129,7 @@ class Backend {
   virtual DeviceStaging device_staging() const { return {}; }
   virtual void synchronize() = 0;
 
-  // Reads that do not stop the device (the training loop's statistics, S19: no host wait
+  // Reads that do not stop the device (the training loop's statistics: no host wait
   // inside a step). read_later copies t - a scalar or a few of them, at most kLateReadBytes -
   // once every run() and write() enqueued before it has finished, into storage the backend
   // owns, and returns a ticket; collect(ticket, host) waits for that copy alone and hands its

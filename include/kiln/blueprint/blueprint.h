@@ -74,7 +74,7 @@ Layer bn2d(float eps = 1e-5f, float momentum = 0.1f);
   KILN_POINTWISE_##pointwise(Layer name();)
 #include "kiln/blueprint/layers.def"
 #undef KILN_LAYER
-// Conv → BatchNorm → ReLU, named "<name>.conv" and "<name>.bn" (SPEC S1's cbr).
+// Conv → BatchNorm → ReLU, named "<name>.conv" and "<name>.bn" (the DSL's cbr).
 Layer cbr(int out, int k, int stride = 1, int pad = 0);
 Layer maxpool(int k, int stride, int pad = 0);
 Layer avgpool(int k, int stride, int pad = 0);

@@ -119,7 +119,7 @@ struct CompileOptions {
   float weight_decay = 0.0f;
   bool nesterov = false;
   float beta1 = 0.9f, beta2 = 0.999f, adam_eps = 1e-8f, lars_eta = 0.001f;
-  // AMP loss scaling (S8, S9).
+  // AMP's dynamic loss scale: its start, and how it grows and backs off.
   float initial_loss_scale = 8192.0f;
   int64_t loss_scale_growth_interval = 2000;  // 0 = the scale only falls, as in the source
   float clip_grad = 0.0f;                     // |unscaled gradient| cap; 0 = off

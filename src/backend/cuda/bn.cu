@@ -1,6 +1,6 @@
 // Batch normalisation on the GPU (NHWC; features f32 or f16, gamma/beta/statistics f32).
 // Own kernels rather than cuDNN's: three small passes that later fuse with their neighbours
-// (SPEC S12, S15), and the statistics convention is kiln's, exactly:
+// (the fused CBR and BN+add+ReLU), and the statistics convention is kiln's, exactly:
 //  - saved = [mean; invstd] (2 x C), invstd = 1 / sqrt(biased_var + eps);
 //  - running = (1 - m) running + m batch, with the unbiased variance n/(n-1) var (PyTorch),
 //    computed in double from the FP32-rounded batch mean and variance, as the CPU kernel.

@@ -501,7 +501,7 @@ KernelPtr make_conv_bwd_data(const Node& n, Context& ctx, int stream) {
 }
 
 // "x, dy -> dw, [db]": dw in the weight gradient's dtype (f16 under AMP, cast to f32 by the
-// grad_cast phase, SPEC S10); db f32.
+// grad_cast phase); db f32.
 KernelPtr make_conv_bwd_weight(const Node& n, Context& ctx, int stream) {
   reject_accumulate(ctx, n);
   const TensorId x = need_in(n, 0, "x"), dy = need_in(n, 1, "dy"), dw = need_out(n, 0, "dw"),
