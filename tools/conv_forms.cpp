@@ -1,10 +1,10 @@
-// kiln_conv_forms: issue 5's question before the MLPerf-style CBR form is built - do cuDNN's
+// kiln_conv_forms: the question to answer before the MLPerf-style CBR form is built - do cuDNN's
 // fused convolution graphs cost less than the passes they would remove?
 //
 // For each of ResNet-50's convolutions that read a CBR's output (each bottleneck's 3x3 and
 // last 1x1; FP16 NHWC, batch 256 by default) it times the fastest engine of seven graphs:
 //   fprop                   plain forward convolution (what kiln runs now)
-//   fprop+genstats          the seed article's form (KILN_CBR_FORM=genstats)
+//   fprop+genstats          conv and its output's sums in one graph (KILN_CBR_FORM=genstats)
 //   prologue fprop+genstats relu(z * scale + bias) applied while loading the input, then the
 //                           convolution and its output's per-channel sums: the MLPerf form,
 //                           in which the producing CBR never writes its normalised output

@@ -2,8 +2,8 @@
 // API, the start and end of every kernel, copy and memset a process runs between
 // cudaProfilerStart and cudaProfilerStop, and writes them as CSV in the columns of Nsight
 // Systems' `cuda_gpu_trace` report (Start, Duration, Strm, Name), which bench/gpu_timeline.py
-// reads. It exists because the H200 this project measures on has Nsight Compute but not Nsight
-// Systems, and ncu replays each kernel alone with cold caches: only a trace of the real run
+// reads. It exists because the GPU machine this project measures on has Nsight Compute but not
+// Nsight Systems, and ncu replays each kernel alone with cold caches: only a trace of the real run
 // shows a step's idle gaps and its kernels as they run inside the CUDA graphs. Kernels inside
 // graphs are recorded one by one (CUPTI traces graph kernel nodes).
 //
@@ -170,9 +170,8 @@ void write_trace() {
   cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
   std::lock_guard<std::mutex> lock(g_mutex);
   // The programs traced synchronise before cudaProfilerStop, so nothing inside the range can
-  // end after it. Kernels of a CUDA graph launched again after the range did (H200, CUDA 13,
-  // kiln bench --steps 2: the second step's graph kernels all "ended" ~60 ms late, the length
-  // of the launch after the range): such records are left out and counted, not trusted.
+  // end after it. Kernels of a CUDA graph launched again after the range did (their end is the
+  // end of the launch after the range): such records are left out and counted, not trusted.
   size_t late = 0;
   if (g_stopped_at != 0) {
     const auto is_late = [](const Activity& a) { return a.end > g_stopped_at; };

@@ -1,4 +1,4 @@
-// kiln's C++ API in one include (SPEC S29).
+// kiln's C++ API in one include.
 //
 //   #include <kiln/kiln.h>
 //   kiln::EngineOptions o;  o.device = "auto";  o.compile.batch = 128;

@@ -8,7 +8,7 @@ std::unique_ptr<Backend> make_cpu_backend(const Switches& switches);
 #if defined(KILN_HAVE_CUDA)
 std::unique_ptr<Backend> make_cuda_backend(const Switches& switches);
 bool cuda_device_present();
-void cuda_bind_rank_device();  // src/backend/cuda/dist.cu: one GPU per process (S27)
+void cuda_bind_rank_device();  // src/backend/cuda/dist.cu: one GPU per process
 #endif
 
 bool cuda_available() {

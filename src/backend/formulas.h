@@ -76,7 +76,7 @@ KILN_HD inline bool dropout_keep(uint64_t key, uint64_t index, float p) {
   return !(u < p);
 }
 
-// ---- loss scale (SPEC S8) ------------------------------------------------------------------
+// ---- loss scale ------------------------------------------------------------------
 // Overflow: scale = max(scale / 2, 1), good_steps = 0; else good_steps + 1, and when
 // growth_interval > 0 and good_steps reaches it, scale *= 2 and good_steps = 0. The scale never
 // grows past 2^127 (the largest FP32 power of two): an Inf scale could not come back by

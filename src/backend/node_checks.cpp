@@ -159,4 +159,17 @@ FcGeom fc_geom(const ProgramView& v, const Node& n, TensorId x, TensorId w, Tens
   return g;
 }
 
+MixNode check_mix_batch(const ProgramView& v, const Node& n) {
+  reject_accumulate(v, n);
+  MixNode m;
+  m.x = need_in(n, 0, "x"), m.mix = need_in(n, 1, "mix"), m.y = need_out(n, 0, "y");
+  expect_dtype(v, n, m.x, DType::F32, "x (the staged batch)");
+  m.g = nhwc_of(v, n, m.x, "x");
+  expect_numel(v, n, m.y, m.g.numel(), "y");
+  m.to = expect_float(v, n, m.y, "y");
+  expect_dtype(v, n, m.mix, DType::F32, "mix");
+  expect_numel(v, n, m.mix, 8, "mix (kind, lambda, 1 - lambda, y0, y1, x0, x1, spare)");
+  return m;
+}
+
 }  // namespace kiln

@@ -90,4 +90,13 @@ struct FcGeom {
 };
 FcGeom fc_geom(const ProgramView& v, const Node& n, TensorId x, TensorId w, TensorId y);
 
+// A mix_batch node (ops.def): "x (f32 NHWC, a staged batch), mix (f32[8]) -> y (NHWC,
+// f32/f16/bf16)", x's shape and y's dtype.
+struct MixNode {
+  TensorId x = kNoTensor, mix = kNoTensor, y = kNoTensor;
+  Nhwc g;
+  DType to = DType::F32;
+};
+MixNode check_mix_batch(const ProgramView& v, const Node& n);
+
 }  // namespace kiln

@@ -141,7 +141,7 @@ BluePrint make_model(const std::string& requested, const ZooOptions& options) {
             maxpool(2, 2).named("s4"), flatten().named("flatten"), fc(120).named("f5"), relu(),
             fc(84).named("f6"), relu(), fc(f.classes).named("f7"));
   } else if (name == "cnn") {
-    // The Fashion-MNIST default (issue 3's anchor): four 3x3 Conv+BN+ReLU (32, 32, 64, 64),
+    // The Fashion-MNIST default: four 3x3 Conv+BN+ReLU (32, 32, 64, 64),
     // two 2x2 max-pools, one fc.
     bp.root = seq(cbr(32, 3, 1, 1).named("block1"), cbr(32, 3, 1, 1).named("block2"),
                   maxpool(2, 2).named("pool1"), cbr(64, 3, 1, 1).named("block3"),

@@ -1,10 +1,10 @@
 // The Compiler: reads the plan once, forward, and writes the Program - parameter slots, the
 // phases of the training step, the optimizer, evaluation and initialisation - with each plan
-// node lowered by its layer's lowering (graph/lower/). Layout of the parameter regions:
-// same-kind parameters contiguous, kinds in the order conv weights, fc weights, BatchNorm
-// weights, BatchNorm biases, biases - so that "decayed" (conv+fc weights), "has an FP16
-// compute copy" (conv+fc weights) and "gradient written in FP16" (conv weights) are each one
-// contiguous range that a single region op covers.
+// node lowered by its layer's lowering and the optimizer phase by its own (graph/lower/).
+// Layout of the parameter regions: same-kind parameters contiguous, kinds in the order conv
+// weights, fc weights, BatchNorm weights, BatchNorm biases, biases - so that "decayed"
+// (conv+fc weights), "has an FP16 compute copy" (conv+fc weights) and "gradient written in
+// FP16" (conv weights) are each one contiguous range that a single region op covers.
 #include "kiln/graph/compiler.h"
 
 #include <algorithm>
@@ -18,13 +18,9 @@ namespace kiln {
 namespace {
 
 using lower::make_node;
+using lower::Range;
 
 constexpr int64_t kSlotAlign = 128;  // elements: 256 bytes in FP16, 512 in FP32
-
-struct Range {
-  int64_t begin = 0, end = 0;  // elements
-  bool empty() const { return end <= begin; }
-};
 
 class Compiler {
  public:
@@ -52,28 +48,6 @@ class Compiler {
 
  private:
   // ---- parameters ---------------------------------------------------------------------
-  bool has_region(Region r) const {
-    const CompileOptions& o = p_.options;
-    switch (r) {
-      case Region::params_f32:
-      case Region::grads_f32:
-        return true;
-      case Region::params_f16:
-      case Region::grads_f16:
-        return o.amp;
-      case Region::moment1:
-        return o.optimizer != "sgd" || o.momentum != 0.0f;
-      case Region::moment2:
-        return o.optimizer == "adamw";
-      case Region::ema_f32:
-        return o.ema;
-      case Region::ema_f16:
-        return o.ema && o.amp;
-      default:
-        return false;
-    }
-  }
-
   void make_params() {
     std::vector<lower::ParamSpec> specs;
     for (const PlanNode* n : plan_.live()) {
@@ -112,27 +86,14 @@ class Compiler {
                                                             : Layout::Flat;
       for (int r = 0; r < kRegionCount; ++r) {
         const Region region = static_cast<Region>(r);
-        if (!has_region(region)) continue;
-        const DType dt = region_dtype(region);
+        if (!c_.has_region(region)) continue;
+        const DType dt = c_.region_dtype(region);
         d.tensor[static_cast<size_t>(r)] =
             c_.tensor(d.name + ":" + region_name(region), region, d.shape, dt, layout,
                       d.slot * static_cast<int64_t>(dtype_size(dt)));
       }
     }
     c_.index_params();
-  }
-
-  DType region_dtype(Region r) const {
-    const bool half = r == Region::params_f16 || r == Region::grads_f16 || r == Region::ema_f16;
-    return half ? p_.options.amp_dtype : DType::F32;
-  }
-
-  // A 1-D tensor over a range of a parameter region (for the region ops).
-  TensorId range_tensor(Region r, Range range, const std::string& what) {
-    const DType dt = region_dtype(r);
-    return c_.tensor(std::string(region_name(r)) + "[" + what + "]", r,
-                     Shape{range.end - range.begin}, dt, Layout::Flat,
-                     range.begin * static_cast<int64_t>(dtype_size(dt)));
   }
 
   // The whole of bn_running or ema_bn_running, alignment gaps included (they hold zeros).
@@ -234,18 +195,18 @@ class Compiler {
       if (!ph->nodes.empty()) p_.train.push_back(std::move(*ph));
     }
 
-    // FP16 convolution weight gradients → FP32 (FC and BN gradients are FP32 already, S10).
+    // FP16 convolution weight gradients → FP32 (FC and BN gradients are written in FP32).
     if (o.amp && !conv_range_.empty()) {
       Phase ph{PhaseKind::grad_cast, "grad_cast", 0, {}};
       ph.nodes.push_back(make_node(
-          OpKind::cast, {range_tensor(Region::grads_f16, conv_range_, "conv")},
-          {range_tensor(Region::grads_f32, conv_range_, "conv")}, {}, "conv weight grads"));
+          OpKind::cast, {c_.range_tensor(Region::grads_f16, conv_range_, "conv")},
+          {c_.range_tensor(Region::grads_f32, conv_range_, "conv")}, {}, "conv weight grads"));
       p_.train.push_back(std::move(ph));
     }
     const Range all{0, p_.param_elems};
     if (o.amp || o.clip_grad > 0 || o.clip_grad_norm > 0) {
       Phase ph{PhaseKind::check_scale, "check_scale", 1, {}};
-      const TensorId g = range_tensor(Region::grads_f32, all, "all");
+      const TensorId g = c_.range_tensor(Region::grads_f32, all, "all");
       if (o.amp || o.clip_grad > 0) {
         Attrs a;
         a.clip = o.clip_grad;
@@ -260,7 +221,7 @@ class Compiler {
       }
       p_.train.push_back(std::move(ph));
     }
-    build_optimizer();
+    p_.train.push_back(lower::optimizer_phase(c_, decay_range_, no_decay_range_));
     // The loss scale changes only after the optimizer has unscaled this step's gradients with
     // the scale they were made with (as GradScaler.update() follows step()): a growth step
     // must not apply half an update.
@@ -275,9 +236,9 @@ class Compiler {
       Phase ph{PhaseKind::ema, "ema", 1, {}};
       Attrs a;
       a.ema_decay = o.ema_decay;
-      ph.nodes.push_back(make_node(OpKind::ema,
-                                   {range_tensor(Region::params_f32, all, "all"), p_.io.overflow},
-                                   {range_tensor(Region::ema_f32, all, "all")}, a, "ema"));
+      ph.nodes.push_back(
+          make_node(OpKind::ema, {c_.range_tensor(Region::params_f32, all, "all"), p_.io.overflow},
+                    {c_.range_tensor(Region::ema_f32, all, "all")}, a, "ema"));
       // The BatchNorm running statistics too, with the same decay (timm's ModelEmaV2/V3 average
       // every state_dict entry), so that the EMA weights are evaluated with statistics of their
       // own; num_batches_tracked, an integer, is copied as V3 does (checkpoint.cpp).
@@ -300,69 +261,8 @@ class Compiler {
 
   // The cast of the conv and fc weights (the decayed range) to their FP16 compute copy.
   Node compute_copy(Region from, Region to, const std::string& label) {
-    return make_node(OpKind::cast, {range_tensor(from, decay_range_, "compute")},
-                     {range_tensor(to, decay_range_, "compute")}, {}, label);
-  }
-
-  void build_optimizer() {
-    const CompileOptions& o = p_.options;
-    Phase ph{PhaseKind::optimizer, "optimizer", 1, {}};
-    Attrs base;
-    base.momentum = o.momentum;
-    base.nesterov = o.nesterov;
-    base.beta1 = o.beta1;
-    base.beta2 = o.beta2;
-    base.adam_eps = o.adam_eps;
-    base.lars_eta = o.lars_eta;
-    const ProgramIO& io = p_.io;
-    auto emit = [&](Range r, float wd, const std::string& what) {
-      if (r.empty()) return;
-      Attrs a = base;
-      a.weight_decay = wd;
-      const TensorId w = range_tensor(Region::params_f32, r, what);
-      const TensorId g = range_tensor(Region::grads_f32, r, what);
-      if (o.optimizer != "adamw") {  // sgd, or LARS's plain SGD over the ranges it does not adapt
-        const TensorId m =
-            has_region(Region::moment1) ? range_tensor(Region::moment1, r, what) : kNoTensor;
-        ph.nodes.push_back(make_node(OpKind::sgd,
-                                     {w, g, m, io.lr, io.loss_scale, io.overflow, io.clip_coef},
-                                     {w, m}, a, "sgd " + what));
-      } else {
-        const TensorId m = range_tensor(Region::moment1, r, what);
-        const TensorId v = range_tensor(Region::moment2, r, what);
-        ph.nodes.push_back(make_node(
-            OpKind::adamw,
-            {w, g, m, v, io.lr, io.loss_scale, io.overflow, io.optimizer_steps, io.clip_coef},
-            {w, m, v}, a, "adamw " + what));
-      }
-    };
-    if (o.optimizer == "lars") {
-      // LARS's trust ratio is per parameter: one node per conv/fc weight. BatchNorm
-      // parameters and biases are not adapted (as in the MLPerf ResNet recipe): plain
-      // momentum SGD over their range, without weight decay.
-      for (const ParamDesc& d : p_.params) {
-        if (!d.decay) continue;
-        Attrs a = base;
-        a.weight_decay = o.weight_decay;
-        const TensorId w = d.tensor[static_cast<size_t>(Region::params_f32)];
-        const TensorId g = d.tensor[static_cast<size_t>(Region::grads_f32)];
-        const TensorId m = d.tensor[static_cast<size_t>(Region::moment1)];
-        ph.nodes.push_back(make_node(OpKind::lars,
-                                     {w, g, m, io.lr, io.loss_scale, io.overflow, io.clip_coef},
-                                     {w, m}, a, "lars " + d.name));
-      }
-      emit(no_decay_range_, 0.0f, "no_decay");
-    } else {
-      emit(decay_range_, o.weight_decay, "decay");
-      emit(no_decay_range_, 0.0f, "no_decay");
-    }
-    // After every adamw node has read it: AdamW's t counts applied updates only, as PyTorch's
-    // state['step'] under GradScaler, which skips optimizer.step() on overflow.
-    if (o.optimizer == "adamw") {
-      ph.nodes.push_back(make_node(OpKind::step_count, {io.overflow, io.optimizer_steps},
-                                   {io.optimizer_steps}, {}, "optimizer steps"));
-    }
-    p_.train.push_back(std::move(ph));
+    return make_node(OpKind::cast, {c_.range_tensor(from, decay_range_, "compute")},
+                     {c_.range_tensor(to, decay_range_, "compute")}, {}, label);
   }
 
   // ---- evaluation and initialisation -----------------------------------------------------
@@ -396,8 +296,9 @@ class Compiler {
       ph.nodes.push_back(compute_copy(Region::params_f32, Region::params_f16, "compute weights"));
     }
     if (o.ema) {
-      ph.nodes.push_back(make_node(OpKind::copy, {range_tensor(Region::params_f32, all, "all")},
-                                   {range_tensor(Region::ema_f32, all, "all")}, {}, "ema start"));
+      ph.nodes.push_back(make_node(OpKind::copy, {c_.range_tensor(Region::params_f32, all, "all")},
+                                   {c_.range_tensor(Region::ema_f32, all, "all")}, {},
+                                   "ema start"));
       if (p_.buffer_elems > 0) {
         ph.nodes.push_back(make_node(OpKind::copy, {buffer_range(Region::bn_running)},
                                      {buffer_range(Region::ema_bn_running)}, {}, "ema bn start"));
@@ -419,7 +320,7 @@ class Compiler {
 
 Program lower_program(const ArchPlan& plan, const CompileOptions& options) {
   Program p = Compiler(plan, options).run();
-  add_data_parallel(p);  // S27: nothing when options.world == 1
+  add_data_parallel(p);  // nothing when options.world == 1
   return p;
 }
 

@@ -54,7 +54,7 @@ const DTensor& Program::storage(TensorId id) const {
   return *t;
 }
 
-// Which dtypes a region may hold. The AMP gate (SPEC S5): FP16 regions exist only with AMP
+// Which dtypes a region may hold. The AMP gate: FP16 regions exist only with AMP
 // on, and features are FP16 exactly when AMP is on.
 static bool dtype_allowed(const Program& p, Region r, DType d) {
   const bool amp = p.options.amp;

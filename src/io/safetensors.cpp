@@ -1,6 +1,6 @@
 // safetensors reader and writer; the format and the ordering rules are in the header.
 // The reader is strict on purpose: a checkpoint that is in any way malformed is refused with
-// one error that names the file and the problem, rather than loaded half right (SPEC Q1).
+// one error that names the file and the problem, rather than loaded half right.
 #include "kiln/io/safetensors.h"
 
 #include <fcntl.h>

@@ -101,16 +101,28 @@ void write_ema_weight(Engine& engine, const ParamDesc& d, const std::vector<floa
 
 }  // namespace
 
-std::vector<float> to_torch_layout(const ParamDesc& p, const std::vector<float>& v) {
+namespace {
+
+// kiln's layout (KRSC weights; an fc weight's input read as HWC) and torch's (KCRS; CHW), one
+// index map for both directions: `to_torch` moves element kiln[i] to torch[j], else torch[j]
+// back to kiln[i].
+std::vector<float> relayout(const ParamDesc& p, const std::vector<float>& v, bool to_torch) {
   std::vector<float> out(v.size());
+  auto move = [&](int64_t kiln_at, int64_t torch_at) {
+    const auto k = static_cast<size_t>(kiln_at), t = static_cast<size_t>(torch_at);
+    if (to_torch) {
+      out[t] = v[k];
+    } else {
+      out[k] = v[t];
+    }
+  };
   if (p.kind == ParamKind::ConvWeight) {
     const int64_t K = p.shape[0], R = p.shape[1], S = p.shape[2], C = p.shape[3];
     for (int64_t k = 0; k < K; ++k)
       for (int64_t r = 0; r < R; ++r)
         for (int64_t s = 0; s < S; ++s)
           for (int64_t c = 0; c < C; ++c)
-            out[static_cast<size_t>(((k * C + c) * R + r) * S + s)] =
-                v[static_cast<size_t>(((k * R + r) * S + s) * C + c)];
+            move(((k * R + r) * S + s) * C + c, ((k * C + c) * R + r) * S + s);
     return out;
   }
   if (p.kind == ParamKind::FcWeight && p.fc_input_chw[0] > 0) {
@@ -120,37 +132,20 @@ std::vector<float> to_torch_layout(const ParamDesc& p, const std::vector<float>&
       for (int64_t h = 0; h < H; ++h)
         for (int64_t w = 0; w < W; ++w)
           for (int64_t c = 0; c < C; ++c)
-            out[static_cast<size_t>(o * C * H * W + (c * H + h) * W + w)] =
-                v[static_cast<size_t>(o * C * H * W + (h * W + w) * C + c)];
+            move(o * C * H * W + (h * W + w) * C + c, o * C * H * W + (c * H + h) * W + w);
     return out;
   }
   return v;
 }
 
+}  // namespace
+
+std::vector<float> to_torch_layout(const ParamDesc& p, const std::vector<float>& v) {
+  return relayout(p, v, /*to_torch=*/true);
+}
+
 std::vector<float> from_torch_layout(const ParamDesc& p, const std::vector<float>& v) {
-  std::vector<float> out(v.size());
-  if (p.kind == ParamKind::ConvWeight) {
-    const int64_t K = p.shape[0], R = p.shape[1], S = p.shape[2], C = p.shape[3];
-    for (int64_t k = 0; k < K; ++k)
-      for (int64_t r = 0; r < R; ++r)
-        for (int64_t s = 0; s < S; ++s)
-          for (int64_t c = 0; c < C; ++c)
-            out[static_cast<size_t>(((k * R + r) * S + s) * C + c)] =
-                v[static_cast<size_t>(((k * C + c) * R + r) * S + s)];
-    return out;
-  }
-  if (p.kind == ParamKind::FcWeight && p.fc_input_chw[0] > 0) {
-    const int64_t O = p.shape[0], C = p.fc_input_chw[0], H = p.fc_input_chw[1],
-                  W = p.fc_input_chw[2];
-    for (int64_t o = 0; o < O; ++o)
-      for (int64_t h = 0; h < H; ++h)
-        for (int64_t w = 0; w < W; ++w)
-          for (int64_t c = 0; c < C; ++c)
-            out[static_cast<size_t>(o * C * H * W + (h * W + w) * C + c)] =
-                v[static_cast<size_t>(o * C * H * W + (c * H + h) * W + w)];
-    return out;
-  }
-  return v;
+  return relayout(p, v, /*to_torch=*/false);
 }
 
 StFile export_state_dict(Engine& engine, bool ema) {

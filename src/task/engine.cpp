@@ -54,7 +54,7 @@ PlanOptions fusion_options(const BackendCaps& caps, EngineOptions& o) {
   const Switches& sw = o.switches;
   po.fusion = sw.fusion;
   po.amp = o.compile.amp;
-  // SyncBN (S27) splits BatchNorm into ops that the fused CBR / BN+add+ReLU kernels lack.
+  // SyncBN splits BatchNorm into ops that the fused CBR / BN+add+ReLU kernels lack.
   const bool sync_bn = o.compile.world > 1 && o.compile.sync_bn;
   po.backend_fuses_cbr = caps.fused_cbr && !sync_bn;
   po.backend_fuses_cbr_pool = caps.fused_cbr_pool && !sync_bn && sw.fuse_pool;
@@ -180,7 +180,7 @@ std::optional<StepStats> Engine::train_step_async(const float* images, const int
 
 std::optional<StepStats> Engine::train_step_async(const InputView& input, float lr) {
   require(Lifecycle::COMPILED, "train_step_async()");
-  const dist::Watch watch("a training step");  // S27: a rank gone mid-step must not hang this one
+  const dist::Watch watch("a training step");  // a rank gone mid-step must not hang this one
   KILN_CHECK(
       !input.device || input.device->count == 0 || input.device->count == program_->options.batch,
       InvalidArgument, "train_step: the step was compiled for a batch of ", program_->options.batch,
@@ -238,7 +238,7 @@ StepStats Engine::train_step(const float* images, const int32_t* labels, float l
   KILN_CHECK(
       images != nullptr && labels != nullptr, InvalidArgument,
       "train_step: images and labels are needed (train_step_on_staged reuses a staged batch)");
-  const dist::Watch watch("a training step");  // S27: a rank gone mid-step must not hang this one
+  const dist::Watch watch("a training step");  // a rank gone mid-step must not hang this one
   pending_stats();  // an async step's statistics are not handed over past a synchronous step
   InputView in;
   in.f32 = images;

@@ -1,4 +1,4 @@
-// kiln bench: training steps per second on synthetic data (SPEC Q3). Warm-up steps are not
+// kiln bench: training steps per second on synthetic data. Warm-up steps are not
 // timed; the figure is the median over repeats of `steps` timed steps; the last line is JSON
 // for scripts (bench/compare.sh reads it). With --data folder the batches come from an image
 // folder through the loader; --input-only then times the input pipeline alone, from the files
@@ -292,7 +292,7 @@ int cmd_bench(int argc, char** argv) {
         "(ncu --profile-from-start off; bench/kernel_breakdown.py)",
         "off", true}});
   if (!f.parse(argc, argv, 2)) return 0;
-  // S27: under mpirun or srun, one process per GPU, each with --batch; the figure is the sum.
+  // under mpirun or srun, one process per GPU, each with --batch; the figure is the sum.
   const Switches switches = switches_from(f);
   dist::init(false, switches.dist_timeout);
   std::string model = f.str("model", "resnet50");

@@ -398,7 +398,7 @@ int cmd_train(int argc, char** argv) {
   if (!f.parse(argc, argv, 2)) return 0;
   const TrainConfig c = train_config(f);
   const TrainSummary s = train(c);
-  dist::finalize();  // S27: every process ends together; one prints the summary
+  dist::finalize();  // every process ends together; one prints the summary
   if (!dist::is_root()) return s.stop_signal ? 128 + s.stop_signal : 0;
   if (s.complete) return 0;
   if (s.stop_signal || s.stopped_early) {

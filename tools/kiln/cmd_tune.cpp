@@ -1,4 +1,4 @@
-// kiln tune: the engine experience table (SPEC S16). Compiles MODEL's training step on the
+// kiln tune: the engine experience table. Compiles MODEL's training step on the
 // GPU with KILN_TUNE set, which makes the CUDA backend build and time every cuDNN engine of
 // every convolution graph (forward, data and weight gradient) on the step's own buffers and
 // merge the three fastest of each into the table file; later compiles on the same GPU and

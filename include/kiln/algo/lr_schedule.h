@@ -1,4 +1,4 @@
-// Learning-rate schedules (SPEC S21). The rate is computed on the host per step and written
+// Learning-rate schedules. The rate is computed on the host per step and written
 // to a device scalar, so a schedule never forces a CUDA Graph re-capture.
 #pragma once
 #include <cstdint>

@@ -31,7 +31,7 @@ struct BackendCaps {
 // choices (the CPU) leaves it empty (`chooses_engines` false).
 struct CompileReport {
   bool chooses_engines = false;
-  // Convolution plans: from the experience table (SPEC S16), timed while compiling (a graph
+  // Convolution plans: from the experience table, timed while compiling (a graph
   // the table lacks; `remembered` of them timed by an earlier compile or the autotune cache),
   // left to cuDNN's heuristics; `table` is the file consulted or written (empty when none).
   int from_table = 0, heuristics = 0, autotuned = 0, remembered = 0;
@@ -129,7 +129,7 @@ class Backend {
   virtual DeviceStaging device_staging() const { return {}; }
   virtual void synchronize() = 0;
 
-  // Reads that do not stop the device (the training loop's statistics, S19: no host wait
+  // Reads that do not stop the device (the training loop's statistics: no host wait
   // inside a step). read_later copies t - a scalar or a few of them, at most kLateReadBytes -
   // once every run() and write() enqueued before it has finished, into storage the backend
   // owns, and returns a ticket; collect(ticket, host) waits for that copy alone and hands its

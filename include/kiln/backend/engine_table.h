@@ -1,4 +1,4 @@
-// The engine experience table (SPEC S16): for one GPU model and cuDNN version, the measured
+// The engine experience table: for one GPU model and cuDNN version, the measured
 // fastest cuDNN engines of each convolution graph kiln builds, keyed by op kind and shape.
 // `kiln tune` measures every engine the heuristics and the fallback list offer and writes the
 // table; at compile time the CUDA backend looks each graph up (binary search) and tries the

@@ -1,4 +1,4 @@
-// BluePrint: the C++ DSL in which a model is written (SPEC S1). A model is a tree of
+// BluePrint: the C++ DSL in which a model is written. A model is a tree of
 // Layers; names along the tree give torchvision's parameter names ("layer1.0.conv1.weight").
 //
 //   BluePrint net{"tiny", {28, 28, 1}, 10,
@@ -74,7 +74,7 @@ Layer bn2d(float eps = 1e-5f, float momentum = 0.1f);
   KILN_POINTWISE_##pointwise(Layer name();)
 #include "kiln/blueprint/layers.def"
 #undef KILN_LAYER
-// Conv → BatchNorm → ReLU, named "<name>.conv" and "<name>.bn" (SPEC S1's cbr).
+// Conv → BatchNorm → ReLU, named "<name>.conv" and "<name>.bn" (the DSL's cbr).
 Layer cbr(int out, int k, int stride = 1, int pad = 0);
 Layer maxpool(int k, int stride, int pad = 0);
 Layer avgpool(int k, int stride, int pad = 0);

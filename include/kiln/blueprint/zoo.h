@@ -1,4 +1,4 @@
-// The model zoo (SPEC S2). Parameter names and counts equal torchvision's for the ImageNet
+// The model zoo. Parameter names and counts equal torchvision's for the ImageNet
 // forms, so weights move both ways.
 #pragma once
 #include <string>

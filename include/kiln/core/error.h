@@ -1,5 +1,5 @@
 // Errors: one typed exception for everything kiln rejects, and the check macros.
-// Every message names the thing that is wrong and says how to fix it (SPEC Q1).
+// Every message names the thing that is wrong and says how to fix it.
 #pragma once
 #include <sstream>
 #include <stdexcept>

@@ -1,5 +1,5 @@
-// Whole-file reads and atomic writes. Nothing kiln writes is ever left half-written (SPEC Q1,
-// ARCHITECTURE "Errors"): a file is written to `<path>.tmp.<pid>` in the same folder, fsynced and
+// Whole-file reads and atomic writes. Nothing kiln writes is ever left half-written
+// (ARCHITECTURE "Errors"): a file is written to `<path>.tmp.<pid>` in the same folder, fsynced and
 // renamed over `<path>`, so a reader sees the old file or the new one, never a mix, and a
 // crash or a full disk leaves the old file as it was.
 #pragma once

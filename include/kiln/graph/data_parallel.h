@@ -1,4 +1,4 @@
-// Data parallel (SPEC S27): the compiler pass that makes a Program train together with
+// Data parallel: the compiler pass that makes a Program train together with
 // options.world - 1 other processes, each on its own share of the global batch. With
 // world == 1 it changes nothing at all (no node, no tensor, no attribute).
 //

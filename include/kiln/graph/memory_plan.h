@@ -1,4 +1,4 @@
-// MemoryPlan: the size of every region and where each tensor lies in it (SPEC S5).
+// MemoryPlan: the size of every region and where each tensor lies in it.
 // Activations and their gradients reuse memory by liveness; KILN_MEMORY_REUSE=0 (or
 // CompileOptions::memory_reuse=false) gives every feature tensor its own bytes.
 #pragma once

@@ -60,7 +60,7 @@ struct Attrs {
   bool first_layer = false;
   // cbr_pool_*: the merged max-pool's window and stride (its windows tile the map).
   int pool = 0;
-  // Data parallel (S27). allreduce: max instead of sum (the overflow flag). allreduce,
+  // Data parallel. allreduce: max instead of sum (the overflow flag). allreduce,
   // allgather, bn_*: the ranks the node was compiled for.
   bool reduce_max = false;
   int world = 1;

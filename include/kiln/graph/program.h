@@ -113,13 +113,13 @@ struct CompileOptions {
   bool fuse_grad_sum = false;
   bool ema = false;
   float ema_decay = 0.9999f;
-  // Optimizer (S21): "sgd", "adamw", "lars".
+  // Optimizer: "sgd", "adamw", "lars".
   std::string optimizer = "sgd";
   float momentum = 0.9f;
   float weight_decay = 0.0f;
   bool nesterov = false;
   float beta1 = 0.9f, beta2 = 0.999f, adam_eps = 1e-8f, lars_eta = 0.001f;
-  // AMP loss scaling (S8, S9).
+  // AMP's dynamic loss scale: its start, and how it grows and backs off.
   float initial_loss_scale = 8192.0f;
   int64_t loss_scale_growth_interval = 2000;  // 0 = the scale only falls, as in the source
   float clip_grad = 0.0f;                     // |unscaled gradient| cap; 0 = off
@@ -129,7 +129,7 @@ struct CompileOptions {
   // the step's io.mix (mixup / cutmix); false: neither node nor tensor exists.
   bool mix = false;
   uint64_t dropout_seed = 0;
-  // Data parallel (S27): processes that train this program together, each on `batch`
+  // Data parallel: processes that train this program together, each on `batch`
   // samples (see data_parallel.h); 1 = no communication at all.
   int world = 1;
   bool sync_bn = true;  // BatchNorm statistics over the global batch (SyncBN) when world > 1

@@ -11,7 +11,7 @@
 
 namespace kiln {
 
-// The semantic regions of SPEC S5. Parameter regions share one slot layout: every
+// The semantic regions (memory_plan.h). Parameter regions share one slot layout: every
 // parameter has the same slot index in each of them, and an FP32 slot is exactly twice the
 // FP16 slot, so one range kernel covers the whole model.
 #define KILN_REGIONS(X)                                                                       \

@@ -1,4 +1,4 @@
-// Metrics files (SPEC S24): one row per call to a CSV file and to a JSON-lines file, written
+// Metrics files: one row per call to a CSV file and to a JSON-lines file, written
 // and handed to the kernel at once (a crash loses at most the row being written, and
 // `tail -f` shows progress live). The CSV's columns are fixed by declare_columns(), or else by
 // the first row, or by the header already in the file when appending after a resume.

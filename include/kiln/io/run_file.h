@@ -1,4 +1,4 @@
-// Run files (SPEC S28): a YAML or JSON mapping of option -> value that stands in for command
+// Run files: a YAML or JSON mapping of option -> value that stands in for command
 // line flags, so a run can be written down, versioned and repeated:
 //   model: resnet50
 //   batch_size: 256          # same as --batch-size 256

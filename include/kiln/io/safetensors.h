@@ -1,5 +1,5 @@
 // safetensors files, byte for byte as huggingface's safetensors library writes and reads them
-// (SPEC S25: checkpoints that load elsewhere). Layout: an 8-byte little-endian header length N,
+// (checkpoints that load elsewhere). Layout: an 8-byte little-endian header length N,
 // N bytes of JSON header padded with spaces to a multiple of 8, then the tensors' bytes back to
 // back with no gaps:
 //   {"__metadata__":{"k":"v"},"name":{"dtype":"F32","shape":[2,3],"data_offsets":[0,24]},...}

@@ -1,5 +1,5 @@
 // ArchPlan: the BluePrint flattened into a DAG of layers with inferred shapes, then
-// rewritten by passes (SPEC S3): drop identities, append the softmax-cross-entropy head,
+// rewritten by passes: drop identities, append the softmax-cross-entropy head,
 // mark the first layer, and — on a backend that has them, under AMP — merge Conv→BN→ReLU
 // into CBR, a max-pool that tiles its output into that CBR, and BN→add→ReLU of residual
 // blocks. `kiln plan MODEL` prints it.

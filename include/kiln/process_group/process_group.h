@@ -1,4 +1,4 @@
-// The data-parallel process group (SPEC S27): one process per device, started by mpirun or
+// The data-parallel process group: one process per device, started by mpirun or
 // Slurm. Rank, world size and local rank come from the launcher's environment and are checked
 // against MPI's own view; MPI starts only when the environment says there is more than one
 // process (or when asked: `kiln train --distributed`), so a plain run never touches MPI.

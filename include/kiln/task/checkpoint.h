@@ -1,4 +1,4 @@
-// Checkpoints (SPEC S25) in safetensors: weights and BatchNorm buffers under torchvision's
+// Checkpoints in safetensors: weights and BatchNorm buffers under torchvision's
 // names and layouts (so a checkpoint loads into torchvision as it is), optimizer moments,
 // EMA weights and BatchNorm statistics, loss-scale state, and the run's position (epoch, step) and
 // seed in the metadata. Written to a temporary file and renamed; resuming restores all of it.

@@ -1,4 +1,4 @@
-// Data-parallel training at the task level (SPEC S27): what the Trainer does besides running
+// Data-parallel training at the task level: what the Trainer does besides running
 // a Program compiled for `world` processes. Every function is a collective (all ranks call
 // it, in the same order) and does nothing with one process.
 #pragma once

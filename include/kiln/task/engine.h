@@ -1,4 +1,4 @@
-// Engine: the lifecycle PLANNING → MEMORY_LOCKED → COMPILED (SPEC S6) around one model on
+// Engine: the lifecycle PLANNING → MEMORY_LOCKED → COMPILED around one model on
 // one backend, and the step-level API the Trainer, the CLI, the tests and the C++ users
 // call. Calling a step out of order is a kiln::Error(State) that says which step is next.
 #pragma once

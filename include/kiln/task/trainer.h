@@ -1,4 +1,4 @@
-// Trainer (SPEC S24): epochs over a dataset with a learning-rate schedule, evaluation every
+// Trainer: epochs over a dataset with a learning-rate schedule, evaluation every
 // N epochs (top-1/top-5, and the EMA weights when on), a progress line with images/s and
 // ETA, metrics to CSV and JSON lines, checkpoints, early stop, deterministic seeds.
 #pragma once
@@ -91,7 +91,7 @@ struct TrainConfig {
   // fusion, tf32, profile and every other switch (switches.def): the process's KILN_*
   // variables unless a field is set (kiln train's --fusion, --tf32 and --profile set them).
   Switches switches = Switches::from_environment();
-  // Data parallel (S27): several processes (mpirun, srun) are detected from the launcher's
+  // Data parallel: several processes (mpirun, srun) are detected from the launcher's
   // environment; `distributed` starts MPI even without it. batch_size is the global batch.
   bool distributed = false;
   bool sync_bn = true;  // BatchNorm statistics over every rank's batch (SyncBN)

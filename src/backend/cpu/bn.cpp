@@ -7,7 +7,7 @@
 //    the backward converts invstd back: var = 1/invstd^2 - eps, in double. invstd carries
 //    half an ulp of rounding, so 1/invstd^2 = var + eps to ~1 ulp, and oneDNN then forms
 //    var + eps again in FP32 (one more rounding): the backward sees 1/sqrt(var + eps) within
-//    ~2 ulp (2.4e-7 relative) of the forward's, far below the 1e-5 that SPEC Q2 allows;
+//    ~2 ulp (2.4e-7 relative) of the forward's, far below the FP32 tests' 1e-5;
 //  - the running statistics, PyTorch's convention: running = (1 - m) running + m batch,
 //    with the *unbiased* batch variance n/(n-1) var (n = N H W; for n = 1 the factor is 1,
 //    where PyTorch refuses to train).

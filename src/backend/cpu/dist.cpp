@@ -1,4 +1,4 @@
-// Data-parallel ops on the CPU (SPEC S27): the collectives through kiln::dist (MPI,
+// Data-parallel ops on the CPU: the collectives through kiln::dist (MPI,
 // blocking, in place), and SyncBN's split of BatchNorm into loops. The statistics follow the
 // CPU and CUDA bn kernels' convention exactly — saved = [mean; invstd], invstd = 1/sqrt(var +
 // eps) from the FP32-rounded variance, running statistics with the unbiased variance — but

@@ -1,4 +1,4 @@
-// Fused ops on the CPU (SPEC S12-S15 in FP32): each is its unfused chain's own kernels run in
+// Fused ops on the CPU (in FP32): each is its unfused chain's own kernels run in
 // sequence on the fused node's tensors, with the ReLU folded into one pass that also writes
 // the bit mask, and the ReLU backward folded into the pass that applies the mask. The
 // arithmetic is the unfused chain's, operation for operation, so a fused step equals the

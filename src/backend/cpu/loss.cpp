@@ -1,7 +1,7 @@
 // Softmax cross-entropy on the CPU, one loop over the batch:
 //   loss     = mean_n (logsumexp(z_n) - z_n[label_n])    (unscaled; max-subtracted, sums in double)
 //   dlogits  = (softmax(z_n) - onehot(label_n)) * loss_scale / N   (when the output is present:
-//              the loss scale is folded into the loss backward, SPEC S8)
+//              the loss scale is folded into the loss backward)
 //   correct  = {top-1 hits, top-5 hits} over the batch (i32[2]).
 // Label smoothing e (attrs.label_smoothing) and the row's terms: backend/formulas.h.
 // A label < 0 marks padding (the last partial batch of an evaluation): its row counts in

@@ -1,8 +1,8 @@
-// Fused optimizers and the EMA on the CPU, over whole ranges of the parameter regions
-// (SPEC S21, S22). Every one reads the learning rate, loss scale and overflow flag from
+// Fused optimizers and the EMA on the CPU, over whole ranges of the parameter regions.
+// Every one reads the learning rate, loss scale and overflow flag from
 // their device scalars at run time (so a schedule changes lr without a recompile), undoes
-// the loss scale itself (g' = g * (1/scale), SPEC S8: no separate unscale pass), and does
-// nothing at all when overflow != 0 (SPEC S9: an overflowed step changes no weight, moment
+// the loss scale itself (g' = g * (1/scale): no separate unscale pass), and does
+// nothing at all when overflow != 0 (an overflowed step changes no weight, moment
 // or EMA). Absent loss_scale / overflow tensors read as 1 / 0 (FP32 without loss scaling);
 // an optional clip_coef (grad_norm's factor, --clip-grad-norm) multiplies the unscale.
 // The element formulas are both backends' (backend/formulas.h): PyTorch's, in FP32.

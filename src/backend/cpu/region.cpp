@@ -112,7 +112,7 @@ KernelPtr make_cast(const Node& n, Context& ctx) {
 // "g (f32), loss_scale -> overflow (i32), [g]": overflow = 1 if any g is NaN or Inf, else 0
 // (with attrs.accumulate: overflow |= that, for a check split over several nodes after a
 // fill). When attrs.clip > 0, every g is clamped in the same pass to +-clip * loss_scale:
-// g holds the *scaled* gradient, so this clips the unscaled gradient to +-clip (SPEC S9).
+// g holds the *scaled* gradient, so this clips the unscaled gradient to +-clip.
 // The clamp leaves NaN as NaN; the step is skipped anyway.
 KernelPtr make_check_clip(const Node& n, Context& ctx) {
   const TensorId g = need_in(n, 0, "g"), scale = in_at(n, 1);
@@ -149,7 +149,7 @@ KernelPtr make_check_clip(const Node& n, Context& ctx) {
   });
 }
 
-// "overflow, loss_scale, good_steps -> loss_scale, good_steps" (SPEC S8): formula::
+// "overflow, loss_scale, good_steps -> loss_scale, good_steps": formula::
 // loss_scale_next (halve on overflow, double after growth_interval clean steps).
 KernelPtr make_loss_scale_update(const Node& n, Context& ctx) {
   reject_accumulate(ctx, n);

@@ -79,8 +79,8 @@ __device__ __forceinline__ bool mask_bit(const uint8_t* mask, int64_t i) {
 // its gradient there. pool 0: dy has z's rows.
 // Since the pool tiles every image (pool divides z's height), image row q = b H + h of z
 // lies in pooled image row q / pool: one 32-bit division by the width (the kernels' rows are
-// below 2^31) instead of decomposing the row into image, height and width (the first form,
-// three 64-bit divisions a row, cost VGG16-BN's BN backward 2.9 ms a step on the H200).
+// below 2^31) instead of decomposing the row into image, height and width (three 64-bit
+// divisions a row made the BN backward slow).
 struct PoolMap {
   int pool = 0, w = 0;  // the pool's window (= stride); z's width
   __device__ __forceinline__ int64_t row(int64_t r) const {

@@ -14,12 +14,10 @@
 
 #include <algorithm>
 #include <chrono>
-#include <filesystem>
-#include <mutex>
-#include <set>
 #include <sstream>
 
 #include "backend/cuda/channel_ops.h"
+#include "backend/cuda/conv_engines.h"
 #include "backend/cuda/cuda_kernel.h"
 #include "backend/cuda/fused_kernels.h"
 #include "kiln/backend/engine_table.h"
@@ -29,9 +27,7 @@ namespace kiln::cuda {
 
 namespace {
 
-namespace fe = cudnn_frontend;
-
-// fprop_genstats: the seed article's CBR convolution, one graph whose output is also reduced
+// fprop_genstats: the MLPerf-style CBR convolution, one graph whose output is also reduced
 // per channel (sum and sum of squares, FP32) for BatchNorm (make_conv_fwd_genstats).
 enum class ConvKind { fprop, dgrad, wgrad, fprop_genstats };
 enum : int64_t { kUidX = 1, kUidW = 2, kUidY = 3, kUidSum = 4, kUidSqSum = 5 };
@@ -95,273 +91,12 @@ struct ConvPlan {
     }                                                                                           \
   } while (0)
 
-std::string graph_first_name(fe::graph::Graph& graph) {
-  std::string name;
-  return graph.get_execution_plan_count() > 0 && graph.get_plan_name_at_index(0, name).is_good()
-             ? name
-             : "none";
-}
-
 struct ConvPointers {
   void *x, *w, *y;
   float* sums = nullptr;  // fprop_genstats: [sum (K); sum of squares (K)]
 };
 
 constexpr const char* kConvKindName[] = {"fprop", "dgrad", "wgrad", "fprop+genstats"};
-
-// The first of the table's engines (winner, backup 1, backup 2) that exists among this
-// graph's candidates and builds; -1 when none does.
-int64_t pick_from_table(fe::graph::Graph& graph, const EngineEntry& entry) {
-  const int64_t count = graph.get_execution_plan_count();
-  for (const EngineChoice& choice : entry.choices) {
-    for (int64_t i = 0; i < count; ++i) {
-      std::string name;
-      if (graph.get_plan_name_at_index(i, name).is_bad() || name != choice.engine) continue;
-      if (graph.build_plan_at_index(i).is_good()) return i;
-      break;
-    }
-  }
-  return -1;
-}
-
-// How a graph's engines are timed on the node's own buffers. `kiln tune` (KILN_TUNE=<table
-// file>) times every candidate and records the three fastest; compile-time autotuning (a graph
-// the table lacks, KILN_AUTOTUNE) times the heuristics' first choice and the next few
-// precompiled engines, as PyTorch's cudnn.benchmark does. Round 1 runs each candidate
-// `untimed` times and then once timed; only those within `cut` of the fastest get the rest of
-// their timed runs (an engine 4x slower than the best is never worth a backup slot, and
-// FP32 VGG's worst dgrad engines take ~0.7 s a run); a candidate is dropped as soon as one
-// of its runs, untimed or not, is beyond `cut` of the fastest so far. Candidates that do not
-// build, need more workspace than Context::workspace_cap or fail to run are skipped. A
-// workspace is allocated per candidate: this runs while compiling, before any step.
-struct TimingRule {
-  int64_t max_candidates;
-  int untimed, timed;
-  float cut;
-  bool precompiled_after_first;  // after the first candidate, skip runtime-compiled engines (~1 s
-                                 // of NVRTC each)
-};
-constexpr TimingRule kTuneRule{1 << 30, 2, 5, 4.0f, false};
-constexpr TimingRule kAutotuneRule{6, 1, 3, 2.0f, true};
-// conv+genstats graphs (KILN_CBR_FORM=genstats) have runtime-compiled engines only: the rule
-// above would time the heuristics' first choice alone. Three of them are timed (~1 s of NVRTC
-// each, once per shape thanks to the autotune cache): the conv-forms probe found the first
-// choice is not always the fastest, and the form is opt-in.
-constexpr TimingRule kAutotuneFusedRule{3, 1, 3, 2.0f, false};
-
-struct Timed {
-  int64_t index;
-  EngineChoice choice;
-  std::vector<float> times;
-};
-
-// Runs plan `t.index` `untimed` + `timed` times, appending the timed ones; false if it fails
-// or a run takes longer than `give_up_ms`. An untimed run longer than kSlowRunMs counts as
-// the first timed one.
-constexpr float kSlowRunMs = 50.0f;
-bool time_runs(fe::graph::Graph& graph, cudnnHandle_t handle, cudaStream_t stream,
-               std::unordered_map<int64_t, void*>& pack, Timed& t, int untimed, int timed,
-               float give_up_ms) {
-  void* wsp = nullptr;
-  if (t.choice.workspace > 0 &&
-      cudaMalloc(&wsp, static_cast<size_t>(t.choice.workspace)) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
-  }
-  cudaEvent_t t0 = nullptr, t1 = nullptr;
-  CUDA_CHECK(cudaEventCreate(&t0));
-  CUDA_CHECK(cudaEventCreate(&t1));
-  bool ok = true;
-  for (int r = 0; r < untimed + timed && ok; ++r) {
-    CUDA_CHECK(cudaEventRecord(t0, stream));
-    ok = graph.execute_plan_at_index(handle, pack, wsp, t.index).is_good();
-    CUDA_CHECK(cudaEventRecord(t1, stream));
-    CUDA_CHECK(cudaEventSynchronize(t1));
-    float ms = 0.0f;
-    CUDA_CHECK(cudaEventElapsedTime(&ms, t0, t1));
-    if (r >= untimed) {
-      t.times.push_back(ms);
-    } else if (ms > kSlowRunMs) {
-      // A warm-up run this long is a measurement: loading the kernel is a small part of it,
-      // and FP32 VGG's slow weight-gradient engines take seconds a run (the first candidate
-      // has no best to give up against). It counts as the first timed run.
-      t.times.push_back(ms);
-      r = untimed;  // the loop goes on with the remaining timed - 1 runs
-    }
-    // A first (untimed) run may include loading the kernel: it gives up only past 20 ms.
-    if (ms > give_up_ms && (r >= untimed || ms > 20.0f)) ok = false;
-  }
-  if (cudaGetLastError() != cudaSuccess) ok = false;
-  CUDA_CHECK(cudaEventDestroy(t0));
-  CUDA_CHECK(cudaEventDestroy(t1));
-  if (wsp) CUDA_CHECK(cudaFree(wsp));
-  return ok;
-}
-
-// The measured candidates, fastest first (empty when none ran). Leaves no plan built as
-// current: the caller executes by index.
-std::vector<Timed> time_engines(fe::graph::Graph& graph, cudnnHandle_t handle, cudaStream_t stream,
-                                std::unordered_map<int64_t, void*>& pack, const TimingRule& rule,
-                                int64_t workspace_cap) {
-  const int64_t count = graph.get_execution_plan_count();
-  auto runtime_compiled = [&](int64_t i) {
-    std::vector<fe::BehaviorNote_t> notes;
-    return graph.get_behavior_notes_for_plan_at_index(i, notes).is_good() &&
-           std::find(notes.begin(), notes.end(), fe::BehaviorNote_t::RUNTIME_COMPILATION) !=
-               notes.end();
-  };
-  std::vector<Timed> candidates;
-  for (int64_t i = 0; i < count && static_cast<int64_t>(candidates.size()) < rule.max_candidates;
-       ++i) {
-    Timed t{i, {}, {}};
-    if (graph.get_plan_name_at_index(i, t.choice.engine).is_bad()) continue;
-    if (rule.precompiled_after_first && !candidates.empty() && runtime_compiled(i)) continue;
-    if (graph.build_plan_at_index(i).is_bad()) continue;
-    if (graph.get_workspace_size_plan_at_index(i, t.choice.workspace).is_bad() ||
-        t.choice.workspace > workspace_cap) {
-      continue;
-    }
-    candidates.push_back(std::move(t));
-  }
-  // A runtime-compiled first choice is timed last, so a slow one (FP32's are, up to seconds a
-  // run on VGG16 at batch 256) gives up after one run against the best precompiled engine.
-  if (candidates.size() > 1 && runtime_compiled(candidates[0].index)) {
-    std::rotate(candidates.begin(), candidates.begin() + 1, candidates.end());
-  }
-  std::vector<Timed> round1;
-  float best = 1e30f;
-  for (Timed& t : candidates) {
-    if (!time_runs(graph, handle, stream, pack, t, rule.untimed, 1, rule.cut * best)) continue;
-    best = std::min(best, t.times[0]);
-    round1.push_back(std::move(t));
-  }
-  std::vector<Timed> measured;
-  for (Timed& t : round1) {
-    if (t.times[0] > rule.cut * best) continue;
-    if (rule.timed > 1 && !time_runs(graph, handle, stream, pack, t, 0, rule.timed - 1, 1e30f))
-      continue;
-    std::sort(t.times.begin(), t.times.end());
-    t.choice.ms = t.times[t.times.size() / 2];
-    measured.push_back(std::move(t));
-  }
-  std::sort(measured.begin(), measured.end(),
-            [](const Timed& a, const Timed& b) { return a.choice.ms < b.choice.ms; });
-  return measured;
-}
-
-EngineEntry entry_of(const std::string& key, const std::vector<Timed>& measured) {
-  EngineEntry entry;
-  entry.key = key;
-  for (const Timed& t : measured) entry.choices.push_back(t.choice);
-  return entry;
-}
-
-// `kiln tune`: every candidate timed, the three fastest recorded in ctx.tuned; the fastest
-// one's index, -1 when none ran.
-int64_t tune_engines(Context& ctx, fe::graph::Graph& graph, cudnnHandle_t handle,
-                     cudaStream_t stream, std::unordered_map<int64_t, void*>& pack,
-                     const std::string& key) {
-  if (const EngineEntry* done = ctx.tuned.find(key)) {  // the same graph on another stream
-    const int64_t i = pick_from_table(graph, *done);
-    if (i >= 0) return i;
-  }
-  const std::vector<Timed> measured =
-      time_engines(graph, handle, stream, pack, kTuneRule, ctx.workspace_cap);
-  if (measured.empty()) return -1;
-  ctx.tuned.put(entry_of(key, measured));
-  log_info("tuned ", key, ": ", measured.size(), " engines, fastest ", measured[0].choice.engine,
-           " ", measured[0].choice.ms, " ms (heuristics' first: ", graph_first_name(graph), ")");
-  return measured[0].index;
-}
-
-// Compile-time autotuning: what it chose is kept for the whole process, keyed like the
-// table, so every later compile of the same graph (the eval program, another engine in the
-// same process) takes the same engine without timing it again, and two compiles of one model
-// in a process compute with the same engines.
-std::mutex g_autotuned_mutex;
-EngineTable g_autotuned;
-bool g_autotuned_new = false;          // timed since the cache was last written
-std::set<std::string> g_cache_loaded;  // cache files merged into g_autotuned
-
-int64_t autotune_engines(Context& ctx, fe::graph::Graph& graph, const TimingRule& rule,
-                         cudnnHandle_t handle, cudaStream_t stream,
-                         std::unordered_map<int64_t, void*>& pack, const std::string& key) {
-  std::lock_guard<std::mutex> lock(g_autotuned_mutex);
-  if (const EngineEntry* done = g_autotuned.find(key)) {
-    const int64_t i = pick_from_table(graph, *done);
-    if (i >= 0) {
-      ++ctx.autotune_remembered;
-      return i;
-    }
-  }
-  const auto started = std::chrono::steady_clock::now();
-  const std::vector<Timed> measured =
-      time_engines(graph, handle, stream, pack, rule, ctx.workspace_cap);
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-  if (measured.empty()) return -1;
-  g_autotuned.put(entry_of(key, measured));
-  g_autotuned_new = true;
-  log_debug("autotuned ", key, " in ", seconds, " s: ", measured.size(), " engines timed, fastest ",
-            measured[0].choice.engine, " ", measured[0].choice.ms,
-            " ms (heuristics' first: ", graph_first_name(graph), ")");
-  return measured[0].index;
-}
-
-}  // namespace
-
-void autotune_cache_load(const std::string& path, const std::string& gpu, int64_t cudnn) {
-  std::lock_guard<std::mutex> lock(g_autotuned_mutex);
-  if (!g_cache_loaded.insert(path).second) return;
-  std::error_code ec;
-  if (!std::filesystem::exists(path, ec)) return;
-  try {
-    EngineTable file = EngineTable::load(path);
-    if (file.gpu != gpu || file.cudnn != cudnn) {
-      log_warn("autotune cache ", path, " holds ", file.gpu, " with cuDNN ", file.cudnn, ", not ",
-               gpu, " with cuDNN ", cudnn, "; ignoring it");
-      return;
-    }
-    const size_t n = file.entries().size();
-    file.merge(g_autotuned);  // what this process timed wins
-    g_autotuned = std::move(file);
-    log_info("autotune cache: ", n, " convolution graphs' engines from ", path,
-             " (KILN_AUTOTUNE_CACHE=0 turns it off)");
-  } catch (const Error& e) {
-    log_warn("autotune cache ", path,
-             " is unreadable, so it is ignored (delete it, or KILN_AUTOTUNE_CACHE=0): ", e.what());
-  }
-}
-
-void autotune_cache_save(const std::string& path, const std::string& gpu, int64_t cudnn) {
-  std::lock_guard<std::mutex> lock(g_autotuned_mutex);
-  if (!g_autotuned_new) return;
-  try {
-    std::filesystem::create_directories(std::filesystem::path(path).parent_path());
-    EngineTable out;
-    std::error_code ec;
-    if (std::filesystem::exists(path, ec)) {
-      try {
-        out = EngineTable::load(path);  // another process's results stay
-      } catch (const Error&) {
-        out = EngineTable{};  // an unreadable cache is replaced
-      }
-      if (out.gpu != gpu || out.cudnn != cudnn) out = EngineTable{};
-    }
-    out.gpu = gpu;
-    out.cudnn = cudnn;
-    out.merge(g_autotuned);
-    out.save(path);
-    g_autotuned_new = false;
-    log_info("autotune cache: ", out.entries().size(), " convolution graphs' engines kept in ",
-             path);
-  } catch (const std::exception& e) {
-    log_warn("autotune cache: could not write ", path, " (", e.what(),
-             "); the next process times its engines again");
-  }
-}
-
-namespace {
 
 std::shared_ptr<ConvPlan> build_plan(Context& ctx, const Node& n, int stream, ConvKind kind,
                                      const ConvGeom& g, DType x_dt, DType w_dt, DType y_dt,
@@ -688,6 +423,32 @@ void* padded(ConvKernel& k, const ChannelPad& pad, void* t, DType dt, int64_t ro
   return p;
 }
 
+// A convolution kernel over (a, w): the operands as cuDNN reads or writes them (channel-padded
+// copies where channel_pad asks for them; an output's copy is written back after each run)
+// and the geometry with the padded channel count.
+struct ConvOperands {
+  std::unique_ptr<ConvKernel> k;
+  void *a = nullptr, *w = nullptr;
+  ConvGeom g;
+};
+ConvOperands conv_operands(const Context& ctx, int stream, const std::string& what,
+                           const ConvGeom& g, DType dt, void* a, bool a_out, DType wdt, void* w,
+                           bool w_out) {
+  const ChannelPad pad = channel_pad(ctx, dt, g.x.c);
+  ConvOperands o;
+  o.k = std::make_unique<ConvKernel>(stream, what);
+  o.a = padded(*o.k, pad, a, dt, g.x_rows(), a_out);
+  o.w = padded(*o.k, pad, w, wdt, g.w_rows(), w_out);
+  o.g = g.with_channels(pad.on ? pad.cp : g.x.c);
+  return o;
+}
+
+// The plan's workspace reserved on the stream, and the kernel set to run it over (a, w, b).
+void use_plan(ConvOperands& o, Context& ctx, int stream, std::shared_ptr<ConvPlan> plan, void* b) {
+  ctx.need_workspace(stream, static_cast<size_t>(plan->workspace));
+  o.k->set_plan(plan, o.a, o.w, b);
+}
+
 std::string describe(const Node& n) {
   return std::string(op_name(n.op)) + " node '" + n.label + "'";
 }
@@ -709,20 +470,17 @@ KernelPtr make_conv_fwd(const Node& n, Context& ctx, int stream) {
   expect_weight_dtype(ctx, n, x, w);
   const ConvGeom g = conv_geom(ctx, n, x, w, y);
   const DType wdt = ctx.tensor(w).dtype;
-  const ChannelPad pad = channel_pad(ctx, dt, g.x.c);
-  auto k = std::make_unique<ConvKernel>(stream, describe(n));
-  void* xp = padded(*k, pad, ctx.ptr(x), dt, g.x_rows(), false);
-  void* wp = padded(*k, pad, ctx.ptr(w), wdt, g.w_rows(), false);
-  const ConvGeom gp = g.with_channels(pad.on ? pad.cp : g.x.c);
-  auto plan = build_plan(ctx, n, stream, ConvKind::fprop, gp, dt, wdt, dt, {xp, wp, ctx.ptr(y)});
-  ctx.need_workspace(stream, static_cast<size_t>(plan->workspace));
-  k->set_plan(plan, xp, wp, ctx.ptr(y));
+  ConvOperands o =
+      conv_operands(ctx, stream, describe(n), g, dt, ctx.ptr(x), false, wdt, ctx.ptr(w), false);
+  use_plan(o, ctx, stream,
+           build_plan(ctx, n, stream, ConvKind::fprop, o.g, dt, wdt, dt, {o.a, o.w, ctx.ptr(y)}),
+           ctx.ptr(y));
   if (b != kNoTensor) {
     expect_dtype(ctx, n, b, DType::F32, "bias");
     expect_numel(ctx, n, b, g.k, "bias");
-    k->set_bias_add(ctx.ptr(y), dt, ctx.ptr<float>(b), g.y.n * g.y.h * g.y.w, g.k);
+    o.k->set_bias_add(ctx.ptr(y), dt, ctx.ptr<float>(b), g.y.n * g.y.h * g.y.w, g.k);
   }
-  return k;
+  return std::move(o.k);
 }
 
 // "dy, w -> dx"
@@ -734,19 +492,16 @@ KernelPtr make_conv_bwd_data(const Node& n, Context& ctx, int stream) {
   expect_weight_dtype(ctx, n, dy, w);
   const ConvGeom g = conv_geom(ctx, n, dx, w, dy);
   const DType wdt = ctx.tensor(w).dtype;
-  const ChannelPad pad = channel_pad(ctx, dt, g.x.c);
-  auto k = std::make_unique<ConvKernel>(stream, describe(n));
-  void* dxp = padded(*k, pad, ctx.ptr(dx), dt, g.x_rows(), true);
-  void* wp = padded(*k, pad, ctx.ptr(w), wdt, g.w_rows(), false);
-  const ConvGeom gp = g.with_channels(pad.on ? pad.cp : g.x.c);
-  auto plan = build_plan(ctx, n, stream, ConvKind::dgrad, gp, dt, wdt, dt, {dxp, wp, ctx.ptr(dy)});
-  ctx.need_workspace(stream, static_cast<size_t>(plan->workspace));
-  k->set_plan(plan, dxp, wp, ctx.ptr(dy));
-  return k;
+  ConvOperands o =
+      conv_operands(ctx, stream, describe(n), g, dt, ctx.ptr(dx), true, wdt, ctx.ptr(w), false);
+  use_plan(o, ctx, stream,
+           build_plan(ctx, n, stream, ConvKind::dgrad, o.g, dt, wdt, dt, {o.a, o.w, ctx.ptr(dy)}),
+           ctx.ptr(dy));
+  return std::move(o.k);
 }
 
 // "x, dy -> dw, [db]": dw in the weight gradient's dtype (f16 under AMP, cast to f32 by the
-// grad_cast phase, SPEC S10); db f32.
+// grad_cast phase); db f32.
 KernelPtr make_conv_bwd_weight(const Node& n, Context& ctx, int stream) {
   reject_accumulate(ctx, n);
   const TensorId x = need_in(n, 0, "x"), dy = need_in(n, 1, "dy"), dw = need_out(n, 0, "dw"),
@@ -755,25 +510,22 @@ KernelPtr make_conv_bwd_weight(const Node& n, Context& ctx, int stream) {
   expect_same_dtype(ctx, n, x, dy);
   const DType wdt = expect_float(ctx, n, dw, "dw");
   const ConvGeom g = conv_geom(ctx, n, x, dw, dy);
-  const ChannelPad pad = channel_pad(ctx, dt, g.x.c);
-  auto k = std::make_unique<ConvKernel>(stream, describe(n));
-  void* xp = padded(*k, pad, ctx.ptr(x), dt, g.x_rows(), false);
-  void* dwp = padded(*k, pad, ctx.ptr(dw), wdt, g.w_rows(), true);
-  const ConvGeom gp = g.with_channels(pad.on ? pad.cp : g.x.c);
-  auto plan = build_plan(ctx, n, stream, ConvKind::wgrad, gp, dt, wdt, dt, {xp, dwp, ctx.ptr(dy)});
-  ctx.need_workspace(stream, static_cast<size_t>(plan->workspace));
-  k->set_plan(plan, xp, dwp, ctx.ptr(dy));
+  ConvOperands o =
+      conv_operands(ctx, stream, describe(n), g, dt, ctx.ptr(x), false, wdt, ctx.ptr(dw), true);
+  use_plan(o, ctx, stream,
+           build_plan(ctx, n, stream, ConvKind::wgrad, o.g, dt, wdt, dt, {o.a, o.w, ctx.ptr(dy)}),
+           ctx.ptr(dy));
   if (db != kNoTensor) {
     expect_dtype(ctx, n, db, DType::F32, "db");
     expect_numel(ctx, n, db, g.k, "db");
     const int64_t rows = g.y.n * g.y.h * g.y.w;
     ctx.need_workspace(stream, channel_sum_workspace(rows, g.k, ctx.sm_count));
-    k->set_bias_grad(ctx.ptr(dy), dt, ctx.ptr<float>(db), rows, g.k);
+    o.k->set_bias_grad(ctx.ptr(dy), dt, ctx.ptr<float>(db), rows, g.k);
   }
-  return k;
+  return std::move(o.k);
 }
 
-// cbr_fwd's convolution in the seed article's form (KILN_CBR_FORM=genstats): one cuDNN graph,
+// cbr_fwd's convolution in the MLPerf-style form (KILN_CBR_FORM=genstats): one cuDNN graph,
 // conv_fprop whose output z is also reduced per channel by genstats into sums[0, K) (the sum)
 // and sums[K, 2K) (the sum of squares), FP32, so BatchNorm needs no statistics pass over z.
 // nullptr, with one log line, when cuDNN has no engine for this graph here: the caller falls
@@ -785,15 +537,12 @@ KernelPtr make_conv_fwd_genstats(const Node& n, Context& ctx, int stream, Tensor
   expect_weight_dtype(ctx, n, x, w);
   const ConvGeom g = conv_geom(ctx, n, x, w, z);
   const DType wdt = ctx.tensor(w).dtype;
-  const ChannelPad pad = channel_pad(ctx, dt, g.x.c);
-  auto k = std::make_unique<ConvKernel>(stream, describe(n) + " (conv+genstats)");
-  void* xp = padded(*k, pad, ctx.ptr(x), dt, g.x_rows(), false);
-  void* wp = padded(*k, pad, ctx.ptr(w), wdt, g.w_rows(), false);
-  const ConvGeom gp = g.with_channels(pad.on ? pad.cp : g.x.c);
+  ConvOperands o = conv_operands(ctx, stream, describe(n) + " (conv+genstats)", g, dt, ctx.ptr(x),
+                                 false, wdt, ctx.ptr(w), false);
   std::shared_ptr<ConvPlan> plan;
   try {
-    plan = build_plan(ctx, n, stream, ConvKind::fprop_genstats, gp, dt, wdt, dt,
-                      {xp, wp, ctx.ptr(z), sums});
+    plan = build_plan(ctx, n, stream, ConvKind::fprop_genstats, o.g, dt, wdt, dt,
+                      {o.a, o.w, ctx.ptr(z), sums});
   } catch (const Error& e) {
     if (e.kind() != ErrorKind::Backend) throw;
     log_info(
@@ -803,8 +552,8 @@ KernelPtr make_conv_fwd_genstats(const Node& n, Context& ctx, int stream, Tensor
     return nullptr;
   }
   ctx.need_workspace(stream, static_cast<size_t>(plan->workspace));
-  k->set_plan(plan, xp, wp, ctx.ptr(z), sums, sums + g.k);
-  return k;
+  o.k->set_plan(plan, o.a, o.w, ctx.ptr(z), sums, sums + g.k);
+  return std::move(o.k);
 }
 
 }  // namespace kiln::cuda

@@ -9,13 +9,6 @@
 // replays the graph. KILN_CUDA_GRAPHS=0 keeps the node-by-node launches, KILN_STREAMS=1 puts
 // every phase on one stream, KILN_TF32=1 allows TF32, KILN_PROFILE=1 times every phase.
 //
-// Staging (S19): stage_batch() copies into a pinned host buffer and from there, on the
-// transfer stream, into input slot A or B, so the copy overlaps the step in flight; the copy
-// waits for the last phase that read the slot, and phases that read the slot wait for it.
-// stage_batch_u8 moves uint8 pixels (a quarter of the bytes) and normalises them there;
-// stage_batch_encoded decodes JPEGs with nvJPEG and resamples them there (jpeg_stage.h), and
-// stage_batch_device copies a batch already on the GPU after its producer's stream, all on the
-// same stream and under the same events.
 #include "backend/cuda/cuda_backend.h"
 
 #include <cuda_profiler_api.h>
@@ -28,11 +21,9 @@
 #include <fstream>
 #include <map>
 
-#include "backend/cuda/augment_stage.h"
 #include "backend/cuda/cuda_kernel.h"
 #include "backend/cuda/graph_capture.h"
-#include "backend/cuda/input_stage.h"
-#include "backend/cuda/jpeg_stage.h"
+#include "backend/cuda/input_slots.h"
 #include "backend/cuda/side_stream.h"
 #include "kiln/core/log.h"
 
@@ -49,10 +40,6 @@ constexpr Factory kFactories[] = {
 };
 static_assert(sizeof(kFactories) / sizeof(kFactories[0]) == kOpCount,
               "every op of ops.def needs a CUDA factory");
-
-void warn(const char* what, cudaError_t e) {
-  if (e != cudaSuccess) std::fprintf(stderr, "kiln: %s failed: %s\n", what, cudaGetErrorString(e));
-}
 
 struct PhaseExec {
   std::string name;
@@ -88,12 +75,11 @@ class CudaBackend final : public CudaBackendApi {
     c.device = cudaGetDeviceProperties(&prop, 0) == cudaSuccess ? prop.name : "cuda";
     c.fp16 = true;
     // Fused CBR and BN+add+ReLU (fused.cpp), in FP32 too by default: the same bits as the
-    // unfused chain (GpuFusedStep.*Fp32) and faster on the H200 (ResNet-50 FP32 +5.3%, the
-    // Fashion-MNIST cnn +3%, bench/RESULTS.md).
+    // unfused chain (GpuFusedStep.*Fp32), and faster (bench/RESULTS.md).
     c.fused_cbr = c.fused_cbr_pool = c.fused_bn_add_relu = c.fused_fp32 = c.fp32_fusion_default =
         true;
-    // The gradient-sum fusion (bn_add_relu_bwd's dy2): +2.3% on ResNet-50 AMP on the H200
-    // (bench/RESULTS.md); Engine turns it off with KILN_FUSE_GRAD_SUM=0.
+    // The gradient-sum fusion (bn_add_relu_bwd's dy2), faster too (bench/RESULTS.md); Engine
+    // turns it off with KILN_FUSE_GRAD_SUM=0.
     c.fused_grad_sum = true;
     return c;
   }
@@ -113,7 +99,6 @@ class CudaBackend final : public CudaBackendApi {
     cudaDeviceProp prop{};
     CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
     ctx_.sm_count = prop.multiProcessorCount;
-    CUDA_CHECK(cudaGetDevice(&device_));
     create_streams();
     for (int r = 0; r < kRegionCount; ++r) {
       const int64_t bytes = program.memory.region_bytes[static_cast<size_t>(r)];
@@ -139,19 +124,7 @@ class CudaBackend final : public CudaBackendApi {
       if (s.workspace_bytes > 0) CUDA_CHECK(cudaMalloc(&s.workspace, s.workspace_bytes));
     }
     share_aliases();
-    // Pinned staging buffers for A and B.
-    for (int slot = 0; slot < 2; ++slot) {
-      const TensorId img = program.io.staged_images[static_cast<size_t>(slot)];
-      const TensorId lab = program.io.staged_labels[static_cast<size_t>(slot)];
-      if (img == kNoTensor || lab == kNoTensor) continue;
-      Staging& st = staging_[static_cast<size_t>(slot)];
-      st.img_bytes = static_cast<size_t>(program.tensor(img).bytes());
-      st.lab_bytes = static_cast<size_t>(program.tensor(lab).bytes());
-      CUDA_CHECK(cudaHostAlloc(&st.host, st.img_bytes + st.lab_bytes, cudaHostAllocDefault));
-      CUDA_CHECK(cudaEventCreateWithFlags(&st.copied, cudaEventDisableTiming));
-      CUDA_CHECK(cudaEventCreateWithFlags(&st.read, cudaEventDisableTiming));
-      CUDA_CHECK(cudaEventCreateWithFlags(&st.produced, cudaEventDisableTiming));
-    }
+    slots_.allocate(program);
     CUDA_CHECK(cudaHostAlloc(&small_.host, kSmallSlots * kSmallWrite, cudaHostAllocDefault));
     for (cudaEvent_t& e : small_.done)
       CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
@@ -215,206 +188,23 @@ class CudaBackend final : public CudaBackendApi {
   }
 
   void stage_batch(int slot, const float* images, const int32_t* labels) override {
-    KILN_CHECK(ctx_.program != nullptr, State, "cuda backend: stage_batch() before prepare()");
-    KILN_CHECK(slot == 0 || slot == 1, InvalidArgument, "stage_batch: slot must be 0 or 1");
-    const Program& p = *ctx_.program;
-    Staging& st = staging_[static_cast<size_t>(slot)];
-    KILN_CHECK(st.host != nullptr, State, "stage_batch: the program has no staged input slot ",
-               slot);
-    // The pinned buffer is free once its previous copy ended (normally long ago).
-    CUDA_CHECK(cudaEventSynchronize(st.copied));
-    std::memcpy(st.host, images, st.img_bytes);
-    std::memcpy(static_cast<uint8_t*>(st.host) + st.img_bytes, labels, st.lab_bytes);
-    cudaStream_t s = ctx_.streams[2].stream;
-    if (st.read_recorded) CUDA_CHECK(cudaStreamWaitEvent(s, st.read, 0));
-    CUDA_CHECK(cudaMemcpyAsync(address(p.tensor(p.io.staged_images[static_cast<size_t>(slot)])),
-                               st.host, st.img_bytes, cudaMemcpyHostToDevice, s));
-    CUDA_CHECK(cudaMemcpyAsync(address(p.tensor(p.io.staged_labels[static_cast<size_t>(slot)])),
-                               static_cast<uint8_t*>(st.host) + st.img_bytes, st.lab_bytes,
-                               cudaMemcpyHostToDevice, s));
-    CUDA_CHECK(cudaEventRecord(st.copied, s));
-    st.copy_pending = true;
+    slots_.stage_batch(slot, images, labels);
   }
-
-  // The bytes go through the slot's pinned buffer (a quarter of its size is used) into a
-  // device copy, which a kernel normalises into the slot once the slot's last reader is done.
   void stage_batch_u8(int slot, const uint8_t* images, const int32_t* labels,
                       const InputNormalization& norm,
                       const SampleAugment* augments = nullptr) override {
-    KILN_CHECK(ctx_.program != nullptr, State, "cuda backend: stage_batch_u8() before prepare()");
-    KILN_CHECK(slot == 0 || slot == 1, InvalidArgument, "stage_batch_u8: slot must be 0 or 1");
-    const Program& p = *ctx_.program;
-    Staging& st = staging_[static_cast<size_t>(slot)];
-    KILN_CHECK(st.host != nullptr, State, "stage_batch_u8: the program has no staged input slot ",
-               slot);
-    const DTensor& t = p.tensor(p.io.staged_images[static_cast<size_t>(slot)]);
-    const int64_t channels = static_cast<int64_t>(norm.mean.size());
-    KILN_CHECK(channels > 0 && t.numel() % channels == 0, InvalidArgument,
-               "stage_batch_u8: ", channels, " channel statistics for an input of ", t.numel(),
-               " values");
-    const NormParams np = make_norm_params(norm, channels, "stage_batch_u8");
-    const auto bytes = static_cast<size_t>(t.numel());
-    if (!st.dev_u8) CUDA_CHECK(cudaMalloc(&st.dev_u8, bytes));
-    CUDA_CHECK(cudaEventSynchronize(st.copied));  // the pinned buffer's previous copy
-    std::memcpy(st.host, images, bytes);
-    std::memcpy(static_cast<uint8_t*>(st.host) + st.img_bytes, labels, st.lab_bytes);
-    cudaStream_t s = ctx_.streams[2].stream;
-    CUDA_CHECK(cudaMemcpyAsync(st.dev_u8, st.host, bytes, cudaMemcpyHostToDevice, s));
-    if (st.read_recorded) CUDA_CHECK(cudaStreamWaitEvent(s, st.read, 0));
-    if (augments) {
-      KILN_CHECK(t.shape.rank() == 4 && t.shape[3] == channels, InvalidArgument,
-                 "stage_batch_u8: augmented samples need an NHWC input of ", channels, " channels");
-      augment_stage().stage_u8(static_cast<uint8_t*>(st.dev_u8), augments, t.shape[0], t.shape[1],
-                               t.shape[2], np, address(t), t.dtype, s);
-    } else {
-      launch_normalize_u8(static_cast<const uint8_t*>(st.dev_u8), t.numel() / channels, np,
-                          address(t), t.dtype, s);
-    }
-    CUDA_CHECK(cudaMemcpyAsync(address(p.tensor(p.io.staged_labels[static_cast<size_t>(slot)])),
-                               static_cast<uint8_t*>(st.host) + st.img_bytes, st.lab_bytes,
-                               cudaMemcpyHostToDevice, s));
-    CUDA_CHECK(cudaEventRecord(st.copied, s));
-    st.copy_pending = true;
+    slots_.stage_batch_u8(slot, images, labels, norm, augments);
   }
-
-  // The copy (or, for U8, the normalising kernel, reading the caller's bytes in place) goes on
-  // the transfer stream after the producer's work and the slot's last reader, as the host forms do.
   void stage_batch_device(int slot, const DeviceBatch& b, const InputNormalization* norm) override {
-    KILN_CHECK(ctx_.program != nullptr, State,
-               "cuda backend: stage_batch_device() before prepare()");
-    KILN_CHECK(slot == 0 || slot == 1, InvalidArgument, "stage_batch_device: slot must be 0 or 1");
-    const Program& p = *ctx_.program;
-    Staging& st = staging_[static_cast<size_t>(slot)];
-    KILN_CHECK(st.host != nullptr, State,
-               "stage_batch_device: the program has no staged input slot ", slot);
-    KILN_CHECK(b.device == device_, InvalidArgument,
-               "stage_batch_device: the batch is on cuda:", b.device,
-               " but the engine runs on cuda:", device_,
-               "; move it there first (tensor.to('cuda:", device_, "'))");
-    KILN_CHECK(b.images != nullptr && b.labels != nullptr, InvalidArgument,
-               "stage_batch_device: the batch needs its images and labels");
-    const DTensor& t = p.tensor(p.io.staged_images[static_cast<size_t>(slot)]);
-    const DTensor& lt = p.tensor(p.io.staged_labels[static_cast<size_t>(slot)]);
-    KILN_CHECK(lt.dtype == DType::I32, Internal, "stage_batch_device: labels are ",
-               dtype_name(lt.dtype), ", not I32");
-    const int64_t n = lt.numel(), per = t.numel() / n, count = b.count == 0 ? n : b.count;
-    KILN_CHECK(count > 0 && count <= n, InvalidArgument, "stage_batch_device: ", count,
-               " samples for a step compiled for a batch of ", n);
-    KILN_CHECK(b.dtype == t.dtype || b.dtype == DType::U8, InvalidArgument,
-               "stage_batch_device: images are ", dtype_name(b.dtype), " but the step's input is ",
-               dtype_name(t.dtype), "; pass ", dtype_name(t.dtype), " or uint8 (U8) images");
-    KILN_CHECK(b.label_dtype == DType::I32 || b.label_dtype == DType::I64, InvalidArgument,
-               "stage_batch_device: labels are ", dtype_name(b.label_dtype),
-               "; they must be int32 or int64");
-    const auto classes = static_cast<int32_t>(p.num_classes);
-    NormParams np;
-    if (b.dtype == DType::U8) {
-      KILN_CHECK(norm != nullptr, InvalidArgument,
-                 "stage_batch_device: uint8 images need their normalisation");
-      np = make_norm_params(*norm, t.shape[t.shape.rank() - 1], "stage_batch_device");
-    }
-    if (!b.labels_on_device) {
-      // Host labels go through the slot's pinned buffer, which is free once its last copy ended.
-      CUDA_CHECK(cudaEventSynchronize(st.copied));
-      auto* dst = reinterpret_cast<int32_t*>(static_cast<uint8_t*>(st.host) + st.img_bytes);
-      for (int64_t i = 0; i < n; ++i) {
-        const int64_t v = i >= count                    ? -1
-                          : b.label_dtype == DType::I32 ? static_cast<const int32_t*>(b.labels)[i]
-                                                        : static_cast<const int64_t*>(b.labels)[i];
-        KILN_CHECK(i >= count || (v >= 0 && v < classes), InvalidArgument,
-                   "stage_batch_device: label ", v, " at index ", i, " is outside 0..",
-                   classes - 1);
-        dst[i] = static_cast<int32_t>(v);
-      }
-    }
-    cudaStream_t s = ctx_.streams[2].stream;
-    const auto producer = reinterpret_cast<cudaStream_t>(b.stream);
-    if (!b.ordered) {
-      CUDA_CHECK(cudaEventRecord(st.produced, producer));
-      CUDA_CHECK(cudaStreamWaitEvent(s, st.produced, 0));
-    }
-    if (st.read_recorded) CUDA_CHECK(cudaStreamWaitEvent(s, st.read, 0));
-    uint8_t* img = address(t);
-    const size_t elem = dtype_size(t.dtype);
-    if (b.dtype == DType::U8) {
-      launch_normalize_u8(static_cast<const uint8_t*>(b.images), count * per / np.channels, np, img,
-                          t.dtype, s);
-    } else {
-      CUDA_CHECK(cudaMemcpyAsync(img, b.images, static_cast<size_t>(count * per) * elem,
-                                 cudaMemcpyDeviceToDevice, s));
-    }
-    if (count < n) {
-      CUDA_CHECK(cudaMemsetAsync(img + static_cast<size_t>(count * per) * elem, 0,
-                                 static_cast<size_t>((n - count) * per) * elem, s));
-    }
-    if (b.labels_on_device) {
-      launch_stage_labels(b.labels, b.label_dtype, count, n, classes,
-                          reinterpret_cast<int32_t*>(address(lt)), s);
-    } else {
-      CUDA_CHECK(cudaMemcpyAsync(address(lt), static_cast<uint8_t*>(st.host) + st.img_bytes,
-                                 st.lab_bytes, cudaMemcpyHostToDevice, s));
-    }
-    CUDA_CHECK(cudaEventRecord(st.copied, s));
-    st.copy_pending = true;
-    if (!b.ordered) CUDA_CHECK(cudaStreamWaitEvent(producer, st.copied, 0));
+    slots_.stage_batch_device(slot, b, norm);
   }
-  DeviceStaging device_staging() const override {
-    DeviceStaging d;
-    d.device = device_;
-    d.stream = ctx_.program ? reinterpret_cast<uintptr_t>(ctx_.streams[2].stream) : 0;
-    return d;
-  }
-
-  bool decodes_jpeg(std::string* why_not) const override {
-    return JpegStage::available(jpeg_options(), why_not);
-  }
-
-  // Decodes go first on the transfer stream (they touch only the stage's own buffers, so they
-  // may run while the step still reads the slot); the kernel that writes the slot waits for
-  // the slot's last reader.
+  DeviceStaging device_staging() const override { return slots_.device_staging(); }
+  bool decodes_jpeg(std::string* why_not) const override { return slots_.decodes_jpeg(why_not); }
   void stage_batch_encoded(int slot, const EncodedBatch& batch,
                            const InputNormalization& norm) override {
-    KILN_CHECK(ctx_.program != nullptr, State,
-               "cuda backend: stage_batch_encoded() before prepare()");
-    KILN_CHECK(slot == 0 || slot == 1, InvalidArgument, "stage_batch_encoded: slot must be 0 or 1");
-    const Program& p = *ctx_.program;
-    Staging& st = staging_[static_cast<size_t>(slot)];
-    KILN_CHECK(st.host != nullptr, State,
-               "stage_batch_encoded: the program has no staged input slot ", slot);
-    const DTensor& t = p.tensor(p.io.staged_images[static_cast<size_t>(slot)]);
-    const DTensor& lt = p.tensor(p.io.staged_labels[static_cast<size_t>(slot)]);
-    KILN_CHECK(batch.batch * batch.height * batch.width * batch.channels == t.numel() &&
-                   lt.numel() == batch.batch,
-               InvalidArgument, "stage_batch_encoded: a batch of ", batch.batch, " x ",
-               batch.height, "x", batch.width, "x", batch.channels, " for an input slot of ",
-               t.numel(), " values and ", lt.numel(), " labels");
-    KILN_CHECK(lt.dtype == DType::I32, Internal, "stage_batch_encoded: labels are ",
-               dtype_name(lt.dtype), ", not I32");
-    const NormParams np = make_norm_params(norm, batch.channels, "stage_batch_encoded");
-    const auto t0 = std::chrono::steady_clock::now();
-    if (!jpeg_) jpeg_ = std::make_unique<JpegStage>(jpeg_options());
-    cudaStream_t s = ctx_.streams[2].stream;
-    const JpegStage::Prepared prep = jpeg_->prepare(batch, s);
-    if (st.read_recorded) CUDA_CHECK(cudaStreamWaitEvent(s, st.read, 0));
-    augment_stage().stage_encoded(prep.descs, batch, np, address(t), t.dtype, s);
-    CUDA_CHECK(cudaMemcpyAsync(address(lt), prep.labels, static_cast<size_t>(lt.bytes()),
-                               cudaMemcpyHostToDevice, s));
-    jpeg_->finished(s);
-    CUDA_CHECK(cudaEventRecord(st.copied, s));
-    st.copy_pending = true;
-    decoded_.hardware += prep.counts.hardware;
-    decoded_.gpu_hybrid += prep.counts.gpu_hybrid;
-    decoded_.host += prep.counts.host;
-    decoded_.batches += 1;
-    decoded_.copy_seconds += prep.counts.copy_seconds;
-    decoded_.parse_seconds += prep.counts.parse_seconds;
-    decoded_.engine_call_seconds += prep.counts.engine_call_seconds;
-    decoded_.hybrid_seconds += prep.counts.hybrid_seconds;
-    decoded_.host_decode_seconds += prep.counts.host_decode_seconds;
-    decoded_.stage_seconds +=
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    slots_.stage_batch_encoded(slot, batch, norm);
   }
-  DecodeCounters decode_counters() const override { return decoded_; }
+  DecodeCounters decode_counters() const override { return slots_.decode_counters(); }
 
   void synchronize() override {
     for (StreamRes& s : unique_streams()) CUDA_CHECK(cudaStreamSynchronize(s.stream));
@@ -516,17 +306,6 @@ class CudaBackend final : public CudaBackendApi {
   }
 
  private:
-  JpegStageOptions jpeg_options() const {
-    return JpegStageOptions{ctx_.opts.nvjpeg, ctx_.opts.nvjpeg_hardware, ctx_.opts.nvjpeg_roi,
-                            ctx_.opts.nvjpeg_cache};
-  }
-  std::unique_ptr<JpegStage> jpeg_;        // made at the first stage_batch_encoded
-  std::unique_ptr<AugmentStage> augment_;  // made at the first batch staged through it
-  AugmentStage& augment_stage() {
-    if (!augment_) augment_ = std::make_unique<AugmentStage>();
-    return *augment_;
-  }
-  DecodeCounters decoded_;  // summed over every JpegStage this backend made
   static constexpr int64_t kSmallWrite = 64;
   static constexpr size_t kSmallSlots = 64;
   struct LateReads {
@@ -541,16 +320,6 @@ class CudaBackend final : public CudaBackendApi {
     void* host = nullptr;
     std::array<cudaEvent_t, kSmallSlots> done{};
     size_t next = 0;
-  };
-
-  struct Staging {
-    void* host = nullptr;
-    void* dev_u8 = nullptr;  // stage_batch_u8's device copy of the bytes, made at its first call
-    size_t img_bytes = 0, lab_bytes = 0;
-    cudaEvent_t copied = nullptr;    // the H2D copy into the slot ended
-    cudaEvent_t read = nullptr;      // the last phase that reads the slot ended
-    cudaEvent_t produced = nullptr;  // stage_batch_device: the producer's stream reached the batch
-    bool copy_pending = false, read_recorded = false;
   };
 
   bool has_profiler_range() const override { return true; }
@@ -605,7 +374,7 @@ class CudaBackend final : public CudaBackendApi {
               " MiB free of ", total / mib, ")");
   }
 
-  // S16: the experience table for this GPU and cuDNN version (see engine_table.h).
+  // The experience table for this GPU and cuDNN version (see engine_table.h).
   void load_engine_table(const std::string& gpu) {
     ctx_.engine_table = EngineTable{};
     ctx_.tuned = EngineTable{};
@@ -745,11 +514,7 @@ class CudaBackend final : public CudaBackendApi {
     // Join: wait for the phase enqueued before this one when it ran on another stream (the
     // schedule's order is the order of the CPU executor; same-stream order is implicit).
     if (last_done_ && last_stream_ != ph.stream) CUDA_CHECK(cudaStreamWaitEvent(s, last_done_, 0));
-    for (int slot = 0; slot < 2; ++slot) {
-      Staging& st = staging_[static_cast<size_t>(slot)];
-      if (ph.reads_slot[static_cast<size_t>(slot)] && st.copy_pending)
-        CUDA_CHECK(cudaStreamWaitEvent(s, st.copied, 0));
-    }
+    slots_.wait_for_copies(s, ph.reads_slot);
     if (profile_) CUDA_CHECK(cudaEventRecord(ph.t0, s));
     if (!ph.kernels.empty()) {
       if (profile_ && !ph.node_events.empty()) {
@@ -772,13 +537,7 @@ class CudaBackend final : public CudaBackendApi {
     ++ph.runs;
     if (profile_) CUDA_CHECK(cudaEventRecord(ph.t1, s));
     CUDA_CHECK(cudaEventRecord(ph.done, s));
-    for (int slot = 0; slot < 2; ++slot) {
-      Staging& st = staging_[static_cast<size_t>(slot)];
-      if (ph.reads_slot[static_cast<size_t>(slot)] && st.read) {
-        CUDA_CHECK(cudaEventRecord(st.read, s));
-        st.read_recorded = true;
-      }
-    }
+    slots_.record_reads(s, ph.reads_slot);
     last_done_ = ph.done;
     last_stream_ = ph.stream;
   }
@@ -811,12 +570,7 @@ class CudaBackend final : public CudaBackendApi {
     }
   }
 
-  uint8_t* address(const DTensor& t) {
-    KILN_CHECK(ctx_.program != nullptr, State, "cuda backend: tensor access before prepare()");
-    uint8_t* base = ctx_.base[static_cast<size_t>(t.region)];
-    KILN_CHECK(base != nullptr && t.offset >= 0, Internal, "tensor '", t.name, "' is not placed");
-    return base + t.offset;
-  }
+  uint8_t* address(const DTensor& t) { return ctx_.address(t); }
 
   void release() {
     if (owned_streams_ > 0) {
@@ -835,15 +589,7 @@ class CudaBackend final : public CudaBackendApi {
       }
       list->clear();  // kernels and graphs go before the handles and buffers they use
     }
-    jpeg_.reset();  // it waits for its last batch; its buffers go before the streams
-    for (Staging& st : staging_) {
-      if (st.host) warn("cudaFreeHost", cudaFreeHost(st.host));
-      if (st.dev_u8) warn("cudaFree", cudaFree(st.dev_u8));
-      for (cudaEvent_t ev : {st.copied, st.read, st.produced}) {
-        if (ev) warn("cudaEventDestroy", cudaEventDestroy(ev));
-      }
-      st = Staging{};
-    }
+    slots_.release();
     if (small_.host) warn("cudaFreeHost", cudaFreeHost(small_.host));
     for (cudaEvent_t ev : small_.done) {
       if (ev) warn("cudaEventDestroy", cudaEventDestroy(ev));
@@ -872,6 +618,7 @@ class CudaBackend final : public CudaBackendApi {
   }
 
   Context ctx_;
+  InputSlots slots_{ctx_};
   int owned_streams_ = 0;
   std::string table_path_;  // the experience table this prepare() used, if any
   bool profile_ = false, profile_ops_ = false, profile_pending_ = false;
@@ -881,8 +628,6 @@ class CudaBackend final : public CudaBackendApi {
   std::vector<PhaseExec*> last_run_;
   cudaEvent_t last_done_ = nullptr;
   int last_stream_ = 0;
-  std::array<Staging, 2> staging_{};
-  int device_ = 0;  // the CUDA device prepare() ran on, which stage_batch_device reads from
   SmallWrites small_;
   LateReads late_;
 };
@@ -890,7 +635,7 @@ class CudaBackend final : public CudaBackendApi {
 // More hardware work queues than CUDA's default 8, set when the library loads, before anything
 // initialises CUDA. nvJPEG's batched hardware decode enqueues on 14 streams of its own; with 8
 // queues some of them share one with the step's CUDA graph, so the decode's copies and kernels
-// wait behind the whole step and its host thread with them (bench/RESULTS.md, 2026-12-01).
+// wait behind the whole step and its host thread with them (bench/RESULTS.md).
 // A value the user exported wins (CUDA_DEVICE_MAX_CONNECTIONS=8 restores CUDA's default).
 [[maybe_unused]] const bool kMoreConnections = [] {
   setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", /*overwrite=*/0);

@@ -17,7 +17,7 @@ class CudaBackendApi : public Backend {
   // Milliseconds of GPU time per phase of the last run(), in schedule order; waits for that
   // run to finish. Empty when profiling is off.
   virtual std::vector<std::pair<std::string, float>> phase_times() = 0;
-  // How the last prepare() chose its convolution engines (SPEC S16): plans from the
+  // How the last prepare() chose its convolution engines: plans from the
   // experience table (or measured, under KILN_TUNE), plans chosen by timing a few engines
   // while compiling (a graph the table lacks; KILN_AUTOTUNE=0 turns it off) and plans left
   // to cuDNN's heuristics.

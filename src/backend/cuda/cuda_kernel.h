@@ -14,6 +14,7 @@
 
 #include <array>
 #include <cstdint>
+#include <cstdio>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -69,12 +70,12 @@ struct Options {
   // KILN_FP32_WINOGRAD: whether FP32 convolutions may take Winograd and FFT engines, whose
   // sums are formed in a transformed domain and so rounded differently. 1 (the default, as in
   // PyTorch, which lets cuDNN take them): allowed; autotuning takes them where they are
-  // fastest (FP32 VGG16-BN 1.52x on the H200, bench/RESULTS.md) and the FP32 tests hold them
-  // to SPEC Q2's 1e-5. 0: refused (direct sums only). only: Winograd / FFT engines alone
-  // wherever cuDNN has one (tests; layers without one take the allowed set).
+  // fastest, and the FP32 tests hold them to the same 1e-5 as direct sums. 0: refused (direct
+  // sums only). only: Winograd / FFT engines alone wherever cuDNN has one (tests; layers
+  // without one take the allowed set).
   Fp32Winograd fp32_winograd = Fp32Winograd::allowed;
-  // KILN_SIDE_WGRAD=1: weight gradients on the side stream (side_stream.h); opt-in: the H200
-  // timed it within noise (ResNet-50 -0.9%, VGG16-BN +0.8%, bench/RESULTS.md).
+  // KILN_SIDE_WGRAD=1: weight gradients on the side stream (side_stream.h); opt-in, as it
+  // measured no faster (bench/RESULTS.md).
   bool side_wgrad = false;
   // KILN_AUTOTUNE_CACHE: where autotuning's results persist between processes (engine_table.h's
   // autotune_cache_dir: empty = none).
@@ -83,19 +84,19 @@ struct Options {
   bool profile_ops = false;    // KILN_PROFILE_OPS=1: per-op event timings too
   bool vector_kernels = true;  // KILN_VECTOR_KERNELS=0: one element per thread, no 16-byte paths
   // KILN_PAD_CHANNELS=1: FP16/BF16 convolutions whose input channels are not a multiple of 8
-  // run on zero-padded copies (conv.cpp); opt-in: slower on the H200 (bench/RESULTS.md).
+  // run on zero-padded copies (conv.cpp); opt-in, as it measured slower (bench/RESULTS.md).
   bool pad_channels = false;
   // KILN_CBR_FORM: how the fused CBR forward takes BatchNorm's statistics. "kiln" (the
   // default): a plain cuDNN convolution, then kiln's statistics pass over z; "genstats": the
-  // seed article's form, one cuDNN graph conv_fprop + genstats (fused.cpp), which falls back
+  // MLPerf-style form, one cuDNN graph conv_fprop + genstats (fused.cpp), which falls back
   // to "kiln" per layer where cuDNN has no engine for it.
   bool cbr_genstats = false;
   // KILN_DETERMINISTIC=1: refuse cuDNN engines noted NONDETERMINISTIC (atomics in weight
   // gradients), so a step gives the same bits every run. kiln's own kernels and cuBLASLt are
   // deterministic already (fixed-order partial sums; one algorithm chosen at compile time).
   bool deterministic = false;
-  // KILN_ENGINE_TABLE: the engine experience table (S16). Unset: the file for this GPU and
-  // cuDNN version under configs/engines, used when it exists; a path: that file (it must
+  // KILN_ENGINE_TABLE: the engine experience table (engine_table.h). Unset: the file for this GPU
+  // and cuDNN version under configs/engines, used when it exists; a path: that file (it must
   // exist); 0: off, every convolution takes cuDNN's heuristic choice.
   bool engine_table = true;
   std::string engine_table_path;
@@ -117,6 +118,11 @@ struct Options {
   bool nvjpeg_cache = true;
 };
 Options options_from_switches(const Switches& switches);
+
+// For release paths: prints a failed call instead of throwing.
+inline void warn(const char* what, cudaError_t e) {
+  if (e != cudaSuccess) std::fprintf(stderr, "kiln: %s failed: %s\n", what, cudaGetErrorString(e));
+}
 
 struct StreamRes {
   cudaStream_t stream = nullptr;
@@ -184,6 +190,13 @@ struct Context : ProgramView {
     if (id == kNoTensor) return nullptr;
     const DTensor& t = program->tensor(id);
     return reinterpret_cast<T*>(base[static_cast<size_t>(t.region)] + t.offset);
+  }
+  // The same from a tensor, checked: for the host-side copies (read, write, staging).
+  uint8_t* address(const DTensor& t) const {
+    KILN_CHECK(program != nullptr, State, "cuda backend: tensor access before prepare()");
+    uint8_t* b = base[static_cast<size_t>(t.region)];
+    KILN_CHECK(b != nullptr && t.offset >= 0, Internal, "tensor '", t.name, "' is not placed");
+    return b + t.offset;
   }
   void need_workspace(int stream, size_t bytes) {
     StreamRes& s = streams[static_cast<size_t>(stream)];

@@ -1,4 +1,4 @@
-// Data-parallel ops on the GPU (SPEC S27), the twins of src/backend/cpu/dist.cpp:
+// Data-parallel ops on the GPU, the twins of src/backend/cpu/dist.cpp:
 //  - allreduce / allgather as NCCL calls on the node's stream (so they are captured into the
 //    phase's CUDA Graph like any kernel; NCCL supports graph capture since 2.9). One NCCL
 //    communicator per process, made when the first such node is compiled: rank 0's unique

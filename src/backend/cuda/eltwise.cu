@@ -6,6 +6,7 @@
 // Dropout's mask is the counter-based hash of backend/formulas.h, as the CPU kernel's, so both
 // backends drop the same elements: y = keep ? x * (1 / (1 - p)) : 0.
 #include "backend/cuda/device_util.cuh"
+#include "backend/cuda/float_launch.cuh"
 #include "backend/formulas.h"
 
 namespace kiln::cuda {
@@ -129,50 +130,71 @@ struct HardswishBwd {
   __device__ float operator()(float x, float dy) const { return formula::hardswish_grad(x, dy); }
 };
 
-template <typename F>
-KernelPtr unary_fwd(const Node& n, Context& ctx, int stream, const char* what) {
+// A forward "x -> y" node: both of one float dtype and size (`in` names the input).
+struct MapNode {
+  const void* x = nullptr;
+  void* y = nullptr;
+  DType dt = DType::F32;
+  int64_t count = 0;
+};
+MapNode map_node(const Node& n, const Context& ctx, const char* in) {
   reject_accumulate(ctx, n);
-  const TensorId x = need_in(n, 0, "x"), y = need_out(n, 0, "y");
-  const DType dt = expect_float(ctx, n, x, "x");
+  const TensorId x = need_in(n, 0, in), y = need_out(n, 0, "y");
+  MapNode m;
+  m.dt = expect_float(ctx, n, x, in);
   expect_same_dtype(ctx, n, x, y);
   expect_same_size(ctx, n, x, y);
-  const int64_t count = ctx.tensor(x).numel();
-  const void* xp = ctx.ptr(x);
-  void* yp = ctx.ptr(y);
-  const unsigned grid = grid_for(ctx, count, kThreads);
-  KernelPtr k;
-  KILN_DISPATCH_FLOAT(dt, T, {
-    k = make_fn(stream, [=](Context&, cudaStream_t s) {
-      unary_fwd_kernel<T>
-          <<<grid, kThreads, 0, s>>>(static_cast<const T*>(xp), static_cast<T*>(yp), count, F{});
-      KILN_LAUNCH_CHECK(what);
-    });
-  });
-  return k;
+  m.count = ctx.tensor(x).numel();
+  m.x = ctx.ptr(x);
+  m.y = ctx.ptr(y);
+  return m;
 }
 
-template <typename G>
-KernelPtr unary_bwd(const Node& n, Context& ctx, int stream, const char* what) {
+// A backward "x, dy -> dx" node (x: the forward's input or output, named `in`): all three of
+// one float dtype and size.
+struct GradNode {
+  const void *x = nullptr, *dy = nullptr;
+  void* dx = nullptr;
+  DType dt = DType::F32;
+  int64_t count = 0;
+};
+GradNode grad_node(const Node& n, const Context& ctx, const char* in) {
   reject_accumulate(ctx, n);
-  const TensorId x = need_in(n, 0, "x"), dy = need_in(n, 1, "dy"), dx = need_out(n, 0, "dx");
-  const DType dt = expect_float(ctx, n, x, "x");
+  const TensorId x = need_in(n, 0, in), dy = need_in(n, 1, "dy"), dx = need_out(n, 0, "dx");
+  GradNode g;
+  g.dt = expect_float(ctx, n, x, in);
   expect_same_dtype(ctx, n, x, dy);
   expect_same_dtype(ctx, n, x, dx);
   expect_same_size(ctx, n, x, dy);
   expect_same_size(ctx, n, x, dx);
-  const int64_t count = ctx.tensor(x).numel();
-  const void *xp = ctx.ptr(x), *dyp = ctx.ptr(dy);
-  void* dxp = ctx.ptr(dx);
-  const unsigned grid = grid_for(ctx, count, kThreads);
-  KernelPtr k;
-  KILN_DISPATCH_FLOAT(dt, T, {
-    k = make_fn(stream, [=](Context&, cudaStream_t s) {
-      unary_bwd_kernel<T><<<grid, kThreads, 0, s>>>(
-          static_cast<const T*>(xp), static_cast<const T*>(dyp), static_cast<T*>(dxp), count, G{});
-      KILN_LAUNCH_CHECK(what);
-    });
+  g.count = ctx.tensor(x).numel();
+  g.x = ctx.ptr(x);
+  g.dy = ctx.ptr(dy);
+  g.dx = ctx.ptr(dx);
+  return g;
+}
+
+template <typename F>
+KernelPtr unary_fwd(const Node& n, Context& ctx, int stream, const char* what) {
+  const MapNode m = map_node(n, ctx, "x");
+  const unsigned grid = grid_for(ctx, m.count, kThreads);
+  return float_launch(m.dt, stream, what, [=](auto t, cudaStream_t s) {
+    using T = decltype(t);
+    unary_fwd_kernel<T>
+        <<<grid, kThreads, 0, s>>>(static_cast<const T*>(m.x), static_cast<T*>(m.y), m.count, F{});
   });
-  return k;
+}
+
+template <typename G>
+KernelPtr unary_bwd(const Node& n, Context& ctx, int stream, const char* what) {
+  const GradNode g = grad_node(n, ctx, "x");
+  const unsigned grid = grid_for(ctx, g.count, kThreads);
+  return float_launch(g.dt, stream, what, [=](auto t, cudaStream_t s) {
+    using T = decltype(t);
+    unary_bwd_kernel<T><<<grid, kThreads, 0, s>>>(static_cast<const T*>(g.x),
+                                                  static_cast<const T*>(g.dy),
+                                                  static_cast<T*>(g.dx), g.count, G{});
+  });
 }
 
 }  // namespace
@@ -192,15 +214,11 @@ KernelPtr make_hardswish_bwd(const Node& n, Context& ctx, int stream) {
 
 // "x -> y"
 KernelPtr make_relu_fwd(const Node& n, Context& ctx, int stream) {
-  reject_accumulate(ctx, n);
-  const TensorId x = need_in(n, 0, "x"), y = need_out(n, 0, "y");
-  const DType dt = expect_float(ctx, n, x, "x");
-  expect_same_dtype(ctx, n, x, y);
-  expect_same_size(ctx, n, x, y);
-  const int64_t count = ctx.tensor(x).numel();
-  const void* xp = ctx.ptr(x);
-  void* yp = ctx.ptr(y);
-  if (dt == DType::F16 && count % 8 == 0 && (reinterpret_cast<uintptr_t>(xp) % 16) == 0 &&
+  const MapNode m = map_node(n, ctx, "x");
+  const void* xp = m.x;
+  void* yp = m.y;
+  const int64_t count = m.count;
+  if (m.dt == DType::F16 && count % 8 == 0 && (reinterpret_cast<uintptr_t>(xp) % 16) == 0 &&
       (reinterpret_cast<uintptr_t>(yp) % 16) == 0) {
     const unsigned grid = grid_for(ctx, count / 8, kThreads);
     return make_fn(stream, [=](Context&, cudaStream_t s) {
@@ -210,52 +228,35 @@ KernelPtr make_relu_fwd(const Node& n, Context& ctx, int stream) {
     });
   }
   const unsigned grid = grid_for(ctx, count, kThreads);
-  KernelPtr k;
-  KILN_DISPATCH_FLOAT(dt, T, {
-    k = make_fn(stream, [=](Context&, cudaStream_t s) {
-      relu_fwd_kernel<T>
-          <<<grid, kThreads, 0, s>>>(static_cast<const T*>(xp), static_cast<T*>(yp), count);
-      KILN_LAUNCH_CHECK("relu_fwd");
-    });
+  return float_launch(m.dt, stream, "relu_fwd", [=](auto t, cudaStream_t s) {
+    using T = decltype(t);
+    relu_fwd_kernel<T>
+        <<<grid, kThreads, 0, s>>>(static_cast<const T*>(xp), static_cast<T*>(yp), count);
   });
-  return k;
 }
 
 // "y, dy -> dx": dx = y > 0 ? dy : 0.
 KernelPtr make_relu_bwd(const Node& n, Context& ctx, int stream) {
-  reject_accumulate(ctx, n);
-  const TensorId y = need_in(n, 0, "y"), dy = need_in(n, 1, "dy"), dx = need_out(n, 0, "dx");
-  const DType dt = expect_float(ctx, n, y, "y");
-  expect_same_dtype(ctx, n, y, dy);
-  expect_same_dtype(ctx, n, y, dx);
-  expect_same_size(ctx, n, y, dy);
-  expect_same_size(ctx, n, y, dx);
-  const int64_t count = ctx.tensor(y).numel();
-  const void *yp = ctx.ptr(y), *dyp = ctx.ptr(dy);
-  void* dxp = ctx.ptr(dx);
-  KernelPtr k;
-  const int width = dt == DType::F32 ? 4 : 8;
+  const GradNode g = grad_node(n, ctx, "y");
+  const void *yp = g.x, *dyp = g.dy;
+  void* dxp = g.dx;
+  const int64_t count = g.count;
+  const int width = g.dt == DType::F32 ? 4 : 8;
   if (vec_fits(ctx.opts, count, width, {yp, dyp, dxp})) {
     const auto nvec = static_cast<int>(count / width);
     const unsigned vgrid = grid_for(ctx, nvec, kThreads);
-    KILN_DISPATCH_FLOAT(dt, T, {
-      k = make_fn(stream, [=](Context&, cudaStream_t s) {
-        relu_bwd_vec<T><<<vgrid, kThreads, 0, s>>>(
-            static_cast<const T*>(yp), static_cast<const T*>(dyp), static_cast<T*>(dxp), nvec);
-        KILN_LAUNCH_CHECK("relu_bwd (vec)");
-      });
+    return float_launch(g.dt, stream, "relu_bwd (vec)", [=](auto t, cudaStream_t s) {
+      using T = decltype(t);
+      relu_bwd_vec<T><<<vgrid, kThreads, 0, s>>>(
+          static_cast<const T*>(yp), static_cast<const T*>(dyp), static_cast<T*>(dxp), nvec);
     });
-    return k;
   }
   const unsigned grid = grid_for(ctx, count, kThreads);
-  KILN_DISPATCH_FLOAT(dt, T, {
-    k = make_fn(stream, [=](Context&, cudaStream_t s) {
-      relu_bwd_kernel<T><<<grid, kThreads, 0, s>>>(
-          static_cast<const T*>(yp), static_cast<const T*>(dyp), static_cast<T*>(dxp), count);
-      KILN_LAUNCH_CHECK("relu_bwd");
-    });
+  return float_launch(g.dt, stream, "relu_bwd", [=](auto t, cudaStream_t s) {
+    using T = decltype(t);
+    relu_bwd_kernel<T><<<grid, kThreads, 0, s>>>(
+        static_cast<const T*>(yp), static_cast<const T*>(dyp), static_cast<T*>(dxp), count);
   });
-  return k;
 }
 
 // "a, b -> y = a + b"; attrs.accumulate: y += a + b. b may be absent; any may alias.
@@ -279,14 +280,11 @@ KernelPtr make_add(const Node& n, Context& ctx, int stream) {
   if ((bp || acc) && vec_fits(ctx.opts, count, width, {ap, bp, yp})) {
     const auto nvec = static_cast<int>(count / width);
     const unsigned vgrid = grid_for(ctx, nvec, kThreads);
-    KILN_DISPATCH_FLOAT(dt, T, {
-      k = make_fn(stream, [=](Context&, cudaStream_t s) {
-        add_vec<T><<<vgrid, kThreads, 0, s>>>(static_cast<const T*>(ap), static_cast<const T*>(bp),
-                                              static_cast<T*>(yp), nvec, acc);
-        KILN_LAUNCH_CHECK("add (vec)");
-      });
+    return float_launch(dt, stream, "add (vec)", [=](auto t, cudaStream_t s) {
+      using T = decltype(t);
+      add_vec<T><<<vgrid, kThreads, 0, s>>>(static_cast<const T*>(ap), static_cast<const T*>(bp),
+                                            static_cast<T*>(yp), nvec, acc);
     });
-    return k;
   }
   KILN_DISPATCH_FLOAT(dt, T, {
     k = make_fn(stream, [=](Context&, cudaStream_t s) {
@@ -321,15 +319,11 @@ KernelPtr make_dropout_fwd(const Node& n, Context& ctx, int stream) {
   const float scale = p >= 1.0f ? 0.0f : 1.0f / (1.0f - p);
   const uint64_t seed = n.attrs.seed;
   const unsigned grid = grid_for(ctx, count, kThreads);
-  KernelPtr k;
-  KILN_DISPATCH_FLOAT(dt, T, {
-    k = make_fn(stream, [=](Context&, cudaStream_t s) {
-      dropout_fwd_kernel<T><<<grid, kThreads, 0, s>>>(
-          static_cast<const T*>(xp), static_cast<T*>(yp), mp, count, p, scale, seed, st);
-      KILN_LAUNCH_CHECK("dropout_fwd");
-    });
+  return float_launch(dt, stream, "dropout_fwd", [=](auto t, cudaStream_t s) {
+    using T = decltype(t);
+    dropout_fwd_kernel<T><<<grid, kThreads, 0, s>>>(static_cast<const T*>(xp), static_cast<T*>(yp),
+                                                    mp, count, p, scale, seed, st);
   });
-  return k;
 }
 
 // "dy, mask -> dx": dx = mask ? dy / (1 - p) : 0.
@@ -348,15 +342,11 @@ KernelPtr make_dropout_bwd(const Node& n, Context& ctx, int stream) {
   const float p = n.attrs.p;
   const float scale = p >= 1.0f ? 0.0f : 1.0f / (1.0f - p);
   const unsigned grid = grid_for(ctx, count, kThreads);
-  KernelPtr k;
-  KILN_DISPATCH_FLOAT(dt, T, {
-    k = make_fn(stream, [=](Context&, cudaStream_t s) {
-      dropout_bwd_kernel<T><<<grid, kThreads, 0, s>>>(static_cast<const T*>(dyp), mp,
-                                                      static_cast<T*>(dxp), count, scale);
-      KILN_LAUNCH_CHECK("dropout_bwd");
-    });
+  return float_launch(dt, stream, "dropout_bwd", [=](auto t, cudaStream_t s) {
+    using T = decltype(t);
+    dropout_bwd_kernel<T><<<grid, kThreads, 0, s>>>(static_cast<const T*>(dyp), mp,
+                                                    static_cast<T*>(dxp), count, scale);
   });
-  return k;
 }
 
 }  // namespace kiln::cuda

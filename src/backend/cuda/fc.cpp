@@ -6,7 +6,7 @@
 // Descriptors and the algorithm are chosen at compile time; run() is one cublasLtMatmul on
 // the stream's handle and workspace. FP32 computes in FP32 (CUBLAS_COMPUTE_32F; TF32 only
 // with KILN_TF32=1); under AMP the f16 operands accumulate in FP32 and fc_bwd_weight writes
-// its FP32 dW directly (SPEC S10). Bias and its gradient are per-channel kernels.
+// its FP32 dW directly. Bias and its gradient are per-channel kernels.
 #include "backend/cuda/channel_ops.h"
 #include "backend/cuda/cuda_kernel.h"
 

@@ -1,4 +1,4 @@
-// Fused ops on the GPU (SPEC S12-S15): CBR and BN+add+ReLU as kiln's own kernels around
+// Fused ops on the GPU: CBR and BN+add+ReLU as kiln's own kernels around
 // cuDNN's convolutions. What fusion saves here, against the unfused chain:
 //  - forward: the ReLU pass (a read and a write of the map) becomes part of BatchNorm's
 //    apply pass, which also writes the one-bit mask (1/16 of an FP16 map);
@@ -8,7 +8,7 @@
 //    backward the residual's gradient is written by BatchNorm's dx pass.
 // The arithmetic is the unfused chain's, rounding for rounding, so fused and unfused programs
 // give the same bits (tests/gpu/gpu_fused_test.cpp). The parts run in order on the node's
-// stream. KILN_CBR_FORM=genstats takes the seed article's forward instead (conv+genstats in
+// stream. KILN_CBR_FORM=genstats takes the MLPerf-style forward instead (conv+genstats in
 // one cuDNN graph); its backward forms (dgrad+drelu+dbn) and the MLPerf prologue form are not
 // built (bench/RESULTS.md: cuDNN has no dgrad+drelu+dbn_weight engine at batch 256, and the
 // prologue convolutions cost about what they save). cbr_pool_* also fold a max-pool that tiles
@@ -38,7 +38,7 @@ class Sequence final : public Kernel {
 };
 
 // cbr_fwd's and cbr_pool_fwd's convolution, then `epilogue(sums)`, their BatchNorm part. With
-// KILN_CBR_FORM=genstats, the seed article's form where cuDNN has it: the convolution's graph
+// KILN_CBR_FORM=genstats, the MLPerf-style form where cuDNN has it: the convolution's graph
 // also sums z per channel (genstats; sums non-null), so BatchNorm skips its statistics pass.
 // Its sums are FP32, accumulated in cuDNN's order, so that form agrees with the unfused chain
 // to rounding, not bit for bit.
@@ -68,14 +68,10 @@ KernelPtr cbr_forward(const Node& n, Context& ctx, int stream, TensorId x, Tenso
 // "x, w, gamma, beta, running_mean, running_var, [b] -> z, y, saved, mask"
 KernelPtr make_cbr_fwd(const Node& n, Context& ctx, int stream) {
   reject_accumulate(ctx, n);
-  const TensorId x = need_in(n, 0, "x"), w = need_in(n, 1, "w"), gamma = need_in(n, 2, "gamma"),
-                 beta = need_in(n, 3, "beta"), rm = need_in(n, 4, "running_mean"),
-                 rv = need_in(n, 5, "running_var"), b = in_at(n, 6);
-  const TensorId z = need_out(n, 0, "z"), y = need_out(n, 1, "y"), saved = need_out(n, 2, "saved"),
-                 mask = need_out(n, 3, "mask");
-  return cbr_forward(n, ctx, stream, x, w, z, [&](const float* sums) {
-    return make_bn_relu_mask_fwd(n, ctx, stream, z, gamma, beta, rm, rv, kNoTensor, b, y, saved,
-                                 mask, sums);
+  const CbrFwdTensors t = cbr_fwd_tensors(n);
+  return cbr_forward(n, ctx, stream, t.x, t.w, t.z, [&](const float* sums) {
+    return make_bn_relu_mask_fwd(n, ctx, stream, t.z, t.gamma, t.beta, t.rm, t.rv, kNoTensor, t.b,
+                                 t.y, t.saved, t.mask, sums);
   });
 }
 
@@ -115,15 +111,12 @@ KernelPtr cbr_conv_backward(const Node& n, Context& ctx, int stream, KernelPtr b
 // "x, w, z, dy, mask, gamma, saved -> [dx], dw, dgamma, dbeta, dz, [db]"
 KernelPtr make_cbr_bwd(const Node& n, Context& ctx, int stream) {
   reject_accumulate(ctx, n);
-  const TensorId x = need_in(n, 0, "x"), w = need_in(n, 1, "w"), z = need_in(n, 2, "z"),
-                 dy = need_in(n, 3, "dy"), mask = need_in(n, 4, "mask"),
-                 gamma = need_in(n, 5, "gamma"), saved = need_in(n, 6, "saved");
-  const TensorId dx = out_at(n, 0), dw = need_out(n, 1, "dw"), dgamma = need_out(n, 2, "dgamma"),
-                 dbeta = need_out(n, 3, "dbeta"), dz = need_out(n, 4, "dz"), db = out_at(n, 5);
-  return cbr_conv_backward(n, ctx, stream,
-                           make_bn_relu_mask_bwd(n, ctx, stream, z, dy, kNoTensor, mask, gamma,
-                                                 saved, dz, kNoTensor, dgamma, dbeta),
-                           x, w, dz, dx, dw, db);
+  const CbrBwdTensors t = cbr_bwd_tensors(n);
+  return cbr_conv_backward(
+      n, ctx, stream,
+      make_bn_relu_mask_bwd(n, ctx, stream, t.z, t.dy, kNoTensor, t.mask, t.gamma, t.saved, t.dz,
+                            kNoTensor, t.dgamma, t.dbeta),
+      t.x, t.w, t.dz, t.dx, t.dw, t.db);
 }
 
 // "x, w, gamma, beta, running_mean, running_var, [b] -> z, y (pooled), saved, mask (over z)":
@@ -131,28 +124,21 @@ KernelPtr make_cbr_bwd(const Node& n, Context& ctx, int stream) {
 // full-resolution ReLU output is never written.
 KernelPtr make_cbr_pool_fwd(const Node& n, Context& ctx, int stream) {
   reject_accumulate(ctx, n);
-  const TensorId x = need_in(n, 0, "x"), w = need_in(n, 1, "w"), gamma = need_in(n, 2, "gamma"),
-                 beta = need_in(n, 3, "beta"), rm = need_in(n, 4, "running_mean"),
-                 rv = need_in(n, 5, "running_var"), b = in_at(n, 6);
-  const TensorId z = need_out(n, 0, "z"), y = need_out(n, 1, "y"), saved = need_out(n, 2, "saved"),
-                 mask = need_out(n, 3, "mask");
-  return cbr_forward(n, ctx, stream, x, w, z, [&](const float* sums) {
-    return make_bn_relu_pool_fwd(n, ctx, stream, z, gamma, beta, rm, rv, b, y, saved, mask, sums);
+  const CbrFwdTensors t = cbr_fwd_tensors(n);
+  return cbr_forward(n, ctx, stream, t.x, t.w, t.z, [&](const float* sums) {
+    return make_bn_relu_pool_fwd(n, ctx, stream, t.z, t.gamma, t.beta, t.rm, t.rv, t.b, t.y,
+                                 t.saved, t.mask, sums);
   });
 }
 
 // "x, w, z, dy (pooled), mask (over z), gamma, saved -> [dx], dw, dgamma, dbeta, dz, [db]"
 KernelPtr make_cbr_pool_bwd(const Node& n, Context& ctx, int stream) {
   reject_accumulate(ctx, n);
-  const TensorId x = need_in(n, 0, "x"), w = need_in(n, 1, "w"), z = need_in(n, 2, "z"),
-                 dy = need_in(n, 3, "dy"), mask = need_in(n, 4, "mask"),
-                 gamma = need_in(n, 5, "gamma"), saved = need_in(n, 6, "saved");
-  const TensorId dx = out_at(n, 0), dw = need_out(n, 1, "dw"), dgamma = need_out(n, 2, "dgamma"),
-                 dbeta = need_out(n, 3, "dbeta"), dz = need_out(n, 4, "dz"), db = out_at(n, 5);
-  return cbr_conv_backward(
-      n, ctx, stream,
-      make_bn_relu_pool_bwd(n, ctx, stream, z, dy, mask, gamma, saved, dz, dgamma, dbeta), x, w, dz,
-      dx, dw, db);
+  const CbrBwdTensors t = cbr_bwd_tensors(n);
+  return cbr_conv_backward(n, ctx, stream,
+                           make_bn_relu_pool_bwd(n, ctx, stream, t.z, t.dy, t.mask, t.gamma,
+                                                 t.saved, t.dz, t.dgamma, t.dbeta),
+                           t.x, t.w, t.dz, t.dx, t.dw, t.db);
 }
 
 // "x, gamma, beta, running_mean, running_var, residual -> y, saved, mask"

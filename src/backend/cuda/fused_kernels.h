@@ -17,7 +17,7 @@ KernelPtr make_bn_relu_mask_fwd(const Node& n, Context& ctx, int stream, TensorI
                                 TensorId conv_bias, TensorId y, TensorId saved, TensorId mask,
                                 const float* conv_sums = nullptr);
 
-// The seed article's CBR convolution (KILN_CBR_FORM=genstats): z = conv(x, w) with z's
+// The MLPerf-style CBR convolution (KILN_CBR_FORM=genstats): z = conv(x, w) with z's
 // per-channel sum in sums[0, K) and sum of squares in sums[K, 2K) (FP32), one cuDNN graph.
 // nullptr (with one log line) when cuDNN has no engine for it here.
 KernelPtr make_conv_fwd_genstats(const Node& n, Context& ctx, int stream, TensorId x, TensorId w,

@@ -1,5 +1,5 @@
-// Softmax cross-entropy fused with top-1 / top-5 counting and the loss backward (SPEC S8,
-// S15), the GPU twin of src/backend/cpu/loss.cpp: one block per row computes the row's
+// Softmax cross-entropy fused with top-1 / top-5 counting and the loss backward (the loss
+// scale folded in), the GPU twin of src/backend/cpu/loss.cpp: one block per row computes the row's
 // max, sum of exponentials (in double, as the CPU), loss term, the label's rank and, when
 // asked, dlogits = (softmax - onehot) * loss_scale / V; a one-block pass sums the rows in a
 // fixed order (deterministic). Ranking: classes with a larger logit, plus equal logits with

@@ -30,19 +30,14 @@ __global__ void mix_batch_kernel(const float* x, const float* mix, T* y, int64_t
 
 }  // namespace
 
-// "x (f32 NHWC, a staged batch), mix (f32[8]) -> y (NHWC, f32/f16/bf16)"
+// "x (f32 NHWC, a staged batch), mix (f32[8]) -> y (NHWC, f32/f16/bf16)" (check_mix_batch)
 KernelPtr make_mix_batch(const Node& n, Context& ctx, int stream) {
-  reject_accumulate(ctx, n);
-  const TensorId x = need_in(n, 0, "x"), mix = need_in(n, 1, "mix"), y = need_out(n, 0, "y");
-  expect_dtype(ctx, n, x, DType::F32, "x (the staged batch)");
-  const Nhwc g = nhwc_of(ctx, n, x, "x");
-  expect_numel(ctx, n, y, g.numel(), "y");
-  const DType to = expect_float(ctx, n, y, "y");
-  expect_dtype(ctx, n, mix, DType::F32, "mix");
-  expect_numel(ctx, n, mix, 8, "mix (kind, lambda, 1 - lambda, y0, y1, x0, x1, spare)");
-  const float* xp = ctx.ptr<float>(x);
-  const float* mp = ctx.ptr<float>(mix);
-  void* yp = ctx.ptr(y);
+  const MixNode mb = check_mix_batch(ctx, n);
+  const Nhwc g = mb.g;
+  const DType to = mb.to;
+  const float* xp = ctx.ptr<float>(mb.x);
+  const float* mp = ctx.ptr<float>(mb.mix);
+  void* yp = ctx.ptr(mb.y);
   KILN_CHECK(
       static_cast<const void*>(xp) != yp, InvalidArgument, "mix_batch node '", n.label,
       "': x and y share their bytes, but a sample reads its partner's; give y its own tensor");

@@ -1,10 +1,10 @@
-// Fused optimizers and the EMA over whole ranges of the parameter regions (SPEC S21, S22),
+// Fused optimizers and the EMA over whole ranges of the parameter regions,
 // the GPU twins of src/backend/cpu/optim.cpp: the same element formulas
 // (backend/formulas.h), in FP32 without FMA contraction, so the two agree to the bit
 // (AdamW's bias corrections use the device's double pow, which may differ from glibc's in
 // the last bit of a double, hence "within 1 ulp"). Every kernel reads lr, loss scale and
 // overflow from their device scalars and returns at once when overflow != 0: a skipped step
-// is decided on the device (SPEC S9), so a captured graph never changes.
+// is decided on the device, so a captured graph never changes.
 #include "backend/cuda/device_util.cuh"
 #include "backend/formulas.h"
 
@@ -16,7 +16,7 @@ constexpr int kThreads = 256;
 
 struct StepScalars {
   DevScalar lr, scale, overflow;
-  float average = 1.0f;  // attrs.grad_average: 1/world after a summing all-reduce (S27)
+  float average = 1.0f;  // attrs.grad_average: 1/world after a summing all-reduce
   DevScalar coef;        // grad_norm's clip factor (absent: 1)
 };
 

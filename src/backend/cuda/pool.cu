@@ -11,6 +11,7 @@
 #include <cfloat>
 
 #include "backend/cuda/device_util.cuh"
+#include "backend/cuda/float_launch.cuh"
 
 namespace kiln::cuda {
 
@@ -32,19 +33,30 @@ struct PoolDims {
   bool include_pad;
 };
 
+// Output element o of the pooled map: its pixel and channel, and its window clipped to the input.
+struct OutWindow {
+  int64_t b, oh, ow, c;
+  int64_t hs, he, ws, we;  // input rows [hs, he), columns [ws, we)
+};
+__device__ __forceinline__ OutWindow out_window(const PoolDims& d, int64_t o) {
+  OutWindow v;
+  v.c = o % d.c;
+  int64_t r = o / d.c;
+  v.ow = r % d.q;
+  r /= d.q;
+  v.oh = r % d.p;
+  v.b = r / d.p;
+  const int64_t h0 = v.oh * d.sh - d.ph, w0 = v.ow * d.sw - d.pw;
+  v.hs = imax(h0, 0), v.he = imin(h0 + d.kh, d.h);
+  v.ws = imax(w0, 0), v.we = imin(w0 + d.kw, d.w);
+  return v;
+}
+
 template <typename T>
 __global__ void maxpool_fwd_kernel(const T* x, T* y, int32_t* argmax, PoolDims d) {
   const int64_t total = d.n * d.p * d.q * d.c;
   KILN_GRID_STRIDE(o, total) {
-    const int64_t c = o % d.c;
-    int64_t r = o / d.c;
-    const int64_t ow = r % d.q;
-    r /= d.q;
-    const int64_t oh = r % d.p;
-    const int64_t b = r / d.p;
-    const int64_t h0 = oh * d.sh - d.ph, w0 = ow * d.sw - d.pw;
-    const int64_t hs = imax(h0, 0), he = imin(h0 + d.kh, d.h);
-    const int64_t ws = imax(w0, 0), we = imin(w0 + d.kw, d.w);
+    const auto [b, oh, ow, c, hs, he, ws, we] = out_window(d, o);
     float best = -INFINITY;
     int32_t idx = static_cast<int32_t>(hs * d.w + ws);
     const T* xb = x + b * d.h * d.w * d.c + c;
@@ -70,19 +82,30 @@ __device__ __forceinline__ void covering(int64_t i, int k, int s, int p, int64_t
   *hi = imin((i + p) / s, out - 1);
 }
 
+// Input element i of the map: its pixel and channel, and the output rows [oh0, oh1] and
+// columns [ow0, ow1] whose windows cover it.
+struct InCover {
+  int64_t b, ih, iw, c;
+  int64_t oh0, oh1, ow0, ow1;
+};
+__device__ __forceinline__ InCover in_cover(const PoolDims& d, int64_t i) {
+  InCover v;
+  v.c = i % d.c;
+  int64_t r = i / d.c;
+  v.iw = r % d.w;
+  r /= d.w;
+  v.ih = r % d.h;
+  v.b = r / d.h;
+  covering(v.ih, d.kh, d.sh, d.ph, d.p, &v.oh0, &v.oh1);
+  covering(v.iw, d.kw, d.sw, d.pw, d.q, &v.ow0, &v.ow1);
+  return v;
+}
+
 template <typename T>
 __global__ void maxpool_bwd_kernel(const T* dy, const int32_t* argmax, T* dx, PoolDims d) {
   const int64_t total = d.n * d.h * d.w * d.c;
   KILN_GRID_STRIDE(i, total) {
-    const int64_t c = i % d.c;
-    int64_t r = i / d.c;
-    const int64_t iw = r % d.w;
-    r /= d.w;
-    const int64_t ih = r % d.h;
-    const int64_t b = r / d.h;
-    int64_t oh0, oh1, ow0, ow1;
-    covering(ih, d.kh, d.sh, d.ph, d.p, &oh0, &oh1);
-    covering(iw, d.kw, d.sw, d.pw, d.q, &ow0, &ow1);
+    const auto [b, ih, iw, c, oh0, oh1, ow0, ow1] = in_cover(d, i);
     const auto self = static_cast<int32_t>(ih * d.w + iw);
     float sum = 0.0f;
     for (int64_t oh = oh0; oh <= oh1; ++oh) {
@@ -96,9 +119,9 @@ __global__ void maxpool_bwd_kernel(const T* dy, const int32_t* argmax, T* dx, Po
 }
 
 // 16-byte paths of max pooling (KILN_VECTOR_KERNELS): one thread per V channels of a pixel
-// (V = 8 f16 or 4 f32), 32-bit index arithmetic, the argmax as V i32 in 16-byte words. The
-// scalar kernels above spent most of their time in 64-bit divisions and 2-byte loads (ResNet-50's
-// max-pool backward ran at ~0.2 TB/s). Same rules and summation order as the scalar kernels.
+// (V = 8 f16 or 4 f32), 32-bit index arithmetic, the argmax as V i32 in 16-byte words, as the
+// scalar kernels above spend most of their time in 64-bit divisions and 2-byte loads. Same rules
+// and summation order as the scalar kernels.
 struct PoolDims32 {
   int h, w, cv;  // input rows, columns, channel vectors
   int p, q;      // output rows, columns
@@ -220,9 +243,9 @@ __global__ void maxpool_bwd_vec(const uint4* dy, const int32_t* argmax, uint4* d
 // Windows that tile the input exactly, without overlap or padding (VGG's 2x2 stride 2): each
 // input element lies in one window, so a thread takes one output vector and writes its
 // window's kh x kw input vectors - the gradient where the argmax points, zero elsewhere -
-// instead of every input searching the windows that cover it (maxpool_bwd_vec: 2.56 ms of
-// VGG16-BN's AMP step on the H200, at 2.1 TB/s). The value is maxpool_bwd_vec's own, 0 + g,
-// so the bits are the same (a -0 gradient becomes +0 in both).
+// instead of every input searching the windows that cover it (maxpool_bwd_vec, far slower on
+// VGG's pools). The value is maxpool_bwd_vec's own, 0 + g, so the bits are the same (a -0
+// gradient becomes +0 in both).
 template <typename T>
 __global__ void maxpool_bwd_tiled(const uint4* dy, const int32_t* argmax, uint4* dx, int total,
                                   PoolDims32 d) {
@@ -280,15 +303,7 @@ template <typename T>
 __global__ void avgpool_fwd_kernel(const T* x, T* y, PoolDims d) {
   const int64_t total = d.n * d.p * d.q * d.c;
   KILN_GRID_STRIDE(o, total) {
-    const int64_t c = o % d.c;
-    int64_t r = o / d.c;
-    const int64_t ow = r % d.q;
-    r /= d.q;
-    const int64_t oh = r % d.p;
-    const int64_t b = r / d.p;
-    const int64_t h0 = oh * d.sh - d.ph, w0 = ow * d.sw - d.pw;
-    const int64_t hs = imax(h0, 0), he = imin(h0 + d.kh, d.h);
-    const int64_t ws = imax(w0, 0), we = imin(w0 + d.kw, d.w);
+    const auto [b, oh, ow, c, hs, he, ws, we] = out_window(d, o);
     const T* xb = x + b * d.h * d.w * d.c + c;
     float sum = 0.0f;
     for (int64_t ih = hs; ih < he; ++ih) {
@@ -302,15 +317,7 @@ template <typename T>
 __global__ void avgpool_bwd_kernel(const T* dy, T* dx, PoolDims d) {
   const int64_t total = d.n * d.h * d.w * d.c;
   KILN_GRID_STRIDE(i, total) {
-    const int64_t c = i % d.c;
-    int64_t r = i / d.c;
-    const int64_t iw = r % d.w;
-    r /= d.w;
-    const int64_t ih = r % d.h;
-    const int64_t b = r / d.h;
-    int64_t oh0, oh1, ow0, ow1;
-    covering(ih, d.kh, d.sh, d.ph, d.p, &oh0, &oh1);
-    covering(iw, d.kw, d.sw, d.pw, d.q, &ow0, &ow1);
+    const auto [b, ih, iw, c, oh0, oh1, ow0, ow1] = in_cover(d, i);
     float sum = 0.0f;
     for (int64_t oh = oh0; oh <= oh1; ++oh) {
       for (int64_t ow = ow0; ow <= ow1; ++ow) {
@@ -391,15 +398,11 @@ KernelPtr make_maxpool_fwd(const Node& n, Context& ctx, int stream) {
   if (pool_vec(ctx, d, dt, {xp, yp, ap}, &v)) {
     const int total = static_cast<int>(d.n * d.p * d.q) * v.cv;
     const unsigned grid = grid_for(ctx, total, kThreads);
-    KernelPtr k;
-    KILN_DISPATCH_FLOAT(dt, T, {
-      k = make_fn(stream, [=](Context&, cudaStream_t s) {
-        maxpool_fwd_vec<T><<<grid, kThreads, 0, s>>>(static_cast<const uint4*>(xp),
-                                                     static_cast<uint4*>(yp), ap, total, v);
-        KILN_LAUNCH_CHECK("maxpool_fwd (vec)");
-      });
+    return float_launch(dt, stream, "maxpool_fwd (vec)", [=](auto t, cudaStream_t s) {
+      using T = decltype(t);
+      maxpool_fwd_vec<T><<<grid, kThreads, 0, s>>>(static_cast<const uint4*>(xp),
+                                                   static_cast<uint4*>(yp), ap, total, v);
     });
-    return k;
   }
   KILN_POOL_LAUNCH(maxpool_fwd_kernel, d.n * d.p * d.q * d.c, static_cast<const T*>(xp),
                    static_cast<T*>(yp), ap, d);
@@ -421,55 +424,61 @@ KernelPtr make_maxpool_bwd(const Node& n, Context& ctx, int stream) {
   if (tiles && pool_vec(ctx, d, dt, {dyp, ap, dxp}, &v)) {
     const int total = static_cast<int>(d.n * d.p * d.q) * v.cv;
     const unsigned grid = grid_for(ctx, total, kThreads);
-    KernelPtr k;
-    KILN_DISPATCH_FLOAT(dt, T, {
-      k = make_fn(stream, [=](Context&, cudaStream_t s) {
-        maxpool_bwd_tiled<T><<<grid, kThreads, 0, s>>>(static_cast<const uint4*>(dyp), ap,
-                                                       static_cast<uint4*>(dxp), total, v);
-        KILN_LAUNCH_CHECK("maxpool_bwd (tiled)");
-      });
+    return float_launch(dt, stream, "maxpool_bwd (tiled)", [=](auto t, cudaStream_t s) {
+      using T = decltype(t);
+      maxpool_bwd_tiled<T><<<grid, kThreads, 0, s>>>(static_cast<const uint4*>(dyp), ap,
+                                                     static_cast<uint4*>(dxp), total, v);
     });
-    return k;
   }
   if (pool_vec(ctx, d, dt, {dyp, ap, dxp}, &v)) {
     const int total = static_cast<int>(d.n * d.h * d.w) * v.cv;
     const unsigned grid = grid_for(ctx, total, kThreads);
-    KernelPtr k;
-    KILN_DISPATCH_FLOAT(dt, T, {
-      k = make_fn(stream, [=](Context&, cudaStream_t s) {
-        maxpool_bwd_vec<T><<<grid, kThreads, 0, s>>>(static_cast<const uint4*>(dyp), ap,
-                                                     static_cast<uint4*>(dxp), total, v);
-        KILN_LAUNCH_CHECK("maxpool_bwd (vec)");
-      });
+    return float_launch(dt, stream, "maxpool_bwd (vec)", [=](auto t, cudaStream_t s) {
+      using T = decltype(t);
+      maxpool_bwd_vec<T><<<grid, kThreads, 0, s>>>(static_cast<const uint4*>(dyp), ap,
+                                                   static_cast<uint4*>(dxp), total, v);
     });
-    return k;
   }
   KILN_POOL_LAUNCH(maxpool_bwd_kernel, d.n * d.h * d.w * d.c, static_cast<const T*>(dyp), ap,
                    static_cast<T*>(dxp), d);
 }
 
+namespace {
+
+// avgpool_fwd "x -> y" and avgpool_bwd "dy -> dx": one map in and one out, the pooled one being
+// y or dy.
+KernelPtr avgpool(const Node& n, Context& ctx, int stream, bool backward) {
+  reject_accumulate(ctx, n);
+  const TensorId in = need_in(n, 0, backward ? "dy" : "x"),
+                 out = need_out(n, 0, backward ? "dx" : "y");
+  const PoolDims d = backward ? pool_dims(ctx, n, out, in) : pool_dims(ctx, n, in, out);
+  const void* ip = ctx.ptr(in);
+  void* op = ctx.ptr(out);
+  const unsigned grid =
+      grid_for(ctx, backward ? d.n * d.h * d.w * d.c : d.n * d.p * d.q * d.c, kThreads);
+  return float_launch(ctx.tensor(in).dtype, stream, backward ? "avgpool_bwd" : "avgpool_fwd",
+                      [=](auto t, cudaStream_t s) {
+                        using T = decltype(t);
+                        if (backward) {
+                          avgpool_bwd_kernel<T><<<grid, kThreads, 0, s>>>(static_cast<const T*>(ip),
+                                                                          static_cast<T*>(op), d);
+                        } else {
+                          avgpool_fwd_kernel<T><<<grid, kThreads, 0, s>>>(static_cast<const T*>(ip),
+                                                                          static_cast<T*>(op), d);
+                        }
+                      });
+}
+
+}  // namespace
+
 // "x -> y"
 KernelPtr make_avgpool_fwd(const Node& n, Context& ctx, int stream) {
-  reject_accumulate(ctx, n);
-  const TensorId x = need_in(n, 0, "x"), y = need_out(n, 0, "y");
-  const PoolDims d = pool_dims(ctx, n, x, y);
-  const DType dt = ctx.tensor(x).dtype;
-  const void* xp = ctx.ptr(x);
-  void* yp = ctx.ptr(y);
-  KILN_POOL_LAUNCH(avgpool_fwd_kernel, d.n * d.p * d.q * d.c, static_cast<const T*>(xp),
-                   static_cast<T*>(yp), d);
+  return avgpool(n, ctx, stream, false);
 }
 
 // "dy -> dx"
 KernelPtr make_avgpool_bwd(const Node& n, Context& ctx, int stream) {
-  reject_accumulate(ctx, n);
-  const TensorId dy = need_in(n, 0, "dy"), dx = need_out(n, 0, "dx");
-  const PoolDims d = pool_dims(ctx, n, dx, dy);
-  const DType dt = ctx.tensor(dy).dtype;
-  const void* dyp = ctx.ptr(dy);
-  void* dxp = ctx.ptr(dx);
-  KILN_POOL_LAUNCH(avgpool_bwd_kernel, d.n * d.h * d.w * d.c, static_cast<const T*>(dyp),
-                   static_cast<T*>(dxp), d);
+  return avgpool(n, ctx, stream, true);
 }
 
 // "x [N,H,W,C] -> y [N,C]"

@@ -59,7 +59,7 @@ __global__ void check_finish_kernel(const int* flag, DevScalar overflow, bool ac
   store_scalar(overflow, (*flag != 0 || before) ? 1.0 : 0.0);
 }
 
-// SPEC S8: formula::loss_scale_next, as the CPU loop.
+// The dynamic loss scale's update: formula::loss_scale_next, as the CPU loop.
 __global__ void loss_scale_update_kernel(DevScalar overflow, DevScalar scale, DevScalar good,
                                          DevScalar scale_out, DevScalar good_out,
                                          int64_t interval) {

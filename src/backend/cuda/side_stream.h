@@ -1,4 +1,4 @@
-// Weight gradients on a side stream (issue 5: "wgrad and dgrad on separate streams"). A
+// Weight gradients on a side stream, beside the data gradient. A
 // convolution's weight gradient and its data gradient both read dy, and nothing in the rest of
 // the backward pass reads the weight gradient, so it can run beside the data gradient and the
 // layers below it: small late-stage convolutions leave most of the GPU idle, and a second
@@ -11,7 +11,7 @@
 // what it reads or writes (that node could overwrite its input under memory reuse, or read its
 // output), and joins all of it before the phase ends, so the next phase (the optimizer reads
 // the gradients) sees it complete. Both fit stream capture: the fork and join events become
-// the CUDA Graph's edges. Opt-in (KILN_SIDE_WGRAD=1): on the H200 it gave no gain beyond noise;
+// the CUDA Graph's edges. Opt-in (KILN_SIDE_WGRAD=1), as it measured no faster (bench/RESULTS.md);
 // KILN_STREAMS=1 or KILN_PROFILE_OPS=1 keep every kernel on its node's stream regardless.
 #pragma once
 #include <vector>

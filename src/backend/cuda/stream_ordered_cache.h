@@ -7,7 +7,7 @@
 // the stream is done with it (pinned memory: the host may write it at once, so the event must have
 // passed) or makes the new stream wait for it (device memory: the ordering stays on the GPU).
 // Nothing is freed until the cache is destroyed, after the device has finished with it. On the
-// benchmark folder it made no measured difference (bench/RESULTS.md, 2026-12-01); it stays on
+// benchmark folder it made no measured difference (bench/RESULTS.md); it stays on
 // because the measured fast configuration has it (KILN_NVJPEG_CACHE=0 turns it off).
 #pragma once
 #include <cuda_runtime.h>

@@ -35,6 +35,40 @@ TensorId Context::feature(const std::string& name, const Shape& per_sample) {
                 per_sample.rank() == 3 ? Layout::NHWC : Layout::NC);
 }
 
+bool Context::has_region(Region r) const {
+  const CompileOptions& o = p.options;
+  switch (r) {
+    case Region::params_f32:
+    case Region::grads_f32:
+      return true;
+    case Region::params_f16:
+    case Region::grads_f16:
+      return o.amp;
+    case Region::moment1:
+      return o.optimizer != "sgd" || o.momentum != 0.0f;
+    case Region::moment2:
+      return o.optimizer == "adamw";
+    case Region::ema_f32:
+      return o.ema;
+    case Region::ema_f16:
+      return o.ema && o.amp;
+    default:
+      return false;
+  }
+}
+
+DType Context::region_dtype(Region r) const {
+  const bool half = r == Region::params_f16 || r == Region::grads_f16 || r == Region::ema_f16;
+  return half ? p.options.amp_dtype : DType::F32;
+}
+
+// A 1-D tensor over a range of a parameter region (for the region ops).
+TensorId Context::range_tensor(Region r, Range range, const std::string& what) {
+  const DType dt = region_dtype(r);
+  return tensor(std::string(region_name(r)) + "[" + what + "]", r, Shape{range.end - range.begin},
+                dt, Layout::Flat, range.begin * static_cast<int64_t>(dtype_size(dt)));
+}
+
 TensorId Context::aux(const std::string& name, int64_t elems, DType dtype) {
   return tensor(name, Region::aux, Shape{elems}, dtype, Layout::Flat);
 }

@@ -23,6 +23,12 @@ struct ParamSpec {
   std::array<int64_t, 3> chw{0, 0, 0};
 };
 
+// A range of elements of the parameter regions (parameters are laid out by kind).
+struct Range {
+  int64_t begin = 0, end = 0;  // elements
+  bool empty() const { return end <= begin; }
+};
+
 // The tensors one forward pass produced, by plan node: what later layers and the backward read.
 struct Forward {
   std::map<int, TensorId> out;                 // plan node → its output tensor
@@ -65,6 +71,11 @@ class Context {
   const Shape& in_shape(const PlanNode& n, size_t i = 0) const { return input(n, i).shape; }
 
   // ---- parameters ----
+  // Which regions this program has (moments by optimizer, FP16 copies under AMP, EMA), in
+  // which dtype, and a 1-D tensor over a range of one (for the region ops).
+  bool has_region(Region r) const;
+  DType region_dtype(Region r) const;
+  TensorId range_tensor(Region r, Range range, const std::string& what);
   // A BatchNorm's weight and bias, and its running statistics (made at once, as buffers).
   void bn_params(std::vector<ParamSpec>& specs, const std::string& name, int64_t c);
   void index_params();  // after the Compiler has laid the parameters out
@@ -113,5 +124,9 @@ struct LayerLowering {
 #undef KILN_LAYER
 
 const LayerLowering& lowering(PlanOp op);
+
+// The training step's optimizer phase over the decayed (conv and fc weights) and the
+// undecayed parameter ranges (optimizer.cpp).
+Phase optimizer_phase(Context& c, Range decay, Range no_decay);
 
 }  // namespace kiln::lower

@@ -1,0 +1,442 @@
+// BatchNorm's device code, included by bn.cu alone: the finalize passes, the plain and the
+// 16-byte elementwise kernels, and the fused epilogues (ReLU and mask, max-pool). The
+// statistics reduction is in bn_stats.cuh; bn.cu plans and launches them.
+#pragma once
+#include "backend/cuda/bn_stats.cuh"
+#include "backend/cuda/channel_sums.cuh"
+#include "backend/cuda/device_util.cuh"
+#include "backend/formulas.h"
+
+namespace kiln::cuda {
+namespace {
+
+// ---- finalize passes ---------------------------------------------------------------------
+// The reductions leave one double2 partial per channel and row chunk ([chunks][C], chunks =
+// 4 per multiprocessor); a block of 8 channels (one 128-byte line of each partial row) x 64
+// slices adds them up: slice j takes chunks j, j + 64, ... in two independent chains (loads in
+// flight), then the slices combine in a fixed tree, so the sums are deterministic. Narrow
+// blocks and many slices keep small C busy and each thread's loads overlapping.
+constexpr int kFinC = 8, kFinS = 64;
+
+// The channel's [sum, second sum] over all chunks, in every thread of the block.
+__device__ __forceinline__ double2 sum_partials(const double2* __restrict__ partial, int gy,
+                                                int64_t C, int64_t c) {
+  __shared__ double2 sm[kFinS][kFinC];
+  double2 a = make_double2(0.0, 0.0), b = make_double2(0.0, 0.0);
+  if (c < C) {
+    int j = threadIdx.y;
+    for (; j + kFinS < gy; j += 2 * kFinS) {
+      const double2 p = partial[static_cast<int64_t>(j) * C + c];
+      const double2 q = partial[static_cast<int64_t>(j + kFinS) * C + c];
+      a.x += p.x;
+      a.y += p.y;
+      b.x += q.x;
+      b.y += q.y;
+    }
+    if (j < gy) {
+      const double2 p = partial[static_cast<int64_t>(j) * C + c];
+      a.x += p.x;
+      a.y += p.y;
+    }
+  }
+  sm[threadIdx.y][threadIdx.x] = make_double2(a.x + b.x, a.y + b.y);
+  __syncthreads();
+#pragma unroll
+  for (int w = kFinS / 2; w > 0; w >>= 1) {
+    if (static_cast<int>(threadIdx.y) < w) {
+      sm[threadIdx.y][threadIdx.x].x += sm[threadIdx.y + w][threadIdx.x].x;
+      sm[threadIdx.y][threadIdx.x].y += sm[threadIdx.y + w][threadIdx.x].y;
+    }
+    __syncthreads();
+  }
+  return sm[0][threadIdx.x];
+}
+
+// saved = [mean; invstd], the running statistics, and the apply pass's coefficients
+// coef[c] = (mean, gamma * invstd, beta).
+__global__ void __launch_bounds__(kFinC* kFinS)
+    stats_finalize_kernel(const double2* partial, int gy, int64_t rows, int64_t C, float eps,
+                          float momentum, float* saved, float* running_mean, float* running_var,
+                          const float* gamma, const float* beta, const float* conv_bias,
+                          float4* coef) {
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * kFinC + threadIdx.x;
+  const double2 sums = sum_partials(partial, gy, C, c);
+  if (threadIdx.y != 0 || c >= C) return;
+  const double n = static_cast<double>(rows);
+  const double mean = sums.x / n;
+  const double var = fmax(sums.y / n - mean * mean, 0.0);
+  const auto mean_f = static_cast<float>(mean), var_f = static_cast<float>(var);
+  const float invstd_f = formula::bn_invstd(var_f, eps);
+  saved[c] = mean_f;
+  saved[C + c] = invstd_f;
+  const double unbias = formula::bn_unbias(n);
+  const double m = momentum;
+  // A fused convolution's bias, which BN cancels, still moves the running mean (ops.def).
+  const double batch_mean =
+      conv_bias ? static_cast<double>(mean_f) + conv_bias[c] : static_cast<double>(mean_f);
+  running_mean[c] = formula::running_mean_update(running_mean[c], m, batch_mean);
+  running_var[c] = formula::running_var_update(running_var[c], m, unbias, var_f);
+  coef[c] = make_float4(mean_f, gamma[c] * invstd_f, beta[c], 0.0f);
+}
+
+// The per-channel sums that conv+genstats produced (FP32: [sum; sum of squares]) as the one
+// partial row the finalize pass reads.
+__global__ void sums_to_partial(const float* sums, int64_t C, double2* partial) {
+  KILN_GRID_STRIDE(c, C) partial[c] = make_double2(sums[c], sums[C + c]);
+}
+
+// dgamma = sum g xhat, dbeta = sum g; coefficients of dx = k1 (g - mg - (x - mean) k3).
+__global__ void __launch_bounds__(kFinC* kFinS)
+    bwd_finalize_kernel(const double2* partial, int gy, int64_t rows, int64_t C, const float* saved,
+                        const float* gamma, float* dgamma, float* dbeta, float4* coef) {
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * kFinC + threadIdx.x;
+  const double2 sums = sum_partials(partial, gy, C, c);
+  if (threadIdx.y != 0 || c >= C) return;
+  const double s = sums.x, sx = sums.y;
+  const double invstd = saved[C + c], n = static_cast<double>(rows);
+  dbeta[c] = static_cast<float>(s);
+  dgamma[c] = static_cast<float>(sx * invstd);
+  coef[c] = make_float4(saved[c], static_cast<float>(gamma[c] * invstd), static_cast<float>(s / n),
+                        static_cast<float>(sx * invstd * invstd / n));
+}
+
+inline unsigned finalize_grid(int64_t C) {
+  return static_cast<unsigned>((C + kFinC - 1) / kFinC);
+}
+
+// ---- plain elementwise kernels (any C, any alignment) ----------------------------------
+
+template <typename T>
+__global__ void apply_kernel(const T* x, T* y, int64_t count, int64_t C, const float4* coef) {
+  KILN_GRID_STRIDE(i, count) {
+    const float4 k = coef[i % C];
+    y[i] = from_f<T>((to_f(x[i]) - k.x) * k.y + k.z);
+  }
+}
+
+// Inference BatchNorm with the running statistics; with Relu (bn_relu_infer) the value is
+// rounded to T, the residual added and rounded again (the add op's rounding), then relu_fwd's
+// ReLU (NaN passes): the unfused chain's bits.
+template <typename T, bool Relu>
+__global__ void infer_kernel(const T* x, const T* residual, T* y, int64_t count, int64_t C,
+                             const float* rm, const float* rv, const float* gamma,
+                             const float* beta, float eps) {
+  KILN_GRID_STRIDE(i, count) {
+    const int64_t c = i % C;
+    const float scale = gamma[c] / sqrtf(rv[c] + eps);
+    T v = from_f<T>((to_f(x[i]) - rm[c]) * scale + beta[c]);
+    if constexpr (Relu) {
+      if (residual) v = from_f<T>(to_f(v) + to_f(residual[i]));
+      const float f = to_f(v);
+      v = f > 0.0f || isnan(f) ? v : from_f<T>(0.0f);
+    }
+    y[i] = v;
+  }
+}
+
+// g = dy where the mask passes it (fused ops; a null mask passes all), written to dres when
+// asked (BN+add+ReLU's residual gradient); dx from g. Any of dy, dres, dx may alias.
+template <typename T>
+__global__ void bwd_dx_kernel(const T* x, const T* dy, const T* dy2, const uint8_t* mask, T* dx,
+                              T* dres, int64_t count, int64_t C, const float4* coef,
+                              PoolMap pm = {}) {
+  KILN_GRID_STRIDE(i, count) {
+    const float4 k = coef[i % C];
+    const T g =
+        mask_bit(mask, i) ? grad_sum(dy[pm.row(i / C) * C + i % C], dy2, i) : from_f<T>(0.0f);
+    const float v = k.y * (to_f(g) - k.z - (to_f(x[i]) - k.x) * k.w);
+    if (dres) dres[i] = g;
+    dx[i] = from_f<T>(v);
+  }
+}
+
+// The forward epilogue of the fused ops, any C: y = relu(bn(x) [+ residual]) with its bit
+// mask, one thread per mask byte (eight elements) so that no two threads share a byte. The
+// arithmetic and its roundings are the unfused chain's (apply, add, relu_fwd), so the fused
+// forward gives the same bits: the BN output is rounded to T before the residual is added,
+// the sum rounded again.
+template <typename T>
+__device__ __forceinline__ T bn_relu_one(float x, const T* res, float4 k, unsigned& bits, int j) {
+  T v = from_f<T>((x - k.x) * k.y + k.z);
+  if (res) v = from_f<T>(to_f(v) + to_f(*res));
+  const float f = to_f(v);
+  bits |= (f > 0.0f ? 1u : 0u) << j;
+  return f > 0.0f || isnan(f) ? v : from_f<T>(0.0f);  // relu_fwd: NaN passes, its bit is 0
+}
+
+template <typename T>
+__global__ void apply_relu_mask_kernel(const T* x, const T* residual, T* y, uint8_t* mask,
+                                       int64_t count, int64_t C, const float4* coef) {
+  KILN_GRID_STRIDE(g, (count + 7) / 8) {
+    unsigned bits = 0;
+    for (int j = 0; j < 8 && g * 8 + j < count; ++j) {
+      const int64_t e = g * 8 + j;
+      y[e] = bn_relu_one(to_f(x[e]), residual ? residual + e : nullptr, coef[e % C], bits, j);
+    }
+    mask[g] = static_cast<uint8_t>(bits);
+  }
+}
+
+// ---- 16-byte kernels (KILN_VECTOR_KERNELS, on by default) ------------------------------
+// The statistics reduction and its helpers are in bn_stats.cuh.
+
+// The mask bits of 16-byte vector vi (V elements from element vi * V): a whole byte for f16,
+// half of one for f32.
+template <int V>
+__device__ __forceinline__ unsigned vec_mask_bits(const uint8_t* mask, int64_t vi) {
+  static_assert(V == 8 || V == 4, "16-byte vectors of f16 or f32");
+  if (mask == nullptr) return 0xFFu;
+  if constexpr (V == 8) {
+    return mask[vi];
+  } else {
+    return (mask[vi >> 1] >> ((vi & 1) * 4)) & 0xFu;
+  }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kVecThreads)
+    bwd_partial_vec(const T* x, const T* dy, const T* dy2, const uint8_t* mask, const float* mean,
+                    int rows, int C, double2* partial, PoolMap pm = {}) {
+  constexpr int V = kVec<T>, U = 4;  // U rows (2U loads) in flight
+  const int cv = C / V, cvec = threadIdx.x % cv, rpb = kVecThreads / cv, rstride = gridDim.x * rpb;
+  const auto* xv = reinterpret_cast<const uint4*>(x);
+  const auto* gv = reinterpret_cast<const uint4*>(dy);
+  const auto* g2v = reinterpret_cast<const uint4*>(dy2);
+  double s[V], sx[V], mu[V];
+#pragma unroll
+  for (int j = 0; j < V; ++j) {
+    s[j] = sx[j] = 0.0;
+    mu[j] = mean[cvec * V + j];
+  }
+  for (int r = blockIdx.x * rpb + threadIdx.x / cv; r < rows; r += U * rstride) {
+    uint4 a[U], g[U], g2[U];
+    unsigned m[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int ru = r + u * rstride;
+      a[u] = load_row<T>(xv, ru, rows, cv, cvec);
+      g[u] = ru < rows ? gv[pm.row(ru) * cv + cvec]
+                       : make_uint4(0, 0, 0, 0);  // a zero dy adds nothing
+      if (dy2) g2[u] = load_row<T>(g2v, ru, rows, cv, cvec);
+      m[u] = ru < rows ? vec_mask_bits<V>(mask, static_cast<int64_t>(ru) * cv + cvec) : 0u;
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const T* xe = reinterpret_cast<const T*>(&a[u]);
+      const T* ge = reinterpret_cast<const T*>(&g[u]);
+      const T* g2e = reinterpret_cast<const T*>(&g2[u]);
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        const T gs = dy2 ? from_f<T>(to_f(ge[j]) + to_f(g2e[j])) : ge[j];  // grad_sum's rounding
+        const double gj = (m[u] >> j) & 1u ? static_cast<double>(to_f(gs)) : 0.0;
+        s[j] += gj;
+        sx[j] += gj * (static_cast<double>(to_f(xe[j])) - mu[j]);
+      }
+    }
+  }
+  combine_store<V>(s, sx, cv, cvec, C, partial);
+}
+
+// Elementwise passes over groups of eight channels (one 16-byte vector of f16, two of f32;
+// one mask byte). Each thread keeps one group's channels - and so their coefficients, in
+// registers - and walks rows, two groups in flight: a pass reads each coefficient once per
+// thread instead of once per element. cg = C / 8 groups per row, 256 % cg == 0; the
+// arithmetic is the plain kernels', expression for expression.
+template <typename T>
+inline constexpr int kWords8 = 8 * static_cast<int>(sizeof(T)) / 16;
+
+template <typename T>
+__device__ __forceinline__ void load8(const T* p, T (&v)[8]) {
+#pragma unroll
+  for (int w = 0; w < kWords8<T>; ++w)
+    reinterpret_cast<uint4*>(v)[w] = reinterpret_cast<const uint4*>(p)[w];
+}
+template <typename T>
+__device__ __forceinline__ void store8(T* p, const T (&v)[8]) {
+#pragma unroll
+  for (int w = 0; w < kWords8<T>; ++w)
+    reinterpret_cast<uint4*>(p)[w] = reinterpret_cast<const uint4*>(v)[w];
+}
+
+// Relu: the fused epilogue (mask non-null; residual optional), else BatchNorm's apply.
+template <typename T, bool Relu>
+__global__ void __launch_bounds__(kVecThreads)
+    apply_group(const T* x, const T* residual, T* y, uint8_t* mask, int rows, int cg,
+                const float4* coef) {
+  const int gi = threadIdx.x % cg, rpb = kVecThreads / cg, rstride = gridDim.x * rpb;
+  float4 k[8];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) k[j] = coef[gi * 8 + j];
+  for (int r = blockIdx.x * rpb + threadIdx.x / cg; r < rows; r += 2 * rstride) {
+    alignas(16) T a[2][8], b[2][8];
+    int64_t g[2];
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      g[u] = static_cast<int64_t>(r + u * rstride) * cg + gi;
+      if (u == 0 || r + rstride < rows) {
+        load8(x + g[u] * 8, a[u]);
+        if (Relu && residual) load8(residual + g[u] * 8, b[u]);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      if (u == 1 && r + rstride >= rows) break;
+      alignas(16) T o[8];
+      if constexpr (Relu) {
+        unsigned bits = 0;
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+          o[j] = bn_relu_one(to_f(a[u][j]), residual ? &b[u][j] : nullptr, k[j], bits, j);
+        mask[g[u]] = static_cast<uint8_t>(bits);
+      } else {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) o[j] = from_f<T>((to_f(a[u][j]) - k[j].x) * k[j].y + k[j].z);
+      }
+      store8(y + g[u] * 8, o);
+    }
+  }
+}
+
+// cbr_pool_fwd's epilogue (ops.def): y = the max-pool of relu(bn(z)) over pool x pool windows
+// that tile z, and the routing mask over z. One thread per pooled pixel and group of eight
+// channels, so each mask byte (eight channels of one pixel of z) has one writer; the group's
+// coefficients stay in registers, and the window's loads are all issued before the
+// arithmetic (P = 2, VGG's pool: four 16-byte loads in flight; P = 0: any window, read
+// position by position). The values are bn_relu_one's and the window scan maxpool_fwd's
+// (first maximum in window order, NaN wins), so the unfused chain's bits; a mask bit is set
+// where the pool took the element and the ReLU passed it. Vec: 16-byte loads and stores
+// (aligned maps). Thread indices are 32-bit (the host checks pixels x groups < 2^31).
+template <typename T>
+__device__ __forceinline__ void pool_take(const T (&a)[8], const float4 (&k)[8], int pos,
+                                          T (&best)[8], float (&bestf)[8], int (&at)[8]) {
+  unsigned unused = 0;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const T v = bn_relu_one(to_f(a[j]), static_cast<const T*>(nullptr), k[j], unused, j);
+    const float f = to_f(v);
+    if (f > bestf[j] || isnan(f) || at[j] < 0) {
+      bestf[j] = f;
+      best[j] = v;
+      at[j] = pos;
+    }
+  }
+}
+
+template <typename T, bool Vec>
+__device__ __forceinline__ void load_group(const T* p, T (&v)[8]) {
+  if constexpr (Vec) {
+    load8(p, v);
+  } else {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) v[j] = p[j];
+  }
+}
+
+template <typename T, bool Vec, int P>
+__global__ void __launch_bounds__(kVecThreads)
+    apply_relu_pool(const T* z, T* y, uint8_t* mask, int total, int cg, int hp, int wp, int pool_rt,
+                    const float4* coef) {
+  const int pool = P ? P : pool_rt;
+  const int zw = wp * pool;
+  for (int t = blockIdx.x * blockDim.x + threadIdx.x; t < total; t += gridDim.x * blockDim.x) {
+    const int gi = t % cg, pix = t / cg;
+    const int pq = pix / wp,
+              pw = pix - pq * wp;  // pq = b hp + ph: z's image row of the window's top is pq * pool
+    float4 k[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) k[j] = coef[gi * 8 + j];
+    alignas(16) T best[8];
+    float bestf[8];
+    int at[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      bestf[j] = -INFINITY;
+      at[j] = -1;
+    }
+    // Element (pixel, group) of z's top-left window position; (dh, dw) moves by rows and pixels.
+    const int64_t top =
+        ((static_cast<int64_t>(pq) * pool * zw + static_cast<int64_t>(pw) * pool) * cg + gi) * 8;
+    const int64_t drow = static_cast<int64_t>(zw) * cg * 8, dpix = static_cast<int64_t>(cg) * 8;
+    if constexpr (P == 2) {
+      alignas(16) T a[4][8];
+      load_group<T, Vec>(z + top, a[0]);
+      load_group<T, Vec>(z + top + dpix, a[1]);
+      load_group<T, Vec>(z + top + drow, a[2]);
+      load_group<T, Vec>(z + top + drow + dpix, a[3]);
+#pragma unroll
+      for (int q = 0; q < 4; ++q) pool_take(a[q], k, q, best, bestf, at);
+    } else {
+      for (int dh = 0; dh < pool; ++dh) {
+        for (int dw = 0; dw < pool; ++dw) {
+          alignas(16) T a[8];
+          load_group<T, Vec>(z + top + dh * drow + dw * dpix, a);
+          pool_take(a, k, dh * pool + dw, best, bestf, at);
+        }
+      }
+    }
+    if constexpr (Vec) {
+      store8(y + static_cast<int64_t>(t) * 8, best);
+    } else {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) y[static_cast<int64_t>(t) * 8 + j] = best[j];
+    }
+    for (int dh = 0; dh < pool; ++dh) {
+      for (int dw = 0; dw < pool; ++dw) {
+        unsigned bits = 0;
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+          bits |= (at[j] == dh * pool + dw && bestf[j] > 0.0f ? 1u : 0u) << j;
+        mask[(top + dh * drow + dw * dpix) / 8] = static_cast<uint8_t>(bits);
+      }
+    }
+  }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kVecThreads)
+    bwd_dx_group(const T* x, const T* dy, const T* dy2, const uint8_t* mask, T* dx, T* dres,
+                 int rows, int cg, const float4* coef, PoolMap pm = {}) {
+  const int gi = threadIdx.x % cg, rpb = kVecThreads / cg, rstride = gridDim.x * rpb;
+  float4 k[8];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) k[j] = coef[gi * 8 + j];
+  for (int r = blockIdx.x * rpb + threadIdx.x / cg; r < rows; r += 2 * rstride) {
+    alignas(16) T a[2][8], d[2][8];
+    unsigned m[2] = {0xFFu, 0xFFu};
+    int64_t g[2];
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      g[u] = static_cast<int64_t>(r + u * rstride) * cg + gi;
+      if (u == 0 || r + rstride < rows) {
+        load8(x + g[u] * 8, a[u]);
+        load8(dy + (pm.row(r + u * rstride) * cg + gi) * 8, d[u]);
+        if (dy2) {
+          alignas(16) T d2[8];
+          load8(dy2 + g[u] * 8, d2);
+#pragma unroll
+          for (int j = 0; j < 8; ++j)
+            d[u][j] = from_f<T>(to_f(d[u][j]) + to_f(d2[j]));  // grad_sum's rounding
+        }
+        if (mask) m[u] = mask[g[u]];
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      if (u == 1 && r + rstride >= rows) break;
+      alignas(16) T o[8];
+      if (mask) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) d[u][j] = (m[u] >> j) & 1u ? d[u][j] : from_f<T>(0.0f);
+        if (dres) store8(dres + g[u] * 8, d[u]);
+      }
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        o[j] = from_f<T>(k[j].y * (to_f(d[u][j]) - k[j].z - (to_f(a[u][j]) - k[j].x) * k[j].w));
+      }
+      store8(dx + g[u] * 8, o);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace kiln::cuda
