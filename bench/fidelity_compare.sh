@@ -49,7 +49,7 @@ while [ $# -gt 0 ]; do
     --threads) THREADS=$2; shift 2 ;;
     --tolerance) TOLERANCE=$2; shift 2 ;;
     --table-only) TABLE_ONLY=1; shift ;;
-    -h | --help) sed -n '2,23p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,21p' "$0"; exit 0 ;;
     *) echo "fidelity_compare.sh: unknown argument '$1' (see --help)" >&2; exit 1 ;;
   esac
 done
@@ -101,6 +101,13 @@ run_torch() {  # seed
 }
 
 if [ "$TABLE_ONLY" = 0 ]; then
+  # Where torchvision has transforms.v2 (the GPU machine), fmnist_torch.py's written-out mix
+  # (the CPU table's path on Debian's torchvision 0.14) against v2's on the same draws.
+  case ",$SIDES," in *,torch,*)
+    [ -f "$OUTDIR/mix-selfcheck.json" ] ||
+      "$PYTHON" bench/fmnist_torch.py --mix-selfcheck --device "$DEVICE" "${recipe[@]}" "${data[@]}" 2>&1 |
+        tail -1 >"$OUTDIR/mix-selfcheck.json" || true ;;
+  esac
   for s in $SEEDS; do
     case ",$SIDES," in *,kiln,*) run_kiln "$s" ;; esac
     case ",$SIDES," in *,torch,*) run_torch "$s" ;; esac
@@ -131,12 +138,17 @@ for s, k, t in rows:
     print(f"| {s} | {fmt(k)} | {fmt(t)} | {diff(k, t)} |")
 ks = [k for _, k, _ in rows if k is not None]
 ts = [t for _, _, t in rows if t is not None]
-km = statistics.mean(ks) if ks else None
-tm = statistics.mean(ts) if ts else None
+# The means over the seeds both sides finished: a partial table still compares like with like.
+pairs = [(k, t) for _, k, t in rows if k is not None and t is not None]
+km = statistics.mean(k for k, _ in pairs) if pairs else None
+tm = statistics.mean(t for _, t in pairs) if pairs else None
 sd = lambda v: f" (sd {statistics.stdev(v):.2f})" if len(v) > 1 else ""
-print(f"| mean of {len(ks)} / {len(ts)} | {fmt(km)}{sd(ks)} | {fmt(tm)}{sd(ts)} | {diff(km, tm)} |")
+print(f"| mean of {len(pairs)} seed{'s' if len(pairs) != 1 else ''} | {fmt(km)}{sd([k for k, _ in pairs])} | "
+      f"{fmt(tm)}{sd([t for _, t in pairs])} | {diff(km, tm)} |")
 print(f"PyTorch {meta.get('torch', '?')}, torchvision {meta.get('torchvision', '?')} "
       f"(mixup/cutmix: {meta.get('mix_impl', '?')}); device {meta.get('device', '?')}")
+if os.path.exists(f"{out}/mix-selfcheck.json"):
+    print("mix self-check (script vs torchvision v2, same draws):", open(f"{out}/mix-selfcheck.json").read().strip())
 complete = len(ks) == len(ts) == len(seeds)
 if not complete:
     print(f"fidelity: INCOMPLETE ({len(ks)} kiln and {len(ts)} PyTorch runs of {len(seeds)})")

@@ -40,6 +40,8 @@ p.add_argument("--mixup-prob", type=float, default=1.0, help="share of mixed bat
 p.add_argument("--mixup-switch-prob", type=float, default=0.5, help="cutmix's share with both on")
 p.add_argument("--mix-impl", choices=["auto", "v2", "script"], default="auto",
                help="v2: torchvision.transforms.v2's MixUp/CutMix; script: the arithmetic below")
+p.add_argument("--mix-selfcheck", action="store_true",
+               help="compare the script's mix with v2's on random batches (same draws) and exit")
 args = p.parse_args()
 torch.set_num_threads(args.threads)
 torch.manual_seed(args.seed)
@@ -119,8 +121,9 @@ def script_mixer():
         if args.mixup_prob < 1.0 and not torch.rand(1).item() < args.mixup_prob:
             return x, y
         cut = args.cutmix_alpha > 0
-        if cut and args.mixup_alpha > 0:
-            cut = torch.rand(1).item() < args.mixup_switch_prob
+        if cut and args.mixup_alpha > 0:  # v2.RandomChoice's draw, so that --mix-selfcheck can match
+            p_ = torch.tensor([args.mixup_switch_prob, 1.0 - args.mixup_switch_prob])
+            cut = int(torch.multinomial(p_ / p_.sum(), 1)) == 0
         target = nn.functional.one_hot(y, CLASSES).float()
         if cut:
             lam = beta(args.cutmix_alpha)
@@ -139,6 +142,36 @@ def script_mixer():
         return out, target.roll(1, 0).mul_(1.0 - lam).add_(target.mul(lam))
     return mix
 
+
+if args.mix_selfcheck:
+    # The written-out arithmetic against v2's on the same random draws: equal outputs say the
+    # CPU table (torchvision 0.14, the script's path) ran torchvision's recipe.
+    try:
+        from torchvision.transforms import v2
+        assert hasattr(v2, "MixUp")
+    except (ImportError, AssertionError):
+        print(json.dumps({"mix_selfcheck": "skipped: this torchvision has no transforms.v2.MixUp"}))
+        raise SystemExit(0)
+    worst, kinds = 0.0, set()
+    v2_mix, script_mix = v2_mixer(), script_mixer()
+    for trial in range(200):
+        g = torch.Generator().manual_seed(trial)
+        x = torch.randn(16, 1, 28, 28, generator=g).to(dev)
+        y = torch.randint(CLASSES, (16,), generator=g).to(dev)
+        torch.manual_seed(1000 + trial)
+        xa, ya = v2_mix(x.clone(), y.clone())
+        torch.manual_seed(1000 + trial)
+        xb, yb = script_mix(x.clone(), y.clone())
+        if ya.ndim == 1:  # an unmixed batch (--mixup-prob < 1)
+            ya = nn.functional.one_hot(ya, CLASSES).float()
+            yb = nn.functional.one_hot(yb, CLASSES).float() if yb.ndim == 1 else yb
+        kinds.add("cutmix" if bool((xa == x).any()) and not torch.equal(xa, x) else
+                  "none" if torch.equal(xa, x) else "mixup")
+        worst = max(worst, (xa - xb).abs().max().item(), (ya - yb).abs().max().item())
+    ok = worst == 0.0
+    print(json.dumps({"mix_selfcheck": "PASS" if ok else "FAIL", "trials": 200, "max_abs_diff": worst,
+                      "kinds_seen": sorted(kinds), "torchvision": __import__("torchvision").__version__}))
+    raise SystemExit(0 if ok else 1)
 
 mixer, mix_impl = None, "off"
 if args.mixup_alpha > 0 or args.cutmix_alpha > 0:

@@ -180,7 +180,7 @@ if [ "$MODE" = fidelity ]; then
   grep '^== ' "$LOGS/fidelity-runs.log"
   BUILD="$BUILD" "${fid[@]}" --table-only >"$LOGS/fidelity.log" 2>&1 || status=1
   cat "$LOGS/fidelity.log"
-  while IFS= read -r line; do SUMMARY+=("$line"); done < <(grep -E '^\||^PyTorch|^fidelity' "$LOGS/fidelity.log")
+  while IFS= read -r line; do SUMMARY+=("$line"); done < <(grep -E '^\||^PyTorch|^mix self|^fidelity' "$LOGS/fidelity.log")
   note fidelity "($(since))"
   finish
 fi
