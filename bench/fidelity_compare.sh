@@ -119,23 +119,28 @@ set +e
 import json, os, statistics, sys
 out, tol, seeds = sys.argv[1], float(sys.argv[2]), sys.argv[3].split()
 rows, meta = [], {}
+losses = {}  # the last epoch's training loss (the mixed, smoothed targets'), a diagnostic
 for s in seeds:
     k = t = None
     try:
         k = json.load(open(f"{out}/kiln-s{s}/summary.json"))["final_top1"]
-    except (OSError, KeyError, ValueError):
+        with open(f"{out}/kiln-s{s}/metrics.jsonl") as f:
+            losses[("kiln", s)] = [json.loads(l) for l in f if l.strip()][-1]["train_loss"]
+    except (OSError, KeyError, ValueError, IndexError):
         pass
     try:
         tj = json.loads(open(f"{out}/torch-s{s}.log").read().strip().splitlines()[-1])
         t, meta = tj["test_top1"], tj
+        losses[("torch", s)] = tj["train_loss"][-1]
     except (OSError, KeyError, ValueError, IndexError):
         pass
     rows.append((s, k, t))
 fmt = lambda v: "—" if v is None else f"{v:.2f}%"
 diff = lambda a, b: "—" if a is None or b is None else f"{a - b:+.2f}"
-print(f"\n| seed | kiln | PyTorch | kiln − PyTorch |\n|---|---|---|---|")
+fl = lambda side, s: f"{losses[(side, s)]:.4f}" if (side, s) in losses else "—"
+print(f"\n| seed | kiln | PyTorch | kiln − PyTorch | train loss kiln / PyTorch |\n|---|---|---|---|---|")
 for s, k, t in rows:
-    print(f"| {s} | {fmt(k)} | {fmt(t)} | {diff(k, t)} |")
+    print(f"| {s} | {fmt(k)} | {fmt(t)} | {diff(k, t)} | {fl('kiln', s)} / {fl('torch', s)} |")
 ks = [k for _, k, _ in rows if k is not None]
 ts = [t for _, _, t in rows if t is not None]
 # The means over the seeds both sides finished: a partial table still compares like with like.
@@ -144,7 +149,7 @@ km = statistics.mean(k for k, _ in pairs) if pairs else None
 tm = statistics.mean(t for _, t in pairs) if pairs else None
 sd = lambda v: f" (sd {statistics.stdev(v):.2f})" if len(v) > 1 else ""
 print(f"| mean of {len(pairs)} seed{'s' if len(pairs) != 1 else ''} | {fmt(km)}{sd([k for k, _ in pairs])} | "
-      f"{fmt(tm)}{sd([t for _, t in pairs])} | {diff(km, tm)} |")
+      f"{fmt(tm)}{sd([t for _, t in pairs])} | {diff(km, tm)} | |")
 print(f"PyTorch {meta.get('torch', '?')}, torchvision {meta.get('torchvision', '?')} "
       f"(mixup/cutmix: {meta.get('mix_impl', '?')}); device {meta.get('device', '?')}")
 if os.path.exists(f"{out}/mix-selfcheck.json"):

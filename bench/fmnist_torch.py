@@ -183,7 +183,7 @@ if args.mixup_alpha > 0 or args.cutmix_alpha > 0:
         except ImportError:
             impl = "script"
     mixer, mix_impl = (v2_mixer() if impl == "v2" else script_mixer()), impl
-epoch_times, acc = [], 0.0
+epoch_times, acc, train_losses = [], 0.0, []
 for epoch in range(args.epochs):
     net.train()
     perm = torch.randperm(len(xtr), device=dev)
@@ -198,6 +198,7 @@ for epoch in range(args.epochs):
         if mixer:
             x, y = mixer(x, y)
         loss = loss_fn(net(x), y)
+        loss_sum = loss.detach() if i == 0 else loss_sum + loss.detach()  # no sync per step
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -211,7 +212,9 @@ for epoch in range(args.epochs):
         for i in range(0, len(xte), 1000):
             correct += (net(xte[i:i + 1000]).argmax(1) == yte[i:i + 1000]).sum().item()
     acc = 100.0 * correct / len(xte)
-    print(f"torch epoch {epoch + 1}: {epoch_times[-1]:.1f}s, {steps * bs / epoch_times[-1]:.0f} img/s, test top-1 {acc:.2f}%",
+    train_losses.append(loss_sum.item() / steps)
+    print(f"torch epoch {epoch + 1}: {epoch_times[-1]:.1f}s, {steps * bs / epoch_times[-1]:.0f} img/s, "
+          f"train loss {train_losses[-1]:.4f}, test top-1 {acc:.2f}%",
           flush=True)
 try:
     import torchvision
@@ -223,6 +226,6 @@ print(json.dumps({"bench": "torch", "device": args.device, "threads": args.threa
                   "label_smoothing": args.label_smoothing, "mixup_alpha": args.mixup_alpha,
                   "cutmix_alpha": args.cutmix_alpha, "mixup_prob": args.mixup_prob,
                   "mixup_switch_prob": args.mixup_switch_prob, "mix_impl": mix_impl,
-                  "cycle_momentum": args.cycle_momentum, "init": args.init,
+                  "cycle_momentum": args.cycle_momentum, "init": args.init, "train_loss": train_losses,
                   "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32, "epoch_seconds": epoch_times, "images_per_second": steps * bs * len(epoch_times) / sum(epoch_times),
                   "test_top1": acc}))
