@@ -2,10 +2,21 @@
 """PyTorch's side of the Fashion-MNIST comparison (issue 3's anchor): the same CNN as kiln's
 `cnn` (four 3x3 Conv+BN+ReLU with 32, 32, 64, 64 channels, two 2x2 max-pools, one fc), batch
 128, SGD with Nesterov momentum 0.9, weight decay 5e-4 on conv/fc weights, a one-cycle
-schedule peaking at 0.1, random horizontal flips, Normalize(0.2860, 0.3530).
+schedule peaking at 0.1 with the momentum held at 0.9 (as kiln's onecycle; --cycle-momentum
+restores OneCycleLR's default 0.95 -> 0.85 -> 0.95), random horizontal flips,
+Normalize(0.2860, 0.3530). --init kiln starts the convs as kiln does (kaiming normal, fan_out).
+
+Issue 18's recipe (bench/fidelity_compare.sh): --label-smoothing (CrossEntropyLoss's), and
+mixup / cutmix of each training batch: torchvision.transforms.v2's MixUp and CutMix under
+RandomChoice (cutmix with probability --mixup-switch-prob) where the installed torchvision has
+them (0.16+), else the same arithmetic written out (Debian's torchvision 0.14): one lambda ~
+Beta(a, a) per batch, sample n's partner is sample n - 1 (batch.roll(1, 0)), cutmix's box as
+v2.CutMix with lambda corrected to the clipped box's area, soft targets. --mixup-prob (timm's)
+mixes a batch with that probability (torchvision's reference: always). The test set is clean.
 
 Prints one line per epoch and a JSON line last. Runs on the CPU (Debian's python3-torch, with
---threads) or on a GPU (--device cuda).
+--threads: `apt-get install python3-torch python3-torchvision`, a bench tool, not a build
+dependency) or on a GPU (--device cuda).
 """
 import argparse
 import gzip
