@@ -47,6 +47,12 @@
 #            bench/gpu_timeline.py's busy / idle split and kernel time by kind (what ncu's
 #            kernel sums miss: gaps, copies, kernels slower in the real run than in ncu's
 #            replay), then kiln's bench with nvidia-smi sampling SM clock and power every 100 ms
+#     fidelity  build kiln and kiln_cli, then bench/fidelity_compare.sh on the GPU: issue 18's
+#            Fashion-MNIST recipe (label smoothing 0.1, mixup 0.2 / cutmix 1.0, 10 epochs) in
+#            kiln and in PyTorch (torchvision.transforms.v2's MixUp/CutMix) for seeds
+#            FIDELITY_SEEDS (default "0 1 2"), the final test top-1 per seed and the means;
+#            passes within 0.3 points. The GPU machine has no Fashion-MNIST: FIDELITY_DATA_DIR
+#            names the folder of its four .gz files (default /usr/share/datasets/fashion-mnist)
 # Logs go to /tmp/kiln-gpu-check; where $OUT is set (the device tool's output folder, which
 # returns at most 8 files) they are packed into $OUT/logs.tgz and the summary into
 # $OUT/summary.txt.
@@ -125,6 +131,7 @@ gpu_tests=(kiln_gpu_tests kiln_sweep_tests kiln_conv_forms)
 [ "$MODE" = bench ] && targets=(kiln kiln_cli "${gpu_tests[@]}")
 [ "$MODE" = compare ] && targets=(kiln kiln_cli "${gpu_tests[@]}")
 [ "$MODE" = tune ] && targets=(kiln kiln_cli)
+[ "$MODE" = fidelity ] && targets=(kiln kiln_cli)
 [ "$MODE" = ab ] && targets=(kiln kiln_cli)
 [ "$MODE" = kernels ] && targets=(kiln kiln_cli)
 [ "$MODE" = timeline ] && targets=(kiln kiln_cli kiln_cupti_trace)
@@ -161,6 +168,21 @@ if [ "$MODE" = tune ]; then
     done
   done
   cp configs/engines/*.tsv "$LOGS/" 2>/dev/null || true
+  finish
+fi
+
+if [ "$MODE" = fidelity ]; then
+  data=${FIDELITY_DATA_DIR:-/usr/share/datasets/fashion-mnist}
+  fid=(bash bench/fidelity_compare.sh --device cuda --data-dir "$data" --seeds "${FIDELITY_SEEDS:-0 1 2}"
+    --out "$LOGS/fidelity")
+  # Seed by seed, kiln then PyTorch (~1 min a seed on an H200); the table is printed again
+  # apart, so that a run cut by the timeout still reports the seeds it finished.
+  BUILD="$BUILD" timeout "${FIDELITY_TIMEOUT:-420}" "${fid[@]}" >"$LOGS/fidelity-runs.log" 2>&1 || status=1
+  grep '^== ' "$LOGS/fidelity-runs.log"
+  BUILD="$BUILD" "${fid[@]}" --table-only >"$LOGS/fidelity.log" 2>&1 || status=1
+  cat "$LOGS/fidelity.log"
+  while IFS= read -r line; do SUMMARY+=("$line"); done < <(grep -E '^\||^PyTorch|^mix self|^fidelity' "$LOGS/fidelity.log")
+  note fidelity "($(since))"
   finish
 fi
 
