@@ -28,6 +28,16 @@ const char* output_name(LoaderOutput o) {
 
 }  // namespace
 
+void apply_loader_switches(LoaderOptions& o, const Switches& s) {
+  o.decode.resample =
+      s.resample_vertical_first ? ResampleOrder::vertical_first : ResampleOrder::horizontal_first;
+  o.decode.math = s.resample_fixed_point ? ResampleMath::fixed16 : ResampleMath::float32;
+  o.decode.tight_margin = s.jpeg_tight_margin;
+  o.decode.batch_rows = s.jpeg_batch_rows;
+  o.decode.progressive_stop = s.jpeg_progressive_stop;
+  o.swap_u8 = s.loader_swap;
+}
+
 int default_loader_workers() {
   return std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
 }

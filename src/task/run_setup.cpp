@@ -182,6 +182,9 @@ void check_config(const TrainConfig& c) {
   KILN_CHECK(c.val_resize_size >= 0 && c.val_resize_size <= kMaxImageSize, InvalidArgument,
              "--val-resize-size must be in 0..", kMaxImageSize,
              " (0 = 8/7 of the input size), got ", c.val_resize_size);
+  KILN_CHECK(c.val_crop_size >= 0 && c.val_crop_size <= kMaxImageSize, InvalidArgument,
+             "--val-crop-size must be in 0..", kMaxImageSize, " (0 = the training crop), got ",
+             c.val_crop_size);
   KILN_CHECK(c.max_image_pixels > 0, InvalidArgument, "--max-image-pixels must be > 0, got ",
              c.max_image_pixels);
   KILN_CHECK(c.resume.empty() || c.init_from.empty(), InvalidArgument, "--resume ", c.resume,
@@ -250,7 +253,7 @@ std::string config_json(const TrainConfig& c) {
      << ",\"cutmix_alpha\":" << json_number(c.mix.cutmix_alpha)
      << ",\"mixup_prob\":" << json_number(c.mix.prob)
      << ",\"mixup_switch_prob\":" << json_number(c.mix.switch_prob)
-     << ",\"val_resize_size\":" << c.val_resize_size
+     << ",\"val_resize_size\":" << c.val_resize_size << ",\"val_crop_size\":" << c.val_crop_size
      << ",\"interpolation\":" << json_string(filter_name(c.interpolation))
      << ",\"random_erase\":" << json_number(c.random_erase)
      << ",\"auto_augment\":" << json_string(c.auto_augment) << ",\"ra_num_ops\":" << c.ra_num_ops
@@ -291,19 +294,19 @@ RunSetup setup_run(const TrainConfig& c, bool training) {
              "-channel images but an image folder gives 3-channel (RGB) ones; use a model "
              "built for RGB input, e.g. --model resnet18_small or vgg11_bn_small for small images");
   const int64_t size = probe.input.height;
+  // torchvision's reference can evaluate at another size than it trains at; kiln's evaluation
+  // runs the program compiled for the training input.
+  KILN_CHECK(c.val_crop_size == 0 || c.val_crop_size == size, InvalidArgument, "--val-crop-size ",
+             c.val_crop_size, " differs from the training crop ", size,
+             ": kiln compiles one input size for training and evaluation; give --val-crop-size ",
+             size, " (or leave it out) and set the evaluation's resize with --val-resize-size");
   LoaderOptions lo;
   lo.batch_size = dist::split_batch(c.batch_size);  // this rank's share of the global batch
   lo.workers = c.workers;
   lo.seed = c.seed;
   lo.rank = dist::rank();
   lo.world = dist::world();
-  lo.decode.resample = c.switches.resample_vertical_first ? ResampleOrder::vertical_first
-                                                          : ResampleOrder::horizontal_first;
-  lo.decode.math = c.switches.resample_fixed_point ? ResampleMath::fixed16 : ResampleMath::float32;
-  lo.decode.tight_margin = c.switches.jpeg_tight_margin;
-  lo.decode.batch_rows = c.switches.jpeg_batch_rows;
-  lo.decode.progressive_stop = c.switches.jpeg_progressive_stop;
-  lo.swap_u8 = c.switches.loader_swap;
+  apply_loader_switches(lo, c.switches);
   const Pipeline train_p = input_pipeline(c, true, size, probe.input.channels);
   const Pipeline test_p = input_pipeline(c, false, size, probe.input.channels);
   LoaderOptions eo = lo;

@@ -284,6 +284,30 @@ const Case kCases[] = {
      2,
      {"--val-resize-size must be in 0..8192"},
      ""},
+    // torchvision's crop-size flags: the training crop is the model's input, and evaluation runs
+    // the same compiled input size.
+    {"train_crop_size_and_image_size_disagree",
+     mnist,
+     "train" + kTiny + " --data-dir DATA --output OUT --train-crop-size 28 --image-size 32",
+     2,
+     {"--train-crop-size 28 and --image-size 32 name the same thing"},
+     ""},
+    {"val_crop_size_other_than_the_training_crop",
+     mnist,
+     "train" + kTiny + " --data-dir DATA --output OUT --val-crop-size 24",
+     2,
+     {"--val-crop-size 24 differs from the training crop 28", "--val-resize-size"},
+     ""},
+    {"train_and_val_crop_size_as_torchvision_gives_them",
+     [](const fs::path& d) {
+       folder(d, "train", {"a", "b"}), folder(d, "val", {"a", "b"});
+     },
+     "train --model resnet18_small --data folder --data-dir DATA --train-crop-size 16 "
+     "--val-crop-size 16 --val-resize-size 20 --random-resized-crop --batch-size 2 --workers 1 "
+     "--progress none --device cpu --epochs 1 --output OUT",
+     0,
+     {"done: 1 epochs"},
+     kDone},
     {"label_smoothing_negative",
      mnist,
      "train" + kTiny + " --data-dir DATA --output OUT --label-smoothing -0.1",

@@ -82,13 +82,7 @@ int bench_folder(const Flags& f, const std::string& model, const BluePrint& bp,
   LoaderOptions lo;
   lo.batch_size = eo.compile.batch;
   lo.workers = static_cast<int>(f.i64("workers", default_loader_workers()));
-  lo.decode.resample = eo.switches.resample_vertical_first ? ResampleOrder::vertical_first
-                                                           : ResampleOrder::horizontal_first;
-  lo.decode.math = eo.switches.resample_fixed_point ? ResampleMath::fixed16 : ResampleMath::float32;
-  lo.decode.tight_margin = eo.switches.jpeg_tight_margin;
-  lo.decode.batch_rows = eo.switches.jpeg_batch_rows;
-  lo.decode.progressive_stop = eo.switches.jpeg_progressive_stop;
-  lo.swap_u8 = eo.switches.loader_swap;
+  apply_loader_switches(lo, eo.switches);
   lo.output =
       device_jpeg && where != DecodeWhere::cpu ? LoaderOutput::encoded : LoaderOutput::uint8;
   // --no-input-u8: the float32 path (full decode, float transforms, float copy), for comparison.

@@ -123,6 +123,14 @@ std::vector<FlagSpec> train_flags() {
        "off); applied where the batch lands (on the GPU with --decode gpu or uint8 input)",
        "0", false},
       {"image-size", "input size (0 = the model's default)", "0", false},
+      {"train-crop-size",
+       "torchvision's name for --image-size: the training crop and the model's "
+       "input (0 = the model's default)",
+       "0", false},
+      {"val-crop-size",
+       "image folders' evaluation: the centre crop (0 = the training crop; one input size is "
+       "compiled, so it must equal the training crop)",
+       "0", false},
       {"val-resize-size",
        "image folders' evaluation: the shorter side resized to this before the centre crop (0 = "
        "8/7 "
@@ -244,6 +252,14 @@ TrainConfig to_config(const Flags& f) {
              InvalidArgument,
              "--ra-num-ops and --ra-magnitude set RandAugment; add --auto-augment ra");
   c.image_size = f.i64("image-size", 0);
+  if (f.has("train-crop-size")) {
+    const int64_t crop = f.i64("train-crop-size", 0);
+    KILN_CHECK(!f.has("image-size") || crop == c.image_size, InvalidArgument, "--train-crop-size ",
+               crop, " and --image-size ", c.image_size,
+               " name the same thing (the model's input size); give one of them");
+    c.image_size = crop;
+  }
+  c.val_crop_size = f.i64("val-crop-size", 0);
   c.val_resize_size = f.i64("val-resize-size", 0);
   c.num_classes = f.i64("num-classes", 0);
   c.max_steps_per_epoch = f.i64("max-steps", 0);
@@ -455,6 +471,8 @@ bool eval_uses(const std::string& name) {
                                               "keep-last",
                                               "random-erase",
                                               "auto-augment",
+                                              "train-crop-size",
+                                              "val-crop-size",
                                               "ra-magnitude",
                                               "ra-num-ops",
                                               "mixup-alpha",

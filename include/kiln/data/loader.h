@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "kiln/core/rng.h"
+#include "kiln/core/switches.h"
 #include "kiln/data/dataset.h"
 #include "kiln/data/image_codec.h"
 #include "kiln/data/input_batch.h"
@@ -75,6 +76,10 @@ struct LoaderOptions {
   // loader, instead of copying the batch out (KILN_LOADER_SWAP).
   bool swap_u8 = true;
 };
+
+// The host decode's and the uint8 hand-over's switches (the resample's order and arithmetic,
+// the JPEG window's margin, rows a call and progressive stop, KILN_LOADER_SWAP) set on `o`.
+void apply_loader_switches(LoaderOptions& o, const Switches& s);
 
 // The machine's cores (std::thread::hardware_concurrency, at least 1): --workers' default.
 int default_loader_workers();

@@ -86,6 +86,9 @@ struct TrainConfig {
   // Image folders' evaluation: the shorter side resized to this before the centre crop (0 = 8/7
   // of the input size, 256 for 224, as torchvision's reference).
   int64_t val_resize_size = 0;
+  // The evaluation's centre crop (0: the training crop). kiln compiles one input size for both,
+  // so another value is refused.
+  int64_t val_crop_size = 0;
   // Epoch checkpoints epoch-N.safetensors kept beside last and best (0 = none).
   int64_t keep_last = 0;
   // fusion, tf32, profile and every other switch (switches.def): the process's KILN_*
