@@ -9,23 +9,13 @@
 
 #include "backend/cuda/augment_stage.h"
 #include "backend/cuda/cuda_kernel.h"
+#include "backend/cuda/device_util.cuh"
 #include "kiln/data/auto_augment.h"
 
 namespace kiln::cuda {
 namespace {
 
 constexpr int kAugmentThreads = 512;  // one block per sample
-
-template <typename T>
-__device__ inline T store_as(float v);
-template <>
-__device__ inline float store_as<float>(float v) {
-  return v;
-}
-template <>
-__device__ inline __half store_as<__half>(float v) {
-  return __float2half_rn(v);
-}
 
 // clamp(0, 255).to(uint8): truncation toward zero.
 __device__ inline uint8_t to_u8(float v) {
@@ -256,7 +246,7 @@ __global__ void __launch_bounds__(kAugmentThreads)
   const AugmentDesc d = descs[k];
   T* o = out + k * per;
   if (d.zero) {
-    for (int64_t i = threadIdx.x; i < per; i += blockDim.x) o[i] = store_as<T>(0.0f);
+    for (int64_t i = threadIdx.x; i < per; i += blockDim.x) o[i] = from_f<T>(0.0f);
     return;
   }
   for (int32_t r = 0; r < d.ops; ++r) {
@@ -275,8 +265,8 @@ __global__ void __launch_bounds__(kAugmentThreads)
 #pragma unroll
     for (int c = 0; c < C; ++c) {
       const float v = static_cast<float>(cur[int64_t{i} * C + c]);
-      o[int64_t{i} * C + c] = store_as<T>(
-          erase ? d.erase_value : __fadd_rn(__fmul_rn(v, norm.scale[c]), norm.shift[c]));
+      o[int64_t{i} * C + c] =
+          from_f<T>(erase ? d.erase_value : __fadd_rn(__fmul_rn(v, norm.scale[c]), norm.shift[c]));
     }
   }
 }
