@@ -34,12 +34,16 @@ class Compiler {
     p_.model = plan.model;
     p_.num_classes = plan.num_classes;
     p_.feature_dtype = o.amp ? o.amp_dtype : DType::F32;
+    // An evaluation variant runs beside its training engine, whose program holds the
+    // communication; its own evaluation sums are reduced by the trainer as any evaluation's.
+    KILN_CHECK(!o.eval_only || o.world == 1, InvalidArgument,
+               "an evaluation-only program is compiled for one process (world 1), got ", o.world);
   }
 
   Program run() {
     make_params();
     make_scalars_and_inputs();
-    build_train();
+    if (!p_.options.eval_only) build_train();
     build_eval(p_.eval, /*ema=*/false);
     if (p_.options.ema) build_eval(p_.eval_ema, /*ema=*/true);
     build_init();
@@ -120,7 +124,9 @@ class Compiler {
     if (p_.options.mix) io.mix = scalar("mix", 8, DType::F32);
     const Shape& in = plan_.input;
     const int64_t n = p_.options.batch;
-    for (size_t s = 0; s < 2; ++s) {
+    // Evaluation stages into slot A only (Engine::eval_batch).
+    const size_t slots = p_.options.eval_only ? 1 : 2;
+    for (size_t s = 0; s < slots; ++s) {
       const Region r = s == 0 ? Region::input_a : Region::input_b;
       const std::string tag = s == 0 ? "a" : "b";
       io.staged_images[s] = c_.tensor("staged_images_" + tag, r, Shape{n, in[0], in[1], in[2]},
@@ -291,6 +297,12 @@ class Compiler {
     ph.nodes.push_back(make_node(OpKind::fill, {}, {p_.io.overflow}, {}, "overflow flag"));
     ph.nodes.push_back(make_node(OpKind::fill, {}, {p_.io.good_steps}, {}, "good steps"));
     ph.nodes.push_back(make_node(OpKind::fill, {}, {p_.io.optimizer_steps}, {}, "optimizer steps"));
+    // An evaluation variant's weight regions are its training engine's (Engine::eval_variant),
+    // which keeps the compute copies and the EMA: writing them here would restart that EMA.
+    if (o.eval_only) {
+      p_.init.push_back(std::move(ph));
+      return;
+    }
     const Range all{0, p_.param_elems};
     if (o.amp && !decay_range_.empty()) {
       ph.nodes.push_back(compute_copy(Region::params_f32, Region::params_f16, "compute weights"));
