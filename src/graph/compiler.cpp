@@ -34,10 +34,6 @@ class Compiler {
     p_.model = plan.model;
     p_.num_classes = plan.num_classes;
     p_.feature_dtype = o.amp ? o.amp_dtype : DType::F32;
-    // An evaluation variant runs beside its training engine, whose program holds the
-    // communication; its own evaluation sums are reduced by the trainer as any evaluation's.
-    KILN_CHECK(!o.eval_only || o.world == 1, InvalidArgument,
-               "an evaluation-only program is compiled for one process (world 1), got ", o.world);
   }
 
   Program run() {
@@ -332,7 +328,10 @@ class Compiler {
 
 Program lower_program(const ArchPlan& plan, const CompileOptions& options) {
   Program p = Compiler(plan, options).run();
-  add_data_parallel(p);  // nothing when options.world == 1
+  // Nothing when options.world == 1. An evaluation-only program keeps its training engine's
+  // world (the same plan, so the same weight layout) but has no step to communicate in: its
+  // evaluation sums are reduced by the trainer as any evaluation's.
+  if (!options.eval_only) add_data_parallel(p);
   return p;
 }
 

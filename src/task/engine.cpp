@@ -121,9 +121,10 @@ constexpr Region kSharedRegions[] = {Region::params_f32, Region::params_f16,
 }  // namespace
 
 EngineOptions Engine::variant_options() const {
+  // Everything else as the owner's, world and SyncBN included: they steer the fusion passes,
+  // and a fused layer declares its parameters in another order than the unfused ones.
   EngineOptions o = options_;
   o.compile.eval_only = true;
-  o.compile.world = 1;  // evaluation runs per rank; the trainer reduces its sums
   return o;
 }
 
@@ -137,8 +138,15 @@ std::string Engine::eval_variant_mismatch(const BluePrint& blueprint) const {
     return "it has " + std::to_string(blueprint.num_classes) + " classes" + there + " and " +
            std::to_string(blueprint_.num_classes) + at;
   EngineOptions o = variant_options();
-  const Program v =
-      program_for(plan_for(blueprint, backend_->caps(), o), o.compile, blueprint.name);
+  Program v;
+  try {
+    v = program_for(plan_for(blueprint, backend_->caps(), o), o.compile, blueprint.name);
+  } catch (const Error& e) {  // e.g. an adaptive pool that cannot reach its size from there
+    return std::string("it cannot be planned") + there + ": " + e.what();
+  }
+  const std::string depends =
+      " (its parameters depend on the input size, as an fc layer after a flatten does; globally "
+      "pooled models such as the ResNets do not)";
   if (v.params.size() != own.params.size())
     return "it has " + std::to_string(v.params.size()) + " parameters" + there + " and " +
            std::to_string(own.params.size()) + at;
@@ -146,7 +154,7 @@ std::string Engine::eval_variant_mismatch(const BluePrint& blueprint) const {
     const ParamDesc &a = own.params[i], &b = v.params[i];
     if (a.name != b.name || !(a.shape == b.shape) || a.slot != b.slot)
       return "its parameter '" + a.name + "' is " + shape_str(a.shape) + at + " but '" + b.name +
-             "' is " + shape_str(b.shape) + there;
+             "' is " + shape_str(b.shape) + there + depends;
   }
   if (v.buffers.size() != own.buffers.size() || v.buffer_elems != own.buffer_elems)
     return "its BatchNorm buffers differ" + there;
@@ -170,10 +178,7 @@ std::unique_ptr<Engine> Engine::eval_variant(const BluePrint& blueprint) {
   const std::string mismatch = eval_variant_mismatch(blueprint);
   KILN_CHECK(mismatch.empty(), Model, "model '", blueprint_.name, "' cannot evaluate at ",
              size_str(blueprint), " with the weights it has at ", size_str(blueprint_), ": ",
-             mismatch,
-             " (its parameters depend on the input size, as an fc layer after a flatten does; "
-             "globally pooled models such as resnet18 do not); evaluate at ",
-             size_str(blueprint_));
+             mismatch, "; evaluate at ", size_str(blueprint_));
   auto v = std::make_unique<Engine>(blueprint, variant_options());
   KILN_CHECK(std::string(v->backend_->name()) == backend_->name(), Internal, "eval_variant: a ",
              v->backend_->name(), " backend for a ", backend_->name(), " engine");

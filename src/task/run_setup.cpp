@@ -398,10 +398,8 @@ RunSetup setup_run(const TrainConfig& c, bool training) {
     const std::string mismatch = r.engine->eval_variant_mismatch(eval_bp);
     KILN_CHECK(mismatch.empty(), InvalidArgument, "--val-crop-size ", val_size, ": model '",
                c.model, "' trains at ", size, "x", size, " and cannot evaluate at ", val_size, "x",
-               val_size, " with those weights: ", mismatch,
-               " (its parameters depend on the input size, as an fc layer after a flatten "
-               "does); leave --val-crop-size out (or give ",
-               size, ") or use a globally pooled model (resnet18_small, resnet50, vgg16_bn)");
+               val_size, " with those weights: ", mismatch, "; leave --val-crop-size out (or give ",
+               size, "), or use a globally pooled model (resnet18_small, resnet50)");
   }
   r.engine->compile(c.seed);
   if (training && val_size != size) {
