@@ -6,6 +6,7 @@
 // The CUDA counterpart is gpu/gpu_eval_variant_test.cpp.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -13,6 +14,7 @@
 
 #include "kiln/core/error.h"
 #include "kiln/task/trainer.h"
+#include "support/cli_run.h"
 #include "support/eval_variant_check.h"
 
 namespace kiln {
@@ -39,8 +41,7 @@ TEST(EvalVariant, HoldsNoTrainingStateAndSharesTheWeights) {
   EXPECT_TRUE(vp.train.empty());
   EXPECT_FALSE(vp.eval.empty());
   EXPECT_FALSE(vp.eval_ema.empty());
-  const Region training[] = {Region::grads_f32, Region::moment1, Region::bn_saved,
-                             Region::input_b};
+  const Region training[] = {Region::grads_f32, Region::moment1, Region::bn_saved, Region::input_b};
   for (Region r : training) {
     SCOPED_TRACE(region_name(r));
     EXPECT_GT(op.memory.region_bytes[static_cast<size_t>(r)], 0);
@@ -192,6 +193,52 @@ TEST(EvalVariant, FolderRunTrainsAtOneCropAndEvaluatesAtAnother) {
   e.ema = false;
   e.val_crop_size = 16;
   EXPECT_NE(evaluate(e).final_loss, s.final_loss);
+}
+
+// `kiln memory --eval-only` prints the variant's plan: weights and forward activations, none of
+// the training step's regions (which the plain plan of the same model has).
+TEST(EvalVariant, KilnMemoryEvalOnly) {
+  const auto full = test::run_kiln("memory resnet18_small --batch 8 --device cpu --image-size 40");
+  const auto eval =
+      test::run_kiln("memory resnet18_small --batch 8 --device cpu --image-size 40 --eval-only");
+  ASSERT_EQ(full.code, 0) << full.out;
+  ASSERT_EQ(eval.code, 0) << eval.out;
+  for (const char* region : {"grads_f32", "moment1", "bn_saved", "input_b"}) {
+    EXPECT_NE(full.out.find(region), std::string::npos) << region;
+    EXPECT_EQ(eval.out.find(region), std::string::npos) << region << " in\n" << eval.out;
+  }
+  EXPECT_NE(eval.out.find("params_f32"), std::string::npos) << eval.out;
+}
+
+// kiln eval takes --val-crop-size (it compiles at that size) and prints what evaluate() gives.
+TEST(EvalVariant, KilnEvalCompilesAtTheValCrop) {
+  const std::string data = fresh_dir("cli_data");
+  test::write_jpeg_folder(data);
+  const std::string out = fresh_dir("cli_run");
+  const std::string common = " --model resnet18_small --data folder --data-dir " + data +
+                             " --batch-size 4 --workers 1 --progress none --device cpu";
+  const auto trained = test::run_kiln("train" + common + " --image-size 16 --epochs 1 --output " +
+                                      out + " --val-crop-size 20 --val-resize-size 24");
+  ASSERT_EQ(trained.code, 0) << trained.out;
+  const auto eval = test::run_kiln("eval" + common + " --weights " + out +
+                                   "/last.safetensors --val-crop-size 20 --val-resize-size 24");
+  ASSERT_EQ(eval.code, 0) << eval.out;
+  TrainConfig c;
+  c.model = "resnet18_small";
+  c.data = "folder";
+  c.data_dir = data;
+  c.batch_size = 4;
+  c.workers = 1;
+  c.device = "cpu";
+  c.progress = "none";
+  c.val_crop_size = 20;
+  c.val_resize_size = 24;
+  c.init_from = out + "/last.safetensors";
+  const TrainSummary s = evaluate(c);
+  char line[128];
+  std::snprintf(line, sizeof line, "test top-1 %.2f%%, top-5 %.2f%%, loss %.4f", s.final_top1,
+                s.final_top5, s.final_loss);
+  EXPECT_NE(eval.out.find(line), std::string::npos) << line << " not in\n" << eval.out;
 }
 
 }  // namespace

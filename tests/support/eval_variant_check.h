@@ -46,8 +46,7 @@ inline void copy_weight_regions(Engine& from, Engine& to) {
   }
   for (const BufferDesc& b : to.program().buffers) {
     to.write_param(b.name, from.read_param(b.name));
-    to.write_param(b.name, from.read_param(b.name, Region::ema_bn_running),
-                   Region::ema_bn_running);
+    to.write_param(b.name, from.read_param(b.name, Region::ema_bn_running), Region::ema_bn_running);
   }
 }
 
@@ -81,8 +80,8 @@ inline void check_variant_equals_fresh_engine(const std::string& device, bool am
       for (int64_t valid : {4, 3}) {
         SCOPED_TRACE("round " + std::to_string(round) + (ema ? " EMA" : " live") + ", " +
                      std::to_string(valid) + " valid");
-        const StepStats v = variant->eval_batch(probe.images.data(), probe.labels.data(), valid,
-                                                ema != 0);
+        const StepStats v =
+            variant->eval_batch(probe.images.data(), probe.labels.data(), valid, ema != 0);
         const StepStats f =
             fresh.eval_batch(probe.images.data(), probe.labels.data(), valid, ema != 0);
         ASSERT_TRUE(std::isfinite(v.loss));
