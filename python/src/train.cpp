@@ -36,6 +36,8 @@ nb::dict summary_dict(const TrainSummary& s, const TrainConfig& c) {
   d["input_wait_fraction"] = s.input_wait_fraction;
   d["eval_images_per_second"] = s.eval_images_per_second;
   d["skipped_images"] = s.skipped_images;
+  d["train_crop_size"] = s.train_crop_size;
+  d["eval_crop_size"] = s.eval_crop_size;
   d["metrics_csv"] = s.metrics_csv;
   d["metrics_jsonl"] = s.metrics_jsonl;
   d["checkpoint"] = s.checkpoint;

@@ -39,7 +39,7 @@ class Compiler {
   Program run() {
     make_params();
     make_scalars_and_inputs();
-    build_train();
+    if (!p_.options.eval_only) build_train();
     build_eval(p_.eval, /*ema=*/false);
     if (p_.options.ema) build_eval(p_.eval_ema, /*ema=*/true);
     build_init();
@@ -120,7 +120,9 @@ class Compiler {
     if (p_.options.mix) io.mix = scalar("mix", 8, DType::F32);
     const Shape& in = plan_.input;
     const int64_t n = p_.options.batch;
-    for (size_t s = 0; s < 2; ++s) {
+    // Evaluation stages into slot A only (Engine::eval_batch).
+    const size_t slots = p_.options.eval_only ? 1 : 2;
+    for (size_t s = 0; s < slots; ++s) {
       const Region r = s == 0 ? Region::input_a : Region::input_b;
       const std::string tag = s == 0 ? "a" : "b";
       io.staged_images[s] = c_.tensor("staged_images_" + tag, r, Shape{n, in[0], in[1], in[2]},
@@ -291,6 +293,12 @@ class Compiler {
     ph.nodes.push_back(make_node(OpKind::fill, {}, {p_.io.overflow}, {}, "overflow flag"));
     ph.nodes.push_back(make_node(OpKind::fill, {}, {p_.io.good_steps}, {}, "good steps"));
     ph.nodes.push_back(make_node(OpKind::fill, {}, {p_.io.optimizer_steps}, {}, "optimizer steps"));
+    // An evaluation variant's weight regions are its training engine's (Engine::eval_variant),
+    // which keeps the compute copies and the EMA: writing them here would restart that EMA.
+    if (o.eval_only) {
+      p_.init.push_back(std::move(ph));
+      return;
+    }
     const Range all{0, p_.param_elems};
     if (o.amp && !decay_range_.empty()) {
       ph.nodes.push_back(compute_copy(Region::params_f32, Region::params_f16, "compute weights"));
@@ -320,7 +328,10 @@ class Compiler {
 
 Program lower_program(const ArchPlan& plan, const CompileOptions& options) {
   Program p = Compiler(plan, options).run();
-  add_data_parallel(p);  // nothing when options.world == 1
+  // Nothing when options.world == 1. An evaluation-only program keeps its training engine's
+  // world (the same plan, so the same weight layout) but has no step to communicate in: its
+  // evaluation sums are reduced by the trainer as any evaluation's.
+  if (!options.eval_only) add_data_parallel(p);
   return p;
 }
 

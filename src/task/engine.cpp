@@ -101,6 +101,101 @@ void Engine::compile(uint64_t seed) {
   init_weights(*this, seed);
 }
 
+namespace {
+
+std::string size_str(const BluePrint& b) {
+  return std::to_string(b.input.height) + "x" + std::to_string(b.input.width);
+}
+
+std::string shape_str(const Shape& s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.dims.size(); ++i) out += (i ? ", " : "") + std::to_string(s.dims[i]);
+  return out + "]";
+}
+
+// The regions an evaluation variant takes from its training engine.
+constexpr Region kSharedRegions[] = {Region::params_f32, Region::params_f16,
+                                     Region::ema_f32,    Region::ema_f16,
+                                     Region::bn_running, Region::ema_bn_running};
+
+}  // namespace
+
+EngineOptions Engine::variant_options() const {
+  // Everything else as the owner's, world and SyncBN included: they steer the fusion passes,
+  // and a fused layer declares its parameters in another order than the unfused ones.
+  EngineOptions o = options_;
+  o.compile.eval_only = true;
+  return o;
+}
+
+std::string Engine::eval_variant_mismatch(const BluePrint& blueprint) const {
+  const Program& own = program();
+  const std::string at = " at " + size_str(blueprint_), there = " at " + size_str(blueprint);
+  if (blueprint.input.channels != blueprint_.input.channels)
+    return "it takes " + std::to_string(blueprint.input.channels) + " channels" + there + " and " +
+           std::to_string(blueprint_.input.channels) + at;
+  if (blueprint.num_classes != blueprint_.num_classes)
+    return "it has " + std::to_string(blueprint.num_classes) + " classes" + there + " and " +
+           std::to_string(blueprint_.num_classes) + at;
+  EngineOptions o = variant_options();
+  Program v;
+  try {
+    v = program_for(plan_for(blueprint, backend_->caps(), o), o.compile, blueprint.name);
+  } catch (const Error& e) {  // e.g. an adaptive pool that cannot reach its size from there
+    return std::string("it cannot be planned") + there + ": " + e.what();
+  }
+  const std::string depends =
+      " (its parameters depend on the input size, as an fc layer after a flatten does; globally "
+      "pooled models such as the ResNets do not)";
+  if (v.params.size() != own.params.size())
+    return "it has " + std::to_string(v.params.size()) + " parameters" + there + " and " +
+           std::to_string(own.params.size()) + at;
+  for (size_t i = 0; i < v.params.size(); ++i) {
+    const ParamDesc &a = own.params[i], &b = v.params[i];
+    if (a.name != b.name || !(a.shape == b.shape) || a.slot != b.slot)
+      return "its parameter '" + a.name + "' is " + shape_str(a.shape) + at + " but '" + b.name +
+             "' is " + shape_str(b.shape) + there + depends;
+  }
+  if (v.buffers.size() != own.buffers.size() || v.buffer_elems != own.buffer_elems)
+    return "its BatchNorm buffers differ" + there;
+  for (size_t i = 0; i < v.buffers.size(); ++i) {
+    const BufferDesc &a = own.buffers[i], &b = v.buffers[i];
+    if (a.name != b.name || own.tensor(a.tensor).offset != v.tensor(b.tensor).offset)
+      return "its buffer '" + a.name + "' lies elsewhere" + there;
+  }
+  for (Region r : kSharedRegions) {
+    const auto i = static_cast<size_t>(r);
+    if (v.memory.region_bytes[i] > own.memory.region_bytes[i])
+      return std::string("its region ") + region_name(r) + " is larger" + there;
+  }
+  return "";
+}
+
+std::unique_ptr<Engine> Engine::eval_variant(const BluePrint& blueprint) {
+  require(Lifecycle::COMPILED, "eval_variant()");
+  KILN_CHECK(owner_ == nullptr, InvalidArgument, "eval_variant: this engine of '", blueprint_.name,
+             "' is itself an evaluation variant; make the variant from its training engine");
+  const std::string mismatch = eval_variant_mismatch(blueprint);
+  KILN_CHECK(mismatch.empty(), Model, "model '", blueprint_.name, "' cannot evaluate at ",
+             size_str(blueprint), " with the weights it has at ", size_str(blueprint_), ": ",
+             mismatch, "; evaluate at ", size_str(blueprint_));
+  auto v = std::make_unique<Engine>(blueprint, variant_options());
+  KILN_CHECK(std::string(v->backend_->name()) == backend_->name(), Internal, "eval_variant: a ",
+             v->backend_->name(), " backend for a ", backend_->name(), " engine");
+  v->lock_memory();
+  for (Region r : kSharedRegions) {
+    const auto i = static_cast<size_t>(r);
+    if (v->program_->memory.region_bytes[i] == 0) continue;
+    v->backend_->share_region(r, backend_->region_memory(r), program_->memory.region_bytes[i]);
+  }
+  v->backend_->prepare(*v->program_);
+  v->state_ = Lifecycle::COMPILED;
+  v->owner_ = this;
+  v->backend_->run(Schedule::init, 0);  // its own scalars only (CompileOptions::eval_only)
+  v->backend_->synchronize();
+  return v;
+}
+
 void Engine::stage(int slot, const InputView& in) {
   const int set =
       (in.f32 != nullptr) + (in.u8 != nullptr) + (in.encoded != nullptr) + (in.device != nullptr);
@@ -137,6 +232,8 @@ void Engine::stage(int slot, const InputView& in) {
 
 void Engine::enqueue_step(const InputView* input, float lr) {
   const Program& p = *program_;
+  KILN_CHECK(!p.options.eval_only, State, "engine of '", blueprint_.name,
+             "' was compiled for evaluation only (an evaluation variant); train its owner");
   if (input) {
     stage(slot_, *input);
     staged_[slot_] = true;
@@ -156,6 +253,8 @@ void Engine::enqueue_step(const InputView* input, float lr) {
 
 void Engine::set_mix(const MixDraw& draw) {
   require(Lifecycle::COMPILED, "set_mix()");
+  KILN_CHECK(!program_->options.eval_only, State,
+             "set_mix: an evaluation-only engine trains nothing; set the mix on its owner");
   KILN_CHECK(program_->io.mix != kNoTensor || draw.kind == MixKind::none, InvalidArgument,
              "set_mix: the step was compiled without mixup / cutmix (CompileOptions::mix)");
   const DTensor& in = program_->tensor(program_->io.staged_images[0]);
@@ -314,7 +413,9 @@ StepStats Engine::eval_batch(const InputView& input, int64_t valid, bool ema) {
       in.u8 = pad_u8_.data();
     }
   }
-  // Evaluation always reads slot A; a training step staged there has already run.
+  // Evaluation always reads slot A; a training step staged there has already run. A variant
+  // reads its owner's weights: the owner's queued steps (their updates, the EMA) finish first.
+  if (owner_) owner_->backend_->synchronize();
   backend_->synchronize();
   stage(0, in);
   staged_[0] = false;  // slot A now holds an evaluation batch
@@ -353,6 +454,8 @@ std::vector<float> Engine::read_param(const std::string& name, Region region) {
 
 void Engine::write_param(const std::string& name, const std::vector<float>& values, Region region) {
   require(Lifecycle::COMPILED, "write_param()");
+  KILN_CHECK(owner_ == nullptr, State, "write_param('", name,
+             "'): an evaluation variant shares its training engine's weights; write them there");
   const Program& p = *program_;
   if (const ParamDesc* d = p.find_param(name)) {
     const TensorId id = d->tensor[static_cast<size_t>(region)];

@@ -268,13 +268,21 @@ RunSetup setup_run(const TrainConfig& c, bool training) {
   RunSetup r;
   ZooOptions zo;
   zo.num_classes = static_cast<int>(c.num_classes);
-  zo.image_size = static_cast<int>(c.image_size);
+  // kiln eval compiles at the evaluation's crop; kiln train at the training crop, with an
+  // evaluation variant at the evaluation's crop when the two differ (Engine::eval_variant).
+  zo.image_size =
+      static_cast<int>(!training && c.val_crop_size > 0 ? c.val_crop_size : c.image_size);
   const BluePrint probe = make_model(c.model, zo);
+  const int64_t size = probe.input.height;
+  const int64_t val_size = c.val_crop_size > 0 ? c.val_crop_size : size;
   if (training) {
     r.train_set = open_dataset(dataset_spec(c, true, probe.input.height, probe.input.width,
                                             probe.input.channels, probe.num_classes));
   }
-  r.test_set = open_dataset(dataset_spec(c, false, probe.input.height, probe.input.width,
+  // Generated test images are made at the evaluation's size (other data is read, or resized
+  // and cropped to it by the pipeline).
+  r.test_set = open_dataset(dataset_spec(c, false, c.data == "synthetic" ? val_size : size,
+                                         c.data == "synthetic" ? val_size : size,
                                          probe.input.channels, probe.num_classes));
   const Dataset& ref = training ? *r.train_set : *r.test_set;  // decides the classes and the shape
   if (training) check_same_classes(*r.train_set, *r.test_set);
@@ -293,13 +301,10 @@ RunSetup setup_run(const TrainConfig& c, bool training) {
              "' takes ", probe.input.channels,
              "-channel images but an image folder gives 3-channel (RGB) ones; use a model "
              "built for RGB input, e.g. --model resnet18_small or vgg11_bn_small for small images");
-  const int64_t size = probe.input.height;
-  // torchvision's reference can evaluate at another size than it trains at; kiln's evaluation
-  // runs the program compiled for the training input.
-  KILN_CHECK(c.val_crop_size == 0 || c.val_crop_size == size, InvalidArgument, "--val-crop-size ",
-             c.val_crop_size, " differs from the training crop ", size,
-             ": kiln compiles one input size for training and evaluation; give --val-crop-size ",
-             size, " (or leave it out) and set the evaluation's resize with --val-resize-size");
+  // IDX and CIFAR images are evaluated as they are: no crop to take.
+  KILN_CHECK(val_size == size || c.data == "folder" || c.data == "synthetic", InvalidArgument,
+             "--val-crop-size ", c.val_crop_size, " has no effect on ", c.data,
+             " data, whose images are not resized or cropped; drop --val-crop-size");
   LoaderOptions lo;
   lo.batch_size = dist::split_batch(c.batch_size);  // this rank's share of the global batch
   lo.workers = c.workers;
@@ -308,7 +313,7 @@ RunSetup setup_run(const TrainConfig& c, bool training) {
   lo.world = dist::world();
   apply_loader_switches(lo, c.switches);
   const Pipeline train_p = input_pipeline(c, true, size, probe.input.channels);
-  const Pipeline test_p = input_pipeline(c, false, size, probe.input.channels);
+  const Pipeline test_p = input_pipeline(c, false, val_size, probe.input.channels);
   LoaderOptions eo = lo;
   eo.shuffle = false;
   eo.drop_last = false;
@@ -328,9 +333,11 @@ RunSetup setup_run(const TrainConfig& c, bool training) {
   make_loaders(host_form(train_p), host_form(test_p));
   const auto test_hwc = r.test_loader->sample_hwc();
   r.hwc = training ? r.train_loader->sample_hwc() : test_hwc;
-  // Every batch buffer is sized for the training shape: a test split of another shape would
-  // be written past its end (each Loader takes its shape from its own sample 0).
-  KILN_CHECK(test_hwc == r.hwc, Data, "the test split (", r.test_set->describe(), ") has ",
+  // Every batch buffer is sized for the shape its program was compiled for: a test split of
+  // another shape would be written past its end (each Loader takes its shape from its sample 0).
+  const std::array<int64_t, 3> want_test{val_size == size ? r.hwc[0] : val_size,
+                                         val_size == size ? r.hwc[1] : val_size, r.hwc[2]};
+  KILN_CHECK(test_hwc == want_test, Data, "the test split (", r.test_set->describe(), ") has ",
              hwc_str(test_hwc), " samples but the training split (", ref.describe(), ") has ",
              hwc_str(r.hwc), "; both splits must have images of one shape, check the test files");
   // IDX and CIFAR images are used at their own size (no resize in the pipeline).
@@ -382,7 +389,29 @@ RunSetup setup_run(const TrainConfig& c, bool training) {
   if (dist::is_root())
     std::printf("%s\n", input_line(training ? train_out : test_out, c, c.workers).c_str());
   r.engine->lock_memory();
+  BluePrint eval_bp;
+  if (training && val_size != size) {
+    ZooOptions vo = zo;
+    vo.image_size = static_cast<int>(val_size);
+    eval_bp = make_model(c.model, vo);
+    // Refused before the (possibly long) compile, naming the flags.
+    const std::string mismatch = r.engine->eval_variant_mismatch(eval_bp);
+    KILN_CHECK(mismatch.empty(), InvalidArgument, "--val-crop-size ", val_size, ": model '",
+               c.model, "' trains at ", size, "x", size, " and cannot evaluate at ", val_size, "x",
+               val_size, " with those weights: ", mismatch, "; leave --val-crop-size out (or give ",
+               size, "), or use a globally pooled model (resnet18_small, resnet50)");
+  }
   r.engine->compile(c.seed);
+  if (training && val_size != size) {
+    r.eval_engine = r.engine->eval_variant(eval_bp);
+    if (dist::is_root()) {
+      std::printf(
+          "evaluation at %lldx%lld (training at %lldx%lld): an evaluation-only program "
+          "sharing the training weights\n",
+          static_cast<long long>(val_size), static_cast<long long>(val_size),
+          static_cast<long long>(size), static_cast<long long>(size));
+    }
+  }
   log_info("model ", c.model, " on ", r.engine->backend().caps().device, ": ",
            training ? r.train_set->size() : 0, " training and ", r.test_set->size(),
            " test samples, batch ", c.batch_size);

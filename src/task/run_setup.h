@@ -16,6 +16,9 @@ struct RunSetup {
   std::shared_ptr<Dataset> train_set, test_set;
   std::unique_ptr<Loader> train_loader, test_loader;
   std::unique_ptr<Engine> engine;
+  // The evaluation variant at --val-crop-size when it differs from the training crop (null
+  // otherwise): declared after `engine`, so it goes first, as Engine::eval_variant requires.
+  std::unique_ptr<Engine> eval_engine;
   std::array<int64_t, 3> hwc{};
   InputNormalization train_norm, test_norm;  // the pipelines' Normalize, applied on the device
 };

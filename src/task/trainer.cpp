@@ -155,6 +155,7 @@ TrainSummary evaluate(const TrainConfig& c) {
   InputBuffers test_input(*r.test_loader, dist::split_batch(c.batch_size), r.test_norm);
   const EvalResult e = run_eval(*r.engine, *r.test_loader, c.ema, test_input);
   TrainSummary s;
+  s.eval_crop_size = r.engine->blueprint().input.height;
   s.final_loss = e.loss;
   s.final_top1 = s.best_top1 = e.top1;
   s.final_top5 = e.top5;
@@ -193,6 +194,8 @@ TrainSummary train(const TrainConfig& c) {
     if (early) std::raise(early);
   }
   Engine& engine = *r.engine;
+  // Evaluation at --val-crop-size runs on the variant compiled for it, over the same weights.
+  Engine& eval_engine = r.eval_engine ? *r.eval_engine : engine;
   // Mixup / cutmix draws (one per step, from seed, epoch and step: kiln/data/mixup.h).
   const Shape& staged = engine.program().tensor(engine.program().io.staged_images[0]).shape;
   const int64_t input_h = staged[1], input_w = staged[2];
@@ -205,6 +208,8 @@ TrainSummary train(const TrainConfig& c) {
   state.config = config_json(c);
   if (!c.init_from.empty()) import_weights(engine, c.init_from);
   TrainSummary sum;
+  sum.train_crop_size = engine.blueprint().input.height;
+  sum.eval_crop_size = eval_engine.blueprint().input.height;
   sum.metrics_csv = (fs::path(c.output) / "metrics.csv").string();
   sum.metrics_jsonl = (fs::path(c.output) / "metrics.jsonl").string();
   sum.checkpoint = (fs::path(c.output) / "last.safetensors").string();
@@ -399,7 +404,7 @@ TrainSummary train(const TrainConfig& c) {
     bool new_best = false;
     if ((epoch + 1) % c.eval_every == 0 || last) {
       for (int pass = 0; pass < (c.ema ? 2 : 1); ++pass) {
-        const EvalResult e = run_eval(engine, test_loader, pass == 1, test_input);
+        const EvalResult e = run_eval(eval_engine, test_loader, pass == 1, test_input);
         if (pass == 0) {
           row.push_back({"test_loss", e.loss});
           row.push_back({"test_top1", e.top1});
@@ -498,8 +503,10 @@ TrainSummary train(const TrainConfig& c) {
      << ",\"loader_images_per_second\":" << json_number(sum.loader_images_per_second)
      << ",\"input_wait_fraction\":" << json_number(sum.input_wait_fraction)
      << ",\"eval_images_per_second\":" << json_number(sum.eval_images_per_second)
-     << ",\"skipped_images\":" << sum.skipped_images << ",\"decoded\":{\"hardware\":" << dc.hardware
-     << ",\"gpu_hybrid\":" << dc.gpu_hybrid << ",\"host\":" << dc.host << "}"
+     << ",\"train_crop_size\":" << sum.train_crop_size
+     << ",\"eval_crop_size\":" << sum.eval_crop_size << ",\"skipped_images\":" << sum.skipped_images
+     << ",\"decoded\":{\"hardware\":" << dc.hardware << ",\"gpu_hybrid\":" << dc.gpu_hybrid
+     << ",\"host\":" << dc.host << "}"
      << ",\"checkpoint\":" << json_string(sum.checkpoint) << ",\"config\":" << config_json(c)
      << "}\n";
   if (dist::is_root()) write_text_atomic((fs::path(c.output) / "summary.json").string(), js.str());

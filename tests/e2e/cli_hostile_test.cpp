@@ -292,12 +292,35 @@ const Case kCases[] = {
      2,
      {"--train-crop-size 28 and --image-size 32 name the same thing"},
      ""},
-    {"val_crop_size_other_than_the_training_crop",
+    // IDX images are evaluated as they are: there is no crop for the flag to set.
+    {"val_crop_size_on_idx_data",
      mnist,
      "train" + kTiny + " --data-dir DATA --output OUT --val-crop-size 24",
      2,
-     {"--val-crop-size 24 differs from the training crop 28", "--val-resize-size"},
+     {"--val-crop-size 24 has no effect on mnist data", "drop --val-crop-size"},
      ""},
+    // The CNN flattens into its fc layer: at 32x32 that layer has another width, so the trained
+    // weights cannot evaluate there. Refused before the first step, naming both sizes and fixes.
+    {"val_crop_size_for_a_size_dependent_model",
+     [](const fs::path&) {},
+     "train --model cnn --data synthetic --synthetic-size 16 --batch-size 8 --workers 1 "
+     "--progress none --device cpu --epochs 1 --output OUT --val-crop-size 32",
+     2,
+     {"--val-crop-size 32: model 'cnn' trains at 28x28 and cannot evaluate at 32x32",
+      "'fc.weight' is [10, 3136] at 28x28", "leave --val-crop-size out (or give 28)",
+      "globally pooled model"},
+     ""},
+    // torchvision's FixRes recipe in small: train at 16, evaluate at 20 after a resize to 24.
+    {"val_crop_size_other_than_the_training_crop",
+     [](const fs::path& d) {
+       folder(d, "train", {"a", "b"}), folder(d, "val", {"a", "b"});
+     },
+     "train --model resnet18_small --data folder --data-dir DATA --train-crop-size 16 "
+     "--val-crop-size 20 --val-resize-size 24 --batch-size 2 --workers 1 --progress none "
+     "--device cpu --epochs 1 --output OUT",
+     0,
+     {"evaluation at 20x20 (training at 16x16)", "done: 1 epochs"},
+     kDone},
     {"train_and_val_crop_size_as_torchvision_gives_them",
      [](const fs::path& d) {
        folder(d, "train", {"a", "b"}), folder(d, "val", {"a", "b"});

@@ -26,6 +26,10 @@ std::vector<FlagSpec> common_flags() {
           {"image-size", "input height and width (0 = the form's default)", "0", false},
           {"optimizer", "sgd, adamw or lars", "sgd", false},
           {"ema", "keep an EMA of the weights", "off", true},
+          {"eval-only",
+           "the evaluation variant's program (kiln train --val-crop-size other than the training "
+           "crop): evaluation and weights only; its weight regions are the training program's",
+           "off", true},
           {"tensors", "program: show every tensor's region, offset and shape", "off", true}};
 }
 
@@ -48,6 +52,7 @@ Inspect build(const Flags& f) {
   eo.compile.batch = f.i64("batch", f.i64("batch-size", 256));
   eo.compile.optimizer = f.str("optimizer", "sgd");
   eo.compile.ema = f.on("ema", false);
+  eo.compile.eval_only = f.on("eval-only", false);
   const std::string device = f.str("device", "auto");
   KILN_CHECK(device == "auto" || device == "cpu" || device == "cuda", InvalidArgument,
              "--device must be auto, cpu or cuda, got '", device, "'");

@@ -128,8 +128,9 @@ std::vector<FlagSpec> train_flags() {
        "input (0 = the model's default)",
        "0", false},
       {"val-crop-size",
-       "image folders' evaluation: the centre crop (0 = the training crop; one input size is "
-       "compiled, so it must equal the training crop)",
+       "image folders' evaluation: the centre crop and the evaluation's input (0 = the training "
+       "crop); another size than the training crop evaluates with a program compiled for it "
+       "that shares the training weights (globally pooled models: resnet*, vgg*_bn)",
        "0", false},
       {"val-resize-size",
        "image folders' evaluation: the shorter side resized to this before the centre crop (0 = "
@@ -472,7 +473,6 @@ bool eval_uses(const std::string& name) {
                                               "random-erase",
                                               "auto-augment",
                                               "train-crop-size",
-                                              "val-crop-size",
                                               "ra-magnitude",
                                               "ra-num-ops",
                                               "mixup-alpha",

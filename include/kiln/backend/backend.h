@@ -83,6 +83,14 @@ class Backend {
   // program must outlive the backend. Throws Unsupported for an op it cannot run.
   virtual void prepare(const Program& program) = 0;
 
+  // An evaluation variant (Engine::eval_variant) computes with its training engine's weights in
+  // place. region_memory: where region r lies after prepare() (null when the program has none).
+  // share_region, before prepare(): region r is `memory` (`bytes` long; another backend's region,
+  // of this kind and on this device, which outlives this one) rather than an allocation of this
+  // backend's; prepare() neither allocates nor zeroes it, and nothing here frees it.
+  virtual uint8_t* region_memory(Region r) const = 0;
+  virtual void share_region(Region r, uint8_t* memory, int64_t bytes) = 0;
+
   // Runs a schedule. For train, `slot` (0 = A, 1 = B) picks the staged batch.
   virtual void run(Schedule schedule, int slot = 0) = 0;
 

@@ -133,6 +133,10 @@ struct CompileOptions {
   // samples (see data_parallel.h); 1 = no communication at all.
   int world = 1;
   bool sync_bn = true;  // BatchNorm statistics over the global batch (SyncBN) when world > 1
+  // Evaluation only (Engine::eval_variant: evaluation at another input size): the program has
+  // the eval / eval_ema schedules and its weight regions, and no training step, gradients,
+  // optimizer moments, input slot B or weight initialisation (its init only fills scalars).
+  bool eval_only = false;
 };
 
 struct Program {

@@ -125,6 +125,22 @@ class Engine {
   int64_t steps_done() const { return steps_; }
   void set_steps_done(int64_t steps) { steps_ = steps; }
 
+  // Evaluation at another input size (torchvision's --val-crop-size; SPEC S26): an engine for
+  // `blueprint`, this model built for that size, compiled for evaluation only
+  // (CompileOptions::eval_only: no gradients, optimizer state or backward activations) on a
+  // backend of its own whose weight regions are this engine's - master weights, FP16 compute
+  // copies, BatchNorm running statistics and their EMA copies, shared in place, not copied - so
+  // it evaluates whatever this engine has trained or loaded, with nothing to refresh. This
+  // engine must be compiled and outlive the variant; the variant waits for this engine's queued
+  // work before each batch, and this engine must not run while the variant does.
+  std::unique_ptr<Engine> eval_variant(const BluePrint& blueprint);
+  // Why `blueprint` cannot evaluate with this engine's weights - the first parameter or buffer
+  // whose shape or place differs (an fc layer after a flatten takes an input-size-dependent
+  // width) - or "" when it can. Needs lock_memory(); lowers the variant's program, allocates
+  // nothing: a caller can refuse before compiling.
+  std::string eval_variant_mismatch(const BluePrint& blueprint) const;
+  bool is_eval_variant() const { return owner_ != nullptr; }
+
   // Parameters and buffers by name, in kiln's layout, FP32 (master weights). For a buffer,
   // Region::ema_f32 (or ema_bn_running) is its EMA copy; any other region the live one.
   std::vector<float> read_param(const std::string& name, Region region = Region::params_f32);
@@ -140,6 +156,7 @@ class Engine {
   void stage(int slot, const InputView& input);
   StepStats read_step_stats();
   StatTickets read_stats_later();
+  EngineOptions variant_options() const;
 
   BluePrint blueprint_;
   EngineOptions options_;
@@ -155,6 +172,7 @@ class Engine {
   std::vector<uint8_t> pad_u8_;
   std::vector<int32_t> pad_labels_;
   MixDraw mix_;
+  Engine* owner_ = nullptr;  // an evaluation variant's training engine (its weight regions)
 };
 
 // torchvision's initialisation: conv kaiming-normal (fan_out, ReLU), BatchNorm 1/0, fc as

@@ -116,6 +116,9 @@ struct TrainSummary {
   double eval_images_per_second =
       0;                       // the last evaluation pass's (all ranks' images, its wall time)
   int64_t skipped_images = 0;  // corrupt files replaced (both splits)
+  // The input sizes the run compiled: training's (kiln eval: 0) and evaluation's, which differ
+  // with --val-crop-size (an evaluation variant, Engine::eval_variant).
+  int64_t train_crop_size = 0, eval_crop_size = 0;
   std::string metrics_csv, metrics_jsonl, checkpoint;
   int stop_signal = 0;         // SIGINT, SIGTERM or SIGHUP stopped the run between two steps
   bool stopped_early = false;  // --stop-after-epochs or --stop-after-steps ended it

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <utility>
 #include <vector>
 
 #include "backend/cpu/cpu_kernel.h"
@@ -85,6 +86,14 @@ class CpuBackend final : public Backend {
     for (int r = 0; r < kRegionCount; ++r) {
       const int64_t bytes = program.memory.region_bytes[static_cast<size_t>(r)];
       if (bytes == 0) continue;
+      const auto& [shared, shared_bytes] = shared_[static_cast<size_t>(r)];
+      if (shared) {
+        KILN_CHECK(bytes <= shared_bytes, Internal, "cpu backend: region ",
+                   region_name(static_cast<Region>(r)), " needs ", bytes,
+                   " bytes, the shared one has ", shared_bytes);
+        ctx_.base[static_cast<size_t>(r)] = shared;
+        continue;
+      }
       const size_t size = static_cast<size_t>(align_up(bytes, kAlignment));
       auto* p = static_cast<uint8_t*>(std::aligned_alloc(kAlignment, size));
       KILN_CHECK(p != nullptr, Backend, "cpu backend: cannot allocate ", size, " bytes for region ",
@@ -118,6 +127,14 @@ class CpuBackend final : public Backend {
         for (auto& k : ks) kernel_op_[k.get()] = ops_[i++];
       }
     }
+  }
+
+  uint8_t* region_memory(Region r) const override { return ctx_.base[static_cast<size_t>(r)]; }
+  void share_region(Region r, uint8_t* memory, int64_t bytes) override {
+    KILN_CHECK(ctx_.program == nullptr, State, "cpu backend: share_region() after prepare()");
+    KILN_CHECK(memory != nullptr, InvalidArgument, "cpu backend: share_region(", region_name(r),
+               ") of no memory");
+    shared_[static_cast<size_t>(r)] = {memory, bytes};
   }
 
   void run(Schedule schedule, int slot) override {
@@ -225,6 +242,7 @@ class CpuBackend final : public Backend {
 
   cpu::Context ctx_;
   std::array<std::unique_ptr<uint8_t, AlignedFree>, kRegionCount> regions_;
+  std::array<std::pair<uint8_t*, int64_t>, kRegionCount> shared_{};  // another backend's regions
   std::vector<std::vector<cpu::KernelPtr>> train_, eval_, eval_ema_, init_;
   bool profiling_ = false;
   bool profile_switch_ = false, reported_ = false;

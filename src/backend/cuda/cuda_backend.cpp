@@ -20,6 +20,7 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <utility>
 
 #include "backend/cuda/cuda_kernel.h"
 #include "backend/cuda/graph_capture.h"
@@ -103,6 +104,14 @@ class CudaBackend final : public CudaBackendApi {
     for (int r = 0; r < kRegionCount; ++r) {
       const int64_t bytes = program.memory.region_bytes[static_cast<size_t>(r)];
       if (bytes == 0) continue;
+      const auto& [shared, shared_bytes] = shared_[static_cast<size_t>(r)];
+      if (shared) {  // another engine's weights: neither allocated nor zeroed here
+        KILN_CHECK(bytes <= shared_bytes, Internal, "cuda backend: region ",
+                   region_name(static_cast<Region>(r)), " needs ", bytes,
+                   " bytes, the shared one has ", shared_bytes);
+        ctx_.base[static_cast<size_t>(r)] = shared;
+        continue;
+      }
       const auto size = static_cast<size_t>(align_up(bytes, kAlignment));
       void* p = nullptr;
       CUDA_CHECK(cudaMalloc(&p, size));
@@ -133,6 +142,14 @@ class CudaBackend final : public CudaBackendApi {
       CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     late_.ticket.fill(~uint64_t{0});
     CUDA_CHECK(cudaDeviceSynchronize());
+  }
+
+  uint8_t* region_memory(Region r) const override { return ctx_.base[static_cast<size_t>(r)]; }
+  void share_region(Region r, uint8_t* memory, int64_t bytes) override {
+    KILN_CHECK(ctx_.program == nullptr, State, "cuda backend: share_region() after prepare()");
+    KILN_CHECK(memory != nullptr, InvalidArgument, "cuda backend: share_region(", region_name(r),
+               ") of no memory");
+    shared_[static_cast<size_t>(r)] = {memory, bytes};
   }
 
   void run(Schedule schedule, int slot) override {
@@ -610,9 +627,9 @@ class CudaBackend final : public CudaBackendApi {
     ctx_.streams = {};
     owned_streams_ = 0;
     ctx_.plan_cache.clear();
-    for (auto& b : ctx_.base) {
-      if (b) warn("cudaFree", cudaFree(b));
-      b = nullptr;
+    for (size_t r = 0; r < ctx_.base.size(); ++r) {
+      if (ctx_.base[r] && !shared_[r].first) warn("cudaFree", cudaFree(ctx_.base[r]));
+      ctx_.base[r] = nullptr;
     }
     ctx_.program = nullptr;
   }
@@ -630,6 +647,7 @@ class CudaBackend final : public CudaBackendApi {
   int last_stream_ = 0;
   SmallWrites small_;
   LateReads late_;
+  std::array<std::pair<uint8_t*, int64_t>, kRegionCount> shared_{};  // another backend's regions
 };
 
 // More hardware work queues than CUDA's default 8, set when the library loads, before anything

@@ -39,15 +39,17 @@ bool Context::has_region(Region r) const {
   const CompileOptions& o = p.options;
   switch (r) {
     case Region::params_f32:
-    case Region::grads_f32:
       return true;
     case Region::params_f16:
-    case Region::grads_f16:
       return o.amp;
+    case Region::grads_f32:
+      return !o.eval_only;
+    case Region::grads_f16:
+      return o.amp && !o.eval_only;
     case Region::moment1:
-      return o.optimizer != "sgd" || o.momentum != 0.0f;
+      return !o.eval_only && (o.optimizer != "sgd" || o.momentum != 0.0f);
     case Region::moment2:
-      return o.optimizer == "adamw";
+      return !o.eval_only && o.optimizer == "adamw";
     case Region::ema_f32:
       return o.ema;
     case Region::ema_f16:
