@@ -29,11 +29,12 @@
 #include <unordered_map>
 #include <vector>
 
-#include "gemm_stats.h"
 #include "probe_kernels.h"
+#include "probe_variants.h"
 
 namespace fe = cudnn_frontend;
 using namespace kiln::probe;
+using namespace kiln::sm90;
 
 namespace {
 
