@@ -22,8 +22,8 @@ std::string sm90_conv_refusal(const Sm90ConvQuery& q) {
            std::to_string(g.sw) + ", padding " + std::to_string(g.ph) + "x" + std::to_string(g.pw);
   }
   if (q.x != DType::F16 || q.w != DType::F16 || q.z != DType::F16) {
-    return std::string("takes FP16 features and weights (AMP) only; these are ") +
-           dtype_name(q.x) + " / " + dtype_name(q.w) + " -> " + dtype_name(q.z);
+    return std::string("takes FP16 features and weights (AMP) only; these are ") + dtype_name(q.x) +
+           " / " + dtype_name(q.w) + " -> " + dtype_name(q.z);
   }
   if (g.x.c % 8 != 0 || g.k % 8 != 0) {
     return "needs input and output channels in multiples of 8 (16-byte TMA rows); these are " +

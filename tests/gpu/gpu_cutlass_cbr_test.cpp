@@ -3,8 +3,9 @@
 // BatchNorm and ReLU: tests/gpu/gpu_fused_test.cpp holds that form bit for bit to the unfused
 // chain), on ResNet-50's 1x1 shapes and odd sizes; the statistics against a float64 reference;
 // a bottleneck's conv3 (conv_fwd, then bn_add_relu_fwd) likewise; layers the GEMM cannot take
-// keep their form; and ResNet-50's training steps with the switch on against off. Every case needs a compute capability 9.0 GPU and a kiln built with the
-// CUTLASS kernels, and skips cleanly elsewhere.
+// keep their form; and ResNet-50's training steps with the switch on against off. Every case needs
+// a compute capability 9.0 GPU and a kiln built with the CUTLASS kernels, and skips cleanly
+// elsewhere.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -50,12 +51,12 @@ constexpr bool kCutlassBuilt = true;
 constexpr bool kCutlassBuilt = false;
 #endif
 
-#define KILN_REQUIRE_SM90_CUTLASS()                                                       \
-  do {                                                                                    \
-    KILN_REQUIRE_GPU();                                                                   \
-    if (!kCutlassBuilt)                                                                   \
+#define KILN_REQUIRE_SM90_CUTLASS()                                                         \
+  do {                                                                                      \
+    KILN_REQUIRE_GPU();                                                                     \
+    if (!kCutlassBuilt)                                                                     \
       GTEST_SKIP() << "kiln was built without its CUTLASS kernels (KILN_CUTLASS in CMake)"; \
-    if (!sm90_gpu()) GTEST_SKIP() << "the CUTLASS kernels are sm_90a: not this GPU";      \
+    if (!sm90_gpu()) GTEST_SKIP() << "the CUTLASS kernels are sm_90a: not this GPU";        \
   } while (0)
 
 struct CbrForward {
@@ -91,8 +92,12 @@ CbrForward run_cbr_forward(const CbrCase& t, int pool, const Switches& sw, bool 
   h.write(rm, random_values(static_cast<size_t>(t.k), 6));
   h.write(rv, random_values(static_cast<size_t>(t.k), 7, 0.5f, 1.5f));
   h.run();
-  return {h.read(z),  h.read(y),       h.read(saved),
-          h.read(rm), h.read(rv),      h.read_u8(mask),
+  return {h.read(z),
+          h.read(y),
+          h.read(saved),
+          h.read(rm),
+          h.read(rv),
+          h.read_u8(mask),
           h.backend().compile_report()};
 }
 
@@ -106,8 +111,8 @@ Switches cutlass_switches(bool on, bool deterministic) {
 
 // BatchNorm's batch mean and inverse std of z's channels (z [rows][k] as the GPU stored it, so
 // the reference sums exactly the values the epilogue summed), in float64.
-void expect_saved_near_float64(const std::vector<float>& z, int64_t k, const std::vector<float>& saved,
-                               float eps) {
+void expect_saved_near_float64(const std::vector<float>& z, int64_t k,
+                               const std::vector<float>& saved, float eps) {
   const auto rows = static_cast<int64_t>(z.size()) / k;
   std::vector<double> sum(static_cast<size_t>(k)), sq(static_cast<size_t>(k));
   for (int64_t r = 0; r < rows; ++r) {
@@ -125,8 +130,8 @@ void expect_saved_near_float64(const std::vector<float>& z, int64_t k, const std
     // The mean relative to z's RMS (it may cancel to ~0; its error scales with the terms).
     worst_mean = std::max(worst_mean, std::fabs(saved[static_cast<size_t>(c)] - mean) /
                                           std::sqrt(mean * mean + var + 1e-30));
-    worst_invstd = std::max(
-        worst_invstd, std::fabs(saved[static_cast<size_t>(k + c)] - invstd) / invstd);
+    worst_invstd =
+        std::max(worst_invstd, std::fabs(saved[static_cast<size_t>(k + c)] - invstd) / invstd);
   }
   // FP32 sums (per-thread registers, then across the CTA and the grid) of up to ~1e6 FP16
   // values: relative error well under 1e-4 (stage 1 measured 5e-7).
@@ -242,8 +247,12 @@ CbrForward run_conv_bn_add_relu(const CbrCase& t, const Switches& sw) {
   h.write(rm, random_values(static_cast<size_t>(t.k), 16));
   h.write(rv, random_values(static_cast<size_t>(t.k), 17, 0.5f, 1.5f));
   h.run();
-  return {h.read(z),  h.read(y),       h.read(saved),
-          h.read(rm), h.read(rv),      h.read_u8(mask),
+  return {h.read(z),
+          h.read(y),
+          h.read(saved),
+          h.read(rm),
+          h.read(rv),
+          h.read_u8(mask),
           h.backend().compile_report()};
 }
 
@@ -263,17 +272,16 @@ TEST_P(GpuCutlassConvBnAddRelu, AgreesWithKilnsFormToRounding) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Shapes, GpuCutlassConvBnAddRelu,
-    ::testing::Values(
-        // ResNet-50's bottleneck conv3 layers, then odd sizes.
-        CbrCase{"r50_56x56_c64_k256", 2, 56, 56, 64, 256, 1, 1, 0, false},
-        CbrCase{"r50_28x28_c128_k512", 2, 28, 28, 128, 512, 1, 1, 0, false},
-        CbrCase{"r50_14x14_c256_k1024", 4, 14, 14, 256, 1024, 1, 1, 0, false},
-        CbrCase{"r50_7x7_c512_k2048", 8, 7, 7, 512, 2048, 1, 1, 0, false},
-        CbrCase{"n3_5x7_c8_k16", 3, 5, 7, 8, 16, 1, 1, 0, false},
-        CbrCase{"n2_9x11_c72_k136", 2, 9, 11, 72, 136, 1, 1, 0, false}),
-    [](const auto& info) { return std::string(info.param.name); });
+INSTANTIATE_TEST_SUITE_P(Shapes, GpuCutlassConvBnAddRelu,
+                         ::testing::Values(
+                             // ResNet-50's bottleneck conv3 layers, then odd sizes.
+                             CbrCase{"r50_56x56_c64_k256", 2, 56, 56, 64, 256, 1, 1, 0, false},
+                             CbrCase{"r50_28x28_c128_k512", 2, 28, 28, 128, 512, 1, 1, 0, false},
+                             CbrCase{"r50_14x14_c256_k1024", 4, 14, 14, 256, 1024, 1, 1, 0, false},
+                             CbrCase{"r50_7x7_c512_k2048", 8, 7, 7, 512, 2048, 1, 1, 0, false},
+                             CbrCase{"n3_5x7_c8_k16", 3, 5, 7, 8, 16, 1, 1, 0, false},
+                             CbrCase{"n2_9x11_c72_k136", 2, 9, 11, 72, 136, 1, 1, 0, false}),
+                         [](const auto& info) { return std::string(info.param.name); });
 
 // Layers the GEMM cannot take (a 3x3 kernel, a stride, FP32) keep their form with the switch
 // on, counted as fallbacks, with the switch-off program's bits (deterministic engines, so both
@@ -358,9 +366,10 @@ TEST(GpuCutlassStep, Resnet50StepsAgreeSwitchOffAndOn) {
     if (e > worst) worst = e, worst_name = name;
   }
   EXPECT_GT(nonzero_grads, grads / 2) << "the gradients read back are mostly zero: not the step's";
-  std::printf("  resnet50 AMP, KILN_CUTLASS off / on, 3 steps: %zu tensors (%zu gradients), "
-              "worst %.3g of its scale (%s)\n",
-              results[0].size(), grads, worst, worst_name.c_str());
+  std::printf(
+      "  resnet50 AMP, KILN_CUTLASS off / on, 3 steps: %zu tensors (%zu gradients), "
+      "worst %.3g of its scale (%s)\n",
+      results[0].size(), grads, worst, worst_name.c_str());
 }
 
 }  // namespace
