@@ -29,9 +29,10 @@
 #            checked against cuDNN's fprop + kiln's statistics pass (issue 20; CUTLASS_REPS runs
 #            each, default 20), and the probe's SASS per variant (HGMMA count, registers,
 #            stack, shared memory, local loads and stores)
-#     cutlass-step  build (with the SM90 CUTLASS kernels: KILN_CUTLASS=ON), the GPU tests of the
-#            CUTLASS CBR path (GpuCutlass*; CUTLASS_TESTS=0 skips them), then `kiln bench` of
-#            ResNet-50 (CUTLASS_MODEL) AMP at batch 256 with KILN_CUTLASS=0 and =1 alternating,
+#     cutlass-step  build (with the SM90 CUTLASS kernels: KILN_CUTLASS_KERNELS=ON), the GPU
+#            tests of the CUTLASS CBR path (GpuCutlass*; CUTLASS_TESTS=0 skips them), then
+#            `kiln bench` of ResNet-50 (CUTLASS_MODEL) AMP at batch 256 with KILN_CUTLASS=0 and =1
+#            alternating,
 #            CUTLASS_ROUNDS rounds (default 2), each row's img/s and how many layers took the
 #            CUTLASS GEMM (CBR forwards; convolutions before BN+add+ReLU) (issue 20 stage 2)
 #     kernels  build, then Nsight Compute over two timed AMP steps at batch 256 of each of
@@ -121,7 +122,7 @@ echo "== configure"
 # The probe is configured only where it can build; here its absence is an error.
 [ "$MODE" = cutlass ] && extra+=("-DKILN_CUTLASS_PROBE=ON")
 # The backend's CUTLASS kernels likewise where the GPU tests or the CUTLASS step run.
-case "$MODE" in gpu|all|cutlass-step) extra+=("-DKILN_CUTLASS=ON") ;; esac
+case "$MODE" in gpu|all|cutlass-step) extra+=("-DKILN_CUTLASS_KERNELS=ON") ;; esac
 if ! cmake -S . -B "$BUILD" -G Ninja -DKILN_CUDA=ON -DCMAKE_BUILD_TYPE=Release "${extra[@]}" >"$LOGS/configure.log" 2>&1; then
   tail -30 "$LOGS/configure.log"
   note configure "FAILED ($(since))"

@@ -14,7 +14,7 @@ struct Sm90ConvQuery {
   ConvGeom g;
   DType x = DType::F32, w = DType::F32, z = DType::F32;
   int cc_major = 0, cc_minor = 0;  // the GPU's compute capability
-  bool built = false;              // libkiln holds the CUTLASS kernels (CMake's KILN_CUTLASS)
+  bool built = false;  // libkiln holds the CUTLASS kernels (CMake's KILN_CUTLASS_KERNELS)
 };
 
 // "" when the GEMM can run the convolution, else why not, in words for a log line.

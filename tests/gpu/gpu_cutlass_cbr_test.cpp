@@ -51,12 +51,12 @@ constexpr bool kCutlassBuilt = true;
 constexpr bool kCutlassBuilt = false;
 #endif
 
-#define KILN_REQUIRE_SM90_CUTLASS()                                                         \
-  do {                                                                                      \
-    KILN_REQUIRE_GPU();                                                                     \
-    if (!kCutlassBuilt)                                                                     \
-      GTEST_SKIP() << "kiln was built without its CUTLASS kernels (KILN_CUTLASS in CMake)"; \
-    if (!sm90_gpu()) GTEST_SKIP() << "the CUTLASS kernels are sm_90a: not this GPU";        \
+#define KILN_REQUIRE_SM90_CUTLASS()                                                                \
+  do {                                                                                             \
+    KILN_REQUIRE_GPU();                                                                            \
+    if (!kCutlassBuilt)                                                                            \
+      GTEST_SKIP() << "kiln was built without its CUTLASS kernels (CMake's KILN_CUTLASS_KERNELS)"; \
+    if (!sm90_gpu()) GTEST_SKIP() << "the CUTLASS kernels are sm_90a: not this GPU";               \
   } while (0)
 
 struct CbrForward {
@@ -183,7 +183,7 @@ TEST_P(GpuCutlassCbr, AgreesWithKilnsFormToRounding) {
     SCOPED_TRACE(deterministic ? "deterministic: per-CTA partials" : "FP32 atomics");
     const CbrForward cut = run_cbr_forward(t, pool, cutlass_switches(true, deterministic));
     ASSERT_EQ(cut.report.cbr_cutlass, 1) << "the layer did not take the CUTLASS path (the log "
-                                            "says why); was kiln built with KILN_CUTLASS?";
+                                            "says why); was kiln built with KILN_CUTLASS_KERNELS?";
     EXPECT_EQ(cut.report.cbr_cutlass_fallbacks, 0);
     expect_agrees_to_rounding(cut, kiln, t.k);
     if (deterministic) {
