@@ -29,6 +29,12 @@
 #            checked against cuDNN's fprop + kiln's statistics pass (issue 20; CUTLASS_REPS runs
 #            each, default 20), and the probe's SASS per variant (HGMMA count, registers,
 #            stack, shared memory, local loads and stores)
+#     cutlass-step  build (with the SM90 CUTLASS kernels: KILN_CUTLASS_KERNELS=ON), the GPU
+#            tests of the CUTLASS CBR path (GpuCutlass*; CUTLASS_TESTS=0 skips them), then
+#            `kiln bench` of ResNet-50 (CUTLASS_MODEL) AMP at batch 256 with KILN_CUTLASS=0 and =1
+#            alternating,
+#            CUTLASS_ROUNDS rounds (default 2), each row's img/s and how many layers took the
+#            CUTLASS GEMM (CBR forwards; convolutions before BN+add+ReLU) (issue 20 stage 2)
 #     kernels  build, then Nsight Compute over two timed AMP steps at batch 256 of each of
 #            PROFILE_MODELS (default "resnet50 vgg16_bn") and bench/kernel_breakdown.py's table
 #            of GPU time per step by kernel kind (issue 5's breakdown; no tests run)
@@ -115,6 +121,8 @@ fi
 echo "== configure"
 # The probe is configured only where it can build; here its absence is an error.
 [ "$MODE" = cutlass ] && extra+=("-DKILN_CUTLASS_PROBE=ON")
+# The backend's CUTLASS kernels likewise where the GPU tests or the CUTLASS step run.
+case "$MODE" in gpu|all|cutlass-step) extra+=("-DKILN_CUTLASS_KERNELS=ON") ;; esac
 if ! cmake -S . -B "$BUILD" -G Ninja -DKILN_CUDA=ON -DCMAKE_BUILD_TYPE=Release "${extra[@]}" >"$LOGS/configure.log" 2>&1; then
   tail -30 "$LOGS/configure.log"
   note configure "FAILED ($(since))"
@@ -138,6 +146,7 @@ gpu_tests=(kiln_gpu_tests kiln_sweep_tests kiln_conv_forms)
 [ "$MODE" = forms ] && targets=(kiln_conv_forms)
 [ "$MODE" = python ] && targets=(kiln kiln_cli kiln_python kiln_py_reference)
 [ "$MODE" = cutlass ] && targets=(kiln_cutlass_probe kiln_cutlass_layout_check)
+[ "$MODE" = cutlass-step ] && targets=(kiln kiln_cli kiln_gpu_tests)
 [ "$MODE" = jpeg ] && targets=(kiln kiln_cli "${gpu_tests[@]}" kiln_cupti_trace)
 if ! cmake --build "$BUILD" -j "$JOBS" ${targets[@]:+--target "${targets[@]}"} >"$LOGS/build.log" 2>&1; then
   grep -E 'error|FAILED' "$LOGS/build.log" | head -40
@@ -266,11 +275,11 @@ if [ "$MODE" = cutlass ]; then
   if command -v cuobjdump >/dev/null 2>&1; then
     cuobjdump --dump-sass "$BUILD/kiln_cutlass_probe" >"$LOGS/cutlass-probe.sass" 2>&1
     cuobjdump --dump-resource-usage "$BUILD/kiln_cutlass_probe" >"$LOGS/cutlass-resources.txt" 2>&1
-    # The variants of gemm_stats.h's list, X(tile_m, tile_n, mode, cluster_m, cluster_n), as
+    # The variants of probe_variants.h's list, X(tile_m, tile_n, mode, cluster_m, cluster_n), as
     # CMake names their units (older units may linger in the build folder).
     for v in $(sed -n 's/^ *X(\([0-9]*\), \([0-9]*\), \([a-z_]*\), \([0-9]*\), \([0-9]*\)).*/\1x\2_\3_\4x\5/p' \
-      tools/cutlass_probe/gemm_stats.h); do
-      o="$BUILD/CMakeFiles/kiln_gemm_stats_$v.dir/tools/cutlass_probe/gemm_stats_sm90.cu.o"
+      tools/cutlass_probe/probe_variants.h); do
+      o="$BUILD/CMakeFiles/kiln_probe_gemm_stats_$v.dir/src/backend/cuda/cutlass/gemm_stats_sm90.cu.o"
       sass=$(cuobjdump --dump-sass "$o" 2>&1)
       printf '%-28s %s, %s HGMMA, %s LDL/STL\n' "$v" \
         "$(cuobjdump --dump-resource-usage "$o" 2>&1 | grep -A1 device_kernel |
@@ -283,6 +292,39 @@ if [ "$MODE" = cutlass ]; then
     gzip -f "$LOGS/cutlass-probe.sass"
   fi
   note "cutlass probe" "$(grep '^summary:' "$LOGS/cutlass-probe.txt" || tail -1 "$LOGS/cutlass-probe.txt")"
+  finish
+fi
+
+if [ "$MODE" = cutlass-step ]; then
+  if [ "${CUTLASS_TESTS:-1}" = 1 ]; then
+    ctest --test-dir "$BUILD" -L gpu -R Cutlass -j 4 --timeout 600 --output-on-failure \
+      >"$LOGS/ctest-cutlass.log" 2>&1 || status=1
+    grep -E 'Failed|\*\*\*|Exception|Timeout' "$LOGS/ctest-cutlass.log" | head -40
+    grep -E 'error|Failure|Expected|Which is|differ|> |resnet50 AMP' "$LOGS/ctest-cutlass.log" | head -60
+    note "cutlass tests" "$(ctest_line "$LOGS/ctest-cutlass.log") ($(since))"
+  fi
+  # The backend's units (gemm_stats.h's KILN_GEMM_STATS_BACKEND_VARIANTS): registers, stack and
+  # local loads / stores of each GEMM kernel (0 LDL/STL: nothing spilled).
+  if command -v cuobjdump >/dev/null 2>&1; then
+    for o in "$BUILD"/CMakeFiles/kiln_gemm_stats_*.dir/src/backend/cuda/cutlass/gemm_stats_sm90.cu.o; do
+      v=$(basename "$(dirname "$(dirname "$(dirname "$(dirname "$(dirname "$o")")")")")" .dir)
+      note "sass ${v#kiln_gemm_stats_}" "$(cuobjdump --dump-resource-usage "$o" 2>&1 | grep -A1 device_kernel |
+        grep -o 'REG:[0-9]* STACK:[0-9]*' | head -1), $(cuobjdump --dump-sass "$o" 2>&1 | grep -c HGMMA) HGMMA, $(
+        cuobjdump --dump-sass "$o" 2>&1 | grep -c 'LDL\|STL') LDL/STL"
+    done
+  fi
+  m=${CUTLASS_MODEL:-resnet50}
+  for round in $(seq 1 "${CUTLASS_ROUNDS:-2}"); do
+    for on in 0 1; do
+      log="$LOGS/bench-$m-cutlass$on-r$round.log"
+      KILN_CUTLASS=$on "$BUILD/kiln" bench --device cuda --model "$m" --batch 256 --amp --steps "${STEPS:-20}" \
+        --warmup 5 --repeats 3 >"$log" 2>&1 || status=1
+      ips=$(grep -o '"images_per_second":[0-9.]*' "$log" | cut -d: -f2)
+      # kiln bench's line: CBR forwards and convolutions before BN+add+ReLU on the GEMM / kept.
+      layers=$(grep -o 'KILN_CUTLASS=1): .*' "$log" | sed 's/ (the log says why)//' | cut -c18-)
+      note "$m KILN_CUTLASS=$on" "round $round: ${ips:-FAILED: $(tail -1 "$log" | cut -c1-150)} img/s ($(since))${layers:+; $layers}"
+    done
+  done
   finish
 fi
 

@@ -5,7 +5,7 @@
 #  - .deps/ (git-ignored), so that a machine without those packages (the GPU machine, which
 #    cannot install anything) builds from the same files when `.deps` is carried there:
 #    oneDNN's headers and library, GoogleTest's sources, the pinned cuDNN frontend headers,
-#    the pinned CUTLASS headers as one tar (the SM90 GEMM probe).
+#    the pinned CUTLASS headers as one tar (the SM90 kernels and their probe).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DEPS=.deps
@@ -103,7 +103,7 @@ fi
 # CUTLASS's C++ headers (cute/, cutlass/, and tools/util's cutlass/util/) from the pinned wheel,
 # which carries the source tree under cutlass_library/source/ (never committed). Kept as one
 # gzipped tar (2.5 MB; the tree is 28 MB, which would push .deps past what the device tool
-# carries to the GPU machine): CMake unpacks it into the build folder when it builds the probe.
+# carries to the GPU machine): CMake unpacks it into the build folder for the SM90 kernels.
 CUTLASS_TGZ="$DEPS/cutlass/cutlass-${CUTLASS_VERSION}-include.tar.gz"
 if [ ! -f "$CUTLASS_TGZ" ]; then
   tmp=$(mktemp -d)
@@ -128,7 +128,7 @@ PY
     mv "$CUTLASS_TGZ.partial" "$CUTLASS_TGZ"
     echo "setup: CUTLASS ${CUTLASS_VERSION} headers in $CUTLASS_TGZ"
   else
-    echo "setup: could not download nvidia-cutlass; the SM90 CUTLASS probe will not be built"
+    echo "setup: could not download nvidia-cutlass; the SM90 CUTLASS kernels will not be built"
   fi
   rm -rf "$tmp"
 fi

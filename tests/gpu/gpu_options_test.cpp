@@ -32,6 +32,13 @@ TEST(CudaOptions, DefaultsAreTheMeasuredOnes) {
   EXPECT_FALSE(o.tf32) << "FP32 means FP32 unless --tf32";
 }
 
+// KILN_CUTLASS reaches the kernels as Options::cutlass (cutlass_conv.cpp reads it per layer).
+TEST(CudaOptions, CutlassSwitchReachesTheOptions) {
+  EXPECT_FALSE(options_with({}).cutlass) << "off until the H200 has measured it inside the step";
+  EXPECT_TRUE(options_with({{"KILN_CUTLASS", "1"}}).cutlass);
+  EXPECT_FALSE(options_with({{"KILN_CUTLASS", "off"}}).cutlass);
+}
+
 TEST(CudaOptions, Fp32WinogradValues) {
   EXPECT_EQ(options_with({{"KILN_FP32_WINOGRAD", "0"}}).fp32_winograd, Fp32Winograd::off);
   EXPECT_EQ(options_with({{"KILN_FP32_WINOGRAD", "1"}}).fp32_winograd, Fp32Winograd::allowed);

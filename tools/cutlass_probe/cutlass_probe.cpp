@@ -6,7 +6,7 @@
 //   (a) cuDNN's fprop (the fastest of the first --max-engines engines of its heuristics), then
 //       kiln's statistics pass over z (bn_stats.cuh's stats_partial_vec, as a training step
 //       runs it);
-//   (b) each SM90 CUTLASS variant of gemm_stats.h that fits the shape: z and the sums in one
+//   (b) each SM90 CUTLASS variant of probe_variants.h that fits the shape: z and the sums in one
 //       kernel (plus clearing what the sums add into, and for the partials variants their
 //       finalize kernel).
 // BatchNorm's finalize (sums to mean and invstd) follows either and is left out of both.
@@ -29,11 +29,12 @@
 #include <unordered_map>
 #include <vector>
 
-#include "gemm_stats.h"
 #include "probe_kernels.h"
+#include "probe_variants.h"
 
 namespace fe = cudnn_frontend;
 using namespace kiln::probe;
+using namespace kiln::sm90;
 
 namespace {
 

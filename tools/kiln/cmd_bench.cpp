@@ -349,6 +349,14 @@ int cmd_bench(int argc, char** argv) {
           "FP32 convolutions on Winograd / FFT engines: %d (KILN_FP32_WINOGRAD=0 refuses them)\n",
           use.fp32_transformed_plans);
     }
+    if (use.cbr_cutlass + use.cbr_cutlass_fallbacks + use.conv_cutlass +
+            use.conv_cutlass_fallbacks >
+        0) {
+      std::printf(
+          "CBR forward (KILN_CUTLASS=1): %d on the SM90 CUTLASS GEMM, %d kept their form; "
+          "convolutions before BN+add+ReLU: %d on the GEMM, %d kept (the log says why)\n",
+          use.cbr_cutlass, use.cbr_cutlass_fallbacks, use.conv_cutlass, use.conv_cutlass_fallbacks);
+    }
     if (use.cbr_genstats + use.cbr_fallbacks > 0) {
       std::printf(
           "CBR forward (KILN_CBR_FORM=genstats): %d as conv+genstats, %d fell back to kiln's "

@@ -463,6 +463,7 @@ void expect_weight_dtype(const Context& ctx, const Node& n, TensorId feature, Te
 // "x, w, [b] -> y"
 KernelPtr make_conv_fwd(const Node& n, Context& ctx, int stream) {
   reject_accumulate(ctx, n);
+  if (KernelPtr summed = make_conv_fwd_summed_for_bn(n, ctx, stream)) return summed;
   const TensorId x = need_in(n, 0, "x"), w = need_in(n, 1, "w"), b = in_at(n, 2),
                  y = need_out(n, 0, "y");
   const DType dt = expect_float(ctx, n, x, "x");

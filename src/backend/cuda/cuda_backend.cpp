@@ -100,6 +100,7 @@ class CudaBackend final : public CudaBackendApi {
     cudaDeviceProp prop{};
     CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
     ctx_.sm_count = prop.multiProcessorCount;
+    ctx_.cc_major = prop.major, ctx_.cc_minor = prop.minor;
     create_streams();
     for (int r = 0; r < kRegionCount; ++r) {
       const int64_t bytes = program.memory.region_bytes[static_cast<size_t>(r)];
@@ -348,7 +349,10 @@ class CudaBackend final : public CudaBackendApi {
       CUDA_CHECK(cudaProfilerStop());
     }
   }
-  CbrForms cbr_forms() const override { return {ctx_.cbr_genstats, ctx_.cbr_genstats_fallbacks}; }
+  CbrForms cbr_forms() const override {
+    return {ctx_.cbr_genstats, ctx_.cbr_genstats_fallbacks, ctx_.cbr_cutlass,
+            ctx_.cbr_cutlass_fallbacks};
+  }
   int side_stream_wgrads() const override { return ctx_.side_wgrads; }
   int fp32_transformed_plans() const override { return ctx_.fp32_transformed; }
   EngineTableUse engine_table_use() const override {
@@ -362,6 +366,8 @@ class CudaBackend final : public CudaBackendApi {
     r.from_table = use.from_table, r.heuristics = use.heuristics, r.autotuned = use.autotuned;
     r.remembered = use.remembered, r.table = use.table;
     r.cbr_genstats = ctx_.cbr_genstats, r.cbr_fallbacks = ctx_.cbr_genstats_fallbacks;
+    r.cbr_cutlass = ctx_.cbr_cutlass, r.cbr_cutlass_fallbacks = ctx_.cbr_cutlass_fallbacks;
+    r.conv_cutlass = ctx_.conv_cutlass, r.conv_cutlass_fallbacks = ctx_.conv_cutlass_fallbacks;
     r.side_stream_wgrads = ctx_.side_wgrads;
     r.fp32_transformed_plans = ctx_.fp32_transformed;
     return r;
@@ -399,6 +405,9 @@ class CudaBackend final : public CudaBackendApi {
     ctx_.plan_seconds = ctx_.autotune_seconds = 0;
     ctx_.autotune_report_at = kAutotuneReportSeconds;
     ctx_.cbr_genstats = ctx_.cbr_genstats_fallbacks = 0;
+    ctx_.cbr_cutlass = ctx_.cbr_cutlass_fallbacks = 0;
+    ctx_.conv_cutlass = ctx_.conv_cutlass_fallbacks = 0;
+    ctx_.bn_add_relu_sums.clear();
     ctx_.fp32_transformed = 0;
     table_path_.clear();
     if (const std::string cache = autotune_cache_file(gpu); !cache.empty()) {

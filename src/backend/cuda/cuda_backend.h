@@ -30,8 +30,10 @@ class CudaBackendApi : public Backend {
   virtual EngineTableUse engine_table_use() const = 0;
   // How the last prepare() built its fused CBR forwards under KILN_CBR_FORM=genstats: as one
   // conv+genstats cuDNN graph, or falling back to kiln's form (no engine for that graph).
+  // Under KILN_CUTLASS=1 also: on the SM90 CUTLASS GEMM, or kept in their form (not eligible).
   struct CbrForms {
     int genstats = 0, fallbacks = 0;
+    int cutlass = 0, cutlass_fallbacks = 0;
   };
   virtual CbrForms cbr_forms() const = 0;
   // Weight-gradient convolutions of the compiled program that run on the side stream

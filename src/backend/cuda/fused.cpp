@@ -9,11 +9,13 @@
 // The arithmetic is the unfused chain's, rounding for rounding, so fused and unfused programs
 // give the same bits (tests/gpu/gpu_fused_test.cpp). The parts run in order on the node's
 // stream. KILN_CBR_FORM=genstats takes the MLPerf-style forward instead (conv+genstats in
-// one cuDNN graph); its backward forms (dgrad+drelu+dbn) and the MLPerf prologue form are not
-// built (bench/RESULTS.md: cuDNN has no dgrad+drelu+dbn_weight engine at batch 256, and the
-// prologue convolutions cost about what they save). cbr_pool_* also fold a max-pool that tiles
-// z into BatchNorm's apply pass: the full-resolution ReLU output is neither written nor read
-// back, and the backward reads the pooled gradient and the mask of the elements the pool took.
+// one cuDNN graph), and KILN_CUTLASS=1 kiln's SM90 GEMM with the sums in its epilogue for the
+// 1x1 layers (cutlass_conv.cpp); the genstats form's backward forms (dgrad+drelu+dbn) and the
+// MLPerf prologue form are not built (bench/RESULTS.md: cuDNN has no dgrad+drelu+dbn_weight engine
+// at batch 256, and the prologue convolutions cost about what they save). cbr_pool_* also fold a
+// max-pool that tiles z into BatchNorm's apply pass: the full-resolution ReLU output is neither
+// written nor read back, and the backward reads the pooled gradient and the mask of the elements
+// the pool took.
 #include "backend/cuda/cuda_kernel.h"
 #include "backend/cuda/fused_kernels.h"
 #include "backend/cuda/side_stream.h"
@@ -37,27 +39,45 @@ class Sequence final : public Kernel {
   std::unique_ptr<DeviceBuffer> shared_;
 };
 
-// cbr_fwd's and cbr_pool_fwd's convolution, then `epilogue(sums)`, their BatchNorm part. With
-// KILN_CBR_FORM=genstats, the MLPerf-style form where cuDNN has it: the convolution's graph
-// also sums z per channel (genstats; sums non-null), so BatchNorm skips its statistics pass.
-// Its sums are FP32, accumulated in cuDNN's order, so that form agrees with the unfused chain
-// to rounding, not bit for bit.
+// cbr_fwd's and cbr_pool_fwd's convolution, then `epilogue(sums)`, their BatchNorm part. Where
+// the convolution also sums z per channel (sums non-null), BatchNorm skips its statistics pass:
+// with KILN_CUTLASS=1 on kiln's SM90 CUTLASS GEMM where the layer is eligible (cutlass_conv.cpp),
+// else with KILN_CBR_FORM=genstats in the MLPerf-style form where cuDNN has it (one graph,
+// conv+genstats). Either's sums are FP32 over the FP16-rounded z, accumulated in another order
+// than kiln's double pass, so those forms agree with the unfused chain to rounding, not bit for
+// bit. A layer neither takes keeps kiln's form; the counters say how many took each.
 template <typename Epilogue>
 KernelPtr cbr_forward(const Node& n, Context& ctx, int stream, TensorId x, TensorId w, TensorId z,
                       Epilogue epilogue) {
-  std::vector<KernelPtr> parts;
-  if (ctx.opts.cbr_genstats) {
+  // One summing form: its convolution writes z and [sum; sumsq] into a buffer the Sequence owns.
+  auto summing = [&](auto make_conv) -> KernelPtr {
     const int64_t k = ctx.tensor(z).shape.dims.back();
     auto sums = std::make_unique<DeviceBuffer>(2 * static_cast<size_t>(k) * sizeof(float));
     auto* sp = static_cast<float*>(sums->get());
-    if (KernelPtr conv = make_conv_fwd_genstats(n, ctx, stream, x, w, z, sp)) {
+    KernelPtr conv = make_conv(sp);
+    if (!conv) return nullptr;
+    std::vector<KernelPtr> parts;
+    parts.push_back(std::move(conv));
+    parts.push_back(epilogue(static_cast<const float*>(sp)));
+    return std::make_unique<Sequence>(stream, std::move(parts), std::move(sums));
+  };
+  if (ctx.opts.cutlass) {
+    if (KernelPtr k = summing(
+            [&](float* sp) { return make_conv_fwd_cutlass(n, ctx, stream, x, w, z, sp); })) {
+      ++ctx.cbr_cutlass;
+      return k;
+    }
+    ++ctx.cbr_cutlass_fallbacks;
+  }
+  if (ctx.opts.cbr_genstats) {
+    if (KernelPtr k = summing(
+            [&](float* sp) { return make_conv_fwd_genstats(n, ctx, stream, x, w, z, sp); })) {
       ++ctx.cbr_genstats;
-      parts.push_back(std::move(conv));
-      parts.push_back(epilogue(static_cast<const float*>(sp)));
-      return std::make_unique<Sequence>(stream, std::move(parts), std::move(sums));
+      return k;
     }
     ++ctx.cbr_genstats_fallbacks;
   }
+  std::vector<KernelPtr> parts;
   parts.push_back(make_conv_fwd(fused_part(OpKind::conv_fwd, {x, w}, {z}, n, "conv"), ctx, stream));
   parts.push_back(epilogue(static_cast<const float*>(nullptr)));
   return std::make_unique<Sequence>(stream, std::move(parts));
@@ -149,8 +169,11 @@ KernelPtr make_bn_add_relu_fwd(const Node& n, Context& ctx, int stream) {
                  rv = need_in(n, 4, "running_var"), residual = need_in(n, 5, "residual");
   const TensorId y = need_out(n, 0, "y"), saved = need_out(n, 1, "saved"),
                  mask = need_out(n, 2, "mask");
+  // A bottleneck's conv3 on the SM90 GEMM (make_conv_fwd_summed_for_bn) left x's sums.
+  const auto summed = ctx.bn_add_relu_sums.find(&n);
   return make_bn_relu_mask_fwd(n, ctx, stream, x, gamma, beta, rm, rv, residual, kNoTensor, y,
-                               saved, mask);
+                               saved, mask,
+                               summed == ctx.bn_add_relu_sums.end() ? nullptr : summed->second);
 }
 
 // "x, dy, mask, gamma, saved, [dy2] -> dx, dresidual, dgamma, dbeta": the add passes the

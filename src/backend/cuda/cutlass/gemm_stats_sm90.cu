@@ -1,7 +1,8 @@
-// One SM90 kernel of tools/cutlass_probe, chosen by the compile definitions KILN_TILE_M,
-// KILN_TILE_N, KILN_STATS_MODE (a StatsMode name), KILN_CLUSTER_M and KILN_CLUSTER_N: CMake
-// compiles this file once per variant of gemm_stats.h, each in its own translation unit (CUTLASS
-// kernels compile slowly; separate units build in parallel and rebuild alone).
+// One SM90 kernel variant, chosen by the compile definitions KILN_TILE_M, KILN_TILE_N,
+// KILN_STATS_MODE (a StatsMode name), KILN_CLUSTER_M and KILN_CLUSTER_N: CMake compiles this
+// file once per variant (gemm_stats.h's list for the CUDA backend, tools/cutlass_probe's
+// probe_variants.h for the probe), each in its own translation unit (CUTLASS kernels compile
+// slowly; separate units build in parallel and rebuild alone).
 //
 // z[m][n] = sum_k x[m][k] w[n][k]: a TMA warp-specialised cooperative GEMM (FP16 operands,
 // both K-major, FP32 accumulators) whose epilogue visitor tree rounds z to FP16, stores it
@@ -22,15 +23,15 @@
 #include <string>
 #include <type_traits>
 
-#include "gemm_stats.h"
-#include "register_stats_epilogue.cuh"
+#include "backend/cuda/cutlass/gemm_stats.h"
+#include "backend/cuda/cutlass/register_stats_epilogue.cuh"
 
 #if !defined(KILN_TILE_M) || !defined(KILN_TILE_N) || !defined(KILN_STATS_MODE) || \
     !defined(KILN_CLUSTER_M) || !defined(KILN_CLUSTER_N)
 #error "compile with KILN_TILE_M, KILN_TILE_N, KILN_STATS_MODE, KILN_CLUSTER_M and KILN_CLUSTER_N"
 #endif
 
-namespace kiln::probe {
+namespace kiln::sm90 {
 namespace {
 
 using namespace cute;
@@ -160,7 +161,7 @@ typename Gemm::Arguments arguments(const GemmStats& g, void* workspace) {
     sumsq = static_cast<uint8_t*>(workspace) + partial_bytes(g) / 2;
   }
   cutlass::KernelHardwareInfo hw;
-  hw.device_id = 0;
+  hw.device_id = g.device_id;
   hw.sm_count = kRegisterStats ? stats_ctas(g) : g.sm_count;
   typename Epilogue::Arguments epilogue{};
   static_cast<typename TreeEpilogue::Arguments&>(epilogue) = {Tree<kMode>::args(sum, sumsq),
@@ -226,6 +227,20 @@ size_t workspace_bytes(const GemmStats& g) {
   return partial_bytes(g) + Gemm::get_workspace_size(arguments(g, nullptr));
 }
 
+std::string check(const GemmStats& g) {
+  const auto args = arguments(g, nullptr);
+  Gemm gemm;
+  if (auto st = gemm.can_implement(args); st != cutlass::Status::kSuccess)
+    return status_error("can_implement", st);
+  // Where CUTLASS needs no workspace of its own (these kernels), initialize only sets the
+  // kernel's shared-memory size: done once here rather than first inside a captured CUDA Graph.
+  if (Gemm::get_workspace_size(args) == 0) {
+    if (auto st = gemm.initialize(args, nullptr, nullptr); st != cutlass::Status::kSuccess)
+      return status_error("initialize", st);
+  }
+  return "";
+}
+
 std::string run(const GemmStats& g, void* workspace, cudaStream_t stream) {
   const auto args = arguments(g, workspace);
   Gemm gemm;
@@ -280,7 +295,8 @@ GemmStatsKernel KILN_GEMM_STATS_FN(KILN_TILE_M, KILN_TILE_N, KILN_STATS_MODE, KI
           kMode,
           KILN_CLUSTER_N,
           workspace_bytes,
+          check,
           run};
 }
 
-}  // namespace kiln::probe
+}  // namespace kiln::sm90

@@ -15,7 +15,7 @@
 
 #include <cute/tensor.hpp>
 
-namespace kiln::probe {
+namespace kiln::sm90 {
 
 // Base: CUTLASS's sm90 TMA warp-specialised collective epilogue (its fusion writes z in FP16),
 // for a cooperative kernel: two consumer warpgroups along M, one GMMA atom TileN wide.
@@ -196,4 +196,4 @@ class RegisterStatsEpilogue : public Base {
   int thread_idx_ = 0, n_total_ = 0;
 };
 
-}  // namespace kiln::probe
+}  // namespace kiln::sm90

@@ -1,0 +1,123 @@
+// cbr_fwd's convolution on kiln's SM90 CUTLASS GEMM (KILN_CUTLASS=1): z = x w^T for a 1x1
+// stride-1 FP16 convolution, whose epilogue also sums z and z^2 per channel (FP32, of the
+// FP16-rounded z), so BatchNorm skips its statistics pass. Only this file sees whether the
+// kernels were built (KILN_HAVE_CUTLASS, set by CMakeLists.txt on this file alone); where they
+// were not, every layer reports "not built" and keeps its form.
+#include "backend/cuda/fused_kernels.h"
+#include "backend/sm90_conv_rule.h"
+
+#ifdef KILN_HAVE_CUTLASS
+#include "backend/cuda/cutlass/gemm_stats.h"
+#endif
+
+namespace kiln::cuda {
+
+namespace {
+
+#ifdef KILN_HAVE_CUTLASS
+constexpr bool kBuilt = true;
+#else
+constexpr bool kBuilt = false;
+#endif
+
+bool aligned16(const void* p) {
+  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
+}
+
+}  // namespace
+
+KernelPtr make_conv_fwd_cutlass(const Node& n, Context& ctx, int stream, TensorId x, TensorId w,
+                                TensorId z, float* sums) {
+  const std::string what = std::string(op_name(n.op)) + " node '" + n.label + "'";
+  Sm90ConvQuery q;
+  q.g = conv_geom(ctx, n, x, w, z);
+  q.x = ctx.tensor(x).dtype, q.w = ctx.tensor(w).dtype, q.z = ctx.tensor(z).dtype;
+  q.cc_major = ctx.cc_major, q.cc_minor = ctx.cc_minor;
+  q.built = kBuilt;
+  std::string why = sm90_conv_refusal(q);
+  // A layer of another shape or precision is routine; the kernels missing, another GPU or
+  // CUTLASS refusing an eligible layer is worth a line at the default level.
+  const bool routine = !why.empty() && kBuilt && q.cc_major == 9 && q.cc_minor == 0;
+  if (why.empty() && !(aligned16(ctx.ptr(x)) && aligned16(ctx.ptr(w)) && aligned16(ctx.ptr(z)))) {
+    why = "needs x, w and z at 16-byte aligned addresses (TMA)";
+  }
+#ifdef KILN_HAVE_CUTLASS
+  sm90::GemmStats g;
+  g.x = ctx.ptr(x), g.w = ctx.ptr(w), g.z = ctx.ptr(z);
+  g.m = q.g.x.n * q.g.x.h * q.g.x.w, g.n = q.g.k, g.k = q.g.x.c;
+  g.sum = sums, g.sumsq = sums + g.n;
+  g.sm_count = ctx.sm_count;
+  CUDA_CHECK(cudaGetDevice(&g.device_id));
+  // FP32 atomics add the CTAs' sums in whatever order they finish; the partials form adds them
+  // in a fixed order, so a deterministic run gives the same bits every time.
+  const sm90::GemmStatsKernel kern = ctx.opts.deterministic
+                                         ? sm90::gemm_stats_256x128_reg_partials_1x1()
+                                         : sm90::gemm_stats_256x128_reg_atomic_1x1();
+  if (why.empty()) {
+    if (std::string err = kern.check(g); !err.empty()) why = "refuses it: CUTLASS " + err;
+  }
+#endif
+  if (!why.empty()) {
+    if (routine) {
+      log_debug(what, ": the convolution keeps cuDNN; kiln's SM90 CUTLASS GEMM ", why);
+    } else {
+      log_info(what, ": the convolution keeps cuDNN; kiln's SM90 CUTLASS GEMM ", why);
+    }
+    return nullptr;
+  }
+#ifdef KILN_HAVE_CUTLASS
+  ctx.need_workspace(stream, kern.workspace(g));
+  const std::string failed = what + ": the SM90 CUTLASS GEMM (" + kern.name + ") failed: ";
+  return make_fn(stream, [=](Context& c, cudaStream_t st) {
+    // run() zeroes what it adds into, launches the GEMM (and the partials' finalize) on st and
+    // checks each launch.
+    const std::string err = kern.run(g, c.streams[static_cast<size_t>(stream)].workspace, st);
+    KILN_CHECK(err.empty(), Backend, failed, err);
+  });
+#else
+  return nullptr;
+#endif
+}
+
+namespace {
+
+// The first bn_add_relu_fwd after `conv` in the training schedule whose input is y, or nullptr
+// (conv is not a training node: a fused part, an evaluation node).
+const Node* later_bn_add_relu_reader(const Program& p, const Node& conv, TensorId y) {
+  bool after = false;
+  for (const Phase& ph : p.train) {
+    for (const Node& m : ph.nodes) {
+      if (&m == &conv) {
+        after = true;
+      } else if (after && m.op == OpKind::bn_add_relu_fwd && !m.in.empty() && m.in[0] == y) {
+        return &m;
+      }
+    }
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+KernelPtr make_conv_fwd_summed_for_bn(const Node& n, Context& ctx, int stream) {
+  if (!ctx.opts.cutlass || ctx.program == nullptr || n.out.empty()) return nullptr;
+  if (in_at(n, 2) != kNoTensor) return nullptr;  // a bias: the GEMM adds none
+  const TensorId x = need_in(n, 0, "x"), w = need_in(n, 1, "w"), y = need_out(n, 0, "y");
+  const Node* bn = later_bn_add_relu_reader(*ctx.program, n, y);
+  if (bn == nullptr) return nullptr;
+  const int64_t k = ctx.tensor(y).shape.dims.back();
+  auto sums = std::make_shared<DeviceBuffer>(2 * static_cast<size_t>(k) * sizeof(float));
+  auto* sp = static_cast<float*>(sums->get());
+  std::shared_ptr<Kernel> conv = make_conv_fwd_cutlass(n, ctx, stream, x, w, y, sp);
+  if (!conv) {
+    ++ctx.conv_cutlass_fallbacks;
+    return nullptr;
+  }
+  ctx.bn_add_relu_sums[bn] = sp;
+  ++ctx.conv_cutlass;
+  // The sums live as long as the kernel that writes them; the BatchNorm node after it reads them
+  // on the schedule's order (the same stream, or joined behind this phase's event).
+  return make_fn(stream, [conv, sums](Context& c, cudaStream_t) { conv->run(c); });
+}
+
+}  // namespace kiln::cuda

@@ -1,0 +1,23 @@
+// Which convolutions the CUDA backend's SM90 CUTLASS GEMM (cuda/cutlass_conv.cpp) can run, as a
+// rule in plain C++ so that the CPU-only tests check it: a 1x1 stride-1 unpadded convolution is
+// the GEMM z = x w^T over [N*H*W, C] x [K, C], which the kernel takes in FP16 with C and K in
+// multiples of 8 (TMA moves 16-byte rows), on a compute capability 9.0 GPU (sm_90a code).
+#pragma once
+#include <string>
+
+#include "backend/node_checks.h"
+#include "kiln/core/dtype.h"
+
+namespace kiln {
+
+struct Sm90ConvQuery {
+  ConvGeom g;
+  DType x = DType::F32, w = DType::F32, z = DType::F32;
+  int cc_major = 0, cc_minor = 0;  // the GPU's compute capability
+  bool built = false;  // libkiln holds the CUTLASS kernels (CMake's KILN_CUTLASS_KERNELS)
+};
+
+// "" when the GEMM can run the convolution, else why not, in words for a log line.
+std::string sm90_conv_refusal(const Sm90ConvQuery& q);
+
+}  // namespace kiln

@@ -1,0 +1,376 @@
+// The CBR forward on kiln's SM90 CUTLASS GEMM (KILN_CUTLASS=1, src/backend/cuda/cutlass_conv.cpp)
+// against the CBR forward as it is without it (cuDNN's convolution, kiln's statistics pass,
+// BatchNorm and ReLU: tests/gpu/gpu_fused_test.cpp holds that form bit for bit to the unfused
+// chain), on ResNet-50's 1x1 shapes and odd sizes; the statistics against a float64 reference;
+// a bottleneck's conv3 (conv_fwd, then bn_add_relu_fwd) likewise; layers the GEMM cannot take
+// keep their form; and ResNet-50's training steps with the switch on against off. Every case needs
+// a compute capability 9.0 GPU and a kiln built with the CUTLASS kernels, and skips cleanly
+// elsewhere.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "gpu/gpu_test_util.h"
+#include "kiln/blueprint/zoo.h"
+#include "kiln/task/engine.h"
+#include "support/engine_state.h"
+#include "support/fused_checks.h"
+#include "support/learnable_batch.h"
+
+#ifdef KILN_HAVE_CUDA
+#include <cuda_runtime.h>
+#endif
+
+namespace kiln::test {
+namespace {
+
+using fused::CbrCase;
+
+// The CUTLASS path's layers run only where this holds; elsewhere every layer falls back, which
+// IneligibleLayersKeepTheirForm covers on any GPU.
+bool sm90_gpu() {
+#ifdef KILN_HAVE_CUDA
+  int major = 0, minor = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0) != cudaSuccess)
+    return false;
+  return major == 9 && minor == 0;
+#else
+  return false;
+#endif
+}
+
+#ifdef KILN_HAVE_CUTLASS
+constexpr bool kCutlassBuilt = true;
+#else
+constexpr bool kCutlassBuilt = false;
+#endif
+
+#define KILN_REQUIRE_SM90_CUTLASS()                                                                \
+  do {                                                                                             \
+    KILN_REQUIRE_GPU();                                                                            \
+    if (!kCutlassBuilt)                                                                            \
+      GTEST_SKIP() << "kiln was built without its CUTLASS kernels (CMake's KILN_CUTLASS_KERNELS)"; \
+    if (!sm90_gpu()) GTEST_SKIP() << "the CUTLASS kernels are sm_90a: not this GPU";               \
+  } while (0)
+
+struct CbrForward {
+  std::vector<float> z, y, saved, rm, rv;
+  std::vector<uint8_t> mask;
+  CompileReport report;
+};
+
+// One cbr_fwd (or cbr_pool_fwd with pool windows) node on the given switches, AMP unless fp32.
+CbrForward run_cbr_forward(const CbrCase& t, int pool, const Switches& sw, bool amp = true) {
+  const int64_t p = (t.h + 2 * t.pad - t.r) / t.st + 1, q = (t.w + 2 * t.pad - t.r) / t.st + 1;
+  const Shape xs{t.n, t.h, t.w, t.c}, zs{t.n, p, q, t.k}, ws{t.k, t.r, t.r, t.c};
+  const Shape ys = pool ? Shape{t.n, p / pool, q / pool, t.k} : zs;
+  OpHarness h(amp);
+  const fused::Maker m{h, amp};
+  const TensorId x = m.feature("x", xs), w = m.weight("w", ws);
+  const TensorId gamma = m.channels("gamma", t.k, Region::params_f32),
+                 beta = m.channels("beta", t.k, Region::params_f32);
+  const TensorId rm = m.channels("rm", t.k, Region::bn_running),
+                 rv = m.channels("rv", t.k, Region::bn_running);
+  const TensorId saved = h.tensor("saved", {2, t.k}, Region::bn_saved);
+  const TensorId z = m.feature("z", zs), y = m.feature("y", ys);
+  const TensorId mask = h.tensor("mask", {(zs.numel() + 7) / 8}, Region::aux, DType::U8);
+  Attrs a = fused::conv_bn_attrs(t.r, t.st, t.pad);
+  a.pool = pool;
+  h.node(pool ? OpKind::cbr_pool_fwd : OpKind::cbr_fwd, {x, w, gamma, beta, rm, rv},
+         {z, y, saved, mask}, a);
+  h.compile(make_backend("cuda", sw));
+  h.write(x, random_values(static_cast<size_t>(xs.numel()), 1));
+  h.write(w, random_values(static_cast<size_t>(ws.numel()), 2, -0.5f, 0.5f));
+  h.write(gamma, random_values(static_cast<size_t>(t.k), 4, 0.5f, 1.5f));
+  h.write(beta, random_values(static_cast<size_t>(t.k), 5, -0.3f, 0.3f));
+  h.write(rm, random_values(static_cast<size_t>(t.k), 6));
+  h.write(rv, random_values(static_cast<size_t>(t.k), 7, 0.5f, 1.5f));
+  h.run();
+  return {h.read(z),
+          h.read(y),
+          h.read(saved),
+          h.read(rm),
+          h.read(rv),
+          h.read_u8(mask),
+          h.backend().compile_report()};
+}
+
+Switches cutlass_switches(bool on, bool deterministic) {
+  Switches sw = Switches::from_environment();
+  sw.cutlass = on;
+  sw.cbr_form = "kiln";
+  sw.deterministic = deterministic;
+  return sw;
+}
+
+// BatchNorm's batch mean and inverse std of z's channels (z [rows][k] as the GPU stored it, so
+// the reference sums exactly the values the epilogue summed), in float64.
+void expect_saved_near_float64(const std::vector<float>& z, int64_t k,
+                               const std::vector<float>& saved, float eps) {
+  const auto rows = static_cast<int64_t>(z.size()) / k;
+  std::vector<double> sum(static_cast<size_t>(k)), sq(static_cast<size_t>(k));
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < k; ++c) {
+      const double v = z[static_cast<size_t>(r * k + c)];
+      sum[static_cast<size_t>(c)] += v;
+      sq[static_cast<size_t>(c)] += v * v;
+    }
+  }
+  double worst_mean = 0, worst_invstd = 0;
+  for (int64_t c = 0; c < k; ++c) {
+    const double mean = sum[static_cast<size_t>(c)] / rows;
+    const double var = std::max(sq[static_cast<size_t>(c)] / rows - mean * mean, 0.0);
+    const double invstd = 1.0 / std::sqrt(var + eps);
+    // The mean relative to z's RMS (it may cancel to ~0; its error scales with the terms).
+    worst_mean = std::max(worst_mean, std::fabs(saved[static_cast<size_t>(c)] - mean) /
+                                          std::sqrt(mean * mean + var + 1e-30));
+    worst_invstd =
+        std::max(worst_invstd, std::fabs(saved[static_cast<size_t>(k + c)] - invstd) / invstd);
+  }
+  // FP32 sums (per-thread registers, then across the CTA and the grid) of up to ~1e6 FP16
+  // values: relative error well under 1e-4 (stage 1 measured 5e-7).
+  EXPECT_LE(worst_mean, 1e-4) << "saved mean against float64, relative to z's RMS";
+  EXPECT_LE(worst_invstd, 1e-4) << "saved inverse std against float64";
+}
+
+size_t differing_mask_bits(const std::vector<uint8_t>& a, const std::vector<uint8_t>& b,
+                           size_t bits) {
+  size_t differ = 0;
+  for (size_t i = 0; i < bits; ++i) differ += (((a[i / 8] ^ b[i / 8]) >> (i % 8)) & 1u) != 0;
+  return differ;
+}
+
+// The GEMM's form (cut) against kiln's (cuDNN's convolution, kiln's statistics pass) on the
+// same inputs, k output channels; the statistics against float64.
+void expect_agrees_to_rounding(const CbrForward& cut, const CbrForward& kiln, int64_t k) {
+  // cuDNN's and CUTLASS's FP32 sums of the same FP16 products may round to neighbouring FP16
+  // values: one FP16 ulp, at most 2^-10 of the largest |z|.
+  EXPECT_LE(rel_error(cut.z, kiln.z, kSumFloor), 2e-3) << "z";
+  expect_saved_near_float64(cut.z, k, cut.saved, fused::conv_bn_attrs(1, 1, 0).eps);
+  // The running statistics move by a tenth of the batch's: FP32 sums against kiln's double
+  // ones over z's that agree to an FP16 ulp.
+  EXPECT_LE(rel_error(cut.rm, kiln.rm, kSumFloor), 1e-4) << "running mean";
+  EXPECT_LE(rel_error(cut.rv, kiln.rv, kSumFloor), 1e-4) << "running variance";
+  // y carries z's ulp through BatchNorm and rounds to FP16 again from statistics that differ in
+  // their last FP32 bits: two FP16 ulps of y's scale; the mask (and the pool's choice) may flip
+  // where BatchNorm's output sits within rounding of 0 or of its window's maximum.
+  EXPECT_LE(rel_error(cut.y, kiln.y, kSumFloor), 4e-3) << "y";
+  const size_t bits = cut.z.size();
+  EXPECT_LE(differing_mask_bits(cut.mask, kiln.mask, bits), 5 * bits / 1000 + 2)
+      << "mask bits that differ";
+}
+
+struct CutlassCase {
+  CbrCase cbr;
+  int pool;
+};
+
+class GpuCutlassCbr : public ::testing::TestWithParam<CutlassCase> {};
+
+TEST_P(GpuCutlassCbr, AgreesWithKilnsFormToRounding) {
+  KILN_REQUIRE_SM90_CUTLASS();
+  const CbrCase& t = GetParam().cbr;
+  const int pool = GetParam().pool;
+  const CbrForward kiln = run_cbr_forward(t, pool, cutlass_switches(false, true));
+  EXPECT_EQ(kiln.report.cbr_cutlass + kiln.report.cbr_cutlass_fallbacks, 0) << "switch off";
+  for (const bool deterministic : {false, true}) {
+    SCOPED_TRACE(deterministic ? "deterministic: per-CTA partials" : "FP32 atomics");
+    const CbrForward cut = run_cbr_forward(t, pool, cutlass_switches(true, deterministic));
+    ASSERT_EQ(cut.report.cbr_cutlass, 1) << "the layer did not take the CUTLASS path (the log "
+                                            "says why); was kiln built with KILN_CUTLASS_KERNELS?";
+    EXPECT_EQ(cut.report.cbr_cutlass_fallbacks, 0);
+    expect_agrees_to_rounding(cut, kiln, t.k);
+    if (deterministic) {
+      const CbrForward again = run_cbr_forward(t, pool, cutlass_switches(true, true));
+      EXPECT_EQ(again.z, cut.z) << "deterministic z";
+      EXPECT_EQ(again.saved, cut.saved) << "deterministic statistics (fixed-order partials)";
+      EXPECT_EQ(again.y, cut.y) << "deterministic y";
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, GpuCutlassCbr,
+    ::testing::Values(
+        // ResNet-50's 1x1 stride-1 layers (the bottlenecks' conv1), at small batches.
+        CutlassCase{{"r50_56x56_c64_k64", 2, 56, 56, 64, 64, 1, 1, 0, false}, 0},
+        CutlassCase{{"r50_56x56_c256_k64", 2, 56, 56, 256, 64, 1, 1, 0, false}, 0},
+        CutlassCase{{"r50_56x56_c64_k256", 2, 56, 56, 64, 256, 1, 1, 0, false}, 0},
+        CutlassCase{{"r50_56x56_c256_k128", 2, 56, 56, 256, 128, 1, 1, 0, false}, 0},
+        CutlassCase{{"r50_28x28_c512_k128", 2, 28, 28, 512, 128, 1, 1, 0, false}, 0},
+        CutlassCase{{"r50_28x28_c128_k512", 2, 28, 28, 128, 512, 1, 1, 0, false}, 0},
+        CutlassCase{{"r50_14x14_c1024_k256", 4, 14, 14, 1024, 256, 1, 1, 0, false}, 0},
+        CutlassCase{{"r50_14x14_c256_k1024", 4, 14, 14, 256, 1024, 1, 1, 0, false}, 0},
+        CutlassCase{{"r50_7x7_c2048_k512", 8, 7, 7, 2048, 512, 1, 1, 0, false}, 0},
+        CutlassCase{{"r50_7x7_c512_k2048", 8, 7, 7, 512, 2048, 1, 1, 0, false}, 0},
+        // Odd sizes: rows fewer than one tile and not a multiple of it, channels under the
+        // 64-wide K step, column counts that end in a part of a tile.
+        CutlassCase{{"n3_5x7_c8_k16", 3, 5, 7, 8, 16, 1, 1, 0, false}, 0},
+        CutlassCase{{"n1_3x3_c24_k40", 1, 3, 3, 24, 40, 1, 1, 0, false}, 0},
+        CutlassCase{{"n2_9x11_c72_k136", 2, 9, 11, 72, 136, 1, 1, 0, false}, 0},
+        CutlassCase{{"n5_13x13_c16_k264", 5, 13, 13, 16, 264, 1, 1, 0, false}, 0},
+        // cbr_pool_fwd shares the convolution (fused.cpp's cbr_forward).
+        CutlassCase{{"n3_6x4_c16_k8_pool2", 3, 6, 4, 16, 8, 1, 1, 0, false}, 2},
+        CutlassCase{{"n2_28x28_c64_k256_pool2", 2, 28, 28, 64, 256, 1, 1, 0, false}, 2}),
+    [](const auto& info) { return std::string(info.param.cbr.name); });
+
+// A bottleneck's conv3: a conv_fwd node whose output the next bn_add_relu_fwd normalises (a
+// separate node, not a CBR) takes the GEMM with the switch on, and that BatchNorm reads its sums
+// (make_conv_fwd_summed_for_bn); compared with the switch off as the CBR forward is above.
+CbrForward run_conv_bn_add_relu(const CbrCase& t, const Switches& sw) {
+  const Shape xs{t.n, t.h, t.w, t.c}, zs{t.n, t.h, t.w, t.k}, ws{t.k, 1, 1, t.c};
+  OpHarness h(true);
+  const fused::Maker m{h, true};
+  const TensorId x = m.feature("x", xs), w = m.weight("w", ws), res = m.feature("residual", zs);
+  const TensorId gamma = m.channels("gamma", t.k, Region::params_f32),
+                 beta = m.channels("beta", t.k, Region::params_f32);
+  const TensorId rm = m.channels("rm", t.k, Region::bn_running),
+                 rv = m.channels("rv", t.k, Region::bn_running);
+  const TensorId saved = h.tensor("saved", {2, t.k}, Region::bn_saved);
+  const TensorId z = m.feature("z", zs), y = m.feature("y", zs);
+  const TensorId mask = h.tensor("mask", {(zs.numel() + 7) / 8}, Region::aux, DType::U8);
+  const Attrs a = fused::conv_bn_attrs(1, 1, 0);
+  h.node(OpKind::conv_fwd, {x, w}, {z}, a);
+  h.node(OpKind::bn_add_relu_fwd, {z, gamma, beta, rm, rv, res}, {y, saved, mask}, a);
+  h.compile(make_backend("cuda", sw));
+  h.write(x, random_values(static_cast<size_t>(xs.numel()), 11));
+  h.write(w, random_values(static_cast<size_t>(ws.numel()), 12, -0.5f, 0.5f));
+  h.write(res, random_values(static_cast<size_t>(zs.numel()), 13));
+  h.write(gamma, random_values(static_cast<size_t>(t.k), 14, 0.5f, 1.5f));
+  h.write(beta, random_values(static_cast<size_t>(t.k), 15, -0.3f, 0.3f));
+  h.write(rm, random_values(static_cast<size_t>(t.k), 16));
+  h.write(rv, random_values(static_cast<size_t>(t.k), 17, 0.5f, 1.5f));
+  h.run();
+  return {h.read(z),
+          h.read(y),
+          h.read(saved),
+          h.read(rm),
+          h.read(rv),
+          h.read_u8(mask),
+          h.backend().compile_report()};
+}
+
+class GpuCutlassConvBnAddRelu : public ::testing::TestWithParam<CbrCase> {};
+
+TEST_P(GpuCutlassConvBnAddRelu, AgreesWithKilnsFormToRounding) {
+  KILN_REQUIRE_SM90_CUTLASS();
+  const CbrCase& t = GetParam();
+  const CbrForward kiln = run_conv_bn_add_relu(t, cutlass_switches(false, true));
+  EXPECT_EQ(kiln.report.conv_cutlass + kiln.report.conv_cutlass_fallbacks, 0) << "switch off";
+  for (const bool deterministic : {false, true}) {
+    SCOPED_TRACE(deterministic ? "deterministic: per-CTA partials" : "FP32 atomics");
+    const CbrForward cut = run_conv_bn_add_relu(t, cutlass_switches(true, deterministic));
+    ASSERT_EQ(cut.report.conv_cutlass, 1) << "the convolution did not take the CUTLASS path";
+    EXPECT_EQ(cut.report.cbr_cutlass + cut.report.cbr_cutlass_fallbacks, 0) << "no CBR here";
+    expect_agrees_to_rounding(cut, kiln, t.k);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, GpuCutlassConvBnAddRelu,
+                         ::testing::Values(
+                             // ResNet-50's bottleneck conv3 layers, then odd sizes.
+                             CbrCase{"r50_56x56_c64_k256", 2, 56, 56, 64, 256, 1, 1, 0, false},
+                             CbrCase{"r50_28x28_c128_k512", 2, 28, 28, 128, 512, 1, 1, 0, false},
+                             CbrCase{"r50_14x14_c256_k1024", 4, 14, 14, 256, 1024, 1, 1, 0, false},
+                             CbrCase{"r50_7x7_c512_k2048", 8, 7, 7, 512, 2048, 1, 1, 0, false},
+                             CbrCase{"n3_5x7_c8_k16", 3, 5, 7, 8, 16, 1, 1, 0, false},
+                             CbrCase{"n2_9x11_c72_k136", 2, 9, 11, 72, 136, 1, 1, 0, false}),
+                         [](const auto& info) { return std::string(info.param.name); });
+
+// Layers the GEMM cannot take (a 3x3 kernel, a stride, FP32) keep their form with the switch
+// on, counted as fallbacks, with the switch-off program's bits (deterministic engines, so both
+// pick the same cuDNN engine). Runs on any GPU: off SM90 even eligible layers fall back.
+TEST(GpuCutlassCbrFallback, IneligibleLayersKeepTheirForm) {
+  KILN_REQUIRE_GPU();
+  struct Case {
+    CbrCase cbr;
+    bool amp;
+  };
+  for (const Case& c : {Case{{"n2_9x9_c8_k16_3x3", 2, 9, 9, 8, 16, 3, 1, 1, false}, true},
+                        Case{{"n2_8x8_c16_k32_1x1_s2", 2, 8, 8, 16, 32, 1, 2, 0, false}, true},
+                        Case{{"n2_6x6_c8_k24_1x1_fp32", 2, 6, 6, 8, 24, 1, 1, 0, false}, false}}) {
+    SCOPED_TRACE(c.cbr.name);
+    const CbrForward off = run_cbr_forward(c.cbr, 0, cutlass_switches(false, true), c.amp);
+    const CbrForward on = run_cbr_forward(c.cbr, 0, cutlass_switches(true, true), c.amp);
+    EXPECT_EQ(on.report.cbr_cutlass, 0);
+    EXPECT_EQ(on.report.cbr_cutlass_fallbacks, 1);
+    EXPECT_EQ(on.z, off.z);
+    EXPECT_EQ(on.y, off.y);
+    EXPECT_EQ(on.saved, off.saved);
+    EXPECT_EQ(on.mask, off.mask);
+  }
+}
+
+// ResNet-50 (224x224, batch 4, AMP) trained three steps with KILN_CUTLASS off and on,
+// deterministic engines on both: the 16 bottleneck conv1 (CBR) and conv3 (before BN+add+ReLU)
+// layers take the GEMM, and the losses,
+// every gradient of the last step and every weight and running statistic after it agree within
+// AMP's 1e-2 of each tensor's scale (SPEC Q2: FP16 features; the two forms' statistics differ
+// in their last FP32 bits, which moves FP16 roundings and a few ReLU decisions).
+TEST(GpuCutlassStep, Resnet50StepsAgreeSwitchOffAndOn) {
+  KILN_REQUIRE_SM90_CUTLASS();
+  const BluePrint bp = make_model("resnet50");
+  const LearnableBatch b = learnable_batch(bp, 4, 9);
+  std::vector<std::map<std::string, std::vector<float>>> results(2);
+  std::vector<CompileReport> reports;
+  for (const bool on : {false, true}) {
+    EngineOptions o;
+    o.device = "cuda";
+    o.compile.batch = 4;
+    o.compile.amp = true;
+    o.compile.momentum = 0.9f;
+    o.switches.deterministic = true;
+    o.switches.cutlass = on;
+    Engine e(bp, o);
+    e.lock_memory();
+    e.compile(5);
+    reports.push_back(e.backend().compile_report());
+    std::vector<float> losses;
+    for (int i = 0; i < 3; ++i)
+      losses.push_back(e.train_step(b.images.data(), b.labels.data(), 0.05f).loss);
+    auto& r = results[on ? 1 : 0];
+    r = params_and_buffers(e);
+    r["loss"] = losses;
+    for (const ParamDesc& d : e.program().params) {
+      for (const Region g : {Region::grads_f32, Region::grads_f16}) {
+        if (d.tensor[static_cast<size_t>(g)] == kNoTensor) continue;
+        r["grad " + d.name] = e.read_param(d.name, g);
+        break;
+      }
+    }
+  }
+  EXPECT_EQ(reports[0].cbr_cutlass + reports[0].cbr_cutlass_fallbacks, 0);
+  EXPECT_EQ(reports[1].cbr_cutlass, 16) << "ResNet-50's bottleneck conv1 layers";
+  EXPECT_GT(reports[1].cbr_cutlass_fallbacks, 0) << "the stem and the 3x3 layers keep cuDNN";
+  EXPECT_EQ(reports[1].conv_cutlass, 16) << "ResNet-50's bottleneck conv3 layers";
+  EXPECT_EQ(reports[1].conv_cutlass_fallbacks, 0);
+  ASSERT_EQ(results[0].size(), results[1].size());
+  double worst = 0;
+  std::string worst_name;
+  size_t grads = 0, nonzero_grads = 0;
+  for (const auto& [name, want] : results[0]) {
+    ASSERT_TRUE(results[1].count(name)) << name;
+    const std::vector<float>& got = results[1].at(name);
+    const double e = rel_error(got, want, kSumFloor);
+    EXPECT_LE(e, kGpuAmpTol) << name;
+    if (name.rfind("grad ", 0) == 0) {
+      ++grads;
+      nonzero_grads += std::any_of(want.begin(), want.end(), [](float v) { return v != 0.0f; });
+    }
+    if (e > worst) worst = e, worst_name = name;
+  }
+  EXPECT_GT(nonzero_grads, grads / 2) << "the gradients read back are mostly zero: not the step's";
+  std::printf(
+      "  resnet50 AMP, KILN_CUTLASS off / on, 3 steps: %zu tensors (%zu gradients), "
+      "worst %.3g of its scale (%s)\n",
+      results[0].size(), grads, worst, worst_name.c_str());
+}
+
+}  // namespace
+}  // namespace kiln::test

@@ -1,0 +1,24 @@
+// The kernel variants tools/cutlass_probe times, each compiled from the CUDA backend's
+// src/backend/cuda/cutlass/gemm_stats_sm90.cu; X(tile_m, tile_n, mode, cluster_m, cluster_n).
+// CMakeLists.txt reads the X(...) entries off this file (one unit each), so keep them written
+// out as numbers and names. The EVT modes atomic and last_cta lost to partials
+// (bench/RESULTS.md) and are left out of the build.
+#pragma once
+#include "backend/cuda/cutlass/gemm_stats.h"
+
+#define KILN_GEMM_STATS_VARIANTS(X) \
+  X(128, 64, none, 1, 1)            \
+  X(128, 64, partials, 1, 1)        \
+  X(128, 64, reg_atomic, 1, 1)      \
+  X(128, 64, reg_partials, 1, 1)    \
+  X(128, 128, none, 1, 1)           \
+  X(128, 128, partials, 1, 2)       \
+  X(128, 128, reg_atomic, 1, 1)     \
+  X(128, 128, reg_partials, 1, 1)   \
+  X(128, 128, reg_atomic, 1, 2)     \
+  X(256, 128, none, 1, 1)           \
+  X(256, 128, reg_atomic, 1, 1)
+
+namespace kiln::sm90 {
+KILN_GEMM_STATS_VARIANTS(KILN_GEMM_STATS_DECLARE)
+}  // namespace kiln::sm90
