@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <memory>
@@ -31,12 +32,11 @@ namespace {
 
 constexpr int64_t kBatch = 16;
 constexpr int kSteps = 4;
-// Long enough that the step is enqueued (and, without the wait, its copy done) before the
-// producer's bytes land: enqueuing a step of the cnn takes well under a millisecond once its
-// kernels are loaded. The first step enqueues them eagerly, loading each kernel's module on
-// first use, which took over 300 ms with eight GPU tests running beside it: it gets longer.
-constexpr auto kProducerDelay = std::chrono::milliseconds(300);
-constexpr auto kFirstStepDelay = std::chrono::milliseconds(3000);
+// The producer's host callback holds its stream until the test has enqueued the step, so the
+// step's copy can only get the producer's bytes by waiting for it. A timed hold failed under
+// load (the first step's module loads outlasted it); the deadline only keeps a broken wait from
+// hanging the test.
+constexpr auto kGateDeadline = std::chrono::seconds(120);
 
 std::unique_ptr<Engine> make_engine(const BluePrint& bp) {
   EngineOptions o;
@@ -56,8 +56,11 @@ std::vector<std::vector<float>> params(Engine& e) {
   return out;
 }
 
-void hold_up(void* first_step) {
-  std::this_thread::sleep_for(first_step ? kFirstStepDelay : kProducerDelay);
+void hold_until_open(void* gate) {
+  const auto until = std::chrono::steady_clock::now() + kGateDeadline;
+  auto* open = static_cast<std::atomic<bool>*>(gate);
+  while (!open->load() && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
 }
 
 // Two batches, alternated over the steps (so each step must see new bytes), as float32 NHWC
@@ -86,7 +89,7 @@ Batches make_batches(const BluePrint& bp) {
 }
 
 // kSteps steps from the host (the reference) and from a device buffer that a producer stream
-// writes after kProducerDelay; losses and weights compared bit for bit. `u8`: uint8 pixels
+// writes once the step is enqueued; losses and weights compared bit for bit. `u8`: uint8 pixels
 // normalised on the device; else float32. `device_labels`: int64 labels on the device, else
 // int32 labels from the host.
 void device_equals_host(bool u8, bool device_labels) {
@@ -135,8 +138,8 @@ void device_equals_host(bool u8, bool device_labels) {
     else
       std::memcpy(h_img, b.f32[s % 2].data(), img_bytes);
     std::memcpy(h_lab, b.labels64[s % 2].data(), lab_bytes);
-    static int first = 1;
-    CUDA_OK(cudaLaunchHostFunc(producer, hold_up, s == 0 ? &first : nullptr));
+    std::atomic<bool> gate{false};
+    CUDA_OK(cudaLaunchHostFunc(producer, hold_until_open, &gate));
     CUDA_OK(cudaMemcpyAsync(d_img, h_img, img_bytes, cudaMemcpyHostToDevice, producer));
     CUDA_OK(cudaMemcpyAsync(d_lab, h_lab, lab_bytes, cudaMemcpyHostToDevice, producer));
 
@@ -160,7 +163,9 @@ void device_equals_host(bool u8, bool device_labels) {
         << "step " << s
         << ": the producer stream finished before the step was enqueued, so the wait was not "
            "tested";
+    gate.store(true);
     dev_loss.push_back(dev->pending_stats()->loss);
+    CUDA_OK(cudaStreamSynchronize(producer));  // the callback reads `gate` before it goes
   }
   CUDA_OK(cudaStreamSynchronize(producer));
   for (int s = 0; s < kSteps; ++s) {
