@@ -138,7 +138,10 @@ void device_equals_host(bool u8, bool device_labels) {
     else
       std::memcpy(h_img, b.f32[s % 2].data(), img_bytes);
     std::memcpy(h_lab, b.labels64[s % 2].data(), lab_bytes);
-    std::atomic<bool> gate{false};
+    // Step 0 is not held: its first launches load their kernels' modules, which may wait for
+    // every stream of the device, the held producer's too (seen on the H200 with float32 input).
+    // Steps 1 on test the wait.
+    std::atomic<bool> gate{s == 0};
     CUDA_OK(cudaLaunchHostFunc(producer, hold_until_open, &gate));
     CUDA_OK(cudaMemcpyAsync(d_img, h_img, img_bytes, cudaMemcpyHostToDevice, producer));
     CUDA_OK(cudaMemcpyAsync(d_lab, h_lab, lab_bytes, cudaMemcpyHostToDevice, producer));
@@ -159,10 +162,11 @@ void device_equals_host(bool u8, bool device_labels) {
     in.device = &d;
     in.norm = &norm;
     dev->train_step_async(in, 0.05f);
-    EXPECT_EQ(cudaStreamQuery(producer), cudaErrorNotReady)
-        << "step " << s
-        << ": the producer stream finished before the step was enqueued, so the wait was not "
-           "tested";
+    if (s > 0)
+      EXPECT_EQ(cudaStreamQuery(producer), cudaErrorNotReady)
+          << "step " << s
+          << ": the producer stream finished before the step was enqueued, so the wait was not "
+             "tested";
     gate.store(true);
     dev_loss.push_back(dev->pending_stats()->loss);
     CUDA_OK(cudaStreamSynchronize(producer));  // the callback reads `gate` before it goes
