@@ -307,23 +307,26 @@ TEST(GpuCutlassCbrFallback, IneligibleLayersKeepTheirForm) {
   }
 }
 
-// ResNet-50 (224x224, batch 4, AMP), KILN_CUTLASS off and on, deterministic engines on both:
-// the 16 bottleneck conv1 (CBR) and conv3 (before BN+add+ReLU) layers take the GEMM.
-//  - The first step, from the same weights: its loss and every gradient within AMP's 1e-2 of
-//    each tensor's scale (SPEC Q2: FP16 features; the two forms' statistics differ in their last
-//    FP32 bits, which moves FP16 roundings and a few ReLU decisions).
-//  - Two more steps: the third step's loss within 5e-2. Each update moves the weights by those
-//    differences and BatchNorm over 4 images (196 values a channel in layer4) amplifies them,
-//    so single gradients drift apart; the mean loss stays close. The worst tensor after three
-//    steps is printed, not bounded.
+// ResNet-50 (224x224, batch 4, AMP) trained three steps in three forms, deterministic engines
+// on all: today's (kiln's statistics pass), cuDNN's conv+genstats (KILN_CBR_FORM=genstats, an
+// accepted form whose per-channel sums are FP32 too) and KILN_CUTLASS, whose 16 bottleneck conv1
+// (CBR) and conv3 (before BN+add+ReLU) layers take the GEMM. Single gradients of an untrained
+// network on 4 images are not stable under rounding (the first H200 run: up to 0.74 of a
+// tensor's scale in step 1, with the loss equal to 1e-4: BatchNorm over a few hundred values a
+// channel, and sums such as dbeta that cancel), so the bar is the noise of another accepted form:
+// for every gradient of step 1 and every tensor after step 3, KILN_CUTLASS's distance from
+// today's form is at most 4x genstats' distance plus AMP's 1e-2 (SPEC Q2); step 1's loss within
+// 1e-3 (the same weights and batch).
 TEST(GpuCutlassStep, Resnet50StepsAgreeSwitchOffAndOn) {
   KILN_REQUIRE_SM90_CUTLASS();
   const BluePrint bp = make_model("resnet50");
   const LearnableBatch b = learnable_batch(bp, 4, 9);
-  std::vector<std::map<std::string, std::vector<float>>> first(2), last(2);
-  std::vector<std::vector<float>> losses(2);
+  enum Form { kToday, kGenstats, kCutlass };
+  using Tensors = std::map<std::string, std::vector<float>>;
+  std::vector<Tensors> first(3), last(3);
+  std::vector<std::vector<float>> losses(3);
   std::vector<CompileReport> reports;
-  auto read_grads = [](Engine& e, std::map<std::string, std::vector<float>>& r) {
+  auto read_grads = [](Engine& e, Tensors& r) {
     for (const ParamDesc& d : e.program().params) {
       for (const Region g : {Region::grads_f32, Region::grads_f16}) {
         if (d.tensor[static_cast<size_t>(g)] == kNoTensor) continue;
@@ -332,7 +335,7 @@ TEST(GpuCutlassStep, Resnet50StepsAgreeSwitchOffAndOn) {
       }
     }
   };
-  for (const bool on : {false, true}) {
+  for (const Form f : {kToday, kGenstats, kCutlass}) {
     EngineOptions o;
     o.device = "cuda";
     o.compile.batch = 4;
@@ -342,54 +345,58 @@ TEST(GpuCutlassStep, Resnet50StepsAgreeSwitchOffAndOn) {
     // gradients are not the step's: with scale 1 each of the three steps is taken.
     o.compile.initial_loss_scale = 1.0f;
     o.switches.deterministic = true;
-    o.switches.cutlass = on;
+    o.switches.cbr_form = f == kGenstats ? "genstats" : "kiln";
+    o.switches.cutlass = f == kCutlass;
     Engine e(bp, o);
     e.lock_memory();
     e.compile(5);
     reports.push_back(e.backend().compile_report());
-    const size_t i = on ? 1 : 0;
     for (int s = 0; s < 3; ++s) {
       const StepStats st = e.train_step(b.images.data(), b.labels.data(), 0.05f);
-      EXPECT_FALSE(st.overflow) << "KILN_CUTLASS " << on << ", step " << s + 1;
-      losses[i].push_back(st.loss);
-      if (s == 0) read_grads(e, first[i]);
+      EXPECT_FALSE(st.overflow) << "form " << f << ", step " << s + 1;
+      losses[f].push_back(st.loss);
+      if (s == 0) read_grads(e, first[f]);
     }
-    last[i] = params_and_buffers(e);
-    read_grads(e, last[i]);
+    last[f] = params_and_buffers(e);
+    read_grads(e, last[f]);
   }
-  EXPECT_EQ(reports[0].cbr_cutlass + reports[0].cbr_cutlass_fallbacks, 0);
-  EXPECT_EQ(reports[1].cbr_cutlass, 16) << "ResNet-50's bottleneck conv1 layers";
-  EXPECT_GT(reports[1].cbr_cutlass_fallbacks, 0) << "the stem and the 3x3 layers keep cuDNN";
-  EXPECT_EQ(reports[1].conv_cutlass, 16) << "ResNet-50's bottleneck conv3 layers";
-  EXPECT_EQ(reports[1].conv_cutlass_fallbacks, 0);
-  EXPECT_LE(rel_error({losses[1][0]}, {losses[0][0]}, kSumFloor), kGpuAmpTol) << "step 1's loss";
-  EXPECT_LE(rel_error({losses[1][2]}, {losses[0][2]}, kSumFloor), 5e-2) << "step 3's loss";
-  ASSERT_EQ(first[0].size(), first[1].size());
-  size_t nonzero_grads = 0;
-  double worst_first = 0;
-  std::string worst_first_name;
-  for (const auto& [name, want] : first[0]) {
-    ASSERT_TRUE(first[1].count(name)) << name;
-    const double e = rel_error(first[1].at(name), want, kSumFloor);
-    EXPECT_LE(e, kGpuAmpTol) << "step 1: " << name;
-    nonzero_grads += std::any_of(want.begin(), want.end(), [](float v) { return v != 0.0f; });
-    if (e > worst_first) worst_first = e, worst_first_name = name;
+  EXPECT_EQ(reports[kToday].cbr_cutlass + reports[kToday].cbr_cutlass_fallbacks, 0);
+  EXPECT_GT(reports[kGenstats].cbr_genstats, 0) << "genstats took no layer: no noise floor";
+  EXPECT_EQ(reports[kCutlass].cbr_cutlass, 16) << "ResNet-50's bottleneck conv1 layers";
+  EXPECT_GT(reports[kCutlass].cbr_cutlass_fallbacks, 0) << "the stem and 3x3 layers keep cuDNN";
+  EXPECT_EQ(reports[kCutlass].conv_cutlass, 16) << "ResNet-50's bottleneck conv3 layers";
+  EXPECT_EQ(reports[kCutlass].conv_cutlass_fallbacks, 0);
+  EXPECT_LE(rel_error({losses[kCutlass][0]}, {losses[kToday][0]}, kSumFloor), 1e-3);
+  // Each tensor: KILN_CUTLASS's and genstats' distances from today's form; prints the worst
+  // of each and checks the bar.
+  auto compare = [&](const std::vector<Tensors>& t, const char* when) {
+    double worst_cut = 0, worst_gen = 0;
+    std::string worst_name;
+    size_t nonzero = 0;
+    for (const auto& [name, want] : t[kToday]) {
+      const double cut = rel_error(t[kCutlass].at(name), want, kSumFloor);
+      const double gen = rel_error(t[kGenstats].at(name), want, kSumFloor);
+      EXPECT_LE(cut, 4 * gen + kGpuAmpTol) << when << ": " << name << " (genstats " << gen << ")";
+      nonzero += std::any_of(want.begin(), want.end(), [](float v) { return v != 0.0f; });
+      if (cut > worst_cut) worst_cut = cut, worst_name = name;
+      worst_gen = std::max(worst_gen, gen);
+    }
+    EXPECT_GT(nonzero, t[kToday].size() / 2) << when << ": the tensors read back are mostly zero";
+    std::printf(
+        "  %s: %zu tensors; KILN_CUTLASS worst %.3g of its scale (%s), genstats worst %.3g\n", when,
+        t[kToday].size(), worst_cut, worst_name.c_str(), worst_gen);
+  };
+  for (const Form f : {kGenstats, kCutlass}) {
+    ASSERT_EQ(first[f].size(), first[kToday].size());
+    ASSERT_EQ(last[f].size(), last[kToday].size());
   }
-  EXPECT_GT(nonzero_grads, first[0].size() / 2)
-      << "the gradients read back are mostly zero: not the step's";
-  double worst_last = 0;
-  std::string worst_last_name;
-  for (const auto& [name, want] : last[0]) {
-    ASSERT_TRUE(last[1].count(name)) << name;
-    const double e = rel_error(last[1].at(name), want, kSumFloor);
-    if (e > worst_last) worst_last = e, worst_last_name = name;
-  }
+  compare(first, "step 1's gradients");
+  compare(last, "after 3 steps (weights, buffers, gradients)");
   std::printf(
-      "  resnet50 AMP, KILN_CUTLASS off / on: losses %.6f %.6f %.6f / %.6f %.6f %.6f; step 1: "
-      "%zu gradients, worst %.3g of its scale (%s); after 3 steps: %zu tensors, worst %.3g (%s)\n",
+      "  losses today / genstats / KILN_CUTLASS: %.6f %.6f %.6f / %.6f %.6f %.6f / %.6f %.6f "
+      "%.6f\n",
       losses[0][0], losses[0][1], losses[0][2], losses[1][0], losses[1][1], losses[1][2],
-      first[0].size(), worst_first, worst_first_name.c_str(), last[0].size(), worst_last,
-      worst_last_name.c_str());
+      losses[2][0], losses[2][1], losses[2][2]);
 }
 
 }  // namespace
