@@ -134,6 +134,14 @@ TEST(GoldenPyTorch, ResNet18SmallStepMatchesPyTorch) {
   test::run_golden_step(python, g);
 }
 
+// ResNet-50's bottleneck blocks (1x1, 3x3 with the stride, 1x1 to four times the width; a 1x1
+// downsample) with the same stem: 53 BatchNorm layers where ResNet-18 has 20, and tolerances
+// for its larger rounding (resnet50_small_fp32 says why; ~20 s on two cores, PyTorch's step most).
+TEST(GoldenPyTorch, ResNet50SmallStepMatchesPyTorch) {
+  KILN_REQUIRE_TORCH(python);
+  test::run_golden_step(python, test::resnet50_small_fp32("cpu"));
+}
+
 TEST(GoldenPyTorch, Vgg11BnSmallStepMatchesPyTorch) {
   KILN_REQUIRE_TORCH(python);
   test::GoldenStep g;
