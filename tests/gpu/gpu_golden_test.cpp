@@ -114,9 +114,10 @@ bool cutlass_can_run() {
 // AMP, for ResNet-50's larger rounding (see resnet50_small_fp32): a float64 emulation in PyTorch
 // (every stored activation, convolution weight and activation gradient rounded to FP16; batch 4,
 // seeds 7 to 9, torch's initialisation) is off the float64 step by 3.2e-3 to 6.5e-3 (loss), 0.14
-// to 0.15 (worst gradient, of scale; median tensor 5e-2) and 1.9e-3 to 2.8e-3 (running
-// statistics), where the same emulation of ResNet-18 gives 6.2e-3 for the gradient (kiln on the
-// H200: 7.1e-3). So loss 2e-2, gradients 0.4, running statistics 1e-2, kinks 0.1: bounds on
+// to 0.15 (worst gradient, of scale; median tensor 5e-2), 1.9e-3 to 2.8e-3 (running statistics)
+// and ReLU choices off float64's within 9e-2, where the same emulation of ResNet-18 gives 6.2e-3
+// for the gradient and 1.9e-3 for the choices (kiln on the H200: 7.1e-3 and 2.4e-3;
+// bench/RESULTS.md). So loss 2e-2, gradients 0.4, running statistics 1e-2, kinks 0.3: bounds on
 // statistics that are wrong (a tile or a channel missing from the GEMM's sums moves a running
 // statistic by O(1) of itself), not on rounding; GpuCutlass* hold the GEMM to rounding.
 // The default loss scale (8192) overflows ResNet-50's FP16 gradients at initialisation on 4
@@ -127,7 +128,7 @@ GoldenStep resnet50_amp(Auto cutlass) {
   g.tol_loss = 2e-2;
   g.tol_grad = 0.4;
   g.tol_buffer = 1e-2;
-  g.tol_kink = 0.1;
+  g.tol_kink = 0.3;
   g.initial_loss_scale = 1.0f;
   g.cutlass = cutlass;
   return g;
