@@ -4,12 +4,14 @@ reference the golden tests' tolerances are argued from (tests/support/torch_gold
 tests/gpu/gpu_golden_test.cpp). No kiln involved.
 
     python3 bench/golden_rounding.py MODEL [--mode fp16|fp32] [--scale S] [--batch 4] [--seeds 7 8 9]
+                                           [--small-bn3]
 
 fp16 emulates kiln's AMP in float64: every convolution input, weight and output, BatchNorm
 output and ReLU output rounded to FP16 (and each of their gradients on the way back, scaled by
 the loss scale S); fp32 is PyTorch's own float32 step. Either is compared with the float64 step
 of the same weights and batch (torch's initialisation, then BatchNorm parameters and running
-statistics randomised as the golden tests do), the reference following the rounded step's ReLU
+statistics randomised as the golden tests do; --small-bn3: a bottleneck's bn3 weights from
+[0.05, 0.15], as tests/support/torch_golden.h's resnet50_small_step), the reference following the rounded step's ReLU
 choices as tests/golden/torch_step.py --choices does. Prints the loss's relative error, the
 worst gradient error of its tensor's scale (a bias on its weight's scale) and the worst running
 statistic's, and how many ReLU choices the reference followed (and how far from the kink, of
@@ -66,7 +68,7 @@ nn.Conv2d.forward, nn.BatchNorm2d.forward, ts.ReLU.forward = conv_forward, bn_fo
 EMULATE.append(True)  # EMULATE[1]: round (fp16) or only record the choices (fp32)
 
 
-def step(model, seed, batch, rounded, mode, scale):
+def step(model, seed, batch, rounded, mode, scale, small_bn3):
     torch.manual_seed(seed)
     net = ts.MODELS[model]()
     ts.name_kinks(net)
@@ -78,6 +80,10 @@ def step(model, seed, batch, rounded, mode, scale):
                 m.bias.uniform_(-0.2, 0.2, generator=g)
                 m.running_mean.uniform_(-0.5, 0.5, generator=g)
                 m.running_var.uniform_(0.5, 2.0, generator=g)
+        if small_bn3:
+            for name, m in net.named_modules():
+                if name.endswith(".bn3"):
+                    m.weight.uniform_(0.05, 0.15, generator=g)
     x = torch.randn(batch, 3, 32, 32, generator=g)
     y = torch.tensor([(3 * i) % 10 for i in range(batch)])
     net.train()
@@ -108,15 +114,16 @@ def main():
     ap.add_argument("--scale", type=float, default=1.0)
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--seeds", type=int, nargs="+", default=[7, 8, 9])
+    ap.add_argument("--small-bn3", action="store_true")
     args = ap.parse_args()
     torch.set_default_dtype(torch.float64)
     for seed in args.seeds:
         MASKS.clear()
         ts.CHOICES.clear()
         ts.KINKS["relu_flips"], ts.KINKS["relu_margin"] = 0, 0.0
-        loss_r, got = step(args.model, seed, args.batch, True, args.mode, args.scale)
+        loss_r, got = step(args.model, seed, args.batch, True, args.mode, args.scale, args.small_bn3)
         ts.CHOICES.update(MASKS)
-        loss_f, want = step(args.model, seed, args.batch, False, args.mode, 1.0)
+        loss_f, want = step(args.model, seed, args.batch, False, args.mode, 1.0, args.small_bn3)
         grads, bufs = [], []
         for n, w in want.items():
             if not torch.isfinite(got[n]).all():
@@ -127,9 +134,9 @@ def main():
             e = ((got[n] - w).abs().max().item() / max(scale, 1e-30), n)
             (bufs if n.startswith("buf.") else grads).append(e)
         grads.sort()
-        print("%s %s scale %g batch %d seed %d: loss %.2g, worst gradient %.3g (%s), median tensor %.2g, "
+        print("%s%s %s scale %g batch %d seed %d: loss %.2g, worst gradient %.3g (%s), median tensor %.2g, "
               "running statistic %.2g (%s); ReLU choices followed %d (within %.2g of scale)" % (
-                  args.model, args.mode, args.scale, args.batch, seed, abs(loss_r - loss_f) / abs(loss_f),
+                  args.model, " (small bn3)" if args.small_bn3 else "", args.mode, args.scale, args.batch, seed, abs(loss_r - loss_f) / abs(loss_f),
                   grads[-1][0], grads[-1][1], grads[len(grads) // 2][0], max(bufs)[0], max(bufs)[1][4:],
                   ts.KINKS["relu_flips"], ts.KINKS["relu_margin"]))
 
