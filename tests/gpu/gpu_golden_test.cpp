@@ -133,7 +133,7 @@ TEST(GpuGolden, ResNet50SmallStepMatchesPyTorchAmpCutlass) {
   std::printf(
       "KILN_CUTLASS=1: %d CBR forwards and %d convolutions before BN+add+ReLU on the SM90 "
       "GEMM (%d and %d kept cuDNN)\n",
-      err.compiled.cbr_cutlass, err.compiled.cbr_cutlass_fallbacks, err.compiled.conv_cutlass,
+      err.compiled.cbr_cutlass, err.compiled.conv_cutlass, err.compiled.cbr_cutlass_fallbacks,
       err.compiled.conv_cutlass_fallbacks);
   if (cutlass_can_run()) {
     EXPECT_EQ(err.compiled.cbr_cutlass, 16)
