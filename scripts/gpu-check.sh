@@ -411,6 +411,8 @@ ctest --test-dir "$BUILD" -L gpu -R "${GPU_TESTS_REGEX:-.}" -j 8 --timeout 300 -
 grep -E 'Failed|\*\*\*|Exception|Timeout' "$LOGS/ctest-gpu.log" | head -40
 grep -E 'error|Failure|Expected|Which is|differ|> ' "$LOGS/ctest-gpu.log" | head -60
 note "gpu tests" "$(ctest_line "$LOGS/ctest-gpu.log") ($(since))"
+# The golden steps' errors against PyTorch, which passing tests print too (ctest's full log).
+grep -h '^torch golden\|^KILN_CUTLASS=1: ' "$BUILD/Testing/Temporary/LastTest.log" 2>/dev/null | cut -c1-420
 
 if [ "$MODE" = all ]; then
   echo "== CPU tests"

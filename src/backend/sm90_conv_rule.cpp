@@ -37,4 +37,8 @@ std::string sm90_conv_refusal(const Sm90ConvQuery& q) {
   return "";
 }
 
+bool sm90_conv_gemm_tried(Auto sw, bool built, int cc_major, int cc_minor, DType features) {
+  return resolve(sw, built && cc_major == 9 && cc_minor == 0 && features == DType::F16);
+}
+
 }  // namespace kiln

@@ -7,6 +7,7 @@
 
 #include "backend/node_checks.h"
 #include "kiln/core/dtype.h"
+#include "kiln/core/switches.h"
 
 namespace kiln {
 
@@ -19,5 +20,10 @@ struct Sm90ConvQuery {
 
 // "" when the GEMM can run the convolution, else why not, in words for a log line.
 std::string sm90_conv_refusal(const Sm90ConvQuery& q);
+
+// Whether a program's layers try the GEMM at all (KILN_CUTLASS): 1 always (each layer then says
+// why it falls back), 0 never, auto where it can pay: the kernels built, a compute capability
+// 9.0 GPU and FP16 features (AMP). `features` is the program's feature dtype.
+bool sm90_conv_gemm_tried(Auto sw, bool built, int cc_major, int cc_minor, DType features);
 
 }  // namespace kiln

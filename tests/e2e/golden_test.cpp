@@ -134,6 +134,15 @@ TEST(GoldenPyTorch, ResNet18SmallStepMatchesPyTorch) {
   test::run_golden_step(python, g);
 }
 
+// ResNet-50's bottleneck blocks (1x1, 3x3 with the stride, 1x1 to four times the width; a 1x1
+// downsample) with the same stem: 53 BatchNorm layers where ResNet-18 has 20, its branches'
+// last BatchNorm started small (resnet50_small_step says why). ~20 s on two cores, most of it
+// PyTorch's float64 step.
+TEST(GoldenPyTorch, ResNet50SmallStepMatchesPyTorch) {
+  KILN_REQUIRE_TORCH(python);
+  test::run_golden_step(python, test::resnet50_small_step("cpu"));
+}
+
 TEST(GoldenPyTorch, Vgg11BnSmallStepMatchesPyTorch) {
   KILN_REQUIRE_TORCH(python);
   test::GoldenStep g;

@@ -9,6 +9,7 @@ MODEL is one of kiln's small forms written here in plain torch.nn with torchvisi
 names, so that kiln's export (kiln::export_state_dict) loads as it is:
   cnn             the Fashion-MNIST default (28x28x1), as tests/golden/make_cnn_golden.py
   resnet18_small  ResNet-18 with a 3x3 stride-1 stem and no max-pool (32x32x3)
+  resnet50_small  ResNet-50 (bottleneck blocks, stride on the 3x3) with the same stem (32x32x3)
   vgg11_bn_small  VGG11-BN features and one fc classifier on the 1x1x512 map (32x32x3)
 (src/blueprint/zoo.cpp defines them; the architectures here must follow it.)
 
@@ -190,21 +191,50 @@ class BasicBlock(nn.Module):
         return self.relu_out(y + (x if self.downsample is None else self.downsample(x)))
 
 
-class ResNet18Small(nn.Module):
-    # The CIFAR form: 3x3 stride-1 stem, no max-pool; four stages of two basic blocks.
-    def __init__(self, classes=10):
+class Bottleneck(nn.Module):
+    # kiln: residual(seq(conv1 1x1, bn1, relu, conv2 3x3 with the block's stride, bn2, relu2,
+    # conv3 1x1 to 4 * width, bn3), downsample), then add and ReLU (torchvision's V1.5 block;
+    # "relu2" and "relu_out": torchvision reuses `relu`, which changes no name of a state).
+    expansion = 4
+
+    def __init__(self, cin, width, stride):
+        super().__init__()
+        cout = width * self.expansion
+        self.conv1 = nn.Conv2d(cin, width, 1, 1, 0, bias=False)
+        self.bn1 = nn.BatchNorm2d(width)
+        self.relu = ReLU()
+        self.conv2 = nn.Conv2d(width, width, 3, stride, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(width)
+        self.relu2 = ReLU()
+        self.conv3 = nn.Conv2d(width, cout, 1, 1, 0, bias=False)
+        self.bn3 = nn.BatchNorm2d(cout)
+        self.relu_out = ReLU()
+        self.downsample = None
+        if stride != 1 or cin != cout:
+            self.downsample = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, 0, bias=False), nn.BatchNorm2d(cout))
+
+    def forward(self, x):
+        y = self.relu(self.bn1(self.conv1(x)))
+        y = self.bn3(self.conv3(self.relu2(self.bn2(self.conv2(y)))))
+        return self.relu_out(y + (x if self.downsample is None else self.downsample(x)))
+
+
+class ResNetSmall(nn.Module):
+    # The CIFAR form: 3x3 stride-1 stem, no max-pool; four stages of `blocks` blocks, the first
+    # of stages 2 to 4 with stride 2.
+    def __init__(self, block, blocks, classes=10):
         super().__init__()
         self.conv1 = nn.Conv2d(3, 64, 3, 1, 1, bias=False)
         self.bn1 = nn.BatchNorm2d(64)
         self.relu = ReLU()
         cin = 64
         for s, width in enumerate([64, 128, 256, 512]):
-            blocks = []
-            for b in range(2):
-                blocks.append(BasicBlock(cin, width, 2 if (b == 0 and s > 0) else 1))
-                cin = width
-            setattr(self, "layer%d" % (s + 1), nn.Sequential(*blocks))
-        self.fc = nn.Linear(512, classes)
+            layer = []
+            for b in range(blocks[s]):
+                layer.append(block(cin, width, 2 if (b == 0 and s > 0) else 1))
+                cin = width * getattr(block, "expansion", 1)
+            setattr(self, "layer%d" % (s + 1), nn.Sequential(*layer))
+        self.fc = nn.Linear(cin, classes)
 
     def forward(self, x):
         x = self.relu(self.bn1(self.conv1(x)))
@@ -233,7 +263,10 @@ class VGG11BNSmall(nn.Module):
         return self.classifier(torch.flatten(self.features(x), 1))
 
 
-MODELS = {"cnn": CNN, "resnet18_small": ResNet18Small, "vgg11_bn_small": VGG11BNSmall}
+MODELS = {"cnn": CNN,
+          "resnet18_small": lambda: ResNetSmall(BasicBlock, [2, 2, 2, 2]),
+          "resnet50_small": lambda: ResNetSmall(Bottleneck, [3, 4, 6, 3]),
+          "vgg11_bn_small": VGG11BNSmall}
 
 
 def main():

@@ -103,7 +103,7 @@ CbrForward run_cbr_forward(const CbrCase& t, int pool, const Switches& sw, bool 
 
 Switches cutlass_switches(bool on, bool deterministic) {
   Switches sw = Switches::from_environment();
-  sw.cutlass = on;
+  sw.cutlass = on ? Auto::on : Auto::off;
   sw.cbr_form = "kiln";
   sw.deterministic = deterministic;
   return sw;
@@ -346,7 +346,7 @@ TEST(GpuCutlassStep, Resnet50StepsAgreeSwitchOffAndOn) {
     o.compile.initial_loss_scale = 1.0f;
     o.switches.deterministic = true;
     o.switches.cbr_form = f == kGenstats ? "genstats" : "kiln";
-    o.switches.cutlass = f == kCutlass;
+    o.switches.cutlass = f == kCutlass ? Auto::on : Auto::off;
     Engine e(bp, o);
     e.lock_memory();
     e.compile(5);

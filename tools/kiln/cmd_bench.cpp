@@ -353,8 +353,11 @@ int cmd_bench(int argc, char** argv) {
             use.conv_cutlass_fallbacks >
         0) {
       std::printf(
-          "CBR forward (KILN_CUTLASS=1): %d on the SM90 CUTLASS GEMM, %d kept their form; "
+          "CBR forward (KILN_CUTLASS=%s): %d on the SM90 CUTLASS GEMM, %d kept their form; "
           "convolutions before BN+add+ReLU: %d on the GEMM, %d kept (the log says why)\n",
+          eo.switches.cutlass == Auto::automatic ? "auto"
+          : eo.switches.cutlass == Auto::on      ? "1"
+                                                 : "0",
           use.cbr_cutlass, use.cbr_cutlass_fallbacks, use.conv_cutlass, use.conv_cutlass_fallbacks);
     }
     if (use.cbr_genstats + use.cbr_fallbacks > 0) {

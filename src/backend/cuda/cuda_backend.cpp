@@ -23,9 +23,11 @@
 #include <utility>
 
 #include "backend/cuda/cuda_kernel.h"
+#include "backend/cuda/fused_kernels.h"
 #include "backend/cuda/graph_capture.h"
 #include "backend/cuda/input_slots.h"
 #include "backend/cuda/side_stream.h"
+#include "backend/sm90_conv_rule.h"
 #include "kiln/core/log.h"
 
 namespace kiln {
@@ -101,6 +103,13 @@ class CudaBackend final : public CudaBackendApi {
     CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
     ctx_.sm_count = prop.multiProcessorCount;
     ctx_.cc_major = prop.major, ctx_.cc_minor = prop.minor;
+    ctx_.cutlass = sm90_conv_gemm_tried(ctx_.opts.cutlass, cutlass_kernels_built(), prop.major,
+                                        prop.minor, program.feature_dtype);
+    if (ctx_.opts.cutlass == Auto::automatic && !ctx_.cutlass) {
+      log_debug("KILN_CUTLASS=auto: every convolution keeps cuDNN (the SM90 CUTLASS GEMM ",
+                cutlass_kernels_built() ? "is built" : "is not built", ", compute capability ",
+                prop.major, ".", prop.minor, ", features ", dtype_name(program.feature_dtype), ")");
+    }
     create_streams();
     for (int r = 0; r < kRegionCount; ++r) {
       const int64_t bytes = program.memory.region_bytes[static_cast<size_t>(r)];

@@ -30,7 +30,7 @@ class CudaBackendApi : public Backend {
   virtual EngineTableUse engine_table_use() const = 0;
   // How the last prepare() built its fused CBR forwards under KILN_CBR_FORM=genstats: as one
   // conv+genstats cuDNN graph, or falling back to kiln's form (no engine for that graph).
-  // Under KILN_CUTLASS=1 also: on the SM90 CUTLASS GEMM, or kept in their form (not eligible).
+  // Where KILN_CUTLASS has them try it: on the SM90 CUTLASS GEMM, or kept in their form.
   struct CbrForms {
     int genstats = 0, fallbacks = 0;
     int cutlass = 0, cutlass_fallbacks = 0;

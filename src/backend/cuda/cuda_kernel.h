@@ -91,11 +91,12 @@ struct Options {
   // MLPerf-style form, one cuDNN graph conv_fprop + genstats (fused.cpp), which falls back
   // to "kiln" per layer where cuDNN has no engine for it.
   bool cbr_genstats = false;
-  // KILN_CUTLASS=1: a CBR forward whose convolution is 1x1, stride 1, FP16 with channels in
+  // KILN_CUTLASS: a CBR forward whose convolution is 1x1, stride 1, FP16 with channels in
   // multiples of 8 (and such a conv_fwd before a bn_add_relu_fwd: a bottleneck's conv3) runs it
   // on kiln's SM90 CUTLASS GEMM (cutlass_conv.cpp), whose epilogue also sums z per channel, so
-  // BatchNorm skips its statistics pass; other layers keep their form.
-  bool cutlass = false;
+  // BatchNorm skips its statistics pass; other layers keep their form. auto (the default): under
+  // AMP on an SM90 GPU with the kernels built; prepare() resolves it into Context::cutlass.
+  Auto cutlass = Auto::automatic;
   // KILN_DETERMINISTIC=1: refuse cuDNN engines noted NONDETERMINISTIC (atomics in weight
   // gradients), so a step gives the same bits every run. kiln's own kernels and cuBLASLt are
   // deterministic already (fixed-order partial sums; one algorithm chosen at compile time).
@@ -177,9 +178,12 @@ struct Context : ProgramView {
   double autotune_report_at = kAutotuneReportSeconds;
   // KILN_CBR_FORM=genstats: CBR forwards built as conv+genstats, and those that fell back.
   int cbr_genstats = 0, cbr_genstats_fallbacks = 0;
-  // KILN_CUTLASS=1: CBR forwards on the SM90 CUTLASS GEMM, and those that kept their form.
+  // Whether this program's eligible layers try the SM90 CUTLASS GEMM: Options::cutlass resolved
+  // by prepare() for the device, the build and the program's precision (sm90_conv_gemm_tried).
+  bool cutlass = false;
+  // CBR forwards on the SM90 CUTLASS GEMM, and those that tried it and kept their form.
   int cbr_cutlass = 0, cbr_cutlass_fallbacks = 0;
-  // KILN_CUTLASS=1 also: conv_fwd nodes whose output a later bn_add_relu_fwd normalises (a
+  // Likewise: conv_fwd nodes whose output a later bn_add_relu_fwd normalises (a
   // bottleneck's conv3) on the GEMM, those the GEMM could not take, and the sums each such
   // bn_add_relu_fwd node reads (set while its convolution is built, read when it is built).
   int conv_cutlass = 0, conv_cutlass_fallbacks = 0;

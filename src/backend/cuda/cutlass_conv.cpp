@@ -1,4 +1,4 @@
-// cbr_fwd's convolution on kiln's SM90 CUTLASS GEMM (KILN_CUTLASS=1): z = x w^T for a 1x1
+// cbr_fwd's convolution on kiln's SM90 CUTLASS GEMM (KILN_CUTLASS): z = x w^T for a 1x1
 // stride-1 FP16 convolution, whose epilogue also sums z and z^2 per channel (FP32, of the
 // FP16-rounded z), so BatchNorm skips its statistics pass. Only this file sees whether the
 // kernels were built (KILN_HAVE_CUTLASS, set by CMakeLists.txt on this file alone); where they
@@ -26,6 +26,10 @@ bool aligned16(const void* p) {
 
 }  // namespace
 
+bool cutlass_kernels_built() {
+  return kBuilt;
+}
+
 KernelPtr make_conv_fwd_cutlass(const Node& n, Context& ctx, int stream, TensorId x, TensorId w,
                                 TensorId z, float* sums) {
   const std::string what = std::string(op_name(n.op)) + " node '" + n.label + "'";
@@ -35,8 +39,9 @@ KernelPtr make_conv_fwd_cutlass(const Node& n, Context& ctx, int stream, TensorI
   q.cc_major = ctx.cc_major, q.cc_minor = ctx.cc_minor;
   q.built = kBuilt;
   std::string why = sm90_conv_refusal(q);
-  // A layer of another shape or precision is routine; the kernels missing, another GPU or
-  // CUTLASS refusing an eligible layer is worth a line at the default level.
+  // A layer of another shape or precision is routine; the kernels missing or another GPU under
+  // an explicit KILN_CUTLASS=1 (auto does not try there: sm90_conv_gemm_tried), or CUTLASS
+  // refusing an eligible layer, is worth a line at the default level.
   const bool routine = !why.empty() && kBuilt && q.cc_major == 9 && q.cc_minor == 0;
   if (why.empty() && !(aligned16(ctx.ptr(x)) && aligned16(ctx.ptr(w)) && aligned16(ctx.ptr(z)))) {
     why = "needs x, w and z at 16-byte aligned addresses (TMA)";
@@ -100,7 +105,7 @@ const Node* later_bn_add_relu_reader(const Program& p, const Node& conv, TensorI
 }  // namespace
 
 KernelPtr make_conv_fwd_summed_for_bn(const Node& n, Context& ctx, int stream) {
-  if (!ctx.opts.cutlass || ctx.program == nullptr || n.out.empty()) return nullptr;
+  if (!ctx.cutlass || ctx.program == nullptr || n.out.empty()) return nullptr;
   if (in_at(n, 2) != kNoTensor) return nullptr;  // a bias: the GEMM adds none
   const TensorId x = need_in(n, 0, "x"), w = need_in(n, 1, "w"), y = need_out(n, 0, "y");
   const Node* bn = later_bn_add_relu_reader(*ctx.program, n, y);

@@ -9,7 +9,7 @@
 // The arithmetic is the unfused chain's, rounding for rounding, so fused and unfused programs
 // give the same bits (tests/gpu/gpu_fused_test.cpp). The parts run in order on the node's
 // stream. KILN_CBR_FORM=genstats takes the MLPerf-style forward instead (conv+genstats in
-// one cuDNN graph), and KILN_CUTLASS=1 kiln's SM90 GEMM with the sums in its epilogue for the
+// one cuDNN graph), and KILN_CUTLASS kiln's SM90 GEMM with the sums in its epilogue for the
 // 1x1 layers (cutlass_conv.cpp); the genstats form's backward forms (dgrad+drelu+dbn) and the
 // MLPerf prologue form are not built (bench/RESULTS.md: cuDNN has no dgrad+drelu+dbn_weight engine
 // at batch 256, and the prologue convolutions cost about what they save). cbr_pool_* also fold a
@@ -41,11 +41,12 @@ class Sequence final : public Kernel {
 
 // cbr_fwd's and cbr_pool_fwd's convolution, then `epilogue(sums)`, their BatchNorm part. Where
 // the convolution also sums z per channel (sums non-null), BatchNorm skips its statistics pass:
-// with KILN_CUTLASS=1 on kiln's SM90 CUTLASS GEMM where the layer is eligible (cutlass_conv.cpp),
-// else with KILN_CBR_FORM=genstats in the MLPerf-style form where cuDNN has it (one graph,
-// conv+genstats). Either's sums are FP32 over the FP16-rounded z, accumulated in another order
-// than kiln's double pass, so those forms agree with the unfused chain to rounding, not bit for
-// bit. A layer neither takes keeps kiln's form; the counters say how many took each.
+// with KILN_CUTLASS (by default under AMP on SM90) on kiln's SM90 CUTLASS GEMM where the layer
+// is eligible (cutlass_conv.cpp), else with KILN_CBR_FORM=genstats in the MLPerf-style form where
+// cuDNN has it (one graph, conv+genstats). Either's sums are FP32 over the FP16-rounded z,
+// accumulated in another order than kiln's double pass, so those forms agree with the unfused chain
+// to rounding, not bit for bit. A layer neither takes keeps kiln's form; the counters say how many
+// took each.
 template <typename Epilogue>
 KernelPtr cbr_forward(const Node& n, Context& ctx, int stream, TensorId x, TensorId w, TensorId z,
                       Epilogue epilogue) {
@@ -61,7 +62,7 @@ KernelPtr cbr_forward(const Node& n, Context& ctx, int stream, TensorId x, Tenso
     parts.push_back(epilogue(static_cast<const float*>(sp)));
     return std::make_unique<Sequence>(stream, std::move(parts), std::move(sums));
   };
-  if (ctx.opts.cutlass) {
+  if (ctx.cutlass) {
     if (KernelPtr k = summing(
             [&](float* sp) { return make_conv_fwd_cutlass(n, ctx, stream, x, w, z, sp); })) {
       ++ctx.cbr_cutlass;

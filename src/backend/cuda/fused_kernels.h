@@ -23,7 +23,7 @@ KernelPtr make_bn_relu_mask_fwd(const Node& n, Context& ctx, int stream, TensorI
 KernelPtr make_conv_fwd_genstats(const Node& n, Context& ctx, int stream, TensorId x, TensorId w,
                                  TensorId z, float* sums);
 
-// cbr_fwd's convolution on kiln's SM90 CUTLASS GEMM (KILN_CUTLASS=1; cutlass_conv.cpp): z as
+// cbr_fwd's convolution on kiln's SM90 CUTLASS GEMM (KILN_CUTLASS; cutlass_conv.cpp): z as
 // make_conv_fwd_genstats, with sums[0, K) and sums[K, 2K) zeroed and filled by the same launch
 // sequence on the node's stream. nullptr (with one log line saying why) where the layer is not
 // eligible (sm90_conv_rule.h), the kernels are not built, or CUTLASS refuses the problem.
@@ -31,11 +31,15 @@ KernelPtr make_conv_fwd_cutlass(const Node& n, Context& ctx, int stream, TensorI
                                 TensorId z, float* sums);
 
 // A conv_fwd node whose output a later bn_add_relu_fwd of the training schedule normalises (a
-// bottleneck's conv3), on the SM90 GEMM with z's sums (KILN_CUTLASS=1), which that node's
+// bottleneck's conv3), on the SM90 GEMM with z's sums (KILN_CUTLASS), which that node's
 // factory then reads from ctx.bn_add_relu_sums instead of taking its statistics pass. nullptr
 // where the switch is off, the pattern does not hold or the GEMM cannot take the layer (then
 // make_conv_fwd builds its cuDNN form).
 KernelPtr make_conv_fwd_summed_for_bn(const Node& n, Context& ctx, int stream);
+
+// Whether this libkiln holds the SM90 CUTLASS kernels (CMake's KILN_CUTLASS_KERNELS): what
+// KILN_CUTLASS=auto asks before trying them (sm90_conv_gemm_tried).
+bool cutlass_kernels_built();
 
 // BatchNorm's backward with the ReLU's backward taken from the mask: g = mask ? dy [+ dy2] : 0
 // (also written to dres unless that is kNoTensor), dx, dgamma, dbeta from g. dy2 (optional)
