@@ -119,8 +119,15 @@ bool cutlass_can_run() {
 // nothing to compare (8192 overflows ResNet-50's FP16 gradients at initialisation on 4 images
 // in GpuCutlassStep's form), and the emulation found scale 1 as accurate as 8192 (6.6e-3 and
 // 6.8e-3); the comparison divides the scale out either way.
+//
+// Gradients 2e-2, not amp()'s 1e-2: on the H200 kiln's step is ~1.6x the emulation's figure
+// in both forms (worst gradient 1.07e-2 on cuDNN alone, 1.10e-2 with the GEMM; bench/RESULTS.md,
+// fourteenth session, call 3), the rounding of cuDNN's and kiln's FP16 kernels that the
+// emulation does not model. 2e-2 leaves ~1.8x room and is still far below the O(1) error of a
+// missing tile or of a channel's sums landing in another BatchNorm.
 GoldenStep resnet50_amp(Auto cutlass) {
   GoldenStep g = amp(resnet50_small_step("cuda"));
+  g.tol_grad = 2e-2;
   g.initial_loss_scale = 1.0f;
   g.cutlass = cutlass;
   return g;
