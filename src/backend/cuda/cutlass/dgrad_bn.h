@@ -18,14 +18,14 @@ namespace kiln::sm90 {
 // One problem. Rows are N*H*W pixels; k is the convolution's output channels (dY's), n its
 // input channels (dX's, BatchNorm's).
 struct DgradBn {
-  const void* dy = nullptr;      // [m][k] FP16: the gradient at the convolution's output
-  const void* w = nullptr;       // [k][n] FP16: the 1x1 KRSC filter
-  const void* z = nullptr;       // [m][n] FP16: BatchNorm's input (saved by the forward)
-  const uint8_t* mask = nullptr; // ReLU's bits over [m][n] (bit e % 8 of byte e / 8)
-  const void* dy2 = nullptr;     // [m][n] FP16 or null: BN+add+ReLU's residual-path gradient
-  const float* mean = nullptr;   // [n]: BatchNorm's saved batch mean
-  void* g = nullptr;             // [m][n] FP16: mask ? dX [+ dy2] : 0, kiln's rounding
-  float* sums = nullptr;         // [2][n] FP32: sum over rows of g, then of g (z - mean)
+  const void* dy = nullptr;       // [m][k] FP16: the gradient at the convolution's output
+  const void* w = nullptr;        // [k][n] FP16: the 1x1 KRSC filter
+  const void* z = nullptr;        // [m][n] FP16: BatchNorm's input (saved by the forward)
+  const uint8_t* mask = nullptr;  // ReLU's bits over [m][n] (bit e % 8 of byte e / 8)
+  const void* dy2 = nullptr;      // [m][n] FP16 or null: BN+add+ReLU's residual-path gradient
+  const float* mean = nullptr;    // [n]: BatchNorm's saved batch mean
+  void* g = nullptr;              // [m][n] FP16: mask ? dX [+ dy2] : 0, kiln's rounding
+  float* sums = nullptr;          // [2][n] FP32: sum over rows of g, then of g (z - mean)
   int64_t m = 0, n = 0, k = 0;
   int sm_count = 0;
   int device_id = 0;  // the CUDA device the pointers live on
@@ -47,14 +47,24 @@ struct DgradBnKernel {
 
 // The variants the CUDA backend links; X(tile_m, tile_n, mode, cluster_m, cluster_n), read by
 // CMakeLists.txt as gemm_stats.h's list is (one unit each, minutes to compile: keep them few).
+// 256x128 as the forward; 128x64 for the layers of at most 64 channels (ResNet-50's conv3 data
+// gradients at 56x56, the largest maps), where a 128-wide tile would spend half its MMAs on
+// padding; reg_partials is the deterministic form, for any width.
 #define KILN_DGRAD_BN_BACKEND_VARIANTS(X) \
   X(256, 128, reg_atomic, 1, 1)           \
-  X(256, 128, reg_partials, 1, 1)
+  X(256, 128, reg_partials, 1, 1)         \
+  X(128, 64, reg_atomic, 1, 1)
 
 #define KILN_DGRAD_BN_FN_(tm, tn, mode, cm, cn) dgrad_bn_##tm##x##tn##_##mode##_##cm##x##cn
 #define KILN_DGRAD_BN_FN(tm, tn, mode, cm, cn) KILN_DGRAD_BN_FN_(tm, tn, mode, cm, cn)
 #define KILN_DGRAD_BN_DECLARE(tm, tn, mode, cm, cn) \
   DgradBnKernel KILN_DGRAD_BN_FN(tm, tn, mode, cm, cn)();
 KILN_DGRAD_BN_BACKEND_VARIANTS(KILN_DGRAD_BN_DECLARE)
+
+// The variant for n channels: the deterministic form, else the atomic one whose tile fits.
+inline DgradBnKernel dgrad_bn_kernel_for(int64_t n, bool deterministic) {
+  if (deterministic) return dgrad_bn_256x128_reg_partials_1x1();
+  return n <= 64 ? dgrad_bn_128x64_reg_atomic_1x1() : dgrad_bn_256x128_reg_atomic_1x1();
+}
 
 }  // namespace kiln::sm90

@@ -30,10 +30,10 @@ class DgradBnEpilogue : public RegisterStatsEpilogue<Base, TileM, TileN, Partial
   // BatchNorm's side of the epilogue; the sums go to Stats::Arguments' stats (sum: sum g,
   // sumsq: sum g (z - mean)).
   struct BnArguments {
-    const __half* z = nullptr;        // [M][N] BatchNorm's input, saved by the forward
-    const uint8_t* mask = nullptr;    // bit e % 8 of byte e / 8: element e = row N + col
-    const __half* dy2 = nullptr;      // [M][N] or none: BN+add+ReLU's second gradient
-    const float* mean = nullptr;      // [N] BatchNorm's saved batch mean
+    const __half* z = nullptr;      // [M][N] BatchNorm's input, saved by the forward
+    const uint8_t* mask = nullptr;  // bit e % 8 of byte e / 8: element e = row N + col
+    const __half* dy2 = nullptr;    // [M][N] or none: BN+add+ReLU's second gradient
+    const float* mean = nullptr;    // [N] BatchNorm's saved batch mean
   };
   struct Arguments : Stats::Arguments {
     BnArguments bn;
@@ -89,14 +89,15 @@ class DgradBnEpilogue : public RegisterStatsEpilogue<Base, TileM, TileN, Partial
     static_assert(size<0, 2>(L{}) == Stats::kGroups && size<2>(L{}) == 1,
                   "one GMMA atom TileN wide");
     constexpr int kAtomsM = size<1>(L{});
-    const auto coords = tiled_mma.get_thread_slice(thread_idx)
-                            .partition_C(make_identity_tensor(make_shape(Int<TileM>{}, Int<TileN>{})));
+    const auto coords =
+        tiled_mma.get_thread_slice(thread_idx)
+            .partition_C(make_identity_tensor(make_shape(Int<TileM>{}, Int<TileN>{})));
     // The tile's origin in 64 bits once; offsets within it fit 32 bits (TileM rows of N < 2^23).
     const int cols = static_cast<int>(get<1>(problem));
     const int64_t m0 = static_cast<int64_t>(get<0>(coord)) * TileM;
     const int n0 = static_cast<int>(get<1>(coord)) * TileN;
-    const int rows_left = static_cast<int>(cute::min(static_cast<int64_t>(get<0>(problem)) - m0,
-                                                     static_cast<int64_t>(TileM)));
+    const int rows_left = static_cast<int>(
+        cute::min(static_cast<int64_t>(get<0>(problem)) - m0, static_cast<int64_t>(TileM)));
     const int64_t origin = m0 * cols + n0;  // a multiple of 8: mask bytes hold whole groups
     const __half* z = bn_.z + origin;
     const __half* dy2 = bn_.dy2 ? bn_.dy2 + origin : nullptr;

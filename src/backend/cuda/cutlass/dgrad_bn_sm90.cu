@@ -45,10 +45,10 @@ using ClusterShape = Shape<Int<KILN_CLUSTER_M>, Int<KILN_CLUSTER_N>, _1>;
 
 // CUTLASS's epilogue stores the accumulators rounded to FP16: the epilogue below has made them
 // g, which FP16 holds exactly.
-using StoreHalf = fusion::Sm90EVT<
-    fusion::Sm90Compute<cutlass::epilogue::thread::Identity, cutlass::half_t, float,
-                        cutlass::FloatRoundStyle::round_to_nearest>,
-    fusion::Sm90AccFetch>;
+using StoreHalf =
+    fusion::Sm90EVT<fusion::Sm90Compute<cutlass::epilogue::thread::Identity, cutlass::half_t, float,
+                                        cutlass::FloatRoundStyle::round_to_nearest>,
+                    fusion::Sm90AccFetch>;
 using TmaEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
     cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
     cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, cutlass::layout::RowMajor,
@@ -118,8 +118,7 @@ std::string check_inputs(const DgradBn& d) {
   if (d.n % 8 != 0 || d.k % 8 != 0)
     return "n (" + std::to_string(d.n) + ") and k (" + std::to_string(d.k) +
            ") must be multiples of 8";
-  if (d.m <= 0 || d.m > INT32_MAX)
-    return "m (" + std::to_string(d.m) + ") out of range";
+  if (d.m <= 0 || d.m > INT32_MAX) return "m (" + std::to_string(d.m) + ") out of range";
   const auto misaligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 != 0; };
   if (misaligned(d.dy) || misaligned(d.w) || misaligned(d.z) || misaligned(d.g) ||
       (d.dy2 && misaligned(d.dy2)))
