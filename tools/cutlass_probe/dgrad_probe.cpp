@@ -163,11 +163,12 @@ int dgrad_probe(cudnnHandle_t handle, cudaStream_t s, const cudaDeviceProp& prop
         failed = true;
         continue;
       }
-      // g: each side rounds an FP32 sum of the same products to FP16 once, in its own order,
-      // then adds dy2 and rounds again: two FP16 ulps of dX plus one of the sum (2^-9 relative
-      // covers them where dX and dy2 do not cancel), and the absolute 2^-11 the cancellation of
-      // dX + dy2 (an ulp of values near 1) and of the FP32 sums near zero.
-      PROBE_CUDA(compare_half(g, gref, count, 0x1p-9f, 0x1p-11f, cmp, s));
+      // g: each side rounds an FP32 sum of the same products to FP16 once, in its own order
+      // (they may land an ulp apart), then adds dy2 and rounds again. Relative 2^-9 covers that
+      // where dX and dy2 do not cancel; where they do, dX's ulp survives the cancellation: the
+      // absolute 2^-8 is one ulp of |dX| < 4 (dX here has a standard deviation of 0.58) plus the
+      // sum's rounding.
+      PROBE_CUDA(compare_half(g, gref, count, 0x1p-9f, 0x1p-8f, cmp, s));
       unsigned long long hc[2];
       PROBE_CUDA(cudaMemcpyAsync(hc, cmp, sizeof hc, cudaMemcpyDeviceToHost, s));
       std::vector<float> hs(2 * static_cast<size_t>(d.n));
