@@ -119,6 +119,8 @@ std::string check_inputs(const DgradBn& d) {
     return "n (" + std::to_string(d.n) + ") and k (" + std::to_string(d.k) +
            ") must be multiples of 8";
   if (d.m <= 0 || d.m > INT32_MAX) return "m (" + std::to_string(d.m) + ") out of range";
+  // The epilogue's offsets within a tile are 32-bit: TileM rows of n channels.
+  if (d.n >= (int64_t{1} << 31) / kTileM) return "n (" + std::to_string(d.n) + ") too large";
   const auto misaligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 != 0; };
   if (misaligned(d.dy) || misaligned(d.w) || misaligned(d.z) || misaligned(d.g) ||
       (d.dy2 && misaligned(d.dy2)))
