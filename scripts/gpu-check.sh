@@ -35,8 +35,9 @@
 #            alternating,
 #            CUTLASS_ROUNDS rounds (default 2), each row's img/s and how many layers took the
 #            CUTLASS GEMM (CBR forwards; convolutions before BN+add+ReLU) (issue 20 stage 2)
-#     cutlass-dgrad  build (KILN_CUTLASS_KERNELS=ON and the probe), the GPU tests of the data
-#            gradient with BatchNorm-backward's sums in its epilogue (GpuCutlassDgradBn.*),
+#     cutlass-dgrad  build (KILN_CUTLASS_KERNELS=ON and the probe), the CUTLASS GPU tests
+#            (DGRAD_TESTS_REGEX, default GpuCutlass: the data gradient with BatchNorm-backward's
+#            sums in its epilogue, GpuCutlassDgradBn.*, and the forward's, whose units share code),
 #            `kiln_cutlass_probe --dgrad`: ResNet-50's 1x1 data gradients that feed BatchNorm at
 #            batch 256, cuDNN's dgrad + kiln's sums pass against the SM90 kernel (CUTLASS_REPS
 #            runs each), and the units' registers, stack and LDL/STL (issue 20 stage 2, backward)
@@ -302,11 +303,11 @@ if [ "$MODE" = cutlass ]; then
 fi
 
 if [ "$MODE" = cutlass-dgrad ]; then
-  ctest --test-dir "$BUILD" -L gpu -R GpuCutlassDgradBn -j 2 --timeout 600 --output-on-failure \
+  ctest --test-dir "$BUILD" -L gpu -R "${DGRAD_TESTS_REGEX:-GpuCutlass}" -j 2 --timeout 600 --output-on-failure \
     >"$LOGS/ctest-cutlass-dgrad.log" 2>&1 || status=1
   grep -E 'Failed|\*\*\*|Exception|Timeout' "$LOGS/ctest-cutlass-dgrad.log" | head -40
   grep -E 'error|Failure|Expected|Which is|differ|> ' "$LOGS/ctest-cutlass-dgrad.log" | head -60
-  note "dgrad tests" "$(ctest_line "$LOGS/ctest-cutlass-dgrad.log") ($(since))"
+  note "cutlass tests" "$(ctest_line "$LOGS/ctest-cutlass-dgrad.log") ($(since))"
   "$BUILD/kiln_cutlass_probe" --dgrad --batch 256 --reps "${CUTLASS_REPS:-20}" \
     >"$LOGS/cutlass-dgrad-probe.txt" 2>&1 || status=1
   cat "$LOGS/cutlass-dgrad-probe.txt"
