@@ -46,14 +46,16 @@ struct DgradBnKernel {
 };
 
 // The variants the CUDA backend links; X(tile_m, tile_n, mode, cluster_m, cluster_n), read by
-// CMakeLists.txt as gemm_stats.h's list is (one unit each, minutes to compile: keep them few).
-// 256x128 as the forward; 128x64 for the layers of at most 64 channels (ResNet-50's conv3 data
-// gradients at 56x56, the largest maps), where a 128-wide tile would spend half its MMAs on
-// padding; reg_partials is the deterministic form, for any width.
+// CMakeLists.txt as gemm_stats.h's list is (one unit each, a minute or two to compile: keep them
+// few). 128x64 for the layers of at most 64 channels (ResNet-50's conv3 data gradients at
+// 56x56), where a 128-wide tile would spend half its MMAs on padding; 128x128 (64 accumulators
+// and 32 sums a thread: no spill) and 256x128 (the forward's tile; its epilogue spills a little)
+// for the wider ones, the probe to tell which wins; reg_partials is the deterministic form.
 #define KILN_DGRAD_BN_BACKEND_VARIANTS(X) \
-  X(256, 128, reg_atomic, 1, 1)           \
-  X(256, 128, reg_partials, 1, 1)         \
-  X(128, 64, reg_atomic, 1, 1)
+  X(128, 64, reg_atomic, 1, 1)            \
+  X(128, 128, reg_atomic, 1, 1)           \
+  X(128, 128, reg_partials, 1, 1)         \
+  X(256, 128, reg_atomic, 1, 1)
 
 #define KILN_DGRAD_BN_FN_(tm, tn, mode, cm, cn) dgrad_bn_##tm##x##tn##_##mode##_##cm##x##cn
 #define KILN_DGRAD_BN_FN(tm, tn, mode, cm, cn) KILN_DGRAD_BN_FN_(tm, tn, mode, cm, cn)
@@ -63,8 +65,8 @@ KILN_DGRAD_BN_BACKEND_VARIANTS(KILN_DGRAD_BN_DECLARE)
 
 // The variant for n channels: the deterministic form, else the atomic one whose tile fits.
 inline DgradBnKernel dgrad_bn_kernel_for(int64_t n, bool deterministic) {
-  if (deterministic) return dgrad_bn_256x128_reg_partials_1x1();
-  return n <= 64 ? dgrad_bn_128x64_reg_atomic_1x1() : dgrad_bn_256x128_reg_atomic_1x1();
+  if (deterministic) return dgrad_bn_128x128_reg_partials_1x1();
+  return n <= 64 ? dgrad_bn_128x64_reg_atomic_1x1() : dgrad_bn_128x128_reg_atomic_1x1();
 }
 
 }  // namespace kiln::sm90

@@ -96,8 +96,8 @@ typename Gemm::Arguments arguments(const DgradBn& d, void* workspace) {
   static_cast<typename TmaEpilogue::Arguments&>(epilogue) = {
       {}, nullptr, typename Kernel::StrideC{}, static_cast<Element*>(d.g), sd};
   epilogue.stats = {sum, sumsq, kPartials ? ctas(d) : 0, static_cast<int>(d.n)};
-  epilogue.bn = {static_cast<const __half*>(d.z), d.mask, static_cast<const __half*>(d.dy2),
-                 d.mean};
+  epilogue.bn = {
+      static_cast<const __half*>(d.z), d.mask, static_cast<const __half*>(d.dy2), d.mean, d.m, d.n};
   return typename Gemm::Arguments{
       cutlass::gemm::GemmUniversalMode::kGemm,
       {m, n, k, 1},
