@@ -311,8 +311,8 @@ if [ "$MODE" = cutlass-dgrad ]; then
   "$BUILD/kiln_cutlass_probe" --dgrad --batch 256 --reps "${CUTLASS_REPS:-20}" \
     >"$LOGS/cutlass-dgrad-probe.txt" 2>&1 || status=1
   cat "$LOGS/cutlass-dgrad-probe.txt"
-  # The data-gradient units (dgrad_bn.h's list): registers, stack, HGMMA and local memory (their
-  # epilogue holds 64 sums and 128 accumulators a thread; ptxas reported a small spill here).
+  # The data-gradient units (dgrad_bn.h's list): registers, stack, HGMMA and local memory
+  # (0 LDL/STL: nothing spilled).
   if command -v cuobjdump >/dev/null 2>&1; then
     for o in "$BUILD"/CMakeFiles/kiln_dgrad_bn_*.dir/src/backend/cuda/cutlass/dgrad_bn_sm90.cu.o; do
       v=$(basename "$(dirname "$(dirname "$(dirname "$(dirname "$(dirname "$o")")")")")" .dir)

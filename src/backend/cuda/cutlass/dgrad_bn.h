@@ -3,7 +3,8 @@
 // dX[m][c] = sum_k dY[m][k] W[k][c], when dX is the gradient at the output of relu(bn(z)) or
 // relu(bn(z) + residual): the epilogue writes BatchNorm's masked gradient g instead of dX and
 // takes BatchNorm-backward's per-channel sums (dgrad_bn_epilogue.cuh), so BatchNorm's backward
-// runs only its finalize and dx passes, reading g.
+// could run only its finalize and dx passes, reading g. No training step uses it: on the H200 it
+// is still slower than cuDNN's dgrad followed by kiln's sums pass (bench/RESULTS.md, issue 20).
 #pragma once
 #include <cuda_runtime.h>
 
@@ -46,16 +47,15 @@ struct DgradBnKernel {
 };
 
 // The variants the CUDA backend links; X(tile_m, tile_n, mode, cluster_m, cluster_n), read by
-// CMakeLists.txt as gemm_stats.h's list is (one unit each, a minute or two to compile: keep them
+// CMakeLists.txt as gemm_stats.h's list is (one unit each, about a minute to compile: keep them
 // few). 128x64 for the layers of at most 64 channels (ResNet-50's conv3 data gradients at
 // 56x56), where a 128-wide tile would spend half its MMAs on padding; 128x128 (64 accumulators
-// and 32 sums a thread: no spill) and 256x128 (the forward's tile; its epilogue spills a little)
-// for the wider ones, the probe to tell which wins; reg_partials is the deterministic form.
+// and 32 sums a thread: no spill) for the wider ones; reg_partials is the deterministic form.
+// (A 256x128 unit spilled and was the slowest on every layer on the H200: bench/RESULTS.md.)
 #define KILN_DGRAD_BN_BACKEND_VARIANTS(X) \
   X(128, 64, reg_atomic, 1, 1)            \
   X(128, 128, reg_atomic, 1, 1)           \
-  X(128, 128, reg_partials, 1, 1)         \
-  X(256, 128, reg_atomic, 1, 1)
+  X(128, 128, reg_partials, 1, 1)
 
 #define KILN_DGRAD_BN_FN_(tm, tn, mode, cm, cn) dgrad_bn_##tm##x##tn##_##mode##_##cm##x##cn
 #define KILN_DGRAD_BN_FN(tm, tn, mode, cm, cn) KILN_DGRAD_BN_FN_(tm, tn, mode, cm, cn)
