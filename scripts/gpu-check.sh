@@ -35,6 +35,12 @@
 #            alternating,
 #            CUTLASS_ROUNDS rounds (default 2), each row's img/s and how many layers took the
 #            CUTLASS GEMM (CBR forwards; convolutions before BN+add+ReLU) (issue 20 stage 2)
+#     cutlass-dgrad  build (KILN_CUTLASS_KERNELS=ON and the probe), the CUTLASS GPU tests
+#            (DGRAD_TESTS_REGEX, default GpuCutlass: the data gradient with BatchNorm-backward's
+#            sums in its epilogue, GpuCutlassDgradBn.*, and the forward's, whose units share code),
+#            `kiln_cutlass_probe --dgrad`: ResNet-50's 1x1 data gradients that feed BatchNorm at
+#            batch 256, cuDNN's dgrad + kiln's sums pass against the SM90 kernel (CUTLASS_REPS
+#            runs each), and the units' registers, stack and LDL/STL (issue 20 stage 2, backward)
 #     kernels  build, then Nsight Compute over two timed AMP steps at batch 256 of each of
 #            PROFILE_MODELS (default "resnet50 vgg16_bn") and bench/kernel_breakdown.py's table
 #            of GPU time per step by kernel kind (issue 5's breakdown; no tests run)
@@ -120,9 +126,9 @@ fi
 
 echo "== configure"
 # The probe is configured only where it can build; here its absence is an error.
-[ "$MODE" = cutlass ] && extra+=("-DKILN_CUTLASS_PROBE=ON")
+case "$MODE" in cutlass|cutlass-dgrad) extra+=("-DKILN_CUTLASS_PROBE=ON") ;; esac
 # The backend's CUTLASS kernels likewise where the GPU tests or the CUTLASS step run.
-case "$MODE" in gpu|all|cutlass-step) extra+=("-DKILN_CUTLASS_KERNELS=ON") ;; esac
+case "$MODE" in gpu|all|cutlass-step|cutlass-dgrad) extra+=("-DKILN_CUTLASS_KERNELS=ON") ;; esac
 if ! cmake -S . -B "$BUILD" -G Ninja -DKILN_CUDA=ON -DCMAKE_BUILD_TYPE=Release "${extra[@]}" >"$LOGS/configure.log" 2>&1; then
   tail -30 "$LOGS/configure.log"
   note configure "FAILED ($(since))"
@@ -147,6 +153,7 @@ gpu_tests=(kiln_gpu_tests kiln_sweep_tests kiln_conv_forms)
 [ "$MODE" = python ] && targets=(kiln kiln_cli kiln_python kiln_py_reference)
 [ "$MODE" = cutlass ] && targets=(kiln_cutlass_probe kiln_cutlass_layout_check)
 [ "$MODE" = cutlass-step ] && targets=(kiln kiln_cli kiln_gpu_tests)
+[ "$MODE" = cutlass-dgrad ] && targets=(kiln kiln_gpu_tests kiln_cutlass_probe)
 [ "$MODE" = jpeg ] && targets=(kiln kiln_cli "${gpu_tests[@]}" kiln_cupti_trace)
 if ! cmake --build "$BUILD" -j "$JOBS" ${targets[@]:+--target "${targets[@]}"} >"$LOGS/build.log" 2>&1; then
   grep -E 'error|FAILED' "$LOGS/build.log" | head -40
@@ -292,6 +299,29 @@ if [ "$MODE" = cutlass ]; then
     gzip -f "$LOGS/cutlass-probe.sass"
   fi
   note "cutlass probe" "$(grep '^summary:' "$LOGS/cutlass-probe.txt" || tail -1 "$LOGS/cutlass-probe.txt")"
+  finish
+fi
+
+if [ "$MODE" = cutlass-dgrad ]; then
+  ctest --test-dir "$BUILD" -L gpu -R "${DGRAD_TESTS_REGEX:-GpuCutlass}" -j 2 --timeout 600 --output-on-failure \
+    >"$LOGS/ctest-cutlass-dgrad.log" 2>&1 || status=1
+  grep -E 'Failed|\*\*\*|Exception|Timeout' "$LOGS/ctest-cutlass-dgrad.log" | head -40
+  grep -E 'error|Failure|Expected|Which is|differ|> ' "$LOGS/ctest-cutlass-dgrad.log" | head -60
+  note "cutlass tests" "$(ctest_line "$LOGS/ctest-cutlass-dgrad.log") ($(since))"
+  "$BUILD/kiln_cutlass_probe" --dgrad --batch 256 --reps "${CUTLASS_REPS:-20}" \
+    >"$LOGS/cutlass-dgrad-probe.txt" 2>&1 || status=1
+  cat "$LOGS/cutlass-dgrad-probe.txt"
+  # The data-gradient units (dgrad_bn.h's list): registers, stack, HGMMA and local memory
+  # (0 LDL/STL: nothing spilled).
+  if command -v cuobjdump >/dev/null 2>&1; then
+    for o in "$BUILD"/CMakeFiles/kiln_dgrad_bn_*.dir/src/backend/cuda/cutlass/dgrad_bn_sm90.cu.o; do
+      v=$(basename "$(dirname "$(dirname "$(dirname "$(dirname "$(dirname "$o")")")")")" .dir)
+      note "sass ${v#kiln_}" "$(cuobjdump --dump-resource-usage "$o" 2>&1 | grep -A1 device_kernel |
+        grep -o 'REG:[0-9]* STACK:[0-9]*' | head -1), $(cuobjdump --dump-sass "$o" 2>&1 | grep -c HGMMA) HGMMA, $(
+        cuobjdump --dump-sass "$o" 2>&1 | grep -c 'LDL\|STL') LDL/STL"
+    done
+  fi
+  note "dgrad probe" "$(grep '^summary:' "$LOGS/cutlass-dgrad-probe.txt" || tail -1 "$LOGS/cutlass-dgrad-probe.txt")"
   finish
 fi
 

@@ -1,4 +1,5 @@
-// kiln_cutlass_layout_check: register_stats_epilogue.cuh indexes its per-thread column sums by
+// kiln_cutlass_layout_check: register_stats_epilogue.cuh (and dgrad_bn_epilogue.cuh, whose
+// mainloop reads B N-major) indexes its per-thread column sums by
 // the GMMA accumulator's coordinates without looking them up; this checks, on the host (no GPU
 // needed), that CUTLASS's cooperative TiledMma for each register variant's tile puts thread t's
 // accumulator ((v0, r, g), am, 0) in column 2 * (t % 4) + v0 + 8 * g (so the lanes sharing a
@@ -8,17 +9,20 @@
 #include <cute/tensor.hpp>
 #include <cutlass/gemm/collective/collective_builder.hpp>
 #include <cutlass/gemm/kernel/gemm_universal.hpp>
+#include <type_traits>
 #include <vector>
 
 namespace {
 
 using namespace cute;
 
-template <int TileM, int TileN>
+// LayoutB: ColumnMajor is the forward's K-major filter, RowMajor the data gradient's N-major one
+// (dgrad_bn_sm90.cu).
+template <int TileM, int TileN, class LayoutB = cutlass::layout::ColumnMajor>
 int mismatches() {
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, cutlass::half_t,
-      cutlass::layout::RowMajor, 8, cutlass::half_t, cutlass::layout::ColumnMajor, 8, float,
+      cutlass::layout::RowMajor, 8, cutlass::half_t, LayoutB, 8, float,
       Shape<Int<TileM>, Int<TileN>, _64>, Shape<_1, _1, _1>,
       cutlass::gemm::collective::StageCount<4>,
       cutlass::gemm::KernelTmaWarpSpecializedCooperative>::CollectiveOp;
@@ -48,13 +52,17 @@ int mismatches() {
   for (int h : held) bad += h != 1;
   for (const auto& cols : warp_cols)
     for (int c : cols) bad += c != 1;
-  std::printf("%dx%d: %s\n", TileM, TileN, bad ? "MISMATCH" : "ok");
+  std::printf("%dx%d%s: %s\n", TileM, TileN,
+              std::is_same_v<LayoutB, cutlass::layout::RowMajor> ? " (B N-major)" : "",
+              bad ? "MISMATCH" : "ok");
   return bad;
 }
 
 }  // namespace
 
 int main() {
-  const int bad = mismatches<128, 64>() + mismatches<128, 128>() + mismatches<256, 128>();
+  const int bad = mismatches<128, 64>() + mismatches<128, 128>() + mismatches<256, 128>() +
+                  mismatches<128, 64, cutlass::layout::RowMajor>() +
+                  mismatches<256, 128, cutlass::layout::RowMajor>();
   return bad ? 1 : 0;
 }

@@ -12,9 +12,10 @@
 // BatchNorm's finalize (sums to mean and invstd) follows either and is left out of both.
 // Every (b) is checked against (a): z elementwise, the sums against kiln's double sums. Times
 // are medians of --reps runs after warm-up, from CUDA events around each run.
-// Needs an SM90 GPU (exit 77 without one); exits 1 on a mismatch or a failed run.
+// --dgrad runs dgrad_probe.cpp's comparison instead (the data gradient with BatchNorm-backward's
+// sums). Needs an SM90 GPU (exit 77 without one); exits 1 on a mismatch or a failed run.
 //
-//   kiln_cutlass_probe [--batch 256] [--reps 20] [--max-engines 4] [--only N]
+//   kiln_cutlass_probe [--dgrad] [--batch 256] [--reps 20] [--max-engines 4] [--only N]
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <cudnn_frontend.h>
@@ -29,23 +30,14 @@
 #include <unordered_map>
 #include <vector>
 
+#include "probe_common.h"
 #include "probe_kernels.h"
 #include "probe_variants.h"
 
-namespace fe = cudnn_frontend;
 using namespace kiln::probe;
 using namespace kiln::sm90;
 
 namespace {
-
-#define PROBE_CUDA(call)                                                                          \
-  do {                                                                                            \
-    const cudaError_t e_ = (call);                                                                \
-    if (e_ != cudaSuccess) {                                                                      \
-      std::fprintf(stderr, "kiln_cutlass_probe: %s failed: %s\n", #call, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                               \
-    }                                                                                             \
-  } while (0)
 
 struct Conv {
   const char* name;
@@ -64,121 +56,6 @@ const Conv kConvs[] = {
     {"s4 7x7 2048>512", 2, 7, 2048, 512},    {"s4 7x7 512>2048", 3, 7, 512, 2048},
 };
 
-// The median of reps runs of fn, each between two events, all queued before the first wait so
-// that the host's launch cost hides behind the GPU's work.
-float median_ms(cudaStream_t s, int reps, const std::function<bool()>& fn) {
-  for (int i = 0; i < 3; ++i)
-    if (!fn()) return -1;
-  std::vector<cudaEvent_t> ev(2 * static_cast<size_t>(reps));
-  for (auto& e : ev) PROBE_CUDA(cudaEventCreate(&e));
-  bool ok = true;
-  for (int i = 0; i < reps && ok; ++i) {
-    PROBE_CUDA(cudaEventRecord(ev[2 * i], s));
-    ok = fn();
-    PROBE_CUDA(cudaEventRecord(ev[2 * i + 1], s));
-  }
-  PROBE_CUDA(cudaStreamSynchronize(s));
-  std::vector<float> ms;
-  for (int i = 0; i < reps && ok; ++i) {
-    float t = 0;
-    PROBE_CUDA(cudaEventElapsedTime(&t, ev[2 * i], ev[2 * i + 1]));
-    ms.push_back(t);
-  }
-  for (auto& e : ev) PROBE_CUDA(cudaEventDestroy(e));
-  if (!ok || ms.empty()) return -1;
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
-}
-
-// cuDNN's forward convolution of one 1x1 shape, its fastest engine chosen by timing.
-struct CudnnConv {
-  fe::graph::Graph g;
-  int64_t plan = -1;
-  void* ws = nullptr;
-  std::string engine, why;
-  float ms = -1;
-  std::unordered_map<int64_t, void*> pack;
-
-  enum : int64_t { X = 1, W, Y };
-
-  bool build(cudnnHandle_t handle, cudaStream_t s, int64_t n, const Conv& c, void* x, void* w,
-             void* y, int max_engines, int reps) {
-    g.set_io_data_type(fe::DataType_t::HALF)
-        .set_intermediate_data_type(fe::DataType_t::FLOAT)
-        .set_compute_data_type(fe::DataType_t::FLOAT);
-    const std::vector<int64_t> xdim{n, c.c, c.h, c.h}, xstr{c.h * c.h * c.c, 1, c.h * c.c, c.c};
-    const std::vector<int64_t> ydim{n, c.k, c.h, c.h}, ystr{c.h * c.h * c.k, 1, c.h * c.k, c.k};
-    auto tx = g.tensor(
-        fe::graph::Tensor_attributes().set_name("x").set_uid(X).set_dim(xdim).set_stride(xstr));
-    auto tw = g.tensor(fe::graph::Tensor_attributes()
-                           .set_name("w")
-                           .set_uid(W)
-                           .set_dim({c.k, c.c, 1, 1})
-                           .set_stride({c.c, 1, c.c, c.c}));
-    auto ty = g.conv_fprop(
-        tx, tw,
-        fe::graph::Conv_fprop_attributes().set_padding({0, 0}).set_stride({1, 1}).set_dilation(
-            {1, 1}));
-    ty->set_output(true).set_uid(Y).set_dim(ydim).set_stride(ystr).set_data_type(
-        fe::DataType_t::HALF);
-    pack = {{X, x}, {W, w}, {Y, y}};
-    auto failed = [&](fe::error_t e, const char* step) {
-      why = std::string(step) + ": " + e.get_message();
-      return false;
-    };
-    if (auto e = g.validate(); e.is_bad()) return failed(e, "validate");
-    if (auto e = g.build_operation_graph(handle); e.is_bad())
-      return failed(e, "build_operation_graph");
-    if (auto e = g.create_execution_plans({fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK});
-        e.is_bad())
-      return failed(e, "create_execution_plans");
-    if (auto e = g.check_support(handle); e.is_bad()) return failed(e, "check_support");
-    int tried = 0;
-    for (int64_t i = 0; i < g.get_execution_plan_count() && tried < max_engines; ++i) {
-      if (g.build_plan_at_index(i).is_bad()) continue;
-      int64_t bytes = 0;
-      if (g.get_workspace_size_plan_at_index(i, bytes).is_bad()) continue;
-      void* p = nullptr;
-      if (bytes > 0 && cudaMalloc(&p, static_cast<size_t>(bytes)) != cudaSuccess) {
-        cudaGetLastError();
-        continue;
-      }
-      ++tried;
-      const float t =
-          median_ms(s, reps, [&] { return g.execute_plan_at_index(handle, pack, p, i).is_good(); });
-      if (cudaGetLastError() == cudaSuccess && t > 0 && (ms < 0 || t < ms)) {
-        if (ws) PROBE_CUDA(cudaFree(ws));
-        ws = p;
-        ms = t;
-        plan = i;
-        if (g.get_plan_name_at_index(i, engine).is_bad()) engine = "engine " + std::to_string(i);
-      } else if (p) {
-        PROBE_CUDA(cudaFree(p));
-      }
-    }
-    if (plan < 0) why = std::to_string(tried) + " engines tried, none ran";
-    return plan >= 0;
-  }
-  bool run(cudnnHandle_t handle) {
-    return g.execute_plan_at_index(handle, pack, ws, plan).is_good();
-  }
-  ~CudnnConv() {
-    if (ws) cudaFree(ws);
-  }
-};
-
-int64_t flag(int argc, char** argv, const char* name, int64_t fallback) {
-  for (int i = 1; i + 1 < argc; ++i)
-    if (std::strcmp(argv[i], name) == 0) return std::atoll(argv[i + 1]);
-  return fallback;
-}
-
-void* device_alloc(size_t bytes) {
-  void* p = nullptr;
-  PROBE_CUDA(cudaMalloc(&p, std::max<size_t>(bytes, 256)));
-  return p;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -186,12 +63,14 @@ int main(int argc, char** argv) {
     const std::string a = argv[i];
     if (a == "--help" || a == "-h") {
       std::printf(
-          "usage: kiln_cutlass_probe [--batch 256] [--reps 20] [--max-engines 4] [--only N]\n");
+          "usage: kiln_cutlass_probe [--dgrad] [--batch 256] [--reps 20] [--max-engines 4] "
+          "[--only N]\n");
       return 0;
     }
+    if (a == "--dgrad") continue;
     if (a != "--batch" && a != "--reps" && a != "--max-engines" && a != "--only") {
       std::fprintf(stderr,
-                   "kiln_cutlass_probe: unknown flag %s; its flags are --batch, --reps, "
+                   "kiln_cutlass_probe: unknown flag %s; its flags are --dgrad, --batch, --reps, "
                    "--max-engines, --only\n",
                    a.c_str());
       return 2;
@@ -227,6 +106,14 @@ int main(int argc, char** argv) {
       cudnnSetStream(handle, s) != CUDNN_STATUS_SUCCESS) {
     std::fprintf(stderr, "kiln_cutlass_probe: cudnnCreate failed\n");
     return 1;
+  }
+  bool dgrad = false;
+  for (int i = 1; i < argc; ++i) dgrad = dgrad || std::strcmp(argv[i], "--dgrad") == 0;
+  if (dgrad) {
+    const int rc = dgrad_probe(handle, s, prop, batch, reps, max_engines, only);
+    cudnnDestroy(handle);
+    PROBE_CUDA(cudaStreamDestroy(s));
+    return rc;
   }
   std::vector<GemmStatsKernel> kernels;
 #define KILN_GEMM_STATS_ADD(tm, tn, mode, cm, cn) \
@@ -278,7 +165,7 @@ int main(int argc, char** argv) {
     PROBE_CUDA(fill_uniform(w, c.k * c.c, -wr, wr, 1000 + done, s));
 
     CudnnConv conv;
-    if (!conv.build(handle, s, batch, c, x, w, za, max_engines, reps)) {
+    if (!conv.build(handle, s, batch, c.h, c.c, c.k, x, w, za, max_engines, reps)) {
       std::printf("| %s | %d | no engine: %s |\n", c.name, c.count, conv.why.c_str());
       failed = true;
       continue;

@@ -1,5 +1,5 @@
 // The probe's plain CUDA helpers; see probe_kernels.h.
-#include "backend/cuda/bn_stats.cuh"
+#include "backend/cuda/bn_kernels.cuh"
 #include "probe_kernels.h"
 
 namespace kiln::probe {
@@ -48,9 +48,46 @@ __global__ void compare_kernel(const __half* a, const __half* b, int64_t count, 
   if (bad) atomicAdd(result + 1, bad);
 }
 
+__global__ void masked_grad_kernel(const __half* dx, const __half* dy2, const uint8_t* mask,
+                                   int64_t count, __half* g) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < count;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const __half v = dy2 ? __float2half_rn(__half2float(dx[i]) + __half2float(dy2[i])) : dx[i];
+    g[i] = (mask[i / 8] >> (i % 8)) & 1u ? v : __float2half_rn(0.0f);
+  }
+}
+
+__global__ void fill_bytes_kernel(uint8_t* p, int64_t count, uint64_t seed) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < count;
+       i += int64_t{gridDim.x} * blockDim.x)
+    p[i] = static_cast<uint8_t>(mix(seed * 0x9E3779B97F4A7C15ull + i) >> 56);
+}
+
 constexpr int kThreads = 256, kBlocks = 1024;
 
 }  // namespace
+
+cudaError_t kiln_bwd_sums(const __half* z, const __half* dx, const __half* dy2, const uint8_t* mask,
+                          const float* mean, int64_t rows, int64_t c, int sm_count, void* partial,
+                          cudaStream_t s) {
+  if (c % 8 != 0 || cuda::kVecThreads % (c / 8) != 0) return cudaErrorInvalidValue;
+  const int blocks = cuda::stats_vec_blocks(rows, c / 8, sm_count);
+  cuda::bwd_partial_vec<__half>
+      <<<blocks, cuda::kVecThreads, 0, s>>>(z, dx, dy2, mask, mean, static_cast<int>(rows),
+                                            static_cast<int>(c), static_cast<double2*>(partial));
+  return cudaGetLastError();
+}
+
+cudaError_t masked_grad(const __half* dx, const __half* dy2, const uint8_t* mask, int64_t count,
+                        __half* g, cudaStream_t s) {
+  masked_grad_kernel<<<kBlocks, kThreads, 0, s>>>(dx, dy2, mask, count, g);
+  return cudaGetLastError();
+}
+
+cudaError_t fill_bytes(uint8_t* p, int64_t count, uint64_t seed, cudaStream_t s) {
+  fill_bytes_kernel<<<kBlocks, kThreads, 0, s>>>(p, count, seed);
+  return cudaGetLastError();
+}
 
 cudaError_t fill_uniform(__half* p, int64_t count, float lo, float hi, uint64_t seed,
                          cudaStream_t s) {

@@ -23,6 +23,20 @@ cudaError_t kiln_stats(const __half* z, int64_t rows, int64_t c, int sm_count, v
 cudaError_t kiln_stats_total(const void* partial, int64_t rows, int64_t c, int sm_count,
                              double2* total, cudaStream_t s);
 
+// kiln's BatchNorm-backward sums pass (bn_kernels.cuh's bwd_partial_vec, as a training step
+// runs it for BN+add+ReLU or a CBR) over x = z, dy = dx [+ dy2] where mask passes it: double
+// partials [blocks][c] of sum g and sum g (z - mean), the same size and layout as
+// kiln_stats's (kiln_stats_total adds them up).
+cudaError_t kiln_bwd_sums(const __half* z, const __half* dx, const __half* dy2, const uint8_t* mask,
+                          const float* mean, int64_t rows, int64_t c, int sm_count, void* partial,
+                          cudaStream_t s);
+// g = mask ? round16(dx [+ dy2]) : 0, as kiln's BatchNorm backward forms it (the reference the
+// fused kernel's g is compared with).
+cudaError_t masked_grad(const __half* dx, const __half* dy2, const uint8_t* mask, int64_t count,
+                        __half* g, cudaStream_t s);
+// Random mask bytes (a counter-based hash of (seed, i)).
+cudaError_t fill_bytes(uint8_t* p, int64_t count, uint64_t seed, cudaStream_t s);
+
 // Over count elements: the largest |a - b|, and how many exceed abs_tol + rel_tol * |b|
 // (result[0] as a float's bits, result[1] the count; both zeroed here first).
 cudaError_t compare_half(const __half* a, const __half* b, int64_t count, float rel_tol,

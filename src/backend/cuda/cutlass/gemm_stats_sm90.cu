@@ -23,6 +23,7 @@
 #include <string>
 #include <type_traits>
 
+#include "backend/cuda/cutlass/column_sums.cuh"
 #include "backend/cuda/cutlass/gemm_stats.h"
 #include "backend/cuda/cutlass/register_stats_epilogue.cuh"
 
@@ -115,13 +116,8 @@ size_t align256(size_t b) {
   return (b + 255) / 256 * 256;
 }
 
-// The persistent grid's CTA count for the reg_ modes: a multiple of the column blocks where it
-// costs under 4% of the SMs, so that each CTA's tiles keep to one column block (the scheduler
-// rasters along N: CTA i takes tiles i, i + CTAs, ...) and its sums are reduced once.
 int stats_ctas(const GemmStats& g) {
-  const int blocks = static_cast<int>((g.n + KILN_TILE_N - 1) / KILN_TILE_N);
-  const int rounded = g.sm_count - g.sm_count % blocks;
-  return blocks <= g.sm_count && rounded * 25 >= g.sm_count * 24 ? rounded : g.sm_count;
+  return column_block_ctas(g.n, KILN_TILE_N, g.sm_count);
 }
 
 // Rows of the partial sums: M tiles (partials) or CTAs (reg_partials).
@@ -176,47 +172,8 @@ typename Gemm::Arguments arguments(const GemmStats& g, void* workspace) {
       hw};
 }
 
-// sum[c] and sumsq[c] = the partials' column c over their rows. Blocks of 32 columns x 8 row
-// slices; several blocks down each column (enough to fill the GPU) combine with atomics into
-// sums zeroed first, one block stores them.
-constexpr int kFinX = 32, kFinY = 8;
-__global__ void __launch_bounds__(kFinX* kFinY)
-    finalize_partials(const float* __restrict__ ps, const float* __restrict__ pq, int rows, int n,
-                      int ld, float* sum, float* sumsq) {
-  __shared__ float ss[kFinY][kFinX], sq[kFinY][kFinX];
-  const int c = blockIdx.x * kFinX + threadIdx.x;
-  float a = 0.0f, b = 0.0f;
-  if (c < n) {
-    for (int r = blockIdx.y * kFinY + threadIdx.y; r < rows; r += gridDim.y * kFinY) {
-      a += ps[static_cast<int64_t>(r) * ld + c];
-      b += pq[static_cast<int64_t>(r) * ld + c];
-    }
-  }
-  ss[threadIdx.y][threadIdx.x] = a;
-  sq[threadIdx.y][threadIdx.x] = b;
-  __syncthreads();
-  if (threadIdx.y == 0 && c < n) {
-    for (int j = 1; j < kFinY; ++j) {
-      a += ss[j][threadIdx.x];
-      b += sq[j][threadIdx.x];
-    }
-    if (gridDim.y == 1) {
-      sum[c] = a;
-      sumsq[c] = b;
-    } else {
-      atomicAdd(sum + c, a);
-      atomicAdd(sumsq + c, b);
-    }
-  }
-}
-
-// Zeroes sum and sumsq [n], with one memset where they are contiguous (the probe's are).
 std::string clear_sums(const GemmStats& g, cudaStream_t stream) {
-  const size_t bytes = sizeof(float) * g.n;
-  cudaError_t e = g.sumsq == g.sum + g.n ? cudaMemsetAsync(g.sum, 0, 2 * bytes, stream)
-                                         : cudaMemsetAsync(g.sum, 0, bytes, stream);
-  if (e == cudaSuccess && g.sumsq != g.sum + g.n) e = cudaMemsetAsync(g.sumsq, 0, bytes, stream);
-  return e == cudaSuccess ? "" : std::string("cudaMemsetAsync: ") + cudaGetErrorString(e);
+  return kiln::sm90::clear_sums(g.sum, g.sumsq, g.n, stream);
 }
 
 std::string status_error(const char* what, cutlass::Status st) {
@@ -261,22 +218,13 @@ std::string run(const GemmStats& g, void* workspace, cudaStream_t stream) {
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess)
     return std::string("GEMM launch: ") + cudaGetErrorString(e);
   if constexpr (kMode == StatsMode::partials || kMode == StatsMode::reg_partials) {
-    const auto rows = static_cast<int>(partial_rows(g));
-    const auto ld = static_cast<int>(partial_ld(g));
     const auto* ps = static_cast<const float*>(workspace);
     const auto* pq = reinterpret_cast<const float*>(static_cast<const uint8_t*>(workspace) +
                                                     partial_bytes(g) / 2);
-    const int gx = static_cast<int>((g.n + kFinX - 1) / kFinX);
-    const int want = std::max(1, 2 * g.sm_count / gx), most = (rows + 4 * kFinY - 1) / (4 * kFinY);
     // reg_partials has a row per CTA: one block down each column sums them and stores.
-    const dim3 grid(gx, kMode == StatsMode::reg_partials ? 1 : std::max(1, std::min(want, most)));
-    if (grid.y > 1) {
-      if (std::string err = clear_sums(g, stream); !err.empty()) return err;
-    }
-    finalize_partials<<<grid, dim3(kFinX, kFinY), 0, stream>>>(ps, pq, rows, static_cast<int>(g.n),
-                                                               ld, g.sum, g.sumsq);
-    if (cudaError_t e = cudaGetLastError(); e != cudaSuccess)
-      return std::string("finalize_partials launch: ") + cudaGetErrorString(e);
+    return finalize_partial_rows(ps, pq, static_cast<int>(partial_rows(g)), g.n,
+                                 static_cast<int>(partial_ld(g)), kMode == StatsMode::reg_partials,
+                                 g.sm_count, g.sum, g.sumsq, stream);
   }
   return "";
 }

@@ -81,11 +81,7 @@ class RegisterStatsEpilogue : public Base {
                             int thread_idx, TensorStorage& shared, int subtile_idx = -1) {
     static_assert(cute::size<0>(TileShapeMNK{}) == TileM && cute::size<1>(TileShapeMNK{}) == TileN);
     static_assert(cute::size(TiledMma{}) == kThreads, "two consumer warpgroups");
-    const int n_block = static_cast<int>(cute::get<1>(coord));
-    if (n_block != n_block_ && n_block_ >= 0) flush();
-    n_block_ = n_block;
-    thread_idx_ = thread_idx;
-    n_total_ = static_cast<int>(cute::get<1>(problem));
+    begin_tile(problem, coord, thread_idx);
     // z's stores go first: the sums below overlap the TMA stores' drain.
     auto next =
         Base::store(load_pipeline, load_state, store_pipeline, store_state, problem, tile_shape,
@@ -103,7 +99,18 @@ class RegisterStatsEpilogue : public Base {
     return Base::store_tail(load_pipeline, load_state, store_pipeline, store_state);
   }
 
- private:
+ protected:
+  // Flushes the sums where the tile's column block differs from the last one's (all the consumer
+  // threads call it together).
+  template <class ProblemShapeMNKL, class TileCoordMNKL>
+  CUTLASS_DEVICE void begin_tile(ProblemShapeMNKL problem, TileCoordMNKL coord, int thread_idx) {
+    const int n_block = static_cast<int>(cute::get<1>(coord));
+    if (n_block != n_block_ && n_block_ >= 0) flush();
+    n_block_ = n_block;
+    thread_idx_ = thread_idx;
+    n_total_ = static_cast<int>(cute::get<1>(problem));
+  }
+
   template <class AccEngine, class AccLayout>
   CUTLASS_DEVICE void accumulate(cute::Tensor<AccEngine, AccLayout> const& acc) {
     using namespace cute;

@@ -1,0 +1,72 @@
+// The interface of kiln's SM90 data-gradient kernels (dgrad_bn_sm90.cu), in plain C++ like
+// gemm_stats.h: the data gradient of a 1x1 stride-1 NHWC FP16 convolution,
+// dX[m][c] = sum_k dY[m][k] W[k][c], when dX is the gradient at the output of relu(bn(z)) or
+// relu(bn(z) + residual): the epilogue writes BatchNorm's masked gradient g instead of dX and
+// takes BatchNorm-backward's per-channel sums (dgrad_bn_epilogue.cuh), so BatchNorm's backward
+// could run only its finalize and dx passes, reading g. No training step uses it: on the H200 it
+// is still slower than cuDNN's dgrad followed by kiln's sums pass (bench/RESULTS.md, issue 20).
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "backend/cuda/cutlass/gemm_stats.h"
+
+namespace kiln::sm90 {
+
+// One problem. Rows are N*H*W pixels; k is the convolution's output channels (dY's), n its
+// input channels (dX's, BatchNorm's).
+struct DgradBn {
+  const void* dy = nullptr;       // [m][k] FP16: the gradient at the convolution's output
+  const void* w = nullptr;        // [k][n] FP16: the 1x1 KRSC filter
+  const void* z = nullptr;        // [m][n] FP16: BatchNorm's input (saved by the forward)
+  const uint8_t* mask = nullptr;  // ReLU's bits over [m][n] (bit e % 8 of byte e / 8)
+  const void* dy2 = nullptr;      // [m][n] FP16 or null: BN+add+ReLU's residual-path gradient
+  const float* mean = nullptr;    // [n]: BatchNorm's saved batch mean
+  void* g = nullptr;              // [m][n] FP16: mask ? dX [+ dy2] : 0, kiln's rounding
+  float* sums = nullptr;          // [2][n] FP32: sum over rows of g, then of g (z - mean)
+  int64_t m = 0, n = 0, k = 0;
+  int sm_count = 0;
+  int device_id = 0;  // the CUDA device the pointers live on
+};
+
+// One compiled kernel: a tile shape and how the sums reach global memory (reg_atomic: FP32
+// atomics; reg_partials: per-CTA partials then a finalize kernel, fixed order: deterministic).
+struct DgradBnKernel {
+  const char* name;
+  int tile_m, tile_n;
+  StatsMode mode;
+  size_t (*workspace)(const DgradBn&);
+  // "" when CUTLASS can run this problem (shapes, alignment: n and k multiples of 8) and the
+  // kernel's shared memory is set up, else why not; launches nothing.
+  std::string (*check)(const DgradBn&);
+  // "" when it ran, else what failed (a CUTLASS status or a CUDA error).
+  std::string (*run)(const DgradBn&, void* workspace, cudaStream_t);
+};
+
+// The variants the CUDA backend links; X(tile_m, tile_n, mode, cluster_m, cluster_n), read by
+// CMakeLists.txt as gemm_stats.h's list is (one unit each, about a minute to compile: keep them
+// few). 128x64 for the layers of at most 64 channels (ResNet-50's conv3 data gradients at
+// 56x56), where a 128-wide tile would spend half its MMAs on padding; 128x128 (64 accumulators
+// and 32 sums a thread: no spill) for the wider ones; reg_partials is the deterministic form.
+// (A 256x128 unit spilled and was the slowest on every layer on the H200: bench/RESULTS.md.)
+#define KILN_DGRAD_BN_BACKEND_VARIANTS(X) \
+  X(128, 64, reg_atomic, 1, 1)            \
+  X(128, 128, reg_atomic, 1, 1)           \
+  X(128, 128, reg_partials, 1, 1)
+
+#define KILN_DGRAD_BN_FN_(tm, tn, mode, cm, cn) dgrad_bn_##tm##x##tn##_##mode##_##cm##x##cn
+#define KILN_DGRAD_BN_FN(tm, tn, mode, cm, cn) KILN_DGRAD_BN_FN_(tm, tn, mode, cm, cn)
+#define KILN_DGRAD_BN_DECLARE(tm, tn, mode, cm, cn) \
+  DgradBnKernel KILN_DGRAD_BN_FN(tm, tn, mode, cm, cn)();
+KILN_DGRAD_BN_BACKEND_VARIANTS(KILN_DGRAD_BN_DECLARE)
+
+// The variant for n channels: the deterministic form, else the atomic one whose tile fits.
+inline DgradBnKernel dgrad_bn_kernel_for(int64_t n, bool deterministic) {
+  if (deterministic) return dgrad_bn_128x128_reg_partials_1x1();
+  return n <= 64 ? dgrad_bn_128x64_reg_atomic_1x1() : dgrad_bn_128x128_reg_atomic_1x1();
+}
+
+}  // namespace kiln::sm90

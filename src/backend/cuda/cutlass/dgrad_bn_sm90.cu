@@ -1,0 +1,196 @@
+// One SM90 data-gradient kernel variant (dgrad_bn.h), chosen by the compile definitions
+// KILN_TILE_M, KILN_TILE_N, KILN_STATS_MODE (reg_atomic or reg_partials), KILN_CLUSTER_M and
+// KILN_CLUSTER_N: CMake compiles this file once per entry of dgrad_bn.h's list, each in its own
+// translation unit.
+//
+// dX[m][n] = sum_k dY[m][k] W[k][n]: the forward's TMA warp-specialised cooperative GEMM
+// (gemm_stats_sm90.cu) with B = W read N-major (KRSC's [k][n] holds the input channels n
+// contiguous; WGMMA transposes 16-bit operands from shared memory), FP32 accumulators, and
+// dgrad_bn_epilogue.cuh around CUTLASS's TMA epilogue: g instead of dX, and BatchNorm-backward's
+// two per-column sums.
+#include <cutlass/cutlass.h>
+#include <cutlass/epilogue/thread/activation.h>
+#include <cutlass/gemm/device/gemm_universal_adapter.h>
+
+#include <cute/tensor.hpp>
+#include <cutlass/epilogue/collective/collective_builder.hpp>
+#include <cutlass/epilogue/fusion/sm90_callbacks_tma_warpspecialized.hpp>
+#include <cutlass/gemm/collective/collective_builder.hpp>
+#include <cutlass/gemm/kernel/gemm_universal.hpp>
+#include <cutlass/util/packed_stride.hpp>
+#include <string>
+
+#include "backend/cuda/cutlass/column_sums.cuh"
+#include "backend/cuda/cutlass/dgrad_bn.h"
+#include "backend/cuda/cutlass/dgrad_bn_epilogue.cuh"
+
+#if !defined(KILN_TILE_M) || !defined(KILN_TILE_N) || !defined(KILN_STATS_MODE) || \
+    !defined(KILN_CLUSTER_M) || !defined(KILN_CLUSTER_N)
+#error "compile with KILN_TILE_M, KILN_TILE_N, KILN_STATS_MODE, KILN_CLUSTER_M and KILN_CLUSTER_N"
+#endif
+
+namespace kiln::sm90 {
+namespace {
+
+using namespace cute;
+namespace fusion = cutlass::epilogue::fusion;
+
+constexpr StatsMode kMode = StatsMode::KILN_STATS_MODE;
+static_assert(kMode == StatsMode::reg_atomic || kMode == StatsMode::reg_partials,
+              "the data gradient's sums are the register epilogue's: reg_atomic or reg_partials");
+constexpr bool kPartials = kMode == StatsMode::reg_partials;
+constexpr int kTileM = KILN_TILE_M, kTileN = KILN_TILE_N;
+using TileShape = Shape<Int<kTileM>, Int<kTileN>, _64>;
+using ClusterShape = Shape<Int<KILN_CLUSTER_M>, Int<KILN_CLUSTER_N>, _1>;
+
+// CUTLASS's epilogue stores the accumulators rounded to FP16: the epilogue below has made them
+// g, which FP16 holds exactly.
+using StoreHalf =
+    fusion::Sm90EVT<fusion::Sm90Compute<cutlass::epilogue::thread::Identity, cutlass::half_t, float,
+                                        cutlass::FloatRoundStyle::round_to_nearest>,
+                    fusion::Sm90AccFetch>;
+using TmaEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
+    cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, cutlass::layout::RowMajor,
+    8, cutlass::half_t, cutlass::layout::RowMajor, 8,
+    cutlass::epilogue::TmaWarpSpecializedCooperative, StoreHalf>::CollectiveOp;
+using Epilogue = DgradBnEpilogue<TmaEpilogue, kTileM, kTileN, kPartials>;
+
+// A = dY [m][k] K-major (RowMajor), B = W [k][n] N-major (RowMajor in CUTLASS's K x N view).
+using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, cutlass::half_t, cutlass::layout::RowMajor,
+    8, cutlass::half_t, cutlass::layout::RowMajor, 8, float, TileShape, ClusterShape,
+    cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
+        sizeof(typename Epilogue::SharedStorage))>,
+    cutlass::gemm::KernelTmaWarpSpecializedCooperative>::CollectiveOp;
+
+using Kernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Mainloop, Epilogue>;
+using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+
+int ctas(const DgradBn& d) {
+  return column_block_ctas(d.n, kTileN, d.sm_count);
+}
+
+// reg_partials: the per-CTA partial rows [CTAs][n] of both sums, ahead of CUTLASS's workspace.
+size_t partial_bytes(const DgradBn& d) {
+  const size_t one = (sizeof(float) * static_cast<size_t>(ctas(d) * d.n) + 255) / 256 * 256;
+  return kPartials ? 2 * one : 0;
+}
+
+typename Gemm::Arguments arguments(const DgradBn& d, void* workspace) {
+  using Element = cutlass::half_t;
+  const int m = static_cast<int>(d.m), n = static_cast<int>(d.n), k = static_cast<int>(d.k);
+  const auto sa = cutlass::make_cute_packed_stride(typename Kernel::StrideA{}, {m, k, 1});
+  const auto sb = cutlass::make_cute_packed_stride(typename Kernel::StrideB{}, {n, k, 1});
+  const auto sd = cutlass::make_cute_packed_stride(typename Kernel::StrideD{}, {m, n, 1});
+  float* sum = d.sums;
+  float* sumsq = d.sums ? d.sums + d.n : nullptr;
+  if (kPartials) {
+    sum = static_cast<float*>(workspace);
+    sumsq = reinterpret_cast<float*>(static_cast<uint8_t*>(workspace) + partial_bytes(d) / 2);
+  }
+  cutlass::KernelHardwareInfo hw;
+  hw.device_id = d.device_id;
+  hw.sm_count = ctas(d);
+  typename Epilogue::Arguments epilogue{};
+  static_cast<typename TmaEpilogue::Arguments&>(epilogue) = {
+      {}, nullptr, typename Kernel::StrideC{}, static_cast<Element*>(d.g), sd};
+  epilogue.stats = {sum, sumsq, kPartials ? ctas(d) : 0, static_cast<int>(d.n)};
+  epilogue.bn = {
+      static_cast<const __half*>(d.z), d.mask, static_cast<const __half*>(d.dy2), d.mean, d.m, d.n};
+  return typename Gemm::Arguments{
+      cutlass::gemm::GemmUniversalMode::kGemm,
+      {m, n, k, 1},
+      {static_cast<const Element*>(d.dy), sa, static_cast<const Element*>(d.w), sb},
+      epilogue,
+      hw};
+}
+
+std::string status_error(const char* what, cutlass::Status st) {
+  return std::string(what) + ": " + cutlassGetStatusString(st);
+}
+
+// What the epilogue reads per element (half2 and byte loads at each accumulator pair) and the
+// mask's byte per 8 channels need; CUTLASS's TMA checks the rest.
+std::string check_inputs(const DgradBn& d) {
+  if (!d.dy || !d.w || !d.z || !d.mask || !d.mean || !d.g || !d.sums)
+    return "dy, w, z, mask, mean, g and sums are all needed (dy2 alone is optional)";
+  if (d.n % 8 != 0 || d.k % 8 != 0)
+    return "n (" + std::to_string(d.n) + ") and k (" + std::to_string(d.k) +
+           ") must be multiples of 8";
+  if (d.m <= 0 || d.m > INT32_MAX) return "m (" + std::to_string(d.m) + ") out of range";
+  // The epilogue's offsets within a tile are 32-bit: TileM rows of n channels.
+  if (d.n >= (int64_t{1} << 31) / kTileM) return "n (" + std::to_string(d.n) + ") too large";
+  const auto misaligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 != 0; };
+  if (misaligned(d.dy) || misaligned(d.w) || misaligned(d.z) || misaligned(d.g) ||
+      (d.dy2 && misaligned(d.dy2)))
+    return "dy, w, z, dy2 and g must be 16-byte aligned";
+  return "";
+}
+
+size_t workspace_bytes(const DgradBn& d) {
+  return partial_bytes(d) + Gemm::get_workspace_size(arguments(d, nullptr));
+}
+
+std::string check(const DgradBn& d) {
+  if (std::string err = check_inputs(d); !err.empty()) return err;
+  const auto args = arguments(d, nullptr);
+  Gemm gemm;
+  if (auto st = gemm.can_implement(args); st != cutlass::Status::kSuccess)
+    return status_error("can_implement", st);
+  // As gemm_stats_sm90.cu: set the kernel's shared-memory size once here, not first inside a
+  // captured CUDA Graph.
+  if (Gemm::get_workspace_size(args) == 0) {
+    if (auto st = gemm.initialize(args, nullptr, nullptr); st != cutlass::Status::kSuccess)
+      return status_error("initialize", st);
+  }
+  return "";
+}
+
+std::string run(const DgradBn& d, void* workspace, cudaStream_t stream) {
+  if (std::string err = check_inputs(d); !err.empty()) return err;
+  const auto args = arguments(d, workspace);
+  Gemm gemm;
+  if (auto st = gemm.can_implement(args); st != cutlass::Status::kSuccess)
+    return status_error("can_implement", st);
+  // The epilogue adds into sums (or partials) cleared here.
+  if constexpr (kPartials) {
+    if (cudaError_t e = cudaMemsetAsync(workspace, 0, partial_bytes(d), stream); e != cudaSuccess)
+      return std::string("cudaMemsetAsync: ") + cudaGetErrorString(e);
+  } else {
+    if (std::string err = clear_sums(d.sums, d.sums + d.n, d.n, stream); !err.empty()) return err;
+  }
+  void* own = static_cast<uint8_t*>(workspace) + partial_bytes(d);
+  if (auto st = gemm.initialize(args, own, stream); st != cutlass::Status::kSuccess)
+    return status_error("initialize", st);
+  if (auto st = gemm.run(stream); st != cutlass::Status::kSuccess) return status_error("run", st);
+  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess)
+    return std::string("GEMM launch: ") + cudaGetErrorString(e);
+  if constexpr (kPartials) {
+    const auto* ps = static_cast<const float*>(workspace);
+    const auto* pq = reinterpret_cast<const float*>(static_cast<const uint8_t*>(workspace) +
+                                                    partial_bytes(d) / 2);
+    return finalize_partial_rows(ps, pq, ctas(d), d.n, static_cast<int>(d.n), true, d.sm_count,
+                                 d.sums, d.sums + d.n, stream);
+  }
+  return "";
+}
+
+#define KILN_STR2(x) #x
+#define KILN_STR(x) KILN_STR2(x)
+
+}  // namespace
+
+DgradBnKernel KILN_DGRAD_BN_FN(KILN_TILE_M, KILN_TILE_N, KILN_STATS_MODE, KILN_CLUSTER_M,
+                               KILN_CLUSTER_N)() {
+  return {"dgrad+bn " KILN_STR(KILN_TILE_M) "x" KILN_STR(KILN_TILE_N) " " KILN_STR(
+              KILN_STATS_MODE) " cluster " KILN_STR(KILN_CLUSTER_M) "x" KILN_STR(KILN_CLUSTER_N),
+          KILN_TILE_M,
+          KILN_TILE_N,
+          kMode,
+          workspace_bytes,
+          check,
+          run};
+}
+
+}  // namespace kiln::sm90

@@ -1,0 +1,163 @@
+// The probe's host helpers shared by its two comparisons (cutlass_probe.cpp: the forward with
+// BatchNorm's statistics; dgrad_probe.cpp: the data gradient with BatchNorm-backward's sums):
+// checked CUDA calls, event timing, cuDNN's 1x1 convolutions, flags.
+#pragma once
+#include <cuda_runtime.h>
+#include <cudnn_frontend.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#define PROBE_CUDA(call)                                                                          \
+  do {                                                                                            \
+    const cudaError_t e_ = (call);                                                                \
+    if (e_ != cudaSuccess) {                                                                      \
+      std::fprintf(stderr, "kiln_cutlass_probe: %s failed: %s\n", #call, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                               \
+    }                                                                                             \
+  } while (0)
+
+namespace kiln::probe {
+
+namespace fe = cudnn_frontend;
+
+// The median of reps runs of fn, each between two events, all queued before the first wait so
+// that the host's launch cost hides behind the GPU's work.
+inline float median_ms(cudaStream_t s, int reps, const std::function<bool()>& fn) {
+  for (int i = 0; i < 3; ++i)
+    if (!fn()) return -1;
+  std::vector<cudaEvent_t> ev(2 * static_cast<size_t>(reps));
+  for (auto& e : ev) PROBE_CUDA(cudaEventCreate(&e));
+  bool ok = true;
+  for (int i = 0; i < reps && ok; ++i) {
+    PROBE_CUDA(cudaEventRecord(ev[2 * i], s));
+    ok = fn();
+    PROBE_CUDA(cudaEventRecord(ev[2 * i + 1], s));
+  }
+  PROBE_CUDA(cudaStreamSynchronize(s));
+  std::vector<float> ms;
+  for (int i = 0; i < reps && ok; ++i) {
+    float t = 0;
+    PROBE_CUDA(cudaEventElapsedTime(&t, ev[2 * i], ev[2 * i + 1]));
+    ms.push_back(t);
+  }
+  for (auto& e : ev) PROBE_CUDA(cudaEventDestroy(e));
+  if (!ok || ms.empty()) return -1;
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+// cuDNN's convolution of one 1x1 stride-1 shape (x [n][h][h][c], w [k][c], y [n][h][h][k]
+// NHWC): the forward y = conv(x, w), or with dgrad the data gradient x = dgrad(y, w); its
+// fastest engine chosen by timing.
+struct CudnnConv {
+  fe::graph::Graph g;
+  int64_t plan = -1;
+  void* ws = nullptr;
+  std::string engine, why;
+  float ms = -1;
+  std::unordered_map<int64_t, void*> pack;
+
+  enum : int64_t { X = 1, W, Y };
+
+  bool build(cudnnHandle_t handle, cudaStream_t s, int64_t n, int64_t h, int64_t c, int64_t k,
+             void* x, void* w, void* y, int max_engines, int reps, bool dgrad = false) {
+    g.set_io_data_type(fe::DataType_t::HALF)
+        .set_intermediate_data_type(fe::DataType_t::FLOAT)
+        .set_compute_data_type(fe::DataType_t::FLOAT);
+    const std::vector<int64_t> xdim{n, c, h, h}, xstr{h * h * c, 1, h * c, c};
+    const std::vector<int64_t> ydim{n, k, h, h}, ystr{h * h * k, 1, h * k, k};
+    auto tw = g.tensor(fe::graph::Tensor_attributes()
+                           .set_name("w")
+                           .set_uid(W)
+                           .set_dim({k, c, 1, 1})
+                           .set_stride({c, 1, c, c}));
+    if (dgrad) {
+      auto ty = g.tensor(
+          fe::graph::Tensor_attributes().set_name("dy").set_uid(Y).set_dim(ydim).set_stride(ystr));
+      auto tx = g.conv_dgrad(
+          ty, tw,
+          fe::graph::Conv_dgrad_attributes().set_padding({0, 0}).set_stride({1, 1}).set_dilation(
+              {1, 1}));
+      tx->set_output(true).set_uid(X).set_dim(xdim).set_stride(xstr).set_data_type(
+          fe::DataType_t::HALF);
+    } else {
+      auto tx = g.tensor(
+          fe::graph::Tensor_attributes().set_name("x").set_uid(X).set_dim(xdim).set_stride(xstr));
+      auto ty = g.conv_fprop(
+          tx, tw,
+          fe::graph::Conv_fprop_attributes().set_padding({0, 0}).set_stride({1, 1}).set_dilation(
+              {1, 1}));
+      ty->set_output(true).set_uid(Y).set_dim(ydim).set_stride(ystr).set_data_type(
+          fe::DataType_t::HALF);
+    }
+    pack = {{X, x}, {W, w}, {Y, y}};
+    auto failed = [&](fe::error_t e, const char* step) {
+      why = std::string(step) + ": " + e.get_message();
+      return false;
+    };
+    if (auto e = g.validate(); e.is_bad()) return failed(e, "validate");
+    if (auto e = g.build_operation_graph(handle); e.is_bad())
+      return failed(e, "build_operation_graph");
+    if (auto e = g.create_execution_plans({fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK});
+        e.is_bad())
+      return failed(e, "create_execution_plans");
+    if (auto e = g.check_support(handle); e.is_bad()) return failed(e, "check_support");
+    int tried = 0;
+    for (int64_t i = 0; i < g.get_execution_plan_count() && tried < max_engines; ++i) {
+      if (g.build_plan_at_index(i).is_bad()) continue;
+      int64_t bytes = 0;
+      if (g.get_workspace_size_plan_at_index(i, bytes).is_bad()) continue;
+      void* p = nullptr;
+      if (bytes > 0 && cudaMalloc(&p, static_cast<size_t>(bytes)) != cudaSuccess) {
+        cudaGetLastError();
+        continue;
+      }
+      ++tried;
+      const float t =
+          median_ms(s, reps, [&] { return g.execute_plan_at_index(handle, pack, p, i).is_good(); });
+      if (cudaGetLastError() == cudaSuccess && t > 0 && (ms < 0 || t < ms)) {
+        if (ws) PROBE_CUDA(cudaFree(ws));
+        ws = p;
+        ms = t;
+        plan = i;
+        if (g.get_plan_name_at_index(i, engine).is_bad()) engine = "engine " + std::to_string(i);
+      } else if (p) {
+        PROBE_CUDA(cudaFree(p));
+      }
+    }
+    if (plan < 0) why = std::to_string(tried) + " engines tried, none ran";
+    return plan >= 0;
+  }
+  bool run(cudnnHandle_t handle) {
+    return g.execute_plan_at_index(handle, pack, ws, plan).is_good();
+  }
+  ~CudnnConv() {
+    if (ws) cudaFree(ws);
+  }
+};
+
+inline int64_t flag(int argc, char** argv, const char* name, int64_t fallback) {
+  for (int i = 1; i + 1 < argc; ++i)
+    if (std::strcmp(argv[i], name) == 0) return std::atoll(argv[i + 1]);
+  return fallback;
+}
+
+inline void* device_alloc(size_t bytes) {
+  void* p = nullptr;
+  PROBE_CUDA(cudaMalloc(&p, std::max<size_t>(bytes, 256)));
+  return p;
+}
+
+// dgrad_probe.cpp's comparison (kiln_cutlass_probe --dgrad); returns the exit code.
+int dgrad_probe(cudnnHandle_t handle, cudaStream_t s, const cudaDeviceProp& prop, int64_t batch,
+                int reps, int max_engines, int64_t only);
+
+}  // namespace kiln::probe
