@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "gpu/gpu_test_util.h"
+#include "gpu/sm90_test_util.h"
 #include "kiln/blueprint/zoo.h"
 #include "kiln/task/engine.h"
 #include "support/engine_state.h"
@@ -30,34 +31,6 @@ namespace kiln::test {
 namespace {
 
 using fused::CbrCase;
-
-// The CUTLASS path's layers run only where this holds; elsewhere every layer falls back, which
-// IneligibleLayersKeepTheirForm covers on any GPU.
-bool sm90_gpu() {
-#ifdef KILN_HAVE_CUDA
-  int major = 0, minor = 0;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) != cudaSuccess ||
-      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0) != cudaSuccess)
-    return false;
-  return major == 9 && minor == 0;
-#else
-  return false;
-#endif
-}
-
-#ifdef KILN_HAVE_CUTLASS
-constexpr bool kCutlassBuilt = true;
-#else
-constexpr bool kCutlassBuilt = false;
-#endif
-
-#define KILN_REQUIRE_SM90_CUTLASS()                                                                \
-  do {                                                                                             \
-    KILN_REQUIRE_GPU();                                                                            \
-    if (!kCutlassBuilt)                                                                            \
-      GTEST_SKIP() << "kiln was built without its CUTLASS kernels (CMake's KILN_CUTLASS_KERNELS)"; \
-    if (!sm90_gpu()) GTEST_SKIP() << "the CUTLASS kernels are sm_90a: not this GPU";               \
-  } while (0)
 
 struct CbrForward {
   std::vector<float> z, y, saved, rm, rv;

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "gpu/gpu_test_util.h"
+#include "gpu/sm90_test_util.h"
 #include "support/fused_checks.h"
 
 #ifdef KILN_HAVE_CUDA
@@ -106,16 +107,6 @@ Result run_kiln_chain(const DgradCase& t, const Inputs& in) {
 }
 
 #if defined(KILN_HAVE_CUDA) && defined(KILN_HAVE_CUTLASS)
-constexpr bool kCutlassBuilt = true;
-
-bool sm90_gpu() {
-  int major = 0, minor = 0;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) != cudaSuccess ||
-      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0) != cudaSuccess)
-    return false;
-  return major == 9 && minor == 0;
-}
-
 // A device buffer freed at scope exit.
 struct DeviceBuffer {
   void* p = nullptr;
@@ -192,11 +183,6 @@ Result run_kernel(const DgradCase& t, const Inputs& in, const sm90::DgradBnKerne
   r.sum.assign(sh.begin(), sh.begin() + t.c);
   r.sum_xhat.assign(sh.begin() + t.c, sh.end());
   return r;
-}
-#else
-constexpr bool kCutlassBuilt = false;
-bool sm90_gpu() {
-  return false;
 }
 #endif
 
@@ -291,10 +277,7 @@ void expect_agrees_with_chain(const DgradCase& t, const Inputs& in, const Result
 class GpuCutlassDgradBn : public ::testing::TestWithParam<DgradCase> {};
 
 TEST_P(GpuCutlassDgradBn, AgreesWithFloat64AndKilnsChain) {
-  KILN_REQUIRE_GPU();
-  if (!kCutlassBuilt)
-    GTEST_SKIP() << "kiln was built without its CUTLASS kernels (CMake's KILN_CUTLASS_KERNELS)";
-  if (!sm90_gpu()) GTEST_SKIP() << "the CUTLASS kernels are sm_90a: not this GPU";
+  KILN_REQUIRE_SM90_CUTLASS();
   const DgradCase& t = GetParam();
 #if defined(KILN_HAVE_CUDA) && defined(KILN_HAVE_CUTLASS)
   const Inputs in = make_inputs(t);

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include "gpu/gpu_test_util.h"
+#include "gpu/sm90_test_util.h"
 #include "support/torch_golden.h"
 
 #ifdef KILN_HAVE_CUDA
@@ -99,20 +100,6 @@ TEST(GpuGolden, ResNet50SmallStepMatchesPyTorchFp32) {
       << "KILN_CUTLASS=auto leaves FP32 programs to cuDNN";
 }
 
-// The GEMM runs where the GPU is compute capability 9.0 and libkiln holds the kernels; elsewhere
-// the switch's layers keep cuDNN (each says why in the log) and the step is still checked.
-bool cutlass_can_run() {
-#if defined(KILN_HAVE_CUDA) && defined(KILN_HAVE_CUTLASS)
-  int major = 0, minor = 0;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) != cudaSuccess ||
-      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0) != cudaSuccess)
-    return false;
-  return major == 9 && minor == 0;
-#else
-  return false;
-#endif
-}
-
 // AMP with the tolerances above: bench/golden_rounding.py's FP16 emulation of this step (bn3
 // started small as resnet50_small_step does) gives ResNet-18's errors (worst gradient 5.5e-3 to
 // 6.6e-3 over three seeds; bench/RESULTS.md). Loss scale 1: a step skipped for an overflow has
@@ -142,7 +129,8 @@ TEST(GpuGolden, ResNet50SmallStepMatchesPyTorchAmpCutlass) {
       "GEMM (%d and %d kept cuDNN)\n",
       err.compiled.cbr_cutlass, err.compiled.conv_cutlass, err.compiled.cbr_cutlass_fallbacks,
       err.compiled.conv_cutlass_fallbacks);
-  if (cutlass_can_run()) {
+  // Elsewhere (another GPU, or libkiln without the kernels) every layer keeps cuDNN.
+  if (kCutlassBuilt && sm90_gpu()) {
     EXPECT_EQ(err.compiled.cbr_cutlass, 16)
         << "the bottlenecks' conv1 layers; the log says why not";
     EXPECT_EQ(err.compiled.conv_cutlass, 16) << "the bottlenecks' conv3 layers";
