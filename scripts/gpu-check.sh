@@ -87,6 +87,20 @@ SUMMARY=()
 note() { SUMMARY+=("$(printf '%-14s %s' "$1" "$2")"); echo "== $1: $2"; }
 t0=$(date +%s)
 since() { echo "$(( $(date +%s) - t0 ))s"; }
+# One summary line per CUTLASS unit object ($1: prefix of its CMake target, $2: its source's
+# name): registers, stack, HGMMA count and local loads / stores (0 LDL/STL: nothing spilled).
+sass_notes() {
+  command -v cuobjdump >/dev/null 2>&1 || return 0
+  local o v sass
+  for o in "$BUILD"/CMakeFiles/"$1"_*.dir/src/backend/cuda/cutlass/"$2".o; do
+    [ -f "$o" ] || continue
+    v=$(basename "$(dirname "$(dirname "$(dirname "$(dirname "$(dirname "$o")")")")")" .dir)
+    sass=$(cuobjdump --dump-sass "$o" 2>&1)
+    note "sass ${v#kiln_}" "$(cuobjdump --dump-resource-usage "$o" 2>&1 | grep -A1 device_kernel |
+      grep -o 'REG:[0-9]* STACK:[0-9]*' | head -1), $(grep -c HGMMA <<<"$sass") HGMMA, $(
+      grep -c 'LDL\|STL' <<<"$sass") LDL/STL"
+  done
+}
 # A mode's end: the summary table last, and the status as the exit code.
 finish() {
   echo
@@ -311,16 +325,7 @@ if [ "$MODE" = cutlass-dgrad ]; then
   "$BUILD/kiln_cutlass_probe" --dgrad --batch 256 --reps "${CUTLASS_REPS:-20}" \
     >"$LOGS/cutlass-dgrad-probe.txt" 2>&1 || status=1
   cat "$LOGS/cutlass-dgrad-probe.txt"
-  # The data-gradient units (dgrad_bn.h's list): registers, stack, HGMMA and local memory
-  # (0 LDL/STL: nothing spilled).
-  if command -v cuobjdump >/dev/null 2>&1; then
-    for o in "$BUILD"/CMakeFiles/kiln_dgrad_bn_*.dir/src/backend/cuda/cutlass/dgrad_bn_sm90.cu.o; do
-      v=$(basename "$(dirname "$(dirname "$(dirname "$(dirname "$(dirname "$o")")")")")" .dir)
-      note "sass ${v#kiln_}" "$(cuobjdump --dump-resource-usage "$o" 2>&1 | grep -A1 device_kernel |
-        grep -o 'REG:[0-9]* STACK:[0-9]*' | head -1), $(cuobjdump --dump-sass "$o" 2>&1 | grep -c HGMMA) HGMMA, $(
-        cuobjdump --dump-sass "$o" 2>&1 | grep -c 'LDL\|STL') LDL/STL"
-    done
-  fi
+  sass_notes kiln_dgrad_bn dgrad_bn_sm90.cu  # the data-gradient units (dgrad_bn.h's list)
   note "dgrad probe" "$(grep '^summary:' "$LOGS/cutlass-dgrad-probe.txt" || tail -1 "$LOGS/cutlass-dgrad-probe.txt")"
   finish
 fi
@@ -333,16 +338,7 @@ if [ "$MODE" = cutlass-step ]; then
     grep -E 'error|Failure|Expected|Which is|differ|> |resnet50 AMP' "$LOGS/ctest-cutlass.log" | head -60
     note "cutlass tests" "$(ctest_line "$LOGS/ctest-cutlass.log") ($(since))"
   fi
-  # The backend's units (gemm_stats.h's KILN_GEMM_STATS_BACKEND_VARIANTS): registers, stack and
-  # local loads / stores of each GEMM kernel (0 LDL/STL: nothing spilled).
-  if command -v cuobjdump >/dev/null 2>&1; then
-    for o in "$BUILD"/CMakeFiles/kiln_gemm_stats_*.dir/src/backend/cuda/cutlass/gemm_stats_sm90.cu.o; do
-      v=$(basename "$(dirname "$(dirname "$(dirname "$(dirname "$(dirname "$o")")")")")" .dir)
-      note "sass ${v#kiln_gemm_stats_}" "$(cuobjdump --dump-resource-usage "$o" 2>&1 | grep -A1 device_kernel |
-        grep -o 'REG:[0-9]* STACK:[0-9]*' | head -1), $(cuobjdump --dump-sass "$o" 2>&1 | grep -c HGMMA) HGMMA, $(
-        cuobjdump --dump-sass "$o" 2>&1 | grep -c 'LDL\|STL') LDL/STL"
-    done
-  fi
+  sass_notes kiln_gemm_stats gemm_stats_sm90.cu  # the forward's units (gemm_stats.h's list)
   m=${CUTLASS_MODEL:-resnet50}
   for round in $(seq 1 "${CUTLASS_ROUNDS:-2}"); do
     for on in 0 1; do
