@@ -8,10 +8,14 @@
 // CTA's tiles, as register_stats_epilogue.cuh does for the forward's statistics (its flush).
 // CUTLASS's TMA epilogue then stores g (exact in FP16) in place of dX.
 //
-// Each thread reads z, the mask byte and dy2 at its accumulators' own (row, column), which it
-// takes from the TiledMma's partition of an identity tensor (no assumed row layout); two
-// adjacent columns at a time (GMMA holds column pairs), so z and dy2 as half2 and both bits from
-// one mask byte (C % 8 == 0: a byte holds 8 channels of one pixel).
+// z and dy2 reach the epilogue through shared memory: each tile's epilogue, once it has read
+// them, starts asynchronous copies (cp.async, 16 bytes a thread at a time, completion counted on
+// an mbarrier) of the rows its CTA's next tile reads, so they land while this tile's stores and
+// the next mainloop run. Per-thread loads at the accumulators' own coordinates left a DRAM
+// latency per tile exposed; a second buffer cost the mainloop stages and won nothing
+// (bench/RESULTS.md). The mask (1/16 of the bytes, at byte alignment) is read per thread, all
+// of a tile's bytes before the first use. Rows are padded by 16 bytes so the accumulator
+// layout's reads (8 rows x 4 column pairs a warp) fall in 32 distinct banks.
 #pragma once
 #include <cuda_fp16.h>
 
@@ -22,10 +26,21 @@ namespace kiln::sm90 {
 template <class Base, int TileM, int TileN, bool Partials>
 class DgradBnEpilogue : public RegisterStatsEpilogue<Base, TileM, TileN, Partials> {
   using Stats = RegisterStatsEpilogue<Base, TileM, TileN, Partials>;
+  static constexpr int kPitch = TileN + 8;        // halves a staged row takes (16 bytes of pad)
+  static constexpr int kChunks = TileN / 8;       // 16-byte copies a staged row takes
+  static constexpr int kThreads = Stats::kThreads;
 
  public:
-  using typename Stats::SharedStorage;
-  using typename Stats::TensorStorage;
+  struct TensorStorage : Stats::TensorStorage {
+    alignas(16) __half z[TileM * kPitch];
+    alignas(16) __half dy2[TileM * kPitch];
+    alignas(8) uint64_t staged;  // mbarrier: every consumer thread's copies of one tile landed
+  };
+  using PipelineStorage = typename Stats::PipelineStorage;
+  struct SharedStorage {
+    TensorStorage tensors;
+    PipelineStorage pipeline;
+  };
 
   // BatchNorm's side of the epilogue; the sums go to Stats::Arguments' stats (sum: sum g,
   // sumsq: sum g (z - mean)).
@@ -34,7 +49,7 @@ class DgradBnEpilogue : public RegisterStatsEpilogue<Base, TileM, TileN, Partial
     const uint8_t* mask = nullptr;  // bit e % 8 of byte e / 8: element e = row N + col
     const __half* dy2 = nullptr;    // [M][N] or none: BN+add+ReLU's second gradient
     const float* mean = nullptr;    // [N] BatchNorm's saved batch mean
-    int64_t rows = 0, cols = 0;     // M and N: the first tile's prefetch (before any store)
+    int64_t rows = 0, cols = 0;     // M and N
   };
   struct Arguments : Stats::Arguments {
     BnArguments bn;
@@ -55,13 +70,14 @@ class DgradBnEpilogue : public RegisterStatsEpilogue<Base, TileM, TileN, Partial
 
   CUTLASS_HOST_DEVICE
   DgradBnEpilogue(Params const& params, TensorStorage& shared)
-      : Stats(params, shared), bn_(params.bn) {
+      : Stats(params, shared), bn_(params.bn), smem_(&shared) {
 #if defined(__CUDA_ARCH__)
-    // The CTA's first tile (the scheduler's linear index along N, below): its consumer threads
-    // (warp groups 1 and 2; the producer's is 0) build the epilogue before their first mainloop.
-    if (threadIdx.x >= 128)
-      prefetch_tile(static_cast<int64_t>(blockIdx.x) + static_cast<int64_t>(blockIdx.y) * gridDim.x,
-                    bn_.rows, bn_.cols, static_cast<int>(threadIdx.x) - 128);
+    // The kernel builds its epilogue once in every thread before its __syncthreads (the consumer
+    // warpgroups build theirs again after it); thread 0, a producer, builds it only there.
+    if (threadIdx.x == 0) {
+      cutlass::arch::ClusterBarrier::init(&shared.staged, kThreads);
+      cutlass::arch::fence_barrier_init();
+    }
 #endif
   }
 
@@ -75,57 +91,99 @@ class DgradBnEpilogue : public RegisterStatsEpilogue<Base, TileM, TileN, Partial
                             cute::Tensor<AccEngine, AccLayout> accumulators, TiledMma tiled_mma,
                             int thread_idx, TensorStorage& shared, int subtile_idx = -1) {
     static_assert(cute::size<0>(TileShapeMNK{}) == TileM && cute::size<1>(TileShapeMNK{}) == TileN);
-    static_assert(cute::size(TiledMma{}) == Stats::kThreads, "two consumer warpgroups");
+    static_assert(cute::size(TiledMma{}) == kThreads, "two consumer warpgroups");
     this->begin_tile(problem, coord, thread_idx);
-    prefetch_next_tile(problem, coord, thread_idx);
+    const int64_t nb = (bn_.cols + TileN - 1) / TileN;
+    const int64_t tile = static_cast<int64_t>(cute::get<0>(coord)) * nb + cute::get<1>(coord);
+    if (staged_ != tile) {  // the first tile, or the guess below was wrong: stage it now
+      drain();
+      stage(tile, thread_idx);
+    }
     form_gradient(accumulators, tiled_mma, problem, coord, thread_idx);
+    // Every consumer thread has read the staged rows: the next tile's may overwrite them.
+    cutlass::arch::NamedBarrier::sync(kThreads, kStageBarrier);
+    if (const int64_t next = next_tile(tile); next >= 0) {
+      stage(next, thread_idx);
+      prefetch_mask_l2(next, thread_idx);
+    }
     return Base::store(load_pipeline, load_state, store_pipeline, store_state, problem, tile_shape,
                        coord, accumulators, tiled_mma, thread_idx, shared, subtile_idx);
   }
 
+  // After the CTA's last tile: a guessed next tile the scheduler did not give this CTA may
+  // still be landing in shared memory; the CTA must not exit under it.
+  CUTLASS_DEVICE auto store_tail(typename Base::LoadPipeline load_pipeline,
+                                 typename Base::LoadPipelineState load_state,
+                                 typename Base::StorePipeline store_pipeline,
+                                 typename Base::StorePipelineState store_state) {
+    drain();
+    return Stats::store_tail(load_pipeline, load_state, store_pipeline, store_state);
+  }
+
  private:
-  // The epilogue's loads of z, dy2 and the mask wait on DRAM once per tile, with nothing else
-  // in flight on the SM (measured: ~0.75 TB/s). So each tile first asks L2 for the rows its CTA's
-  // next tile will read (bulk prefetches, one row segment per thread), and those arrive while
-  // this epilogue and the next mainloop run. The next tile is the persistent scheduler's: with
-  // one-CTA clusters and no swizzle it rasters along N where the M tiles are at least as many
-  // (ResNet-50's every layer), tile t = m nb + n, and a CTA moves on by the grid's size; else no
-  // prefetch (a hint only: a wrong guess costs bandwidth, never a wrong value).
-  template <class ProblemShapeMNKL, class TileCoordMNKL>
-  CUTLASS_DEVICE void prefetch_next_tile(ProblemShapeMNKL problem, TileCoordMNKL coord,
-                                         int thread_idx) const {
-    using namespace cute;
-    const int64_t rows = get<0>(problem), cols = get<1>(problem);
-    const int64_t nb = (cols + TileN - 1) / TileN;
-    prefetch_tile(static_cast<int64_t>(get<0>(coord)) * nb + get<1>(coord) +
-                      static_cast<int64_t>(gridDim.x) * gridDim.y * gridDim.z,
-                  rows, cols, thread_idx);
+  static constexpr uint32_t kStageBarrier = Stats::kStatsBarrier + 1;
+
+  // The CTA's next tile is the persistent scheduler's: with one-CTA clusters and no swizzle it
+  // rasters along N where the M tiles are at least as many (ResNet-50's every layer), tile
+  // t = m nb + n, and a CTA moves on by the grid's size. Elsewhere nothing is staged ahead, and
+  // store() checks the guess before it uses it.
+  CUTLASS_DEVICE int64_t next_tile(int64_t tile) const {
+    const int64_t mb = (bn_.rows + TileM - 1) / TileM, nb = (bn_.cols + TileN - 1) / TileN;
+    const int64_t next = tile + static_cast<int64_t>(gridDim.x) * gridDim.y * gridDim.z;
+    return nb > mb || next >= mb * nb ? -1 : next;
   }
 
-  // Linear tile t of an M x N problem (rows, cols), if it is one.
-  CUTLASS_DEVICE void prefetch_tile(int64_t t, int64_t rows, int64_t cols, int thread_idx) const {
-    const int64_t mb = (rows + TileM - 1) / TileM, nb = (cols + TileN - 1) / TileN;
-    if (nb > mb || t >= mb * nb) return;  // rastered along M, or no such tile
+  // Starts the copies of tile t's z and dy2 rows into shared memory (rows past M and columns
+  // past N zero-filled); this thread arrives on the mbarrier when its copies land.
+  CUTLASS_DEVICE void stage(int64_t t, int thread_idx) {
+    const int64_t nb = (bn_.cols + TileN - 1) / TileN;
     const int64_t m1 = t / nb * TileM, n1 = t % nb * TileN;
-    const int64_t width = cols - n1 < TileN ? cols - n1 : TileN;  // a multiple of 8
-    for (int i = thread_idx; i < 3 * TileM; i += Stats::kThreads) {
-      const int64_t row = m1 + i % TileM;
-      if (row >= rows) continue;
-      const int64_t e = row * cols + n1;
-      const int kind = i / TileM;
-      if (kind == 0) {
-        bulk_prefetch_l2(bn_.z + e, static_cast<uint32_t>(2 * width));
-      } else if (kind == 1 && bn_.dy2) {
-        bulk_prefetch_l2(bn_.dy2 + e, static_cast<uint32_t>(2 * width));
-      } else if (kind == 2) {
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(bn_.mask + e / 8) : "memory");
-      }
+    const uint32_t z_s = cute::cast_smem_ptr_to_uint(smem_->z);
+    const uint32_t dy2_s = cute::cast_smem_ptr_to_uint(smem_->dy2);
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = thread_idx; i < TileM * kChunks; i += kThreads) {
+      const int row = i / kChunks, chunk = i % kChunks;
+      const int64_t col = n1 + 8 * chunk;
+      const bool in = m1 + row < bn_.rows && col < bn_.cols;  // N % 8 == 0: whole chunks
+      const int64_t e = in ? (m1 + row) * bn_.cols + col : 0;
+      const uint32_t dst = static_cast<uint32_t>((row * kPitch + 8 * chunk) * sizeof(__half));
+      copy16(z_s + dst, bn_.z + e, in);
+      if (bn_.dy2) copy16(dy2_s + dst, bn_.dy2 + e, in);
     }
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(
+                     cute::cast_smem_ptr_to_uint(&smem_->staged))
+                 : "memory");
+    staged_ = t;
   }
 
-  // TMA's L2 prefetch of bytes (a multiple of 16) from a 16-byte aligned global address.
-  static CUTLASS_DEVICE void bulk_prefetch_l2(const void* p, uint32_t bytes) {
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+  // 16 bytes global -> shared, or 16 zero bytes (src-size 0 reads nothing).
+  static CUTLASS_DEVICE void copy16(uint32_t dst, const void* src, bool in) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src),
+                 "r"(in ? 16 : 0)
+                 : "memory");
+  }
+
+  // Waits for the staged rows (the mbarrier's current phase).
+  CUTLASS_DEVICE void wait_staged() {
+    cutlass::arch::ClusterBarrier::wait(&smem_->staged, phase_);
+    phase_ ^= 1u;
+    staged_ = -1;
+  }
+
+  // Waits for copies in flight (a wrong guess's, or the last guess at the CTA's end).
+  CUTLASS_DEVICE void drain() {
+    if (staged_ >= 0) wait_staged();
+  }
+
+  // The next tile's mask rows into L2 (a hint: one prefetch per row).
+  CUTLASS_DEVICE void prefetch_mask_l2(int64_t t, int thread_idx) const {
+    const int64_t nb = (bn_.cols + TileN - 1) / TileN;
+    const int64_t m1 = t / nb * TileM, n1 = t % nb * TileN;
+    for (int row = thread_idx; row < TileM; row += kThreads) {
+      if (m1 + row >= bn_.rows) break;
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(bn_.mask + ((m1 + row) * bn_.cols + n1) / 8)
+                   : "memory");
+    }
   }
 
   // acc -> g in place, and g's two sums into the column slots of register_stats_epilogue.cuh
@@ -143,6 +201,7 @@ class DgradBnEpilogue : public RegisterStatsEpilogue<Base, TileM, TileN, Partial
     static_assert(size<0, 2>(L{}) == Stats::kGroups && size<2>(L{}) == 1,
                   "one GMMA atom TileN wide");
     constexpr int kAtomsM = size<1>(L{});
+    constexpr int kGroups = Stats::kGroups;
     const auto coords =
         tiled_mma.get_thread_slice(thread_idx)
             .partition_C(make_identity_tensor(make_shape(Int<TileM>{}, Int<TileN>{})));
@@ -152,12 +211,31 @@ class DgradBnEpilogue : public RegisterStatsEpilogue<Base, TileM, TileN, Partial
     const int n0 = static_cast<int>(get<1>(coord)) * TileN;
     const int rows_left = static_cast<int>(
         cute::min(static_cast<int64_t>(get<0>(problem)) - m0, static_cast<int64_t>(TileM)));
-    const int64_t origin = m0 * cols + n0;  // a multiple of 8: mask bytes hold whole groups
-    const __half* z = bn_.z + origin;
-    const __half* dy2 = bn_.dy2 ? bn_.dy2 + origin : nullptr;
-    const uint8_t* mask = bn_.mask + origin / 8;
+    const uint8_t* mask = bn_.mask + (m0 * cols + n0) / 8;  // whole bytes: (m0 N + n0) % 8 == 0
+    // This thread's mask bits first, all loads in flight together while the staged rows land:
+    // its column pair's two bits of each group, packed 2 g + {0, 1} per row.
+    static_assert(2 * kGroups <= 64, "a row's bits fit 64");
+    uint64_t bits[kAtomsM][2];
     CUTLASS_PRAGMA_UNROLL
-    for (int g = 0; g < Stats::kGroups; ++g) {
+    for (int am = 0; am < kAtomsM; ++am) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int r = 0; r < 2; ++r) {
+        bits[am][r] = 0;
+        CUTLASS_PRAGMA_UNROLL
+        for (int g = 0; g < kGroups; ++g) {
+          const auto i0 = make_coord(make_coord(0, r, g), am, 0);
+          const int row = get<0>(coords(i0)), col = get<1>(coords(i0));
+          const bool in = row < rows_left && n0 + col < cols;
+          const unsigned byte = in ? __ldg(mask + ((row * cols + col) >> 3)) : 0u;
+          bits[am][r] |= static_cast<uint64_t>((byte >> (col & 7)) & 3u) << (2 * g);
+        }
+      }
+    }
+    wait_staged();
+    const __half* z = smem_->z;
+    const __half* dy2 = smem_->dy2;
+    CUTLASS_PRAGMA_UNROLL
+    for (int g = 0; g < kGroups; ++g) {
       const int col = get<1>(coords(make_coord(make_coord(0, 0, g), 0, 0)));  // even: col, col + 1
       const bool col_in = n0 + col < cols;  // N % 8 == 0: both or neither
       const float mu0 = col_in ? __ldg(bn_.mean + n0 + col) : 0.0f;
@@ -171,19 +249,19 @@ class DgradBnEpilogue : public RegisterStatsEpilogue<Base, TileM, TileN, Partial
           const int row = get<0>(coords(i0));
           float2 gv = make_float2(0.0f, 0.0f);
           if (col_in && row < rows_left) {
-            const int e = row * cols + col;
+            const int s = row * kPitch + col;
             // dX as kiln's dgrad stores it, then grad_sum's rounding of dX + dy2.
             __half2 d = __float22half2_rn(make_float2(acc(i0), acc(i1)));
-            if (dy2) {
+            if (bn_.dy2) {
               const float2 a = __half22float2(d);
-              const float2 b = __half22float2(*reinterpret_cast<const __half2*>(dy2 + e));
+              const float2 b = __half22float2(*reinterpret_cast<const __half2*>(dy2 + s));
               d = __float22half2_rn(make_float2(a.x + b.x, a.y + b.y));
             }
-            const unsigned bits = static_cast<unsigned>(__ldg(mask + (e >> 3))) >> (e & 7);
+            const unsigned two = static_cast<unsigned>(bits[am][r] >> (2 * g));
             const float2 df = __half22float2(d);
-            gv.x = bits & 1u ? df.x : 0.0f;
-            gv.y = bits & 2u ? df.y : 0.0f;
-            const float2 zf = __half22float2(*reinterpret_cast<const __half2*>(z + e));
+            gv.x = two & 1u ? df.x : 0.0f;
+            gv.y = two & 2u ? df.y : 0.0f;
+            const float2 zf = __half22float2(*reinterpret_cast<const __half2*>(z + s));
             this->sum_[2 * g] += gv.x;
             this->sum_[2 * g + 1] += gv.y;
             this->sumsq_[2 * g] = fmaf(gv.x, zf.x - mu0, this->sumsq_[2 * g]);
@@ -197,6 +275,9 @@ class DgradBnEpilogue : public RegisterStatsEpilogue<Base, TileM, TileN, Partial
   }
 
   BnArguments bn_;
+  TensorStorage* smem_;
+  int64_t staged_ = -1;  // the tile whose rows are landing, -1 for none
+  uint32_t phase_ = 0;    // the mbarrier phase the next wait_staged() waits for
 };
 
 }  // namespace kiln::sm90
