@@ -1,0 +1,91 @@
+// The schedule's and memory plan's rule for the SM90 data gradient with BatchNorm-backward's sums
+// (src/backend/dgrad_bn_rule.h, KILN_CUTLASS_DGRAD) on whole programs as the CUDA backend gets
+// them (fused CBR and BN+add+ReLU, the gradient-sum fusion, AMP), and the switch: all without
+// a GPU.
+#include "backend/dgrad_bn_rule.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <string>
+
+#include "backend/sm90_conv_rule.h"
+#include "kiln/blueprint/zoo.h"
+#include "kiln/core/error.h"
+#include "kiln/core/switches.h"
+#include "kiln/graph/compiler.h"
+#include "kiln/plan/arch_plan.h"
+
+namespace kiln {
+namespace {
+
+// The program the CUDA backend compiles under AMP (task/engine.cpp's fusion_options with its
+// caps: every fused form, the gradient-sum fusion).
+Program cuda_program(const std::string& model, bool reuse, int64_t batch = 4) {
+  CompileOptions o;
+  o.batch = batch;
+  o.amp = true;
+  o.memory_reuse = reuse;
+  o.fuse_grad_sum = true;
+  PlanOptions po;
+  po.amp = true;
+  po.backend_fuses_cbr = po.backend_fuses_cbr_pool = po.backend_fuses_bn_add_relu =
+      po.backend_fuses_fp32 = true;
+  Program p = lower_program(make_plan(make_model(model), po), o);
+  plan_memory(p);
+  return p;
+}
+
+// The data gradients of the training step: conv_bwd_data nodes, and cbr_bwd / cbr_pool_bwd
+// with a dx (as the CUDA factories ask the rule).
+struct Tally {
+  int to_cbr = 0, to_bn_add_relu = 0;  // uses the schedule and the plan allow, by consumer
+  int refused = 0;                     // uses they do not
+  int one_by_one = 0;  // of the allowed: the producer's convolution is 1x1 stride 1 (eligible)
+  std::string refusals;
+};
+Tally tally(const Program& p) {
+  Tally t;
+  for (const Phase& ph : p.train) {
+    for (const Node& n : ph.nodes) {
+      TensorId dx = kNoTensor;
+      if (n.op == OpKind::conv_bwd_data) dx = n.out.at(0);
+      if (n.op == OpKind::cbr_bwd || n.op == OpKind::cbr_pool_bwd) dx = n.out.at(0);
+      if (dx == kNoTensor) continue;
+      const DgradBnUse u = dgrad_bn_use(p, n, dx);
+      if (u.consumer == nullptr) continue;
+      if (!u.refusal.empty()) {
+        ++t.refused;
+        t.refusals += n.label + ": " + u.refusal + "\n";
+        continue;
+      }
+      (u.consumer->op == OpKind::cbr_bwd ? t.to_cbr : t.to_bn_add_relu) += 1;
+      const Attrs& a = n.attrs;
+      t.one_by_one += a.kernel[0] == 1 && a.kernel[1] == 1 && a.stride[0] == 1 && a.stride[1] == 1;
+    }
+  }
+  return t;
+}
+
+// ResNet-50: every bottleneck's conv3 data gradient feeds its conv2 CBR's BatchNorm (16), and
+// every conv1's (a 1x1 CBR) feeds the previous block's BN+add+ReLU as its second gradient (dy2:
+// the residual path's contribution comes first in the backward) except layer1.0's, whose input
+// is the stem's (an add node sums its two contributions): 15. The 3x3 conv2s feed their conv1
+// CBR (16) and the stride-2 downsamples of layer2-4 the previous block's BN+add+ReLU (3): the
+// schedule allows those too, the SM90 rule refuses them (not 1x1 stride 1). The plan allows
+// every one, with and without memory reuse: dresidual is never in use between the two steps.
+TEST(DgradBnRule, Resnet50HasThirtyOneEligibleDataGradients) {
+  for (const char* model : {"resnet50", "resnet50_small"}) {
+    for (const bool reuse : {true, false}) {
+      SCOPED_TRACE(std::string(model) + (reuse ? ", memory reuse" : ", no reuse"));
+      const Tally t = tally(cuda_program(model, reuse));
+      EXPECT_EQ(t.refused, 0) << t.refusals;
+      EXPECT_EQ(t.to_cbr, 32) << "16 conv3 (1x1) and 16 conv2 (3x3) data gradients";
+      EXPECT_EQ(t.to_bn_add_relu, 18) << "15 conv1 (1x1) and 3 downsample (stride 2)";
+      EXPECT_EQ(t.one_by_one, 31) << "16 conv3 + 15 conv1";
+    }
+  }
+}
+
+}  // namespace
+}  // namespace kiln
