@@ -113,14 +113,16 @@ DgradBnUse dgrad_bn_use(const Program& p, const Node& producer, TensorId dx) {
     }
   }
   if (u.g == dx) return u;
-  // g goes to dresidual from the producer's step on; the plan placed it from the consumer's.
+  // g would be in dresidual from the producer's step on; the plan placed it from the consumer's.
+  // Where a tensor touched in between shares its bytes (with memory reuse, typically one that
+  // dies at the producer's step), g goes to dx, whose bytes are dx's from the producer's step.
   const Bytes g = bytes_of(p, u.g);
   for (size_t t = t1; t < t2; ++t) {
     for (const auto* ids : {&order[t]->in, &order[t]->out}) {
       for (TensorId id : *ids) {
         if (id == kNoTensor || !overlap(bytes_of(p, id), g)) continue;
-        u.refusal = "dresidual " + named(p, u.g) + " shares bytes with " + named(p, id) +
-                    ", which node '" + order[t]->label + "' uses before " + bn;
+        u.copy_to = u.g;
+        u.g = dx;
         return u;
       }
     }

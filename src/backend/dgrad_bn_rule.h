@@ -23,16 +23,19 @@ struct DgradBnUse {
   // Where the kernel writes g: dx itself (cbr_bwd reads it as its dy), or bn_add_relu_bwd's
   // dresidual, which is exactly g (then dx is never written, and its only reader reads g).
   TensorId g = kNoTensor;
+  // bn_add_relu_bwd's dresidual where the memory plan has its bytes in use between the two
+  // steps: g then goes to dx, and the consumer's dx pass copies it here (as it writes it today).
+  TensorId copy_to = kNoTensor;
   // "" when the schedule and the memory plan let the fused form run, else why not.
   std::string refusal;
 };
 
 // `producer` (a conv_bwd_data node, or a cbr_bwd / cbr_pool_bwd whose data gradient writes dx)
 // as a node of p.train. The consumer is dx's only reader, later in the schedule. The fused form
-// moves the consumer's reads of z, mask, saved and `other` to the producer's step and, where g
-// is dresidual, its write too: so nothing between may write those, `other` must be complete
-// before it, and dresidual's bytes must be free from the producer's step on (the memory plan
-// gave them to it from the consumer's step only: nothing touched between may share them).
+// moves the consumer's reads of z, mask, saved and `other` to the producer's step: nothing
+// between may write those, and `other` must be complete before it. g goes to dresidual only
+// where its bytes are free from the producer's step on (the memory plan gave them to it from the
+// consumer's step: nothing touched between may share them), else to dx (copy_to).
 DgradBnUse dgrad_bn_use(const Program& p, const Node& producer, TensorId dx);
 
 }  // namespace kiln

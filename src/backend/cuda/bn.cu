@@ -125,7 +125,7 @@ struct BnBwd {
   PoolMap pm;  // cbr_pool_bwd: dy is the max-pooled map's gradient
   // FP32 [sum g; sum g (x - mean)] that the data gradient before it took (cutlass_dgrad.cpp),
   // which also wrote g itself into dy (masked, dy2 added): no sums pass, and the dx pass reads
-  // g alone (no mask, dy2 or dres).
+  // g alone (no mask or dy2; dres, when given, gets a copy of g).
   const float* sums = nullptr;
 };
 
@@ -359,15 +359,20 @@ KernelPtr make_bn_relu_mask_bwd(const Node& n, Context& ctx, int stream, TensorI
   return bn_backward(ctx, stream, s, ctx.tensor(x).dtype, a);
 }
 
-// The BatchNorm backward of cbr_bwd (z -> dz) and of bn_add_relu_bwd (x -> dx) when the data
-// gradient before it (cutlass_dgrad.cpp) wrote its masked gradient g (dy [+ dy2] where the
-// mask passes it, else 0: what the mask and dy2 would give) and g's two sums: the finalize and
-// dx passes alone, reading g and x.
+// The BatchNorm backward of cbr_bwd (z -> dz) and of bn_add_relu_bwd (x -> dx, [dresidual])
+// when the data gradient before it (cutlass_dgrad.cpp) wrote its masked gradient g (dy [+ dy2]
+// where the mask passes it, else 0: what the mask and dy2 would give) and g's two sums: the
+// finalize and dx passes alone, reading g and x (and copying g to dres when that is given).
 KernelPtr make_bn_bwd_from_sums(const Node& n, Context& ctx, int stream, TensorId x, TensorId g,
-                                TensorId gamma, TensorId saved, TensorId dx, TensorId dgamma,
-                                TensorId dbeta, const float* sums) {
+                                TensorId gamma, TensorId saved, TensorId dx, TensorId dres,
+                                TensorId dgamma, TensorId dbeta, const float* sums) {
   Nhwc s;
   BnBwd a = bn_bwd_args(ctx, n, x, g, gamma, saved, dx, dgamma, dbeta, &s);
+  if (dres != kNoTensor) {
+    expect_same_dtype(ctx, n, x, dres);
+    expect_numel(ctx, n, dres, s.numel(), "dresidual");
+  }
+  a.dres = ctx.ptr(dres);
   a.sums = sums;
   return bn_backward(ctx, stream, s, ctx.tensor(x).dtype, a);
 }

@@ -197,11 +197,16 @@ struct Context : ProgramView {
   // Whether data gradients that feed a BatchNorm backward try the SM90 data gradient with its
   // sums (KILN_CUTLASS_DGRAD resolved by prepare(): sm90_dgrad_tried).
   bool cutlass_dgrad = false;
-  // Data gradients on it, and those that tried it and kept their form; the sums each consuming
-  // BatchNorm backward (cbr_bwd, bn_add_relu_bwd) reads in place of its sums pass (set while
-  // the data gradient is built, read when the consumer is built; it then reads g, not dy).
+  // Data gradients on it, and those that tried it and kept their form; for each consuming
+  // BatchNorm backward (cbr_bwd, bn_add_relu_bwd) the sums it reads in place of its sums pass
+  // and the tensor holding g, which it reads in place of dy, dy2 and the mask (set while the data
+  // gradient is built, read when the consumer is built).
   int dgrad_cutlass = 0, dgrad_cutlass_fallbacks = 0;
-  std::unordered_map<const Node*, const float*> dgrad_bn_sums;
+  struct DgradBnSums {
+    const float* sums = nullptr;
+    TensorId g = kNoTensor;
+  };
+  std::unordered_map<const Node*, DgradBnSums> dgrad_bn_sums;
   // Bytes a node's kernel reads and writes beyond its own tensors (a fused data gradient reads
   // the later BatchNorm's z, mask and saved, and may write its dresidual), for the side stream's
   // joins (side_stream.h): appended to the node's ranges by the executor.

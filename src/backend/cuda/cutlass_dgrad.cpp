@@ -7,7 +7,9 @@
 // two sums; the BatchNorm backward then runs its finalize and dx passes from them
 // (make_bn_bwd_from_sums), without its sums pass or its reads of dy, dy2 and the mask. g goes
 // into dX's own tensor (cbr_bwd reads it as its dy) or into bn_add_relu_bwd's dresidual, which
-// is g exactly (dX is then never written). Where the layer (sm90_conv_rule.h), the schedule or
+// is g exactly (dX is then never written); where the memory plan has dresidual's bytes in use
+// until the BatchNorm backward (memory reuse), into dX, and the dx pass copies it to dresidual
+// as it writes dresidual today. Where the layer (sm90_conv_rule.h), the schedule or
 // the memory plan (dgrad_bn_rule.h) or CUTLASS do not allow it, the layer keeps cuDNN's data
 // gradient and BatchNorm's sums pass, counted and logged as the forward's GEMM is
 // (cutlass_conv.cpp). Like that file, only this one sees whether the kernels were built
@@ -114,7 +116,7 @@ KernelPtr make_dgrad_for_bn(const Node& n, Context& ctx, int stream, TensorId dy
   ctx.need_workspace(stream, kern.workspace(d));
   // The consumer reads g and these sums on the schedule's order (the same stream, or joined
   // behind this phase's event); the sums live as long as the kernel that writes them.
-  ctx.dgrad_bn_sums[u.consumer] = d.sums;
+  ctx.dgrad_bn_sums[u.consumer] = {d.sums, u.g};
   ++ctx.dgrad_cutlass;
   // What this node now reads and writes beyond its own tensors, for the side stream's joins.
   Context::ExtraBytes& extra = ctx.extra_bytes[&n];

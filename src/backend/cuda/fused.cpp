@@ -145,8 +145,9 @@ KernelPtr make_cbr_bwd(const Node& n, Context& ctx, int stream) {
   // (KILN_CUTLASS_DGRAD) wrote g there and left g's sums.
   const auto summed = ctx.dgrad_bn_sums.find(&n);
   KernelPtr bn = summed != ctx.dgrad_bn_sums.end()
-                     ? make_bn_bwd_from_sums(n, ctx, stream, t.z, t.dy, t.gamma, t.saved, t.dz,
-                                             t.dgamma, t.dbeta, summed->second)
+                     ? make_bn_bwd_from_sums(n, ctx, stream, t.z, summed->second.g, t.gamma,
+                                             t.saved, t.dz, kNoTensor, t.dgamma, t.dbeta,
+                                             summed->second.sums)
                      : make_bn_relu_mask_bwd(n, ctx, stream, t.z, t.dy, kNoTensor, t.mask, t.gamma,
                                              t.saved, t.dz, kNoTensor, t.dgamma, t.dbeta);
   return cbr_conv_backward(n, ctx, stream, std::move(bn), t.x, t.w, t.dz, t.dx, t.dw, t.db);
@@ -199,10 +200,12 @@ KernelPtr make_bn_add_relu_bwd(const Node& n, Context& ctx, int stream) {
   const TensorId dx = need_out(n, 0, "dx"), dres = need_out(n, 1, "dresidual"),
                  dgamma = need_out(n, 2, "dgamma"), dbeta = need_out(n, 3, "dbeta");
   // The next block's conv1 data gradient on the SM90 kernel (KILN_CUTLASS_DGRAD) wrote g, the
-  // masked sum of dy and dy2, into dresidual (which is g) and left g's sums.
+  // masked sum of dy and dy2, and left g's sums: g in dresidual (which is g), or where the memory
+  // plan did not allow that in its own dx, which this node then copies to dresidual.
   if (const auto summed = ctx.dgrad_bn_sums.find(&n); summed != ctx.dgrad_bn_sums.end()) {
-    return make_bn_bwd_from_sums(n, ctx, stream, x, dres, gamma, saved, dx, dgamma, dbeta,
-                                 summed->second);
+    const TensorId g = summed->second.g;
+    return make_bn_bwd_from_sums(n, ctx, stream, x, g, gamma, saved, dx,
+                                 g == dres ? kNoTensor : dres, dgamma, dbeta, summed->second.sums);
   }
   return make_bn_relu_mask_bwd(n, ctx, stream, x, dy, dy2, mask, gamma, saved, dx, dres, dgamma,
                                dbeta);

@@ -50,10 +50,11 @@ KernelPtr make_bn_relu_mask_bwd(const Node& n, Context& ctx, int stream, TensorI
 
 // The same when the data gradient before it (make_dgrad_for_bn) wrote g, the gradient at
 // BatchNorm's output with the mask applied and dy2 added, and g's FP32 sums [sum g; sum
-// g (x - mean)]: the finalize and dx passes alone (dx, dgamma, dbeta from g and x).
+// g (x - mean)]: the finalize and dx passes alone (dx, dgamma, dbeta from g and x; g copied to
+// dres unless that is kNoTensor).
 KernelPtr make_bn_bwd_from_sums(const Node& n, Context& ctx, int stream, TensorId x, TensorId g,
-                                TensorId gamma, TensorId saved, TensorId dx, TensorId dgamma,
-                                TensorId dbeta, const float* sums);
+                                TensorId gamma, TensorId saved, TensorId dx, TensorId dres,
+                                TensorId dgamma, TensorId dbeta, const float* sums);
 
 // A data gradient dx = conv_bwd_data(dy, w) of `n` (a conv_bwd_data node, or cbr_bwd /
 // cbr_pool_bwd's part) whose dx a later cbr_bwd or bn_add_relu_bwd reads as the gradient at its
