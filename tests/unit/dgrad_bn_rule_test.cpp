@@ -119,5 +119,41 @@ TEST(DgradBnRule, Resnet50HasThirtyOneEligibleDataGradients) {
   }
 }
 
+Switches parse(const char* value) {
+  return Switches::parse(
+      [&](const char* name) -> const char* {
+        return std::string(name) == "KILN_CUTLASS_DGRAD" ? value : nullptr;
+      },
+      Switches{});
+}
+
+TEST(DgradBnRule, SwitchIsAutoUnlessAskedAndParsesAsAuto) {
+  EXPECT_EQ(parse(nullptr).cutlass_dgrad, Auto::automatic);
+  EXPECT_EQ(parse("auto").cutlass_dgrad, Auto::automatic);
+  EXPECT_EQ(parse("1").cutlass_dgrad, Auto::on);
+  EXPECT_EQ(parse("on").cutlass_dgrad, Auto::on);
+  EXPECT_EQ(parse("0").cutlass_dgrad, Auto::off);
+  EXPECT_EQ(parse("off").cutlass_dgrad, Auto::off);
+  EXPECT_EQ(parse("1").cutlass, Auto::automatic) << "KILN_CUTLASS is a switch of its own";
+  try {
+    parse("maybe");
+    ADD_FAILURE() << "KILN_CUTLASS_DGRAD=maybe was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("KILN_CUTLASS_DGRAD"), std::string::npos) << e.what();
+  }
+}
+
+// auto follows the forward's GEMM (KILN_CUTLASS resolved for the device, the build and the
+// precision) as kCutlassDgradByDefault says; 1 tries it everywhere (each layer logs why it
+// falls back), 0 nowhere.
+TEST(DgradBnRule, AutoFollowsTheForwardsGemm) {
+  EXPECT_EQ(sm90_dgrad_tried(Auto::automatic, true), kCutlassDgradByDefault);
+  EXPECT_FALSE(sm90_dgrad_tried(Auto::automatic, false)) << "never where the GEMM is not tried";
+  EXPECT_TRUE(sm90_dgrad_tried(Auto::on, false));
+  EXPECT_TRUE(sm90_dgrad_tried(Auto::on, true));
+  EXPECT_FALSE(sm90_dgrad_tried(Auto::off, true));
+  EXPECT_FALSE(sm90_dgrad_tried(Auto::off, false));
+}
+
 }  // namespace
 }  // namespace kiln
