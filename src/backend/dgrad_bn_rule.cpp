@@ -55,8 +55,8 @@ DgradBnUse dgrad_bn_use(const Program& p, const Node& producer, TensorId dx) {
   for (const Phase& ph : p.train) {
     for (const Node& m : ph.nodes) order.push_back(&m);
   }
-  const auto t1 = static_cast<size_t>(std::find(order.begin(), order.end(), &producer) -
-                                      order.begin());
+  const auto t1 =
+      static_cast<size_t>(std::find(order.begin(), order.end(), &producer) - order.begin());
   if (t1 == order.size()) return u;  // not a training node (a fused part, an evaluation node)
   const TensorId dx_root = p.storage(dx).id;
   auto reads_dx = [&](const Node& m) {

@@ -97,16 +97,16 @@ TEST(DgradBnRule, Resnet50HasThirtyOneEligibleDataGradients) {
     for (const bool reuse : {true, false}) {
       for (const int64_t batch : {4, 256}) {
         if (batch == 256 && std::string(model) == "resnet50_small") continue;
-        SCOPED_TRACE(std::string(model) + (reuse ? ", memory reuse" : ", no reuse") +
-                     ", batch " + std::to_string(batch));
+        SCOPED_TRACE(std::string(model) + (reuse ? ", memory reuse" : ", no reuse") + ", batch " +
+                     std::to_string(batch));
         const Tally t = tally(cuda_program(model, reuse, batch));
         EXPECT_EQ(t.to_cbr, 32) << "16 conv3 (1x1) and 16 conv2 (3x3) data gradients";
         EXPECT_EQ(t.to_bn_add_relu, 15) << "the conv1 data gradients of layer1.1 to layer4.2";
         EXPECT_EQ(t.one_by_one, 31) << "16 conv3 + 15 conv1";
         EXPECT_EQ(t.refused, 3) << t.listed();
         if (!reuse) EXPECT_EQ(t.into_dresidual, 15) << "nothing shares bytes without reuse";
-        std::printf("%s, reuse %d, batch %lld: g into dresidual %d, into dx and copied %d\n",
-                    model, reuse, static_cast<long long>(batch), t.into_dresidual, t.copied);
+        std::printf("%s, reuse %d, batch %lld: g into dresidual %d, into dx and copied %d\n", model,
+                    reuse, static_cast<long long>(batch), t.into_dresidual, t.copied);
         // The downsamples' data gradients, refused for dy2's order.
         size_t schedule = 0;
         for (const auto& [label, why] : t.refusals) {

@@ -122,8 +122,8 @@ KernelPtr make_dgrad_for_bn(const Node& n, Context& ctx, int stream, TensorId dy
   Context::ExtraBytes& extra = ctx.extra_bytes[&n];
   extra.reads = byte_ranges(ctx, {u.z, u.mask, u.saved, u.other});
   if (u.g != dx) extra.writes = byte_ranges(ctx, {u.g});
-  log_debug(what, ": the data gradient runs on ", kern.name, ", writing '",
-            ctx.tensor(u.g).name, "' and the sums for '", u.consumer->label, "'");
+  log_debug(what, ": the data gradient runs on ", kern.name, ", writing '", ctx.tensor(u.g).name,
+            "' and the sums for '", u.consumer->label, "'");
   const std::string failed = what + ": the SM90 data gradient (" + kern.name + ") failed: ";
   return make_fn(stream, [=](Context& c, cudaStream_t st) {
     // run() zeroes what it adds into, launches the GEMM (and the partials' finalize) on st and

@@ -144,12 +144,12 @@ KernelPtr make_cbr_bwd(const Node& n, Context& ctx, int stream) {
   // A bottleneck's conv2: its dy is conv3's data gradient, which on the SM90 kernel
   // (KILN_CUTLASS_DGRAD) wrote g there and left g's sums.
   const auto summed = ctx.dgrad_bn_sums.find(&n);
-  KernelPtr bn = summed != ctx.dgrad_bn_sums.end()
-                     ? make_bn_bwd_from_sums(n, ctx, stream, t.z, summed->second.g, t.gamma,
-                                             t.saved, t.dz, kNoTensor, t.dgamma, t.dbeta,
-                                             summed->second.sums)
-                     : make_bn_relu_mask_bwd(n, ctx, stream, t.z, t.dy, kNoTensor, t.mask, t.gamma,
-                                             t.saved, t.dz, kNoTensor, t.dgamma, t.dbeta);
+  KernelPtr bn =
+      summed != ctx.dgrad_bn_sums.end()
+          ? make_bn_bwd_from_sums(n, ctx, stream, t.z, summed->second.g, t.gamma, t.saved, t.dz,
+                                  kNoTensor, t.dgamma, t.dbeta, summed->second.sums)
+          : make_bn_relu_mask_bwd(n, ctx, stream, t.z, t.dy, kNoTensor, t.mask, t.gamma, t.saved,
+                                  t.dz, kNoTensor, t.dgamma, t.dbeta);
   return cbr_conv_backward(n, ctx, stream, std::move(bn), t.x, t.w, t.dz, t.dx, t.dw, t.db);
 }
 
