@@ -201,7 +201,7 @@ KernelPtr make_bn_add_relu_bwd(const Node& n, Context& ctx, int stream) {
                  dgamma = need_out(n, 2, "dgamma"), dbeta = need_out(n, 3, "dbeta");
   // The next block's conv1 data gradient on the SM90 kernel (KILN_CUTLASS_DGRAD) wrote g, the
   // masked sum of dy and dy2, and left g's sums: g in dresidual (which is g), or where the memory
-  // plan did not allow that in the data gradient's own output (this node's dy2), which this node
+  // plan did not allow that in the data gradient's own output (this node's dy2, or dy), which it
   // then copies to dresidual.
   if (const auto summed = ctx.dgrad_bn_sums.find(&n); summed != ctx.dgrad_bn_sums.end()) {
     const TensorId g = summed->second.g;
