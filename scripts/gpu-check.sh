@@ -32,9 +32,11 @@
 #     cutlass-step  build (with the SM90 CUTLASS kernels: KILN_CUTLASS_KERNELS=ON), the GPU
 #            tests of the CUTLASS CBR path (GpuCutlass*; CUTLASS_TESTS=0 skips them), then
 #            `kiln bench` of ResNet-50 (CUTLASS_MODEL) AMP at batch 256 with KILN_CUTLASS=0 and =1
-#            alternating,
+#            alternating (CUTLASS_DGRAD_AB=1: three forms, KILN_CUTLASS=0, =1 with
+#            KILN_CUTLASS_DGRAD=0, and both =1),
 #            CUTLASS_ROUNDS rounds (default 2), each row's img/s and how many layers took the
-#            CUTLASS GEMM (CBR forwards; convolutions before BN+add+ReLU) (issue 20 stage 2)
+#            CUTLASS GEMM (CBR forwards; convolutions before BN+add+ReLU; data gradients)
+#            (issue 20 stage 2)
 #     cutlass-dgrad  build (KILN_CUTLASS_KERNELS=ON and the probe), the CUTLASS GPU tests
 #            (DGRAD_TESTS_REGEX, default GpuCutlass: the data gradient with BatchNorm-backward's
 #            sums in its epilogue, GpuCutlassDgradBn.*, and the forward's, whose units share code),
@@ -340,15 +342,21 @@ if [ "$MODE" = cutlass-step ]; then
   fi
   sass_notes kiln_gemm_stats gemm_stats_sm90.cu  # the forward's units (gemm_stats.h's list)
   m=${CUTLASS_MODEL:-resnet50}
+  # Each form: KILN_CUTLASS and KILN_CUTLASS_DGRAD (auto follows KILN_CUTLASS).
+  forms=("0 auto" "1 auto")
+  [ "${CUTLASS_DGRAD_AB:-0}" = 1 ] && forms=("0 auto" "1 0" "1 1")
   for round in $(seq 1 "${CUTLASS_ROUNDS:-2}"); do
-    for on in 0 1; do
-      log="$LOGS/bench-$m-cutlass$on-r$round.log"
-      KILN_CUTLASS=$on "$BUILD/kiln" bench --device cuda --model "$m" --batch 256 --amp --steps "${STEPS:-20}" \
+    for form in "${forms[@]}"; do
+      read -r on dgrad <<<"$form"
+      log="$LOGS/bench-$m-cutlass$on-dgrad$dgrad-r$round.log"
+      KILN_CUTLASS=$on KILN_CUTLASS_DGRAD=$dgrad "$BUILD/kiln" bench --device cuda --model "$m" --batch 256 --amp --steps "${STEPS:-20}" \
         --warmup 5 --repeats 3 >"$log" 2>&1 || status=1
       ips=$(grep -o '"images_per_second":[0-9.]*' "$log" | cut -d: -f2)
-      # kiln bench's line: CBR forwards and convolutions before BN+add+ReLU on the GEMM / kept.
+      # kiln bench's lines: CBR forwards and convolutions before BN+add+ReLU on the GEMM / kept;
+      # data gradients before a BatchNorm backward on the SM90 kernel / kept.
       layers=$(grep -o 'KILN_CUTLASS=1): .*' "$log" | sed 's/ (the log says why)//' | cut -c18-)
-      note "$m KILN_CUTLASS=$on" "round $round: ${ips:-FAILED: $(tail -1 "$log" | cut -c1-150)} img/s ($(since))${layers:+; $layers}"
+      dlayers=$(grep -o 'KILN_CUTLASS_DGRAD=[a-z0-9]*): .*' "$log" | sed 's/ (the log says why)//;s/^[^:]*: //')
+      note "$m KILN_CUTLASS=$on DGRAD=$dgrad" "round $round: ${ips:-FAILED: $(tail -1 "$log" | cut -c1-150)} img/s ($(since))${layers:+; $layers}${dlayers:+; dgrad: $dlayers}"
     done
   done
   finish

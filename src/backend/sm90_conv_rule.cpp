@@ -41,4 +41,8 @@ bool sm90_conv_gemm_tried(Auto sw, bool built, int cc_major, int cc_minor, DType
   return resolve(sw, built && cc_major == 9 && cc_minor == 0 && features == DType::F16);
 }
 
+bool sm90_dgrad_tried(Auto sw, bool cutlass) {
+  return resolve(sw, kCutlassDgradByDefault && cutlass);
+}
+
 }  // namespace kiln

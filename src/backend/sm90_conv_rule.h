@@ -26,4 +26,14 @@ std::string sm90_conv_refusal(const Sm90ConvQuery& q);
 // 9.0 GPU and FP16 features (AMP). `features` is the program's feature dtype.
 bool sm90_conv_gemm_tried(Auto sw, bool built, int cc_major, int cc_minor, DType features);
 
+// What KILN_CUTLASS_DGRAD=auto does, in one place: true follows KILN_CUTLASS (the data gradients
+// that feed a BatchNorm backward take the SM90 kernel wherever the forward's GEMM is tried),
+// false leaves it off unless asked for (KILN_CUTLASS_DGRAD=1).
+inline constexpr bool kCutlassDgradByDefault = true;
+
+// Whether a program's data gradients try the SM90 data gradient with BatchNorm-backward's sums
+// (cuda/cutlass_dgrad.cpp): 1 always (each layer then says why it falls back), 0 never, auto
+// as kCutlassDgradByDefault says, given whether the forward's GEMM is tried (`cutlass`).
+bool sm90_dgrad_tried(Auto sw, bool cutlass);
+
 }  // namespace kiln

@@ -120,7 +120,8 @@ struct CbrForward {
 CbrForward run_cbr_forward(const CbrCase& t, bool amp, const char* form) {
   Switches sw = Switches::from_environment();
   sw.cbr_form = form;
-  sw.cutlass = Auto::off;  // else it would take the 1x1 layers before either form
+  sw.cutlass = Auto::off;        // else it would take the 1x1 layers before either form
+  sw.cutlass_dgrad = Auto::off;  // and their data gradients
   sw.pad_channels = amp && t.c % 8 != 0;
   const int64_t p = (t.h + 2 * t.pad - t.r) / t.st + 1, q = (t.w + 2 * t.pad - t.r) / t.st + 1;
   const Shape xs{t.n, t.h, t.w, t.c}, ys{t.n, p, q, t.k}, ws{t.k, t.r, t.r, t.c};
@@ -280,6 +281,7 @@ void fused_steps_equal_unfused(bool amp, const std::vector<std::string>& models)
       o.compile.momentum = 0.9f;
       o.switches.deterministic = true;
       o.switches.cutlass = Auto::off;  // kiln's form (see the top of the file)
+      o.switches.cutlass_dgrad = Auto::off;
       o.switches.fuse_grad_sum = config == 2;
       o.switches.fusion = fusion;
       if (!amp) o.switches.fuse_fp32 = Auto::on;
@@ -367,6 +369,7 @@ TEST(GpuFusedStep, PoolFoldingOffAndOnBitForBit) {
       o.compile.momentum = 0.9f;
       o.switches.deterministic = true;
       o.switches.cutlass = Auto::off;  // kiln's form (see the top of the file)
+      o.switches.cutlass_dgrad = Auto::off;
       o.switches.fuse_pool = fold;
       if (!amp) o.switches.fuse_fp32 = Auto::on;
       Engine e(bp, o);

@@ -1,7 +1,8 @@
 // One training step of ResNet-18, ResNet-50 and VGG11-BN (the 32x32 forms) on the CUDA backend
 // against PyTorch's float64 step (SPEC Q2, issue 4), in FP32 and under AMP; ResNet-50's AMP step
-// with its bottlenecks' 1x1 convolutions on kiln's SM90 CUTLASS GEMM (KILN_CUTLASS) and without.
-// The reference is made at test time by tests/golden/torch_step.py from kiln's own initial
+// with its bottlenecks' 1x1 convolutions on kiln's SM90 CUTLASS GEMM (KILN_CUTLASS) and without,
+// and their data gradients on the SM90 kernel with BatchNorm's sums (KILN_CUTLASS_DGRAD) and
+// without. The reference is made at test time by tests/golden/torch_step.py from kiln's own initial
 // weights and batch (see tests/support/torch_golden.h; tests/e2e/golden_test.cpp runs the same
 // on the CPU backend). Each test skips where no GPU is present, or where no Python has torch (the
 // H200 machine has PyTorch in `python3`; KILN_TEST_PYTHON picks another).
@@ -112,32 +113,59 @@ TEST(GpuGolden, ResNet50SmallStepMatchesPyTorchFp32) {
 // fourteenth session, call 3), the rounding of cuDNN's and kiln's FP16 kernels that the
 // emulation does not model. 2e-2 leaves ~1.8x room and is still far below the O(1) error of a
 // missing tile or of a channel's sums landing in another BatchNorm.
-GoldenStep resnet50_amp(Auto cutlass) {
+//
+// KILN_CUTLASS_DGRAD (the data gradients that feed a BatchNorm backward on the SM90 kernel with
+// that backward's sums) is held on or off by field: on, 31 data gradients take it (16 conv3 into
+// conv2's CBR, 15 conv1 into the previous block's BN+add+ReLU; layer1.0's input is the stem's) and
+// 19 keep cuDNN (16 conv2, 3x3; 3 stride-2 downsamples), as tests/unit/dgrad_bn_rule_test.cpp
+// derives from the program. Its g differs from cuDNN's FP16 data gradient by one FP16 rounding
+// where their FP32 sums round to neighbours, and its FP32 sums from the sums pass's double ones
+// in their last bits: the same kind and size of rounding as the forward's GEMM, under the same
+// tolerances.
+GoldenStep resnet50_amp(Auto cutlass, Auto dgrad) {
   GoldenStep g = amp(resnet50_small_step("cuda"));
   g.tol_grad = 2e-2;
   g.initial_loss_scale = 1.0f;
   g.cutlass = cutlass;
+  g.cutlass_dgrad = dgrad;
   return g;
 }
 
-TEST(GpuGolden, ResNet50SmallStepMatchesPyTorchAmpCutlass) {
-  KILN_REQUIRE_GPU();
-  KILN_REQUIRE_TORCH(python);
-  const GoldenErrors err = run_golden_step(python, resnet50_amp(Auto::on));
+// The CUTLASS forms' layer counts: the forward's GEMM, and the data gradient where `dgrad`.
+void expect_cutlass_layers(const GoldenErrors& err, bool dgrad) {
   std::printf(
       "KILN_CUTLASS=1: %d CBR forwards and %d convolutions before BN+add+ReLU on the SM90 "
-      "GEMM (%d and %d kept cuDNN)\n",
+      "GEMM (%d and %d kept cuDNN); KILN_CUTLASS_DGRAD=%d: %d data gradients on the SM90 kernel "
+      "(%d kept cuDNN)\n",
       err.compiled.cbr_cutlass, err.compiled.conv_cutlass, err.compiled.cbr_cutlass_fallbacks,
-      err.compiled.conv_cutlass_fallbacks);
+      err.compiled.conv_cutlass_fallbacks, dgrad ? 1 : 0, err.compiled.dgrad_cutlass,
+      err.compiled.dgrad_cutlass_fallbacks);
   // Elsewhere (another GPU, or libkiln without the kernels) every layer keeps cuDNN.
   if (kCutlassBuilt && sm90_gpu()) {
     EXPECT_EQ(err.compiled.cbr_cutlass, 16)
         << "the bottlenecks' conv1 layers; the log says why not";
     EXPECT_EQ(err.compiled.conv_cutlass, 16) << "the bottlenecks' conv3 layers";
     EXPECT_EQ(err.compiled.conv_cutlass_fallbacks, 0);
+    EXPECT_EQ(err.compiled.dgrad_cutlass, dgrad ? 31 : 0)
+        << "16 conv3 and 15 conv1 data gradients; the log says why not";
+    EXPECT_EQ(err.compiled.dgrad_cutlass_fallbacks, dgrad ? 19 : 0)
+        << "16 conv2 (3x3) and 3 stride-2 downsample data gradients";
   } else {
-    EXPECT_EQ(err.compiled.cbr_cutlass + err.compiled.conv_cutlass, 0);
+    EXPECT_EQ(err.compiled.cbr_cutlass + err.compiled.conv_cutlass + err.compiled.dgrad_cutlass, 0);
   }
+}
+
+TEST(GpuGolden, ResNet50SmallStepMatchesPyTorchAmpCutlass) {
+  KILN_REQUIRE_GPU();
+  KILN_REQUIRE_TORCH(python);
+  expect_cutlass_layers(run_golden_step(python, resnet50_amp(Auto::on, Auto::on)), true);
+}
+
+// The forward's GEMM alone: the data gradients on cuDNN with kiln's sums pass.
+TEST(GpuGolden, ResNet50SmallStepMatchesPyTorchAmpCutlassDgradOff) {
+  KILN_REQUIRE_GPU();
+  KILN_REQUIRE_TORCH(python);
+  expect_cutlass_layers(run_golden_step(python, resnet50_amp(Auto::on, Auto::off)), false);
 }
 
 // The same step on cuDNN alone: the form KILN_CUTLASS=0 keeps, and the errors to read the
@@ -145,9 +173,11 @@ TEST(GpuGolden, ResNet50SmallStepMatchesPyTorchAmpCutlass) {
 TEST(GpuGolden, ResNet50SmallStepMatchesPyTorchAmpCutlassOff) {
   KILN_REQUIRE_GPU();
   KILN_REQUIRE_TORCH(python);
-  const GoldenErrors err = run_golden_step(python, resnet50_amp(Auto::off));
+  // KILN_CUTLASS_DGRAD=auto follows KILN_CUTLASS=0: off.
+  const GoldenErrors err = run_golden_step(python, resnet50_amp(Auto::off, Auto::automatic));
   EXPECT_EQ(err.compiled.cbr_cutlass + err.compiled.cbr_cutlass_fallbacks +
-                err.compiled.conv_cutlass + err.compiled.conv_cutlass_fallbacks,
+                err.compiled.conv_cutlass + err.compiled.conv_cutlass_fallbacks +
+                err.compiled.dgrad_cutlass + err.compiled.dgrad_cutlass_fallbacks,
             0)
       << "KILN_CUTLASS=0 tries no layer";
 }

@@ -70,6 +70,17 @@ TEST(CudaOptions, CutlassSwitchReachesTheOptions) {
   expect_refused("KILN_CUTLASS", "maybe", "use auto or");
 }
 
+// KILN_CUTLASS_DGRAD likewise reaches Options::cutlass_dgrad, which prepare() resolves after
+// KILN_CUTLASS (sm90_dgrad_tried; DgradBnRule.* checks that).
+TEST(CudaOptions, CutlassDgradSwitchReachesTheOptions) {
+  EXPECT_EQ(options_with({}).cutlass_dgrad, Auto::automatic);
+  EXPECT_EQ(options_with({{"KILN_CUTLASS_DGRAD", "auto"}}).cutlass_dgrad, Auto::automatic);
+  EXPECT_EQ(options_with({{"KILN_CUTLASS_DGRAD", "1"}}).cutlass_dgrad, Auto::on);
+  EXPECT_EQ(options_with({{"KILN_CUTLASS_DGRAD", "0"}}).cutlass_dgrad, Auto::off);
+  EXPECT_EQ(options_with({{"KILN_CUTLASS_DGRAD", "0"}}).cutlass, Auto::automatic);
+  expect_refused("KILN_CUTLASS_DGRAD", "maybe", "use auto or");
+}
+
 }  // namespace
 }  // namespace kiln::cuda
 #endif  // KILN_HAVE_CUDA

@@ -64,6 +64,7 @@ inline void expect_mask(OpHarness& h, TensorId mask, TensorId relu_out) {
 // The caller's switches with kiln's own CBR form: the SM90 GEMM off (see above).
 inline Switches kilns_form(Switches sw) {
   sw.cutlass = Auto::off;
+  sw.cutlass_dgrad = Auto::off;  // and its data gradient (KILN_CUTLASS_DGRAD=1 would try it)
   return sw;
 }
 

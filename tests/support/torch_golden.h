@@ -85,6 +85,7 @@ struct GoldenStep {
   float initial_loss_scale = 8192.0f;  // AMP's (CompileOptions' default)
   // KILN_CUTLASS for this step (a field, not the environment): auto by default, as kiln runs.
   Auto cutlass = Auto::automatic;
+  Auto cutlass_dgrad = Auto::automatic;  // KILN_CUTLASS_DGRAD likewise
   // BatchNorm weights whose name ends in this (a residual branch's last BatchNorm) are drawn
   // from [0.05, 0.15] rather than [0.5, 1.5], as in a trained ResNet or torchvision's
   // zero_init_residual (0, which would stop the branch's gradients): see resnet50_small_step.
@@ -274,6 +275,7 @@ inline GoldenErrors run_golden_step(const std::string& python, const GoldenStep&
   o.compile.weight_decay = g.weight_decay;
   o.compile.initial_loss_scale = g.initial_loss_scale;
   o.switches.cutlass = g.cutlass;
+  o.switches.cutlass_dgrad = g.cutlass_dgrad;
   // Every forward tensor keeps its value after the step, for kiln_choices (placement only:
   // the kernels and their order are the same).
   o.switches.memory_reuse = false;

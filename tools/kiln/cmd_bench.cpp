@@ -360,6 +360,15 @@ int cmd_bench(int argc, char** argv) {
                                                  : "0",
           use.cbr_cutlass, use.cbr_cutlass_fallbacks, use.conv_cutlass, use.conv_cutlass_fallbacks);
     }
+    if (use.dgrad_cutlass + use.dgrad_cutlass_fallbacks > 0) {
+      std::printf(
+          "data gradients before a BatchNorm backward (KILN_CUTLASS_DGRAD=%s): %d on the SM90 "
+          "kernel with BatchNorm's sums, %d kept cuDNN (the log says why)\n",
+          eo.switches.cutlass_dgrad == Auto::automatic ? "auto"
+          : eo.switches.cutlass_dgrad == Auto::on      ? "1"
+                                                       : "0",
+          use.dgrad_cutlass, use.dgrad_cutlass_fallbacks);
+    }
     if (use.cbr_genstats + use.cbr_fallbacks > 0) {
       std::printf(
           "CBR forward (KILN_CBR_FORM=genstats): %d as conv+genstats, %d fell back to kiln's "

@@ -123,6 +123,10 @@ struct BnBwd {
   const float *saved = nullptr, *gamma = nullptr;
   float *dgamma = nullptr, *dbeta = nullptr;
   PoolMap pm;  // cbr_pool_bwd: dy is the max-pooled map's gradient
+  // FP32 [sum g; sum g (x - mean)] that the data gradient before it took (cutlass_dgrad.cpp),
+  // which also wrote g itself into dy (masked, dy2 added): no sums pass, and the dx pass reads
+  // g alone (no mask or dy2; dres, when given, gets a copy of g).
+  const float* sums = nullptr;
 };
 
 // Statistics (per-channel double sums, then the finalize pass, which also forms the apply
@@ -217,11 +221,12 @@ KernelPtr bn_backward(Context& ctx, int stream, const Nhwc& s, DType dt, const B
   const auto C = d.c;
   const BnVec v = bn_vec(ctx, dt, d.rows, C, {a.x, a.dy, a.dy2});
   const GroupPlan gp = group_plan(ctx, d.rows, C, {a.x, a.dy, a.dy2, a.dx, a.dres});
-  const int chunks = v.on ? v.blocks : d.gy;
+  const int chunks = a.sums ? 1 : v.on ? v.blocks : d.gy;
   const size_t coef_off = reserve_stats_workspace(ctx, stream, chunks, C);
   const dim3 rgrid(static_cast<unsigned>((C + kCx - 1) / kCx), static_cast<unsigned>(d.gy));
   const int64_t count = d.rows * C;
   const unsigned egrid = grid_for(ctx, count, kThreads);
+  const unsigned cgrid = grid_for(ctx, C, kThreads);
   KernelPtr k;
   KILN_DISPATCH_FLOAT(dt, T, {
     k = make_fn(stream, [=](Context& c, cudaStream_t st) {
@@ -229,7 +234,10 @@ KernelPtr bn_backward(Context& ctx, int stream, const Nhwc& s, DType dt, const B
       const T *x = static_cast<const T*>(a.x), *dy = static_cast<const T*>(a.dy),
               *dy2 = static_cast<const T*>(a.dy2);
       T *dx = static_cast<T*>(a.dx), *dres = static_cast<T*>(a.dres);
-      if (v.on) {
+      if (a.sums) {
+        sums_to_partial<<<cgrid, kThreads, 0, st>>>(a.sums, C, partial);
+        KILN_LAUNCH_CHECK("bn bwd sums from the data gradient");
+      } else if (v.on) {
         bwd_partial_vec<T><<<v.blocks, kVecThreads, 0, st>>>(x, dy, dy2, a.mask, a.saved,
                                                              static_cast<int>(d.rows),
                                                              static_cast<int>(C), partial, a.pm);
@@ -348,6 +356,24 @@ KernelPtr make_bn_relu_mask_bwd(const Node& n, Context& ctx, int stream, TensorI
   expect_mask(ctx, n, mask, dy);
   a.mask = ctx.ptr<uint8_t>(mask);
   a.dres = ctx.ptr(dres);
+  return bn_backward(ctx, stream, s, ctx.tensor(x).dtype, a);
+}
+
+// The BatchNorm backward of cbr_bwd (z -> dz) and of bn_add_relu_bwd (x -> dx, [dresidual])
+// when the data gradient before it (cutlass_dgrad.cpp) wrote its masked gradient g (dy [+ dy2]
+// where the mask passes it, else 0: what the mask and dy2 would give) and g's two sums: the
+// finalize and dx passes alone, reading g and x (and copying g to dres when that is given).
+KernelPtr make_bn_bwd_from_sums(const Node& n, Context& ctx, int stream, TensorId x, TensorId g,
+                                TensorId gamma, TensorId saved, TensorId dx, TensorId dres,
+                                TensorId dgamma, TensorId dbeta, const float* sums) {
+  Nhwc s;
+  BnBwd a = bn_bwd_args(ctx, n, x, g, gamma, saved, dx, dgamma, dbeta, &s);
+  if (dres != kNoTensor) {
+    expect_same_dtype(ctx, n, x, dres);
+    expect_numel(ctx, n, dres, s.numel(), "dresidual");
+  }
+  a.dres = ctx.ptr(dres);
+  a.sums = sums;
   return bn_backward(ctx, stream, s, ctx.tensor(x).dtype, a);
 }
 

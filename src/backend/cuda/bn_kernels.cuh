@@ -427,8 +427,8 @@ __global__ void __launch_bounds__(kVecThreads)
       if (mask) {
 #pragma unroll
         for (int j = 0; j < 8; ++j) d[u][j] = (m[u] >> j) & 1u ? d[u][j] : from_f<T>(0.0f);
-        if (dres) store8(dres + g[u] * 8, d[u]);
       }
+      if (dres) store8(dres + g[u] * 8, d[u]);
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
         o[j] = from_f<T>(k[j].y * (to_f(d[u][j]) - k[j].z - (to_f(a[u][j]) - k[j].x) * k[j].w));

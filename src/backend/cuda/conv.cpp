@@ -491,6 +491,9 @@ KernelPtr make_conv_bwd_data(const Node& n, Context& ctx, int stream) {
   const DType dt = expect_float(ctx, n, dy, "dy");
   expect_same_dtype(ctx, n, dy, dx);
   expect_weight_dtype(ctx, n, dy, w);
+  // A bottleneck's conv3 before conv2's CBR backward, with KILN_CUTLASS_DGRAD: the SM90 data
+  // gradient that also takes that BatchNorm backward's sums (cutlass_dgrad.cpp).
+  if (KernelPtr fused = make_dgrad_for_bn(n, ctx, stream, dy, w, dx)) return fused;
   const ConvGeom g = conv_geom(ctx, n, dx, w, dy);
   const DType wdt = ctx.tensor(w).dtype;
   ConvOperands o =

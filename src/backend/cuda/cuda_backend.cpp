@@ -110,6 +110,7 @@ class CudaBackend final : public CudaBackendApi {
                 cutlass_kernels_built() ? "is built" : "is not built", ", compute capability ",
                 prop.major, ".", prop.minor, ", features ", dtype_name(program.feature_dtype), ")");
     }
+    ctx_.cutlass_dgrad = sm90_dgrad_tried(ctx_.opts.cutlass_dgrad, ctx_.cutlass);
     create_streams();
     for (int r = 0; r < kRegionCount; ++r) {
       const int64_t bytes = program.memory.region_bytes[static_cast<size_t>(r)];
@@ -377,6 +378,7 @@ class CudaBackend final : public CudaBackendApi {
     r.cbr_genstats = ctx_.cbr_genstats, r.cbr_fallbacks = ctx_.cbr_genstats_fallbacks;
     r.cbr_cutlass = ctx_.cbr_cutlass, r.cbr_cutlass_fallbacks = ctx_.cbr_cutlass_fallbacks;
     r.conv_cutlass = ctx_.conv_cutlass, r.conv_cutlass_fallbacks = ctx_.conv_cutlass_fallbacks;
+    r.dgrad_cutlass = ctx_.dgrad_cutlass, r.dgrad_cutlass_fallbacks = ctx_.dgrad_cutlass_fallbacks;
     r.side_stream_wgrads = ctx_.side_wgrads;
     r.fp32_transformed_plans = ctx_.fp32_transformed;
     return r;
@@ -417,6 +419,9 @@ class CudaBackend final : public CudaBackendApi {
     ctx_.cbr_cutlass = ctx_.cbr_cutlass_fallbacks = 0;
     ctx_.conv_cutlass = ctx_.conv_cutlass_fallbacks = 0;
     ctx_.bn_add_relu_sums.clear();
+    ctx_.dgrad_cutlass = ctx_.dgrad_cutlass_fallbacks = 0;
+    ctx_.dgrad_bn_sums.clear();
+    ctx_.extra_bytes.clear();
     ctx_.fp32_transformed = 0;
     table_path_.clear();
     if (const std::string cache = autotune_cache_file(gpu); !cache.empty()) {
@@ -527,6 +532,11 @@ class CudaBackend final : public CudaBackendApi {
         e.ops.push_back(n.op);
         e.node_reads.push_back(byte_ranges(ctx_, n.in));
         e.node_writes.push_back(byte_ranges(ctx_, n.out));
+        if (const auto extra = ctx_.extra_bytes.find(&n); extra != ctx_.extra_bytes.end()) {
+          const auto& [reads, writes] = extra->second;
+          e.node_reads.back().insert(e.node_reads.back().end(), reads.begin(), reads.end());
+          e.node_writes.back().insert(e.node_writes.back().end(), writes.begin(), writes.end());
+        }
       }
       if (profile_ops_) {
         e.node_events.resize(e.kernels.size() + 1);

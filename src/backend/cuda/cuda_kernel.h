@@ -97,6 +97,12 @@ struct Options {
   // BatchNorm skips its statistics pass; other layers keep their form. auto (the default): under
   // AMP on an SM90 GPU with the kernels built; prepare() resolves it into Context::cutlass.
   Auto cutlass = Auto::automatic;
+  // KILN_CUTLASS_DGRAD: a data gradient of such a convolution whose output is the gradient at a
+  // later BatchNorm's ReLU (cbr_bwd, bn_add_relu_bwd: a bottleneck's conv3 and conv1) runs on
+  // kiln's SM90 kernel that also forms BatchNorm's masked gradient and its two sums
+  // (cutlass_dgrad.cpp), so that BatchNorm backward skips its sums pass. auto (the default):
+  // where KILN_CUTLASS is (sm90_dgrad_tried); prepare() resolves it into Context::cutlass_dgrad.
+  Auto cutlass_dgrad = Auto::automatic;
   // KILN_DETERMINISTIC=1: refuse cuDNN engines noted NONDETERMINISTIC (atomics in weight
   // gradients), so a step gives the same bits every run. kiln's own kernels and cuBLASLt are
   // deterministic already (fixed-order partial sums; one algorithm chosen at compile time).
@@ -188,6 +194,26 @@ struct Context : ProgramView {
   // bn_add_relu_fwd node reads (set while its convolution is built, read when it is built).
   int conv_cutlass = 0, conv_cutlass_fallbacks = 0;
   std::unordered_map<const Node*, const float*> bn_add_relu_sums;
+  // Whether data gradients that feed a BatchNorm backward try the SM90 data gradient with its
+  // sums (KILN_CUTLASS_DGRAD resolved by prepare(): sm90_dgrad_tried).
+  bool cutlass_dgrad = false;
+  // Data gradients on it, and those that tried it and kept their form; for each consuming
+  // BatchNorm backward (cbr_bwd, bn_add_relu_bwd) the sums it reads in place of its sums pass
+  // and the tensor holding g, which it reads in place of dy, dy2 and the mask (set while the data
+  // gradient is built, read when the consumer is built).
+  int dgrad_cutlass = 0, dgrad_cutlass_fallbacks = 0;
+  struct DgradBnSums {
+    const float* sums = nullptr;
+    TensorId g = kNoTensor;
+  };
+  std::unordered_map<const Node*, DgradBnSums> dgrad_bn_sums;
+  // Bytes a node's kernel reads and writes beyond its own tensors (a fused data gradient reads
+  // the later BatchNorm's z, mask and saved, and may write its dresidual), for the side stream's
+  // joins (side_stream.h): appended to the node's ranges by the executor.
+  struct ExtraBytes {
+    std::vector<ByteRange> reads, writes;
+  };
+  std::unordered_map<const Node*, ExtraBytes> extra_bytes;
   int fp32_transformed =
       0;  // FP32 convolution plans on Winograd / FFT engines (KILN_FP32_WINOGRAD)
   // The most workspace one convolution engine may ask for: set by prepare() from the device

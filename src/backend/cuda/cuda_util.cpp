@@ -33,7 +33,8 @@ Options options_from_switches(const Switches& sw) {
   o.vector_kernels = sw.vector_kernels;
   o.pad_channels = sw.pad_channels;
   o.cbr_genstats = sw.cbr_form == "genstats";
-  o.cutlass = sw.cutlass;  // resolved per device and program in prepare()
+  o.cutlass = sw.cutlass;              // resolved per device and program in prepare()
+  o.cutlass_dgrad = sw.cutlass_dgrad;  // likewise, after cutlass
   o.deterministic = sw.deterministic;
   const std::string& table = sw.engine_table;
   o.engine_table = table != "0" && table != "off" && table != "false";

@@ -10,7 +10,9 @@
 // give the same bits (tests/gpu/gpu_fused_test.cpp). The parts run in order on the node's
 // stream. KILN_CBR_FORM=genstats takes the MLPerf-style forward instead (conv+genstats in
 // one cuDNN graph), and KILN_CUTLASS kiln's SM90 GEMM with the sums in its epilogue for the
-// 1x1 layers (cutlass_conv.cpp); the genstats form's backward forms (dgrad+drelu+dbn) and the
+// 1x1 layers (cutlass_conv.cpp); KILN_CUTLASS_DGRAD likewise the 1x1 data gradients that feed a
+// BatchNorm backward, whose epilogue takes that backward's sums (cutlass_dgrad.cpp); the genstats
+// form's backward forms (dgrad+drelu+dbn) and the
 // MLPerf prologue form are not built (bench/RESULTS.md: cuDNN has no dgrad+drelu+dbn_weight engine
 // at batch 256, and the prologue convolutions cost about what they save). cbr_pool_* also fold a
 // max-pool that tiles z into BatchNorm's apply pass: the full-resolution ReLU output is neither
@@ -112,8 +114,14 @@ KernelPtr cbr_conv_backward(const Node& n, Context& ctx, int stream, KernelPtr b
   const bool apart = !any_overlap(byte_ranges(ctx, {dx, db}), byte_ranges(ctx, {x, dz, dw}));
   parts.push_back(apart ? maybe_on_side_stream(ctx, stream, {x, dz}, {dw}, wgrad) : wgrad(stream));
   if (dx != kNoTensor) {
-    parts.push_back(make_conv_bwd_data(fused_part(OpKind::conv_bwd_data, {dz, w}, {dx}, n, "dgrad"),
-                                       ctx, stream));
+    // A bottleneck's conv1: with KILN_CUTLASS_DGRAD, the SM90 data gradient that also takes the
+    // previous block's BN+add+ReLU backward's sums (cutlass_dgrad.cpp).
+    KernelPtr dgrad = make_dgrad_for_bn(n, ctx, stream, dz, w, dx);
+    if (!dgrad) {
+      dgrad = make_conv_bwd_data(fused_part(OpKind::conv_bwd_data, {dz, w}, {dx}, n, "dgrad"), ctx,
+                                 stream);
+    }
+    parts.push_back(std::move(dgrad));
   }
   if (db != kNoTensor) {
     // The cancelled bias's gradient: sum of dz per channel, exactly 0 (ops.def).
@@ -133,11 +141,16 @@ KernelPtr cbr_conv_backward(const Node& n, Context& ctx, int stream, KernelPtr b
 KernelPtr make_cbr_bwd(const Node& n, Context& ctx, int stream) {
   reject_accumulate(ctx, n);
   const CbrBwdTensors t = cbr_bwd_tensors(n);
-  return cbr_conv_backward(
-      n, ctx, stream,
-      make_bn_relu_mask_bwd(n, ctx, stream, t.z, t.dy, kNoTensor, t.mask, t.gamma, t.saved, t.dz,
-                            kNoTensor, t.dgamma, t.dbeta),
-      t.x, t.w, t.dz, t.dx, t.dw, t.db);
+  // A bottleneck's conv2: its dy is conv3's data gradient, which on the SM90 kernel
+  // (KILN_CUTLASS_DGRAD) wrote g there and left g's sums.
+  const auto summed = ctx.dgrad_bn_sums.find(&n);
+  KernelPtr bn =
+      summed != ctx.dgrad_bn_sums.end()
+          ? make_bn_bwd_from_sums(n, ctx, stream, t.z, summed->second.g, t.gamma, t.saved, t.dz,
+                                  kNoTensor, t.dgamma, t.dbeta, summed->second.sums)
+          : make_bn_relu_mask_bwd(n, ctx, stream, t.z, t.dy, kNoTensor, t.mask, t.gamma, t.saved,
+                                  t.dz, kNoTensor, t.dgamma, t.dbeta);
+  return cbr_conv_backward(n, ctx, stream, std::move(bn), t.x, t.w, t.dz, t.dx, t.dw, t.db);
 }
 
 // "x, w, gamma, beta, running_mean, running_var, [b] -> z, y (pooled), saved, mask (over z)":
@@ -186,6 +199,15 @@ KernelPtr make_bn_add_relu_bwd(const Node& n, Context& ctx, int stream) {
                  gamma = need_in(n, 3, "gamma"), saved = need_in(n, 4, "saved"), dy2 = in_at(n, 5);
   const TensorId dx = need_out(n, 0, "dx"), dres = need_out(n, 1, "dresidual"),
                  dgamma = need_out(n, 2, "dgamma"), dbeta = need_out(n, 3, "dbeta");
+  // The next block's conv1 data gradient on the SM90 kernel (KILN_CUTLASS_DGRAD) wrote g, the
+  // masked sum of dy and dy2, and left g's sums: g in dresidual (which is g), or where the memory
+  // plan did not allow that in the data gradient's own output (this node's dy2, or dy), which it
+  // then copies to dresidual.
+  if (const auto summed = ctx.dgrad_bn_sums.find(&n); summed != ctx.dgrad_bn_sums.end()) {
+    const TensorId g = summed->second.g;
+    return make_bn_bwd_from_sums(n, ctx, stream, x, g, gamma, saved, dx,
+                                 g == dres ? kNoTensor : dres, dgamma, dbeta, summed->second.sums);
+  }
   return make_bn_relu_mask_bwd(n, ctx, stream, x, dy, dy2, mask, gamma, saved, dx, dres, dgamma,
                                dbeta);
 }

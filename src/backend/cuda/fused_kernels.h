@@ -48,6 +48,24 @@ KernelPtr make_bn_relu_mask_bwd(const Node& n, Context& ctx, int stream, TensorI
                                 TensorId dy2, TensorId mask, TensorId gamma, TensorId saved,
                                 TensorId dx, TensorId dres, TensorId dgamma, TensorId dbeta);
 
+// The same when the data gradient before it (make_dgrad_for_bn) wrote g, the gradient at
+// BatchNorm's output with the mask applied and dy2 added, and g's FP32 sums [sum g; sum
+// g (x - mean)]: the finalize and dx passes alone (dx, dgamma, dbeta from g and x; g copied to
+// dres unless that is kNoTensor).
+KernelPtr make_bn_bwd_from_sums(const Node& n, Context& ctx, int stream, TensorId x, TensorId g,
+                                TensorId gamma, TensorId saved, TensorId dx, TensorId dres,
+                                TensorId dgamma, TensorId dbeta, const float* sums);
+
+// A data gradient dx = conv_bwd_data(dy, w) of `n` (a conv_bwd_data node, or cbr_bwd /
+// cbr_pool_bwd's part) whose dx a later cbr_bwd or bn_add_relu_bwd reads as the gradient at its
+// ReLU's output (dgrad_bn_rule.h), on kiln's SM90 kernel (KILN_CUTLASS_DGRAD): it writes that
+// BatchNorm's g (into dx, or into bn_add_relu_bwd's dresidual) and g's sums, which the consumer
+// then reads from ctx.dgrad_bn_sums (make_bn_bwd_from_sums). nullptr where the switch is off, no
+// such consumer exists, or the layer, the schedule, the memory plan or CUTLASS does not allow it
+// (counted and logged); the caller then builds the cuDNN data gradient.
+KernelPtr make_dgrad_for_bn(const Node& n, Context& ctx, int stream, TensorId dy, TensorId w,
+                            TensorId dx);
+
 // cbr_pool_fwd's epilogue (ops.def): saved and running statistics as make_bn_relu_mask_fwd,
 // then y = the max-pool of relu(bn(z)) by n.attrs.pool windows that tile z, and the mask over
 // z of the elements the pool took where the ReLU passed them.

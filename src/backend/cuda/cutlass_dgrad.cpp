@@ -1,0 +1,140 @@
+// A data gradient that feeds a BatchNorm backward on kiln's SM90 kernel (KILN_CUTLASS_DGRAD):
+// dX = dY W for a 1x1 stride-1 FP16 convolution whose dX is the gradient at the output of a later
+// relu(bn(z)) (cbr_bwd: a bottleneck's conv3 feeding conv2's CBR) or relu(bn(z) + residual)
+// (bn_add_relu_bwd: a bottleneck's conv1 feeding the previous block's output, the residual
+// path's gradient added). The kernel (cutlass/dgrad_bn.h) writes that BatchNorm's masked
+// gradient g = mask ? dX [+ dy2] : 0, rounded as kiln's BatchNorm backward rounds it, and g's
+// two sums; the BatchNorm backward then runs its finalize and dx passes from them
+// (make_bn_bwd_from_sums), without its sums pass or its reads of dy, dy2 and the mask. g goes
+// into dX's own tensor (cbr_bwd reads it as its dy) or into bn_add_relu_bwd's dresidual, which
+// is g exactly (dX is then never written); where the memory plan has dresidual's bytes in use
+// until the BatchNorm backward (memory reuse), into dX, and the dx pass copies it to dresidual
+// as it writes dresidual today. Where the layer (sm90_conv_rule.h), the schedule or
+// the memory plan (dgrad_bn_rule.h) or CUTLASS do not allow it, the layer keeps cuDNN's data
+// gradient and BatchNorm's sums pass, counted and logged as the forward's GEMM is
+// (cutlass_conv.cpp). Like that file, only this one sees whether the kernels were built
+// (KILN_HAVE_CUTLASS, set by CMakeLists.txt).
+#include "backend/cuda/fused_kernels.h"
+#include "backend/cuda/side_stream.h"
+#include "backend/dgrad_bn_rule.h"
+#include "backend/sm90_conv_rule.h"
+
+#ifdef KILN_HAVE_CUTLASS
+#include "backend/cuda/cutlass/dgrad_bn.h"
+#endif
+
+namespace kiln::cuda {
+
+namespace {
+
+#ifdef KILN_HAVE_CUTLASS
+constexpr bool kBuilt = true;
+#else
+constexpr bool kBuilt = false;
+#endif
+
+bool aligned16(const void* p) {
+  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
+}
+
+// The consumer's tensors as the kernel reads them: z, g and the other gradient maps of dX's
+// dtype and size, the mask's bits over them, saved [mean; invstd] in FP32. "" when they are.
+std::string layout_refusal(const Context& ctx, TensorId dx, const DgradBnUse& u, int64_t channels) {
+  const DTensor& d = ctx.tensor(dx);
+  auto same_map = [&](TensorId id) {
+    return ctx.tensor(id).dtype == d.dtype && ctx.tensor(id).numel() == d.numel();
+  };
+  if (!same_map(u.z) || !same_map(u.g) || (u.other != kNoTensor && !same_map(u.other)))
+    return "needs the BatchNorm's z, g and second gradient in dx's dtype and size";
+  const DTensor& mask = ctx.tensor(u.mask);
+  if (mask.dtype != DType::U8 || mask.numel() < (d.numel() + 7) / 8)
+    return "needs the BatchNorm's ReLU mask as one bit per element of dx";
+  const DTensor& saved = ctx.tensor(u.saved);
+  if (saved.dtype != DType::F32 || saved.numel() != 2 * channels)
+    return "needs the BatchNorm's saved statistics as FP32 [mean; invstd]";
+  return "";
+}
+
+}  // namespace
+
+KernelPtr make_dgrad_for_bn(const Node& n, Context& ctx, int stream, TensorId dy, TensorId w,
+                            TensorId dx) {
+  if (!ctx.cutlass_dgrad || ctx.program == nullptr || dx == kNoTensor) return nullptr;
+  const DgradBnUse u = dgrad_bn_use(*ctx.program, n, dx);
+  if (u.consumer == nullptr) return nullptr;  // no BatchNorm backward reads dx: not tried
+  const std::string what = std::string(op_name(n.op)) + " node '" + n.label + "'";
+  Sm90ConvQuery q;
+  q.g = conv_geom(ctx, n, dx, w, dy);
+  q.x = ctx.tensor(dx).dtype, q.w = ctx.tensor(w).dtype, q.z = ctx.tensor(dy).dtype;
+  q.cc_major = ctx.cc_major, q.cc_minor = ctx.cc_minor;
+  q.built = kBuilt;
+  std::string why = sm90_conv_refusal(q);
+  // A layer of another shape or precision, or a schedule or plan that does not fit, is routine;
+  // the kernels missing or another GPU under KILN_CUTLASS_DGRAD=1, or CUTLASS refusing an
+  // eligible layer, is worth a line at the default level (as cutlass_conv.cpp).
+  const bool not_here = !kBuilt || q.cc_major != 9 || q.cc_minor != 0;
+  if (why.empty()) why = u.refusal;
+  if (why.empty()) why = layout_refusal(ctx, dx, u, q.g.x.c);
+  const bool routine = !why.empty() && !not_here;
+  if (why.empty() && !(aligned16(ctx.ptr(dy)) && aligned16(ctx.ptr(w)) && aligned16(ctx.ptr(u.z)) &&
+                       aligned16(ctx.ptr(u.g)) && aligned16(ctx.ptr(u.other)))) {
+    why = "needs dy, w, z, g and dy2 at 16-byte aligned addresses (TMA, half2 loads)";
+  }
+#ifdef KILN_HAVE_CUTLASS
+  const int64_t channels = q.g.x.c;
+  std::shared_ptr<DeviceBuffer> sums;
+  if (why.empty())
+    sums = std::make_shared<DeviceBuffer>(2 * static_cast<size_t>(channels) * sizeof(float));
+  sm90::DgradBn d;
+  d.dy = ctx.ptr(dy), d.w = ctx.ptr(w), d.z = ctx.ptr(u.z);
+  d.mask = ctx.ptr<uint8_t>(u.mask);
+  d.dy2 = ctx.ptr(u.other);
+  d.mean = ctx.ptr<float>(u.saved);  // saved = [mean; invstd]
+  d.g = ctx.ptr(u.g);
+  d.sums = sums ? static_cast<float*>(sums->get()) : nullptr;
+  d.m = q.g.x_rows(), d.n = channels, d.k = q.g.k;
+  d.sm_count = ctx.sm_count;
+  CUDA_CHECK(cudaGetDevice(&d.device_id));
+  // The partials form adds the CTAs' sums in a fixed order: a deterministic run's bits repeat.
+  const sm90::DgradBnKernel kern = sm90::dgrad_bn_kernel_for(d.n, ctx.opts.deterministic);
+  if (why.empty()) {
+    if (std::string err = kern.check(d); !err.empty()) why = "refuses it: CUTLASS " + err;
+  }
+#endif
+  if (!why.empty()) {
+    ++ctx.dgrad_cutlass_fallbacks;
+    const std::string line = what + ": the data gradient keeps cuDNN (and '" + u.consumer->label +
+                             "' its sums pass); kiln's SM90 data gradient ";
+    if (routine) {
+      log_debug(line, why);
+    } else {
+      log_info(line, why);
+    }
+    return nullptr;
+  }
+#ifdef KILN_HAVE_CUTLASS
+  ctx.need_workspace(stream, kern.workspace(d));
+  // The consumer reads g and these sums on the schedule's order (the same stream, or joined
+  // behind this phase's event); the sums live as long as the kernel that writes them.
+  ctx.dgrad_bn_sums[u.consumer] = {d.sums, u.g};
+  ++ctx.dgrad_cutlass;
+  // What this node now reads and writes beyond its own tensors, for the side stream's joins.
+  Context::ExtraBytes& extra = ctx.extra_bytes[&n];
+  extra.reads = byte_ranges(ctx, {u.z, u.mask, u.saved, u.other});
+  if (u.g != dx) extra.writes = byte_ranges(ctx, {u.g});
+  log_debug(what, ": the data gradient runs on ", kern.name, ", writing '", ctx.tensor(u.g).name,
+            "' and the sums for '", u.consumer->label, "'");
+  const std::string failed = what + ": the SM90 data gradient (" + kern.name + ") failed: ";
+  return make_fn(stream, [=](Context& c, cudaStream_t st) {
+    // run() zeroes what it adds into, launches the GEMM (and the partials' finalize) on st and
+    // checks each launch.
+    const std::string err = kern.run(d, c.streams[static_cast<size_t>(stream)].workspace, st);
+    KILN_CHECK(err.empty(), Backend, failed, err);
+    static_cast<void>(sums);  // owned here
+  });
+#else
+  return nullptr;
+#endif
+}
+
+}  // namespace kiln::cuda

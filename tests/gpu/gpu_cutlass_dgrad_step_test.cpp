@@ -1,0 +1,295 @@
+// The SM90 data gradient with BatchNorm-backward's sums wired into the training step
+// (KILN_CUTLASS_DGRAD, src/backend/cuda/cutlass_dgrad.cpp), against the same programs with the
+// switch off (cuDNN's data gradient, kiln's BatchNorm backward with its sums pass):
+//  - one bottleneck's backward as four nodes: conv3's data gradient into conv2's CBR backward,
+//    and conv1's CBR backward whose data gradient is the previous block's BN+add+ReLU second
+//    gradient (dy2), with g written to that node's dresidual, or (where dresidual's bytes are
+//    in use until then) to dx and copied; every gradient, in the atomic and the deterministic
+//    form, and the deterministic form bit for bit repeatable;
+//  - ResNet-50's training steps (224x224, batch 4, AMP, memory reuse as kiln runs), with the
+//    layer counts the architecture gives (tests/unit/dgrad_bn_rule_test.cpp derives them).
+// The golden step against PyTorch with the switch on and off is in gpu_golden_test.cpp. Every
+// case needs a compute capability 9.0 GPU and a kiln built with the CUTLASS kernels, and skips
+// cleanly elsewhere.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "gpu/gpu_test_util.h"
+#include "gpu/sm90_test_util.h"
+#include "kiln/blueprint/zoo.h"
+#include "kiln/task/engine.h"
+#include "support/engine_state.h"
+#include "support/fused_checks.h"
+#include "support/learnable_batch.h"
+
+namespace kiln::test {
+namespace {
+
+struct BottleneckCase {
+  const char* name;
+  int64_t n, h, w, width;  // the block's map and its width w (conv1: 4w -> w, conv3: w -> 4w)
+};
+
+// What the four nodes leave, by name, and how the backend built them.
+struct BottleneckResult {
+  std::map<std::string, std::vector<float>> t;
+  CompileReport report;
+};
+
+Switches dgrad_switches(bool dgrad, bool deterministic) {
+  Switches sw = Switches::from_environment();
+  sw.cutlass = Auto::on;  // no forward here; the switch the data gradient's auto follows
+  sw.cutlass_dgrad = dgrad ? Auto::on : Auto::off;
+  sw.deterministic = deterministic;
+  return sw;
+}
+
+// The backward of a bottleneck and of the previous block's output, as the compiler lowers them
+// (graph/lower/fused.cpp), on inputs drawn as a forward would leave them:
+//   conv_bwd_data (conv3: dY3, w3 -> dy2c)         feeds cbr_bwd (conv2, 3x3) as its dy;
+//   cbr_bwd (conv2: ... -> dx = dy1c, ...)          feeds cbr_bwd (conv1) as its dy (3x3: not
+//                                                   eligible, a counted fallback);
+//   cbr_bwd (conv1, 1x1: ... -> dx = dyx, ...)     feeds bn_add_relu_bwd as its dy2;
+//   bn_add_relu_bwd (previous block: z0, dres_in, mask0, gamma0, saved0, dyx -> dx0, dres0, ...).
+// alias_dresidual: dres0 shares x1's bytes (a view), as memory reuse places it (x1 is read by
+// conv1's weight gradient, the producer's step), so g must go to dx and be copied.
+BottleneckResult run_bottleneck(const BottleneckCase& t, const Switches& sw, bool alias_dresidual) {
+  const int64_t w = t.width, c4 = 4 * w, m = t.n * t.h * t.w;
+  const Shape narrow{t.n, t.h, t.w, w}, wide{t.n, t.h, t.w, c4};
+  OpHarness h(true);
+  const fused::Maker mk{h, true};
+  // conv3's data gradient: dY3 [m][4w], w3 [4w][1][1][w].
+  const TensorId dy3 = mk.feature("dY3", wide), w3 = mk.weight("w3", {c4, 1, 1, w});
+  const TensorId dy2c = mk.feature("dy2c", narrow);
+  // conv2's CBR (3x3) and conv1's (1x1), each with its BatchNorm's forward state.
+  struct Cbr {
+    TensorId x, w, z, mask, gamma, saved, dx, dw, dgamma, dbeta, dz;
+  };
+  auto cbr = [&](const std::string& p, const Shape& xs, const Shape& ws) {
+    Cbr c;
+    c.x = mk.feature(p + ".x", xs), c.w = mk.weight(p + ".w", ws),
+    c.z = mk.feature(p + ".z", narrow);
+    c.mask = h.tensor(p + ".mask", {(narrow.numel() + 7) / 8}, Region::aux, DType::U8);
+    c.gamma = mk.channels(p + ".gamma", w, Region::params_f32);
+    c.saved = h.tensor(p + ".saved", {2, w}, Region::bn_saved);
+    c.dx = mk.feature(p + ".dx", xs), c.dw = mk.weight_grad(p + ".dw", ws);
+    c.dgamma = mk.channels(p + ".dgamma", w, Region::grads_f32);
+    c.dbeta = mk.channels(p + ".dbeta", w, Region::grads_f32);
+    c.dz = mk.feature(p + ".dz", narrow);
+    return c;
+  };
+  const Cbr c2 = cbr("conv2", narrow, {w, 3, 3, w}), c1 = cbr("conv1", wide, {w, 1, 1, c4});
+  // The previous block's BN+add+ReLU: its z, mask, statistics; dres_in is the residual path's
+  // gradient (this block's own dresidual in a real program), made before conv1's.
+  const TensorId z0 = mk.feature("bn0.z", wide), dres_in = mk.feature("bn0.dy", wide);
+  const TensorId mask0 = h.tensor("bn0.mask", {(wide.numel() + 7) / 8}, Region::aux, DType::U8);
+  const TensorId gamma0 = mk.channels("bn0.gamma", c4, Region::params_f32);
+  const TensorId saved0 = h.tensor("bn0.saved", {2, c4}, Region::bn_saved);
+  const TensorId dx0 = mk.feature("bn0.dx", wide), dres0 = mk.feature("bn0.dresidual", wide);
+  const TensorId dgamma0 = mk.channels("bn0.dgamma", c4, Region::grads_f32),
+                 dbeta0 = mk.channels("bn0.dbeta", c4, Region::grads_f32);
+  if (alias_dresidual) h.program().tensors[static_cast<size_t>(dres0)].view_of = c1.x;
+
+  h.node(OpKind::conv_bwd_data, {dy3, w3}, {dy2c}, fused::conv_bn_attrs(1, 1, 0));
+  h.node(OpKind::cbr_bwd, {c2.x, c2.w, c2.z, dy2c, c2.mask, c2.gamma, c2.saved},
+         {c2.dx, c2.dw, c2.dgamma, c2.dbeta, c2.dz}, fused::conv_bn_attrs(3, 1, 1));
+  h.node(OpKind::cbr_bwd, {c1.x, c1.w, c1.z, c2.dx, c1.mask, c1.gamma, c1.saved},
+         {c1.dx, c1.dw, c1.dgamma, c1.dbeta, c1.dz}, fused::conv_bn_attrs(1, 1, 0));
+  h.node(OpKind::bn_add_relu_bwd, {z0, dres_in, mask0, gamma0, saved0, c1.dx},
+         {dx0, dres0, dgamma0, dbeta0}, fused::conv_bn_attrs(1, 1, 0));
+  h.compile(make_backend("cuda", sw));
+
+  // Inputs: maps in [-1, 1], z with a mean away from 0, masks of random bits, saved = [z's
+  // batch mean; an inverse std], gammas near 1 (each tensor its own seed).
+  uint64_t seed = 100;
+  auto map = [&](TensorId id, float lo = -1.0f, float hi = 1.0f) {
+    h.write(id, random_values(static_cast<size_t>(h.program().tensor(id).numel()), ++seed, lo, hi));
+  };
+  auto bn_state = [&](TensorId z, TensorId mask, TensorId gamma, TensorId saved, int64_t c) {
+    std::vector<float> zv = round_f16(rand_floats(m * c, ++seed, -1.0f, 3.0f));
+    h.write(z, zv);
+    std::vector<uint8_t> bits;
+    for (float b : rand_floats((m * c + 7) / 8, ++seed, 0.0f, 256.0f))
+      bits.push_back(static_cast<uint8_t>(std::min(255.0f, b)));
+    h.write_u8(mask, bits);
+    h.write(gamma, random_values(static_cast<size_t>(c), ++seed, 0.5f, 1.5f));
+    std::vector<float> s(static_cast<size_t>(2 * c));
+    const std::vector<float> invstd = rand_floats(c, ++seed, 0.5f, 2.0f);
+    for (int64_t ch = 0; ch < c; ++ch) {
+      double sum = 0.0;
+      for (int64_t r = 0; r < m; ++r) sum += zv[static_cast<size_t>(r * c + ch)];
+      s[static_cast<size_t>(ch)] = static_cast<float>(sum / static_cast<double>(m));
+      s[static_cast<size_t>(c + ch)] = invstd[static_cast<size_t>(ch)];
+    }
+    h.write(saved, s);
+  };
+  map(dy3);
+  map(w3, -0.5f, 0.5f);
+  for (const Cbr* c : {&c2, &c1}) {
+    map(c->x);
+    map(c->w, -0.5f, 0.5f);
+    bn_state(c->z, c->mask, c->gamma, c->saved, w);
+  }
+  bn_state(z0, mask0, gamma0, saved0, c4);
+  map(dres_in);
+  h.run();
+
+  BottleneckResult r;
+  r.report = h.backend().compile_report();
+  // conv1's dx is not read: with the switch on it holds g or nothing (g went to dresidual).
+  for (const auto& [name, id] : std::map<std::string, TensorId>{{"conv2 dgamma", c2.dgamma},
+                                                                {"conv2 dbeta", c2.dbeta},
+                                                                {"conv2 dz", c2.dz},
+                                                                {"conv2 dw", c2.dw},
+                                                                {"conv2 dx", c2.dx},
+                                                                {"conv1 dgamma", c1.dgamma},
+                                                                {"conv1 dbeta", c1.dbeta},
+                                                                {"conv1 dz", c1.dz},
+                                                                {"conv1 dw", c1.dw},
+                                                                {"bn0 dgamma", dgamma0},
+                                                                {"bn0 dbeta", dbeta0},
+                                                                {"bn0 dx", dx0},
+                                                                {"bn0 dresidual", dres0}})
+    r.t[name] = h.read(id);
+  return r;
+}
+
+class GpuCutlassDgradWire : public ::testing::TestWithParam<BottleneckCase> {};
+
+// With the switch on, conv3's and conv1's data gradients take the SM90 kernel (2) and conv2's
+// (3x3) keeps cuDNN (1 fallback). The kernel's g may differ from cuDNN's FP16 dX (then g) by one
+// FP16 rounding (2^-11 of |dX|) where their FP32 sums of the same products round to neighbours
+// (gpu_cutlass_dgrad_test.cpp measures that bound), and its FP32 sums differ from the sums pass's
+// double ones in their last bits; every tensor after it carries that through FP16 roundings of its
+// own (dz, dx, the next data and weight gradients): the AMP bound, 1e-2 of each tensor's scale
+// (SPEC Q2), far below a wrong mask, a missing dy2 or a channel's sums in the wrong place (O(1)).
+TEST_P(GpuCutlassDgradWire, BottleneckBackwardAgreesSwitchOffAndOn) {
+  KILN_REQUIRE_SM90_CUTLASS();
+  const BottleneckCase& t = GetParam();
+  for (const bool alias : {false, true}) {
+    SCOPED_TRACE(alias ? "dresidual's bytes in use: g to dx, copied" : "g to dresidual");
+    const BottleneckResult off = run_bottleneck(t, dgrad_switches(false, true), alias);
+    EXPECT_EQ(off.report.dgrad_cutlass + off.report.dgrad_cutlass_fallbacks, 0) << "switch off";
+    for (const bool deterministic : {false, true}) {
+      SCOPED_TRACE(deterministic ? "deterministic: per-CTA partials" : "FP32 atomics");
+      const BottleneckResult on = run_bottleneck(t, dgrad_switches(true, deterministic), alias);
+      ASSERT_EQ(on.report.dgrad_cutlass, 2)
+          << "conv3's and conv1's data gradients did not take the SM90 kernel (the log says why)";
+      EXPECT_EQ(on.report.dgrad_cutlass_fallbacks, 1) << "conv2's (3x3) keeps cuDNN";
+      for (const auto& [name, want] : off.t) {
+        const double err = rel_error(on.t.at(name), want, kSumFloor);
+        EXPECT_LE(err, kGpuAmpTol) << name;
+        if (print_op_errors()) std::printf("  %s: %.3g of its scale\n", name.c_str(), err);
+      }
+      if (deterministic) {
+        const BottleneckResult again = run_bottleneck(t, dgrad_switches(true, true), alias);
+        for (const auto& [name, got] : on.t) EXPECT_EQ(again.t.at(name), got) << name;
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, GpuCutlassDgradWire,
+    ::testing::Values(
+        // ResNet-50's layer2 and layer4 blocks at small batches, and an odd one: rows under a
+        // tile and not a multiple of it, 8 channels (conv3's data gradient on the 128x64 tile).
+        BottleneckCase{"r50_28x28_w128", 2, 28, 28, 128},
+        BottleneckCase{"r50_7x7_w512", 4, 7, 7, 512}, BottleneckCase{"n3_5x7_w8", 3, 5, 7, 8}),
+    [](const auto& info) { return std::string(info.param.name); });
+
+// ResNet-50 (224x224, batch 4, AMP) trained three steps, deterministic engines, in three forms:
+// cuDNN alone (KILN_CUTLASS=0), the forward's GEMM (KILN_CUTLASS=1, KILN_CUTLASS_DGRAD=0) and
+// both (=1, =1). With the data gradient on, its 16 conv3 data gradients (into conv2's CBR) and 15
+// conv1 data gradients (into the previous block's BN+add+ReLU; layer1.0's input is the stem's)
+// take the SM90 kernel; conv2's 16 (3x3) and the 3 stride-2 downsamples of layer2-4 keep cuDNN
+// (tests/unit/dgrad_bn_rule_test.cpp derives both numbers from the program). Memory reuse is on,
+// as kiln runs: conv1's g goes to dx and is copied (the rule's test shows the plan). As in
+// GpuCutlassStep, single gradients of an untrained network on 4 images are not stable under
+// rounding, so the bar is the noise of another accepted form: each tensor's distance between the
+// two CUTLASS forms at most 4x the distance between cuDNN's form and the forward's GEMM, plus
+// AMP's 1e-2 (SPEC Q2); step 1's loss within 1e-3 (the same weights and batch).
+TEST(GpuCutlassDgradStep, Resnet50StepsAgreeSwitchOffAndOn) {
+  KILN_REQUIRE_SM90_CUTLASS();
+  const BluePrint bp = make_model("resnet50");
+  const LearnableBatch b = learnable_batch(bp, 4, 9);
+  enum Form { kCudnn, kForward, kDgrad };
+  using Tensors = std::map<std::string, std::vector<float>>;
+  std::vector<Tensors> first(3), last(3);
+  std::vector<std::vector<float>> losses(3);
+  std::vector<CompileReport> reports;
+  auto read_grads = [](Engine& e, Tensors& r) {
+    for (const ParamDesc& d : e.program().params) {
+      for (const Region g : {Region::grads_f32, Region::grads_f16}) {
+        if (d.tensor[static_cast<size_t>(g)] == kNoTensor) continue;
+        r["grad " + d.name] = e.read_param(d.name, g);
+        break;
+      }
+    }
+  };
+  for (const Form f : {kCudnn, kForward, kDgrad}) {
+    EngineOptions o;
+    o.device = "cuda";
+    o.compile.batch = 4;
+    o.compile.amp = true;
+    o.compile.momentum = 0.9f;
+    o.compile.initial_loss_scale = 1.0f;  // as GpuCutlassStep: 8192 overflows here at step 1
+    o.switches.deterministic = true;
+    o.switches.cbr_form = "kiln";
+    o.switches.cutlass = f == kCudnn ? Auto::off : Auto::on;
+    o.switches.cutlass_dgrad = f == kDgrad ? Auto::on : Auto::off;
+    Engine e(bp, o);
+    e.lock_memory();
+    e.compile(5);
+    reports.push_back(e.backend().compile_report());
+    for (int s = 0; s < 3; ++s) {
+      const StepStats st = e.train_step(b.images.data(), b.labels.data(), 0.05f);
+      EXPECT_FALSE(st.overflow) << "form " << f << ", step " << s + 1;
+      losses[f].push_back(st.loss);
+      if (s == 0) read_grads(e, first[f]);
+    }
+    last[f] = params_and_buffers(e);
+    read_grads(e, last[f]);
+  }
+  EXPECT_EQ(reports[kForward].dgrad_cutlass + reports[kForward].dgrad_cutlass_fallbacks, 0);
+  EXPECT_EQ(reports[kForward].conv_cutlass, 16) << "the forward's GEMM took the conv3 layers";
+  EXPECT_EQ(reports[kDgrad].dgrad_cutlass, 31) << "16 conv3 and 15 conv1 data gradients";
+  EXPECT_EQ(reports[kDgrad].dgrad_cutlass_fallbacks, 19) << "16 conv2 (3x3), 3 downsamples";
+  EXPECT_EQ(reports[kDgrad].conv_cutlass, 16);
+  EXPECT_LE(rel_error({losses[kDgrad][0]}, {losses[kForward][0]}, kSumFloor), 1e-3);
+  auto compare = [&](const std::vector<Tensors>& t, const char* when) {
+    double worst_dgrad = 0, worst_noise = 0;
+    std::string worst_name;
+    for (const auto& [name, want] : t[kForward]) {
+      const double dgrad = rel_error(t[kDgrad].at(name), want, kSumFloor);
+      const double noise = rel_error(t[kCudnn].at(name), want, kSumFloor);
+      EXPECT_LE(dgrad, 4 * noise + kGpuAmpTol)
+          << when << ": " << name << " (cuDNN's form " << noise << ")";
+      if (dgrad > worst_dgrad) worst_dgrad = dgrad, worst_name = name;
+      worst_noise = std::max(worst_noise, noise);
+    }
+    std::printf(
+        "  %s: %zu tensors; KILN_CUTLASS_DGRAD worst %.3g of its scale (%s), cuDNN's form against "
+        "the forward's GEMM worst %.3g\n",
+        when, t[kForward].size(), worst_dgrad, worst_name.c_str(), worst_noise);
+  };
+  for (const Form f : {kCudnn, kDgrad}) {
+    ASSERT_EQ(first[f].size(), first[kForward].size());
+    ASSERT_EQ(last[f].size(), last[kForward].size());
+  }
+  compare(first, "step 1's gradients");
+  compare(last, "after 3 steps (weights, buffers, gradients)");
+  std::printf(
+      "  losses cuDNN / forward GEMM / + data gradient: %.6f %.6f %.6f / %.6f %.6f %.6f / "
+      "%.6f %.6f %.6f\n",
+      losses[0][0], losses[0][1], losses[0][2], losses[1][0], losses[1][1], losses[1][2],
+      losses[2][0], losses[2][1], losses[2][2]);
+}
+
+}  // namespace
+}  // namespace kiln::test

@@ -1,0 +1,159 @@
+// The schedule's and memory plan's rule for the SM90 data gradient with BatchNorm-backward's sums
+// (src/backend/dgrad_bn_rule.h, KILN_CUTLASS_DGRAD) on whole programs as the CUDA backend gets
+// them (fused CBR and BN+add+ReLU, the gradient-sum fusion, AMP), and the switch: all without
+// a GPU.
+#include "backend/dgrad_bn_rule.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "backend/sm90_conv_rule.h"
+#include "kiln/blueprint/zoo.h"
+#include "kiln/core/error.h"
+#include "kiln/core/switches.h"
+#include "kiln/graph/compiler.h"
+#include "kiln/plan/arch_plan.h"
+
+namespace kiln {
+namespace {
+
+// The program the CUDA backend compiles under AMP (task/engine.cpp's fusion_options with its
+// caps: every fused form, the gradient-sum fusion).
+Program cuda_program(const std::string& model, bool reuse, int64_t batch = 4) {
+  CompileOptions o;
+  o.batch = batch;
+  o.amp = true;
+  o.memory_reuse = reuse;
+  o.fuse_grad_sum = true;
+  PlanOptions po;
+  po.amp = true;
+  po.backend_fuses_cbr = po.backend_fuses_cbr_pool = po.backend_fuses_bn_add_relu =
+      po.backend_fuses_fp32 = true;
+  Program p = lower_program(make_plan(make_model(model), po), o);
+  plan_memory(p);
+  return p;
+}
+
+// The data gradients of the training step: conv_bwd_data nodes, and cbr_bwd / cbr_pool_bwd
+// with a dx (as the CUDA factories ask the rule).
+struct Tally {
+  int to_cbr = 0, to_bn_add_relu = 0;  // uses the schedule and the plan allow, by consumer
+  int into_dresidual = 0, copied = 0;  // of to_bn_add_relu: where g goes
+  int refused = 0;                     // uses they do not
+  int one_by_one = 0;  // of the allowed: the producer's convolution is 1x1 stride 1 (eligible)
+  std::vector<std::pair<std::string, std::string>> refusals;  // producer's label, why
+  std::string listed() const {
+    std::string out;
+    for (const auto& [label, why] : refusals) out += label + ": " + why + "\n";
+    return out;
+  }
+};
+Tally tally(const Program& p) {
+  Tally t;
+  for (const Phase& ph : p.train) {
+    for (const Node& n : ph.nodes) {
+      TensorId dx = kNoTensor;
+      if (n.op == OpKind::conv_bwd_data) dx = n.out.at(0);
+      if (n.op == OpKind::cbr_bwd || n.op == OpKind::cbr_pool_bwd) dx = n.out.at(0);
+      if (dx == kNoTensor) continue;
+      const DgradBnUse u = dgrad_bn_use(p, n, dx);
+      if (u.consumer == nullptr) continue;
+      if (!u.refusal.empty()) {
+        ++t.refused;
+        t.refusals.emplace_back(n.label, u.refusal);
+        continue;
+      }
+      (u.consumer->op == OpKind::cbr_bwd ? t.to_cbr : t.to_bn_add_relu) += 1;
+      EXPECT_EQ(u.g, u.copy_to == kNoTensor && u.consumer->op == OpKind::bn_add_relu_bwd
+                         ? u.consumer->out.at(1)
+                         : dx)
+          << n.label << ": g goes to dresidual, or to dx where it is copied or read as dy";
+      if (u.consumer->op == OpKind::bn_add_relu_bwd) {
+        (u.copy_to == kNoTensor ? t.into_dresidual : t.copied) += 1;
+      }
+      const Attrs& a = n.attrs;
+      t.one_by_one += a.kh == 1 && a.kw == 1 && a.sh == 1 && a.sw == 1;
+    }
+  }
+  return t;
+}
+
+// ResNet-50: every bottleneck's conv3 data gradient feeds its conv2 CBR's BatchNorm (16), and
+// every conv1's (a 1x1 CBR) feeds the previous block's BN+add+ReLU as its second gradient (dy2:
+// the backward makes the residual path's contribution first) except layer1.0's, whose input is
+// the stem's (an add node sums its two contributions): 15. The 3x3 conv2s feed their conv1 CBR
+// (16): the schedule allows those too, the SM90 rule refuses them (3x3). The stride-2
+// downsamples of layer2-4 feed the previous block's BN+add+ReLU as its dy, before conv1 has made
+// dy2: the schedule refuses those (3; the SM90 rule would too). Without memory reuse g goes
+// straight to dresidual; with it, the plan gives dresidual the bytes of a tensor the producer
+// reads for the last time (conv2's data gradient, conv1's z), so g goes to dx and the
+// BatchNorm backward copies it to dresidual.
+TEST(DgradBnRule, Resnet50HasThirtyOneEligibleDataGradients) {
+  for (const char* model : {"resnet50", "resnet50_small"}) {
+    for (const bool reuse : {true, false}) {
+      for (const int64_t batch : {4, 256}) {
+        if (batch == 256 && std::string(model) == "resnet50_small") continue;
+        SCOPED_TRACE(std::string(model) + (reuse ? ", memory reuse" : ", no reuse") + ", batch " +
+                     std::to_string(batch));
+        const Tally t = tally(cuda_program(model, reuse, batch));
+        EXPECT_EQ(t.to_cbr, 32) << "16 conv3 (1x1) and 16 conv2 (3x3) data gradients";
+        EXPECT_EQ(t.to_bn_add_relu, 15) << "the conv1 data gradients of layer1.1 to layer4.2";
+        EXPECT_EQ(t.one_by_one, 31) << "16 conv3 + 15 conv1";
+        EXPECT_EQ(t.refused, 3) << t.listed();
+        if (!reuse) EXPECT_EQ(t.into_dresidual, 15) << "nothing shares bytes without reuse";
+        std::printf("%s, reuse %d, batch %lld: g into dresidual %d, into dx and copied %d\n", model,
+                    reuse, static_cast<long long>(batch), t.into_dresidual, t.copied);
+        // The downsamples' data gradients, refused for dy2's order.
+        size_t schedule = 0;
+        for (const auto& [label, why] : t.refusals) {
+          schedule += label.find(".downsample.") != std::string::npos &&
+                      why.find("over its other gradient contribution") != std::string::npos;
+        }
+        EXPECT_EQ(schedule, 3u) << t.listed();
+      }
+    }
+  }
+}
+
+Switches parse(const char* value) {
+  return Switches::parse(
+      [&](const char* name) -> const char* {
+        return std::string(name) == "KILN_CUTLASS_DGRAD" ? value : nullptr;
+      },
+      Switches{});
+}
+
+TEST(DgradBnRule, SwitchIsAutoUnlessAskedAndParsesAsAuto) {
+  EXPECT_EQ(parse(nullptr).cutlass_dgrad, Auto::automatic);
+  EXPECT_EQ(parse("auto").cutlass_dgrad, Auto::automatic);
+  EXPECT_EQ(parse("1").cutlass_dgrad, Auto::on);
+  EXPECT_EQ(parse("on").cutlass_dgrad, Auto::on);
+  EXPECT_EQ(parse("0").cutlass_dgrad, Auto::off);
+  EXPECT_EQ(parse("off").cutlass_dgrad, Auto::off);
+  EXPECT_EQ(parse("1").cutlass, Auto::automatic) << "KILN_CUTLASS is a switch of its own";
+  try {
+    parse("maybe");
+    ADD_FAILURE() << "KILN_CUTLASS_DGRAD=maybe was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("KILN_CUTLASS_DGRAD"), std::string::npos) << e.what();
+  }
+}
+
+// auto follows the forward's GEMM (KILN_CUTLASS resolved for the device, the build and the
+// precision) as kCutlassDgradByDefault says; 1 tries it everywhere (each layer logs why it
+// falls back), 0 nowhere.
+TEST(DgradBnRule, AutoFollowsTheForwardsGemm) {
+  EXPECT_EQ(sm90_dgrad_tried(Auto::automatic, true), kCutlassDgradByDefault);
+  EXPECT_FALSE(sm90_dgrad_tried(Auto::automatic, false)) << "never where the GEMM is not tried";
+  EXPECT_TRUE(sm90_dgrad_tried(Auto::on, false));
+  EXPECT_TRUE(sm90_dgrad_tried(Auto::on, true));
+  EXPECT_FALSE(sm90_dgrad_tried(Auto::off, true));
+  EXPECT_FALSE(sm90_dgrad_tried(Auto::off, false));
+}
+
+}  // namespace
+}  // namespace kiln
