@@ -28,8 +28,9 @@ bool sm90_conv_gemm_tried(Auto sw, bool built, int cc_major, int cc_minor, DType
 
 // What KILN_CUTLASS_DGRAD=auto does, in one place: true follows KILN_CUTLASS (the data gradients
 // that feed a BatchNorm backward take the SM90 kernel wherever the forward's GEMM is tried),
-// false leaves it off unless asked for (KILN_CUTLASS_DGRAD=1).
-inline constexpr bool kCutlassDgradByDefault = true;
+// false leaves it off unless asked for (KILN_CUTLASS_DGRAD=1). Off: on the H200 the kernel
+// still slows ResNet-50's step (bench/RESULTS.md, fifteenth session: 7,486 img/s on, 7,906 off).
+inline constexpr bool kCutlassDgradByDefault = false;
 
 // Whether a program's data gradients try the SM90 data gradient with BatchNorm-backward's sums
 // (cuda/cutlass_dgrad.cpp): 1 always (each layer then says why it falls back), 0 never, auto
