@@ -26,8 +26,8 @@ namespace kiln::sm90 {
 template <class Base, int TileM, int TileN, bool Partials>
 class DgradBnEpilogue : public RegisterStatsEpilogue<Base, TileM, TileN, Partials> {
   using Stats = RegisterStatsEpilogue<Base, TileM, TileN, Partials>;
-  static constexpr int kPitch = TileN + 8;        // halves a staged row takes (16 bytes of pad)
-  static constexpr int kChunks = TileN / 8;       // 16-byte copies a staged row takes
+  static constexpr int kPitch = TileN + 8;   // halves a staged row takes (16 bytes of pad)
+  static constexpr int kChunks = TileN / 8;  // 16-byte copies a staged row takes
   static constexpr int kThreads = Stats::kThreads;
 
  public:
@@ -277,7 +277,7 @@ class DgradBnEpilogue : public RegisterStatsEpilogue<Base, TileM, TileN, Partial
   BnArguments bn_;
   TensorStorage* smem_;
   int64_t staged_ = -1;  // the tile whose rows are landing, -1 for none
-  uint32_t phase_ = 0;    // the mbarrier phase the next wait_staged() waits for
+  uint32_t phase_ = 0;   // the mbarrier phase the next wait_staged() waits for
 };
 
 }  // namespace kiln::sm90
