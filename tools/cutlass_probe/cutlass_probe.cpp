@@ -199,11 +199,8 @@ int main(int argc, char** argv) {
       if (c.k < kern.tile_n || c.k % (kern.tile_n * kern.cluster_n) != 0) continue;
       if (kern.tile_n == 64 && c.k > 64) continue;
       PROBE_CUDA(cudaMemsetAsync(zb, 0xFF, static_cast<size_t>(m * c.k) * 2, s));  // NaNs
-      const std::string err = kern.run(g, ws, s);
-      const cudaError_t sync = cudaStreamSynchronize(s);
-      if (!err.empty() || sync != cudaSuccess) {
-        notes.push_back(std::string(c.name) + ", " + kern.name + ": " +
-                        (err.empty() ? cudaGetErrorString(sync) : err.c_str()));
+      if (const std::string err = run_and_wait(kern, g, ws, s); !err.empty()) {
+        notes.push_back(std::string(c.name) + ", " + kern.name + ": " + err);
         failed = true;
         continue;
       }

@@ -155,11 +155,8 @@ int dgrad_probe(cudnnHandle_t handle, cudaStream_t s, const cudaDeviceProp& prop
         continue;
       }
       PROBE_CUDA(cudaMemsetAsync(g, 0xFF, static_cast<size_t>(count) * 2, s));  // NaNs
-      const std::string err = kern.run(a, ws, s);
-      const cudaError_t sync = cudaStreamSynchronize(s);
-      if (!err.empty() || sync != cudaSuccess) {
-        notes.push_back(std::string(d.name) + ", " + kern.name + ": " +
-                        (err.empty() ? cudaGetErrorString(sync) : err.c_str()));
+      if (const std::string err = run_and_wait(kern, a, ws, s); !err.empty()) {
+        notes.push_back(std::string(d.name) + ", " + kern.name + ": " + err);
         failed = true;
         continue;
       }
