@@ -115,11 +115,7 @@ int main(int argc, char** argv) {
     PROBE_CUDA(cudaStreamDestroy(s));
     return rc;
   }
-  std::vector<GemmStatsKernel> kernels;
-#define KILN_GEMM_STATS_ADD(tm, tn, mode, cm, cn) \
-  kernels.push_back(KILN_GEMM_STATS_FN(tm, tn, mode, cm, cn)());
-  KILN_GEMM_STATS_VARIANTS(KILN_GEMM_STATS_ADD)
-#undef KILN_GEMM_STATS_ADD
+  const std::vector<GemmStatsKernel> kernels = probe_gemm_stats_kernels();
 
   // Buffers for the largest shape, reused.
   size_t act_in = 0, act_out = 0, wmax = 0, cmax = 0, stats_ws = 0, gemm_ws = 0;

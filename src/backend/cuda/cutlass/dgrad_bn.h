@@ -7,6 +7,7 @@
 // is still slower than cuDNN's dgrad followed by kiln's sums pass (bench/RESULTS.md, issue 20).
 #pragma once
 #include <cstdint>
+#include <vector>
 
 #include "backend/cuda/cutlass/sm90_kernel.h"
 
@@ -48,6 +49,13 @@ using DgradBnKernel = UnitKernel<DgradBn>;
 #define KILN_DGRAD_BN_DECLARE(tm, tn, mode, cm, cn) \
   DgradBnKernel KILN_DGRAD_BN_FN(tm, tn, mode, cm, cn)();
 KILN_DGRAD_BN_BACKEND_VARIANTS(KILN_DGRAD_BN_DECLARE)
+
+// Every variant the backend links, in the list's order (the GPU test and the probe run each).
+inline std::vector<DgradBnKernel> dgrad_bn_backend_kernels() {
+#define KILN_DGRAD_BN_ENTRY(tm, tn, mode, cm, cn) KILN_DGRAD_BN_FN(tm, tn, mode, cm, cn)(),
+  return {KILN_DGRAD_BN_BACKEND_VARIANTS(KILN_DGRAD_BN_ENTRY)};
+#undef KILN_DGRAD_BN_ENTRY
+}
 
 // The variant for n channels: the deterministic form, else the atomic one whose tile fits.
 inline DgradBnKernel dgrad_bn_kernel_for(int64_t n, bool deterministic) {
