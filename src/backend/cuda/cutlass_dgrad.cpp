@@ -12,8 +12,9 @@
 // as it writes dresidual today. Where the layer (sm90_conv_rule.h), the schedule or
 // the memory plan (dgrad_bn_rule.h) or CUTLASS do not allow it, the layer keeps cuDNN's data
 // gradient and BatchNorm's sums pass, counted and logged as the forward's GEMM is
-// (cutlass_conv.cpp, with which it shares sm90_layer.h). Like that file, only this one sees
-// whether the kernels were built (KILN_HAVE_CUTLASS, set by CMakeLists.txt), to include them.
+// (cutlass_conv.cpp, with which it shares sm90_layer.h). Like that file it is compiled with
+// KILN_HAVE_CUTLASS where the kernels were built (CMakeLists.txt), to include them; whether
+// they were reaches it through sm90_conv_query (cutlass_conv.cpp).
 #include "backend/cuda/fused_kernels.h"
 #include "backend/cuda/side_stream.h"
 #include "backend/cuda/sm90_layer.h"
