@@ -17,11 +17,8 @@
 
 #include "gpu/gpu_test_util.h"
 #include "gpu/sm90_test_util.h"
-#include "kiln/blueprint/zoo.h"
-#include "kiln/task/engine.h"
-#include "support/engine_state.h"
+#include "gpu/step_forms.h"
 #include "support/fused_checks.h"
-#include "support/learnable_batch.h"
 
 #ifdef KILN_HAVE_CUDA
 #include <cuda_runtime.h>
@@ -32,46 +29,15 @@ namespace {
 
 using fused::CbrCase;
 
-struct CbrForward {
-  std::vector<float> z, y, saved, rm, rv;
-  std::vector<uint8_t> mask;
+struct CbrForward : fused::CbrForwardOut {
   CompileReport report;
 };
 
 // One cbr_fwd (or cbr_pool_fwd with pool windows) node on the given switches, AMP unless fp32.
 CbrForward run_cbr_forward(const CbrCase& t, int pool, const Switches& sw, bool amp = true) {
-  const int64_t p = (t.h + 2 * t.pad - t.r) / t.st + 1, q = (t.w + 2 * t.pad - t.r) / t.st + 1;
-  const Shape xs{t.n, t.h, t.w, t.c}, zs{t.n, p, q, t.k}, ws{t.k, t.r, t.r, t.c};
-  const Shape ys = pool ? Shape{t.n, p / pool, q / pool, t.k} : zs;
   OpHarness h(amp);
-  const fused::Maker m{h, amp};
-  const TensorId x = m.feature("x", xs), w = m.weight("w", ws);
-  const TensorId gamma = m.channels("gamma", t.k, Region::params_f32),
-                 beta = m.channels("beta", t.k, Region::params_f32);
-  const TensorId rm = m.channels("rm", t.k, Region::bn_running),
-                 rv = m.channels("rv", t.k, Region::bn_running);
-  const TensorId saved = h.tensor("saved", {2, t.k}, Region::bn_saved);
-  const TensorId z = m.feature("z", zs), y = m.feature("y", ys);
-  const TensorId mask = h.tensor("mask", {(zs.numel() + 7) / 8}, Region::aux, DType::U8);
-  Attrs a = fused::conv_bn_attrs(t.r, t.st, t.pad);
-  a.pool = pool;
-  h.node(pool ? OpKind::cbr_pool_fwd : OpKind::cbr_fwd, {x, w, gamma, beta, rm, rv},
-         {z, y, saved, mask}, a);
-  h.compile(make_backend("cuda", sw));
-  h.write(x, random_values(static_cast<size_t>(xs.numel()), 1));
-  h.write(w, random_values(static_cast<size_t>(ws.numel()), 2, -0.5f, 0.5f));
-  h.write(gamma, random_values(static_cast<size_t>(t.k), 4, 0.5f, 1.5f));
-  h.write(beta, random_values(static_cast<size_t>(t.k), 5, -0.3f, 0.3f));
-  h.write(rm, random_values(static_cast<size_t>(t.k), 6));
-  h.write(rv, random_values(static_cast<size_t>(t.k), 7, 0.5f, 1.5f));
-  h.run();
-  return {h.read(z),
-          h.read(y),
-          h.read(saved),
-          h.read(rm),
-          h.read(rv),
-          h.read_u8(mask),
-          h.backend().compile_report()};
+  fused::CbrForwardOut out = fused::run_cbr_forward(fused::Maker{h, amp}, t, pool, "cuda", sw);
+  return {std::move(out), h.backend().compile_report()};
 }
 
 Switches cutlass_switches(bool on, bool deterministic) {
@@ -201,32 +167,20 @@ CbrForward run_conv_bn_add_relu(const CbrCase& t, const Switches& sw) {
   OpHarness h(true);
   const fused::Maker m{h, true};
   const TensorId x = m.feature("x", xs), w = m.weight("w", ws), res = m.feature("residual", zs);
-  const TensorId gamma = m.channels("gamma", t.k, Region::params_f32),
-                 beta = m.channels("beta", t.k, Region::params_f32);
-  const TensorId rm = m.channels("rm", t.k, Region::bn_running),
-                 rv = m.channels("rv", t.k, Region::bn_running);
-  const TensorId saved = h.tensor("saved", {2, t.k}, Region::bn_saved);
+  const fused::BnForward bn = fused::bn_forward_tensors(m, t.k);
   const TensorId z = m.feature("z", zs), y = m.feature("y", zs);
   const TensorId mask = h.tensor("mask", {(zs.numel() + 7) / 8}, Region::aux, DType::U8);
   const Attrs a = fused::conv_bn_attrs(1, 1, 0);
   h.node(OpKind::conv_fwd, {x, w}, {z}, a);
-  h.node(OpKind::bn_add_relu_fwd, {z, gamma, beta, rm, rv, res}, {y, saved, mask}, a);
+  h.node(OpKind::bn_add_relu_fwd, {z, bn.gamma, bn.beta, bn.rm, bn.rv, res}, {y, bn.saved, mask},
+         a);
   h.compile(make_backend("cuda", sw));
   h.write(x, random_values(static_cast<size_t>(xs.numel()), 11));
   h.write(w, random_values(static_cast<size_t>(ws.numel()), 12, -0.5f, 0.5f));
   h.write(res, random_values(static_cast<size_t>(zs.numel()), 13));
-  h.write(gamma, random_values(static_cast<size_t>(t.k), 14, 0.5f, 1.5f));
-  h.write(beta, random_values(static_cast<size_t>(t.k), 15, -0.3f, 0.3f));
-  h.write(rm, random_values(static_cast<size_t>(t.k), 16));
-  h.write(rv, random_values(static_cast<size_t>(t.k), 17, 0.5f, 1.5f));
+  fused::write_bn_forward(h, bn, t.k, 14);
   h.run();
-  return {h.read(z),
-          h.read(y),
-          h.read(saved),
-          h.read(rm),
-          h.read(rv),
-          h.read_u8(mask),
-          h.backend().compile_report()};
+  return {fused::read_cbr_forward(h, z, y, bn, mask), h.backend().compile_report()};
 }
 
 class GpuCutlassConvBnAddRelu : public ::testing::TestWithParam<CbrCase> {};
@@ -281,98 +235,29 @@ TEST(GpuCutlassCbrFallback, IneligibleLayersKeepTheirForm) {
 }
 
 // ResNet-50 (224x224, batch 4, AMP) trained three steps in three forms, deterministic engines
-// on all: today's (kiln's statistics pass), cuDNN's conv+genstats (KILN_CBR_FORM=genstats, an
-// accepted form whose per-channel sums are FP32 too) and KILN_CUTLASS, whose 16 bottleneck conv1
-// (CBR) and conv3 (before BN+add+ReLU) layers take the GEMM. Single gradients of an untrained
-// network on 4 images are not stable under rounding (the first H200 run: up to 0.74 of a
-// tensor's scale in step 1, with the loss equal to 1e-4: BatchNorm over a few hundred values a
-// channel, and sums such as dbeta that cancel), so the bar is the noise of another accepted form:
-// for every gradient of step 1 and every tensor after step 3, KILN_CUTLASS's distance from
-// today's form is at most 4x genstats' distance plus AMP's 1e-2 (SPEC Q2); step 1's loss within
-// 1e-3 (the same weights and batch).
+// on all (step_forms.h): today's (kiln's statistics pass), cuDNN's conv+genstats
+// (KILN_CBR_FORM=genstats, an accepted form whose per-channel sums are FP32 too) and
+// KILN_CUTLASS, whose 16 bottleneck conv1 (CBR) and conv3 (before BN+add+ReLU) layers take the
+// GEMM. The bar is genstats' noise: for every gradient of step 1 and every tensor after step 3,
+// KILN_CUTLASS's distance from today's form is at most 4x genstats' distance plus AMP's 1e-2
+// (SPEC Q2); step 1's loss within 1e-3 (the same weights and batch).
 TEST(GpuCutlassStep, Resnet50StepsAgreeSwitchOffAndOn) {
   KILN_REQUIRE_SM90_CUTLASS();
-  const BluePrint bp = make_model("resnet50");
-  const LearnableBatch b = learnable_batch(bp, 4, 9);
   enum Form { kToday, kGenstats, kCutlass };
-  using Tensors = std::map<std::string, std::vector<float>>;
-  std::vector<Tensors> first(3), last(3);
-  std::vector<std::vector<float>> losses(3);
-  std::vector<CompileReport> reports;
-  auto read_grads = [](Engine& e, Tensors& r) {
-    for (const ParamDesc& d : e.program().params) {
-      for (const Region g : {Region::grads_f32, Region::grads_f16}) {
-        if (d.tensor[static_cast<size_t>(g)] == kNoTensor) continue;
-        r["grad " + d.name] = e.read_param(d.name, g);
-        break;
-      }
-    }
-  };
-  for (const Form f : {kToday, kGenstats, kCutlass}) {
-    EngineOptions o;
-    o.device = "cuda";
-    o.compile.batch = 4;
-    o.compile.amp = true;
-    o.compile.momentum = 0.9f;
-    // The default scale (8192) overflows at initialisation on 4 images, and a skipped step's
-    // gradients are not the step's: with scale 1 each of the three steps is taken.
-    o.compile.initial_loss_scale = 1.0f;
-    o.switches.deterministic = true;
-    o.switches.cbr_form = f == kGenstats ? "genstats" : "kiln";
-    o.switches.cutlass = f == kCutlass ? Auto::on : Auto::off;
-    // The forward's GEMM alone: the data gradient has its own step test
-    // (gpu_cutlass_dgrad_step_test.cpp), against this form.
-    o.switches.cutlass_dgrad = Auto::off;
-    Engine e(bp, o);
-    e.lock_memory();
-    e.compile(5);
-    reports.push_back(e.backend().compile_report());
-    for (int s = 0; s < 3; ++s) {
-      const StepStats st = e.train_step(b.images.data(), b.labels.data(), 0.05f);
-      EXPECT_FALSE(st.overflow) << "form " << f << ", step " << s + 1;
-      losses[f].push_back(st.loss);
-      if (s == 0) read_grads(e, first[f]);
-    }
-    last[f] = params_and_buffers(e);
-    read_grads(e, last[f]);
-  }
-  EXPECT_EQ(reports[kToday].cbr_cutlass + reports[kToday].cbr_cutlass_fallbacks, 0);
-  EXPECT_GT(reports[kGenstats].cbr_genstats, 0) << "genstats took no layer: no noise floor";
-  EXPECT_EQ(reports[kCutlass].cbr_cutlass, 16) << "ResNet-50's bottleneck conv1 layers";
-  EXPECT_GT(reports[kCutlass].cbr_cutlass_fallbacks, 0) << "the stem and 3x3 layers keep cuDNN";
-  EXPECT_EQ(reports[kCutlass].conv_cutlass, 16) << "ResNet-50's bottleneck conv3 layers";
-  EXPECT_EQ(reports[kCutlass].conv_cutlass_fallbacks, 0);
-  EXPECT_LE(rel_error({losses[kCutlass][0]}, {losses[kToday][0]}, kSumFloor), 1e-3);
-  // Each tensor: KILN_CUTLASS's and genstats' distances from today's form; prints the worst
-  // of each and checks the bar.
-  auto compare = [&](const std::vector<Tensors>& t, const char* when) {
-    double worst_cut = 0, worst_gen = 0;
-    std::string worst_name;
-    size_t nonzero = 0;
-    for (const auto& [name, want] : t[kToday]) {
-      const double cut = rel_error(t[kCutlass].at(name), want, kSumFloor);
-      const double gen = rel_error(t[kGenstats].at(name), want, kSumFloor);
-      EXPECT_LE(cut, 4 * gen + kGpuAmpTol) << when << ": " << name << " (genstats " << gen << ")";
-      nonzero += std::any_of(want.begin(), want.end(), [](float v) { return v != 0.0f; });
-      if (cut > worst_cut) worst_cut = cut, worst_name = name;
-      worst_gen = std::max(worst_gen, gen);
-    }
-    EXPECT_GT(nonzero, t[kToday].size() / 2) << when << ": the tensors read back are mostly zero";
-    std::printf(
-        "  %s: %zu tensors; KILN_CUTLASS worst %.3g of its scale (%s), genstats worst %.3g\n", when,
-        t[kToday].size(), worst_cut, worst_name.c_str(), worst_gen);
-  };
-  for (const Form f : {kGenstats, kCutlass}) {
-    ASSERT_EQ(first[f].size(), first[kToday].size());
-    ASSERT_EQ(last[f].size(), last[kToday].size());
-  }
-  compare(first, "step 1's gradients");
-  compare(last, "after 3 steps (weights, buffers, gradients)");
-  std::printf(
-      "  losses today / genstats / KILN_CUTLASS: %.6f %.6f %.6f / %.6f %.6f %.6f / %.6f %.6f "
-      "%.6f\n",
-      losses[0][0], losses[0][1], losses[0][2], losses[1][0], losses[1][1], losses[1][2],
-      losses[2][0], losses[2][1], losses[2][2]);
+  // The forward's GEMM alone: the data gradient has its own step test
+  // (gpu_cutlass_dgrad_step_test.cpp), against this form.
+  const std::vector<StepForm> forms = {{"today", "kiln", Auto::off, Auto::off},
+                                       {"genstats", "genstats", Auto::off, Auto::off},
+                                       {"KILN_CUTLASS", "kiln", Auto::on, Auto::off}};
+  const std::vector<FormSteps> runs = resnet50_three_steps(forms);
+  const CompileReport &today = runs[kToday].report, &cut = runs[kCutlass].report;
+  EXPECT_EQ(today.cbr_cutlass + today.cbr_cutlass_fallbacks, 0);
+  EXPECT_GT(runs[kGenstats].report.cbr_genstats, 0) << "genstats took no layer: no noise floor";
+  EXPECT_EQ(cut.cbr_cutlass, 16) << "ResNet-50's bottleneck conv1 layers";
+  EXPECT_GT(cut.cbr_cutlass_fallbacks, 0) << "the stem and 3x3 layers keep cuDNN";
+  EXPECT_EQ(cut.conv_cutlass, 16) << "ResNet-50's bottleneck conv3 layers";
+  EXPECT_EQ(cut.conv_cutlass_fallbacks, 0);
+  expect_within_noise(runs, forms, {kToday, kCutlass, kGenstats});
 }
 
 }  // namespace

@@ -21,11 +21,8 @@
 
 #include "gpu/gpu_test_util.h"
 #include "gpu/sm90_test_util.h"
-#include "kiln/blueprint/zoo.h"
-#include "kiln/task/engine.h"
-#include "support/engine_state.h"
+#include "gpu/step_forms.h"
 #include "support/fused_checks.h"
-#include "support/learnable_batch.h"
 
 namespace kiln::test {
 namespace {
@@ -203,92 +200,31 @@ INSTANTIATE_TEST_SUITE_P(
         BottleneckCase{"r50_7x7_w512", 4, 7, 7, 512}, BottleneckCase{"n3_5x7_w8", 3, 5, 7, 8}),
     [](const auto& info) { return std::string(info.param.name); });
 
-// ResNet-50 (224x224, batch 4, AMP) trained three steps, deterministic engines, in three forms:
-// cuDNN alone (KILN_CUTLASS=0), the forward's GEMM (KILN_CUTLASS=1, KILN_CUTLASS_DGRAD=0) and
-// both (=1, =1). With the data gradient on, its 16 conv3 data gradients (into conv2's CBR) and 15
-// conv1 data gradients (into the previous block's BN+add+ReLU; layer1.0's input is the stem's)
-// take the SM90 kernel; conv2's 16 (3x3) and the 3 stride-2 downsamples of layer2-4 keep cuDNN
-// (tests/unit/dgrad_bn_rule_test.cpp derives both numbers from the program). Memory reuse is on,
-// as kiln runs: conv1's g goes to dx and is copied (the rule's test shows the plan). As in
-// GpuCutlassStep, single gradients of an untrained network on 4 images are not stable under
-// rounding, so the bar is the noise of another accepted form: each tensor's distance between the
-// two CUTLASS forms at most 4x the distance between cuDNN's form and the forward's GEMM, plus
-// AMP's 1e-2 (SPEC Q2); step 1's loss within 1e-3 (the same weights and batch).
+// ResNet-50 (224x224, batch 4, AMP) trained three steps, deterministic engines, in three forms
+// (step_forms.h): cuDNN alone (KILN_CUTLASS=0), the forward's GEMM (KILN_CUTLASS=1,
+// KILN_CUTLASS_DGRAD=0) and both (=1, =1). With the data gradient on, its 16 conv3 data
+// gradients (into conv2's CBR) and 15 conv1 data gradients (into the previous block's
+// BN+add+ReLU; layer1.0's input is the stem's) take the SM90 kernel; conv2's 16 (3x3) and the 3
+// stride-2 downsamples of layer2-4 keep cuDNN (tests/unit/dgrad_bn_rule_test.cpp derives both
+// numbers from the program). Memory reuse is on, as kiln runs: conv1's g goes to dx and is
+// copied (the rule's test shows the plan). As in GpuCutlassStep, the bar is the noise of another
+// accepted form: each tensor's distance between the two CUTLASS forms at most 4x the distance
+// between cuDNN's form and the forward's GEMM, plus AMP's 1e-2 (SPEC Q2); step 1's loss within
+// 1e-3 (the same weights and batch).
 TEST(GpuCutlassDgradStep, Resnet50StepsAgreeSwitchOffAndOn) {
   KILN_REQUIRE_SM90_CUTLASS();
-  const BluePrint bp = make_model("resnet50");
-  const LearnableBatch b = learnable_batch(bp, 4, 9);
   enum Form { kCudnn, kForward, kDgrad };
-  using Tensors = std::map<std::string, std::vector<float>>;
-  std::vector<Tensors> first(3), last(3);
-  std::vector<std::vector<float>> losses(3);
-  std::vector<CompileReport> reports;
-  auto read_grads = [](Engine& e, Tensors& r) {
-    for (const ParamDesc& d : e.program().params) {
-      for (const Region g : {Region::grads_f32, Region::grads_f16}) {
-        if (d.tensor[static_cast<size_t>(g)] == kNoTensor) continue;
-        r["grad " + d.name] = e.read_param(d.name, g);
-        break;
-      }
-    }
-  };
-  for (const Form f : {kCudnn, kForward, kDgrad}) {
-    EngineOptions o;
-    o.device = "cuda";
-    o.compile.batch = 4;
-    o.compile.amp = true;
-    o.compile.momentum = 0.9f;
-    o.compile.initial_loss_scale = 1.0f;  // as GpuCutlassStep: 8192 overflows here at step 1
-    o.switches.deterministic = true;
-    o.switches.cbr_form = "kiln";
-    o.switches.cutlass = f == kCudnn ? Auto::off : Auto::on;
-    o.switches.cutlass_dgrad = f == kDgrad ? Auto::on : Auto::off;
-    Engine e(bp, o);
-    e.lock_memory();
-    e.compile(5);
-    reports.push_back(e.backend().compile_report());
-    for (int s = 0; s < 3; ++s) {
-      const StepStats st = e.train_step(b.images.data(), b.labels.data(), 0.05f);
-      EXPECT_FALSE(st.overflow) << "form " << f << ", step " << s + 1;
-      losses[f].push_back(st.loss);
-      if (s == 0) read_grads(e, first[f]);
-    }
-    last[f] = params_and_buffers(e);
-    read_grads(e, last[f]);
-  }
-  EXPECT_EQ(reports[kForward].dgrad_cutlass + reports[kForward].dgrad_cutlass_fallbacks, 0);
-  EXPECT_EQ(reports[kForward].conv_cutlass, 16) << "the forward's GEMM took the conv3 layers";
-  EXPECT_EQ(reports[kDgrad].dgrad_cutlass, 31) << "16 conv3 and 15 conv1 data gradients";
-  EXPECT_EQ(reports[kDgrad].dgrad_cutlass_fallbacks, 19) << "16 conv2 (3x3), 3 downsamples";
-  EXPECT_EQ(reports[kDgrad].conv_cutlass, 16);
-  EXPECT_LE(rel_error({losses[kDgrad][0]}, {losses[kForward][0]}, kSumFloor), 1e-3);
-  auto compare = [&](const std::vector<Tensors>& t, const char* when) {
-    double worst_dgrad = 0, worst_noise = 0;
-    std::string worst_name;
-    for (const auto& [name, want] : t[kForward]) {
-      const double dgrad = rel_error(t[kDgrad].at(name), want, kSumFloor);
-      const double noise = rel_error(t[kCudnn].at(name), want, kSumFloor);
-      EXPECT_LE(dgrad, 4 * noise + kGpuAmpTol)
-          << when << ": " << name << " (cuDNN's form " << noise << ")";
-      if (dgrad > worst_dgrad) worst_dgrad = dgrad, worst_name = name;
-      worst_noise = std::max(worst_noise, noise);
-    }
-    std::printf(
-        "  %s: %zu tensors; KILN_CUTLASS_DGRAD worst %.3g of its scale (%s), cuDNN's form against "
-        "the forward's GEMM worst %.3g\n",
-        when, t[kForward].size(), worst_dgrad, worst_name.c_str(), worst_noise);
-  };
-  for (const Form f : {kCudnn, kDgrad}) {
-    ASSERT_EQ(first[f].size(), first[kForward].size());
-    ASSERT_EQ(last[f].size(), last[kForward].size());
-  }
-  compare(first, "step 1's gradients");
-  compare(last, "after 3 steps (weights, buffers, gradients)");
-  std::printf(
-      "  losses cuDNN / forward GEMM / + data gradient: %.6f %.6f %.6f / %.6f %.6f %.6f / "
-      "%.6f %.6f %.6f\n",
-      losses[0][0], losses[0][1], losses[0][2], losses[1][0], losses[1][1], losses[1][2],
-      losses[2][0], losses[2][1], losses[2][2]);
+  const std::vector<StepForm> forms = {{"cuDNN's form", "kiln", Auto::off, Auto::off},
+                                       {"the forward's GEMM", "kiln", Auto::on, Auto::off},
+                                       {"KILN_CUTLASS_DGRAD", "kiln", Auto::on, Auto::on}};
+  const std::vector<FormSteps> runs = resnet50_three_steps(forms);
+  const CompileReport &forward = runs[kForward].report, &dgrad = runs[kDgrad].report;
+  EXPECT_EQ(forward.dgrad_cutlass + forward.dgrad_cutlass_fallbacks, 0);
+  EXPECT_EQ(forward.conv_cutlass, 16) << "the forward's GEMM took the conv3 layers";
+  EXPECT_EQ(dgrad.dgrad_cutlass, 31) << "16 conv3 and 15 conv1 data gradients";
+  EXPECT_EQ(dgrad.dgrad_cutlass_fallbacks, 19) << "16 conv2 (3x3), 3 downsamples";
+  EXPECT_EQ(dgrad.conv_cutlass, 16);
+  expect_within_noise(runs, forms, {kForward, kDgrad, kCudnn});
 }
 
 }  // namespace

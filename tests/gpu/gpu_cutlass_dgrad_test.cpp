@@ -128,17 +128,6 @@ DeviceBuffer upload_half(const std::vector<float>& v) {
   return b;
 }
 
-// Every variant the backend links (dgrad_bn.h's list), each run on every case: the tile shape
-// and the sums' form do not change what is computed.
-std::vector<sm90::DgradBnKernel> kernels() {
-  std::vector<sm90::DgradBnKernel> k;
-#define KILN_DGRAD_BN_ADD(tm, tn, mode, cm, cn) \
-  k.push_back(sm90::KILN_DGRAD_BN_FN(tm, tn, mode, cm, cn)());
-  KILN_DGRAD_BN_BACKEND_VARIANTS(KILN_DGRAD_BN_ADD)
-#undef KILN_DGRAD_BN_ADD
-  return k;
-}
-
 // One variant on the same inputs.
 Result run_kernel(const DgradCase& t, const Inputs& in, const sm90::DgradBnKernel& kern) {
   const int64_t m = t.n * t.h * t.w;
@@ -285,7 +274,9 @@ TEST_P(GpuCutlassDgradBn, AgreesWithFloat64AndKilnsChain) {
   const Result kiln = run_kiln_chain(t, in);
   EXPECT_EQ(g_outside_float64(t, in, kiln.g), 0) << "kiln's chain against float64 (the bound)";
   std::vector<float> first_g;
-  for (const sm90::DgradBnKernel& kern : kernels()) {
+  // Every variant the backend links, each on every case: the tile shape and the sums' form do
+  // not change what is computed.
+  for (const sm90::DgradBnKernel& kern : sm90::dgrad_bn_backend_kernels()) {
     SCOPED_TRACE(kern.name);
     const Result cut = run_kernel(t, in, kern);
     ASSERT_EQ(cut.g.size(), kiln.g.size());

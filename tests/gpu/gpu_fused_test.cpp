@@ -111,9 +111,7 @@ INSTANTIATE_TEST_SUITE_P(
 // been taken (a layer without an engine for the graph falls back, cbr_forms() counts it, and
 // this test fails: how an H200 run learns whether its cuDNN has those engines). In FP32 a
 // fallback is allowed, and then the outputs must be kiln's form's, bit for bit.
-struct CbrForward {
-  std::vector<float> z, y, saved, rm, rv;
-  std::vector<uint8_t> mask;
+struct CbrForward : fused::CbrForwardOut {
   CudaBackendApi::CbrForms forms;
 };
 
@@ -123,29 +121,8 @@ CbrForward run_cbr_forward(const CbrCase& t, bool amp, const char* form) {
   sw.cutlass = Auto::off;        // else it would take the 1x1 layers before either form
   sw.cutlass_dgrad = Auto::off;  // and their data gradients
   sw.pad_channels = amp && t.c % 8 != 0;
-  const int64_t p = (t.h + 2 * t.pad - t.r) / t.st + 1, q = (t.w + 2 * t.pad - t.r) / t.st + 1;
-  const Shape xs{t.n, t.h, t.w, t.c}, ys{t.n, p, q, t.k}, ws{t.k, t.r, t.r, t.c};
   OpHarness h(amp);
-  const fused::Maker m{h, amp};
-  const TensorId x = m.feature("x", xs), w = m.weight("w", ws);
-  const TensorId gamma = m.channels("gamma", t.k, Region::params_f32),
-                 beta = m.channels("beta", t.k, Region::params_f32);
-  const TensorId rm = m.channels("rm", t.k, Region::bn_running),
-                 rv = m.channels("rv", t.k, Region::bn_running);
-  const TensorId saved = h.tensor("saved", {2, t.k}, Region::bn_saved);
-  const TensorId z = m.feature("z", ys), y = m.feature("y", ys);
-  const TensorId mask = h.tensor("mask", {(ys.numel() + 7) / 8}, Region::aux, DType::U8);
-  h.node(OpKind::cbr_fwd, {x, w, gamma, beta, rm, rv}, {z, y, saved, mask},
-         fused::conv_bn_attrs(t.r, t.st, t.pad));
-  h.compile(make_backend("cuda", sw));
-  h.write(x, random_values(static_cast<size_t>(xs.numel()), 1));
-  h.write(w, random_values(static_cast<size_t>(ws.numel()), 2, -0.5f, 0.5f));
-  h.write(gamma, random_values(static_cast<size_t>(t.k), 4, 0.5f, 1.5f));
-  h.write(beta, random_values(static_cast<size_t>(t.k), 5, -0.3f, 0.3f));
-  h.write(rm, random_values(static_cast<size_t>(t.k), 6));
-  h.write(rv, random_values(static_cast<size_t>(t.k), 7, 0.5f, 1.5f));
-  h.run();
-  CbrForward r{h.read(z), h.read(y), h.read(saved), h.read(rm), h.read(rv), h.read_u8(mask), {}};
+  CbrForward r{fused::run_cbr_forward(fused::Maker{h, amp}, t, 0, "cuda", sw), {}};
   if (auto* api = dynamic_cast<CudaBackendApi*>(&h.backend())) r.forms = api->cbr_forms();
   return r;
 }

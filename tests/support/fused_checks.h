@@ -104,6 +104,68 @@ struct CbrCase {
   bool first_layer;
 };
 
+// A BatchNorm forward's parameters and state over k channels.
+struct BnForward {
+  TensorId gamma, beta, rm, rv, saved;
+};
+
+inline BnForward bn_forward_tensors(const Maker& m, int64_t k) {
+  BnForward bn;
+  bn.gamma = m.channels("gamma", k, Region::params_f32);
+  bn.beta = m.channels("beta", k, Region::params_f32);
+  bn.rm = m.channels("rm", k, Region::bn_running);
+  bn.rv = m.channels("rv", k, Region::bn_running);
+  bn.saved = m.h.tensor("saved", {2, k}, Region::bn_saved);
+  return bn;
+}
+
+// gamma in [0.5, 1.5], beta in [-0.3, 0.3], the running mean in [-1, 1] and variance in
+// [0.5, 1.5], drawn from seeds seed to seed + 3.
+inline void write_bn_forward(OpHarness& h, const BnForward& bn, int64_t k, uint64_t seed) {
+  const auto n = static_cast<size_t>(k);
+  h.write(bn.gamma, random_values(n, seed, 0.5f, 1.5f));
+  h.write(bn.beta, random_values(n, seed + 1, -0.3f, 0.3f));
+  h.write(bn.rm, random_values(n, seed + 2));
+  h.write(bn.rv, random_values(n, seed + 3, 0.5f, 1.5f));
+}
+
+// What a CBR forward (or a convolution then BN+add+ReLU) leaves, read back.
+struct CbrForwardOut {
+  std::vector<float> z, y, saved, rm, rv;
+  std::vector<uint8_t> mask;
+};
+
+inline CbrForwardOut read_cbr_forward(OpHarness& h, TensorId z, TensorId y, const BnForward& bn,
+                                      TensorId mask) {
+  return {h.read(z), h.read(y), h.read(bn.saved), h.read(bn.rm), h.read(bn.rv), h.read_u8(mask)};
+}
+
+// One cbr_fwd node (cbr_pool_fwd by pool x pool windows where pool > 0) in m's harness on
+// `backend` with the switches as given (the caller picks the form: no kilns_form here), inputs
+// drawn from seeds 1 to 7 as cbr_equals_chain draws them; the harness keeps the backend for the
+// caller to ask how it built the node.
+inline CbrForwardOut run_cbr_forward(const Maker& m, const CbrCase& t, int pool,
+                                     const char* backend, const Switches& sw) {
+  OpHarness& h = m.h;
+  const int64_t p = (t.h + 2 * t.pad - t.r) / t.st + 1, q = (t.w + 2 * t.pad - t.r) / t.st + 1;
+  const Shape xs{t.n, t.h, t.w, t.c}, zs{t.n, p, q, t.k}, ws{t.k, t.r, t.r, t.c};
+  const Shape ys = pool ? Shape{t.n, p / pool, q / pool, t.k} : zs;
+  const TensorId x = m.feature("x", xs), w = m.weight("w", ws);
+  const BnForward bn = bn_forward_tensors(m, t.k);
+  const TensorId z = m.feature("z", zs), y = m.feature("y", ys);
+  const TensorId mask = h.tensor("mask", {(zs.numel() + 7) / 8}, Region::aux, DType::U8);
+  Attrs a = conv_bn_attrs(t.r, t.st, t.pad);
+  a.pool = pool;
+  h.node(pool ? OpKind::cbr_pool_fwd : OpKind::cbr_fwd, {x, w, bn.gamma, bn.beta, bn.rm, bn.rv},
+         {z, y, bn.saved, mask}, a);
+  h.compile(make_backend(backend, sw));
+  h.write(x, random_values(static_cast<size_t>(xs.numel()), 1));
+  h.write(w, random_values(static_cast<size_t>(ws.numel()), 2, -0.5f, 0.5f));
+  write_bn_forward(h, bn, t.k, 4);
+  h.run();
+  return read_cbr_forward(h, z, y, bn, mask);
+}
+
 inline void cbr_equals_chain(const CbrCase& t, bool amp, const char* backend,
                              const Switches& switches = Switches::from_environment()) {
   const int64_t p = (t.h + 2 * t.pad - t.r) / t.st + 1, q = (t.w + 2 * t.pad - t.r) / t.st + 1;

@@ -115,11 +115,7 @@ int main(int argc, char** argv) {
     PROBE_CUDA(cudaStreamDestroy(s));
     return rc;
   }
-  std::vector<GemmStatsKernel> kernels;
-#define KILN_GEMM_STATS_ADD(tm, tn, mode, cm, cn) \
-  kernels.push_back(KILN_GEMM_STATS_FN(tm, tn, mode, cm, cn)());
-  KILN_GEMM_STATS_VARIANTS(KILN_GEMM_STATS_ADD)
-#undef KILN_GEMM_STATS_ADD
+  const std::vector<GemmStatsKernel> kernels = probe_gemm_stats_kernels();
 
   // Buffers for the largest shape, reused.
   size_t act_in = 0, act_out = 0, wmax = 0, cmax = 0, stats_ws = 0, gemm_ws = 0;
@@ -199,11 +195,8 @@ int main(int argc, char** argv) {
       if (c.k < kern.tile_n || c.k % (kern.tile_n * kern.cluster_n) != 0) continue;
       if (kern.tile_n == 64 && c.k > 64) continue;
       PROBE_CUDA(cudaMemsetAsync(zb, 0xFF, static_cast<size_t>(m * c.k) * 2, s));  // NaNs
-      const std::string err = kern.run(g, ws, s);
-      const cudaError_t sync = cudaStreamSynchronize(s);
-      if (!err.empty() || sync != cudaSuccess) {
-        notes.push_back(std::string(c.name) + ", " + kern.name + ": " +
-                        (err.empty() ? cudaGetErrorString(sync) : err.c_str()));
+      if (const std::string err = run_and_wait(kern, g, ws, s); !err.empty()) {
+        notes.push_back(std::string(c.name) + ", " + kern.name + ": " + err);
         failed = true;
         continue;
       }

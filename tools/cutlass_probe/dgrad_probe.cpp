@@ -60,11 +60,7 @@ __half* as_half(void* p) {
 int dgrad_probe(cudnnHandle_t handle, cudaStream_t s, const cudaDeviceProp& prop, int64_t batch,
                 int reps, int max_engines, int64_t only) {
   const int sms = prop.multiProcessorCount;
-  std::vector<DgradBnKernel> kernels;
-#define KILN_DGRAD_BN_ADD(tm, tn, mode, cm, cn) \
-  kernels.push_back(sm90::KILN_DGRAD_BN_FN(tm, tn, mode, cm, cn)());
-  KILN_DGRAD_BN_BACKEND_VARIANTS(KILN_DGRAD_BN_ADD)
-#undef KILN_DGRAD_BN_ADD
+  const std::vector<DgradBnKernel> kernels = sm90::dgrad_bn_backend_kernels();
 
   size_t dy_max = 0, dx_max = 0, w_max = 0, n_max = 0, sums_ws = 0, ws_max = 0;
   for (const Dgrad& d : kDgrads) {
@@ -155,11 +151,8 @@ int dgrad_probe(cudnnHandle_t handle, cudaStream_t s, const cudaDeviceProp& prop
         continue;
       }
       PROBE_CUDA(cudaMemsetAsync(g, 0xFF, static_cast<size_t>(count) * 2, s));  // NaNs
-      const std::string err = kern.run(a, ws, s);
-      const cudaError_t sync = cudaStreamSynchronize(s);
-      if (!err.empty() || sync != cudaSuccess) {
-        notes.push_back(std::string(d.name) + ", " + kern.name + ": " +
-                        (err.empty() ? cudaGetErrorString(sync) : err.c_str()));
+      if (const std::string err = run_and_wait(kern, a, ws, s); !err.empty()) {
+        notes.push_back(std::string(d.name) + ", " + kern.name + ": " + err);
         failed = true;
         continue;
       }

@@ -156,6 +156,16 @@ inline void* device_alloc(size_t bytes) {
   return p;
 }
 
+// One run of an SM90 unit's kernel (sm90::UnitKernel) on problem p, waited for: "" when it ran,
+// else CUTLASS's or CUDA's words.
+template <class UnitKernel, class Problem>
+std::string run_and_wait(const UnitKernel& kern, const Problem& p, void* ws, cudaStream_t s) {
+  const std::string err = kern.run(p, ws, s);
+  const cudaError_t sync = cudaStreamSynchronize(s);
+  if (!err.empty()) return err;
+  return sync == cudaSuccess ? "" : cudaGetErrorString(sync);
+}
+
 // dgrad_probe.cpp's comparison (kiln_cutlass_probe --dgrad); returns the exit code.
 int dgrad_probe(cudnnHandle_t handle, cudaStream_t s, const cudaDeviceProp& prop, int64_t batch,
                 int reps, int max_engines, int64_t only);

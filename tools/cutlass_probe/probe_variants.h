@@ -19,6 +19,15 @@
   X(256, 128, none, 1, 1)           \
   X(256, 128, reg_atomic, 1, 1)
 
+#include <vector>
+
 namespace kiln::sm90 {
 KILN_GEMM_STATS_VARIANTS(KILN_GEMM_STATS_DECLARE)
+
+// Every variant above, in the list's order.
+inline std::vector<GemmStatsKernel> probe_gemm_stats_kernels() {
+#define KILN_GEMM_STATS_ENTRY(tm, tn, mode, cm, cn) KILN_GEMM_STATS_FN(tm, tn, mode, cm, cn)(),
+  return {KILN_GEMM_STATS_VARIANTS(KILN_GEMM_STATS_ENTRY)};
+#undef KILN_GEMM_STATS_ENTRY
+}
 }  // namespace kiln::sm90

@@ -1,9 +1,11 @@
 // cbr_fwd's convolution on kiln's SM90 CUTLASS GEMM (KILN_CUTLASS): z = x w^T for a 1x1
 // stride-1 FP16 convolution, whose epilogue also sums z and z^2 per channel (FP32, of the
-// FP16-rounded z), so BatchNorm skips its statistics pass. Only this file sees whether the
-// kernels were built (KILN_HAVE_CUTLASS, set by CMakeLists.txt on this file alone); where they
-// were not, every layer reports "not built" and keeps its form.
+// FP16-rounded z), so BatchNorm skips its statistics pass. Only this file and cutlass_dgrad.cpp
+// see whether the kernels were built (KILN_HAVE_CUTLASS, set by CMakeLists.txt on those two
+// alone), and only this one answers it for the rest (cutlass_kernels_built, sm90_layer.h); where
+// they were not, every layer reports "not built" and keeps its form.
 #include "backend/cuda/fused_kernels.h"
+#include "backend/cuda/sm90_layer.h"
 #include "backend/sm90_conv_rule.h"
 
 #ifdef KILN_HAVE_CUTLASS
@@ -20,30 +22,51 @@ constexpr bool kBuilt = true;
 constexpr bool kBuilt = false;
 #endif
 
-bool aligned16(const void* p) {
-  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
-}
-
 }  // namespace
 
 bool cutlass_kernels_built() {
   return kBuilt;
 }
 
+Sm90ConvQuery sm90_conv_query(const Node& n, const Context& ctx, TensorId a, TensorId w,
+                              TensorId b) {
+  Sm90ConvQuery q;
+  q.g = conv_geom(ctx, n, a, w, b);
+  q.x = ctx.tensor(a).dtype, q.w = ctx.tensor(w).dtype, q.z = ctx.tensor(b).dtype;
+  q.cc_major = ctx.cc_major, q.cc_minor = ctx.cc_minor;
+  q.built = kBuilt;
+  return q;
+}
+
+bool sm90_kernels_here(const Sm90ConvQuery& q) {
+  return q.built && q.cc_major == 9 && q.cc_minor == 0;
+}
+
+bool all_tma_aligned(std::initializer_list<const void*> ptrs) {
+  for (const void* p : ptrs) {
+    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
+  }
+  return true;
+}
+
+void log_sm90_fallback(bool routine, const std::string& line, const std::string& why) {
+  if (routine) {
+    log_debug(line, why);
+  } else {
+    log_info(line, why);
+  }
+}
+
 KernelPtr make_conv_fwd_cutlass(const Node& n, Context& ctx, int stream, TensorId x, TensorId w,
                                 TensorId z, float* sums) {
   const std::string what = std::string(op_name(n.op)) + " node '" + n.label + "'";
-  Sm90ConvQuery q;
-  q.g = conv_geom(ctx, n, x, w, z);
-  q.x = ctx.tensor(x).dtype, q.w = ctx.tensor(w).dtype, q.z = ctx.tensor(z).dtype;
-  q.cc_major = ctx.cc_major, q.cc_minor = ctx.cc_minor;
-  q.built = kBuilt;
+  const Sm90ConvQuery q = sm90_conv_query(n, ctx, x, w, z);
   std::string why = sm90_conv_refusal(q);
   // A layer of another shape or precision is routine; the kernels missing or another GPU under
   // an explicit KILN_CUTLASS=1 (auto does not try there: sm90_conv_gemm_tried), or CUTLASS
   // refusing an eligible layer, is worth a line at the default level.
-  const bool routine = !why.empty() && kBuilt && q.cc_major == 9 && q.cc_minor == 0;
-  if (why.empty() && !(aligned16(ctx.ptr(x)) && aligned16(ctx.ptr(w)) && aligned16(ctx.ptr(z)))) {
+  const bool routine = !why.empty() && sm90_kernels_here(q);
+  if (why.empty() && !all_tma_aligned({ctx.ptr(x), ctx.ptr(w), ctx.ptr(z)})) {
     why = "needs x, w and z at 16-byte aligned addresses (TMA)";
   }
 #ifdef KILN_HAVE_CUTLASS
@@ -63,22 +86,13 @@ KernelPtr make_conv_fwd_cutlass(const Node& n, Context& ctx, int stream, TensorI
   }
 #endif
   if (!why.empty()) {
-    if (routine) {
-      log_debug(what, ": the convolution keeps cuDNN; kiln's SM90 CUTLASS GEMM ", why);
-    } else {
-      log_info(what, ": the convolution keeps cuDNN; kiln's SM90 CUTLASS GEMM ", why);
-    }
+    log_sm90_fallback(routine, what + ": the convolution keeps cuDNN; kiln's SM90 CUTLASS GEMM ",
+                      why);
     return nullptr;
   }
 #ifdef KILN_HAVE_CUTLASS
-  ctx.need_workspace(stream, kern.workspace(g));
-  const std::string failed = what + ": the SM90 CUTLASS GEMM (" + kern.name + ") failed: ";
-  return make_fn(stream, [=](Context& c, cudaStream_t st) {
-    // run() zeroes what it adds into, launches the GEMM (and the partials' finalize) on st and
-    // checks each launch.
-    const std::string err = kern.run(g, c.streams[static_cast<size_t>(stream)].workspace, st);
-    KILN_CHECK(err.empty(), Backend, failed, err);
-  });
+  return make_sm90_unit_run(ctx, stream, kern, g,
+                            what + ": the SM90 CUTLASS GEMM (" + kern.name + ") failed: ");
 #else
   return nullptr;
 #endif

@@ -12,10 +12,12 @@
 // as it writes dresidual today. Where the layer (sm90_conv_rule.h), the schedule or
 // the memory plan (dgrad_bn_rule.h) or CUTLASS do not allow it, the layer keeps cuDNN's data
 // gradient and BatchNorm's sums pass, counted and logged as the forward's GEMM is
-// (cutlass_conv.cpp). Like that file, only this one sees whether the kernels were built
-// (KILN_HAVE_CUTLASS, set by CMakeLists.txt).
+// (cutlass_conv.cpp, with which it shares sm90_layer.h). Like that file it is compiled with
+// KILN_HAVE_CUTLASS where the kernels were built (CMakeLists.txt), to include them; whether
+// they were reaches it through sm90_conv_query (cutlass_conv.cpp).
 #include "backend/cuda/fused_kernels.h"
 #include "backend/cuda/side_stream.h"
+#include "backend/cuda/sm90_layer.h"
 #include "backend/dgrad_bn_rule.h"
 #include "backend/sm90_conv_rule.h"
 
@@ -26,16 +28,6 @@
 namespace kiln::cuda {
 
 namespace {
-
-#ifdef KILN_HAVE_CUTLASS
-constexpr bool kBuilt = true;
-#else
-constexpr bool kBuilt = false;
-#endif
-
-bool aligned16(const void* p) {
-  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
-}
 
 // The consumer's tensors as the kernel reads them: z, g and the other gradient maps of dX's
 // dtype and size, the mask's bits over them, saved [mean; invstd] in FP32. "" when they are.
@@ -63,21 +55,16 @@ KernelPtr make_dgrad_for_bn(const Node& n, Context& ctx, int stream, TensorId dy
   const DgradBnUse u = dgrad_bn_use(*ctx.program, n, dx);
   if (u.consumer == nullptr) return nullptr;  // no BatchNorm backward reads dx: not tried
   const std::string what = std::string(op_name(n.op)) + " node '" + n.label + "'";
-  Sm90ConvQuery q;
-  q.g = conv_geom(ctx, n, dx, w, dy);
-  q.x = ctx.tensor(dx).dtype, q.w = ctx.tensor(w).dtype, q.z = ctx.tensor(dy).dtype;
-  q.cc_major = ctx.cc_major, q.cc_minor = ctx.cc_minor;
-  q.built = kBuilt;
+  const Sm90ConvQuery q = sm90_conv_query(n, ctx, dx, w, dy);
   std::string why = sm90_conv_refusal(q);
   // A layer of another shape or precision, or a schedule or plan that does not fit, is routine;
   // the kernels missing or another GPU under KILN_CUTLASS_DGRAD=1, or CUTLASS refusing an
   // eligible layer, is worth a line at the default level (as cutlass_conv.cpp).
-  const bool not_here = !kBuilt || q.cc_major != 9 || q.cc_minor != 0;
   if (why.empty()) why = u.refusal;
   if (why.empty()) why = layout_refusal(ctx, dx, u, q.g.x.c);
-  const bool routine = !why.empty() && !not_here;
-  if (why.empty() && !(aligned16(ctx.ptr(dy)) && aligned16(ctx.ptr(w)) && aligned16(ctx.ptr(u.z)) &&
-                       aligned16(ctx.ptr(u.g)) && aligned16(ctx.ptr(u.other)))) {
+  const bool routine = !why.empty() && sm90_kernels_here(q);
+  if (why.empty() &&
+      !all_tma_aligned({ctx.ptr(dy), ctx.ptr(w), ctx.ptr(u.z), ctx.ptr(u.g), ctx.ptr(u.other)})) {
     why = "needs dy, w, z, g and dy2 at 16-byte aligned addresses (TMA, half2 loads)";
   }
 #ifdef KILN_HAVE_CUTLASS
@@ -103,17 +90,13 @@ KernelPtr make_dgrad_for_bn(const Node& n, Context& ctx, int stream, TensorId dy
 #endif
   if (!why.empty()) {
     ++ctx.dgrad_cutlass_fallbacks;
-    const std::string line = what + ": the data gradient keeps cuDNN (and '" + u.consumer->label +
-                             "' its sums pass); kiln's SM90 data gradient ";
-    if (routine) {
-      log_debug(line, why);
-    } else {
-      log_info(line, why);
-    }
+    log_sm90_fallback(routine,
+                      what + ": the data gradient keeps cuDNN (and '" + u.consumer->label +
+                          "' its sums pass); kiln's SM90 data gradient ",
+                      why);
     return nullptr;
   }
 #ifdef KILN_HAVE_CUTLASS
-  ctx.need_workspace(stream, kern.workspace(d));
   // The consumer reads g and these sums on the schedule's order (the same stream, or joined
   // behind this phase's event); the sums live as long as the kernel that writes them.
   ctx.dgrad_bn_sums[u.consumer] = {d.sums, u.g};
@@ -124,14 +107,8 @@ KernelPtr make_dgrad_for_bn(const Node& n, Context& ctx, int stream, TensorId dy
   if (u.g != dx) extra.writes = byte_ranges(ctx, {u.g});
   log_debug(what, ": the data gradient runs on ", kern.name, ", writing '", ctx.tensor(u.g).name,
             "' and the sums for '", u.consumer->label, "'");
-  const std::string failed = what + ": the SM90 data gradient (" + kern.name + ") failed: ";
-  return make_fn(stream, [=](Context& c, cudaStream_t st) {
-    // run() zeroes what it adds into, launches the GEMM (and the partials' finalize) on st and
-    // checks each launch.
-    const std::string err = kern.run(d, c.streams[static_cast<size_t>(stream)].workspace, st);
-    KILN_CHECK(err.empty(), Backend, failed, err);
-    static_cast<void>(sums);  // owned here
-  });
+  return make_sm90_unit_run(ctx, stream, kern, d,
+                            what + ": the SM90 data gradient (" + kern.name + ") failed: ", sums);
 #else
   return nullptr;
 #endif

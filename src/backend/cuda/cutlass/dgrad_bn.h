@@ -6,13 +6,10 @@
 // could run only its finalize and dx passes, reading g. No training step uses it: on the H200 it
 // is still slower than cuDNN's dgrad followed by kiln's sums pass (bench/RESULTS.md, issue 20).
 #pragma once
-#include <cuda_runtime.h>
-
-#include <cstddef>
 #include <cstdint>
-#include <string>
+#include <vector>
 
-#include "backend/cuda/cutlass/gemm_stats.h"
+#include "backend/cuda/cutlass/sm90_kernel.h"
 
 namespace kiln::sm90 {
 
@@ -34,17 +31,8 @@ struct DgradBn {
 
 // One compiled kernel: a tile shape and how the sums reach global memory (reg_atomic: FP32
 // atomics; reg_partials: per-CTA partials then a finalize kernel, fixed order: deterministic).
-struct DgradBnKernel {
-  const char* name;
-  int tile_m, tile_n;
-  StatsMode mode;
-  size_t (*workspace)(const DgradBn&);
-  // "" when CUTLASS can run this problem (shapes, alignment: n and k multiples of 8) and the
-  // kernel's shared memory is set up, else why not; launches nothing.
-  std::string (*check)(const DgradBn&);
-  // "" when it ran, else what failed (a CUTLASS status or a CUDA error).
-  std::string (*run)(const DgradBn&, void* workspace, cudaStream_t);
-};
+// check() also wants n and k multiples of 8.
+using DgradBnKernel = UnitKernel<DgradBn>;
 
 // The variants the CUDA backend links; X(tile_m, tile_n, mode, cluster_m, cluster_n), read by
 // CMakeLists.txt as gemm_stats.h's list is (one unit each, about a minute to compile: keep them
@@ -57,11 +45,17 @@ struct DgradBnKernel {
   X(128, 128, reg_atomic, 1, 1)           \
   X(128, 128, reg_partials, 1, 1)
 
-#define KILN_DGRAD_BN_FN_(tm, tn, mode, cm, cn) dgrad_bn_##tm##x##tn##_##mode##_##cm##x##cn
-#define KILN_DGRAD_BN_FN(tm, tn, mode, cm, cn) KILN_DGRAD_BN_FN_(tm, tn, mode, cm, cn)
+#define KILN_DGRAD_BN_FN(tm, tn, mode, cm, cn) KILN_SM90_FN(dgrad_bn, tm, tn, mode, cm, cn)
 #define KILN_DGRAD_BN_DECLARE(tm, tn, mode, cm, cn) \
   DgradBnKernel KILN_DGRAD_BN_FN(tm, tn, mode, cm, cn)();
 KILN_DGRAD_BN_BACKEND_VARIANTS(KILN_DGRAD_BN_DECLARE)
+
+// Every variant the backend links, in the list's order (the GPU test and the probe run each).
+inline std::vector<DgradBnKernel> dgrad_bn_backend_kernels() {
+#define KILN_DGRAD_BN_ENTRY(tm, tn, mode, cm, cn) KILN_DGRAD_BN_FN(tm, tn, mode, cm, cn)(),
+  return {KILN_DGRAD_BN_BACKEND_VARIANTS(KILN_DGRAD_BN_ENTRY)};
+#undef KILN_DGRAD_BN_ENTRY
+}
 
 // The variant for n channels: the deterministic form, else the atomic one whose tile fits.
 inline DgradBnKernel dgrad_bn_kernel_for(int64_t n, bool deterministic) {

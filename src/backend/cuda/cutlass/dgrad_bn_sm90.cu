@@ -20,14 +20,9 @@
 #include <cutlass/util/packed_stride.hpp>
 #include <string>
 
-#include "backend/cuda/cutlass/column_sums.cuh"
+#include "backend/cuda/cutlass/cutlass_unit.cuh"
 #include "backend/cuda/cutlass/dgrad_bn.h"
 #include "backend/cuda/cutlass/dgrad_bn_epilogue.cuh"
-
-#if !defined(KILN_TILE_M) || !defined(KILN_TILE_N) || !defined(KILN_STATS_MODE) || \
-    !defined(KILN_CLUSTER_M) || !defined(KILN_CLUSTER_N)
-#error "compile with KILN_TILE_M, KILN_TILE_N, KILN_STATS_MODE, KILN_CLUSTER_M and KILN_CLUSTER_N"
-#endif
 
 namespace kiln::sm90 {
 namespace {
@@ -35,13 +30,9 @@ namespace {
 using namespace cute;
 namespace fusion = cutlass::epilogue::fusion;
 
-constexpr StatsMode kMode = StatsMode::KILN_STATS_MODE;
 static_assert(kMode == StatsMode::reg_atomic || kMode == StatsMode::reg_partials,
               "the data gradient's sums are the register epilogue's: reg_atomic or reg_partials");
 constexpr bool kPartials = kMode == StatsMode::reg_partials;
-constexpr int kTileM = KILN_TILE_M, kTileN = KILN_TILE_N;
-using TileShape = Shape<Int<kTileM>, Int<kTileN>, _64>;
-using ClusterShape = Shape<Int<KILN_CLUSTER_M>, Int<KILN_CLUSTER_N>, _1>;
 
 // CUTLASS's epilogue stores the accumulators rounded to FP16: the epilogue below has made them
 // g, which FP16 holds exactly.
@@ -71,10 +62,10 @@ int ctas(const DgradBn& d) {
   return column_block_ctas(d.n, kTileN, d.sm_count);
 }
 
-// reg_partials: the per-CTA partial rows [CTAs][n] of both sums, ahead of CUTLASS's workspace.
-size_t partial_bytes(const DgradBn& d) {
-  const size_t one = (sizeof(float) * static_cast<size_t>(ctas(d) * d.n) + 255) / 256 * 256;
-  return kPartials ? 2 * one : 0;
+// sums = [sum g; sum g (z - mean)]; reg_partials: through per-CTA partial rows [CTAs][n] of
+// both, ahead of CUTLASS's workspace.
+ColumnSums column_sums(const DgradBn& d) {
+  return {d.sums, d.sums ? d.sums + d.n : nullptr, d.n, ctas(d), d.n, d.sm_count};
 }
 
 typename Gemm::Arguments arguments(const DgradBn& d, void* workspace) {
@@ -83,12 +74,9 @@ typename Gemm::Arguments arguments(const DgradBn& d, void* workspace) {
   const auto sa = cutlass::make_cute_packed_stride(typename Kernel::StrideA{}, {m, k, 1});
   const auto sb = cutlass::make_cute_packed_stride(typename Kernel::StrideB{}, {n, k, 1});
   const auto sd = cutlass::make_cute_packed_stride(typename Kernel::StrideD{}, {m, n, 1});
-  float* sum = d.sums;
-  float* sumsq = d.sums ? d.sums + d.n : nullptr;
-  if (kPartials) {
-    sum = static_cast<float*>(workspace);
-    sumsq = reinterpret_cast<float*>(static_cast<uint8_t*>(workspace) + partial_bytes(d) / 2);
-  }
+  const ColumnSums s = column_sums(d);
+  float* sum = kPartials ? s.partial_sum(workspace) : s.sum;
+  float* sumsq = kPartials ? s.partial_sumsq(workspace) : s.sumsq;
   cutlass::KernelHardwareInfo hw;
   hw.device_id = d.device_id;
   hw.sm_count = ctas(d);
@@ -104,10 +92,6 @@ typename Gemm::Arguments arguments(const DgradBn& d, void* workspace) {
       {static_cast<const Element*>(d.dy), sa, static_cast<const Element*>(d.w), sb},
       epilogue,
       hw};
-}
-
-std::string status_error(const char* what, cutlass::Status st) {
-  return std::string(what) + ": " + cutlassGetStatusString(st);
 }
 
 // What the epilogue reads per element (half2 and byte loads at each accumulator pair) and the
@@ -129,68 +113,24 @@ std::string check_inputs(const DgradBn& d) {
 }
 
 size_t workspace_bytes(const DgradBn& d) {
-  return partial_bytes(d) + Gemm::get_workspace_size(arguments(d, nullptr));
+  return column_sums(d).partial_bytes() + Gemm::get_workspace_size(arguments(d, nullptr));
 }
 
 std::string check(const DgradBn& d) {
   if (std::string err = check_inputs(d); !err.empty()) return err;
-  const auto args = arguments(d, nullptr);
-  Gemm gemm;
-  if (auto st = gemm.can_implement(args); st != cutlass::Status::kSuccess)
-    return status_error("can_implement", st);
-  // As gemm_stats_sm90.cu: set the kernel's shared-memory size once here, not first inside a
-  // captured CUDA Graph.
-  if (Gemm::get_workspace_size(args) == 0) {
-    if (auto st = gemm.initialize(args, nullptr, nullptr); st != cutlass::Status::kSuccess)
-      return status_error("initialize", st);
-  }
-  return "";
+  return check_gemm<Gemm>(arguments(d, nullptr));
 }
 
 std::string run(const DgradBn& d, void* workspace, cudaStream_t stream) {
   if (std::string err = check_inputs(d); !err.empty()) return err;
-  const auto args = arguments(d, workspace);
-  Gemm gemm;
-  if (auto st = gemm.can_implement(args); st != cutlass::Status::kSuccess)
-    return status_error("can_implement", st);
-  // The epilogue adds into sums (or partials) cleared here.
-  if constexpr (kPartials) {
-    if (cudaError_t e = cudaMemsetAsync(workspace, 0, partial_bytes(d), stream); e != cudaSuccess)
-      return std::string("cudaMemsetAsync: ") + cudaGetErrorString(e);
-  } else {
-    if (std::string err = clear_sums(d.sums, d.sums + d.n, d.n, stream); !err.empty()) return err;
-  }
-  void* own = static_cast<uint8_t*>(workspace) + partial_bytes(d);
-  if (auto st = gemm.initialize(args, own, stream); st != cutlass::Status::kSuccess)
-    return status_error("initialize", st);
-  if (auto st = gemm.run(stream); st != cutlass::Status::kSuccess) return status_error("run", st);
-  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess)
-    return std::string("GEMM launch: ") + cudaGetErrorString(e);
-  if constexpr (kPartials) {
-    const auto* ps = static_cast<const float*>(workspace);
-    const auto* pq = reinterpret_cast<const float*>(static_cast<const uint8_t*>(workspace) +
-                                                    partial_bytes(d) / 2);
-    return finalize_partial_rows(ps, pq, ctas(d), d.n, static_cast<int>(d.n), true, d.sm_count,
-                                 d.sums, d.sums + d.n, stream);
-  }
-  return "";
+  return run_gemm<Gemm>(arguments(d, workspace), column_sums(d), workspace, stream);
 }
-
-#define KILN_STR2(x) #x
-#define KILN_STR(x) KILN_STR2(x)
 
 }  // namespace
 
 DgradBnKernel KILN_DGRAD_BN_FN(KILN_TILE_M, KILN_TILE_N, KILN_STATS_MODE, KILN_CLUSTER_M,
                                KILN_CLUSTER_N)() {
-  return {"dgrad+bn " KILN_STR(KILN_TILE_M) "x" KILN_STR(KILN_TILE_N) " " KILN_STR(
-              KILN_STATS_MODE) " cluster " KILN_STR(KILN_CLUSTER_M) "x" KILN_STR(KILN_CLUSTER_N),
-          KILN_TILE_M,
-          KILN_TILE_N,
-          kMode,
-          workspace_bytes,
-          check,
-          run};
+  return unit_kernel<DgradBn>("dgrad+bn " KILN_VARIANT_NAME, workspace_bytes, check, run);
 }
 
 }  // namespace kiln::sm90

@@ -3,26 +3,11 @@
 // CUTLASS: z = x w^T for a 1x1 stride-1 NHWC convolution, with BatchNorm's per-channel sums of
 // z and z^2 taken in the GEMM's epilogue.
 #pragma once
-#include <cuda_runtime.h>
-
-#include <cstddef>
 #include <cstdint>
-#include <string>
+
+#include "backend/cuda/cutlass/sm90_kernel.h"
 
 namespace kiln::sm90 {
-
-// How the epilogue's per-column sums reach global memory.
-enum class StatsMode {
-  none,      // z only: the GEMM alone, the baseline the statistics' cost is read against
-  atomic,    // each CTA adds its column sums into sum and sumsq with FP32 atomics
-  last_cta,  // CUTLASS's final reduction: per-CTA partials, added by each column's last CTA
-  partials,  // per-CTA partials [M tiles][N], then a small finalize kernel over the M tiles
-  // register_stats_epilogue.cuh: sums kept in registers across all of a CTA's tiles, reduced
-  // across its threads once per column block it visits (once per CTA where the CTA count is a
-  // multiple of the column blocks), then
-  reg_atomic,    // one FP32 atomic per column into sum and sumsq
-  reg_partials,  // per-CTA partials [CTAs][N], then the finalize kernel over the CTAs
-};
 
 // One problem. Rows are N*H*W pixels, columns output channels.
 struct GemmStats {
@@ -37,18 +22,7 @@ struct GemmStats {
 };
 
 // One compiled kernel: a tile shape, a stats mode and a cluster shape.
-struct GemmStatsKernel {
-  const char* name;
-  int tile_m, tile_n;
-  StatsMode mode;
-  int cluster_n;  // CTAs along N that share each A tile by TMA multicast
-  size_t (*workspace)(const GemmStats&);
-  // "" when CUTLASS can run this problem (shapes, alignment) and the kernel's shared memory
-  // is set up, else why not; launches nothing, so a caller can ask while compiling.
-  std::string (*check)(const GemmStats&);
-  // "" when it ran, else what failed (a CUTLASS status or a CUDA error).
-  std::string (*run)(const GemmStats&, void* workspace, cudaStream_t);
-};
+using GemmStatsKernel = UnitKernel<GemmStats>;
 
 // The variants the CUDA backend links; X(tile_m, tile_n, mode, cluster_m, cluster_n).
 // CMakeLists.txt reads the X(...) entries off this block (one unit each, each compiling for
@@ -59,9 +33,7 @@ struct GemmStatsKernel {
   X(256, 128, reg_atomic, 1, 1)             \
   X(256, 128, reg_partials, 1, 1)
 
-// Two steps, so that arguments that are macros (the kernel units' definitions) expand first.
-#define KILN_GEMM_STATS_FN_(tm, tn, mode, cm, cn) gemm_stats_##tm##x##tn##_##mode##_##cm##x##cn
-#define KILN_GEMM_STATS_FN(tm, tn, mode, cm, cn) KILN_GEMM_STATS_FN_(tm, tn, mode, cm, cn)
+#define KILN_GEMM_STATS_FN(tm, tn, mode, cm, cn) KILN_SM90_FN(gemm_stats, tm, tn, mode, cm, cn)
 #define KILN_GEMM_STATS_DECLARE(tm, tn, mode, cm, cn) \
   GemmStatsKernel KILN_GEMM_STATS_FN(tm, tn, mode, cm, cn)();
 KILN_GEMM_STATS_BACKEND_VARIANTS(KILN_GEMM_STATS_DECLARE)

@@ -23,14 +23,9 @@
 #include <string>
 #include <type_traits>
 
-#include "backend/cuda/cutlass/column_sums.cuh"
+#include "backend/cuda/cutlass/cutlass_unit.cuh"
 #include "backend/cuda/cutlass/gemm_stats.h"
 #include "backend/cuda/cutlass/register_stats_epilogue.cuh"
-
-#if !defined(KILN_TILE_M) || !defined(KILN_TILE_N) || !defined(KILN_STATS_MODE) || \
-    !defined(KILN_CLUSTER_M) || !defined(KILN_CLUSTER_N)
-#error "compile with KILN_TILE_M, KILN_TILE_N, KILN_STATS_MODE, KILN_CLUSTER_M and KILN_CLUSTER_N"
-#endif
 
 namespace kiln::sm90 {
 namespace {
@@ -38,11 +33,7 @@ namespace {
 using namespace cute;
 namespace fusion = cutlass::epilogue::fusion;
 
-constexpr StatsMode kMode = StatsMode::KILN_STATS_MODE;
-constexpr int kTileM = KILN_TILE_M;
 constexpr bool kRegisterStats = kMode == StatsMode::reg_atomic || kMode == StatsMode::reg_partials;
-using TileShape = Shape<Int<kTileM>, Int<KILN_TILE_N>, _64>;
-using ClusterShape = Shape<Int<KILN_CLUSTER_M>, Int<KILN_CLUSTER_N>, _1>;
 constexpr auto kRound = cutlass::FloatRoundStyle::round_to_nearest;
 
 // The register step of the sum of squares: the row reduction folds each new value v into its
@@ -93,7 +84,7 @@ using TreeEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
     cutlass::epilogue::TmaWarpSpecializedCooperative, typename Tree<kMode>::type>::CollectiveOp;
 using Epilogue = std::conditional_t<
     kRegisterStats,
-    RegisterStatsEpilogue<TreeEpilogue, kTileM, KILN_TILE_N, kMode == StatsMode::reg_partials>,
+    RegisterStatsEpilogue<TreeEpilogue, kTileM, kTileN, kMode == StatsMode::reg_partials>,
     TreeEpilogue>;
 
 using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
@@ -110,14 +101,11 @@ int64_t m_tiles(const GemmStats& g) {
   return (g.m + kTileM - 1) / kTileM;
 }
 int64_t n_padded(const GemmStats& g) {
-  return (g.n + KILN_TILE_N - 1) / KILN_TILE_N * KILN_TILE_N;
-}
-size_t align256(size_t b) {
-  return (b + 255) / 256 * 256;
+  return (g.n + kTileN - 1) / kTileN * kTileN;
 }
 
 int stats_ctas(const GemmStats& g) {
-  return column_block_ctas(g.n, KILN_TILE_N, g.sm_count);
+  return column_block_ctas(g.n, kTileN, g.sm_count);
 }
 
 // Rows of the partial sums: M tiles (partials) or CTAs (reg_partials).
@@ -128,10 +116,9 @@ int64_t partial_ld(const GemmStats& g) {
   return kMode == StatsMode::partials ? n_padded(g) : g.n;
 }
 
-// Per-CTA partial buffers (partials, reg_partials) ahead of CUTLASS's own workspace.
-size_t partial_bytes(const GemmStats& g) {
-  const size_t one = align256(sizeof(float) * static_cast<size_t>(partial_rows(g) * partial_ld(g)));
-  return kMode == StatsMode::partials || kMode == StatsMode::reg_partials ? 2 * one : 0;
+// Where the sums go (partials, reg_partials: through partial rows ahead of CUTLASS's workspace).
+ColumnSums column_sums(const GemmStats& g) {
+  return {g.sum, g.sumsq, g.n, partial_rows(g), partial_ld(g), g.sm_count};
 }
 
 // Where the register epilogue adds its sums (a template, so that the other modes' arguments,
@@ -152,9 +139,9 @@ typename Gemm::Arguments arguments(const GemmStats& g, void* workspace) {
   const auto sd = cutlass::make_cute_packed_stride(typename Kernel::StrideD{}, {m, n, 1});
   void* sum = g.sum;
   void* sumsq = g.sumsq;
-  if (partial_bytes(g) > 0) {
-    sum = workspace;
-    sumsq = static_cast<uint8_t*>(workspace) + partial_bytes(g) / 2;
+  if (const ColumnSums s = column_sums(g); s.partial_bytes() > 0) {
+    sum = s.partial_sum(workspace);
+    sumsq = s.partial_sumsq(workspace);
   }
   cutlass::KernelHardwareInfo hw;
   hw.device_id = g.device_id;
@@ -172,79 +159,23 @@ typename Gemm::Arguments arguments(const GemmStats& g, void* workspace) {
       hw};
 }
 
-std::string clear_sums(const GemmStats& g, cudaStream_t stream) {
-  return kiln::sm90::clear_sums(g.sum, g.sumsq, g.n, stream);
-}
-
-std::string status_error(const char* what, cutlass::Status st) {
-  return std::string(what) + ": " + cutlassGetStatusString(st);
-}
-
 size_t workspace_bytes(const GemmStats& g) {
-  return partial_bytes(g) + Gemm::get_workspace_size(arguments(g, nullptr));
+  return column_sums(g).partial_bytes() + Gemm::get_workspace_size(arguments(g, nullptr));
 }
 
 std::string check(const GemmStats& g) {
-  const auto args = arguments(g, nullptr);
-  Gemm gemm;
-  if (auto st = gemm.can_implement(args); st != cutlass::Status::kSuccess)
-    return status_error("can_implement", st);
-  // Where CUTLASS needs no workspace of its own (these kernels), initialize only sets the
-  // kernel's shared-memory size: done once here rather than first inside a captured CUDA Graph.
-  if (Gemm::get_workspace_size(args) == 0) {
-    if (auto st = gemm.initialize(args, nullptr, nullptr); st != cutlass::Status::kSuccess)
-      return status_error("initialize", st);
-  }
-  return "";
+  return check_gemm<Gemm>(arguments(g, nullptr));
 }
 
 std::string run(const GemmStats& g, void* workspace, cudaStream_t stream) {
-  const auto args = arguments(g, workspace);
-  Gemm gemm;
-  if (auto st = gemm.can_implement(args); st != cutlass::Status::kSuccess)
-    return status_error("can_implement", st);
-  // initialize also clears what the EVT accumulates into (atomic sums, tile counters); the
-  // register epilogue adds into sums or partials cleared here.
-  if constexpr (kMode == StatsMode::reg_atomic) {
-    if (std::string err = clear_sums(g, stream); !err.empty()) return err;
-  } else if constexpr (kMode == StatsMode::reg_partials) {
-    if (cudaError_t e = cudaMemsetAsync(workspace, 0, partial_bytes(g), stream); e != cudaSuccess)
-      return std::string("cudaMemsetAsync: ") + cudaGetErrorString(e);
-  }
-  void* own = static_cast<uint8_t*>(workspace) + partial_bytes(g);
-  if (auto st = gemm.initialize(args, own, stream); st != cutlass::Status::kSuccess)
-    return status_error("initialize", st);
-  if (auto st = gemm.run(stream); st != cutlass::Status::kSuccess) return status_error("run", st);
-  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess)
-    return std::string("GEMM launch: ") + cudaGetErrorString(e);
-  if constexpr (kMode == StatsMode::partials || kMode == StatsMode::reg_partials) {
-    const auto* ps = static_cast<const float*>(workspace);
-    const auto* pq = reinterpret_cast<const float*>(static_cast<const uint8_t*>(workspace) +
-                                                    partial_bytes(g) / 2);
-    // reg_partials has a row per CTA: one block down each column sums them and stores.
-    return finalize_partial_rows(ps, pq, static_cast<int>(partial_rows(g)), g.n,
-                                 static_cast<int>(partial_ld(g)), kMode == StatsMode::reg_partials,
-                                 g.sm_count, g.sum, g.sumsq, stream);
-  }
-  return "";
+  return run_gemm<Gemm>(arguments(g, workspace), column_sums(g), workspace, stream);
 }
-
-#define KILN_STR2(x) #x
-#define KILN_STR(x) KILN_STR2(x)
 
 }  // namespace
 
 GemmStatsKernel KILN_GEMM_STATS_FN(KILN_TILE_M, KILN_TILE_N, KILN_STATS_MODE, KILN_CLUSTER_M,
                                    KILN_CLUSTER_N)() {
-  return {KILN_STR(KILN_TILE_M) "x" KILN_STR(KILN_TILE_N) " " KILN_STR(
-              KILN_STATS_MODE) " cluster " KILN_STR(KILN_CLUSTER_M) "x" KILN_STR(KILN_CLUSTER_N),
-          KILN_TILE_M,
-          KILN_TILE_N,
-          kMode,
-          KILN_CLUSTER_N,
-          workspace_bytes,
-          check,
-          run};
+  return unit_kernel<GemmStats>(KILN_VARIANT_NAME, workspace_bytes, check, run);
 }
 
 }  // namespace kiln::sm90
