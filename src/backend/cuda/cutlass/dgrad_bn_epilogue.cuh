@@ -50,6 +50,9 @@ class DgradBnEpilogue : public RegisterStatsEpilogue<Base, TileM, TileN, Partial
     const __half* dy2 = nullptr;    // [M][N] or none: BN+add+ReLU's second gradient
     const float* mean = nullptr;    // [N] BatchNorm's saved batch mean
     int64_t rows = 0, cols = 0;     // M and N
+    // Each tile row's TileN / 8 mask bytes sit at a TileN / 8 aligned address (N % TileN == 0
+    // and an aligned mask): one vector load a row.
+    bool mask_rows_aligned = false;
   };
   struct Arguments : Stats::Arguments {
     BnArguments bn;
@@ -136,19 +139,24 @@ class DgradBnEpilogue : public RegisterStatsEpilogue<Base, TileM, TileN, Partial
   // Starts the copies of tile t's z and dy2 rows into shared memory (rows past M and columns
   // past N zero-filled); this thread arrives on the mbarrier when its copies land.
   CUTLASS_DEVICE void stage(int64_t t, int thread_idx) {
+    static_assert(kThreads % kChunks == 0, "each thread copies one column chunk of every row");
+    constexpr int kRowStep = kThreads / kChunks;
     const int64_t nb = (bn_.cols + TileN - 1) / TileN;
     const int64_t m1 = t / nb * TileM, n1 = t % nb * TileN;
-    const uint32_t z_s = cute::cast_smem_ptr_to_uint(smem_->z);
-    const uint32_t dy2_s = cute::cast_smem_ptr_to_uint(smem_->dy2);
+    const int chunk = thread_idx % kChunks, row0 = thread_idx / kChunks;
+    const bool col_in = n1 + 8 * chunk < bn_.cols;  // N % 8 == 0: whole chunks
+    const int rows_in = static_cast<int>(cute::min(bn_.rows - m1, static_cast<int64_t>(TileM)));
+    const int64_t first = (m1 + row0) * bn_.cols + n1 + 8 * chunk, step = kRowStep * bn_.cols;
+    const uint32_t dst = static_cast<uint32_t>((row0 * kPitch + 8 * chunk) * sizeof(__half));
+    const uint32_t z_s = cute::cast_smem_ptr_to_uint(smem_->z) + dst;
+    const uint32_t dy2_s = cute::cast_smem_ptr_to_uint(smem_->dy2) + dst;
+    constexpr uint32_t kDstStep = kRowStep * kPitch * sizeof(__half);
     CUTLASS_PRAGMA_UNROLL
-    for (int i = thread_idx; i < TileM * kChunks; i += kThreads) {
-      const int row = i / kChunks, chunk = i % kChunks;
-      const int64_t col = n1 + 8 * chunk;
-      const bool in = m1 + row < bn_.rows && col < bn_.cols;  // N % 8 == 0: whole chunks
-      const int64_t e = in ? (m1 + row) * bn_.cols + col : 0;
-      const uint32_t dst = static_cast<uint32_t>((row * kPitch + 8 * chunk) * sizeof(__half));
-      copy16(z_s + dst, bn_.z + e, in);
-      if (bn_.dy2) copy16(dy2_s + dst, bn_.dy2 + e, in);
+    for (int k = 0; k < TileM / kRowStep; ++k) {
+      const bool in = col_in && row0 + k * kRowStep < rows_in;
+      const int64_t e = in ? first + k * step : 0;
+      copy16(z_s + k * kDstStep, bn_.z + e, in);
+      if (bn_.dy2) copy16(dy2_s + k * kDstStep, bn_.dy2 + e, in);
     }
     asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(
                      cute::cast_smem_ptr_to_uint(&smem_->staged))
@@ -187,7 +195,11 @@ class DgradBnEpilogue : public RegisterStatsEpilogue<Base, TileM, TileN, Partial
   }
 
   // acc -> g in place, and g's two sums into the column slots of register_stats_epilogue.cuh
-  // (slot 2 group + v0: the column depends only on those accumulator modes).
+  // (slot 2 group + v0: the column depends only on those accumulator modes). The epilogue runs on
+  // the 8 consumer warps of the SM's one CTA, so its instruction count is its time
+  // (bench/RESULTS.md): the mask comes as one vector a row where aligned, g is formed in FP16
+  // (__hadd2 rounds as grad_sum's float add and round does: FP32's 24 bits make the double
+  // rounding exact) and masked with a bit mask, and full tiles skip the bounds checks.
   template <class AccEngine, class AccLayout, class TiledMma, class ProblemShapeMNKL,
             class TileCoordMNKL>
   CUTLASS_DEVICE void form_gradient(cute::Tensor<AccEngine, AccLayout>& acc,
@@ -202,6 +214,7 @@ class DgradBnEpilogue : public RegisterStatsEpilogue<Base, TileM, TileN, Partial
                   "one GMMA atom TileN wide");
     constexpr int kAtomsM = size<1>(L{});
     constexpr int kGroups = Stats::kGroups;
+    constexpr int kWords = (kGroups + 3) / 4;  // mask bytes of a row's groups, four a word
     const auto coords =
         tiled_mma.get_thread_slice(thread_idx)
             .partition_C(make_identity_tensor(make_shape(Int<TileM>{}, Int<TileN>{})));
@@ -212,32 +225,61 @@ class DgradBnEpilogue : public RegisterStatsEpilogue<Base, TileM, TileN, Partial
     const int rows_left = static_cast<int>(
         cute::min(static_cast<int64_t>(get<0>(problem)) - m0, static_cast<int64_t>(TileM)));
     const uint8_t* mask = bn_.mask + (m0 * cols + n0) / 8;  // whole bytes: (m0 N + n0) % 8 == 0
-    // This thread's mask bits first, all loads in flight together while the staged rows land:
-    // its column pair's two bits of each group, packed 2 g + {0, 1} per row.
-    static_assert(2 * kGroups <= 64, "a row's bits fit 64");
-    uint64_t bits[kAtomsM][2];
+    // This thread's mask bytes first, all loads in flight together while the staged rows land.
+    // Group g's column pair (col0 + 8 g, + 1) has its two bits in byte g of the row's bytes from
+    // n0, at bit col0 % 8 (row N + n0 is a multiple of 8).
+    const int bit0 = get<1>(coords(make_coord(make_coord(0, 0, 0), 0, 0))) & 7;
+    uint32_t words[kAtomsM][2][kWords];
     CUTLASS_PRAGMA_UNROLL
     for (int am = 0; am < kAtomsM; ++am) {
       CUTLASS_PRAGMA_UNROLL
       for (int r = 0; r < 2; ++r) {
-        bits[am][r] = 0;
+        const int row = get<0>(coords(make_coord(make_coord(0, r, 0), am, 0)));
+        const uint8_t* bytes = mask + row * (cols / 8);
         CUTLASS_PRAGMA_UNROLL
-        for (int g = 0; g < kGroups; ++g) {
-          const auto i0 = make_coord(make_coord(0, r, g), am, 0);
-          const int row = get<0>(coords(i0)), col = get<1>(coords(i0));
-          const bool in = row < rows_left && n0 + col < cols;
-          const unsigned byte = in ? __ldg(mask + ((row * cols + col) >> 3)) : 0u;
-          bits[am][r] |= static_cast<uint64_t>((byte >> (col & 7)) & 3u) << (2 * g);
+        for (int w = 0; w < kWords; ++w) words[am][r][w] = 0;
+        if (row >= rows_left) continue;
+        if (bn_.mask_rows_aligned) {  // TileN / 8 bytes at a TileN / 8 aligned address
+          if constexpr (kWords == 4) {
+            const uint4 v = __ldg(reinterpret_cast<const uint4*>(bytes));
+            words[am][r][0] = v.x, words[am][r][1] = v.y, words[am][r][2] = v.z,
+            words[am][r][3] = v.w;
+          } else if constexpr (kWords == 2) {
+            const uint2 v = __ldg(reinterpret_cast<const uint2*>(bytes));
+            words[am][r][0] = v.x, words[am][r][1] = v.y;
+          } else {
+            static_assert(kWords == 4 || kWords == 2, "TileN 64 or 128");
+          }
+        } else {
+          CUTLASS_PRAGMA_UNROLL
+          for (int g = 0; g < kGroups; ++g) {
+            if (n0 + 8 * g < cols)
+              words[am][r][g / 4] |= static_cast<uint32_t>(__ldg(bytes + g)) << (8 * (g % 4));
+          }
         }
       }
     }
     wait_staged();
+    const bool full = rows_left == TileM && n0 + TileN <= cols;
+    if (full) {
+      form_pairs<false>(acc, coords, words, bit0, cols, n0, rows_left);
+    } else {
+      form_pairs<true>(acc, coords, words, bit0, cols, n0, rows_left);
+    }
+  }
+
+  template <bool Checked, class Acc, class Coords, int kAtomsM, int kWords>
+  CUTLASS_DEVICE void form_pairs(Acc& acc, Coords const& coords,
+                                 uint32_t const (&words)[kAtomsM][2][kWords], int bit0, int cols,
+                                 int n0, int rows_left) {
+    using namespace cute;
     const __half* z = smem_->z;
     const __half* dy2 = smem_->dy2;
+    const bool has_dy2 = bn_.dy2 != nullptr;
     CUTLASS_PRAGMA_UNROLL
-    for (int g = 0; g < kGroups; ++g) {
+    for (int g = 0; g < Stats::kGroups; ++g) {
       const int col = get<1>(coords(make_coord(make_coord(0, 0, g), 0, 0)));  // even: col, col + 1
-      const bool col_in = n0 + col < cols;  // N % 8 == 0: both or neither
+      const bool col_in = !Checked || n0 + col < cols;  // N % 8 == 0: both or neither
       const float mu0 = col_in ? __ldg(bn_.mean + n0 + col) : 0.0f;
       const float mu1 = col_in ? __ldg(bn_.mean + n0 + col + 1) : 0.0f;
       CUTLASS_PRAGMA_UNROLL
@@ -248,19 +290,19 @@ class DgradBnEpilogue : public RegisterStatsEpilogue<Base, TileM, TileN, Partial
           const auto i1 = make_coord(make_coord(1, r, g), am, 0);
           const int row = get<0>(coords(i0));
           float2 gv = make_float2(0.0f, 0.0f);
-          if (col_in && row < rows_left) {
+          if (!Checked || (col_in && row < rows_left)) {
             const int s = row * kPitch + col;
             // dX as kiln's dgrad stores it, then grad_sum's rounding of dX + dy2.
             __half2 d = __float22half2_rn(make_float2(acc(i0), acc(i1)));
-            if (bn_.dy2) {
-              const float2 a = __half22float2(d);
-              const float2 b = __half22float2(*reinterpret_cast<const __half2*>(dy2 + s));
-              d = __float22half2_rn(make_float2(a.x + b.x, a.y + b.y));
-            }
-            const unsigned two = static_cast<unsigned>(bits[am][r] >> (2 * g));
-            const float2 df = __half22float2(d);
-            gv.x = two & 1u ? df.x : 0.0f;
-            gv.y = two & 2u ? df.y : 0.0f;
+            if (has_dy2) d = __hadd2(d, *reinterpret_cast<const __half2*>(dy2 + s));
+            const uint32_t two = words[am][r][g / 4] >> (8 * (g % 4) + bit0);
+            const uint32_t keep = ((0u - (two & 1u)) & 0xffffu) | ((0u - (two >> 1 & 1u)) << 16);
+            uint32_t gbits;
+            memcpy(&gbits, &d, sizeof gbits);
+            gbits &= keep;
+            __half2 gh;
+            memcpy(&gh, &gbits, sizeof gh);
+            gv = __half22float2(gh);
             const float2 zf = __half22float2(*reinterpret_cast<const __half2*>(z + s));
             this->sum_[2 * g] += gv.x;
             this->sum_[2 * g + 1] += gv.y;

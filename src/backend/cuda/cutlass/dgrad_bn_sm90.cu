@@ -84,8 +84,16 @@ typename Gemm::Arguments arguments(const DgradBn& d, void* workspace) {
   static_cast<typename TmaEpilogue::Arguments&>(epilogue) = {
       {}, nullptr, typename Kernel::StrideC{}, static_cast<Element*>(d.g), sd};
   epilogue.stats = {sum, sumsq, kPartials ? ctas(d) : 0, static_cast<int>(d.n)};
-  epilogue.bn = {
-      static_cast<const __half*>(d.z), d.mask, static_cast<const __half*>(d.dy2), d.mean, d.m, d.n};
+  // A tile row's kTileN / 8 mask bytes load as one vector where they are aligned.
+  const bool mask_rows_aligned =
+      d.n % kTileN == 0 && reinterpret_cast<uintptr_t>(d.mask) % (kTileN / 8) == 0;
+  epilogue.bn = {static_cast<const __half*>(d.z),
+                 d.mask,
+                 static_cast<const __half*>(d.dy2),
+                 d.mean,
+                 d.m,
+                 d.n,
+                 mask_rows_aligned};
   return typename Gemm::Arguments{
       cutlass::gemm::GemmUniversalMode::kGemm,
       {m, n, k, 1},
