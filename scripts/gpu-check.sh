@@ -42,7 +42,8 @@
 #            sums in its epilogue, GpuCutlassDgradBn.*, and the forward's, whose units share code),
 #            `kiln_cutlass_probe --dgrad`: ResNet-50's 1x1 data gradients that feed BatchNorm at
 #            batch 256, cuDNN's dgrad + kiln's sums pass against the SM90 kernel (CUTLASS_REPS
-#            runs each), and the units' registers, stack and LDL/STL (issue 20 stage 2, backward)
+#            runs each), and the units' registers, stack and LDL/STL (issue 20 stage 2, backward);
+#            DGRAD_NCU=TEXT adds ncu over the kernels of the probe's shapes named TEXT
 #     kernels  build, then Nsight Compute over two timed AMP steps at batch 256 of each of
 #            PROFILE_MODELS (default "resnet50 vgg16_bn") and bench/kernel_breakdown.py's table
 #            of GPU time per step by kernel kind (issue 5's breakdown; no tests run)
@@ -328,6 +329,16 @@ if [ "$MODE" = cutlass-dgrad ]; then
     >"$LOGS/cutlass-dgrad-probe.txt" 2>&1 || status=1
   cat "$LOGS/cutlass-dgrad-probe.txt"
   sass_notes kiln_dgrad_bn dgrad_bn_sm90.cu  # the data-gradient units (dgrad_bn.h's list)
+  # DGRAD_NCU=TEXT: ncu on the data-gradient kernels of the probe's shapes named TEXT (e.g.
+  # "conv1 56x56 64>256"): where the epilogue's time goes (issue 20).
+  if [ -n "${DGRAD_NCU:-}" ]; then
+    ncu --clock-control none --kernel-name-base mangled --kernel-name regex:DgradBn --launch-count 12 \
+      --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
+      --section SchedulerStats --section InstructionStats --section Occupancy \
+      "$BUILD/kiln_cutlass_probe" --dgrad --batch 256 --reps 1 --shape "$DGRAD_NCU" \
+      >"$LOGS/ncu-dgrad.txt" 2>&1 || status=1
+    note "dgrad ncu" "$(grep -c 'Duration' "$LOGS/ncu-dgrad.txt") kernels profiled ($LOGS/ncu-dgrad.txt)"
+  fi
   note "dgrad probe" "$(grep '^summary:' "$LOGS/cutlass-dgrad-probe.txt" || tail -1 "$LOGS/cutlass-dgrad-probe.txt")"
   finish
 fi

@@ -15,7 +15,11 @@
 // --dgrad runs dgrad_probe.cpp's comparison instead (the data gradient with BatchNorm-backward's
 // sums). Needs an SM90 GPU (exit 77 without one); exits 1 on a mismatch or a failed run.
 //
+// --only N keeps the first N shapes, --shape TEXT those whose name holds TEXT (one shape for
+// ncu, as `scripts/gpu-check.sh cutlass-dgrad` with DGRAD_NCU does).
+//
 //   kiln_cutlass_probe [--dgrad] [--batch 256] [--reps 20] [--max-engines 4] [--only N]
+//                      [--shape TEXT]
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <cudnn_frontend.h>
@@ -64,14 +68,15 @@ int main(int argc, char** argv) {
     if (a == "--help" || a == "-h") {
       std::printf(
           "usage: kiln_cutlass_probe [--dgrad] [--batch 256] [--reps 20] [--max-engines 4] "
-          "[--only N]\n");
+          "[--only N] [--shape TEXT]\n");
       return 0;
     }
     if (a == "--dgrad") continue;
-    if (a != "--batch" && a != "--reps" && a != "--max-engines" && a != "--only") {
+    if (a != "--batch" && a != "--reps" && a != "--max-engines" && a != "--only" &&
+        a != "--shape") {
       std::fprintf(stderr,
                    "kiln_cutlass_probe: unknown flag %s; its flags are --dgrad, --batch, --reps, "
-                   "--max-engines, --only\n",
+                   "--max-engines, --only, --shape\n",
                    a.c_str());
       return 2;
     }
@@ -81,6 +86,10 @@ int main(int argc, char** argv) {
   const int reps = static_cast<int>(flag(argc, argv, "--reps", 20));
   const int max_engines = static_cast<int>(flag(argc, argv, "--max-engines", 4));
   const int64_t only = flag(argc, argv, "--only", 0);
+  std::string shape;
+  for (int i = 1; i + 1 < argc; ++i) {
+    if (std::strcmp(argv[i], "--shape") == 0) shape = argv[i + 1];
+  }
   if (batch < 1 || reps < 1 || max_engines < 1) {
     std::fprintf(stderr, "kiln_cutlass_probe: --batch, --reps and --max-engines must be >= 1\n");
     return 2;
@@ -110,7 +119,7 @@ int main(int argc, char** argv) {
   bool dgrad = false;
   for (int i = 1; i < argc; ++i) dgrad = dgrad || std::strcmp(argv[i], "--dgrad") == 0;
   if (dgrad) {
-    const int rc = dgrad_probe(handle, s, prop, batch, reps, max_engines, only);
+    const int rc = dgrad_probe(handle, s, prop, batch, reps, max_engines, only, shape);
     cudnnDestroy(handle);
     PROBE_CUDA(cudaStreamDestroy(s));
     return rc;
@@ -154,6 +163,7 @@ int main(int argc, char** argv) {
   int64_t done = 0;
   for (const Conv& c : kConvs) {
     if (only > 0 && done++ >= only) break;
+    if (!shape.empty() && std::strstr(c.name, shape.c_str()) == nullptr) continue;
     const int64_t m = batch * c.h * c.h;
     // Post-ReLU inputs are non-negative; weights of variance 1/C keep z near unit scale.
     const float wr = std::sqrt(3.0f / static_cast<float>(c.c));

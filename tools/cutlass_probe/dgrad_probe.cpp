@@ -58,7 +58,7 @@ __half* as_half(void* p) {
 }  // namespace
 
 int dgrad_probe(cudnnHandle_t handle, cudaStream_t s, const cudaDeviceProp& prop, int64_t batch,
-                int reps, int max_engines, int64_t only) {
+                int reps, int max_engines, int64_t only, const std::string& shape) {
   const int sms = prop.multiProcessorCount;
   const std::vector<DgradBnKernel> kernels = sm90::dgrad_bn_backend_kernels();
 
@@ -104,6 +104,7 @@ int dgrad_probe(cudnnHandle_t handle, cudaStream_t s, const cudaDeviceProp& prop
   int64_t done = 0;
   for (const Dgrad& d : kDgrads) {
     if (only > 0 && done++ >= only) break;
+    if (!shape.empty() && std::strstr(d.name, shape.c_str()) == nullptr) continue;
     const int64_t m = batch * d.h * d.h, count = m * d.n;
     // dY of unit scale, weights of variance 1/k keep dX near unit scale; z around a mean of 1.
     const float wr = std::sqrt(3.0f / static_cast<float>(d.k));

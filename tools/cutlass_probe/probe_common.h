@@ -168,6 +168,6 @@ std::string run_and_wait(const UnitKernel& kern, const Problem& p, void* ws, cud
 
 // dgrad_probe.cpp's comparison (kiln_cutlass_probe --dgrad); returns the exit code.
 int dgrad_probe(cudnnHandle_t handle, cudaStream_t s, const cudaDeviceProp& prop, int64_t batch,
-                int reps, int max_engines, int64_t only);
+                int reps, int max_engines, int64_t only, const std::string& shape);
 
 }  // namespace kiln::probe
