@@ -84,7 +84,7 @@ std::string text_of(int64_t x) {
   return std::to_string(x);
 }
 std::string text_of(Auto a) {
-  return a == Auto::automatic ? "auto" : a == Auto::on ? "1" : "0";
+  return auto_text(a);
 }
 std::string text_of(const std::string& s) {
   return s;

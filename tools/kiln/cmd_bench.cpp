@@ -355,19 +355,14 @@ int cmd_bench(int argc, char** argv) {
       std::printf(
           "CBR forward (KILN_CUTLASS=%s): %d on the SM90 CUTLASS GEMM, %d kept their form; "
           "convolutions before BN+add+ReLU: %d on the GEMM, %d kept (the log says why)\n",
-          eo.switches.cutlass == Auto::automatic ? "auto"
-          : eo.switches.cutlass == Auto::on      ? "1"
-                                                 : "0",
-          use.cbr_cutlass, use.cbr_cutlass_fallbacks, use.conv_cutlass, use.conv_cutlass_fallbacks);
+          auto_text(eo.switches.cutlass), use.cbr_cutlass, use.cbr_cutlass_fallbacks,
+          use.conv_cutlass, use.conv_cutlass_fallbacks);
     }
     if (use.dgrad_cutlass + use.dgrad_cutlass_fallbacks > 0) {
       std::printf(
           "data gradients before a BatchNorm backward (KILN_CUTLASS_DGRAD=%s): %d on the SM90 "
           "kernel with BatchNorm's sums, %d kept cuDNN (the log says why)\n",
-          eo.switches.cutlass_dgrad == Auto::automatic ? "auto"
-          : eo.switches.cutlass_dgrad == Auto::on      ? "1"
-                                                       : "0",
-          use.dgrad_cutlass, use.dgrad_cutlass_fallbacks);
+          auto_text(eo.switches.cutlass_dgrad), use.dgrad_cutlass, use.dgrad_cutlass_fallbacks);
     }
     if (use.cbr_genstats + use.cbr_fallbacks > 0) {
       std::printf(

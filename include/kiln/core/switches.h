@@ -17,6 +17,10 @@ enum class Auto : int8_t { automatic, off, on };
 inline bool resolve(Auto a, bool fallback) {
   return a == Auto::automatic ? fallback : a == Auto::on;
 }
+// As the environment spells it: auto, 1 or 0.
+inline const char* auto_text(Auto a) {
+  return a == Auto::automatic ? "auto" : a == Auto::on ? "1" : "0";
+}
 
 struct Switches {
 #define KILN_SWITCH(field, variable, type, fallback, choices, meaning) type field = fallback;
