@@ -299,6 +299,16 @@ BnBwd bn_bwd_args(const Context& ctx, const Node& n, TensorId x, TensorId dy, Te
   return a;
 }
 
+// BN+add+ReLU's residual gradient, when the node has one: x's dtype and size.
+void set_dresidual(const Context& ctx, const Node& n, TensorId x, TensorId dres, const Nhwc& s,
+                   BnBwd* a) {
+  if (dres != kNoTensor) {
+    expect_same_dtype(ctx, n, x, dres);
+    expect_numel(ctx, n, dres, s.numel(), "dresidual");
+  }
+  a->dres = ctx.ptr(dres);
+}
+
 }  // namespace
 
 // "x, gamma, beta, running_mean, running_var -> y, saved (2xC: mean, invstd)"
@@ -349,13 +359,9 @@ KernelPtr make_bn_relu_mask_bwd(const Node& n, Context& ctx, int stream, TensorI
     expect_numel(ctx, n, dy2, s.numel(), "dy2");
     a.dy2 = ctx.ptr(dy2);
   }
-  if (dres != kNoTensor) {
-    expect_same_dtype(ctx, n, x, dres);
-    expect_numel(ctx, n, dres, s.numel(), "dresidual");
-  }
+  set_dresidual(ctx, n, x, dres, s, &a);
   expect_mask(ctx, n, mask, dy);
   a.mask = ctx.ptr<uint8_t>(mask);
-  a.dres = ctx.ptr(dres);
   return bn_backward(ctx, stream, s, ctx.tensor(x).dtype, a);
 }
 
@@ -368,11 +374,7 @@ KernelPtr make_bn_bwd_from_sums(const Node& n, Context& ctx, int stream, TensorI
                                 TensorId dgamma, TensorId dbeta, const float* sums) {
   Nhwc s;
   BnBwd a = bn_bwd_args(ctx, n, x, g, gamma, saved, dx, dgamma, dbeta, &s);
-  if (dres != kNoTensor) {
-    expect_same_dtype(ctx, n, x, dres);
-    expect_numel(ctx, n, dres, s.numel(), "dresidual");
-  }
-  a.dres = ctx.ptr(dres);
+  set_dresidual(ctx, n, x, dres, s, &a);
   a.sums = sums;
   return bn_backward(ctx, stream, s, ctx.tensor(x).dtype, a);
 }

@@ -12,12 +12,11 @@
 // one cuDNN graph), and KILN_CUTLASS kiln's SM90 GEMM with the sums in its epilogue for the
 // 1x1 layers (cutlass_conv.cpp); KILN_CUTLASS_DGRAD likewise the 1x1 data gradients that feed a
 // BatchNorm backward, whose epilogue takes that backward's sums (cutlass_dgrad.cpp); the genstats
-// form's backward forms (dgrad+drelu+dbn) and the
-// MLPerf prologue form are not built (bench/RESULTS.md: cuDNN has no dgrad+drelu+dbn_weight engine
-// at batch 256, and the prologue convolutions cost about what they save). cbr_pool_* also fold a
-// max-pool that tiles z into BatchNorm's apply pass: the full-resolution ReLU output is neither
-// written nor read back, and the backward reads the pooled gradient and the mask of the elements
-// the pool took.
+// form's backward forms (dgrad+drelu+dbn) and the MLPerf prologue form are not built
+// (bench/RESULTS.md: cuDNN has no dgrad+drelu+dbn_weight engine at batch 256, and the prologue
+// convolutions cost about what they save). cbr_pool_* also fold a max-pool that tiles z into
+// BatchNorm's apply pass: the full-resolution ReLU output is neither written nor read back, and
+// the backward reads the pooled gradient and the mask of the elements the pool took.
 #include "backend/cuda/cuda_kernel.h"
 #include "backend/cuda/fused_kernels.h"
 #include "backend/cuda/side_stream.h"
