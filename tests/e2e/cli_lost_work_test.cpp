@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstdio>
@@ -133,10 +134,11 @@ void idx_split(const fs::path& dir, const std::string& prefix, uint32_t n) {
   write_bytes(dir / (prefix + "-labels-idx1-ubyte"), idx_file({n}, labels));
 }
 
-fs::path scratch(const std::string& name) {
+// A folder with a training split of `train` images (64: 8 steps an epoch at batch 8).
+fs::path scratch(const std::string& name, uint32_t train = 64) {
   const fs::path root = fs::path(testing::TempDir()) / ("kiln_lost_" + name);
   fs::remove_all(root);
-  idx_split(root / "data", "train", 64);  // 8 steps an epoch at batch 8
+  idx_split(root / "data", "train", train);
   idx_split(root / "data", "t10k", 16);
   return root;
 }
@@ -210,22 +212,23 @@ struct Reference {
   std::vector<std::string> rows;
 };
 
-const Reference& reference(const std::string& model) {
+const Reference& reference(const std::string& model, uint32_t train) {
   static std::map<std::string, Reference> refs;
-  auto it = refs.find(model);
+  const std::string key = model + "_" + std::to_string(train);
+  auto it = refs.find(key);
   if (it != refs.end()) return it->second;
   // Per process: ctest runs the tests that need it side by side.
-  const fs::path root = scratch("reference_" + model + "_" + std::to_string(::getpid()));
+  const fs::path root = scratch("reference_" + key + "_" + std::to_string(::getpid()), train);
   const Result r = kiln(run_args(root, root / "out", model));
   EXPECT_EQ(r.code, 0) << r.out;
   Reference ref{tensors(root / "out" / "last.safetensors"), metric_rows(root / "out")};
   EXPECT_EQ(ref.rows.size(), 4u) << "a header and three epochs";
   fs::remove_all(root);
-  return refs[model] = ref;
+  return refs[key] = ref;
 }
 
-void expect_same_as_reference(const fs::path& out, const std::string& model) {
-  const Reference& ref = reference(model);
+void expect_same_as_reference(const fs::path& out, const std::string& model, uint32_t train = 64) {
+  const Reference& ref = reference(model, train);
   const auto got = tensors(out / "last.safetensors");
   ASSERT_EQ(got.size(), ref.weights.size());
   for (const auto& [name, bytes] : ref.weights)
@@ -283,35 +286,47 @@ TEST(CliLostWork, SignalsCheckpointAndResume) {
   }
 }
 
-// SIGKILL at 12 moments (a delay of 0 to 60 ms drawn from a fixed seed after the run says it
-// saved the next step's checkpoint, so that the kill lands in a step or in a save): each
-// surviving checkpoint loads, the next start removes the dead run's temporary files, and the
-// run resumes to the end with the uninterrupted run's bytes and rows. cnn: its steps and saves
-// take a few tens of milliseconds, so the run is killed before it ends.
+// SIGKILL at 12 moments. Each run is killed after a delay drawn from a fixed seed below the
+// interval between its last two checkpoint lines, so that the kill lands in the next step or in
+// its save on a fast machine as on a loaded one. Each surviving checkpoint loads, the next start
+// removes the dead run's temporary files, and the run resumes to the end with the uninterrupted
+// run's bytes and rows. cnn on 128 images (16 steps an epoch, 48 in all): a kill moves the run two
+// to four steps on, so twelve kills fit before the end.
 TEST(CliLostWork, SigkillAtRandomMomentsLosesNothing) {
-  const fs::path root = scratch("sigkill"), out = root / "out";
+  constexpr uint32_t kTrain = 128;
+  constexpr int64_t kStepsPerEpoch = kTrain / 8, kSteps = 3 * kStepsPerEpoch;
+  const fs::path root = scratch("sigkill", kTrain), out = root / "out";
   const fs::path ckpt = out / "last.safetensors";
+  // The next step whose checkpoint prints a line: an epoch's last step prints none.
+  auto next_line_step = [](int64_t step) {
+    return (step + 1) % kStepsPerEpoch == 0 ? step + 2 : step + 1;
+  };
   std::mt19937 rng(15);
   int kills = 0;
   int64_t saved = 0;
-  while (kills < 12 && saved < 21) {
+  while (kills < 12 && saved < kSteps - 4) {
     Child c(run_args(root, out, "cnn") + " --save-every-steps 1" +
             (kills == 0 ? "" : " --resume " + ckpt.string()));
-    int64_t target = saved + 1;
-    if (target % 8 == 0) ++target;  // an epoch's end: its checkpoint prints no line
-    if (!c.wait_for("checkpoint at step " + std::to_string(target) + " ")) {
-      ADD_FAILURE() << "no checkpoint at step " << target << ":\n" << c.out();
-      break;
-    }
+    auto wait_for_step = [&](int64_t step) {
+      const bool seen = c.wait_for("checkpoint at step " + std::to_string(step) + " ");
+      EXPECT_TRUE(seen) << "no checkpoint at step " << step << ":\n" << c.out();
+      return seen;
+    };
+    int64_t target = next_line_step(saved);
+    if (!wait_for_step(target)) break;
+    const auto t0 = Clock::now();
+    target = next_line_step(target);
+    if (!wait_for_step(target)) break;
+    const double period_us = std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
     // The dead run's files are gone once this run has started; its own may be mid-save.
     const std::string mine = ".tmp." + std::to_string(c.pid());
     for (const std::string& t : temp_files(out)) {
       EXPECT_NE(t.find(mine), std::string::npos) << "left by a killed run: " << t << "\n"
                                                  << c.out();
     }
-    ::usleep(static_cast<useconds_t>(rng() % 60000));
+    ::usleep(static_cast<useconds_t>(rng() % std::max<uint64_t>(1, uint64_t(period_us))));
     ::kill(c.pid(), SIGKILL);
-    EXPECT_EQ(c.wait(), 128 + SIGKILL);
+    EXPECT_EQ(c.wait(), 128 + SIGKILL) << "the run ended before the kill:\n" << c.out();
     ++kills;
     // The checkpoint that survived loads and stands at or after the step the run said it saved.
     const kiln::StFile f = kiln::read_safetensors(ckpt.string());
@@ -319,7 +334,7 @@ TEST(CliLostWork, SigkillAtRandomMomentsLosesNothing) {
     EXPECT_GE(step, target);
     saved = step;
   }
-  EXPECT_GE(kills, 10);
+  EXPECT_EQ(kills, 12) << "the run reached step " << saved << " first";
   // A temporary file of a process that no longer exists (a reaped child's PID), as a kill in the
   // middle of a save leaves, is removed by the next start with one line naming it.
   const pid_t dead = ::fork();
@@ -333,7 +348,7 @@ TEST(CliLostWork, SigkillAtRandomMomentsLosesNothing) {
       << r.out;
   EXPECT_NE(r.out.find(stale), std::string::npos) << r.out;
   EXPECT_TRUE(temp_files(out).empty());
-  expect_same_as_reference(out, "cnn");
+  expect_same_as_reference(out, "cnn", kTrain);
   fs::remove_all(root);
 }
 
