@@ -43,7 +43,8 @@
 #            `kiln_cutlass_probe --dgrad`: ResNet-50's 1x1 data gradients that feed BatchNorm at
 #            batch 256, cuDNN's dgrad + kiln's sums pass against the SM90 kernel (CUTLASS_REPS
 #            runs each), and the units' registers, stack and LDL/STL (issue 20 stage 2, backward);
-#            DGRAD_NCU=TEXT adds ncu over the kernels of the probe's shapes named TEXT
+#            DGRAD_NCU=TEXT adds ncu over the kernels of the probe's shapes named TEXT;
+#            CONV_PROBE=1 adds `kiln_cutlass_probe --conv` (3x3 convolutions with the statistics)
 #     kernels  build, then Nsight Compute over two timed AMP steps at batch 256 of each of
 #            PROFILE_MODELS (default "resnet50 vgg16_bn") and bench/kernel_breakdown.py's table
 #            of GPU time per step by kernel kind (issue 5's breakdown; no tests run)
@@ -340,6 +341,15 @@ if [ "$MODE" = cutlass-dgrad ]; then
     note "dgrad ncu" "$(grep -c 'Duration' "$LOGS/ncu-dgrad.txt") kernels profiled ($LOGS/ncu-dgrad.txt)"
   fi
   note "dgrad probe" "$(grep '^summary:' "$LOGS/cutlass-dgrad-probe.txt" || tail -1 "$LOGS/cutlass-dgrad-probe.txt")"
+  # CONV_PROBE=1: `kiln_cutlass_probe --conv` too, VGG16-BN's and ResNet-50's 3x3 layers as the
+  # SM90 implicit-GEMM convolution with BatchNorm's statistics against cuDNN + kiln's pass.
+  if [ "${CONV_PROBE:-0}" = 1 ]; then
+    "$BUILD/kiln_cutlass_probe" --conv --batch 256 --reps "${CUTLASS_REPS:-20}" \
+      >"$LOGS/cutlass-conv-probe.txt" 2>&1 || status=1
+    cat "$LOGS/cutlass-conv-probe.txt"
+    sass_notes kiln_conv_stats conv_stats_sm90.cu  # conv_stats.h's units
+    note "conv probe" "$(grep '^summary:' "$LOGS/cutlass-conv-probe.txt" || tail -1 "$LOGS/cutlass-conv-probe.txt")"
+  fi
   finish
 fi
 

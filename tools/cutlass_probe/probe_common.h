@@ -1,6 +1,7 @@
-// The probe's host helpers shared by its two comparisons (cutlass_probe.cpp: the forward with
-// BatchNorm's statistics; dgrad_probe.cpp: the data gradient with BatchNorm-backward's sums):
-// checked CUDA calls, event timing, cuDNN's 1x1 convolutions, flags.
+// The probe's host helpers shared by its comparisons (cutlass_probe.cpp: the 1x1 forward with
+// BatchNorm's statistics; dgrad_probe.cpp: the data gradient with BatchNorm-backward's sums;
+// conv_probe.cpp: 3x3 convolutions with the statistics): checked CUDA calls, event timing,
+// cuDNN's convolutions, flags.
 #pragma once
 #include <cuda_runtime.h>
 #include <cudnn_frontend.h>
@@ -54,9 +55,9 @@ inline float median_ms(cudaStream_t s, int reps, const std::function<bool()>& fn
   return ms[ms.size() / 2];
 }
 
-// cuDNN's convolution of one 1x1 stride-1 shape (x [n][h][h][c], w [k][c], y [n][h][h][k]
-// NHWC): the forward y = conv(x, w), or with dgrad the data gradient x = dgrad(y, w); its
-// fastest engine chosen by timing.
+// cuDNN's convolution of one shape (x [n][h][h][c], w [k][r][r][c], y [n][p][p][k] NHWC, with
+// p = (h + 2 pad - r) / stride + 1; 1x1 stride 1 unless said): the forward y = conv(x, w), or
+// with dgrad the data gradient x = dgrad(y, w); its fastest engine chosen by timing.
 struct CudnnConv {
   fe::graph::Graph g;
   int64_t plan = -1;
@@ -68,33 +69,37 @@ struct CudnnConv {
   enum : int64_t { X = 1, W, Y };
 
   bool build(cudnnHandle_t handle, cudaStream_t s, int64_t n, int64_t h, int64_t c, int64_t k,
-             void* x, void* w, void* y, int max_engines, int reps, bool dgrad = false) {
+             void* x, void* w, void* y, int max_engines, int reps, bool dgrad = false,
+             int64_t r = 1, int64_t pad = 0, int64_t stride = 1) {
     g.set_io_data_type(fe::DataType_t::HALF)
         .set_intermediate_data_type(fe::DataType_t::FLOAT)
         .set_compute_data_type(fe::DataType_t::FLOAT);
     const std::vector<int64_t> xdim{n, c, h, h}, xstr{h * h * c, 1, h * c, c};
-    const std::vector<int64_t> ydim{n, k, h, h}, ystr{h * h * k, 1, h * k, k};
+    const int64_t p = (h + 2 * pad - r) / stride + 1;
+    const std::vector<int64_t> ydim{n, k, p, p}, ystr{p * p * k, 1, p * k, k};
     auto tw = g.tensor(fe::graph::Tensor_attributes()
                            .set_name("w")
                            .set_uid(W)
-                           .set_dim({k, c, 1, 1})
-                           .set_stride({c, 1, c, c}));
+                           .set_dim({k, c, r, r})
+                           .set_stride({r * r * c, 1, r * c, c}));
     if (dgrad) {
       auto ty = g.tensor(
           fe::graph::Tensor_attributes().set_name("dy").set_uid(Y).set_dim(ydim).set_stride(ystr));
-      auto tx = g.conv_dgrad(
-          ty, tw,
-          fe::graph::Conv_dgrad_attributes().set_padding({0, 0}).set_stride({1, 1}).set_dilation(
-              {1, 1}));
+      auto tx = g.conv_dgrad(ty, tw,
+                             fe::graph::Conv_dgrad_attributes()
+                                 .set_padding({pad, pad})
+                                 .set_stride({stride, stride})
+                                 .set_dilation({1, 1}));
       tx->set_output(true).set_uid(X).set_dim(xdim).set_stride(xstr).set_data_type(
           fe::DataType_t::HALF);
     } else {
       auto tx = g.tensor(
           fe::graph::Tensor_attributes().set_name("x").set_uid(X).set_dim(xdim).set_stride(xstr));
-      auto ty = g.conv_fprop(
-          tx, tw,
-          fe::graph::Conv_fprop_attributes().set_padding({0, 0}).set_stride({1, 1}).set_dilation(
-              {1, 1}));
+      auto ty = g.conv_fprop(tx, tw,
+                             fe::graph::Conv_fprop_attributes()
+                                 .set_padding({pad, pad})
+                                 .set_stride({stride, stride})
+                                 .set_dilation({1, 1}));
       ty->set_output(true).set_uid(Y).set_dim(ydim).set_stride(ystr).set_data_type(
           fe::DataType_t::HALF);
     }
@@ -169,5 +174,8 @@ std::string run_and_wait(const UnitKernel& kern, const Problem& p, void* ws, cud
 // dgrad_probe.cpp's comparison (kiln_cutlass_probe --dgrad); returns the exit code.
 int dgrad_probe(cudnnHandle_t handle, cudaStream_t s, const cudaDeviceProp& prop, int64_t batch,
                 int reps, int max_engines, int64_t only, const std::string& shape);
+// conv_probe.cpp's (kiln_cutlass_probe --conv): VGG16's and ResNet-50's 3x3 convolutions.
+int conv_probe(cudnnHandle_t handle, cudaStream_t s, const cudaDeviceProp& prop, int64_t batch,
+               int reps, int max_engines, int64_t only, const std::string& shape);
 
 }  // namespace kiln::probe

@@ -18,17 +18,19 @@
 namespace kiln::sm90 {
 
 // Base: CUTLASS's sm90 TMA warp-specialised collective epilogue (its fusion writes z in FP16),
-// for a cooperative kernel: two consumer warpgroups along M, one GMMA atom TileN wide.
+// for a cooperative kernel (Threads 256: two consumer warpgroups along M) or the non-persistent
+// one CUTLASS's SM90 convolutions use (Threads 128: one warpgroup, one tile, so its sums are
+// flushed once, by store_tail); one GMMA atom TileN wide.
 // Partials: each CTA adds into its own row of partial sums [rows][ld] (zeroed by the host, then
 // summed by a finalize kernel); else it adds into sum and sumsq [N] with one FP32 atomic per
 // column per flush.
-template <class Base, int TileM, int TileN, bool Partials>
+template <class Base, int TileM, int TileN, bool Partials, int Threads = 256>
 class RegisterStatsEpilogue : public Base {
  public:
   // The GMMA F32 accumulator of one thread: ((2 adjacent columns, 2 rows 8 apart, TileN / 8
   // column groups 8 apart), atoms along M, 1 atom along N); lane % 4 picks the column pair,
   // lane / 4 the row. Columns depend only on modes 0.0 and 0.2: one slot each, summed over rows.
-  static constexpr int kThreads = 256, kWarps = kThreads / 32;
+  static constexpr int kThreads = Threads, kWarps = kThreads / 32;
   static constexpr int kGroups = TileN / 8, kSlots = 2 * kGroups;
 
   struct TensorStorage : Base::TensorStorage {
@@ -80,7 +82,7 @@ class RegisterStatsEpilogue : public Base {
                             cute::Tensor<AccEngine, AccLayout> accumulators, TiledMma tiled_mma,
                             int thread_idx, TensorStorage& shared, int subtile_idx = -1) {
     static_assert(cute::size<0>(TileShapeMNK{}) == TileM && cute::size<1>(TileShapeMNK{}) == TileN);
-    static_assert(cute::size(TiledMma{}) == kThreads, "two consumer warpgroups");
+    static_assert(cute::size(TiledMma{}) == kThreads, "the consumer warpgroups' threads");
     begin_tile(problem, coord, thread_idx);
     // z's stores go first: the sums below overlap the TMA stores' drain.
     auto next =
