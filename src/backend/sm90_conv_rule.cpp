@@ -41,6 +41,47 @@ bool sm90_conv_gemm_tried(Auto sw, bool built, int cc_major, int cc_minor, DType
   return resolve(sw, built && cc_major == 9 && cc_minor == 0 && features == DType::F16);
 }
 
+bool sm90_gemm_shape(const ConvGeom& g) {
+  return g.r == 1 && g.s == 1 && g.sh == 1 && g.sw == 1 && g.ph == 0 && g.pw == 0;
+}
+
+std::string sm90_implicit_conv_refusal(const Sm90ConvQuery& q) {
+  const ConvGeom& g = q.g;
+  if (!q.built) {
+    return "is not built into this kiln (it needs nvcc >= 12 and the CUTLASS headers "
+           "scripts/setup.sh stages in .deps/cutlass)";
+  }
+  if (q.cc_major != 9 || q.cc_minor != 0) {
+    return "needs a compute capability 9.0 GPU (Hopper); this one is " +
+           std::to_string(q.cc_major) + "." + std::to_string(q.cc_minor);
+  }
+  if (q.x != DType::F16 || q.w != DType::F16 || q.z != DType::F16) {
+    return std::string("takes FP16 features and weights (AMP) only; these are ") + dtype_name(q.x) +
+           " / " + dtype_name(q.w) + " -> " + dtype_name(q.z);
+  }
+  if (g.x.c % 8 != 0 || g.k % 8 != 0) {
+    return "needs input and output channels in multiples of 8 (16-byte TMA rows); these are " +
+           std::to_string(g.x.c) + " -> " + std::to_string(g.k);
+  }
+  // TMA's im2col mode for 2-D: filter offsets below 256, corners within [-128, 127].
+  if (g.r > 255 || g.s > 255 || g.ph > 127 || g.pw > 127 || g.ph + 1 - g.r < -128 ||
+      g.pw + 1 - g.s < -128) {
+    return "takes filters under 256 taps a side and paddings under 128 (TMA's im2col); this one "
+           "is " +
+           std::to_string(g.r) + "x" + std::to_string(g.s) + ", padding " + std::to_string(g.ph) +
+           "x" + std::to_string(g.pw);
+  }
+  const int64_t rows = g.y.n * g.y.h * g.y.w, most = std::numeric_limits<int32_t>::max();
+  if (rows > most || g.x.n * g.x.h * g.x.w > most) {
+    return "indexes pixels in 32 bits; this one has " + std::to_string(rows) + " output pixels";
+  }
+  return "";
+}
+
+bool sm90_implicit_conv_tried(Auto sw, bool cutlass) {
+  return cutlass && resolve(sw, kCutlassConvByDefault);
+}
+
 bool sm90_dgrad_tried(Auto sw, bool cutlass) {
   return resolve(sw, kCutlassDgradByDefault && cutlass);
 }

@@ -32,6 +32,24 @@ bool sm90_conv_gemm_tried(Auto sw, bool built, int cc_major, int cc_minor, DType
 // still slows ResNet-50's step (bench/RESULTS.md, fifteenth session: 7,486 img/s on, 7,906 off).
 inline constexpr bool kCutlassDgradByDefault = false;
 
+// What KILN_CUTLASS_CONV=auto does: false until the implicit-GEMM convolution with the
+// statistics (cutlass/conv_stats.h) is measured against cuDNN's fprop and kiln's statistics pass
+// on the H200 (kiln_cutlass_probe --conv; not yet run).
+inline constexpr bool kCutlassConvByDefault = false;
+
+// Whether a program's other CBR forwards try the SM90 implicit-GEMM convolution
+// (cuda/cutlass_conv.cpp): 1 where the forward's GEMM is tried (`cutlass`), 0 never, auto as
+// kCutlassConvByDefault says.
+bool sm90_implicit_conv_tried(Auto sw, bool cutlass);
+
+// "" when the SM90 implicit-GEMM convolution can run the layer, else why not: any filter,
+// stride and padding within TMA's im2col limits, FP16 with channels in multiples of 8, on a
+// compute capability 9.0 GPU with the kernels built.
+std::string sm90_implicit_conv_refusal(const Sm90ConvQuery& q);
+
+// Whether a layer is the GEMM's shape (1x1, stride 1, unpadded), which the GEMM runs.
+bool sm90_gemm_shape(const ConvGeom& g);
+
 // Whether a program's data gradients try the SM90 data gradient with BatchNorm-backward's sums
 // (cuda/cutlass_dgrad.cpp): 1 always (each layer then says why it falls back), 0 never, auto
 // as kCutlassDgradByDefault says, given whether the forward's GEMM is tried (`cutlass`).

@@ -2,8 +2,9 @@
 // against the CBR forward as it is without it (cuDNN's convolution, kiln's statistics pass,
 // BatchNorm and ReLU: tests/gpu/gpu_fused_test.cpp holds that form bit for bit to the unfused
 // chain), on ResNet-50's 1x1 shapes and odd sizes; the statistics against a float64 reference;
-// a bottleneck's conv3 (conv_fwd, then bn_add_relu_fwd) likewise; layers the GEMM cannot take
-// keep their form; and ResNet-50's training steps with the switch on against off. Every case needs
+// a bottleneck's conv3 (conv_fwd, then bn_add_relu_fwd) likewise; 3x3 and strided layers on the
+// implicit-GEMM convolution (KILN_CUTLASS_CONV=1) likewise; layers the GEMM cannot take keep
+// their form; and ResNet-50's training steps with the switches on against off. Every case needs
 // a compute capability 9.0 GPU and a kiln built with the CUTLASS kernels, and skips cleanly
 // elsewhere.
 #include <gtest/gtest.h>
@@ -40,9 +41,11 @@ CbrForward run_cbr_forward(const CbrCase& t, int pool, const Switches& sw, bool 
   return {std::move(out), h.backend().compile_report()};
 }
 
-Switches cutlass_switches(bool on, bool deterministic) {
+// KILN_CUTLASS on or off; `conv`: KILN_CUTLASS_CONV too (the implicit-GEMM convolution).
+Switches cutlass_switches(bool on, bool deterministic, bool conv = false) {
   Switches sw = Switches::from_environment();
   sw.cutlass = on ? Auto::on : Auto::off;
+  sw.cutlass_conv = conv ? Auto::on : Auto::off;
   sw.cbr_form = "kiln";
   sw.deterministic = deterministic;
   return sw;
@@ -159,6 +162,49 @@ INSTANTIATE_TEST_SUITE_P(
         CutlassCase{{"n2_28x28_c64_k256_pool2", 2, 28, 28, 64, 256, 1, 1, 0, false}, 2}),
     [](const auto& info) { return std::string(info.param.cbr.name); });
 
+// The CBR forward whose convolution is not the GEMM's 1x1 (VGG's and ResNet-50's 3x3 layers, a
+// strided one, the padded stem) on the implicit-GEMM convolution (KILN_CUTLASS_CONV=1), against
+// the same layer with the switches off, as above; in the deterministic form (per-CTA partials)
+// twice for the same bits.
+class GpuCutlassConvCbr : public ::testing::TestWithParam<CutlassCase> {};
+
+TEST_P(GpuCutlassConvCbr, AgreesWithKilnsFormToRounding) {
+  KILN_REQUIRE_SM90_CUTLASS();
+  const CbrCase& t = GetParam().cbr;
+  const int pool = GetParam().pool;
+  const CbrForward kiln = run_cbr_forward(t, pool, cutlass_switches(false, true));
+  const CbrForward gemm_only = run_cbr_forward(t, pool, cutlass_switches(true, true));
+  EXPECT_EQ(gemm_only.report.cbr_cutlass, 0) << "KILN_CUTLASS_CONV off: the layer keeps cuDNN";
+  for (const bool deterministic : {false, true}) {
+    SCOPED_TRACE(deterministic ? "deterministic: per-CTA partials" : "FP32 atomics");
+    const CbrForward cut = run_cbr_forward(t, pool, cutlass_switches(true, deterministic, true));
+    ASSERT_EQ(cut.report.cbr_cutlass, 1) << "the layer did not take the CUTLASS path (the log "
+                                            "says why)";
+    EXPECT_EQ(cut.report.cbr_cutlass_conv, 1) << "on the implicit-GEMM convolution";
+    expect_agrees_to_rounding(cut, kiln, t.k);
+    if (deterministic) {
+      const CbrForward again = run_cbr_forward(t, pool, cutlass_switches(true, true, true));
+      EXPECT_EQ(again.z, cut.z) << "deterministic z";
+      EXPECT_EQ(again.saved, cut.saved) << "deterministic statistics (fixed-order partials)";
+      EXPECT_EQ(again.y, cut.y) << "deterministic y";
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, GpuCutlassConvCbr,
+    ::testing::Values(
+        // VGG16's 3x3 layers (with their 2x2 max-pool where VGG has one) and ResNet-50's conv2.
+        CutlassCase{{"vgg_28x28_c64_k64", 2, 28, 28, 64, 64, 3, 1, 1, false}, 0},
+        CutlassCase{{"vgg_28x28_c64_k128_pool2", 2, 28, 28, 64, 128, 3, 1, 1, false}, 2},
+        CutlassCase{{"vgg_14x14_c256_k512", 2, 14, 14, 256, 512, 3, 1, 1, false}, 0},
+        CutlassCase{{"r50_conv2_14x14_c128_s2", 2, 14, 14, 128, 128, 3, 2, 1, false}, 0},
+        CutlassCase{{"r50_conv2_7x7_c512", 4, 7, 7, 512, 512, 3, 1, 1, false}, 0},
+        // Odd sizes: rows and channels ending inside a tile; a 5x5 filter with padding 2.
+        CutlassCase{{"n3_9x11_c24_k136", 3, 9, 11, 24, 136, 3, 1, 1, false}, 0},
+        CutlassCase{{"n2_10x6_c16_k40_5x5", 2, 10, 6, 16, 40, 5, 1, 2, false}, 0}),
+    [](const auto& info) { return std::string(info.param.cbr.name); });
+
 // A bottleneck's conv3: a conv_fwd node whose output the next bn_add_relu_fwd normalises (a
 // separate node, not a CBR) takes the GEMM with the switch on, and that BatchNorm reads its sums
 // (make_conv_fwd_summed_for_bn); compared with the switch off as the CBR forward is above.
@@ -258,6 +304,24 @@ TEST(GpuCutlassStep, Resnet50StepsAgreeSwitchOffAndOn) {
   EXPECT_EQ(cut.conv_cutlass, 16) << "ResNet-50's bottleneck conv3 layers";
   EXPECT_EQ(cut.conv_cutlass_fallbacks, 0);
   expect_within_noise(runs, forms, {kToday, kCutlass, kGenstats});
+}
+
+// The same steps with KILN_CUTLASS_CONV on as well: ResNet-50's 16 conv2 layers (3x3, four of
+// them strided) take the implicit-GEMM convolution, the stem (3 channels) keeps cuDNN; held to
+// today's form by genstats' noise as above.
+TEST(GpuCutlassStep, Resnet50StepsAgreeImplicitConvolutionOffAndOn) {
+  KILN_REQUIRE_SM90_CUTLASS();
+  enum Form { kToday, kGenstats, kConv };
+  const std::vector<StepForm> forms = {
+      {"today", "kiln", Auto::off, Auto::off},
+      {"genstats", "genstats", Auto::off, Auto::off},
+      {"KILN_CUTLASS_CONV", "kiln", Auto::on, Auto::off, Auto::on}};
+  const std::vector<FormSteps> runs = resnet50_three_steps(forms);
+  const CompileReport& conv = runs[kConv].report;
+  EXPECT_EQ(conv.cbr_cutlass_conv, 16) << "ResNet-50's bottleneck conv2 layers";
+  EXPECT_EQ(conv.cbr_cutlass, 32) << "conv1 on the GEMM, conv2 on the implicit-GEMM convolution";
+  EXPECT_EQ(conv.conv_cutlass, 16) << "conv3 on the GEMM";
+  expect_within_noise(runs, forms, {kToday, kConv, kGenstats});
 }
 
 }  // namespace

@@ -24,9 +24,10 @@ namespace kiln::test {
 // One form: a name for the messages and the switches that differ between the forms.
 struct StepForm {
   const char* name;
-  const char* cbr_form;  // KILN_CBR_FORM
-  Auto cutlass;          // KILN_CUTLASS
-  Auto cutlass_dgrad;    // KILN_CUTLASS_DGRAD
+  const char* cbr_form;           // KILN_CBR_FORM
+  Auto cutlass;                   // KILN_CUTLASS
+  Auto cutlass_dgrad;             // KILN_CUTLASS_DGRAD
+  Auto cutlass_conv = Auto::off;  // KILN_CUTLASS_CONV
 };
 
 using NamedTensors = std::map<std::string, std::vector<float>>;
@@ -69,6 +70,7 @@ inline std::vector<FormSteps> resnet50_three_steps(const std::vector<StepForm>& 
     o.switches.cbr_form = f.cbr_form;
     o.switches.cutlass = f.cutlass;
     o.switches.cutlass_dgrad = f.cutlass_dgrad;
+    o.switches.cutlass_conv = f.cutlass_conv;
     Engine e(bp, o);
     e.lock_memory();
     e.compile(5);

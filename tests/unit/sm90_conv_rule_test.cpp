@@ -105,5 +105,71 @@ TEST(Sm90ConvRule, AutoTriesTheGemmOnlyWhereItCanRun) {
   }
 }
 
+// The implicit-GEMM convolution (KILN_CUTLASS_CONV): VGG16's 3x3 layers, ResNet-50's strided
+// conv2 and the padded stem are eligible; what TMA's im2col or the epilogue cannot take is
+// refused with its reason.
+Sm90ConvQuery vgg_layer() {
+  Sm90ConvQuery q = eligible();
+  q.g.x = {256, 56, 56, 128};
+  q.g.y = {256, 56, 56, 256};
+  q.g.k = 256, q.g.r = q.g.s = 3, q.g.ph = q.g.pw = 1;
+  return q;
+}
+
+TEST(Sm90ConvRule, ImplicitConvolutionTakesThreeByThreeAndStridedLayers) {
+  EXPECT_FALSE(sm90_gemm_shape(vgg_layer().g));
+  EXPECT_TRUE(sm90_gemm_shape(eligible().g));
+  EXPECT_EQ(sm90_implicit_conv_refusal(vgg_layer()), "");
+  Sm90ConvQuery s2 = vgg_layer();  // ResNet-50's first conv2 of stage 2
+  s2.g.sh = s2.g.sw = 2;
+  s2.g.y = {256, 28, 28, 256};
+  EXPECT_EQ(sm90_implicit_conv_refusal(s2), "");
+  Sm90ConvQuery stem = vgg_layer();  // 7x7 stride 2 padding 3, 3 channels padded to 8
+  stem.g.x = {256, 224, 224, 8};
+  stem.g.y = {256, 112, 112, 64};
+  stem.g.k = 64, stem.g.r = stem.g.s = 7, stem.g.sh = stem.g.sw = 2, stem.g.ph = stem.g.pw = 3;
+  EXPECT_EQ(sm90_implicit_conv_refusal(stem), "");
+  EXPECT_EQ(sm90_implicit_conv_refusal(eligible()), "") << "it can run a 1x1 too";
+}
+
+TEST(Sm90ConvRule, ImplicitConvolutionRefusesWithItsReason) {
+  auto refusal = [](auto change) {
+    Sm90ConvQuery q = vgg_layer();
+    change(q);
+    return sm90_implicit_conv_refusal(q);
+  };
+  EXPECT_NE(refusal([](Sm90ConvQuery& q) { q.built = false; }).find("not built"),
+            std::string::npos);
+  EXPECT_NE(refusal([](Sm90ConvQuery& q) { q.cc_major = 8; }).find("this one is 8.0"),
+            std::string::npos);
+  EXPECT_NE(refusal([](Sm90ConvQuery& q) { q.x = q.w = q.z = DType::F32; }).find("FP16"),
+            std::string::npos);
+  EXPECT_NE(refusal([](Sm90ConvQuery& q) { q.g.x.c = 3; }).find("3 -> 256"), std::string::npos)
+      << "the unpadded first layer";
+  EXPECT_NE(refusal([](Sm90ConvQuery& q) { q.g.k = 12; }).find("128 -> 12"), std::string::npos);
+  EXPECT_NE(refusal([](Sm90ConvQuery& q) { q.g.r = 300; }).find("300x3"), std::string::npos);
+  EXPECT_NE(refusal([](Sm90ConvQuery& q) { q.g.pw = 200; }).find("padding 1x200"),
+            std::string::npos);
+  EXPECT_NE(refusal([](Sm90ConvQuery& q) { q.g.x.n = q.g.y.n = int64_t{1} << 20; }).find("32 bits"),
+            std::string::npos);
+}
+
+// KILN_CUTLASS_CONV: auto stays off until the probe's figures say otherwise
+// (kCutlassConvByDefault); 1 follows KILN_CUTLASS (it runs inside that path), 0 never.
+TEST(Sm90ConvRule, ImplicitConvolutionSwitch) {
+  const Switches none = Switches::parse([](const char*) -> const char* { return nullptr; }, {});
+  EXPECT_EQ(none.cutlass_conv, Auto::automatic);
+  const Switches on = Switches::parse(
+      [](const char* name) -> const char* {
+        return std::string(name) == "KILN_CUTLASS_CONV" ? "1" : nullptr;
+      },
+      Switches{});
+  EXPECT_EQ(on.cutlass_conv, Auto::on);
+  EXPECT_EQ(sm90_implicit_conv_tried(Auto::automatic, true), kCutlassConvByDefault);
+  EXPECT_TRUE(sm90_implicit_conv_tried(Auto::on, true));
+  EXPECT_FALSE(sm90_implicit_conv_tried(Auto::on, false)) << "KILN_CUTLASS off or not tried";
+  EXPECT_FALSE(sm90_implicit_conv_tried(Auto::off, true));
+}
+
 }  // namespace
 }  // namespace kiln

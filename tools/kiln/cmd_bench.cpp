@@ -358,6 +358,12 @@ int cmd_bench(int argc, char** argv) {
           auto_text(eo.switches.cutlass), use.cbr_cutlass, use.cbr_cutlass_fallbacks,
           use.conv_cutlass, use.conv_cutlass_fallbacks);
     }
+    if (use.cbr_cutlass_conv > 0) {
+      std::printf(
+          "  of those, %d on the SM90 implicit-GEMM convolution "
+          "(KILN_CUTLASS_CONV=%s)\n",
+          use.cbr_cutlass_conv, auto_text(eo.switches.cutlass_conv));
+    }
     if (use.dgrad_cutlass + use.dgrad_cutlass_fallbacks > 0) {
       std::printf(
           "data gradients before a BatchNorm backward (KILN_CUTLASS_DGRAD=%s): %d on the SM90 "

@@ -37,7 +37,8 @@ struct CompileReport {
   int from_table = 0, heuristics = 0, autotuned = 0, remembered = 0;
   std::string table;
   int cbr_genstats = 0, cbr_fallbacks = 0;  // fused CBR forwards as conv+genstats / kiln's form
-  int cbr_cutlass = 0, cbr_cutlass_fallbacks = 0;      // KILN_CUTLASS: on the SM90 GEMM / not
+  int cbr_cutlass = 0, cbr_cutlass_fallbacks = 0;  // KILN_CUTLASS: on the SM90 GEMM / not
+  int cbr_cutlass_conv = 0;  // of those two, on the implicit-GEMM convolution (3x3 layers ...)
   int conv_cutlass = 0, conv_cutlass_fallbacks = 0;    // conv before BN+add+ReLU, likewise
   int dgrad_cutlass = 0, dgrad_cutlass_fallbacks = 0;  // KILN_CUTLASS_DGRAD: data gradients
   int side_stream_wgrads = 0;      // weight gradients forked onto the side stream

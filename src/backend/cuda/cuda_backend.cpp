@@ -111,6 +111,7 @@ class CudaBackend final : public CudaBackendApi {
                 prop.major, ".", prop.minor, ", features ", dtype_name(program.feature_dtype), ")");
     }
     ctx_.cutlass_dgrad = sm90_dgrad_tried(ctx_.opts.cutlass_dgrad, ctx_.cutlass);
+    ctx_.cutlass_conv = sm90_implicit_conv_tried(ctx_.opts.cutlass_conv, ctx_.cutlass);
     create_streams();
     for (int r = 0; r < kRegionCount; ++r) {
       const int64_t bytes = program.memory.region_bytes[static_cast<size_t>(r)];
@@ -377,6 +378,7 @@ class CudaBackend final : public CudaBackendApi {
     r.remembered = use.remembered, r.table = use.table;
     r.cbr_genstats = ctx_.cbr_genstats, r.cbr_fallbacks = ctx_.cbr_genstats_fallbacks;
     r.cbr_cutlass = ctx_.cbr_cutlass, r.cbr_cutlass_fallbacks = ctx_.cbr_cutlass_fallbacks;
+    r.cbr_cutlass_conv = ctx_.cbr_cutlass_conv;
     r.conv_cutlass = ctx_.conv_cutlass, r.conv_cutlass_fallbacks = ctx_.conv_cutlass_fallbacks;
     r.dgrad_cutlass = ctx_.dgrad_cutlass, r.dgrad_cutlass_fallbacks = ctx_.dgrad_cutlass_fallbacks;
     r.side_stream_wgrads = ctx_.side_wgrads;
@@ -416,7 +418,7 @@ class CudaBackend final : public CudaBackendApi {
     ctx_.plan_seconds = ctx_.autotune_seconds = 0;
     ctx_.autotune_report_at = kAutotuneReportSeconds;
     ctx_.cbr_genstats = ctx_.cbr_genstats_fallbacks = 0;
-    ctx_.cbr_cutlass = ctx_.cbr_cutlass_fallbacks = 0;
+    ctx_.cbr_cutlass = ctx_.cbr_cutlass_fallbacks = ctx_.cbr_cutlass_conv = 0;
     ctx_.conv_cutlass = ctx_.conv_cutlass_fallbacks = 0;
     ctx_.bn_add_relu_sums.clear();
     ctx_.dgrad_cutlass = ctx_.dgrad_cutlass_fallbacks = 0;

@@ -103,6 +103,11 @@ struct Options {
   // (cutlass_dgrad.cpp), so that BatchNorm backward skips its sums pass. auto (the default):
   // where KILN_CUTLASS is (sm90_dgrad_tried); prepare() resolves it into Context::cutlass_dgrad.
   Auto cutlass_dgrad = Auto::automatic;
+  // KILN_CUTLASS_CONV: a CBR forward whose FP16 convolution is not the GEMM's 1x1 (VGG's and
+  // ResNet-50's 3x3 layers) runs it on kiln's SM90 implicit-GEMM convolution with the same
+  // statistics epilogue (cutlass_conv.cpp); auto: as kCutlassConvByDefault says, where
+  // KILN_CUTLASS is (sm90_implicit_conv_tried); prepare() resolves it into Context::cutlass_conv.
+  Auto cutlass_conv = Auto::automatic;
   // KILN_DETERMINISTIC=1: refuse cuDNN engines noted NONDETERMINISTIC (atomics in weight
   // gradients), so a step gives the same bits every run. kiln's own kernels and cuBLASLt are
   // deterministic already (fixed-order partial sums; one algorithm chosen at compile time).
@@ -189,6 +194,10 @@ struct Context : ProgramView {
   bool cutlass = false;
   // CBR forwards on the SM90 CUTLASS GEMM, and those that tried it and kept their form.
   int cbr_cutlass = 0, cbr_cutlass_fallbacks = 0;
+  // Whether other CBR forwards try the SM90 implicit-GEMM convolution (KILN_CUTLASS_CONV resolved
+  // by prepare()), and how many of cbr_cutlass and conv_cutlass took it.
+  bool cutlass_conv = false;
+  int cbr_cutlass_conv = 0;
   // Likewise: conv_fwd nodes whose output a later bn_add_relu_fwd normalises (a
   // bottleneck's conv3) on the GEMM, those the GEMM could not take, and the sums each such
   // bn_add_relu_fwd node reads (set while its convolution is built, read when it is built).

@@ -1,14 +1,17 @@
 // cbr_fwd's convolution on kiln's SM90 CUTLASS GEMM (KILN_CUTLASS): z = x w^T for a 1x1
 // stride-1 FP16 convolution, whose epilogue also sums z and z^2 per channel (FP32, of the
-// FP16-rounded z), so BatchNorm skips its statistics pass. Only this file and cutlass_dgrad.cpp
-// see whether the kernels were built (KILN_HAVE_CUTLASS, set by CMakeLists.txt on those two
-// alone), and only this one answers it for the rest (cutlass_kernels_built, sm90_layer.h); where
-// they were not, every layer reports "not built" and keeps its form.
+// FP16-rounded z), so BatchNorm skips its statistics pass; other FP16 convolutions likewise on
+// the implicit-GEMM convolution with the same epilogue where KILN_CUTLASS_CONV asks. Only this file
+// and cutlass_dgrad.cpp see whether the kernels were built (KILN_HAVE_CUTLASS, set by
+// CMakeLists.txt on those two alone), and only this one answers it for the rest
+// (cutlass_kernels_built, sm90_layer.h); where they were not, every layer reports "not built" and
+// keeps its form.
 #include "backend/cuda/fused_kernels.h"
 #include "backend/cuda/sm90_layer.h"
 #include "backend/sm90_conv_rule.h"
 
 #ifdef KILN_HAVE_CUTLASS
+#include "backend/cuda/cutlass/conv_stats.h"
 #include "backend/cuda/cutlass/gemm_stats.h"
 #endif
 
@@ -61,7 +64,12 @@ KernelPtr make_conv_fwd_cutlass(const Node& n, Context& ctx, int stream, TensorI
                                 TensorId z, float* sums) {
   const std::string what = std::string(op_name(n.op)) + " node '" + n.label + "'";
   const Sm90ConvQuery q = sm90_conv_query(n, ctx, x, w, z);
-  std::string why = sm90_conv_refusal(q);
+  // A 1x1 stride-1 layer is the GEMM's; others the implicit-GEMM convolution's where
+  // KILN_CUTLASS_CONV has them try it.
+  const bool implicit = ctx.cutlass_conv && !sm90_gemm_shape(q.g);
+  const char* kernel_words =
+      implicit ? "kiln's SM90 CUTLASS implicit-GEMM convolution " : "kiln's SM90 CUTLASS GEMM ";
+  std::string why = implicit ? sm90_implicit_conv_refusal(q) : sm90_conv_refusal(q);
   // A layer of another shape or precision is routine; the kernels missing or another GPU under
   // an explicit KILN_CUTLASS=1 (auto does not try there: sm90_conv_gemm_tried), or CUTLASS
   // refusing an eligible layer, is worth a line at the default level.
@@ -70,32 +78,53 @@ KernelPtr make_conv_fwd_cutlass(const Node& n, Context& ctx, int stream, TensorI
     why = "needs x, w and z at 16-byte aligned addresses (TMA)";
   }
 #ifdef KILN_HAVE_CUTLASS
-  sm90::GemmStats g;
-  g.x = ctx.ptr(x), g.w = ctx.ptr(w), g.z = ctx.ptr(z);
-  g.m = q.g.x.n * q.g.x.h * q.g.x.w, g.n = q.g.k, g.k = q.g.x.c;
-  g.sum = sums, g.sumsq = sums + g.n;
-  g.sm_count = ctx.sm_count;
-  CUDA_CHECK(cudaGetDevice(&g.device_id));
-  // FP32 atomics add the CTAs' sums in whatever order they finish; the partials form adds them
-  // in a fixed order, so a deterministic run gives the same bits every time.
-  const sm90::GemmStatsKernel kern = ctx.opts.deterministic
-                                         ? sm90::gemm_stats_256x128_reg_partials_1x1()
-                                         : sm90::gemm_stats_256x128_reg_atomic_1x1();
-  if (why.empty()) {
-    if (std::string err = kern.check(g); !err.empty()) why = "refuses it: CUTLASS " + err;
+  int device_id = 0;
+  CUDA_CHECK(cudaGetDevice(&device_id));
+  if (implicit) {
+    sm90::ConvStats c;
+    c.x = ctx.ptr(x), c.w = ctx.ptr(w), c.z = ctx.ptr(z);
+    c.sum = sums, c.sumsq = sums + q.g.k;
+    c.n = static_cast<int>(q.g.x.n), c.h = static_cast<int>(q.g.x.h);
+    c.w_ = static_cast<int>(q.g.x.w), c.c = static_cast<int>(q.g.x.c);
+    c.k = static_cast<int>(q.g.k), c.r = static_cast<int>(q.g.r), c.s = static_cast<int>(q.g.s);
+    c.pad_h = static_cast<int>(q.g.ph), c.pad_w = static_cast<int>(q.g.pw);
+    c.stride_h = static_cast<int>(q.g.sh), c.stride_w = static_cast<int>(q.g.sw);
+    c.sm_count = ctx.sm_count;
+    c.device_id = device_id;
+    // The deterministic form adds per-CTA partials in a fixed order (as the GEMM's below).
+    const sm90::ConvStatsKernel kern = sm90::conv_stats_kernel_for(q.g.k, ctx.opts.deterministic);
+    if (why.empty()) {
+      if (std::string err = kern.check(c); !err.empty()) why = "refuses it: CUTLASS " + err;
+    }
+    if (why.empty()) {
+      ++ctx.cbr_cutlass_conv;
+      return make_sm90_unit_run(
+          ctx, stream, kern, c,
+          what + ": the SM90 CUTLASS convolution (" + kern.name + ") failed: ");
+    }
+  } else {
+    sm90::GemmStats g;
+    g.x = ctx.ptr(x), g.w = ctx.ptr(w), g.z = ctx.ptr(z);
+    g.m = q.g.x.n * q.g.x.h * q.g.x.w, g.n = q.g.k, g.k = q.g.x.c;
+    g.sum = sums, g.sumsq = sums + g.n;
+    g.sm_count = ctx.sm_count;
+    g.device_id = device_id;
+    // FP32 atomics add the CTAs' sums in whatever order they finish; the partials form adds them
+    // in a fixed order, so a deterministic run gives the same bits every time.
+    const sm90::GemmStatsKernel kern = ctx.opts.deterministic
+                                           ? sm90::gemm_stats_256x128_reg_partials_1x1()
+                                           : sm90::gemm_stats_256x128_reg_atomic_1x1();
+    if (why.empty()) {
+      if (std::string err = kern.check(g); !err.empty()) why = "refuses it: CUTLASS " + err;
+    }
+    if (why.empty()) {
+      return make_sm90_unit_run(ctx, stream, kern, g,
+                                what + ": the SM90 CUTLASS GEMM (" + kern.name + ") failed: ");
+    }
   }
 #endif
-  if (!why.empty()) {
-    log_sm90_fallback(routine, what + ": the convolution keeps cuDNN; kiln's SM90 CUTLASS GEMM ",
-                      why);
-    return nullptr;
-  }
-#ifdef KILN_HAVE_CUTLASS
-  return make_sm90_unit_run(ctx, stream, kern, g,
-                            what + ": the SM90 CUTLASS GEMM (" + kern.name + ") failed: ");
-#else
+  log_sm90_fallback(routine, what + ": the convolution keeps cuDNN; " + kernel_words, why);
   return nullptr;
-#endif
 }
 
 namespace {

@@ -4,7 +4,8 @@
 // the per-channel sums of z and z^2 taken from the accumulators in the epilogue, so BatchNorm
 // skips its statistics pass. CUTLASS 4.2's SM90 convolutions are its non-persistent
 // warp-specialised kernel (one consumer warpgroup, one tile per CTA): each CTA adds its column
-// sums with FP32 atomics once, after its tile.
+// sums once, after its tile, with FP32 atomics (reg_atomic) or into its own row of partials that
+// a finalize kernel adds in a fixed order (reg_partials: the deterministic form).
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -36,11 +37,12 @@ using ConvStatsKernel = UnitKernel<ConvStats>;
 // The variants the CUDA backend links; X(tile_m, tile_n, mode, cluster_m, cluster_n), read by
 // CMakeLists.txt as gemm_stats.h's list is. One consumer warpgroup holds a 128-row tile (a
 // 256-row one would not fit its registers); 128x64 for layers of 64 channels (VGG's first
-// block, ResNet-50's stage 1), 128x128 for the wider ones. none: z alone, the baseline the
-// statistics' cost is read against (the probe and the GPU test run it).
+// block, ResNet-50's stage 1), 128x128 for the wider ones and the deterministic form. none: z
+// alone, the baseline the statistics' cost is read against (the probe and the GPU test run it).
 #define KILN_CONV_STATS_BACKEND_VARIANTS(X) \
   X(128, 64, reg_atomic, 1, 1)              \
   X(128, 128, reg_atomic, 1, 1)             \
+  X(128, 128, reg_partials, 1, 1)           \
   X(128, 128, none, 1, 1)
 
 #define KILN_CONV_STATS_FN(tm, tn, mode, cm, cn) KILN_SM90_FN(conv_stats, tm, tn, mode, cm, cn)
@@ -55,8 +57,10 @@ inline std::vector<ConvStatsKernel> conv_stats_backend_kernels() {
 #undef KILN_CONV_STATS_ENTRY
 }
 
-// The variant with the sums for k output channels: the tile that wastes no columns.
-inline ConvStatsKernel conv_stats_kernel_for(int64_t k) {
+// The variant with the sums for k output channels: the deterministic form, else the atomic one
+// whose tile wastes no columns.
+inline ConvStatsKernel conv_stats_kernel_for(int64_t k, bool deterministic) {
+  if (deterministic) return conv_stats_128x128_reg_partials_1x1();
   return k <= 64 ? conv_stats_128x64_reg_atomic_1x1() : conv_stats_128x128_reg_atomic_1x1();
 }
 

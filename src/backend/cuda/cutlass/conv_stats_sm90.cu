@@ -1,5 +1,5 @@
 // One SM90 implicit-GEMM convolution variant (conv_stats.h), chosen by the compile definitions
-// KILN_TILE_M, KILN_TILE_N, KILN_STATS_MODE (none or reg_atomic), KILN_CLUSTER_M and
+// KILN_TILE_M, KILN_TILE_N, KILN_STATS_MODE (none, reg_atomic or reg_partials), KILN_CLUSTER_M and
 // KILN_CLUSTER_N: CMake compiles this file once per entry of conv_stats.h's list.
 //
 // z[n][p][q][k] = sum_{r,s,c} x[n][p*u+r-pad][q*v+s-pad][c] w[k][r][s][c]: CUTLASS's SM90 fprop
@@ -36,9 +36,10 @@ namespace {
 using namespace cute;
 namespace fusion = cutlass::epilogue::fusion;
 
-static_assert(kMode == StatsMode::none || kMode == StatsMode::reg_atomic,
-              "the convolution's sums are the register epilogue's atomic form (or none)");
-constexpr bool kStats = kMode == StatsMode::reg_atomic;
+static_assert(kMode == StatsMode::none || kMode == StatsMode::reg_atomic ||
+                  kMode == StatsMode::reg_partials,
+              "the convolution's sums are the register epilogue's (or none)");
+constexpr bool kStats = kMode != StatsMode::none;
 
 // A convolution's tile names its K mode as a shape (CUTLASS folds C, S and R into it).
 using ConvTileShape = Shape<Int<kTileM>, Int<kTileN>, Shape<_64>>;
@@ -55,10 +56,9 @@ using TmaEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
     cutlass::epilogue::collective::EpilogueTileAuto, float, float, void,
     cutlass::layout::TensorNHWC, 8, cutlass::half_t, cutlass::layout::TensorNHWC, 8,
     cutlass::epilogue::TmaWarpSpecialized, ZHalf>::CollectiveOp;
-using Epilogue =
-    std::conditional_t<kStats,
-                       RegisterStatsEpilogue<TmaEpilogue, kTileM, kTileN, false, kConsumerThreads>,
-                       TmaEpilogue>;
+using Epilogue = std::conditional_t<
+    kStats, RegisterStatsEpilogue<TmaEpilogue, kTileM, kTileN, kPartialSums, kConsumerThreads>,
+    TmaEpilogue>;
 
 using Mainloop = typename cutlass::conv::collective::CollectiveBuilder<
     cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, cutlass::conv::Operator::kFprop,
@@ -78,17 +78,31 @@ Problem problem(const ConvStats& c) {
                  {c.stride_h, c.stride_w}, {1, 1}, 1);
 }
 
-// The sums go straight into sum and sumsq (no partial rows).
+// The grid: one CTA per tile (M tiles along x, column blocks along y).
+int64_t ctas(const ConvStats& c) {
+  return (c.rows() + kTileM - 1) / kTileM * ((c.k + kTileN - 1) / kTileN);
+}
+
+// reg_atomic adds into sum and sumsq; reg_partials into a row of k per CTA at the workspace's
+// start (each CTA writes its column block of its own row), then the finalize kernel.
 ColumnSums column_sums(const ConvStats& c) {
-  return {c.sum, c.sumsq, c.k, 0, 0, c.sm_count};
+  return {c.sum, c.sumsq, c.k, kPartialSums ? ctas(c) : 0, c.k, c.sm_count};
 }
 
 template <class EpilogueArguments>
-void set_stats_arguments(EpilogueArguments& epilogue, const ConvStats& c) {
-  if constexpr (kStats) epilogue.stats = {c.sum, c.sumsq, 0, 0};
+void set_stats_arguments(EpilogueArguments& epilogue, const ConvStats& c, void* workspace) {
+  if constexpr (kStats) {
+    const ColumnSums s = column_sums(c);
+    if constexpr (kPartialSums) {
+      epilogue.stats = {s.partial_sum(workspace), s.partial_sumsq(workspace),
+                        static_cast<int>(s.rows), static_cast<int>(s.ld)};
+    } else {
+      epilogue.stats = {c.sum, c.sumsq, 0, 0};
+    }
+  }
 }
 
-typename Conv::Arguments arguments(const ConvStats& c) {
+typename Conv::Arguments arguments(const ConvStats& c, void* workspace) {
   using Element = cutlass::half_t;
   const Problem shape = problem(c);
   // The epilogue sees the output's rows as (Q, P, N): z's NHWC strides, innermost first.
@@ -98,7 +112,7 @@ typename Conv::Arguments arguments(const ConvStats& c) {
   typename Epilogue::Arguments epilogue{};
   static_cast<typename TmaEpilogue::Arguments&>(epilogue) = {
       {}, nullptr, typename Kernel::StrideC{}, static_cast<Element*>(c.z), sd};
-  set_stats_arguments(epilogue, c);
+  set_stats_arguments(epilogue, c, workspace);
   cutlass::KernelHardwareInfo hw;
   hw.device_id = c.device_id;
   hw.sm_count = c.sm_count;
@@ -110,16 +124,17 @@ typename Conv::Arguments arguments(const ConvStats& c) {
 }
 
 size_t workspace_bytes(const ConvStats& c) {
-  return Conv::get_workspace_size(arguments(c));
+  return column_sums(c).partial_bytes() + Conv::get_workspace_size(arguments(c, nullptr));
 }
 
 std::string check(const ConvStats& c) {
   if (c.rows() > INT32_MAX) return "has more than 2^31 output pixels";
-  return check_gemm<Conv>(arguments(c));
+  if (kPartialSums && ctas(c) > INT32_MAX / c.k) return "has too many tiles for per-CTA partials";
+  return check_gemm<Conv>(arguments(c, nullptr));
 }
 
 std::string run(const ConvStats& c, void* workspace, cudaStream_t stream) {
-  return run_gemm<Conv>(arguments(c), column_sums(c), workspace, stream);
+  return run_gemm<Conv>(arguments(c, workspace), column_sums(c), workspace, stream);
 }
 
 }  // namespace
