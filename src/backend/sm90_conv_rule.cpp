@@ -6,8 +6,10 @@
 
 namespace kiln {
 
-std::string sm90_conv_refusal(const Sm90ConvQuery& q) {
-  const ConvGeom& g = q.g;
+namespace {
+
+// What both kernels need of the machine: built, and a compute capability 9.0 GPU.
+std::string device_refusal(const Sm90ConvQuery& q) {
   if (!q.built) {
     return "is not built into this kiln (it needs nvcc >= 12 and the CUTLASS headers "
            "scripts/setup.sh stages in .deps/cutlass)";
@@ -16,19 +18,33 @@ std::string sm90_conv_refusal(const Sm90ConvQuery& q) {
     return "needs a compute capability 9.0 GPU (Hopper); this one is " +
            std::to_string(q.cc_major) + "." + std::to_string(q.cc_minor);
   }
+  return "";
+}
+
+// And of the operands: FP16, channels in whole 16-byte TMA rows.
+std::string operand_refusal(const Sm90ConvQuery& q) {
+  if (q.x != DType::F16 || q.w != DType::F16 || q.z != DType::F16) {
+    return std::string("takes FP16 features and weights (AMP) only; these are ") + dtype_name(q.x) +
+           " / " + dtype_name(q.w) + " -> " + dtype_name(q.z);
+  }
+  if (q.g.x.c % 8 != 0 || q.g.k % 8 != 0) {
+    return "needs input and output channels in multiples of 8 (16-byte TMA rows); these are " +
+           std::to_string(q.g.x.c) + " -> " + std::to_string(q.g.k);
+  }
+  return "";
+}
+
+}  // namespace
+
+std::string sm90_conv_refusal(const Sm90ConvQuery& q) {
+  const ConvGeom& g = q.g;
+  if (std::string why = device_refusal(q); !why.empty()) return why;
   if (g.r != 1 || g.s != 1 || g.sh != 1 || g.sw != 1 || g.ph != 0 || g.pw != 0) {
     return "takes 1x1 stride-1 unpadded convolutions only; this one is " + std::to_string(g.r) +
            "x" + std::to_string(g.s) + ", stride " + std::to_string(g.sh) + "x" +
            std::to_string(g.sw) + ", padding " + std::to_string(g.ph) + "x" + std::to_string(g.pw);
   }
-  if (q.x != DType::F16 || q.w != DType::F16 || q.z != DType::F16) {
-    return std::string("takes FP16 features and weights (AMP) only; these are ") + dtype_name(q.x) +
-           " / " + dtype_name(q.w) + " -> " + dtype_name(q.z);
-  }
-  if (g.x.c % 8 != 0 || g.k % 8 != 0) {
-    return "needs input and output channels in multiples of 8 (16-byte TMA rows); these are " +
-           std::to_string(g.x.c) + " -> " + std::to_string(g.k);
-  }
+  if (std::string why = operand_refusal(q); !why.empty()) return why;
   const int64_t rows = g.x.n * g.x.h * g.x.w, most = std::numeric_limits<int32_t>::max();
   if (rows > most || g.x.c > most || g.k > most) {
     return "indexes rows and channels in 32 bits; this one has " + std::to_string(rows) +
@@ -47,22 +63,8 @@ bool sm90_gemm_shape(const ConvGeom& g) {
 
 std::string sm90_implicit_conv_refusal(const Sm90ConvQuery& q) {
   const ConvGeom& g = q.g;
-  if (!q.built) {
-    return "is not built into this kiln (it needs nvcc >= 12 and the CUTLASS headers "
-           "scripts/setup.sh stages in .deps/cutlass)";
-  }
-  if (q.cc_major != 9 || q.cc_minor != 0) {
-    return "needs a compute capability 9.0 GPU (Hopper); this one is " +
-           std::to_string(q.cc_major) + "." + std::to_string(q.cc_minor);
-  }
-  if (q.x != DType::F16 || q.w != DType::F16 || q.z != DType::F16) {
-    return std::string("takes FP16 features and weights (AMP) only; these are ") + dtype_name(q.x) +
-           " / " + dtype_name(q.w) + " -> " + dtype_name(q.z);
-  }
-  if (g.x.c % 8 != 0 || g.k % 8 != 0) {
-    return "needs input and output channels in multiples of 8 (16-byte TMA rows); these are " +
-           std::to_string(g.x.c) + " -> " + std::to_string(g.k);
-  }
+  if (std::string why = device_refusal(q); !why.empty()) return why;
+  if (std::string why = operand_refusal(q); !why.empty()) return why;
   // TMA's im2col mode for 2-D: filter offsets below 256, corners within [-128, 127].
   if (g.r > 255 || g.s > 255 || g.ph > 127 || g.pw > 127 || g.ph + 1 - g.r < -128 ||
       g.pw + 1 - g.s < -128) {

@@ -107,31 +107,14 @@ std::vector<float> run_kiln_conv(const ConvCase& t, const Inputs& in) {
 }
 
 #if defined(KILN_HAVE_CUDA) && defined(KILN_HAVE_CUTLASS)
-struct DeviceBuffer {
-  void* p = nullptr;
-  explicit DeviceBuffer(size_t bytes) {
-    EXPECT_EQ(cudaMalloc(&p, std::max<size_t>(bytes, 256)), cudaSuccess);
-  }
-  ~DeviceBuffer() { cudaFree(p); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-};
-
-void upload_half(const std::vector<float>& v, void* dst) {
-  std::vector<uint16_t> h(v.size());
-  for (size_t i = 0; i < v.size(); ++i) h[i] = float_to_half(v[i]);
-  EXPECT_EQ(cudaMemcpy(dst, h.data(), h.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
-}
-
 struct Result {
   std::vector<float> z, sum, sumsq;
 };
 
 Result run_kernel(const ConvCase& t, const Inputs& in, const sm90::ConvStatsKernel& kern) {
-  DeviceBuffer x(in.x.size() * 2), w(in.w.size() * 2), z(static_cast<size_t>(t.rows() * t.k) * 2),
+  DeviceBuffer x = upload_half(in.x), w = upload_half(in.w);
+  DeviceBuffer z(static_cast<size_t>(t.rows() * t.k) * 2),
       sums(sizeof(float) * static_cast<size_t>(2 * t.k));
-  upload_half(in.x, x.p);
-  upload_half(in.w, w.p);
   // NaNs where the kernel writes nothing, and in the sums a mode without them leaves.
   EXPECT_EQ(cudaMemset(z.p, 0xFF, static_cast<size_t>(t.rows() * t.k) * 2), cudaSuccess);
   sm90::ConvStats c;

@@ -108,26 +108,6 @@ Result run_kiln_chain(const DgradCase& t, const Inputs& in) {
 }
 
 #if defined(KILN_HAVE_CUDA) && defined(KILN_HAVE_CUTLASS)
-// A device buffer freed at scope exit.
-struct DeviceBuffer {
-  void* p = nullptr;
-  explicit DeviceBuffer(size_t bytes) {
-    EXPECT_EQ(cudaMalloc(&p, std::max<size_t>(bytes, 256)), cudaSuccess);
-  }
-  DeviceBuffer(DeviceBuffer&& o) noexcept : p(o.p) { o.p = nullptr; }
-  ~DeviceBuffer() { cudaFree(p); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-};
-
-DeviceBuffer upload_half(const std::vector<float>& v) {
-  std::vector<uint16_t> h(v.size());
-  for (size_t i = 0; i < v.size(); ++i) h[i] = float_to_half(v[i]);
-  DeviceBuffer b(h.size() * 2);
-  EXPECT_EQ(cudaMemcpy(b.p, h.data(), h.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
-  return b;
-}
-
 // One variant on the same inputs.
 Result run_kernel(const DgradCase& t, const Inputs& in, const sm90::DgradBnKernel& kern) {
   const int64_t m = t.n * t.h * t.w;

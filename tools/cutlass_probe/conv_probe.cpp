@@ -164,36 +164,17 @@ int conv_probe(cudnnHandle_t handle, cudaStream_t s, const cudaDeviceProp& prop,
       // z: each side rounds an FP32 sum of the same products to FP16 once, in its own order:
       // two FP16 ulps (2^-9 relative) cover both roundings; the absolute 2^-11 the FP32 sums'
       // differing cancellation near zero (taps * 2^-24 * sum |w x| stays below it for up to
-      // 4608 taps of unit-scale terms).
-      PROBE_CUDA(compare_half(zb, za, count, 0x1p-9f, 0x1p-11f, cmp, s));
-      unsigned long long hc[2];
-      PROBE_CUDA(cudaMemcpyAsync(hc, cmp, sizeof hc, cudaMemcpyDeviceToHost, s));
-      std::vector<float> hs(2 * static_cast<size_t>(c.k));
-      if (kern.mode != sm90::StatsMode::none)
-        PROBE_CUDA(
-            cudaMemcpyAsync(hs.data(), sums, hs.size() * sizeof(float), cudaMemcpyDeviceToHost, s));
-      PROBE_CUDA(cudaStreamSynchronize(s));
-      float zerr;
-      const auto bits = static_cast<unsigned>(hc[0]);
-      std::memcpy(&zerr, &bits, sizeof zerr);
-      bool ok = hc[1] == 0;
-      // The sums, as cutlass_probe.cpp bounds them: the mean's error against z's spread, the sum
-      // of squares relative; 1e-4 holds FP32 rounding and shows a lost or doubled tile.
-      double esum = 0, esq = 0;
-      if (kern.mode != sm90::StatsMode::none) {
-        for (int64_t j = 0; j < c.k; ++j) {
-          const double rs = href[j].x, rq = href[j].y;
-          esum = std::max(esum, std::fabs(hs[j] - rs) / std::sqrt(static_cast<double>(rows) * rq));
-          esq = std::max(esq, std::fabs(hs[c.k + j] - rq) / rq);
-          if (!std::isfinite(hs[j]) || !std::isfinite(hs[c.k + j])) esum = esq = INFINITY;
-        }
-        ok = ok && esum <= 1e-4 && esq <= 1e-4;
-      }
+      // 4608 taps of unit-scale terms). The sums as check_stats bounds them.
+      const StatsCheck chk =
+          check_stats(zb, za, rows, c.k, 0x1p-9f, 0x1p-11f,
+                      kern.mode != sm90::StatsMode::none ? sums : nullptr, href, cmp, s);
+      const bool ok = chk.ok;
       const float t = median_ms(s, reps, [&] { return kern.run(a, ws, s).empty(); });
       char line[256];
       std::snprintf(line, sizeof line,
                     "%s, %s: %.3f ms, max z err %.2e (%llu over), sum %.1e, sumsq %.1e%s", c.name,
-                    kern.name, t, zerr, hc[1], esum, esq, ok ? "" : "  MISMATCH");
+                    kern.name, t, chk.z_err, chk.z_over, chk.sum_err, chk.sumsq_err,
+                    ok ? "" : "  MISMATCH");
       notes.push_back(line);
       if (!ok || t < 0) {
         failed = true;
@@ -203,9 +184,9 @@ int conv_probe(cudnnHandle_t handle, cudaStream_t s, const cudaDeviceProp& prop,
         alone_ms = t;
         continue;
       }
-      worst_z = std::max<double>(worst_z, zerr);
-      worst_sum = std::max(worst_sum, esum);
-      worst_sq = std::max(worst_sq, esq);
+      worst_z = std::max<double>(worst_z, chk.z_err);
+      worst_sum = std::max(worst_sum, chk.sum_err);
+      worst_sq = std::max(worst_sq, chk.sumsq_err);
       if (best_ms < 0 || t < best_ms) {
         best_ms = t;
         best_name = kern.name;

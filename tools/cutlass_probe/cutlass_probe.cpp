@@ -220,38 +220,16 @@ int main(int argc, char** argv) {
       // z: each side rounds an FP32 sum of the same products once, in its own order; two FP16
       // ulps (2^-9 relative) cover both roundings, and the absolute 2^-12 the FP32 sums'
       // differing cancellation near zero (K * 2^-24 * sum |w x| stays below it for K <= 2048).
-      PROBE_CUDA(compare_half(zb, za, m * c.k, 0x1p-9f, 0x1p-12f, cmp, s));
-      unsigned long long hc[2];
-      PROBE_CUDA(cudaMemcpyAsync(hc, cmp, sizeof hc, cudaMemcpyDeviceToHost, s));
-      std::vector<float> hs(2 * static_cast<size_t>(c.k));
-      if (kern.mode != StatsMode::none)
-        PROBE_CUDA(
-            cudaMemcpyAsync(hs.data(), sums, hs.size() * sizeof(float), cudaMemcpyDeviceToHost, s));
-      PROBE_CUDA(cudaStreamSynchronize(s));
-      float zerr;
-      const auto bits = static_cast<unsigned>(hc[0]);
-      std::memcpy(&zerr, &bits, sizeof zerr);
-      bool ok = hc[1] == 0;
-      // The statistics (FP32 sums of FP16 z in another order than kiln's double sums). The
-      // mean's error counts against z's spread, which BatchNorm divides by, not against the
-      // mean (near zero here). 1e-4: FP32 sums over at most a few thousand terms per thread
-      // and partial (each rounding 2^-24 relative) stay well inside it, while a lost or
-      // doubled tile (1 / M tiles >= 1.6e-4 of sum z^2 here) does not.
-      double esum = 0, esq = 0;
-      if (kern.mode != StatsMode::none) {
-        for (int64_t j = 0; j < c.k; ++j) {
-          const double rs = href[j].x, rq = href[j].y;
-          esum = std::max(esum, std::fabs(hs[j] - rs) / std::sqrt(static_cast<double>(m) * rq));
-          esq = std::max(esq, std::fabs(hs[c.k + j] - rq) / rq);
-          if (!std::isfinite(hs[j]) || !std::isfinite(hs[c.k + j])) esum = esq = INFINITY;
-        }
-        ok = ok && esum <= 1e-4 && esq <= 1e-4;
-      }
+      const StatsCheck chk =
+          check_stats(zb, za, m, c.k, 0x1p-9f, 0x1p-12f,
+                      kern.mode != StatsMode::none ? sums : nullptr, href, cmp, s);
+      const bool ok = chk.ok;
       const float t = median_ms(s, reps, [&] { return kern.run(g, ws, s).empty(); });
       char line[256];
       std::snprintf(line, sizeof line,
                     "%s, %s: %.3f ms, max z err %.2e (%llu over), sum %.1e, sumsq %.1e%s", c.name,
-                    kern.name, t, zerr, hc[1], esum, esq, ok ? "" : "  MISMATCH");
+                    kern.name, t, chk.z_err, chk.z_over, chk.sum_err, chk.sumsq_err,
+                    ok ? "" : "  MISMATCH");
       notes.push_back(line);
       if (!ok || t < 0) {
         failed = true;
@@ -261,9 +239,9 @@ int main(int argc, char** argv) {
         gemm_ms = gemm_ms < 0 ? t : std::min(gemm_ms, t);
         continue;
       }
-      worst_z = std::max<double>(worst_z, zerr);
-      worst_sum = std::max(worst_sum, esum);
-      worst_sq = std::max(worst_sq, esq);
+      worst_z = std::max<double>(worst_z, chk.z_err);
+      worst_sum = std::max(worst_sum, chk.sum_err);
+      worst_sq = std::max(worst_sq, chk.sumsq_err);
       if (best_ms < 0 || t < best_ms) {
         best_ms = t;
         best_name = kern.name;

@@ -7,6 +7,7 @@
 #include <cudnn_frontend.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -15,6 +16,8 @@
 #include <string>
 #include <unordered_map>
 #include <vector>
+
+#include "probe_kernels.h"
 
 #define PROBE_CUDA(call)                                                                          \
   do {                                                                                            \
@@ -169,6 +172,49 @@ std::string run_and_wait(const UnitKernel& kern, const Problem& p, void* ws, cud
   const cudaError_t sync = cudaStreamSynchronize(s);
   if (!err.empty()) return err;
   return sync == cudaSuccess ? "" : cudaGetErrorString(sync);
+}
+
+// What a forward variant's z and sums are checked by (cutlass_probe.cpp, conv_probe.cpp).
+struct StatsCheck {
+  float z_err = 0;                    // the largest |z - zref|
+  unsigned long long z_over = 0;      // elements outside the bound
+  double sum_err = 0, sumsq_err = 0;  // see check_stats
+  bool ok = false;
+};
+
+// z [rows][k] against zref within rel_tol * |zref| + abs_tol (compare_half); where `sums`
+// (device [sum; sumsq] [2][k]) is non-null, the sums against kiln's double sums href: the mean's
+// error counts against z's spread (which BatchNorm divides by, not against the mean, near zero
+// here), the sum of squares relative. 1e-4: FP32 sums over at most a few thousand terms per
+// thread and partial (each rounding 2^-24 relative) stay well inside it, while a lost or doubled
+// tile (1 / M tiles >= 1.6e-4 of sum z^2 at these sizes) does not.
+inline StatsCheck check_stats(const __half* z, const __half* zref, int64_t rows, int64_t k,
+                              float rel_tol, float abs_tol, const float* sums,
+                              const std::vector<double2>& href, unsigned long long* cmp,
+                              cudaStream_t s) {
+  PROBE_CUDA(compare_half(z, zref, rows * k, rel_tol, abs_tol, cmp, s));
+  unsigned long long hc[2];
+  PROBE_CUDA(cudaMemcpyAsync(hc, cmp, sizeof hc, cudaMemcpyDeviceToHost, s));
+  std::vector<float> hs(2 * static_cast<size_t>(k));
+  if (sums != nullptr)
+    PROBE_CUDA(
+        cudaMemcpyAsync(hs.data(), sums, hs.size() * sizeof(float), cudaMemcpyDeviceToHost, s));
+  PROBE_CUDA(cudaStreamSynchronize(s));
+  StatsCheck r;
+  const auto bits = static_cast<unsigned>(hc[0]);
+  std::memcpy(&r.z_err, &bits, sizeof r.z_err);
+  r.z_over = hc[1];
+  r.ok = hc[1] == 0;
+  if (sums != nullptr) {
+    for (int64_t j = 0; j < k; ++j) {
+      const double rs = href[j].x, rq = href[j].y;
+      r.sum_err = std::max(r.sum_err, std::fabs(hs[j] - rs) / std::sqrt(rows * rq));
+      r.sumsq_err = std::max(r.sumsq_err, std::fabs(hs[k + j] - rq) / rq);
+      if (!std::isfinite(hs[j]) || !std::isfinite(hs[k + j])) r.sum_err = r.sumsq_err = INFINITY;
+    }
+    r.ok = r.ok && r.sum_err <= 1e-4 && r.sumsq_err <= 1e-4;
+  }
+  return r;
 }
 
 // dgrad_probe.cpp's comparison (kiln_cutlass_probe --dgrad); returns the exit code.
