@@ -46,7 +46,8 @@
 #            batch 256, cuDNN's dgrad + kiln's sums pass against the SM90 kernel (CUTLASS_REPS
 #            runs each), and the units' registers, stack and LDL/STL (issue 20 stage 2, backward);
 #            DGRAD_NCU=TEXT adds ncu over the kernels of the probe's shapes named TEXT;
-#            CONV_PROBE=1 adds `kiln_cutlass_probe --conv` (3x3 convolutions with the statistics)
+#            CONV_PROBE=1 adds `kiln_cutlass_probe --conv` (3x3 convolutions with the statistics),
+#            CONV_NCU=TEXT ncu over its kernels for the shapes named TEXT
 #     kernels  build, then Nsight Compute over two timed AMP steps at batch 256 of each of
 #            PROFILE_MODELS (default "resnet50 vgg16_bn") and bench/kernel_breakdown.py's table
 #            of GPU time per step by kernel kind (issue 5's breakdown; no tests run)
@@ -350,6 +351,15 @@ if [ "$MODE" = cutlass-dgrad ]; then
       >"$LOGS/cutlass-conv-probe.txt" 2>&1 || status=1
     cat "$LOGS/cutlass-conv-probe.txt"
     sass_notes kiln_conv_stats conv_stats_sm90.cu  # conv_stats.h's units
+    # CONV_NCU=TEXT: ncu on the convolution kernels of the probe's shapes named TEXT.
+    if [ -n "${CONV_NCU:-}" ]; then
+      ncu --clock-control none --kernel-name-base mangled --kernel-name regex:ConvUniversal \
+        --launch-count 12 --section SpeedOfLight --section MemoryWorkloadAnalysis \
+        --section WarpStateStats --section SchedulerStats --section Occupancy \
+        "$BUILD/kiln_cutlass_probe" --conv --batch 256 --reps 1 --shape "$CONV_NCU" \
+        >"$LOGS/ncu-conv.txt" 2>&1 || status=1
+      note "conv ncu" "$(grep -c 'Duration' "$LOGS/ncu-conv.txt") kernels profiled ($LOGS/ncu-conv.txt)"
+    fi
     note "conv probe" "$(grep '^summary:' "$LOGS/cutlass-conv-probe.txt" || tail -1 "$LOGS/cutlass-conv-probe.txt")"
   fi
   finish
