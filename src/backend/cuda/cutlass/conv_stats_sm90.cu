@@ -7,6 +7,7 @@
 // with K = C*R*S, whose output rows are NHWC's pixels, so z is stored as the row-major
 // [N*P*Q][K] matrix by CUTLASS's TMA epilogue, and register_stats_epilogue.cuh adds the sums of
 // the FP16-rounded z and z^2 per column from the accumulators.
+
 // The order: CUTLASS's convolution headers use cute, cutlass's core and its hardware info
 // without including them, so those come first.
 // clang-format off
@@ -116,11 +117,8 @@ typename Conv::Arguments arguments(const ConvStats& c, void* workspace) {
   cutlass::KernelHardwareInfo hw;
   hw.device_id = c.device_id;
   hw.sm_count = c.sm_count;
-  return
-      typename Conv::Arguments{problem(c),
-                               {static_cast<const Element*>(c.x), static_cast<const Element*>(c.w)},
-                               epilogue,
-                               hw};
+  return typename Conv::Arguments{
+      shape, {static_cast<const Element*>(c.x), static_cast<const Element*>(c.w)}, epilogue, hw};
 }
 
 size_t workspace_bytes(const ConvStats& c) {
