@@ -4,9 +4,9 @@
 // chain), on ResNet-50's 1x1 shapes and odd sizes; the statistics against a float64 reference;
 // a bottleneck's conv3 (conv_fwd, then bn_add_relu_fwd) likewise; 3x3 and strided layers on the
 // implicit-GEMM convolution (KILN_CUTLASS_CONV=1) likewise; layers the GEMM cannot take keep
-// their form; and ResNet-50's training steps with the switches on against off. Every case needs
-// a compute capability 9.0 GPU and a kiln built with the CUTLASS kernels, and skips cleanly
-// elsewhere.
+// their form; and ResNet-50's and VGG16-BN's training steps with the switches on against off.
+// Every case needs a compute capability 9.0 GPU and a kiln built with the CUTLASS kernels, and
+// skips cleanly elsewhere.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -295,7 +295,7 @@ TEST(GpuCutlassStep, Resnet50StepsAgreeSwitchOffAndOn) {
   const std::vector<StepForm> forms = {{"today", "kiln", Auto::off, Auto::off},
                                        {"genstats", "genstats", Auto::off, Auto::off},
                                        {"KILN_CUTLASS", "kiln", Auto::on, Auto::off}};
-  const std::vector<FormSteps> runs = resnet50_three_steps(forms);
+  const std::vector<FormSteps> runs = three_steps("resnet50", forms);
   const CompileReport &today = runs[kToday].report, &cut = runs[kCutlass].report;
   EXPECT_EQ(today.cbr_cutlass + today.cbr_cutlass_fallbacks, 0);
   EXPECT_GT(runs[kGenstats].report.cbr_genstats, 0) << "genstats took no layer: no noise floor";
@@ -316,11 +316,28 @@ TEST(GpuCutlassStep, Resnet50StepsAgreeImplicitConvolutionOffAndOn) {
       {"today", "kiln", Auto::off, Auto::off},
       {"genstats", "genstats", Auto::off, Auto::off},
       {"KILN_CUTLASS_CONV", "kiln", Auto::on, Auto::off, Auto::on}};
-  const std::vector<FormSteps> runs = resnet50_three_steps(forms);
+  const std::vector<FormSteps> runs = three_steps("resnet50", forms);
   const CompileReport& conv = runs[kConv].report;
   EXPECT_EQ(conv.cbr_cutlass_conv, 16) << "ResNet-50's bottleneck conv2 layers";
   EXPECT_EQ(conv.cbr_cutlass, 32) << "conv1 on the GEMM, conv2 on the implicit-GEMM convolution";
   EXPECT_EQ(conv.conv_cutlass, 16) << "conv3 on the GEMM";
+  expect_within_noise(runs, forms, {kToday, kConv, kGenstats});
+}
+
+// VGG16-BN likewise: its 3x3 CBRs (with their folded max-pools) but the first (3 channels) on
+// the implicit-GEMM convolution; VGG has no 1x1 layer for the GEMM.
+TEST(GpuCutlassStep, Vgg16BnStepsAgreeImplicitConvolutionOffAndOn) {
+  KILN_REQUIRE_SM90_CUTLASS();
+  enum Form { kToday, kGenstats, kConv };
+  const std::vector<StepForm> forms = {
+      {"today", "kiln", Auto::off, Auto::off},
+      {"genstats", "genstats", Auto::off, Auto::off},
+      {"KILN_CUTLASS_CONV", "kiln", Auto::on, Auto::off, Auto::on}};
+  const std::vector<FormSteps> runs = three_steps("vgg16_bn", forms);
+  const CompileReport& conv = runs[kConv].report;
+  EXPECT_EQ(conv.cbr_cutlass_conv, 12) << "VGG16-BN's 3x3 layers but the first";
+  EXPECT_EQ(conv.cbr_cutlass, conv.cbr_cutlass_conv) << "no 1x1 layer";
+  EXPECT_GT(runs[kGenstats].report.cbr_genstats, 0) << "genstats took no layer: no noise floor";
   expect_within_noise(runs, forms, {kToday, kConv, kGenstats});
 }
 

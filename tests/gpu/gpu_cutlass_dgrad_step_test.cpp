@@ -217,7 +217,7 @@ TEST(GpuCutlassDgradStep, Resnet50StepsAgreeSwitchOffAndOn) {
   const std::vector<StepForm> forms = {{"cuDNN's form", "kiln", Auto::off, Auto::off},
                                        {"the forward's GEMM", "kiln", Auto::on, Auto::off},
                                        {"KILN_CUTLASS_DGRAD", "kiln", Auto::on, Auto::on}};
-  const std::vector<FormSteps> runs = resnet50_three_steps(forms);
+  const std::vector<FormSteps> runs = three_steps("resnet50", forms);
   const CompileReport &forward = runs[kForward].report, &dgrad = runs[kDgrad].report;
   EXPECT_EQ(forward.dgrad_cutlass + forward.dgrad_cutlass_fallbacks, 0);
   EXPECT_EQ(forward.conv_cutlass, 16) << "the forward's GEMM took the conv3 layers";

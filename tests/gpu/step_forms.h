@@ -1,5 +1,5 @@
-// ResNet-50's training step in several forms (switch settings), held to one another: what
-// GpuCutlassStep (gpu_cutlass_cbr_test.cpp) and GpuCutlassDgradStep
+// A model's training step (ResNet-50's, VGG16-BN's) in several forms (switch settings), held to
+// one another: what GpuCutlassStep (gpu_cutlass_cbr_test.cpp) and GpuCutlassDgradStep
 // (gpu_cutlass_dgrad_step_test.cpp) share. Single gradients of an untrained network on 4 images
 // are not stable under rounding (the first H200 run: up to 0.74 of a tensor's scale in step 1,
 // with the loss equal to 1e-4: BatchNorm over a few hundred values a channel, and sums such as
@@ -51,10 +51,11 @@ inline void read_grads(Engine& e, NamedTensors& r) {
   }
 }
 
-// ResNet-50 (224x224, batch 4, AMP, deterministic engines) trained three steps on the same batch
-// in each form, with memory reuse as kiln runs it.
-inline std::vector<FormSteps> resnet50_three_steps(const std::vector<StepForm>& forms) {
-  const BluePrint bp = make_model("resnet50");
+// A zoo model (224x224, batch 4, AMP, deterministic engines) trained three steps on the same
+// batch in each form, with memory reuse as kiln runs it.
+inline std::vector<FormSteps> three_steps(const std::string& model,
+                                          const std::vector<StepForm>& forms) {
+  const BluePrint bp = make_model(model);
   const LearnableBatch b = learnable_batch(bp, 4, 9);
   std::vector<FormSteps> runs;
   for (const StepForm& f : forms) {
