@@ -113,6 +113,27 @@ struct CutlassCase {
   int pool;
 };
 
+// The layer on the CUTLASS path (conv: on the implicit-GEMM convolution, KILN_CUTLASS_CONV=1)
+// against kiln's form, with FP32 atomics and in the deterministic form (per-CTA partials), the
+// latter twice for the same bits.
+void expect_cutlass_form_agrees(const CbrCase& t, int pool, const CbrForward& kiln, bool conv) {
+  for (const bool deterministic : {false, true}) {
+    SCOPED_TRACE(deterministic ? "deterministic: per-CTA partials" : "FP32 atomics");
+    const CbrForward cut = run_cbr_forward(t, pool, cutlass_switches(true, deterministic, conv));
+    ASSERT_EQ(cut.report.cbr_cutlass, 1) << "the layer did not take the CUTLASS path (the log "
+                                            "says why); was kiln built with KILN_CUTLASS_KERNELS?";
+    EXPECT_EQ(cut.report.cbr_cutlass_fallbacks, 0);
+    EXPECT_EQ(cut.report.cbr_cutlass_conv, conv ? 1 : 0) << "on the implicit-GEMM convolution";
+    expect_agrees_to_rounding(cut, kiln, t.k);
+    if (deterministic) {
+      const CbrForward again = run_cbr_forward(t, pool, cutlass_switches(true, true, conv));
+      EXPECT_EQ(again.z, cut.z) << "deterministic z";
+      EXPECT_EQ(again.saved, cut.saved) << "deterministic statistics (fixed-order partials)";
+      EXPECT_EQ(again.y, cut.y) << "deterministic y";
+    }
+  }
+}
+
 class GpuCutlassCbr : public ::testing::TestWithParam<CutlassCase> {};
 
 TEST_P(GpuCutlassCbr, AgreesWithKilnsFormToRounding) {
@@ -121,20 +142,7 @@ TEST_P(GpuCutlassCbr, AgreesWithKilnsFormToRounding) {
   const int pool = GetParam().pool;
   const CbrForward kiln = run_cbr_forward(t, pool, cutlass_switches(false, true));
   EXPECT_EQ(kiln.report.cbr_cutlass + kiln.report.cbr_cutlass_fallbacks, 0) << "switch off";
-  for (const bool deterministic : {false, true}) {
-    SCOPED_TRACE(deterministic ? "deterministic: per-CTA partials" : "FP32 atomics");
-    const CbrForward cut = run_cbr_forward(t, pool, cutlass_switches(true, deterministic));
-    ASSERT_EQ(cut.report.cbr_cutlass, 1) << "the layer did not take the CUTLASS path (the log "
-                                            "says why); was kiln built with KILN_CUTLASS_KERNELS?";
-    EXPECT_EQ(cut.report.cbr_cutlass_fallbacks, 0);
-    expect_agrees_to_rounding(cut, kiln, t.k);
-    if (deterministic) {
-      const CbrForward again = run_cbr_forward(t, pool, cutlass_switches(true, true));
-      EXPECT_EQ(again.z, cut.z) << "deterministic z";
-      EXPECT_EQ(again.saved, cut.saved) << "deterministic statistics (fixed-order partials)";
-      EXPECT_EQ(again.y, cut.y) << "deterministic y";
-    }
-  }
+  expect_cutlass_form_agrees(t, pool, kiln, false);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -163,9 +171,8 @@ INSTANTIATE_TEST_SUITE_P(
     [](const auto& info) { return std::string(info.param.cbr.name); });
 
 // The CBR forward whose convolution is not the GEMM's 1x1 (VGG's and ResNet-50's 3x3 layers, a
-// strided one, the padded stem) on the implicit-GEMM convolution (KILN_CUTLASS_CONV=1), against
-// the same layer with the switches off, as above; in the deterministic form (per-CTA partials)
-// twice for the same bits.
+// strided one, odd sizes) on the implicit-GEMM convolution (KILN_CUTLASS_CONV=1), against the
+// same layer with the switches off, as above.
 class GpuCutlassConvCbr : public ::testing::TestWithParam<CutlassCase> {};
 
 TEST_P(GpuCutlassConvCbr, AgreesWithKilnsFormToRounding) {
@@ -175,20 +182,7 @@ TEST_P(GpuCutlassConvCbr, AgreesWithKilnsFormToRounding) {
   const CbrForward kiln = run_cbr_forward(t, pool, cutlass_switches(false, true));
   const CbrForward gemm_only = run_cbr_forward(t, pool, cutlass_switches(true, true));
   EXPECT_EQ(gemm_only.report.cbr_cutlass, 0) << "KILN_CUTLASS_CONV off: the layer keeps cuDNN";
-  for (const bool deterministic : {false, true}) {
-    SCOPED_TRACE(deterministic ? "deterministic: per-CTA partials" : "FP32 atomics");
-    const CbrForward cut = run_cbr_forward(t, pool, cutlass_switches(true, deterministic, true));
-    ASSERT_EQ(cut.report.cbr_cutlass, 1) << "the layer did not take the CUTLASS path (the log "
-                                            "says why)";
-    EXPECT_EQ(cut.report.cbr_cutlass_conv, 1) << "on the implicit-GEMM convolution";
-    expect_agrees_to_rounding(cut, kiln, t.k);
-    if (deterministic) {
-      const CbrForward again = run_cbr_forward(t, pool, cutlass_switches(true, true, true));
-      EXPECT_EQ(again.z, cut.z) << "deterministic z";
-      EXPECT_EQ(again.saved, cut.saved) << "deterministic statistics (fixed-order partials)";
-      EXPECT_EQ(again.y, cut.y) << "deterministic y";
-    }
-  }
+  expect_cutlass_form_agrees(t, pool, kiln, true);
 }
 
 INSTANTIATE_TEST_SUITE_P(
