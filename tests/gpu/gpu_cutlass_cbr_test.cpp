@@ -300,39 +300,37 @@ TEST(GpuCutlassStep, Resnet50StepsAgreeSwitchOffAndOn) {
   expect_within_noise(runs, forms, {kToday, kCutlass, kGenstats});
 }
 
-// The same steps with KILN_CUTLASS_CONV on as well: ResNet-50's 16 conv2 layers (3x3, four of
-// them strided) take the implicit-GEMM convolution, the stem (3 channels) keeps cuDNN; held to
-// today's form by genstats' noise as above.
-TEST(GpuCutlassStep, Resnet50StepsAgreeImplicitConvolutionOffAndOn) {
-  KILN_REQUIRE_SM90_CUTLASS();
+// Three steps of `model` with KILN_CUTLASS_CONV on as well (the implicit-GEMM convolution for
+// its 3x3 layers), held to today's form by genstats' noise as above; returns that form's report.
+CompileReport implicit_convolution_steps_within_noise(const std::string& model) {
   enum Form { kToday, kGenstats, kConv };
   const std::vector<StepForm> forms = {
       {"today", "kiln", Auto::off, Auto::off},
       {"genstats", "genstats", Auto::off, Auto::off},
       {"KILN_CUTLASS_CONV", "kiln", Auto::on, Auto::off, Auto::on}};
-  const std::vector<FormSteps> runs = three_steps("resnet50", forms);
-  const CompileReport& conv = runs[kConv].report;
+  const std::vector<FormSteps> runs = three_steps(model, forms);
+  EXPECT_GT(runs[kGenstats].report.cbr_genstats, 0) << "genstats took no layer: no noise floor";
+  expect_within_noise(runs, forms, {kToday, kConv, kGenstats});
+  return runs[kConv].report;
+}
+
+// ResNet-50's 16 conv2 layers (3x3, four of them strided) take the implicit-GEMM convolution,
+// the stem (3 channels) keeps cuDNN.
+TEST(GpuCutlassStep, Resnet50StepsAgreeImplicitConvolutionOffAndOn) {
+  KILN_REQUIRE_SM90_CUTLASS();
+  const CompileReport conv = implicit_convolution_steps_within_noise("resnet50");
   EXPECT_EQ(conv.cbr_cutlass_conv, 16) << "ResNet-50's bottleneck conv2 layers";
   EXPECT_EQ(conv.cbr_cutlass, 32) << "conv1 on the GEMM, conv2 on the implicit-GEMM convolution";
   EXPECT_EQ(conv.conv_cutlass, 16) << "conv3 on the GEMM";
-  expect_within_noise(runs, forms, {kToday, kConv, kGenstats});
 }
 
-// VGG16-BN likewise: its 3x3 CBRs (with their folded max-pools) but the first (3 channels) on
-// the implicit-GEMM convolution; VGG has no 1x1 layer for the GEMM.
+// VGG16-BN: its 3x3 CBRs (with their folded max-pools) but the first (3 channels) on the
+// implicit-GEMM convolution; VGG has no 1x1 layer for the GEMM.
 TEST(GpuCutlassStep, Vgg16BnStepsAgreeImplicitConvolutionOffAndOn) {
   KILN_REQUIRE_SM90_CUTLASS();
-  enum Form { kToday, kGenstats, kConv };
-  const std::vector<StepForm> forms = {
-      {"today", "kiln", Auto::off, Auto::off},
-      {"genstats", "genstats", Auto::off, Auto::off},
-      {"KILN_CUTLASS_CONV", "kiln", Auto::on, Auto::off, Auto::on}};
-  const std::vector<FormSteps> runs = three_steps("vgg16_bn", forms);
-  const CompileReport& conv = runs[kConv].report;
+  const CompileReport conv = implicit_convolution_steps_within_noise("vgg16_bn");
   EXPECT_EQ(conv.cbr_cutlass_conv, 12) << "VGG16-BN's 3x3 layers but the first";
   EXPECT_EQ(conv.cbr_cutlass, conv.cbr_cutlass_conv) << "no 1x1 layer";
-  EXPECT_GT(runs[kGenstats].report.cbr_genstats, 0) << "genstats took no layer: no noise floor";
-  expect_within_noise(runs, forms, {kToday, kConv, kGenstats});
 }
 
 }  // namespace
