@@ -390,7 +390,7 @@ if [ "$MODE" = cutlass-step ]; then
       # data gradients before a BatchNorm backward on the SM90 kernel / kept.
       layers=$(grep -o 'KILN_CUTLASS=1): .*' "$log" | sed 's/ (the log says why)//' | cut -c18-)
       dlayers=$(grep -o 'KILN_CUTLASS_DGRAD=[a-z0-9]*): .*' "$log" | sed 's/ (the log says why)//;s/^[^:]*: //')
-      clayers=$(grep -o 'of those, [0-9]* on the SM90 implicit-GEMM' "$log" | grep -o '[0-9]*')
+      clayers=$(sed -n 's/.*of those, \([0-9]*\) on the SM90 implicit-GEMM.*/\1/p' "$log" | head -1)
       note "$m KILN_CUTLASS=$on DGRAD=$dgrad CONV=$conv" "round $round: ${ips:-FAILED: $(tail -1 "$log" | cut -c1-150)} img/s ($(since))${layers:+; $layers}${dlayers:+; dgrad: $dlayers}${clayers:+; implicit-GEMM convolutions: $clayers}"
     done
   done

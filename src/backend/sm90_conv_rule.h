@@ -28,13 +28,13 @@ bool sm90_conv_gemm_tried(Auto sw, bool built, int cc_major, int cc_minor, DType
 
 // What KILN_CUTLASS_DGRAD=auto does, in one place: true follows KILN_CUTLASS (the data gradients
 // that feed a BatchNorm backward take the SM90 kernel wherever the forward's GEMM is tried),
-// false leaves it off unless asked for (KILN_CUTLASS_DGRAD=1). Off: on the H200 the kernel
-// still slows ResNet-50's step (bench/RESULTS.md, fifteenth session: 7,486 img/s on, 7,906 off).
-inline constexpr bool kCutlassDgradByDefault = false;
+// false leaves it off unless asked for (KILN_CUTLASS_DGRAD=1). On: with 36a0a34's leaner
+// epilogue ResNet-50's step gains ~3% on the H200 (bench/RESULTS.md, seventeenth session).
+inline constexpr bool kCutlassDgradByDefault = true;
 
-// What KILN_CUTLASS_CONV=auto does: false until the implicit-GEMM convolution with the
-// statistics (cutlass/conv_stats.h) is measured against cuDNN's fprop and kiln's statistics pass
-// on the H200 (kiln_cutlass_probe --conv; not yet run).
+// What KILN_CUTLASS_CONV=auto does: off, since the implicit-GEMM convolution with the
+// statistics (cutlass/conv_stats.h) loses to cuDNN's fprop plus kiln's statistics pass on the
+// H200 (VGG16-BN's 3x3 layers 0.59x, ResNet-50's 0.88x: bench/RESULTS.md, seventeenth session).
 inline constexpr bool kCutlassConvByDefault = false;
 
 // Whether a program's other CBR forwards try the SM90 implicit-GEMM convolution

@@ -3,9 +3,9 @@
 // dX[m][c] = sum_k dY[m][k] W[k][c], when dX is the gradient at the output of relu(bn(z)) or
 // relu(bn(z) + residual): the epilogue writes BatchNorm's masked gradient g instead of dX and
 // takes BatchNorm-backward's per-channel sums (dgrad_bn_epilogue.cuh), so BatchNorm's backward
-// runs only its finalize and dx passes, reading g. The step uses it under KILN_CUTLASS_DGRAD=1
-// (cutlass_dgrad.cpp); auto leaves it off while it is slower on the H200 than cuDNN's dgrad
-// followed by kiln's sums pass (bench/RESULTS.md, issue 20).
+// runs only its finalize and dx passes, reading g. The step uses it under KILN_CUTLASS_DGRAD
+// (cutlass_dgrad.cpp), on by default wherever the forward's GEMM is: on the H200 it is faster
+// than cuDNN's dgrad followed by kiln's sums pass (bench/RESULTS.md, issue 20).
 #pragma once
 #include <cstdint>
 #include <vector>
