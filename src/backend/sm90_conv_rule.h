@@ -32,9 +32,10 @@ bool sm90_conv_gemm_tried(Auto sw, bool built, int cc_major, int cc_minor, DType
 // epilogue ResNet-50's step gains ~3% on the H200 (bench/RESULTS.md, seventeenth session).
 inline constexpr bool kCutlassDgradByDefault = true;
 
-// What KILN_CUTLASS_CONV=auto does: off, since the implicit-GEMM convolution with the
-// statistics (cutlass/conv_stats.h) loses to cuDNN's fprop plus kiln's statistics pass on the
-// H200 (VGG16-BN's 3x3 layers 0.59x, ResNet-50's 0.88x: bench/RESULTS.md, seventeenth session).
+// What KILN_CUTLASS_CONV=auto does: off. On CUTLASS's non-persistent kernel the implicit-GEMM
+// convolution with the statistics (cutlass/conv_stats.h) lost to cuDNN's fprop plus kiln's
+// statistics pass on the H200 (VGG16-BN's 3x3 layers 0.59x, ResNet-50's 0.88x: bench/RESULTS.md,
+// seventeenth session); its persistent form is not yet measured.
 inline constexpr bool kCutlassConvByDefault = false;
 
 // Whether a program's other CBR forwards try the SM90 implicit-GEMM convolution

@@ -2,10 +2,10 @@
 // (conv_stats_sm90.cu), in plain C++ like gemm_stats.h: z = conv(x, w) for an NHWC FP16
 // convolution of any filter size, stride and padding (VGG's and ResNet-50's 3x3 layers), with
 // the per-channel sums of z and z^2 taken from the accumulators in the epilogue, so BatchNorm
-// skips its statistics pass. CUTLASS 4.2's SM90 convolutions are its non-persistent
-// warp-specialised kernel (one consumer warpgroup, one tile per CTA): each CTA adds its column
-// sums once, after its tile, with FP32 atomics (reg_atomic) or into its own row of partials that
-// a finalize kernel adds in a fixed order (reg_partials: the deterministic form).
+// skips its statistics pass. Each CTA adds its column sums with FP32 atomics (reg_atomic) or
+// into its own row of partials that a finalize kernel adds in a fixed order (reg_partials: the
+// deterministic form): once after its tile on CUTLASS's non-persistent convolution kernel, once
+// per column block on the persistent one (persistent_conv.cuh).
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -35,15 +35,21 @@ struct ConvStats {
 using ConvStatsKernel = UnitKernel<ConvStats>;
 
 // The variants the CUDA backend links; X(tile_m, tile_n, mode, cluster_m, cluster_n), read by
-// CMakeLists.txt as gemm_stats.h's list is. One consumer warpgroup holds a 128-row tile (a
-// 256-row one would not fit its registers); 128x64 for layers of 64 channels (VGG's first
-// block, ResNet-50's stage 1), 128x128 for the wider ones and the deterministic form. none: z
-// alone, the baseline the statistics' cost is read against (the probe and the GPU test run it).
+// CMakeLists.txt as gemm_stats.h's list is. 128-row tiles run on CUTLASS's own SM90 convolution
+// kernel (non-persistent, one consumer warpgroup: a 256-row tile would not fit its registers);
+// 256-row tiles on its persistent cooperative GEMM kernel (persistent_conv.cuh: two consumer
+// warpgroups, one tile's epilogue overlapping the next tile's loads). 64 columns for layers of
+// 64 channels (VGG's first block, ResNet-50's stage 1), 128 for the wider ones; reg_partials is
+// the deterministic form (128 rows: at 256 its sums spill). none: z alone, the baseline the
+// statistics' cost is read against (the probe and the GPU test run it).
 #define KILN_CONV_STATS_BACKEND_VARIANTS(X) \
   X(128, 64, reg_atomic, 1, 1)              \
   X(128, 128, reg_atomic, 1, 1)             \
   X(128, 128, reg_partials, 1, 1)           \
-  X(128, 128, none, 1, 1)
+  X(128, 128, none, 1, 1)                   \
+  X(256, 64, reg_atomic, 1, 1)              \
+  X(256, 128, reg_atomic, 1, 1)             \
+  X(256, 128, none, 1, 1)
 
 #define KILN_CONV_STATS_FN(tm, tn, mode, cm, cn) KILN_SM90_FN(conv_stats, tm, tn, mode, cm, cn)
 #define KILN_CONV_STATS_DECLARE(tm, tn, mode, cm, cn) \
@@ -57,11 +63,12 @@ inline std::vector<ConvStatsKernel> conv_stats_backend_kernels() {
 #undef KILN_CONV_STATS_ENTRY
 }
 
-// The variant with the sums for k output channels: the deterministic form, else the atomic one
-// whose tile wastes no columns.
+// The variant with the sums for k output channels: the deterministic form, else the persistent
+// atomic one whose tile wastes no columns. (The non-persistent atomic variants stay for the probe
+// and the GPU test: on the H200 they lost to cuDNN, bench/RESULTS.md, seventeenth session.)
 inline ConvStatsKernel conv_stats_kernel_for(int64_t k, bool deterministic) {
   if (deterministic) return conv_stats_128x128_reg_partials_1x1();
-  return k <= 64 ? conv_stats_128x64_reg_atomic_1x1() : conv_stats_128x128_reg_atomic_1x1();
+  return k <= 64 ? conv_stats_256x64_reg_atomic_1x1() : conv_stats_256x128_reg_atomic_1x1();
 }
 
 }  // namespace kiln::sm90

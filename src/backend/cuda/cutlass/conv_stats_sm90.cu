@@ -7,6 +7,10 @@
 // with K = C*R*S, whose output rows are NHWC's pixels, so z is stored as the row-major
 // [N*P*Q][K] matrix by CUTLASS's TMA epilogue, and register_stats_epilogue.cuh adds the sums of
 // the FP16-rounded z and z^2 per column from the accumulators.
+//
+// Tiles of 128 rows run on CUTLASS's own convolution kernel (non-persistent, one consumer
+// warpgroup, one tile per CTA); tiles of 256 rows on its persistent cooperative GEMM kernel
+// (two consumer warpgroups, a CTA's sums kept across its tiles) through persistent_conv.cuh.
 
 // The order: CUTLASS's convolution headers use cute, cutlass's core and its hardware info
 // without including them, so those come first.
@@ -22,6 +26,12 @@
 #include <cutlass/epilogue/fusion/sm90_callbacks_tma_warpspecialized.hpp>
 #include <cutlass/epilogue/thread/activation.h>
 #include <cutlass/util/packed_stride.hpp>
+// The persistent form's kernel in its units alone: CUTLASS 2.x's GemmUniversal, which the GEMM
+// adapter's header brings in, also matches the template arguments of CUTLASS's conv kernel.
+#if KILN_TILE_M == 256
+#include <cutlass/gemm/device/gemm_universal_adapter.h>
+#include <cutlass/gemm/kernel/gemm_universal.hpp>
+#endif
 // clang-format on
 
 #include <string>
@@ -29,6 +39,7 @@
 
 #include "backend/cuda/cutlass/conv_stats.h"
 #include "backend/cuda/cutlass/cutlass_unit.cuh"
+#include "backend/cuda/cutlass/persistent_conv.cuh"
 #include "backend/cuda/cutlass/register_stats_epilogue.cuh"
 
 namespace kiln::sm90 {
@@ -44,7 +55,10 @@ constexpr bool kStats = kMode != StatsMode::none;
 
 // A convolution's tile names its K mode as a shape (CUTLASS folds C, S and R into it).
 using ConvTileShape = Shape<Int<kTileM>, Int<kTileN>, Shape<_64>>;
-constexpr int kConsumerThreads = 128;  // one consumer warpgroup
+// 256-row tiles: the persistent cooperative form, one consumer warpgroup per 128 rows.
+constexpr bool kPersistent = kTileM == 256;
+static_assert(kTileM == 128 || kPersistent, "128 rows (one warpgroup) or 256 (two)");
+constexpr int kConsumerThreads = kPersistent ? 256 : 128;
 
 // z in FP16 from the accumulators; the sums below reduce these rounded values, as BatchNorm's
 // own pass over the stored z does.
@@ -52,16 +66,22 @@ using ZHalf =
     fusion::Sm90EVT<fusion::Sm90Compute<cutlass::epilogue::thread::Identity, cutlass::half_t, float,
                                         cutlass::FloatRoundStyle::round_to_nearest>,
                     fusion::Sm90AccFetch>;
+// The persistent kernel's epilogue sees the GEMM's row-major [N*P*Q][K] z; CUTLASS's convolution
+// kernel's sees NHWC with the rows as (Q, P, N).
+using OutputLayout =
+    std::conditional_t<kPersistent, cutlass::layout::RowMajor, cutlass::layout::TensorNHWC>;
+using EpilogueSchedule =
+    std::conditional_t<kPersistent, cutlass::epilogue::TmaWarpSpecializedCooperative,
+                       cutlass::epilogue::TmaWarpSpecialized>;
 using TmaEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
     cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ConvTileShape, ClusterShape,
-    cutlass::epilogue::collective::EpilogueTileAuto, float, float, void,
-    cutlass::layout::TensorNHWC, 8, cutlass::half_t, cutlass::layout::TensorNHWC, 8,
-    cutlass::epilogue::TmaWarpSpecialized, ZHalf>::CollectiveOp;
+    cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, OutputLayout, 8,
+    cutlass::half_t, OutputLayout, 8, EpilogueSchedule, ZHalf>::CollectiveOp;
 using Epilogue = std::conditional_t<
     kStats, RegisterStatsEpilogue<TmaEpilogue, kTileM, kTileN, kPartialSums, kConsumerThreads>,
     TmaEpilogue>;
 
-using Mainloop = typename cutlass::conv::collective::CollectiveBuilder<
+using ConvMainloop = typename cutlass::conv::collective::CollectiveBuilder<
     cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, cutlass::conv::Operator::kFprop,
     cutlass::half_t, cutlass::layout::TensorNHWC, 8, cutlass::half_t, cutlass::layout::TensorNHWC,
     8, float, ConvTileShape, ClusterShape,
@@ -70,8 +90,30 @@ using Mainloop = typename cutlass::conv::collective::CollectiveBuilder<
     cutlass::conv::KernelImplicitTmaWarpSpecializedSm90>::CollectiveOp;
 
 using Problem = cutlass::conv::ConvProblemShape<cutlass::conv::Operator::kFprop, 2>;
-using Kernel = cutlass::conv::kernel::ConvUniversal<Problem, Mainloop, Epilogue>;
-using Conv = cutlass::conv::device::ConvUniversalAdapter<Kernel>;
+
+// The two kernels, and the device-side adapter that launches each.
+template <bool Persistent>
+struct Form {
+  using Kernel = cutlass::conv::kernel::ConvUniversal<Problem, ConvMainloop, Epilogue>;
+  using Device = cutlass::conv::device::ConvUniversalAdapter<Kernel>;
+};
+#if KILN_TILE_M == 256
+template <>
+struct Form<true> {
+  // Two warpgroups along M, each a 64-row GMMA atom repeated down its 128 rows.
+  using CooperativeMma =
+      decltype(make_tiled_mma(GMMA::ss_op_selector<cutlass::half_t, cutlass::half_t, float,
+                                                   ConvTileShape, GMMA::Major::K, GMMA::Major::K>(),
+                              Layout<Shape<_2, _1, _1>>{}));
+  using Mainloop =
+      PersistentConvMainloop<typename WithTiledMma<ConvMainloop, CooperativeMma>::type>;
+  using Kernel =
+      cutlass::gemm::kernel::GemmUniversal<typename Mainloop::GemmProblem, Mainloop, Epilogue>;
+  using Device = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+};
+#endif
+using Kernel = typename Form<kPersistent>::Kernel;
+using Conv = typename Form<kPersistent>::Device;
 
 Problem problem(const ConvStats& c) {
   return Problem(cutlass::conv::Mode::kCrossCorrelation, {c.n, c.h, c.w_, c.c},
@@ -79,8 +121,11 @@ Problem problem(const ConvStats& c) {
                  {c.stride_h, c.stride_w}, {1, 1}, 1);
 }
 
-// The grid: one CTA per tile (M tiles along x, column blocks along y).
+// The grid: one CTA per tile (M tiles along x, column blocks along y); the persistent form
+// launches as many CTAs as the SMs that keep whole column blocks (column_block_ctas), each
+// holding its sums across its tiles.
 int64_t ctas(const ConvStats& c) {
+  if constexpr (kPersistent) return column_block_ctas(c.k, kTileN, c.sm_count);
   return (c.rows() + kTileM - 1) / kTileM * ((c.k + kTileN - 1) / kTileN);
 }
 
@@ -103,22 +148,46 @@ void set_stats_arguments(EpilogueArguments& epilogue, const ConvStats& c, void* 
   }
 }
 
-typename Conv::Arguments arguments(const ConvStats& c, void* workspace) {
-  using Element = cutlass::half_t;
-  const Problem shape = problem(c);
-  // The epilogue sees the output's rows as (Q, P, N): z's NHWC strides, innermost first.
-  typename Kernel::StrideD sd{};
-  cute::for_each(cute::make_seq<cute::rank<0>(typename Kernel::StrideD{})>{},
-                 [&](auto i) { cute::get<0, i>(sd) = shape.stride_C[Problem::RankT - 2 - i]; });
+// z's store and the sums (a plain function: nvcc's host pass rejects the epilogue builder's
+// types named inside a function template).
+typename Epilogue::Arguments epilogue_arguments(const ConvStats& c, void* workspace,
+                                                typename Kernel::StrideD sd) {
   typename Epilogue::Arguments epilogue{};
   static_cast<typename TmaEpilogue::Arguments&>(epilogue) = {
-      {}, nullptr, typename Kernel::StrideC{}, static_cast<Element*>(c.z), sd};
+      {}, nullptr, typename Kernel::StrideC{}, static_cast<cutlass::half_t*>(c.z), sd};
   set_stats_arguments(epilogue, c, workspace);
+  return epilogue;
+}
+
+// A template so that `if constexpr` drops the other form's lines (they name its types).
+template <bool Persistent = kPersistent>
+typename Form<Persistent>::Device::Arguments arguments(const ConvStats& c, void* workspace) {
+  using Arguments = typename Form<Persistent>::Device::Arguments;
+  using Element = cutlass::half_t;
+  const Problem shape = problem(c);
+  const auto* x = static_cast<const Element*>(c.x);
+  const auto* w = static_cast<const Element*>(c.w);
+  typename Kernel::StrideD sd{};
+  if constexpr (Persistent) {
+    sd = cutlass::make_cute_packed_stride(typename Kernel::StrideD{},
+                                          {static_cast<int>(c.rows()), c.k, 1});
+  } else {
+    // The epilogue sees the output's rows as (Q, P, N): z's NHWC strides, innermost first.
+    cute::for_each(cute::make_seq<cute::rank<0>(typename Kernel::StrideD{})>{},
+                   [&](auto i) { cute::get<0, i>(sd) = shape.stride_C[Problem::RankT - 2 - i]; });
+  }
   cutlass::KernelHardwareInfo hw;
   hw.device_id = c.device_id;
   hw.sm_count = c.sm_count;
-  return typename Conv::Arguments{
-      shape, {static_cast<const Element*>(c.x), static_cast<const Element*>(c.w)}, epilogue, hw};
+  if constexpr (Persistent) {
+    hw.sm_count = kStats ? static_cast<int>(ctas(c)) : c.sm_count;
+    using Mainloop = typename Form<Persistent>::Mainloop;
+    return Arguments{cutlass::gemm::GemmUniversalMode::kGemm, Mainloop::gemm_problem(shape),
+                     typename Mainloop::Arguments{{x, w}, shape},
+                     epilogue_arguments(c, workspace, sd), hw};
+  } else {
+    return Arguments{shape, {x, w}, epilogue_arguments(c, workspace, sd), hw};
+  }
 }
 
 size_t workspace_bytes(const ConvStats& c) {
