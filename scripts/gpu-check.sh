@@ -42,8 +42,8 @@
 #     cutlass-dgrad  build (KILN_CUTLASS_KERNELS=ON and the probe), the CUTLASS GPU tests
 #            (DGRAD_TESTS_REGEX, default GpuCutlass: the data gradient with BatchNorm-backward's
 #            sums in its epilogue, GpuCutlassDgradBn.*, and the forward's, whose units share code),
-#            `kiln_cutlass_probe --dgrad`: ResNet-50's 1x1 data gradients that feed BatchNorm at
-#            batch 256, cuDNN's dgrad + kiln's sums pass against the SM90 kernel (CUTLASS_REPS
+#            `kiln_cutlass_probe --dgrad`: ResNet-50's 1x1 and 3x3 and VGG16-BN's 3x3 data
+#            gradients that feed BatchNorm at batch 256, cuDNN's dgrad + kiln's sums pass against the SM90 kernel (CUTLASS_REPS
 #            runs each), and the units' registers, stack and LDL/STL (issue 20 stage 2, backward);
 #            DGRAD_NCU=TEXT adds ncu over the kernels of the probe's shapes named TEXT;
 #            CONV_PROBE=1 adds `kiln_cutlass_probe --conv` (3x3 convolutions with the statistics),
@@ -332,7 +332,8 @@ if [ "$MODE" = cutlass-dgrad ]; then
   "$BUILD/kiln_cutlass_probe" --dgrad --batch 256 --reps "${CUTLASS_REPS:-20}" \
     >"$LOGS/cutlass-dgrad-probe.txt" 2>&1 || status=1
   cat "$LOGS/cutlass-dgrad-probe.txt"
-  sass_notes kiln_dgrad_bn dgrad_bn_sm90.cu  # the data-gradient units (dgrad_bn.h's list)
+  sass_notes kiln_dgrad_bn dgrad_bn_sm90.cu  # the data-gradient units (dgrad_bn.h's lists)
+  sass_notes kiln_conv_dgrad_bn conv_dgrad_bn_sm90.cu
   # DGRAD_NCU=TEXT: ncu on the data-gradient kernels of the probe's shapes named TEXT (e.g.
   # "conv1 56x56 64>256"): where the epilogue's time goes (issue 20).
   if [ -n "${DGRAD_NCU:-}" ]; then

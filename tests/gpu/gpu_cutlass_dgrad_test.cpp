@@ -6,7 +6,8 @@
 //    BatchNorm backward: its sums pass gives dbeta = sum g and dgamma = invstd sum g (z - mean),
 //    its dresidual is g) on the same inputs;
 // on ResNet-50's 1x1 dgrad shapes (conv3: k = 4w -> n = w; conv1: k = w -> n = 4w, with dy2) at
-// small batches and odd sizes, in the atomic and the deterministic form (bit-for-bit repeatable).
+// small batches and odd sizes, in the atomic and the deterministic form (bit-for-bit repeatable);
+// and the stride-1 convolution units (VGG's 3x3 layers, a 5x5) likewise, GpuCutlassConvDgradBn.
 // Needs a compute capability 9.0 GPU and a kiln built with its CUTLASS kernels; skips elsewhere.
 #include <gtest/gtest.h>
 
@@ -31,8 +32,10 @@ namespace {
 
 struct DgradCase {
   const char* name;
-  int64_t n, h, w, k, c;  // dY [n h w][k], W [k][c], dX [n h w][c]
+  int64_t n, h, w, k, c;  // dY [n h w][k], W [k][r][r][c], dX [n h w][c]
   bool dy2;               // BN+add+ReLU (the residual path's gradient), else a CBR
+  int64_t r = 1;          // the filter's size: stride 1, padded by (r - 1) / 2 to keep h x w
+  int64_t pad() const { return (r - 1) / 2; }
 };
 
 // The inputs, FP16 values held as floats.
@@ -45,7 +48,7 @@ Inputs make_inputs(const DgradCase& t) {
   const int64_t m = t.n * t.h * t.w;
   Inputs in;
   in.dy = round_f16(rand_floats(m * t.k, 61));
-  in.w = round_f16(rand_floats(t.k * t.c, 62, -0.5f, 0.5f));
+  in.w = round_f16(rand_floats(t.k * t.r * t.r * t.c, 62, -0.5f, 0.5f));
   in.z = round_f16(rand_floats(m * t.c, 63, -1.0f, 3.0f));  // a mean away from 0
   if (t.dy2) in.dy2 = round_f16(rand_floats(m * t.c, 64));
   const std::vector<float> bits = rand_floats((m * t.c + 7) / 8, 65, 0.0f, 256.0f);
@@ -72,7 +75,7 @@ struct Result {
 
 // The unfused chain on kiln's CUDA backend: sum_xhat from dgamma / invstd.
 Result run_kiln_chain(const DgradCase& t, const Inputs& in) {
-  const Shape ys{t.n, t.h, t.w, t.k}, xs{t.n, t.h, t.w, t.c}, ws{t.k, 1, 1, t.c};
+  const Shape ys{t.n, t.h, t.w, t.k}, xs{t.n, t.h, t.w, t.c}, ws{t.k, t.r, t.r, t.c};
   OpHarness h(true);
   const fused::Maker mk{h, true};
   const TensorId dy = mk.feature("dy", ys), w = mk.weight("w", ws), dx = mk.feature("dx", xs);
@@ -83,7 +86,7 @@ Result run_kiln_chain(const DgradCase& t, const Inputs& in) {
   const TensorId dz = mk.feature("dz", xs), dres = mk.feature("dres", xs);
   const TensorId dgamma = mk.channels("dgamma", t.c, Region::grads_f32),
                  dbeta = mk.channels("dbeta", t.c, Region::grads_f32);
-  const Attrs a = fused::conv_bn_attrs(1, 1, 0);
+  const Attrs a = fused::conv_bn_attrs(t.r, 1, t.pad());
   h.node(OpKind::conv_bwd_data, {dy, w}, {dx}, a);
   std::vector<TensorId> bn_in{z, dx, mask, gamma, saved};
   if (t.dy2) bn_in.push_back(dy2);
@@ -137,6 +140,10 @@ Result run_kernel(const DgradCase& t, const Inputs& in, const sm90::DgradBnKerne
   d.m = m;
   d.n = t.c;
   d.k = t.k;
+  d.h = static_cast<int>(t.h);
+  d.w_ = static_cast<int>(t.w);
+  d.r = d.s = static_cast<int>(t.r);
+  d.pad_h = d.pad_w = static_cast<int>(t.pad());
   EXPECT_EQ(cudaDeviceGetAttribute(&d.sm_count, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
   const std::string why = kern.check(d);
   EXPECT_EQ(why, "") << kern.name;
@@ -156,34 +163,46 @@ Result run_kernel(const DgradCase& t, const Inputs& in, const sm90::DgradBnKerne
 }
 #endif
 
-// g against float64: dX = dY W summed in FP32 and rounded to FP16 (half an FP16 ulp, 2^-11 of
-// |dX|), dy2 added and rounded again (2^-11 of the sum's magnitude): at most 2^-10 (|dX| + |dy2|),
-// plus the FP32 sums' own error (the MMAs' chunked FP32 sums of at most 2048 products: a few
-// 1e-7 of the products' magnitudes; 4e-6 leaves room) and FP16's subnormal spacing. Returns the
-// elements outside that bound.
+// g against float64: dX[p][c] = sum over taps (i, j) and k of dY[p + pad - (i, j)][k] W[k][i][j][c]
+// (zero outside the image) summed in FP32 and rounded to FP16 (half an FP16 ulp, 2^-11 of |dX|),
+// dy2 added and rounded again (2^-11 of the sum's magnitude): at most 2^-10 (|dX| + |dy2|), plus
+// the FP32 sums' own error (the MMAs' chunked FP32 sums of the products: a few 1e-7 of their
+// magnitudes; 4e-6 leaves room) and FP16's subnormal spacing. Returns the elements outside that
+// bound.
 int64_t g_outside_float64(const DgradCase& t, const Inputs& in, const std::vector<float>& g) {
-  const int64_t m = t.n * t.h * t.w;
   int64_t bad = 0;
   std::vector<double> acc(static_cast<size_t>(t.c)), mag(static_cast<size_t>(t.c));
-  for (int64_t r = 0; r < m; ++r) {
-    std::fill(acc.begin(), acc.end(), 0.0);
-    std::fill(mag.begin(), mag.end(), 0.0);
-    for (int64_t k = 0; k < t.k; ++k) {
-      const double a = in.dy[static_cast<size_t>(r * t.k + k)];
-      const float* wr = &in.w[static_cast<size_t>(k * t.c)];
-      for (int64_t c = 0; c < t.c; ++c) {
-        acc[static_cast<size_t>(c)] += a * wr[c];
-        mag[static_cast<size_t>(c)] += std::fabs(a * wr[c]);
+  for (int64_t img = 0; img < t.n; ++img) {
+    for (int64_t y = 0; y < t.h; ++y) {
+      for (int64_t x = 0; x < t.w; ++x) {
+        std::fill(acc.begin(), acc.end(), 0.0);
+        std::fill(mag.begin(), mag.end(), 0.0);
+        for (int64_t i = 0; i < t.r; ++i) {
+          for (int64_t j = 0; j < t.r; ++j) {
+            const int64_t yy = y + t.pad() - i, xx = x + t.pad() - j;
+            if (yy < 0 || yy >= t.h || xx < 0 || xx >= t.w) continue;
+            const float* dyr = &in.dy[static_cast<size_t>(((img * t.h + yy) * t.w + xx) * t.k)];
+            for (int64_t k = 0; k < t.k; ++k) {
+              const double a = dyr[k];
+              const float* wr = &in.w[static_cast<size_t>(((k * t.r + i) * t.r + j) * t.c)];
+              for (int64_t c = 0; c < t.c; ++c) {
+                acc[static_cast<size_t>(c)] += a * wr[c];
+                mag[static_cast<size_t>(c)] += std::fabs(a * wr[c]);
+              }
+            }
+          }
+        }
+        const int64_t row = (img * t.h + y) * t.w + x;
+        for (int64_t c = 0; c < t.c; ++c) {
+          const int64_t e = row * t.c + c;
+          const double d2 = t.dy2 ? in.dy2[static_cast<size_t>(e)] : 0.0;
+          const double v = acc[static_cast<size_t>(c)];
+          const double want = bit(in.mask, e) ? v + d2 : 0.0;
+          const double tol = 0x1p-10 * (std::fabs(v) + std::fabs(d2)) +
+                             4e-6 * mag[static_cast<size_t>(c)] + 0x1p-24;
+          bad += !(std::fabs(g[static_cast<size_t>(e)] - want) <= tol);  // NaN counts
+        }
       }
-    }
-    for (int64_t c = 0; c < t.c; ++c) {
-      const int64_t e = r * t.c + c;
-      const double d2 = t.dy2 ? in.dy2[static_cast<size_t>(e)] : 0.0;
-      const double x = acc[static_cast<size_t>(c)];
-      const double want = bit(in.mask, e) ? x + d2 : 0.0;
-      const double tol =
-          0x1p-10 * (std::fabs(x) + std::fabs(d2)) + 4e-6 * mag[static_cast<size_t>(c)] + 0x1p-24;
-      bad += !(std::fabs(g[static_cast<size_t>(e)] - want) <= tol);  // NaN counts
     }
   }
   return bad;
@@ -244,19 +263,15 @@ void expect_agrees_with_chain(const DgradCase& t, const Inputs& in, const Result
   EXPECT_LE(differ, m * t.c / 20 + 1) << "g elements that differ from kiln's dresidual";
 }
 
-class GpuCutlassDgradBn : public ::testing::TestWithParam<DgradCase> {};
-
-TEST_P(GpuCutlassDgradBn, AgreesWithFloat64AndKilnsChain) {
-  KILN_REQUIRE_SM90_CUTLASS();
-  const DgradCase& t = GetParam();
 #if defined(KILN_HAVE_CUDA) && defined(KILN_HAVE_CUTLASS)
+// Every variant of `kernels` on the case, against float64 and kiln's chain: the tile shape and
+// the sums' form do not change what is computed.
+void expect_variants_agree(const DgradCase& t, const std::vector<sm90::DgradBnKernel>& kernels) {
   const Inputs in = make_inputs(t);
   const Result kiln = run_kiln_chain(t, in);
   EXPECT_EQ(g_outside_float64(t, in, kiln.g), 0) << "kiln's chain against float64 (the bound)";
   std::vector<float> first_g;
-  // Every variant the backend links, each on every case: the tile shape and the sums' form do
-  // not change what is computed.
-  for (const sm90::DgradBnKernel& kern : sm90::dgrad_bn_backend_kernels()) {
+  for (const sm90::DgradBnKernel& kern : kernels) {
     SCOPED_TRACE(kern.name);
     const Result cut = run_kernel(t, in, kern);
     ASSERT_EQ(cut.g.size(), kiln.g.size());
@@ -273,6 +288,15 @@ TEST_P(GpuCutlassDgradBn, AgreesWithFloat64AndKilnsChain) {
       EXPECT_EQ(again.sum_xhat, cut.sum_xhat) << "deterministic sum g (z - mean)";
     }
   }
+}
+#endif
+
+class GpuCutlassDgradBn : public ::testing::TestWithParam<DgradCase> {};
+
+TEST_P(GpuCutlassDgradBn, AgreesWithFloat64AndKilnsChain) {
+  KILN_REQUIRE_SM90_CUTLASS();
+#if defined(KILN_HAVE_CUDA) && defined(KILN_HAVE_CUTLASS)
+  expect_variants_agree(GetParam(), sm90::dgrad_bn_backend_kernels());
 #endif
 }
 
@@ -299,6 +323,28 @@ INSTANTIATE_TEST_SUITE_P(
         DgradCase{"n2_9x11_k72_c136", 2, 9, 11, 72, 136, false},
         DgradCase{"n5_13x13_k264_c16_dy2", 5, 13, 13, 264, 16, true},
         DgradCase{"n5_40x100_k32_c840_dy2", 5, 40, 100, 32, 840, true}),
+    [](const auto& info) { return std::string(info.param.name); });
+
+// The stride-1 convolution units (conv_dgrad_bn_sm90.cu): VGG's 3x3 data gradients that feed
+// the previous CBR's BatchNorm, at small batches, and odd sizes (rows and channels ending inside
+// a tile, a 5x5 filter, the residual path's gradient).
+class GpuCutlassConvDgradBn : public ::testing::TestWithParam<DgradCase> {};
+
+TEST_P(GpuCutlassConvDgradBn, AgreesWithFloat64AndKilnsChain) {
+  KILN_REQUIRE_SM90_CUTLASS();
+#if defined(KILN_HAVE_CUDA) && defined(KILN_HAVE_CUTLASS)
+  expect_variants_agree(GetParam(), sm90::conv_dgrad_bn_backend_kernels());
+#endif
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, GpuCutlassConvDgradBn,
+    ::testing::Values(DgradCase{"vgg_14_k128_c64", 2, 14, 14, 128, 64, false, 3},
+                      DgradCase{"vgg_14_k256_c128", 2, 14, 14, 256, 128, false, 3},
+                      DgradCase{"vgg_7_k512_c512", 2, 7, 7, 512, 512, false, 3},
+                      DgradCase{"n3_9x11_k72_c136", 3, 9, 11, 72, 136, false, 3},
+                      DgradCase{"n2_10x6_k40_c24_5x5_dy2", 2, 10, 6, 40, 24, true, 5},
+                      DgradCase{"n1_3x3_k16_c8_dy2", 1, 3, 3, 16, 8, true, 3}),
     [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace

@@ -2,9 +2,10 @@
 // backward's sums (src/backend/cuda/cutlass/dgrad_bn.h) beat cuDNN's dgrad followed by kiln's
 // sums pass?
 //
-// For each of ResNet-50's 1x1 stride-1 data gradients that feed a BatchNorm backward (batch
-// 256 by default; FP16 NHWC, KRSC filter, FP32 accumulation), on the same random inputs in one
-// process:
+// For each of ResNet-50's 1x1 stride-1 data gradients that feed a BatchNorm backward, and the
+// 3x3 stride-1 ones of ResNet-50 and VGG16-BN (the convolution units, conv_dgrad_bn_sm90.cu)
+// (batch 256 by default; FP16 NHWC, KRSC filter, FP32 accumulation), on the same random inputs
+// in one process:
 //   (a) cuDNN's dgrad dX = dY W (the fastest of its first --max-engines engines), then kiln's
 //       sums pass (bn_kernels.cuh's bwd_partial_vec over z, dX, dy2 and the mask, as a training
 //       step runs it);
@@ -29,9 +30,11 @@ using sm90::DgradBnKernel;
 
 struct Dgrad {
   const char* name;
-  int count;        // such layers in one ResNet-50 step
+  int count;        // such layers in one step of its model
   int64_t h, k, n;  // height = width; dY's channels (the convolution's output), dX's (its input)
   bool dy2;         // dX feeds a BN+add+ReLU (the residual path adds dy2), else a CBR
+  int64_t r = 1;    // the filter's size (stride 1, padded to keep h)
+  const char* group = "ResNet-50 1x1";  // the per-step total it counts in
 };
 
 // torchvision's ResNet-50 (v1.5): each bottleneck's conv3 (its input is bn2's CBR output) and
@@ -49,7 +52,33 @@ const Dgrad kDgrads[] = {
     {"conv1 14x14 256>1024", 5, 14, 256, 1024, true},
     {"conv1 14x14 512>1024", 1, 14, 512, 1024, true},
     {"conv1 7x7 512>2048", 2, 7, 512, 2048, true},
+    // Each stride-1 conv2 (3x3) feeds bn1's CBR: all but the first block's of stages 2-4.
+    {"conv2 56x56 64>64 3x3", 3, 56, 64, 64, false, 3, "ResNet-50 3x3"},
+    {"conv2 28x28 128>128 3x3", 3, 28, 128, 128, false, 3, "ResNet-50 3x3"},
+    {"conv2 14x14 256>256 3x3", 5, 14, 256, 256, false, 3, "ResNet-50 3x3"},
+    {"conv2 7x7 512>512 3x3", 2, 7, 512, 512, false, 3, "ResNet-50 3x3"},
+    // VGG16-BN's convolutions whose input is a CBR's output (not a max-pool's).
+    {"vgg 224x224 64>64 3x3", 1, 224, 64, 64, false, 3, "VGG16-BN 3x3"},
+    {"vgg 112x112 128>128 3x3", 1, 112, 128, 128, false, 3, "VGG16-BN 3x3"},
+    {"vgg 56x56 256>256 3x3", 2, 56, 256, 256, false, 3, "VGG16-BN 3x3"},
+    {"vgg 28x28 512>512 3x3", 2, 28, 512, 512, false, 3, "VGG16-BN 3x3"},
+    {"vgg 14x14 512>512 3x3", 2, 14, 512, 512, false, 3, "VGG16-BN 3x3"},
 };
+
+// The units for a layer: the GEMM's for 1x1, the convolution's otherwise.
+std::vector<DgradBnKernel> kernels_for(const Dgrad& d) {
+  return d.r == 1 ? sm90::dgrad_bn_backend_kernels() : sm90::conv_dgrad_bn_backend_kernels();
+}
+
+// The problem of a layer at `batch`, pointers left for the caller.
+DgradBn problem(const Dgrad& d, int64_t batch, int sms) {
+  DgradBn a;
+  a.m = batch * d.h * d.h, a.n = d.n, a.k = d.k, a.sm_count = sms;
+  a.h = a.w_ = static_cast<int>(d.h);
+  a.r = a.s = static_cast<int>(d.r);
+  a.pad_h = a.pad_w = static_cast<int>((d.r - 1) / 2);
+  return a;
+}
 
 __half* as_half(void* p) {
   return static_cast<__half*>(p);
@@ -60,19 +89,17 @@ __half* as_half(void* p) {
 int dgrad_probe(cudnnHandle_t handle, cudaStream_t s, const cudaDeviceProp& prop, int64_t batch,
                 int reps, int max_engines, int64_t only, const std::string& shape) {
   const int sms = prop.multiProcessorCount;
-  const std::vector<DgradBnKernel> kernels = sm90::dgrad_bn_backend_kernels();
 
   size_t dy_max = 0, dx_max = 0, w_max = 0, n_max = 0, sums_ws = 0, ws_max = 0;
   for (const Dgrad& d : kDgrads) {
     const int64_t m = batch * d.h * d.h;
     dy_max = std::max<size_t>(dy_max, m * d.k);
     dx_max = std::max<size_t>(dx_max, m * d.n);
-    w_max = std::max<size_t>(w_max, d.k * d.n);
+    w_max = std::max<size_t>(w_max, d.k * d.r * d.r * d.n);
     n_max = std::max<size_t>(n_max, d.n);
     sums_ws = std::max(sums_ws, kiln_stats_bytes(m, d.n, sms));
-    DgradBn g;
-    g.m = m, g.n = d.n, g.k = d.k, g.sm_count = sms;
-    for (const auto& kern : kernels) ws_max = std::max(ws_max, kern.workspace(g));
+    const DgradBn g = problem(d, batch, sms);
+    for (const auto& kern : kernels_for(d)) ws_max = std::max(ws_max, kern.workspace(g));
   }
   auto* dy = as_half(device_alloc(dy_max * 2));
   auto* w = as_half(device_alloc(w_max * 2));
@@ -90,7 +117,7 @@ int dgrad_probe(cudnnHandle_t handle, cudaStream_t s, const cudaDeviceProp& prop
   auto* cmp = static_cast<unsigned long long*>(device_alloc(2 * sizeof(unsigned long long)));
 
   std::printf(
-      "# %s (%d SMs), cuDNN %zu, batch %lld, FP16 NHWC 1x1 stride-1 data gradients "
+      "# %s (%d SMs), cuDNN %zu, batch %lld, FP16 NHWC stride-1 data gradients "
       "feeding BatchNorm, median of %d runs (ms)\n",
       prop.name, sms, cudnnGetVersion(), static_cast<long long>(batch), reps);
   std::printf(
@@ -99,17 +126,20 @@ int dgrad_probe(cudnnHandle_t handle, cudaStream_t s, const cudaDeviceProp& prop
   std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
   std::fflush(stdout);
   bool failed = false;
-  double step_a = 0, step_b = 0, step_dgrad = 0;
+  double step_a = 0, step_b = 0, step_dgrad = 0;  // ResNet-50's 1x1 layers
+  // Per group: (a) and (b) per step.
+  std::vector<std::pair<std::string, std::pair<double, double>>> groups;
   std::vector<std::string> notes;
   int64_t done = 0;
   for (const Dgrad& d : kDgrads) {
     if (only > 0 && done++ >= only) break;
     if (!shape.empty() && std::strstr(d.name, shape.c_str()) == nullptr) continue;
     const int64_t m = batch * d.h * d.h, count = m * d.n;
-    // dY of unit scale, weights of variance 1/k keep dX near unit scale; z around a mean of 1.
-    const float wr = std::sqrt(3.0f / static_cast<float>(d.k));
+    // dY of unit scale, weights of variance 1/(k r^2) keep dX near unit scale; z around a mean
+    // of 1.
+    const float wr = std::sqrt(3.0f / static_cast<float>(d.k * d.r * d.r));
     PROBE_CUDA(fill_uniform(dy, m * d.k, -1.0f, 1.0f, 1 + done, s));
-    PROBE_CUDA(fill_uniform(w, d.k * d.n, -wr, wr, 1000 + done, s));
+    PROBE_CUDA(fill_uniform(w, d.k * d.r * d.r * d.n, -wr, wr, 1000 + done, s));
     PROBE_CUDA(fill_uniform(z, count, -1.0f, 3.0f, 2000 + done, s));
     PROBE_CUDA(fill_uniform(dy2, count, -1.0f, 1.0f, 3000 + done, s));
     PROBE_CUDA(fill_bytes(mask, (count + 7) / 8, 4000 + done, s));
@@ -120,7 +150,8 @@ int dgrad_probe(cudnnHandle_t handle, cudaStream_t s, const cudaDeviceProp& prop
 
     CudnnConv conv;
     // cuDNN's view: x = dX [m][n] (the convolution's input), w [k][n], y = dY [m][k].
-    if (!conv.build(handle, s, batch, d.h, d.n, d.k, dx, w, dy, max_engines, reps, true)) {
+    if (!conv.build(handle, s, batch, d.h, d.n, d.k, dx, w, dy, max_engines, reps, true, d.r,
+                    (d.r - 1) / 2)) {
       std::printf("| %s | %d | no engine: %s |\n", d.name, d.count, conv.why.c_str());
       failed = true;
       continue;
@@ -138,9 +169,9 @@ int dgrad_probe(cudnnHandle_t handle, cudaStream_t s, const cudaDeviceProp& prop
     const float sums_ms = median_ms(s, reps, sums_pass);
     const float total_ms = median_ms(s, reps, [&] { return conv.run(handle) && sums_pass(); });
 
-    DgradBn a;
+    DgradBn a = problem(d, batch, sms);
     a.dy = dy, a.w = w, a.z = z, a.mask = mask, a.dy2 = d2, a.mean = mean, a.g = g, a.sums = sums;
-    a.m = m, a.n = d.n, a.k = d.k, a.sm_count = sms;
+    const std::vector<DgradBnKernel> kernels = kernels_for(d);
     float best_ms = -1;
     const char* best_name = "-";
     double worst_g = 0, worst_s = 0, worst_x = 0;
@@ -212,10 +243,20 @@ int dgrad_probe(cudnnHandle_t handle, cudaStream_t s, const cudaDeviceProp& prop
                 d.name, d.count, conv.ms, sums_ms, total_ms, best_name, best_ms,
                 best_ms > 0 ? total_ms / best_ms : 0.0, worst_g, worst_s, worst_x);
     std::fflush(stdout);
-    step_a += total_ms * d.count;
-    step_dgrad += conv.ms * d.count;
-    step_b += best_ms * d.count;
+    if (d.r == 1) {
+      step_a += total_ms * d.count;
+      step_dgrad += conv.ms * d.count;
+      step_b += best_ms * d.count;
+    }
+    auto at =
+        std::find_if(groups.begin(), groups.end(), [&](auto& e) { return e.first == d.group; });
+    if (at == groups.end()) at = groups.insert(groups.end(), {d.group, {0.0, 0.0}});
+    at->second.first += total_ms * d.count;
+    at->second.second += best_ms * d.count;
   }
+  for (const auto& [name, t] : groups)
+    std::printf("| **%s per step** | | | | %.2f | | %.2f | %.2fx | | | |\n", name.c_str(), t.first,
+                t.second, t.second > 0 ? t.first / t.second : 0.0);
   std::printf("| **per step** | | %.2f | | %.2f | | %.2f | %.2fx | | | |\n", step_dgrad, step_a,
               step_b, step_b > 0 ? step_a / step_b : 0.0);
   std::printf("\nvariants ((b) best: the atomic form; reg_partials is the deterministic one):\n");

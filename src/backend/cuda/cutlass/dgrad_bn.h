@@ -28,6 +28,9 @@ struct DgradBn {
   int64_t m = 0, n = 0, k = 0;
   int sm_count = 0;
   int device_id = 0;  // the CUDA device the pointers live on
+  // The convolution units' (conv_dgrad_bn_sm90.cu) stride-1 R x S filter, KRSC [k][r][s][n]
+  // with padding keeping h x w, over m / (h w) images; the GEMM units take r = s = 1 alone.
+  int h = 1, w_ = 1, r = 1, s = 1, pad_h = 0, pad_w = 0;
 };
 
 // One compiled kernel: a tile shape and how the sums reach global memory (reg_atomic: FP32
@@ -65,6 +68,27 @@ inline DgradBnKernel dgrad_bn_kernel_for(int64_t n, bool deterministic) {
   if (deterministic)
     return n <= 64 ? dgrad_bn_128x64_reg_partials_1x1() : dgrad_bn_128x128_reg_partials_1x1();
   return n <= 64 ? dgrad_bn_128x64_reg_atomic_1x1() : dgrad_bn_128x128_reg_atomic_1x1();
+}
+
+// The data gradient of a stride-1 R x S convolution (VGG's 3x3 layers, whose dX feeds the
+// previous CBR's BatchNorm): CUTLASS's SM90 implicit-GEMM dgrad mainloop (im2col TMA loads of
+// dY) on its persistent cooperative kernel (persistent_conv.cuh), with the same epilogue.
+// Built and tested, not yet used by the step.
+#define KILN_CONV_DGRAD_BN_BACKEND_VARIANTS(X) \
+  X(128, 64, reg_atomic, 1, 1)                 \
+  X(128, 128, reg_atomic, 1, 1)
+
+#define KILN_CONV_DGRAD_BN_FN(tm, tn, mode, cm, cn) \
+  KILN_SM90_FN(conv_dgrad_bn, tm, tn, mode, cm, cn)
+#define KILN_CONV_DGRAD_BN_DECLARE(tm, tn, mode, cm, cn) \
+  DgradBnKernel KILN_CONV_DGRAD_BN_FN(tm, tn, mode, cm, cn)();
+KILN_CONV_DGRAD_BN_BACKEND_VARIANTS(KILN_CONV_DGRAD_BN_DECLARE)
+
+inline std::vector<DgradBnKernel> conv_dgrad_bn_backend_kernels() {
+#define KILN_CONV_DGRAD_BN_ENTRY(tm, tn, mode, cm, cn) \
+  KILN_CONV_DGRAD_BN_FN(tm, tn, mode, cm, cn)(),
+  return {KILN_CONV_DGRAD_BN_BACKEND_VARIANTS(KILN_CONV_DGRAD_BN_ENTRY)};
+#undef KILN_CONV_DGRAD_BN_ENTRY
 }
 
 }  // namespace kiln::sm90

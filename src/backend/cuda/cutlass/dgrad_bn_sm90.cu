@@ -23,6 +23,7 @@
 #include "backend/cuda/cutlass/cutlass_unit.cuh"
 #include "backend/cuda/cutlass/dgrad_bn.h"
 #include "backend/cuda/cutlass/dgrad_bn_epilogue.cuh"
+#include "backend/cuda/cutlass/dgrad_bn_unit.cuh"
 
 namespace kiln::sm90 {
 namespace {
@@ -83,17 +84,7 @@ typename Gemm::Arguments arguments(const DgradBn& d, void* workspace) {
   typename Epilogue::Arguments epilogue{};
   static_cast<typename TmaEpilogue::Arguments&>(epilogue) = {
       {}, nullptr, typename Kernel::StrideC{}, static_cast<Element*>(d.g), sd};
-  epilogue.stats = {sum, sumsq, kPartials ? ctas(d) : 0, static_cast<int>(d.n)};
-  // A tile row's kTileN / 8 mask bytes load as one vector where they are aligned.
-  const bool mask_rows_aligned =
-      d.n % kTileN == 0 && reinterpret_cast<uintptr_t>(d.mask) % (kTileN / 8) == 0;
-  epilogue.bn = {static_cast<const __half*>(d.z),
-                 d.mask,
-                 static_cast<const __half*>(d.dy2),
-                 d.mean,
-                 d.m,
-                 d.n,
-                 mask_rows_aligned};
+  set_bn_arguments(epilogue, d, sum, sumsq, kPartials ? ctas(d) : 0);
   return typename Gemm::Arguments{
       cutlass::gemm::GemmUniversalMode::kGemm,
       {m, n, k, 1},
@@ -102,29 +93,12 @@ typename Gemm::Arguments arguments(const DgradBn& d, void* workspace) {
       hw};
 }
 
-// What the epilogue reads per element (half2 and byte loads at each accumulator pair) and the
-// mask's byte per 8 channels need; CUTLASS's TMA checks the rest.
-std::string check_inputs(const DgradBn& d) {
-  if (!d.dy || !d.w || !d.z || !d.mask || !d.mean || !d.g || !d.sums)
-    return "dy, w, z, mask, mean, g and sums are all needed (dy2 alone is optional)";
-  if (d.n % 8 != 0 || d.k % 8 != 0)
-    return "n (" + std::to_string(d.n) + ") and k (" + std::to_string(d.k) +
-           ") must be multiples of 8";
-  if (d.m <= 0 || d.m > INT32_MAX) return "m (" + std::to_string(d.m) + ") out of range";
-  // The epilogue's offsets within a tile are 32-bit: TileM rows of n channels.
-  if (d.n >= (int64_t{1} << 31) / kTileM) return "n (" + std::to_string(d.n) + ") too large";
-  const auto misaligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 != 0; };
-  if (misaligned(d.dy) || misaligned(d.w) || misaligned(d.z) || misaligned(d.g) ||
-      (d.dy2 && misaligned(d.dy2)))
-    return "dy, w, z, dy2 and g must be 16-byte aligned";
-  return "";
-}
-
 size_t workspace_bytes(const DgradBn& d) {
   return column_sums(d).partial_bytes() + Gemm::get_workspace_size(arguments(d, nullptr));
 }
 
 std::string check(const DgradBn& d) {
+  if (d.r != 1 || d.s != 1) return "takes 1x1 filters (the convolution units take others)";
   if (std::string err = check_inputs(d); !err.empty()) return err;
   return check_gemm<Gemm>(arguments(d, nullptr));
 }

@@ -1,0 +1,150 @@
+// One variant of the stride-1 convolution's data gradient with BatchNorm-backward's sums
+// (dgrad_bn.h's KILN_CONV_DGRAD_BN_BACKEND_VARIANTS), chosen by the compile definitions
+// KILN_TILE_M, KILN_TILE_N, KILN_STATS_MODE (reg_atomic), KILN_CLUSTER_M and KILN_CLUSTER_N.
+//
+// dX[n][h][w][c] = sum_{k,r,s} dY[n][h+pad-r][w+pad-s][k] W[k][r][s][c]: CUTLASS's SM90 implicit
+// GEMM dgrad mainloop (im2col TMA loads of dY, the KRSC filter read C-major) as the GEMM
+// [N*H*W] x [C] with K = K*R*S, run by CUTLASS's persistent cooperative kernel
+// (persistent_conv.cuh); stride 1 keeps dX's rows NHWC's pixels, so the 1x1 units' epilogue
+// (dgrad_bn_epilogue.cuh: g instead of dX, and the two sums) applies unchanged.
+
+// The order: CUTLASS's convolution headers use cute, cutlass's core and its hardware info
+// without including them, so those come first.
+// clang-format off
+#include <cutlass/cutlass.h>
+#include <cute/tensor.hpp>
+#include <cutlass/kernel_hardware_info.hpp>
+#include <cutlass/conv/collective/collective_builder.hpp>
+#include <cutlass/conv/convnd_problem_shape.hpp>
+#include <cutlass/epilogue/collective/collective_builder.hpp>
+#include <cutlass/epilogue/fusion/sm90_callbacks_tma_warpspecialized.hpp>
+#include <cutlass/epilogue/thread/activation.h>
+#include <cutlass/gemm/device/gemm_universal_adapter.h>
+#include <cutlass/gemm/kernel/gemm_universal.hpp>
+#include <cutlass/util/packed_stride.hpp>
+// clang-format on
+
+#include <string>
+
+#include "backend/cuda/cutlass/cutlass_unit.cuh"
+#include "backend/cuda/cutlass/dgrad_bn.h"
+#include "backend/cuda/cutlass/dgrad_bn_epilogue.cuh"
+#include "backend/cuda/cutlass/dgrad_bn_unit.cuh"
+#include "backend/cuda/cutlass/persistent_conv.cuh"
+
+namespace kiln::sm90 {
+namespace {
+
+using namespace cute;
+namespace fusion = cutlass::epilogue::fusion;
+
+static_assert(kMode == StatsMode::reg_atomic, "the convolution's data gradient sums by atomics");
+
+// A convolution's tile names its K mode as a shape (CUTLASS folds K, S and R into it).
+using ConvTileShape = Shape<Int<kTileM>, Int<kTileN>, Shape<_64>>;
+
+// CUTLASS's epilogue stores the accumulators rounded to FP16: the epilogue below has made them
+// g, which FP16 holds exactly.
+using StoreHalf =
+    fusion::Sm90EVT<fusion::Sm90Compute<cutlass::epilogue::thread::Identity, cutlass::half_t, float,
+                                        cutlass::FloatRoundStyle::round_to_nearest>,
+                    fusion::Sm90AccFetch>;
+using TmaEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ConvTileShape, ClusterShape,
+    cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, cutlass::layout::RowMajor,
+    8, cutlass::half_t, cutlass::layout::RowMajor, 8,
+    cutlass::epilogue::TmaWarpSpecializedCooperative, StoreHalf>::CollectiveOp;
+using Epilogue = DgradBnEpilogue<TmaEpilogue, kTileM, kTileN, false>;
+
+using ConvMainloop = typename cutlass::conv::collective::CollectiveBuilder<
+    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, cutlass::conv::Operator::kDgrad,
+    cutlass::half_t, cutlass::layout::TensorNHWC, 8, cutlass::half_t, cutlass::layout::TensorNHWC,
+    8, float, ConvTileShape, ClusterShape,
+    cutlass::conv::collective::StageCountAutoCarveout<static_cast<int>(
+        sizeof(typename Epilogue::SharedStorage))>,
+    cutlass::conv::KernelImplicitTmaWarpSpecializedSm90>::CollectiveOp;
+// Two warpgroups along M (64 rows each at 128), B (the filter) read C-major as dgrad's is.
+using CooperativeMma =
+    decltype(make_tiled_mma(GMMA::ss_op_selector<cutlass::half_t, cutlass::half_t, float,
+                                                 ConvTileShape, GMMA::Major::K, GMMA::Major::MN>(),
+                            Layout<Shape<_2, _1, _1>>{}));
+using Mainloop = PersistentConvMainloop<typename WithTiledMma<ConvMainloop, CooperativeMma>::type>;
+using Kernel =
+    cutlass::gemm::kernel::GemmUniversal<typename Mainloop::GemmProblem, Mainloop, Epilogue>;
+using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+using Problem = typename Mainloop::ConvProblem;
+
+int64_t images(const DgradBn& d) {
+  return d.m / (static_cast<int64_t>(d.h) * d.w_);
+}
+
+// The convolution whose data gradient this is: x [images][h][w][n], W [k][r][s][n].
+Problem problem(const DgradBn& d) {
+  return Problem(cutlass::conv::Mode::kCrossCorrelation,
+                 {static_cast<int>(images(d)), d.h, d.w_, static_cast<int>(d.n)},
+                 {static_cast<int>(d.k), d.r, d.s, static_cast<int>(d.n)}, {d.pad_h, d.pad_w},
+                 {d.pad_h, d.pad_w}, {1, 1}, {1, 1}, 1);
+}
+
+int ctas(const DgradBn& d) {
+  return column_block_ctas(d.n, kTileN, d.sm_count);
+}
+
+ColumnSums column_sums(const DgradBn& d) {
+  return {d.sums, d.sums ? d.sums + d.n : nullptr, d.n, 0, d.n, d.sm_count};
+}
+
+typename Gemm::Arguments arguments(const DgradBn& d, void* workspace) {
+  (void)workspace;
+  using Element = cutlass::half_t;
+  const Problem shape = problem(d);
+  const auto sd = cutlass::make_cute_packed_stride(
+      typename Kernel::StrideD{}, {static_cast<int>(d.m), static_cast<int>(d.n), 1});
+  cutlass::KernelHardwareInfo hw;
+  hw.device_id = d.device_id;
+  hw.sm_count = ctas(d);
+  typename Epilogue::Arguments epilogue{};
+  static_cast<typename TmaEpilogue::Arguments&>(epilogue) = {
+      {}, nullptr, typename Kernel::StrideC{}, static_cast<Element*>(d.g), sd};
+  set_bn_arguments(epilogue, d, d.sums, d.sums ? d.sums + d.n : nullptr, 0);
+  return typename Gemm::Arguments{
+      cutlass::gemm::GemmUniversalMode::kGemm, Mainloop::gemm_problem(shape),
+      typename Mainloop::Arguments{
+          {static_cast<const Element*>(d.dy), static_cast<const Element*>(d.w)}, shape},
+      epilogue, hw};
+}
+
+// The geometry this unit takes: stride 1 with padding that keeps the size (dX's rows are then
+// dY's), whole images.
+std::string check_geometry(const DgradBn& d) {
+  if (d.h <= 0 || d.w_ <= 0 || d.m % (static_cast<int64_t>(d.h) * d.w_) != 0)
+    return "m (" + std::to_string(d.m) + ") is not a whole number of h x w images";
+  if (d.h + 2 * d.pad_h - d.r + 1 != d.h || d.w_ + 2 * d.pad_w - d.s + 1 != d.w_)
+    return "takes stride-1 filters padded to keep the size (2 pad = filter - 1)";
+  return "";
+}
+
+size_t workspace_bytes(const DgradBn& d) {
+  return Gemm::get_workspace_size(arguments(d, nullptr));
+}
+
+std::string check(const DgradBn& d) {
+  if (std::string err = check_inputs(d); !err.empty()) return err;
+  if (std::string err = check_geometry(d); !err.empty()) return err;
+  return check_gemm<Gemm>(arguments(d, nullptr));
+}
+
+std::string run(const DgradBn& d, void* workspace, cudaStream_t stream) {
+  if (std::string err = check_inputs(d); !err.empty()) return err;
+  if (std::string err = check_geometry(d); !err.empty()) return err;
+  return run_gemm<Gemm>(arguments(d, workspace), column_sums(d), workspace, stream);
+}
+
+}  // namespace
+
+DgradBnKernel KILN_CONV_DGRAD_BN_FN(KILN_TILE_M, KILN_TILE_N, KILN_STATS_MODE, KILN_CLUSTER_M,
+                                    KILN_CLUSTER_N)() {
+  return unit_kernel<DgradBn>("conv dgrad+bn " KILN_VARIANT_NAME, workspace_bytes, check, run);
+}
+
+}  // namespace kiln::sm90

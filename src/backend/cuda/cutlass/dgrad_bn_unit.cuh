@@ -1,0 +1,46 @@
+// The host side the data-gradient units share (dgrad_bn_sm90.cu: 1x1 GEMMs;
+// conv_dgrad_bn_sm90.cu: stride-1 convolutions): what the epilogue needs of the inputs, and its
+// BatchNorm and sums arguments. Included after cutlass_unit.cuh, by those units alone.
+#pragma once
+#include <cuda_fp16.h>
+
+#include <cstdint>
+#include <string>
+
+#include "backend/cuda/cutlass/dgrad_bn.h"
+
+namespace kiln::sm90 {
+namespace {
+
+// What the epilogue reads per element (half2 and byte loads at each accumulator pair) and the
+// mask's byte per 8 channels need; CUTLASS's TMA checks the rest.
+std::string check_inputs(const DgradBn& d) {
+  if (!d.dy || !d.w || !d.z || !d.mask || !d.mean || !d.g || !d.sums)
+    return "dy, w, z, mask, mean, g and sums are all needed (dy2 alone is optional)";
+  if (d.n % 8 != 0 || d.k % 8 != 0)
+    return "n (" + std::to_string(d.n) + ") and k (" + std::to_string(d.k) +
+           ") must be multiples of 8";
+  if (d.m <= 0 || d.m > INT32_MAX) return "m (" + std::to_string(d.m) + ") out of range";
+  // The epilogue's offsets within a tile are 32-bit: TileM rows of n channels.
+  if (d.n >= (int64_t{1} << 31) / kTileM) return "n (" + std::to_string(d.n) + ") too large";
+  const auto misaligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 != 0; };
+  if (misaligned(d.dy) || misaligned(d.w) || misaligned(d.z) || misaligned(d.g) ||
+      (d.dy2 && misaligned(d.dy2)))
+    return "dy, w, z, dy2 and g must be 16-byte aligned";
+  return "";
+}
+
+// The epilogue's sums (into sum and sumsq: the outputs, or per-CTA partial rows) and what it
+// reads to form g.
+template <class EpilogueArguments>
+void set_bn_arguments(EpilogueArguments& epilogue, const DgradBn& d, float* sum, float* sumsq,
+                      int partial_rows) {
+  epilogue.stats = {sum, sumsq, partial_rows, static_cast<int>(d.n)};
+  epilogue.bn = {static_cast<const __half*>(d.z), d.mask, static_cast<const __half*>(d.dy2), d.mean,
+                 d.m, d.n,
+                 // A tile row's kTileN / 8 mask bytes load as one vector where they are aligned.
+                 d.n % kTileN == 0 && reinterpret_cast<uintptr_t>(d.mask) % (kTileN / 8) == 0};
+}
+
+}  // namespace
+}  // namespace kiln::sm90
