@@ -36,24 +36,13 @@ namespace kiln::sm90 {
 namespace {
 
 using namespace cute;
-namespace fusion = cutlass::epilogue::fusion;
 
 static_assert(kMode == StatsMode::reg_atomic, "the convolution's data gradient sums by atomics");
 
 // A convolution's tile names its K mode as a shape (CUTLASS folds K, S and R into it).
 using ConvTileShape = Shape<Int<kTileM>, Int<kTileN>, Shape<_64>>;
 
-// CUTLASS's epilogue stores the accumulators rounded to FP16: the epilogue below has made them
-// g, which FP16 holds exactly.
-using StoreHalf =
-    fusion::Sm90EVT<fusion::Sm90Compute<cutlass::epilogue::thread::Identity, cutlass::half_t, float,
-                                        cutlass::FloatRoundStyle::round_to_nearest>,
-                    fusion::Sm90AccFetch>;
-using TmaEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
-    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ConvTileShape, ClusterShape,
-    cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, cutlass::layout::RowMajor,
-    8, cutlass::half_t, cutlass::layout::RowMajor, 8,
-    cutlass::epilogue::TmaWarpSpecializedCooperative, StoreHalf>::CollectiveOp;
+using TmaEpilogue = StoreHalfEpilogue<ConvTileShape>;
 using Epilogue = DgradBnEpilogue<TmaEpilogue, kTileM, kTileN, false>;
 
 using ConvMainloop = typename cutlass::conv::collective::CollectiveBuilder<

@@ -29,23 +29,12 @@ namespace kiln::sm90 {
 namespace {
 
 using namespace cute;
-namespace fusion = cutlass::epilogue::fusion;
 
 static_assert(kMode == StatsMode::reg_atomic || kMode == StatsMode::reg_partials,
               "the data gradient's sums are the register epilogue's: reg_atomic or reg_partials");
 constexpr bool kPartials = kMode == StatsMode::reg_partials;
 
-// CUTLASS's epilogue stores the accumulators rounded to FP16: the epilogue below has made them
-// g, which FP16 holds exactly.
-using StoreHalf =
-    fusion::Sm90EVT<fusion::Sm90Compute<cutlass::epilogue::thread::Identity, cutlass::half_t, float,
-                                        cutlass::FloatRoundStyle::round_to_nearest>,
-                    fusion::Sm90AccFetch>;
-using TmaEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
-    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
-    cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, cutlass::layout::RowMajor,
-    8, cutlass::half_t, cutlass::layout::RowMajor, 8,
-    cutlass::epilogue::TmaWarpSpecializedCooperative, StoreHalf>::CollectiveOp;
+using TmaEpilogue = StoreHalfEpilogue<TileShape>;
 using Epilogue = DgradBnEpilogue<TmaEpilogue, kTileM, kTileN, kPartials>;
 
 // A = dY [m][k] K-major (RowMajor), B = W [k][n] N-major (RowMajor in CUTLASS's K x N view).

@@ -1,6 +1,7 @@
-// The host side the data-gradient units share (dgrad_bn_sm90.cu: 1x1 GEMMs;
-// conv_dgrad_bn_sm90.cu: stride-1 convolutions): what the epilogue needs of the inputs, and its
-// BatchNorm and sums arguments. Included after cutlass_unit.cuh, by those units alone.
+// What the data-gradient units share (dgrad_bn_sm90.cu: 1x1 GEMMs; conv_dgrad_bn_sm90.cu:
+// stride-1 convolutions): CUTLASS's store under the BatchNorm epilogue, what that epilogue needs
+// of the inputs, and its BatchNorm and sums arguments. Included after cutlass_unit.cuh and
+// CUTLASS's epilogue headers, by those units alone.
 #pragma once
 #include <cuda_fp16.h>
 
@@ -11,6 +12,20 @@
 
 namespace kiln::sm90 {
 namespace {
+
+// CUTLASS's cooperative TMA epilogue for a tile of shape Tile, storing the accumulators rounded
+// to FP16: the BatchNorm epilogue (dgrad_bn_epilogue.cuh) has made them g, which FP16 holds
+// exactly.
+using StoreHalf = cutlass::epilogue::fusion::Sm90EVT<
+    cutlass::epilogue::fusion::Sm90Compute<cutlass::epilogue::thread::Identity, cutlass::half_t,
+                                           float, cutlass::FloatRoundStyle::round_to_nearest>,
+    cutlass::epilogue::fusion::Sm90AccFetch>;
+template <class Tile>
+using StoreHalfEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Tile, ClusterShape,
+    cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, cutlass::layout::RowMajor,
+    8, cutlass::half_t, cutlass::layout::RowMajor, 8,
+    cutlass::epilogue::TmaWarpSpecializedCooperative, StoreHalf>::CollectiveOp;
 
 // What the epilogue reads per element (half2 and byte loads at each accumulator pair) and the
 // mask's byte per 8 channels need; CUTLASS's TMA checks the rest.
