@@ -2,14 +2,15 @@
 // the filter) run by its persistent cooperative GEMM kernel, which CUTLASS's own SM90 convolutions
 // do not offer: their only kernel is the non-persistent one with one consumer warpgroup and one
 // tile per CTA, whose epilogue nothing overlaps (1.2-3x cuDNN's time on VGG16's layers on the
-// H200, bench/RESULTS.md). Here two consumer warpgroups share a 256-row tile and each CTA loops
-// over tiles, so one tile's epilogue runs while the producer warp loads the next tile's operands,
-// as kiln's 1x1 GEMM (gemm_stats_sm90.cu) does.
+// H200, bench/RESULTS.md). Here two consumer warpgroups share each tile (256 rows for the
+// forward's units, 128 for the data gradient's) and each CTA loops over tiles, so one tile's
+// epilogue runs while the producer warp loads the next tile's operands, as kiln's 1x1 GEMM
+// (gemm_stats_sm90.cu) does.
 //
 // The adapter only renames: the convolution's linearised problem (M = N*P*Q pixels, N = K
 // channels, K = (C, S, R), L = 1) is the GEMM kernel's problem shape; its tile coordinates are the
-// GEMM's; the kernel's extra batch mode (L) is added to the operand views and removed again
-// before the convolution's own load. The convolution's loads, MMAs and pipeline are CUTLASS's.
+// GEMM's; the kernel's extra batch mode (L) is added to the filter's view, which the kernel
+// reads it from, and the convolution's own load gets the views it made. The convolution's loads, MMAs and pipeline are CUTLASS's.
 #pragma once
 #include <cstdint>
 #include <cute/tensor.hpp>
