@@ -10,7 +10,8 @@
 // The adapter only renames: the convolution's linearised problem (M = N*P*Q pixels, N = K
 // channels, K = (C, S, R), L = 1) is the GEMM kernel's problem shape; its tile coordinates are the
 // GEMM's; the kernel's extra batch mode (L) is added to the filter's view, which the kernel
-// reads it from, and the convolution's own load gets the views it made. The convolution's loads, MMAs and pipeline are CUTLASS's.
+// reads it from, and the convolution's own load gets the views it made. The convolution's loads,
+// MMAs and pipeline are CUTLASS's.
 #pragma once
 #include <cstdint>
 #include <cute/tensor.hpp>
