@@ -80,6 +80,33 @@ std::string sm90_implicit_conv_refusal(const Sm90ConvQuery& q) {
   return "";
 }
 
+std::string sm90_implicit_dgrad_refusal(const Sm90ConvQuery& q) {
+  const ConvGeom& g = q.g;
+  if (std::string why = device_refusal(q); !why.empty()) return why;
+  if (g.sh != 1 || g.sw != 1 || 2 * g.ph != g.r - 1 || 2 * g.pw != g.s - 1) {
+    return "takes stride-1 filters padded to keep the size (2 x padding = filter - 1); this one "
+           "is " +
+           std::to_string(g.r) + "x" + std::to_string(g.s) + ", stride " + std::to_string(g.sh) +
+           "x" + std::to_string(g.sw) + ", padding " + std::to_string(g.ph) + "x" +
+           std::to_string(g.pw);
+  }
+  if (std::string why = operand_refusal(q); !why.empty()) return why;
+  // The data gradient is a convolution of dy with the flipped filter and padding r - 1 - ph:
+  // TMA's im2col limits as the forward's.
+  if (g.r > 255 || g.s > 255 || g.ph > 127 || g.pw > 127) {
+    return "takes filters under 256 taps a side (TMA's im2col); this one is " +
+           std::to_string(g.r) + "x" + std::to_string(g.s);
+  }
+  if (g.x_rows() > std::numeric_limits<int32_t>::max()) {
+    return "indexes pixels in 32 bits; this one has " + std::to_string(g.x_rows()) + " pixels";
+  }
+  return "";
+}
+
+bool sm90_implicit_dgrad_tried(Auto sw, bool dgrad) {
+  return dgrad && resolve(sw, kCutlassConvDgradByDefault);
+}
+
 bool sm90_implicit_conv_tried(Auto sw, bool cutlass) {
   return cutlass && resolve(sw, kCutlassConvByDefault);
 }

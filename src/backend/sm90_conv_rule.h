@@ -51,6 +51,22 @@ std::string sm90_implicit_conv_refusal(const Sm90ConvQuery& q);
 // Whether a layer is the GEMM's shape (1x1, stride 1, unpadded), which the GEMM runs.
 bool sm90_gemm_shape(const ConvGeom& g);
 
+// What KILN_CUTLASS_CONV_DGRAD=auto does: off until the implicit-GEMM data gradient with the
+// BatchNorm epilogue (cutlass/dgrad_bn.h, conv_dgrad_bn) is measured against cuDNN's dgrad plus
+// kiln's sums pass on the H200.
+inline constexpr bool kCutlassConvDgradByDefault = false;
+
+// Whether a program's stride-1 data gradients of other filter sizes that feed a BatchNorm
+// backward try the SM90 implicit-GEMM data gradient (cuda/cutlass_dgrad.cpp): 1 where the 1x1
+// data gradient is tried (`dgrad`), 0 never, auto as kCutlassConvDgradByDefault says.
+bool sm90_implicit_dgrad_tried(Auto sw, bool dgrad);
+
+// "" when the SM90 implicit-GEMM data gradient can run the layer whose data gradient dx (q.g.x)
+// comes from dy (q.g.y), else why not: stride 1 with padding that keeps the size (dx's pixels
+// are dy's), filters within TMA's im2col limits, FP16 with channels in multiples of 8, on a
+// compute capability 9.0 GPU with the kernels built.
+std::string sm90_implicit_dgrad_refusal(const Sm90ConvQuery& q);
+
 // Whether a program's data gradients try the SM90 data gradient with BatchNorm-backward's sums
 // (cuda/cutlass_dgrad.cpp): 1 always (each layer then says why it falls back), 0 never, auto
 // as kCutlassDgradByDefault says, given whether the forward's GEMM is tried (`cutlass`).

@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gpu/gpu_test_util.h"
@@ -38,10 +39,11 @@ struct BottleneckResult {
   CompileReport report;
 };
 
-Switches dgrad_switches(bool dgrad, bool deterministic) {
+Switches dgrad_switches(bool dgrad, bool deterministic, bool conv_dgrad = false) {
   Switches sw = Switches::from_environment();
   sw.cutlass = Auto::on;  // no forward here; the switch the data gradient's auto follows
   sw.cutlass_dgrad = dgrad ? Auto::on : Auto::off;
+  sw.cutlass_conv_dgrad = conv_dgrad ? Auto::on : Auto::off;
   sw.deterministic = deterministic;
   return sw;
 }
@@ -159,7 +161,8 @@ BottleneckResult run_bottleneck(const BottleneckCase& t, const Switches& sw, boo
 class GpuCutlassDgradWire : public ::testing::TestWithParam<BottleneckCase> {};
 
 // With the switch on, conv3's and conv1's data gradients take the SM90 kernel (2) and conv2's
-// (3x3) keeps cuDNN (1 fallback). The kernel's g may differ from cuDNN's FP16 dX (then g) by one
+// (3x3) keeps cuDNN (1 fallback), or with KILN_CUTLASS_CONV_DGRAD on takes the implicit-GEMM
+// data gradient (3, of them 1 implicit). The kernel's g may differ from cuDNN's FP16 dX (then g) by one
 // FP16 rounding (2^-11 of |dX|) where their FP32 sums of the same products round to neighbours
 // (gpu_cutlass_dgrad_test.cpp measures that bound), and its FP32 sums differ from the sums pass's
 // double ones in their last bits; every tensor after it carries that through FP16 roundings of its
@@ -172,19 +175,24 @@ TEST_P(GpuCutlassDgradWire, BottleneckBackwardAgreesSwitchOffAndOn) {
     SCOPED_TRACE(alias ? "dresidual's bytes in use: g to dx, copied" : "g to dresidual");
     const BottleneckResult off = run_bottleneck(t, dgrad_switches(false, true), alias);
     EXPECT_EQ(off.report.dgrad_cutlass + off.report.dgrad_cutlass_fallbacks, 0) << "switch off";
-    for (const bool deterministic : {false, true}) {
+    for (const auto& [deterministic, conv] :
+         std::vector<std::pair<bool, bool>>{{false, false}, {true, false}, {false, true}, {true, true}}) {
       SCOPED_TRACE(deterministic ? "deterministic: per-CTA partials" : "FP32 atomics");
-      const BottleneckResult on = run_bottleneck(t, dgrad_switches(true, deterministic), alias);
-      ASSERT_EQ(on.report.dgrad_cutlass, 2)
+      SCOPED_TRACE(conv ? "conv2's on the implicit-GEMM data gradient" : "conv2's on cuDNN");
+      const BottleneckResult on =
+          run_bottleneck(t, dgrad_switches(true, deterministic, conv), alias);
+      ASSERT_EQ(on.report.dgrad_cutlass, conv ? 3 : 2)
           << "conv3's and conv1's data gradients did not take the SM90 kernel (the log says why)";
-      EXPECT_EQ(on.report.dgrad_cutlass_fallbacks, 1) << "conv2's (3x3) keeps cuDNN";
+      EXPECT_EQ(on.report.dgrad_cutlass_fallbacks, conv ? 0 : 1) << "conv2's (3x3) keeps cuDNN";
+      EXPECT_EQ(on.report.dgrad_cutlass_conv, conv ? 1 : 0) << "conv2's (3x3) implicit GEMM";
       for (const auto& [name, want] : off.t) {
         const double err = rel_error(on.t.at(name), want, kSumFloor);
         EXPECT_LE(err, kGpuAmpTol) << name;
         if (print_op_errors()) std::printf("  %s: %.3g of its scale\n", name.c_str(), err);
       }
       if (deterministic) {
-        const BottleneckResult again = run_bottleneck(t, dgrad_switches(true, true), alias);
+        const BottleneckResult again =
+            run_bottleneck(t, dgrad_switches(true, true, conv), alias);
         for (const auto& [name, got] : on.t) EXPECT_EQ(again.t.at(name), got) << name;
       }
     }
@@ -225,6 +233,40 @@ TEST(GpuCutlassDgradStep, Resnet50StepsAgreeSwitchOffAndOn) {
   EXPECT_EQ(dgrad.dgrad_cutlass_fallbacks, 19) << "16 conv2 (3x3), 3 downsamples";
   EXPECT_EQ(dgrad.conv_cutlass, 16);
   expect_within_noise(runs, forms, {kForward, kDgrad, kCudnn});
+}
+
+// The same with KILN_CUTLASS_CONV_DGRAD on as well: the stride-1 3x3 data gradients that feed a
+// CBR backward take the implicit-GEMM data gradient, held to cuDNN's form by the noise of the
+// 1x1 data gradient's form (the previous test's bar), deterministic engines and the partials
+// form. ResNet-50: 13 of its 16 conv2 (the three strided ones keep cuDNN), so 31 + 13 on the
+// SM90 kernels and 3 + 3 kept; VGG16-BN: the 8 3x3 layers whose dx feeds a CBR (not a max-pool),
+// the second of each block and the third of blocks 3 to 5.
+CompileReport implicit_dgrad_steps_within_noise(const std::string& model) {
+  enum Form { kCudnn, kDgrad, kConvDgrad };
+  const std::vector<StepForm> forms = {
+      {"cuDNN's form", "kiln", Auto::off, Auto::off},
+      {"KILN_CUTLASS_DGRAD", "kiln", Auto::on, Auto::on},
+      {"KILN_CUTLASS_CONV_DGRAD", "kiln", Auto::on, Auto::on, Auto::off, Auto::on}};
+  const std::vector<FormSteps> runs = three_steps(model, forms);
+  EXPECT_EQ(runs[kDgrad].report.dgrad_cutlass_conv, 0) << "switch off";
+  expect_within_noise(runs, forms, {kCudnn, kConvDgrad, kDgrad});
+  return runs[kConvDgrad].report;
+}
+
+TEST(GpuCutlassDgradStep, Resnet50StepsAgreeImplicitDataGradientOffAndOn) {
+  KILN_REQUIRE_SM90_CUTLASS();
+  const CompileReport r = implicit_dgrad_steps_within_noise("resnet50");
+  EXPECT_EQ(r.dgrad_cutlass_conv, 13) << "the unstrided conv2 data gradients";
+  EXPECT_EQ(r.dgrad_cutlass, 44) << "16 conv3, 15 conv1 and 13 conv2 data gradients";
+  EXPECT_EQ(r.dgrad_cutlass_fallbacks, 6) << "3 strided conv2, 3 downsamples";
+}
+
+TEST(GpuCutlassDgradStep, Vgg16BnStepsAgreeImplicitDataGradientOffAndOn) {
+  KILN_REQUIRE_SM90_CUTLASS();
+  const CompileReport r = implicit_dgrad_steps_within_noise("vgg16_bn");
+  EXPECT_EQ(r.dgrad_cutlass_conv, 8) << "the 3x3 data gradients that feed a CBR backward";
+  EXPECT_EQ(r.dgrad_cutlass, 8) << "VGG has no 1x1 layer";
+  EXPECT_EQ(r.dgrad_cutlass_fallbacks, 0);
 }
 
 }  // namespace

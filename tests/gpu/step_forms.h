@@ -27,7 +27,8 @@ struct StepForm {
   const char* cbr_form;           // KILN_CBR_FORM
   Auto cutlass;                   // KILN_CUTLASS
   Auto cutlass_dgrad;             // KILN_CUTLASS_DGRAD
-  Auto cutlass_conv = Auto::off;  // KILN_CUTLASS_CONV
+  Auto cutlass_conv = Auto::off;        // KILN_CUTLASS_CONV
+  Auto cutlass_conv_dgrad = Auto::off;  // KILN_CUTLASS_CONV_DGRAD
 };
 
 using NamedTensors = std::map<std::string, std::vector<float>>;
@@ -72,6 +73,7 @@ inline std::vector<FormSteps> three_steps(const std::string& model,
     o.switches.cutlass = f.cutlass;
     o.switches.cutlass_dgrad = f.cutlass_dgrad;
     o.switches.cutlass_conv = f.cutlass_conv;
+    o.switches.cutlass_conv_dgrad = f.cutlass_conv_dgrad;
     Engine e(bp, o);
     e.lock_memory();
     e.compile(5);

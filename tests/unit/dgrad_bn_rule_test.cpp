@@ -45,6 +45,7 @@ struct Tally {
   int into_dresidual = 0, copied = 0;  // of to_bn_add_relu: where g goes
   int refused = 0;                     // uses they do not
   int one_by_one = 0;  // of the allowed: the producer's convolution is 1x1 stride 1 (eligible)
+  int keeps_size = 0;  // of the others: stride 1, padding keeping the size (the implicit GEMM's)
   std::vector<std::pair<std::string, std::string>> refusals;  // producer's label, why
   std::string listed() const {
     std::string out;
@@ -76,7 +77,10 @@ Tally tally(const Program& p) {
         (u.copy_to == kNoTensor ? t.into_dresidual : t.copied) += 1;
       }
       const Attrs& a = n.attrs;
-      t.one_by_one += a.kh == 1 && a.kw == 1 && a.sh == 1 && a.sw == 1;
+      const bool one = a.kh == 1 && a.kw == 1 && a.sh == 1 && a.sw == 1;
+      t.one_by_one += one;
+      t.keeps_size +=
+          !one && a.sh == 1 && a.sw == 1 && 2 * a.ph == a.kh - 1 && 2 * a.pw == a.kw - 1;
     }
   }
   return t;
@@ -103,6 +107,7 @@ TEST(DgradBnRule, Resnet50HasThirtyOneEligibleDataGradients) {
         EXPECT_EQ(t.to_cbr, 32) << "16 conv3 (1x1) and 16 conv2 (3x3) data gradients";
         EXPECT_EQ(t.to_bn_add_relu, 15) << "the conv1 data gradients of layer1.1 to layer4.2";
         EXPECT_EQ(t.one_by_one, 31) << "16 conv3 + 15 conv1";
+        EXPECT_EQ(t.keeps_size, 13) << "the unstrided conv2 (KILN_CUTLASS_CONV_DGRAD)";
         EXPECT_EQ(t.refused, 3) << t.listed();
         if (!reuse) EXPECT_EQ(t.into_dresidual, 15) << "nothing shares bytes without reuse";
         std::printf("%s, reuse %d, batch %lld: g into dresidual %d, into dx and copied %d\n", model,
@@ -116,6 +121,23 @@ TEST(DgradBnRule, Resnet50HasThirtyOneEligibleDataGradients) {
         EXPECT_EQ(schedule, 3u) << t.listed();
       }
     }
+  }
+}
+
+// VGG16-BN: a 3x3 layer's data gradient feeds the CBR before it within a block (the second
+// layer of each of the 5 blocks, the third of blocks 3 to 5: 8); the first layer of blocks 2 to
+// 5 feeds a max-pool's backward (folded into the CBR before it, cbr_pool_bwd), which is no
+// BatchNorm's, and the network's first layer has no dx. All 8 keep their size
+// (KILN_CUTLASS_CONV_DGRAD's layers, gpu_cutlass_dgrad_step_test.cpp counts them on the H200).
+TEST(DgradBnRule, Vgg16BnHasEightStrideOneDataGradientsIntoACbr) {
+  for (const bool reuse : {true, false}) {
+    SCOPED_TRACE(reuse ? "memory reuse" : "no reuse");
+    const Tally t = tally(cuda_program("vgg16_bn", reuse));
+    EXPECT_EQ(t.to_cbr, 8) << t.listed();
+    EXPECT_EQ(t.to_bn_add_relu, 0);
+    EXPECT_EQ(t.refused, 0) << t.listed();
+    EXPECT_EQ(t.one_by_one, 0);
+    EXPECT_EQ(t.keeps_size, 8);
   }
 }
 

@@ -171,5 +171,71 @@ TEST(Sm90ConvRule, ImplicitConvolutionSwitch) {
   EXPECT_FALSE(sm90_implicit_conv_tried(Auto::off, true));
 }
 
+// The implicit-GEMM data gradient (KILN_CUTLASS_CONV_DGRAD): q.g.x is dx's map, q.g.y dy's.
+// VGG16's 3x3 layers and ResNet-50's unstrided conv2 keep their size and are eligible; a 5x5
+// padded by 2 too; strided layers (dx's pixels are not dy's) and padding that changes the size
+// are refused, each with its reason.
+TEST(Sm90ConvRule, ImplicitDataGradientTakesStrideOneLayersThatKeepTheirSize) {
+  EXPECT_EQ(sm90_implicit_dgrad_refusal(vgg_layer()), "");
+  Sm90ConvQuery five = vgg_layer();
+  five.g.r = five.g.s = 5, five.g.ph = five.g.pw = 2;
+  EXPECT_EQ(sm90_implicit_dgrad_refusal(five), "");
+  Sm90ConvQuery wide = vgg_layer();  // 1x3 padded 0x1
+  wide.g.r = 1, wide.g.ph = 0;
+  EXPECT_EQ(sm90_implicit_dgrad_refusal(wide), "");
+  EXPECT_EQ(sm90_implicit_dgrad_refusal(eligible()), "") << "a 1x1 too (the GEMM takes it)";
+}
+
+TEST(Sm90ConvRule, ImplicitDataGradientRefusesWithItsReason) {
+  auto refusal = [](auto change) {
+    Sm90ConvQuery q = vgg_layer();
+    change(q);
+    return sm90_implicit_dgrad_refusal(q);
+  };
+  EXPECT_NE(refusal([](Sm90ConvQuery& q) { q.built = false; }).find("not built"),
+            std::string::npos);
+  EXPECT_NE(refusal([](Sm90ConvQuery& q) { q.cc_major = 8; }).find("this one is 8.0"),
+            std::string::npos);
+  EXPECT_NE(refusal([](Sm90ConvQuery& q) {
+              q.g.sh = q.g.sw = 2;
+              q.g.y = {256, 28, 28, 256};
+            }).find("stride 2x2"),
+            std::string::npos)
+      << "ResNet-50's strided conv2";
+  EXPECT_NE(refusal([](Sm90ConvQuery& q) { q.g.ph = q.g.pw = 0; }).find("padding 0x0"),
+            std::string::npos)
+      << "a valid 3x3 shrinks the map";
+  EXPECT_NE(refusal([](Sm90ConvQuery& q) { q.g.pw = 2; }).find("padding 1x2"), std::string::npos);
+  EXPECT_NE(refusal([](Sm90ConvQuery& q) { q.g.r = q.g.s = 4; }).find("4x4"), std::string::npos)
+      << "an even filter cannot keep the size";
+  EXPECT_NE(refusal([](Sm90ConvQuery& q) { q.x = q.w = q.z = DType::F32; }).find("FP16"),
+            std::string::npos);
+  EXPECT_NE(refusal([](Sm90ConvQuery& q) { q.g.x.c = 3; }).find("3 -> 256"), std::string::npos);
+  EXPECT_NE(refusal([](Sm90ConvQuery& q) {
+              q.g.r = 301, q.g.ph = 150;
+            }).find("301x3"),
+            std::string::npos);
+  EXPECT_NE(refusal([](Sm90ConvQuery& q) { q.g.x.n = q.g.y.n = int64_t{1} << 20; }).find("32 bits"),
+            std::string::npos);
+}
+
+// KILN_CUTLASS_CONV_DGRAD: auto as kCutlassConvDgradByDefault says; 1 follows
+// KILN_CUTLASS_DGRAD (it runs inside that path), 0 never.
+TEST(Sm90ConvRule, ImplicitDataGradientSwitch) {
+  const Switches none = Switches::parse([](const char*) -> const char* { return nullptr; }, {});
+  EXPECT_EQ(none.cutlass_conv_dgrad, Auto::automatic);
+  const Switches on = Switches::parse(
+      [](const char* name) -> const char* {
+        return std::string(name) == "KILN_CUTLASS_CONV_DGRAD" ? "1" : nullptr;
+      },
+      Switches{});
+  EXPECT_EQ(on.cutlass_conv_dgrad, Auto::on);
+  EXPECT_EQ(on.cutlass_conv, Auto::automatic) << "the forward's switch is its own";
+  EXPECT_EQ(sm90_implicit_dgrad_tried(Auto::automatic, true), kCutlassConvDgradByDefault);
+  EXPECT_TRUE(sm90_implicit_dgrad_tried(Auto::on, true));
+  EXPECT_FALSE(sm90_implicit_dgrad_tried(Auto::on, false)) << "KILN_CUTLASS_DGRAD off";
+  EXPECT_FALSE(sm90_implicit_dgrad_tried(Auto::off, true));
+}
+
 }  // namespace
 }  // namespace kiln

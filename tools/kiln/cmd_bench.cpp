@@ -370,6 +370,11 @@ int cmd_bench(int argc, char** argv) {
           "kernel with BatchNorm's sums, %d kept cuDNN (the log says why)\n",
           auto_text(eo.switches.cutlass_dgrad), use.dgrad_cutlass, use.dgrad_cutlass_fallbacks);
     }
+    if (use.dgrad_cutlass_conv > 0) {
+      std::printf(
+          "  of those, %d on the SM90 implicit-GEMM data gradient (KILN_CUTLASS_CONV_DGRAD=%s)\n",
+          use.dgrad_cutlass_conv, auto_text(eo.switches.cutlass_conv_dgrad));
+    }
     if (use.cbr_genstats + use.cbr_fallbacks > 0) {
       std::printf(
           "CBR forward (KILN_CBR_FORM=genstats): %d as conv+genstats, %d fell back to kiln's "

@@ -112,6 +112,8 @@ class CudaBackend final : public CudaBackendApi {
     }
     ctx_.cutlass_dgrad = sm90_dgrad_tried(ctx_.opts.cutlass_dgrad, ctx_.cutlass);
     ctx_.cutlass_conv = sm90_implicit_conv_tried(ctx_.opts.cutlass_conv, ctx_.cutlass);
+    ctx_.cutlass_conv_dgrad =
+        sm90_implicit_dgrad_tried(ctx_.opts.cutlass_conv_dgrad, ctx_.cutlass_dgrad);
     create_streams();
     for (int r = 0; r < kRegionCount; ++r) {
       const int64_t bytes = program.memory.region_bytes[static_cast<size_t>(r)];
@@ -381,6 +383,7 @@ class CudaBackend final : public CudaBackendApi {
     r.cbr_cutlass_conv = ctx_.cbr_cutlass_conv;
     r.conv_cutlass = ctx_.conv_cutlass, r.conv_cutlass_fallbacks = ctx_.conv_cutlass_fallbacks;
     r.dgrad_cutlass = ctx_.dgrad_cutlass, r.dgrad_cutlass_fallbacks = ctx_.dgrad_cutlass_fallbacks;
+    r.dgrad_cutlass_conv = ctx_.dgrad_cutlass_conv;
     r.side_stream_wgrads = ctx_.side_wgrads;
     r.fp32_transformed_plans = ctx_.fp32_transformed;
     return r;
@@ -421,7 +424,7 @@ class CudaBackend final : public CudaBackendApi {
     ctx_.cbr_cutlass = ctx_.cbr_cutlass_fallbacks = ctx_.cbr_cutlass_conv = 0;
     ctx_.conv_cutlass = ctx_.conv_cutlass_fallbacks = 0;
     ctx_.bn_add_relu_sums.clear();
-    ctx_.dgrad_cutlass = ctx_.dgrad_cutlass_fallbacks = 0;
+    ctx_.dgrad_cutlass = ctx_.dgrad_cutlass_fallbacks = ctx_.dgrad_cutlass_conv = 0;
     ctx_.dgrad_bn_sums.clear();
     ctx_.extra_bytes.clear();
     ctx_.fp32_transformed = 0;

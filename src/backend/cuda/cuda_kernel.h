@@ -108,6 +108,11 @@ struct Options {
   // statistics epilogue (cutlass_conv.cpp); auto: as kCutlassConvByDefault says, where
   // KILN_CUTLASS is (sm90_implicit_conv_tried); prepare() resolves it into Context::cutlass_conv.
   Auto cutlass_conv = Auto::automatic;
+  // KILN_CUTLASS_CONV_DGRAD: likewise a stride-1 data gradient of another filter size that
+  // feeds a BatchNorm backward (VGG's 3x3 layers after a CBR) on kiln's SM90 implicit-GEMM data
+  // gradient with the same epilogue (cutlass_dgrad.cpp); auto: as kCutlassConvDgradByDefault
+  // says, where KILN_CUTLASS_DGRAD is; prepare() resolves it into Context::cutlass_conv_dgrad.
+  Auto cutlass_conv_dgrad = Auto::automatic;
   // KILN_DETERMINISTIC=1: refuse cuDNN engines noted NONDETERMINISTIC (atomics in weight
   // gradients), so a step gives the same bits every run. kiln's own kernels and cuBLASLt are
   // deterministic already (fixed-order partial sums; one algorithm chosen at compile time).
@@ -211,6 +216,10 @@ struct Context : ProgramView {
   // and the tensor holding g, which it reads in place of dy, dy2 and the mask (set while the data
   // gradient is built, read when the consumer is built).
   int dgrad_cutlass = 0, dgrad_cutlass_fallbacks = 0;
+  // Whether other stride-1 data gradients try the implicit-GEMM form (KILN_CUTLASS_CONV_DGRAD
+  // resolved by prepare()), and how many of dgrad_cutlass took it.
+  bool cutlass_conv_dgrad = false;
+  int dgrad_cutlass_conv = 0;
   struct DgradBnSums {
     const float* sums = nullptr;
     TensorId g = kNoTensor;

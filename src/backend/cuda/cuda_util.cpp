@@ -36,6 +36,7 @@ Options options_from_switches(const Switches& sw) {
   o.cutlass = sw.cutlass;              // resolved per device and program in prepare()
   o.cutlass_dgrad = sw.cutlass_dgrad;  // likewise, after cutlass
   o.cutlass_conv = sw.cutlass_conv;    // likewise
+  o.cutlass_conv_dgrad = sw.cutlass_conv_dgrad;  // likewise, after cutlass_dgrad
   o.deterministic = sw.deterministic;
   const std::string& table = sw.engine_table;
   o.engine_table = table != "0" && table != "off" && table != "false";

@@ -56,7 +56,10 @@ KernelPtr make_dgrad_for_bn(const Node& n, Context& ctx, int stream, TensorId dy
   if (u.consumer == nullptr) return nullptr;  // no BatchNorm backward reads dx: not tried
   const std::string what = std::string(op_name(n.op)) + " node '" + n.label + "'";
   const Sm90ConvQuery q = sm90_conv_query(n, ctx, dx, w, dy);
-  std::string why = sm90_conv_refusal(q);
+  // A 1x1 stride-1 layer is the GEMM's; other stride-1 ones the implicit-GEMM data gradient's
+  // where KILN_CUTLASS_CONV_DGRAD has them try it.
+  const bool implicit = ctx.cutlass_conv_dgrad && !sm90_gemm_shape(q.g);
+  std::string why = implicit ? sm90_implicit_dgrad_refusal(q) : sm90_conv_refusal(q);
   // A layer of another shape or precision, or a schedule or plan that does not fit, is routine;
   // the kernels missing or another GPU under KILN_CUTLASS_DGRAD=1, or CUTLASS refusing an
   // eligible layer, is worth a line at the default level (as cutlass_conv.cpp).
@@ -82,8 +85,15 @@ KernelPtr make_dgrad_for_bn(const Node& n, Context& ctx, int stream, TensorId dy
   d.m = q.g.x_rows(), d.n = channels, d.k = q.g.k;
   d.sm_count = ctx.sm_count;
   CUDA_CHECK(cudaGetDevice(&d.device_id));
+  if (implicit) {
+    d.h = static_cast<int>(q.g.x.h), d.w_ = static_cast<int>(q.g.x.w);
+    d.r = static_cast<int>(q.g.r), d.s = static_cast<int>(q.g.s);
+    d.pad_h = static_cast<int>(q.g.ph), d.pad_w = static_cast<int>(q.g.pw);
+  }
   // The partials form adds the CTAs' sums in a fixed order: a deterministic run's bits repeat.
-  const sm90::DgradBnKernel kern = sm90::dgrad_bn_kernel_for(d.n, ctx.opts.deterministic);
+  const sm90::DgradBnKernel kern =
+      implicit ? sm90::conv_dgrad_bn_kernel_for(d.n, ctx.opts.deterministic)
+               : sm90::dgrad_bn_kernel_for(d.n, ctx.opts.deterministic);
   if (why.empty()) {
     if (std::string err = kern.check(d); !err.empty()) why = "refuses it: CUTLASS " + err;
   }
@@ -101,6 +111,7 @@ KernelPtr make_dgrad_for_bn(const Node& n, Context& ctx, int stream, TensorId dy
   // behind this phase's event); the sums live as long as the kernel that writes them.
   ctx.dgrad_bn_sums[u.consumer] = {d.sums, u.g};
   ++ctx.dgrad_cutlass;
+  if (implicit) ++ctx.dgrad_cutlass_conv;
   // What this node now reads and writes beyond its own tensors, for the side stream's joins.
   Context::ExtraBytes& extra = ctx.extra_bytes[&n];
   extra.reads = byte_ranges(ctx, {u.z, u.mask, u.saved, u.other});

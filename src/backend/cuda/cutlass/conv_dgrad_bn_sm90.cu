@@ -1,6 +1,7 @@
 // One variant of the stride-1 convolution's data gradient with BatchNorm-backward's sums
 // (dgrad_bn.h's KILN_CONV_DGRAD_BN_BACKEND_VARIANTS), chosen by the compile definitions
-// KILN_TILE_M, KILN_TILE_N, KILN_STATS_MODE (reg_atomic), KILN_CLUSTER_M and KILN_CLUSTER_N.
+// KILN_TILE_M, KILN_TILE_N, KILN_STATS_MODE (reg_atomic or reg_partials), KILN_CLUSTER_M and
+// KILN_CLUSTER_N.
 //
 // dX[n][h][w][c] = sum_{k,r,s} dY[n][h+pad-r][w+pad-s][k] W[k][r][s][c]: CUTLASS's SM90 implicit
 // GEMM dgrad mainloop (im2col TMA loads of dY, the KRSC filter read C-major) as the GEMM
@@ -37,13 +38,15 @@ namespace {
 
 using namespace cute;
 
-static_assert(kMode == StatsMode::reg_atomic, "the convolution's data gradient sums by atomics");
+static_assert(kMode == StatsMode::reg_atomic || kMode == StatsMode::reg_partials,
+              "the data gradient's sums are the register epilogue's: reg_atomic or reg_partials");
+constexpr bool kPartials = kMode == StatsMode::reg_partials;
 
 // A convolution's tile names its K mode as a shape (CUTLASS folds K, S and R into it).
 using ConvTileShape = Shape<Int<kTileM>, Int<kTileN>, Shape<_64>>;
 
 using TmaEpilogue = StoreHalfEpilogue<ConvTileShape>;
-using Epilogue = DgradBnEpilogue<TmaEpilogue, kTileM, kTileN, false>;
+using Epilogue = DgradBnEpilogue<TmaEpilogue, kTileM, kTileN, kPartials>;
 
 using ConvMainloop = typename cutlass::conv::collective::CollectiveBuilder<
     cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, cutlass::conv::Operator::kDgrad,
@@ -79,12 +82,13 @@ int ctas(const DgradBn& d) {
   return column_block_ctas(d.n, kTileN, d.sm_count);
 }
 
+// As the GEMM units' (dgrad_bn_sm90.cu): reg_partials sums through per-CTA partial rows ahead of
+// CUTLASS's workspace.
 ColumnSums column_sums(const DgradBn& d) {
-  return {d.sums, d.sums ? d.sums + d.n : nullptr, d.n, 0, d.n, d.sm_count};
+  return {d.sums, d.sums ? d.sums + d.n : nullptr, d.n, kPartials ? ctas(d) : 0, d.n, d.sm_count};
 }
 
 typename Gemm::Arguments arguments(const DgradBn& d, void* workspace) {
-  (void)workspace;
   using Element = cutlass::half_t;
   const Problem shape = problem(d);
   const auto sd = cutlass::make_cute_packed_stride(
@@ -95,7 +99,9 @@ typename Gemm::Arguments arguments(const DgradBn& d, void* workspace) {
   typename Epilogue::Arguments epilogue{};
   static_cast<typename TmaEpilogue::Arguments&>(epilogue) = {
       {}, nullptr, typename Kernel::StrideC{}, static_cast<Element*>(d.g), sd};
-  set_bn_arguments(epilogue, d, d.sums, d.sums ? d.sums + d.n : nullptr, 0);
+  const ColumnSums s = column_sums(d);
+  set_bn_arguments(epilogue, d, kPartials ? s.partial_sum(workspace) : s.sum,
+                   kPartials ? s.partial_sumsq(workspace) : s.sumsq, kPartials ? ctas(d) : 0);
   return typename Gemm::Arguments{
       cutlass::gemm::GemmUniversalMode::kGemm, Mainloop::gemm_problem(shape),
       typename Mainloop::Arguments{
@@ -114,7 +120,7 @@ std::string check_geometry(const DgradBn& d) {
 }
 
 size_t workspace_bytes(const DgradBn& d) {
-  return Gemm::get_workspace_size(arguments(d, nullptr));
+  return column_sums(d).partial_bytes() + Gemm::get_workspace_size(arguments(d, nullptr));
 }
 
 std::string check(const DgradBn& d) {

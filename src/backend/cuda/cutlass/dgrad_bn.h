@@ -72,11 +72,13 @@ inline DgradBnKernel dgrad_bn_kernel_for(int64_t n, bool deterministic) {
 
 // The data gradient of a stride-1 R x S convolution (VGG's 3x3 layers, whose dX feeds the
 // previous CBR's BatchNorm): CUTLASS's SM90 implicit-GEMM dgrad mainloop (im2col TMA loads of
-// dY) on its persistent cooperative kernel (persistent_conv.cuh), with the same epilogue.
-// Built and tested, not yet used by the step.
+// dY) on its persistent cooperative kernel (persistent_conv.cuh), with the same epilogue. The
+// step uses it under KILN_CUTLASS_CONV_DGRAD (cutlass_dgrad.cpp; off by default until measured).
 #define KILN_CONV_DGRAD_BN_BACKEND_VARIANTS(X) \
   X(128, 64, reg_atomic, 1, 1)                 \
-  X(128, 128, reg_atomic, 1, 1)
+  X(128, 128, reg_atomic, 1, 1)                \
+  X(128, 64, reg_partials, 1, 1)               \
+  X(128, 128, reg_partials, 1, 1)
 
 #define KILN_CONV_DGRAD_BN_FN(tm, tn, mode, cm, cn) \
   KILN_SM90_FN(conv_dgrad_bn, tm, tn, mode, cm, cn)
@@ -89,6 +91,14 @@ inline std::vector<DgradBnKernel> conv_dgrad_bn_backend_kernels() {
   KILN_CONV_DGRAD_BN_FN(tm, tn, mode, cm, cn)(),
   return {KILN_CONV_DGRAD_BN_BACKEND_VARIANTS(KILN_CONV_DGRAD_BN_ENTRY)};
 #undef KILN_CONV_DGRAD_BN_ENTRY
+}
+
+// As dgrad_bn_kernel_for, for the stride-1 convolution's data gradient.
+inline DgradBnKernel conv_dgrad_bn_kernel_for(int64_t n, bool deterministic) {
+  if (deterministic)
+    return n <= 64 ? conv_dgrad_bn_128x64_reg_partials_1x1()
+                   : conv_dgrad_bn_128x128_reg_partials_1x1();
+  return n <= 64 ? conv_dgrad_bn_128x64_reg_atomic_1x1() : conv_dgrad_bn_128x128_reg_atomic_1x1();
 }
 
 }  // namespace kiln::sm90
