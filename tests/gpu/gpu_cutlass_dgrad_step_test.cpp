@@ -162,8 +162,8 @@ class GpuCutlassDgradWire : public ::testing::TestWithParam<BottleneckCase> {};
 
 // With the switch on, conv3's and conv1's data gradients take the SM90 kernel (2) and conv2's
 // (3x3) keeps cuDNN (1 fallback), or with KILN_CUTLASS_CONV_DGRAD on takes the implicit-GEMM
-// data gradient (3, of them 1 implicit). The kernel's g may differ from cuDNN's FP16 dX (then g) by one
-// FP16 rounding (2^-11 of |dX|) where their FP32 sums of the same products round to neighbours
+// data gradient (3, of them 1 implicit). The kernel's g may differ from cuDNN's FP16 dX (then g) by
+// one FP16 rounding (2^-11 of |dX|) where their FP32 sums of the same products round to neighbours
 // (gpu_cutlass_dgrad_test.cpp measures that bound), and its FP32 sums differ from the sums pass's
 // double ones in their last bits; every tensor after it carries that through FP16 roundings of its
 // own (dz, dx, the next data and weight gradients): the AMP bound, 1e-2 of each tensor's scale
@@ -175,8 +175,8 @@ TEST_P(GpuCutlassDgradWire, BottleneckBackwardAgreesSwitchOffAndOn) {
     SCOPED_TRACE(alias ? "dresidual's bytes in use: g to dx, copied" : "g to dresidual");
     const BottleneckResult off = run_bottleneck(t, dgrad_switches(false, true), alias);
     EXPECT_EQ(off.report.dgrad_cutlass + off.report.dgrad_cutlass_fallbacks, 0) << "switch off";
-    for (const auto& [deterministic, conv] :
-         std::vector<std::pair<bool, bool>>{{false, false}, {true, false}, {false, true}, {true, true}}) {
+    for (const auto& [deterministic, conv] : std::vector<std::pair<bool, bool>>{
+             {false, false}, {true, false}, {false, true}, {true, true}}) {
       SCOPED_TRACE(deterministic ? "deterministic: per-CTA partials" : "FP32 atomics");
       SCOPED_TRACE(conv ? "conv2's on the implicit-GEMM data gradient" : "conv2's on cuDNN");
       const BottleneckResult on =
@@ -191,8 +191,7 @@ TEST_P(GpuCutlassDgradWire, BottleneckBackwardAgreesSwitchOffAndOn) {
         if (print_op_errors()) std::printf("  %s: %.3g of its scale\n", name.c_str(), err);
       }
       if (deterministic) {
-        const BottleneckResult again =
-            run_bottleneck(t, dgrad_switches(true, true, conv), alias);
+        const BottleneckResult again = run_bottleneck(t, dgrad_switches(true, true, conv), alias);
         for (const auto& [name, got] : on.t) EXPECT_EQ(again.t.at(name), got) << name;
       }
     }

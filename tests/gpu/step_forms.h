@@ -24,9 +24,9 @@ namespace kiln::test {
 // One form: a name for the messages and the switches that differ between the forms.
 struct StepForm {
   const char* name;
-  const char* cbr_form;           // KILN_CBR_FORM
-  Auto cutlass;                   // KILN_CUTLASS
-  Auto cutlass_dgrad;             // KILN_CUTLASS_DGRAD
+  const char* cbr_form;                 // KILN_CBR_FORM
+  Auto cutlass;                         // KILN_CUTLASS
+  Auto cutlass_dgrad;                   // KILN_CUTLASS_DGRAD
   Auto cutlass_conv = Auto::off;        // KILN_CUTLASS_CONV
   Auto cutlass_conv_dgrad = Auto::off;  // KILN_CUTLASS_CONV_DGRAD
 };

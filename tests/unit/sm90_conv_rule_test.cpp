@@ -211,9 +211,7 @@ TEST(Sm90ConvRule, ImplicitDataGradientRefusesWithItsReason) {
   EXPECT_NE(refusal([](Sm90ConvQuery& q) { q.x = q.w = q.z = DType::F32; }).find("FP16"),
             std::string::npos);
   EXPECT_NE(refusal([](Sm90ConvQuery& q) { q.g.x.c = 3; }).find("3 -> 256"), std::string::npos);
-  EXPECT_NE(refusal([](Sm90ConvQuery& q) {
-              q.g.r = 301, q.g.ph = 150;
-            }).find("301x3"),
+  EXPECT_NE(refusal([](Sm90ConvQuery& q) { q.g.r = 301, q.g.ph = 150; }).find("301x3"),
             std::string::npos);
   EXPECT_NE(refusal([](Sm90ConvQuery& q) { q.g.x.n = q.g.y.n = int64_t{1} << 20; }).find("32 bits"),
             std::string::npos);

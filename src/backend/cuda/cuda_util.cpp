@@ -33,9 +33,9 @@ Options options_from_switches(const Switches& sw) {
   o.vector_kernels = sw.vector_kernels;
   o.pad_channels = sw.pad_channels;
   o.cbr_genstats = sw.cbr_form == "genstats";
-  o.cutlass = sw.cutlass;              // resolved per device and program in prepare()
-  o.cutlass_dgrad = sw.cutlass_dgrad;  // likewise, after cutlass
-  o.cutlass_conv = sw.cutlass_conv;    // likewise
+  o.cutlass = sw.cutlass;                        // resolved per device and program in prepare()
+  o.cutlass_dgrad = sw.cutlass_dgrad;            // likewise, after cutlass
+  o.cutlass_conv = sw.cutlass_conv;              // likewise
   o.cutlass_conv_dgrad = sw.cutlass_conv_dgrad;  // likewise, after cutlass_dgrad
   o.deterministic = sw.deterministic;
   const std::string& table = sw.engine_table;

@@ -91,9 +91,9 @@ KernelPtr make_dgrad_for_bn(const Node& n, Context& ctx, int stream, TensorId dy
     d.pad_h = static_cast<int>(q.g.ph), d.pad_w = static_cast<int>(q.g.pw);
   }
   // The partials form adds the CTAs' sums in a fixed order: a deterministic run's bits repeat.
-  const sm90::DgradBnKernel kern =
-      implicit ? sm90::conv_dgrad_bn_kernel_for(d.n, ctx.opts.deterministic)
-               : sm90::dgrad_bn_kernel_for(d.n, ctx.opts.deterministic);
+  const sm90::DgradBnKernel kern = implicit
+                                       ? sm90::conv_dgrad_bn_kernel_for(d.n, ctx.opts.deterministic)
+                                       : sm90::dgrad_bn_kernel_for(d.n, ctx.opts.deterministic);
   if (why.empty()) {
     if (std::string err = kern.check(d); !err.empty()) why = "refuses it: CUTLASS " + err;
   }
