@@ -193,6 +193,13 @@ TEST_P(GpuCutlassDgradWire, BottleneckBackwardAgreesSwitchOffAndOn) {
       if (deterministic) {
         const BottleneckResult again = run_bottleneck(t, dgrad_switches(true, true, conv), alias);
         for (const auto& [name, got] : on.t) EXPECT_EQ(again.t.at(name), got) << name;
+        // The BatchNorm backward's finalize inside its dx pass (KILN_BN_FUSED_FINALIZE, the
+        // default) and as a launch of its own: the same expressions, the same bits.
+        Switches split = dgrad_switches(true, true, conv);
+        split.bn_fused_finalize = false;
+        const BottleneckResult apart = run_bottleneck(t, split, alias);
+        for (const auto& [name, got] : on.t)
+          EXPECT_EQ(apart.t.at(name), got) << name << ", finalize launched apart";
       }
     }
   }

@@ -155,7 +155,13 @@ KernelPtr bn_forward(Context& ctx, int stream, const Nhwc& s, DType dt, const Bn
   const dim3 rgrid(static_cast<unsigned>((C + kCx - 1) / kCx), static_cast<unsigned>(d.gy));
   const int64_t count = d.rows * C;
   const unsigned egrid = grid_for(ctx, a.mask ? (count + 7) / 8 : count, kThreads);
-  const unsigned cgrid = grid_for(ctx, C, kThreads);
+  FwdFinalize fin;
+  fin.sums = a.sums, fin.rows = d.rows, fin.C = C, fin.eps = a.eps, fin.momentum = a.momentum;
+  fin.saved = a.saved, fin.running_mean = a.rm, fin.running_var = a.rv;
+  fin.gamma = a.gamma, fin.beta = a.beta, fin.conv_bias = a.conv_bias;
+  // Where a kernel before took the sums, the 16-byte apply pass finalizes itself
+  // (KILN_BN_FUSED_FINALIZE): one launch fewer a layer.
+  const bool self_finalize = a.sums && gp.on && !a.pool && ctx.opts.bn_fused_finalize;
   KernelPtr k;
   KILN_DISPATCH_FLOAT(dt, T, {
     k = make_fn(stream, [=](Context& c, cudaStream_t st) {
@@ -163,21 +169,21 @@ KernelPtr bn_forward(Context& ctx, int stream, const Nhwc& s, DType dt, const Bn
       const T* x = static_cast<const T*>(a.x);
       const T* res = static_cast<const T*>(a.residual);
       T* y = static_cast<T*>(a.y);
-      if (a.sums) {
-        sums_to_partial<<<cgrid, kThreads, 0, st>>>(a.sums, C, partial);
-        KILN_LAUNCH_CHECK("bn stats from conv+genstats");
-      } else if (v.on) {
+      // Where a kernel before took the sums, the finalize reads them as they are.
+      if (!a.sums && v.on) {
         stats_partial_vec<T><<<v.blocks, kVecThreads, 0, st>>>(x, static_cast<int>(d.rows),
                                                                static_cast<int>(C), partial);
         KILN_LAUNCH_CHECK("bn stats (vec)");
-      } else {
+      } else if (!a.sums) {
         stats_partial_kernel<T><<<rgrid, dim3(kCx, kCy), 0, st>>>(x, d.rows, C, partial);
         KILN_LAUNCH_CHECK("bn stats");
       }
-      stats_finalize_kernel<<<finalize_grid(C), dim3(kFinC, kFinS), 0, st>>>(
-          partial, chunks, d.rows, C, a.eps, a.momentum, a.saved, a.rm, a.rv, a.gamma, a.beta,
-          a.conv_bias, coef);
-      KILN_LAUNCH_CHECK("bn stats finalize");
+      if (!self_finalize) {
+        stats_finalize_kernel<<<finalize_grid(C), dim3(kFinC, kFinS), 0, st>>>(partial, chunks, fin,
+                                                                               coef);
+        KILN_LAUNCH_CHECK("bn stats finalize");
+      }
+      const FwdFinalize own = self_finalize ? fin : FwdFinalize{};
       if (a.pool) {
         const int cg = static_cast<int>(C / 8), total = static_cast<int>(pooled_pixels * (C / 8));
         if (a.pool == 2 && pool_vec) {
@@ -196,11 +202,11 @@ KernelPtr bn_forward(Context& ctx, int stream, const Nhwc& s, DType dt, const Bn
         KILN_LAUNCH_CHECK("bn apply + relu + max-pool + mask");
       } else if (gp.on && a.mask) {
         apply_group<T, true><<<gp.blocks, kVecThreads, 0, st>>>(
-            x, res, y, a.mask, static_cast<int>(d.rows), gp.cg, coef);
+            x, res, y, a.mask, static_cast<int>(d.rows), gp.cg, coef, own);
         KILN_LAUNCH_CHECK("bn apply + relu + mask (vec)");
       } else if (gp.on) {
         apply_group<T, false><<<gp.blocks, kVecThreads, 0, st>>>(
-            x, nullptr, y, nullptr, static_cast<int>(d.rows), gp.cg, coef);
+            x, nullptr, y, nullptr, static_cast<int>(d.rows), gp.cg, coef, own);
         KILN_LAUNCH_CHECK("bn apply (vec)");
       } else if (a.mask) {
         apply_relu_mask_kernel<T><<<egrid, kThreads, 0, st>>>(x, res, y, a.mask, count, C, coef);
@@ -226,7 +232,10 @@ KernelPtr bn_backward(Context& ctx, int stream, const Nhwc& s, DType dt, const B
   const dim3 rgrid(static_cast<unsigned>((C + kCx - 1) / kCx), static_cast<unsigned>(d.gy));
   const int64_t count = d.rows * C;
   const unsigned egrid = grid_for(ctx, count, kThreads);
-  const unsigned cgrid = grid_for(ctx, C, kThreads);
+  BwdFinalize fin;
+  fin.sums = a.sums, fin.rows = d.rows, fin.C = C, fin.saved = a.saved, fin.gamma = a.gamma;
+  fin.dgamma = a.dgamma, fin.dbeta = a.dbeta;
+  const bool self_finalize = a.sums && gp.on && ctx.opts.bn_fused_finalize;  // as the forward's
   KernelPtr k;
   KILN_DISPATCH_FLOAT(dt, T, {
     k = make_fn(stream, [=](Context& c, cudaStream_t st) {
@@ -234,25 +243,26 @@ KernelPtr bn_backward(Context& ctx, int stream, const Nhwc& s, DType dt, const B
       const T *x = static_cast<const T*>(a.x), *dy = static_cast<const T*>(a.dy),
               *dy2 = static_cast<const T*>(a.dy2);
       T *dx = static_cast<T*>(a.dx), *dres = static_cast<T*>(a.dres);
-      if (a.sums) {
-        sums_to_partial<<<cgrid, kThreads, 0, st>>>(a.sums, C, partial);
-        KILN_LAUNCH_CHECK("bn bwd sums from the data gradient");
-      } else if (v.on) {
+      // Where the data gradient took the sums, the finalize reads them as they are.
+      if (!a.sums && v.on) {
         bwd_partial_vec<T><<<v.blocks, kVecThreads, 0, st>>>(x, dy, dy2, a.mask, a.saved,
                                                              static_cast<int>(d.rows),
                                                              static_cast<int>(C), partial, a.pm);
         KILN_LAUNCH_CHECK("bn bwd sums (vec)");
-      } else {
+      } else if (!a.sums) {
         bwd_partial_kernel<T><<<rgrid, dim3(kCx, kCy), 0, st>>>(x, dy, dy2, a.mask, a.saved, d.rows,
                                                                 C, partial, a.pm);
         KILN_LAUNCH_CHECK("bn bwd sums");
       }
-      bwd_finalize_kernel<<<finalize_grid(C), dim3(kFinC, kFinS), 0, st>>>(
-          partial, chunks, d.rows, C, a.saved, a.gamma, a.dgamma, a.dbeta, coef);
-      KILN_LAUNCH_CHECK("bn bwd finalize");
+      if (!self_finalize) {
+        bwd_finalize_kernel<<<finalize_grid(C), dim3(kFinC, kFinS), 0, st>>>(partial, chunks, fin,
+                                                                             coef);
+        KILN_LAUNCH_CHECK("bn bwd finalize");
+      }
       if (gp.on) {
         bwd_dx_group<T><<<gp.blocks, kVecThreads, 0, st>>>(
-            x, dy, dy2, a.mask, dx, dres, static_cast<int>(d.rows), gp.cg, coef, a.pm);
+            x, dy, dy2, a.mask, dx, dres, static_cast<int>(d.rows), gp.cg, coef, a.pm,
+            self_finalize ? fin : BwdFinalize{});
         KILN_LAUNCH_CHECK("bn bwd dx (vec)");
       } else {
         bwd_dx_kernel<T>

@@ -52,52 +52,90 @@ __device__ __forceinline__ double2 sum_partials(const double2* __restrict__ part
   return sm[0][threadIdx.x];
 }
 
-// saved = [mean; invstd], the running statistics, and the apply pass's coefficients
-// coef[c] = (mean, gamma * invstd, beta).
-__global__ void __launch_bounds__(kFinC* kFinS)
-    stats_finalize_kernel(const double2* partial, int gy, int64_t rows, int64_t C, float eps,
-                          float momentum, float* saved, float* running_mean, float* running_var,
-                          const float* gamma, const float* beta, const float* conv_bias,
-                          float4* coef) {
-  const int64_t c = static_cast<int64_t>(blockIdx.x) * kFinC + threadIdx.x;
-  const double2 sums = sum_partials(partial, gy, C, c);
-  if (threadIdx.y != 0 || c >= C) return;
-  const double n = static_cast<double>(rows);
-  const double mean = sums.x / n;
-  const double var = fmax(sums.y / n - mean * mean, 0.0);
+// What the forward's finalize reads and writes. sums: the FP32 [sum; sum of squares] a kernel
+// before it took (the SM90 epilogues, conv+genstats), read as they are; null: the double
+// partials of kiln's statistics pass.
+struct FwdFinalize {
+  const float* sums = nullptr;
+  int64_t rows = 0, C = 0;
+  float eps = 0.0f, momentum = 0.0f;
+  float *saved = nullptr, *running_mean = nullptr, *running_var = nullptr;
+  const float *gamma = nullptr, *beta = nullptr, *conv_bias = nullptr;
+};
+
+// Channel c's finalize from its two sums: the apply coefficients (mean, gamma * invstd, beta),
+// and where `write` (the channel's one writer) saved = [mean; invstd] and the running
+// statistics. The finalize kernel and an apply pass that finalizes itself share it, bit for bit.
+__device__ __forceinline__ float4 fwd_finalize_channel(const FwdFinalize& f, int64_t c, double sum,
+                                                       double sumsq, bool write) {
+  const double n = static_cast<double>(f.rows);
+  const double mean = sum / n;
+  const double var = fmax(sumsq / n - mean * mean, 0.0);
   const auto mean_f = static_cast<float>(mean), var_f = static_cast<float>(var);
-  const float invstd_f = formula::bn_invstd(var_f, eps);
-  saved[c] = mean_f;
-  saved[C + c] = invstd_f;
-  const double unbias = formula::bn_unbias(n);
-  const double m = momentum;
-  // A fused convolution's bias, which BN cancels, still moves the running mean (ops.def).
-  const double batch_mean =
-      conv_bias ? static_cast<double>(mean_f) + conv_bias[c] : static_cast<double>(mean_f);
-  running_mean[c] = formula::running_mean_update(running_mean[c], m, batch_mean);
-  running_var[c] = formula::running_var_update(running_var[c], m, unbias, var_f);
-  coef[c] = make_float4(mean_f, gamma[c] * invstd_f, beta[c], 0.0f);
+  const float invstd_f = formula::bn_invstd(var_f, f.eps);
+  if (write) {
+    f.saved[c] = mean_f;
+    f.saved[f.C + c] = invstd_f;
+    const double unbias = formula::bn_unbias(n);
+    const double m = f.momentum;
+    // A fused convolution's bias, which BN cancels, still moves the running mean (ops.def).
+    const double batch_mean =
+        f.conv_bias ? static_cast<double>(mean_f) + f.conv_bias[c] : static_cast<double>(mean_f);
+    f.running_mean[c] = formula::running_mean_update(f.running_mean[c], m, batch_mean);
+    f.running_var[c] = formula::running_var_update(f.running_var[c], m, unbias, var_f);
+  }
+  return make_float4(mean_f, f.gamma[c] * invstd_f, f.beta[c], 0.0f);
 }
 
-// The per-channel sums that conv+genstats produced (FP32: [sum; sum of squares]) as the one
-// partial row the finalize pass reads.
-__global__ void sums_to_partial(const float* sums, int64_t C, double2* partial) {
-  KILN_GRID_STRIDE(c, C) partial[c] = make_double2(sums[c], sums[C + c]);
-}
-
-// dgamma = sum g xhat, dbeta = sum g; coefficients of dx = k1 (g - mg - (x - mean) k3).
+// saved = [mean; invstd], the running statistics, and the apply pass's coefficients coef[c].
 __global__ void __launch_bounds__(kFinC* kFinS)
-    bwd_finalize_kernel(const double2* partial, int gy, int64_t rows, int64_t C, const float* saved,
-                        const float* gamma, float* dgamma, float* dbeta, float4* coef) {
+    stats_finalize_kernel(const double2* partial, int gy, FwdFinalize f, float4* coef) {
   const int64_t c = static_cast<int64_t>(blockIdx.x) * kFinC + threadIdx.x;
-  const double2 sums = sum_partials(partial, gy, C, c);
-  if (threadIdx.y != 0 || c >= C) return;
-  const double s = sums.x, sx = sums.y;
-  const double invstd = saved[C + c], n = static_cast<double>(rows);
-  dbeta[c] = static_cast<float>(s);
-  dgamma[c] = static_cast<float>(sx * invstd);
-  coef[c] = make_float4(saved[c], static_cast<float>(gamma[c] * invstd), static_cast<float>(s / n),
-                        static_cast<float>(sx * invstd * invstd / n));
+  double2 sums;
+  if (f.sums) {
+    if (threadIdx.y != 0 || c >= f.C) return;
+    sums = make_double2(f.sums[c], f.sums[f.C + c]);
+  } else {
+    sums = sum_partials(partial, gy, f.C, c);
+    if (threadIdx.y != 0 || c >= f.C) return;
+  }
+  coef[c] = fwd_finalize_channel(f, c, sums.x, sums.y, true);
+}
+
+// The backward's likewise. sums: the FP32 [sum g; sum g (x - mean)] the data gradient before it
+// took (cutlass_dgrad.cpp); null: the double partials of kiln's sums pass.
+struct BwdFinalize {
+  const float* sums = nullptr;
+  int64_t rows = 0, C = 0;
+  const float *saved = nullptr, *gamma = nullptr;
+  float *dgamma = nullptr, *dbeta = nullptr;
+};
+
+// dgamma = sum g xhat, dbeta = sum g (where `write`); the coefficients of
+// dx = k1 (g - mg - (x - mean) k3).
+__device__ __forceinline__ float4 bwd_finalize_channel(const BwdFinalize& f, int64_t c, double s,
+                                                       double sx, bool write) {
+  const double invstd = f.saved[f.C + c], n = static_cast<double>(f.rows);
+  if (write) {
+    f.dbeta[c] = static_cast<float>(s);
+    f.dgamma[c] = static_cast<float>(sx * invstd);
+  }
+  return make_float4(f.saved[c], static_cast<float>(f.gamma[c] * invstd), static_cast<float>(s / n),
+                     static_cast<float>(sx * invstd * invstd / n));
+}
+
+__global__ void __launch_bounds__(kFinC* kFinS)
+    bwd_finalize_kernel(const double2* partial, int gy, BwdFinalize f, float4* coef) {
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * kFinC + threadIdx.x;
+  double2 sums;
+  if (f.sums) {
+    if (threadIdx.y != 0 || c >= f.C) return;
+    sums = make_double2(f.sums[c], f.sums[f.C + c]);
+  } else {
+    sums = sum_partials(partial, gy, f.C, c);
+    if (threadIdx.y != 0 || c >= f.C) return;
+  }
+  coef[c] = bwd_finalize_channel(f, c, sums.x, sums.y, true);
 }
 
 inline unsigned finalize_grid(int64_t C) {
@@ -258,15 +296,23 @@ __device__ __forceinline__ void store8(T* p, const T (&v)[8]) {
     reinterpret_cast<uint4*>(p)[w] = reinterpret_cast<const uint4*>(v)[w];
 }
 
-// Relu: the fused epilogue (mask non-null; residual optional), else BatchNorm's apply.
+// Relu: the fused epilogue (mask non-null; residual optional), else BatchNorm's apply. fin.sums
+// non-null: the pass finalizes itself (no finalize launch): each thread forms its group's
+// coefficients from the sums, and block 0's first row of threads (each group once) writes
+// saved and the running statistics.
 template <typename T, bool Relu>
 __global__ void __launch_bounds__(kVecThreads)
     apply_group(const T* x, const T* residual, T* y, uint8_t* mask, int rows, int cg,
-                const float4* coef) {
+                const float4* coef, FwdFinalize fin = {}) {
   const int gi = threadIdx.x % cg, rpb = kVecThreads / cg, rstride = gridDim.x * rpb;
+  const bool writer = blockIdx.x == 0 && static_cast<int>(threadIdx.x) < cg;
   float4 k[8];
 #pragma unroll
-  for (int j = 0; j < 8; ++j) k[j] = coef[gi * 8 + j];
+  for (int j = 0; j < 8; ++j) {
+    const int c = gi * 8 + j;
+    k[j] =
+        fin.sums ? fwd_finalize_channel(fin, c, fin.sums[c], fin.sums[fin.C + c], writer) : coef[c];
+  }
   for (int r = blockIdx.x * rpb + threadIdx.x / cg; r < rows; r += 2 * rstride) {
     alignas(16) T a[2][8], b[2][8];
     int64_t g[2];
@@ -392,14 +438,21 @@ __global__ void __launch_bounds__(kVecThreads)
   }
 }
 
+// fin.sums non-null: the pass finalizes itself, as apply_group (block 0's first row of threads
+// writes dgamma and dbeta).
 template <typename T>
 __global__ void __launch_bounds__(kVecThreads)
     bwd_dx_group(const T* x, const T* dy, const T* dy2, const uint8_t* mask, T* dx, T* dres,
-                 int rows, int cg, const float4* coef, PoolMap pm = {}) {
+                 int rows, int cg, const float4* coef, PoolMap pm = {}, BwdFinalize fin = {}) {
   const int gi = threadIdx.x % cg, rpb = kVecThreads / cg, rstride = gridDim.x * rpb;
+  const bool writer = blockIdx.x == 0 && static_cast<int>(threadIdx.x) < cg;
   float4 k[8];
 #pragma unroll
-  for (int j = 0; j < 8; ++j) k[j] = coef[gi * 8 + j];
+  for (int j = 0; j < 8; ++j) {
+    const int c = gi * 8 + j;
+    k[j] =
+        fin.sums ? bwd_finalize_channel(fin, c, fin.sums[c], fin.sums[fin.C + c], writer) : coef[c];
+  }
   for (int r = blockIdx.x * rpb + threadIdx.x / cg; r < rows; r += 2 * rstride) {
     alignas(16) T a[2][8], d[2][8];
     unsigned m[2] = {0xFFu, 0xFFu};
