@@ -130,16 +130,18 @@ void expect_cutlass_form_agrees(const CbrCase& t, int pool, const CbrForward& ki
       EXPECT_EQ(again.z, cut.z) << "deterministic z";
       EXPECT_EQ(again.saved, cut.saved) << "deterministic statistics (fixed-order partials)";
       EXPECT_EQ(again.y, cut.y) << "deterministic y";
-      // BatchNorm's finalize inside the apply pass (KILN_BN_FUSED_FINALIZE, the default) and as a
-      // launch of its own compute the same expressions from the same sums: the same bits.
-      Switches split = cutlass_switches(true, true, conv);
-      split.bn_fused_finalize = false;
-      const CbrForward apart = run_cbr_forward(t, pool, split);
-      EXPECT_EQ(apart.saved, cut.saved) << "statistics, finalize launched apart";
-      EXPECT_EQ(apart.rm, cut.rm) << "running mean, finalize launched apart";
-      EXPECT_EQ(apart.rv, cut.rv) << "running variance, finalize launched apart";
-      EXPECT_EQ(apart.y, cut.y) << "y, finalize launched apart";
-      EXPECT_EQ(apart.mask, cut.mask) << "mask, finalize launched apart";
+      // BatchNorm's finalize inside the apply pass (KILN_BN_FUSED_FINALIZE=1) and as a launch of
+      // its own compute the same expressions from the same sums: the same bits.
+      Switches inside_sw = cutlass_switches(true, true, conv), apart_sw = inside_sw;
+      inside_sw.bn_fused_finalize = true;
+      apart_sw.bn_fused_finalize = false;
+      const CbrForward inside = run_cbr_forward(t, pool, inside_sw);
+      const CbrForward apart = run_cbr_forward(t, pool, apart_sw);
+      EXPECT_EQ(inside.saved, apart.saved) << "statistics, finalize inside the apply pass";
+      EXPECT_EQ(inside.rm, apart.rm) << "running mean, finalize inside the apply pass";
+      EXPECT_EQ(inside.rv, apart.rv) << "running variance, finalize inside the apply pass";
+      EXPECT_EQ(inside.y, apart.y) << "y, finalize inside the apply pass";
+      EXPECT_EQ(inside.mask, apart.mask) << "mask, finalize inside the apply pass";
     }
   }
 }

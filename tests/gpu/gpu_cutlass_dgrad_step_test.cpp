@@ -193,13 +193,15 @@ TEST_P(GpuCutlassDgradWire, BottleneckBackwardAgreesSwitchOffAndOn) {
       if (deterministic) {
         const BottleneckResult again = run_bottleneck(t, dgrad_switches(true, true, conv), alias);
         for (const auto& [name, got] : on.t) EXPECT_EQ(again.t.at(name), got) << name;
-        // The BatchNorm backward's finalize inside its dx pass (KILN_BN_FUSED_FINALIZE, the
-        // default) and as a launch of its own: the same expressions, the same bits.
-        Switches split = dgrad_switches(true, true, conv);
-        split.bn_fused_finalize = false;
-        const BottleneckResult apart = run_bottleneck(t, split, alias);
-        for (const auto& [name, got] : on.t)
-          EXPECT_EQ(apart.t.at(name), got) << name << ", finalize launched apart";
+        // The BatchNorm backward's finalize inside its dx pass (KILN_BN_FUSED_FINALIZE=1) and as
+        // a launch of its own: the same expressions, the same bits.
+        Switches inside_sw = dgrad_switches(true, true, conv), apart_sw = inside_sw;
+        inside_sw.bn_fused_finalize = true;
+        apart_sw.bn_fused_finalize = false;
+        const BottleneckResult inside = run_bottleneck(t, inside_sw, alias);
+        const BottleneckResult apart = run_bottleneck(t, apart_sw, alias);
+        for (const auto& [name, got] : apart.t)
+          EXPECT_EQ(inside.t.at(name), got) << name << ", finalize inside the dx pass";
       }
     }
   }
@@ -227,10 +229,12 @@ INSTANTIATE_TEST_SUITE_P(
 // 1e-3 (the same weights and batch).
 TEST(GpuCutlassDgradStep, Resnet50StepsAgreeSwitchOffAndOn) {
   KILN_REQUIRE_SM90_CUTLASS();
-  enum Form { kCudnn, kForward, kDgrad };
-  const std::vector<StepForm> forms = {{"cuDNN's form", "kiln", Auto::off, Auto::off},
-                                       {"the forward's GEMM", "kiln", Auto::on, Auto::off},
-                                       {"KILN_CUTLASS_DGRAD", "kiln", Auto::on, Auto::on}};
+  enum Form { kCudnn, kForward, kDgrad, kFinalize };
+  const std::vector<StepForm> forms = {
+      {"cuDNN's form", "kiln", Auto::off, Auto::off},
+      {"the forward's GEMM", "kiln", Auto::on, Auto::off},
+      {"KILN_CUTLASS_DGRAD", "kiln", Auto::on, Auto::on},
+      {"KILN_BN_FUSED_FINALIZE", "kiln", Auto::on, Auto::on, Auto::off, Auto::off, true}};
   const std::vector<FormSteps> runs = three_steps("resnet50", forms);
   const CompileReport &forward = runs[kForward].report, &dgrad = runs[kDgrad].report;
   EXPECT_EQ(forward.dgrad_cutlass + forward.dgrad_cutlass_fallbacks, 0);
@@ -239,6 +243,10 @@ TEST(GpuCutlassDgradStep, Resnet50StepsAgreeSwitchOffAndOn) {
   EXPECT_EQ(dgrad.dgrad_cutlass_fallbacks, 19) << "16 conv2 (3x3), 3 downsamples";
   EXPECT_EQ(dgrad.conv_cutlass, 16);
   expect_within_noise(runs, forms, {kForward, kDgrad, kCudnn});
+  // The BatchNorms fed by the SM90 kernels' sums finalizing inside their apply and dx passes:
+  // the same expressions on the same sums, held to the data gradient's form by the same bar.
+  expect_within_noise(runs, forms, {kForward, kFinalize, kCudnn});
+  EXPECT_EQ(runs[kFinalize].losses[0], runs[kDgrad].losses[0]) << "the forward's same bits";
 }
 
 // The same with KILN_CUTLASS_CONV_DGRAD on as well: the stride-1 3x3 data gradients that feed a

@@ -29,6 +29,7 @@ struct StepForm {
   Auto cutlass_dgrad;                   // KILN_CUTLASS_DGRAD
   Auto cutlass_conv = Auto::off;        // KILN_CUTLASS_CONV
   Auto cutlass_conv_dgrad = Auto::off;  // KILN_CUTLASS_CONV_DGRAD
+  bool bn_fused_finalize = false;       // KILN_BN_FUSED_FINALIZE
 };
 
 using NamedTensors = std::map<std::string, std::vector<float>>;
@@ -74,6 +75,7 @@ inline std::vector<FormSteps> three_steps(const std::string& model,
     o.switches.cutlass_dgrad = f.cutlass_dgrad;
     o.switches.cutlass_conv = f.cutlass_conv;
     o.switches.cutlass_conv_dgrad = f.cutlass_conv_dgrad;
+    o.switches.bn_fused_finalize = f.bn_fused_finalize;
     Engine e(bp, o);
     e.lock_memory();
     e.compile(5);

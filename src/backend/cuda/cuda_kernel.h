@@ -85,7 +85,7 @@ struct Options {
   bool vector_kernels = true;  // KILN_VECTOR_KERNELS=0: one element per thread, no 16-byte paths
   // KILN_BN_FUSED_FINALIZE: a BatchNorm whose sums a kernel before it took finalizes inside its
   // 16-byte apply or dx pass (bn.cu), the same bits without a launch of its own.
-  bool bn_fused_finalize = true;
+  bool bn_fused_finalize = false;
   // KILN_PAD_CHANNELS=1: FP16/BF16 convolutions whose input channels are not a multiple of 8
   // run on zero-padded copies (conv.cpp); opt-in, as it measured slower (bench/RESULTS.md).
   bool pad_channels = false;
