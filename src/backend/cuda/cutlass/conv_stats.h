@@ -41,7 +41,8 @@ using ConvStatsKernel = UnitKernel<ConvStats>;
 // warpgroups, one tile's epilogue overlapping the next tile's loads). 64 columns for layers of
 // 64 channels (VGG's first block, ResNet-50's stage 1), 128 for the wider ones; reg_partials is
 // the deterministic form (128 rows: at 256 its sums spill). none: z alone, the baseline the
-// statistics' cost is read against (the probe and the GPU test run it).
+// statistics' cost is read against (the probe and the GPU test run it). The 2x1 cluster shares
+// each filter tile's load between two CTAs (TMA multicast): a candidate for the probe.
 #define KILN_CONV_STATS_BACKEND_VARIANTS(X) \
   X(128, 64, reg_atomic, 1, 1)              \
   X(128, 128, reg_atomic, 1, 1)             \
@@ -49,6 +50,7 @@ using ConvStatsKernel = UnitKernel<ConvStats>;
   X(128, 128, none, 1, 1)                   \
   X(256, 64, reg_atomic, 1, 1)              \
   X(256, 128, reg_atomic, 1, 1)             \
+  X(256, 128, reg_atomic, 2, 1)             \
   X(256, 128, none, 1, 1)
 
 #define KILN_CONV_STATS_FN(tm, tn, mode, cm, cn) KILN_SM90_FN(conv_stats, tm, tn, mode, cm, cn)
