@@ -81,6 +81,20 @@ TEST(CudaOptions, CutlassDgradSwitchReachesTheOptions) {
   expect_refused("KILN_CUTLASS_DGRAD", "maybe", "use auto or");
 }
 
+// KILN_CUTLASS_CONV_DGRAD reaches Options::cutlass_conv_dgrad (resolved after
+// KILN_CUTLASS_DGRAD: sm90_implicit_dgrad_tried), KILN_BN_FUSED_FINALIZE
+// Options::bn_fused_finalize.
+TEST(CudaOptions, ConvDgradAndFusedFinalizeSwitchesReachTheOptions) {
+  EXPECT_EQ(options_with({}).cutlass_conv_dgrad, Auto::automatic);
+  EXPECT_EQ(options_with({{"KILN_CUTLASS_CONV_DGRAD", "1"}}).cutlass_conv_dgrad, Auto::on);
+  EXPECT_EQ(options_with({{"KILN_CUTLASS_CONV_DGRAD", "0"}}).cutlass_conv_dgrad, Auto::off);
+  EXPECT_EQ(options_with({{"KILN_CUTLASS_CONV_DGRAD", "1"}}).cutlass_conv, Auto::automatic);
+  expect_refused("KILN_CUTLASS_CONV_DGRAD", "maybe", "use auto or");
+  EXPECT_FALSE(options_with({}).bn_fused_finalize) << "off until it has run on a GPU";
+  EXPECT_TRUE(options_with({{"KILN_BN_FUSED_FINALIZE", "1"}}).bn_fused_finalize);
+  EXPECT_FALSE(options_with({{"KILN_BN_FUSED_FINALIZE", "0"}}).bn_fused_finalize);
+}
+
 }  // namespace
 }  // namespace kiln::cuda
 #endif  // KILN_HAVE_CUDA
