@@ -87,19 +87,28 @@ __device__ __forceinline__ float4 fwd_finalize_channel(const FwdFinalize& f, int
   return make_float4(mean_f, f.gamma[c] * invstd_f, f.beta[c], 0.0f);
 }
 
+// A finalize block's channel c's two sums: the FP32 sums a kernel before took (f.sums), else
+// the double partials added up (every thread of the block takes part). True in the one thread
+// that finalizes c.
+template <class Finalize>
+__device__ __forceinline__ bool finalize_sums(const double2* partial, int gy, const Finalize& f,
+                                              int64_t c, double2& sums) {
+  if (f.sums) {
+    if (threadIdx.y != 0 || c >= f.C) return false;
+    sums = make_double2(f.sums[c], f.sums[f.C + c]);
+    return true;
+  }
+  sums = sum_partials(partial, gy, f.C, c);
+  return threadIdx.y == 0 && c < f.C;
+}
+
 // saved = [mean; invstd], the running statistics, and the apply pass's coefficients coef[c].
 __global__ void __launch_bounds__(kFinC* kFinS)
     stats_finalize_kernel(const double2* partial, int gy, FwdFinalize f, float4* coef) {
   const int64_t c = static_cast<int64_t>(blockIdx.x) * kFinC + threadIdx.x;
   double2 sums;
-  if (f.sums) {
-    if (threadIdx.y != 0 || c >= f.C) return;
-    sums = make_double2(f.sums[c], f.sums[f.C + c]);
-  } else {
-    sums = sum_partials(partial, gy, f.C, c);
-    if (threadIdx.y != 0 || c >= f.C) return;
-  }
-  coef[c] = fwd_finalize_channel(f, c, sums.x, sums.y, true);
+  if (finalize_sums(partial, gy, f, c, sums))
+    coef[c] = fwd_finalize_channel(f, c, sums.x, sums.y, true);
 }
 
 // The backward's likewise. sums: the FP32 [sum g; sum g (x - mean)] the data gradient before it
@@ -128,14 +137,8 @@ __global__ void __launch_bounds__(kFinC* kFinS)
     bwd_finalize_kernel(const double2* partial, int gy, BwdFinalize f, float4* coef) {
   const int64_t c = static_cast<int64_t>(blockIdx.x) * kFinC + threadIdx.x;
   double2 sums;
-  if (f.sums) {
-    if (threadIdx.y != 0 || c >= f.C) return;
-    sums = make_double2(f.sums[c], f.sums[f.C + c]);
-  } else {
-    sums = sum_partials(partial, gy, f.C, c);
-    if (threadIdx.y != 0 || c >= f.C) return;
-  }
-  coef[c] = bwd_finalize_channel(f, c, sums.x, sums.y, true);
+  if (finalize_sums(partial, gy, f, c, sums))
+    coef[c] = bwd_finalize_channel(f, c, sums.x, sums.y, true);
 }
 
 inline unsigned finalize_grid(int64_t C) {
