@@ -1,8 +1,9 @@
 // A data gradient that feeds a BatchNorm backward on kiln's SM90 kernel (KILN_CUTLASS_DGRAD):
-// dX = dY W for a 1x1 stride-1 FP16 convolution whose dX is the gradient at the output of a later
-// relu(bn(z)) (cbr_bwd: a bottleneck's conv3 feeding conv2's CBR) or relu(bn(z) + residual)
-// (bn_add_relu_bwd: a bottleneck's conv1 feeding the previous block's output, the residual
-// path's gradient added). The kernel (cutlass/dgrad_bn.h) writes that BatchNorm's masked
+// dX = dY W for a 1x1 stride-1 FP16 convolution (or, under KILN_CUTLASS_CONV_DGRAD, the implicit
+// GEMM's dX of a stride-1 filter that keeps the size: VGG's 3x3) whose dX is the gradient at the
+// output of a later relu(bn(z)) (cbr_bwd: a bottleneck's conv3 feeding conv2's CBR) or relu(bn(z) +
+// residual) (bn_add_relu_bwd: a bottleneck's conv1 feeding the previous block's output, the
+// residual path's gradient added). The kernel (cutlass/dgrad_bn.h) writes that BatchNorm's masked
 // gradient g = mask ? dX [+ dy2] : 0, rounded as kiln's BatchNorm backward rounds it, and g's
 // two sums; the BatchNorm backward then runs its finalize and dx passes from them
 // (make_bn_bwd_from_sums), without its sums pass or its reads of dy, dy2 and the mask. g goes
