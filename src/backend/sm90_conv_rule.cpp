@@ -115,4 +115,21 @@ bool sm90_dgrad_tried(Auto sw, bool cutlass) {
   return resolve(sw, kCutlassDgradByDefault && cutlass);
 }
 
+Sm90Forms sm90_forms(const Sm90Switches& sw, bool built, int cc_major, int cc_minor,
+                     DType features) {
+  const bool timed = sw.timed && !sw.deterministic;
+  auto by_timing = [&](Auto s) { return timed && s == Auto::automatic; };
+  Sm90Forms f;
+  f.gemm = sm90_conv_gemm_tried(sw.gemm, built, cc_major, cc_minor, features);
+  f.gemm_timed = f.gemm && by_timing(sw.gemm);
+  f.dgrad = by_timing(sw.dgrad) ? f.gemm : sm90_dgrad_tried(sw.dgrad, f.gemm);
+  f.dgrad_timed = f.dgrad && by_timing(sw.dgrad);
+  f.conv = by_timing(sw.conv) ? f.gemm : sm90_implicit_conv_tried(sw.conv, f.gemm);
+  f.conv_timed = f.conv && by_timing(sw.conv);
+  f.conv_dgrad =
+      by_timing(sw.conv_dgrad) ? f.dgrad : sm90_implicit_dgrad_tried(sw.conv_dgrad, f.dgrad);
+  f.conv_dgrad_timed = f.conv_dgrad && by_timing(sw.conv_dgrad);
+  return f;
+}
+
 }  // namespace kiln

@@ -72,4 +72,25 @@ std::string sm90_implicit_dgrad_refusal(const Sm90ConvQuery& q);
 // as kCutlassDgradByDefault says, given whether the forward's GEMM is tried (`cutlass`).
 bool sm90_dgrad_tried(Auto sw, bool cutlass);
 
+// The four switches and what decides them, for one program.
+struct Sm90Switches {
+  Auto gemm = Auto::automatic, dgrad = Auto::automatic, conv = Auto::automatic,
+       conv_dgrad = Auto::automatic;  // KILN_CUTLASS, _DGRAD, _CONV, _CONV_DGRAD
+  bool timed = false;                 // KILN_CUTLASS_TIMED
+  bool deterministic = false;         // KILN_DETERMINISTIC
+};
+
+// Which families a program's layers try, and which of them choose per layer by timing. Without
+// KILN_CUTLASS_TIMED (or under KILN_DETERMINISTIC, where a timed choice could differ from one
+// process to the next and with it the bits), the functions above decide. With it, a switch left
+// at auto tries its family wherever the family it builds on is tried (the GEMM's own rule for
+// KILN_CUTLASS: built, an SM90 GPU, FP16), whatever the fixed default says, and each layer then
+// keeps the faster form; a switch set to 1 or 0 is obeyed as before.
+struct Sm90Forms {
+  bool gemm = false, dgrad = false, conv = false, conv_dgrad = false;
+  bool gemm_timed = false, dgrad_timed = false, conv_timed = false, conv_dgrad_timed = false;
+};
+Sm90Forms sm90_forms(const Sm90Switches& sw, bool built, int cc_major, int cc_minor,
+                     DType features);
+
 }  // namespace kiln

@@ -30,6 +30,10 @@ struct StepForm {
   Auto cutlass_conv = Auto::off;        // KILN_CUTLASS_CONV
   Auto cutlass_conv_dgrad = Auto::off;  // KILN_CUTLASS_CONV_DGRAD
   bool bn_fused_finalize = false;       // KILN_BN_FUSED_FINALIZE
+  // KILN_CUTLASS_TIMED, which runs only without KILN_DETERMINISTIC: this form alone takes
+  // cuDNN's autotuned engines and the SM90 kernels' atomic sums (its noise is larger); nothing
+  // timed is kept on disk (KILN_AUTOTUNE_CACHE=0), only in the process.
+  bool cutlass_timed = false;
 };
 
 using NamedTensors = std::map<std::string, std::vector<float>>;
@@ -69,7 +73,9 @@ inline std::vector<FormSteps> three_steps(const std::string& model,
     // The default scale (8192) overflows at initialisation on 4 images, and a skipped step's
     // gradients are not the step's: with scale 1 each of the three steps is taken.
     o.compile.initial_loss_scale = 1.0f;
-    o.switches.deterministic = true;
+    o.switches.deterministic = !f.cutlass_timed;
+    o.switches.cutlass_timed = f.cutlass_timed;
+    if (f.cutlass_timed) o.switches.autotune_cache = "0";
     o.switches.cbr_form = f.cbr_form;
     o.switches.cutlass = f.cutlass;
     o.switches.cutlass_dgrad = f.cutlass_dgrad;

@@ -235,5 +235,51 @@ TEST(Sm90ConvRule, ImplicitDataGradientSwitch) {
   EXPECT_FALSE(sm90_implicit_dgrad_tried(Auto::off, true));
 }
 
+// KILN_CUTLASS_TIMED: a switch left at auto tries its family wherever the family it builds on is
+// tried, and chooses per layer by timing; one set to 0 or 1 is obeyed; off, or under
+// KILN_DETERMINISTIC, the fixed defaults decide as without it.
+TEST(Sm90ConvRule, TimedChoiceTriesEveryAutoFamilyAndObeysTheOthers) {
+  const Switches none = Switches::parse([](const char*) -> const char* { return nullptr; }, {});
+  EXPECT_FALSE(none.cutlass_timed) << "off until it has run on a GPU";
+  const Auto a = Auto::automatic;
+  auto forms = [](Sm90Switches sw, DType features = DType::F16, int cc = 9) {
+    return sm90_forms(sw, true, cc, 0, features);
+  };
+  const Sm90Forms fixed = forms({a, a, a, a, false, false});
+  EXPECT_TRUE(fixed.gemm);
+  EXPECT_EQ(fixed.dgrad, kCutlassDgradByDefault);
+  EXPECT_EQ(fixed.conv, kCutlassConvByDefault);
+  EXPECT_EQ(fixed.conv_dgrad, kCutlassDgradByDefault && kCutlassConvDgradByDefault);
+  EXPECT_FALSE(fixed.gemm_timed || fixed.dgrad_timed || fixed.conv_timed || fixed.conv_dgrad_timed);
+
+  const Sm90Forms timed = forms({a, a, a, a, true, false});
+  EXPECT_TRUE(timed.gemm && timed.dgrad && timed.conv && timed.conv_dgrad);
+  EXPECT_TRUE(timed.gemm_timed && timed.dgrad_timed && timed.conv_timed && timed.conv_dgrad_timed);
+
+  const Sm90Forms det = forms({a, a, a, a, true, true});
+  EXPECT_FALSE(det.gemm_timed || det.dgrad_timed || det.conv_timed || det.conv_dgrad_timed)
+      << "a timed choice may differ between processes, and with it the bits";
+  EXPECT_EQ(det.conv, fixed.conv);
+
+  // Where the GEMM is not tried at all (FP32, another GPU), nothing is, timed or not.
+  for (const Sm90Forms& f : {forms({a, a, a, a, true, false}, DType::F32),
+                             forms({a, a, a, a, true, false}, DType::F16, 8)}) {
+    EXPECT_FALSE(f.gemm || f.dgrad || f.conv || f.conv_dgrad);
+    EXPECT_FALSE(f.gemm_timed || f.dgrad_timed || f.conv_timed || f.conv_dgrad_timed);
+  }
+
+  // Switches set by hand: 1 always (not timed), 0 never; the others still timed.
+  const Sm90Forms mixed = forms({Auto::on, a, Auto::off, Auto::on, true, false});
+  EXPECT_TRUE(mixed.gemm);
+  EXPECT_FALSE(mixed.gemm_timed);
+  EXPECT_TRUE(mixed.dgrad && mixed.dgrad_timed);
+  EXPECT_FALSE(mixed.conv || mixed.conv_timed);
+  EXPECT_TRUE(mixed.conv_dgrad);
+  EXPECT_FALSE(mixed.conv_dgrad_timed);
+  const Sm90Forms no_dgrad = forms({a, Auto::off, a, a, true, false});
+  EXPECT_FALSE(no_dgrad.dgrad || no_dgrad.conv_dgrad) << "the implicit form runs inside it";
+  EXPECT_TRUE(no_dgrad.conv_timed);
+}
+
 }  // namespace
 }  // namespace kiln

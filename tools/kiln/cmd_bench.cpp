@@ -375,6 +375,12 @@ int cmd_bench(int argc, char** argv) {
           "  of those, %d on the SM90 implicit-GEMM data gradient (KILN_CUTLASS_CONV_DGRAD=%s)\n",
           use.dgrad_cutlass_conv, auto_text(eo.switches.cutlass_conv_dgrad));
     }
+    if (use.sm90_timed > 0) {
+      std::printf(
+          "SM90 or cuDNN timed per layer (KILN_CUTLASS_TIMED=1): %d layers, %d kept cuDNN with "
+          "kiln's pass\n",
+          use.sm90_timed, use.sm90_timed_today);
+    }
     if (use.cbr_genstats + use.cbr_fallbacks > 0) {
       std::printf(
           "CBR forward (KILN_CBR_FORM=genstats): %d as conv+genstats, %d fell back to kiln's "

@@ -460,10 +460,10 @@ void expect_weight_dtype(const Context& ctx, const Node& n, TensorId feature, Te
 
 }  // namespace
 
-// "x, w, [b] -> y"
-KernelPtr make_conv_fwd(const Node& n, Context& ctx, int stream) {
-  reject_accumulate(ctx, n);
-  if (KernelPtr summed = make_conv_fwd_summed_for_bn(n, ctx, stream)) return summed;
+namespace {
+
+// conv_fwd node n on cuDNN.
+KernelPtr cudnn_conv_fwd(const Node& n, Context& ctx, int stream) {
   const TensorId x = need_in(n, 0, "x"), w = need_in(n, 1, "w"), b = in_at(n, 2),
                  y = need_out(n, 0, "y");
   const DType dt = expect_float(ctx, n, x, "x");
@@ -484,16 +484,22 @@ KernelPtr make_conv_fwd(const Node& n, Context& ctx, int stream) {
   return std::move(o.k);
 }
 
-// "dy, w -> dx"
-KernelPtr make_conv_bwd_data(const Node& n, Context& ctx, int stream) {
+}  // namespace
+
+// "x, w, [b] -> y"
+KernelPtr make_conv_fwd(const Node& n, Context& ctx, int stream) {
   reject_accumulate(ctx, n);
+  auto cudnn = [&] { return cudnn_conv_fwd(n, ctx, stream); };
+  if (KernelPtr summed = make_conv_fwd_summed_for_bn(n, ctx, stream, cudnn)) return summed;
+  return cudnn();
+}
+
+namespace {
+
+// conv_bwd_data node n on cuDNN.
+KernelPtr cudnn_conv_bwd_data(const Node& n, Context& ctx, int stream) {
   const TensorId dy = need_in(n, 0, "dy"), w = need_in(n, 1, "w"), dx = need_out(n, 0, "dx");
-  const DType dt = expect_float(ctx, n, dy, "dy");
-  expect_same_dtype(ctx, n, dy, dx);
-  expect_weight_dtype(ctx, n, dy, w);
-  // A bottleneck's conv3 before conv2's CBR backward, with KILN_CUTLASS_DGRAD: the SM90 data
-  // gradient that also takes that BatchNorm backward's sums (cutlass_dgrad.cpp).
-  if (KernelPtr fused = make_dgrad_for_bn(n, ctx, stream, dy, w, dx)) return fused;
+  const DType dt = ctx.tensor(dy).dtype;
   const ConvGeom g = conv_geom(ctx, n, dx, w, dy);
   const DType wdt = ctx.tensor(w).dtype;
   ConvOperands o =
@@ -502,6 +508,22 @@ KernelPtr make_conv_bwd_data(const Node& n, Context& ctx, int stream) {
            build_plan(ctx, n, stream, ConvKind::dgrad, o.g, dt, wdt, dt, {o.a, o.w, ctx.ptr(dy)}),
            ctx.ptr(dy));
   return std::move(o.k);
+}
+
+}  // namespace
+
+// "dy, w -> dx"
+KernelPtr make_conv_bwd_data(const Node& n, Context& ctx, int stream) {
+  reject_accumulate(ctx, n);
+  const TensorId dy = need_in(n, 0, "dy"), w = need_in(n, 1, "w"), dx = need_out(n, 0, "dx");
+  expect_float(ctx, n, dy, "dy");
+  expect_same_dtype(ctx, n, dy, dx);
+  expect_weight_dtype(ctx, n, dy, w);
+  // A bottleneck's conv3 before conv2's CBR backward, with KILN_CUTLASS_DGRAD: the SM90 data
+  // gradient that also takes that BatchNorm backward's sums (cutlass_dgrad.cpp).
+  auto cudnn = [&] { return cudnn_conv_bwd_data(n, ctx, stream); };
+  if (KernelPtr fused = make_dgrad_for_bn(n, ctx, stream, dy, w, dx, cudnn)) return fused;
+  return cudnn();
 }
 
 // "x, dy -> dw, [db]": dw in the weight gradient's dtype (f16 under AMP, cast to f32 by the

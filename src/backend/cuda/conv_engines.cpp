@@ -193,6 +193,20 @@ int64_t autotune_engines(Context& ctx, fe::graph::Graph& graph, const TimingRule
   return measured[0].index;
 }
 
+bool autotuned_choice(const std::string& key, EngineEntry& out) {
+  std::lock_guard<std::mutex> lock(g_autotuned_mutex);
+  const EngineEntry* done = g_autotuned.find(key);
+  if (done == nullptr) return false;
+  out = *done;
+  return true;
+}
+
+void remember_autotuned(EngineEntry entry) {
+  std::lock_guard<std::mutex> lock(g_autotuned_mutex);
+  g_autotuned.put(std::move(entry));
+  g_autotuned_new = true;
+}
+
 void autotune_cache_load(const std::string& path, const std::string& gpu, int64_t cudnn) {
   std::lock_guard<std::mutex> lock(g_autotuned_mutex);
   if (!g_cache_loaded.insert(path).second) return;

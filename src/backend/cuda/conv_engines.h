@@ -58,4 +58,11 @@ int64_t autotune_engines(Context& ctx, fe::graph::Graph& graph, const TimingRule
                          cudnnHandle_t handle, cudaStream_t stream,
                          std::unordered_map<int64_t, void*>& pack, const std::string& key);
 
+// What compile-time timing chose for `key` before (this process, or the autotune cache), copied
+// into `out`; false when nothing was. Shared with timed_form.cpp, whose SM90-or-cuDNN choices
+// are kept beside the engines.
+bool autotuned_choice(const std::string& key, EngineEntry& out);
+// Keeps a choice timed while compiling for the rest of the process and the autotune cache.
+void remember_autotuned(EngineEntry entry);
+
 }  // namespace kiln::cuda

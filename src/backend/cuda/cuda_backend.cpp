@@ -103,17 +103,21 @@ class CudaBackend final : public CudaBackendApi {
     CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
     ctx_.sm_count = prop.multiProcessorCount;
     ctx_.cc_major = prop.major, ctx_.cc_minor = prop.minor;
-    ctx_.cutlass = sm90_conv_gemm_tried(ctx_.opts.cutlass, cutlass_kernels_built(), prop.major,
-                                        prop.minor, program.feature_dtype);
+    const Options& o = ctx_.opts;
+    const Sm90Forms forms =
+        sm90_forms({o.cutlass, o.cutlass_dgrad, o.cutlass_conv, o.cutlass_conv_dgrad,
+                    o.cutlass_timed, o.deterministic},
+                   cutlass_kernels_built(), prop.major, prop.minor, program.feature_dtype);
+    ctx_.cutlass = forms.gemm, ctx_.cutlass_timed = forms.gemm_timed;
+    ctx_.cutlass_dgrad = forms.dgrad, ctx_.cutlass_dgrad_timed = forms.dgrad_timed;
+    ctx_.cutlass_conv = forms.conv, ctx_.cutlass_conv_timed = forms.conv_timed;
+    ctx_.cutlass_conv_dgrad = forms.conv_dgrad;
+    ctx_.cutlass_conv_dgrad_timed = forms.conv_dgrad_timed;
     if (ctx_.opts.cutlass == Auto::automatic && !ctx_.cutlass) {
       log_debug("KILN_CUTLASS=auto: every convolution keeps cuDNN (the SM90 CUTLASS GEMM ",
                 cutlass_kernels_built() ? "is built" : "is not built", ", compute capability ",
                 prop.major, ".", prop.minor, ", features ", dtype_name(program.feature_dtype), ")");
     }
-    ctx_.cutlass_dgrad = sm90_dgrad_tried(ctx_.opts.cutlass_dgrad, ctx_.cutlass);
-    ctx_.cutlass_conv = sm90_implicit_conv_tried(ctx_.opts.cutlass_conv, ctx_.cutlass);
-    ctx_.cutlass_conv_dgrad =
-        sm90_implicit_dgrad_tried(ctx_.opts.cutlass_conv_dgrad, ctx_.cutlass_dgrad);
     create_streams();
     for (int r = 0; r < kRegionCount; ++r) {
       const int64_t bytes = program.memory.region_bytes[static_cast<size_t>(r)];
@@ -384,6 +388,8 @@ class CudaBackend final : public CudaBackendApi {
     r.conv_cutlass = ctx_.conv_cutlass, r.conv_cutlass_fallbacks = ctx_.conv_cutlass_fallbacks;
     r.dgrad_cutlass = ctx_.dgrad_cutlass, r.dgrad_cutlass_fallbacks = ctx_.dgrad_cutlass_fallbacks;
     r.dgrad_cutlass_conv = ctx_.dgrad_cutlass_conv;
+    r.sm90_timed = ctx_.sm90_timed, r.sm90_timed_today = ctx_.sm90_timed_today;
+    r.sm90_timed_now = ctx_.sm90_timed_now;
     r.side_stream_wgrads = ctx_.side_wgrads;
     r.fp32_transformed_plans = ctx_.fp32_transformed;
     return r;
@@ -425,6 +431,7 @@ class CudaBackend final : public CudaBackendApi {
     ctx_.conv_cutlass = ctx_.conv_cutlass_fallbacks = 0;
     ctx_.bn_add_relu_sums.clear();
     ctx_.dgrad_cutlass = ctx_.dgrad_cutlass_fallbacks = ctx_.dgrad_cutlass_conv = 0;
+    ctx_.sm90_timed = ctx_.sm90_timed_today = ctx_.sm90_timed_now = 0;
     ctx_.dgrad_bn_sums.clear();
     ctx_.extra_bytes.clear();
     ctx_.fp32_transformed = 0;

@@ -116,6 +116,11 @@ struct Options {
   // gradient with the same epilogue (cutlass_dgrad.cpp); auto: as kCutlassConvDgradByDefault
   // says, where KILN_CUTLASS_DGRAD is; prepare() resolves it into Context::cutlass_conv_dgrad.
   Auto cutlass_conv_dgrad = Auto::automatic;
+  // KILN_CUTLASS_TIMED: each of the four switches above left at auto tries its kernel on every
+  // layer it can take, and the layer keeps the faster of it and today's form, timed while
+  // compiling (timed_form.h); prepare() resolves it with them (sm90_forms). Not under
+  // KILN_DETERMINISTIC.
+  bool cutlass_timed = false;
   // KILN_DETERMINISTIC=1: refuse cuDNN engines noted NONDETERMINISTIC (atomics in weight
   // gradients), so a step gives the same bits every run. kiln's own kernels and cuBLASLt are
   // deterministic already (fixed-order partial sums; one algorithm chosen at compile time).
@@ -223,6 +228,11 @@ struct Context : ProgramView {
   // resolved by prepare()), and how many of dgrad_cutlass took it.
   bool cutlass_conv_dgrad = false;
   int dgrad_cutlass_conv = 0;
+  // Which of the four families above choose per layer by timing (KILN_CUTLASS_TIMED), and of
+  // the layers that did, how many kept today's form.
+  bool cutlass_timed = false, cutlass_dgrad_timed = false, cutlass_conv_timed = false,
+       cutlass_conv_dgrad_timed = false;
+  int sm90_timed = 0, sm90_timed_today = 0, sm90_timed_now = 0;
   struct DgradBnSums {
     const float* sums = nullptr;
     TensorId g = kNoTensor;

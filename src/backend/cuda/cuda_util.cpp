@@ -38,6 +38,7 @@ Options options_from_switches(const Switches& sw) {
   o.cutlass_dgrad = sw.cutlass_dgrad;            // likewise, after cutlass
   o.cutlass_conv = sw.cutlass_conv;              // likewise
   o.cutlass_conv_dgrad = sw.cutlass_conv_dgrad;  // likewise, after cutlass_dgrad
+  o.cutlass_timed = sw.cutlass_timed;            // likewise, with deterministic
   o.deterministic = sw.deterministic;
   const std::string& table = sw.engine_table;
   o.engine_table = table != "0" && table != "off" && table != "false";

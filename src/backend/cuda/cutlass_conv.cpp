@@ -8,6 +8,7 @@
 // keeps its form.
 #include "backend/cuda/fused_kernels.h"
 #include "backend/cuda/sm90_layer.h"
+#include "backend/cuda/timed_form.h"
 #include "backend/sm90_conv_rule.h"
 
 #ifdef KILN_HAVE_CUTLASS
@@ -60,13 +61,15 @@ void log_sm90_fallback(bool routine, const std::string& line, const std::string&
   }
 }
 
+bool sm90_fwd_implicit(const Context& ctx, const ConvGeom& g) {
+  return ctx.cutlass_conv && !sm90_gemm_shape(g);
+}
+
 KernelPtr make_conv_fwd_cutlass(const Node& n, Context& ctx, int stream, TensorId x, TensorId w,
                                 TensorId z, float* sums) {
   const std::string what = std::string(op_name(n.op)) + " node '" + n.label + "'";
   const Sm90ConvQuery q = sm90_conv_query(n, ctx, x, w, z);
-  // A 1x1 stride-1 layer is the GEMM's; others the implicit-GEMM convolution's where
-  // KILN_CUTLASS_CONV has them try it.
-  const bool implicit = ctx.cutlass_conv && !sm90_gemm_shape(q.g);
+  const bool implicit = sm90_fwd_implicit(ctx, q.g);
   const char* kernel_words =
       implicit ? "kiln's SM90 CUTLASS implicit-GEMM convolution " : "kiln's SM90 CUTLASS GEMM ";
   std::string why = implicit ? sm90_implicit_conv_refusal(q) : sm90_conv_refusal(q);
@@ -97,7 +100,6 @@ KernelPtr make_conv_fwd_cutlass(const Node& n, Context& ctx, int stream, TensorI
       if (std::string err = kern.check(c); !err.empty()) why = "refuses it: CUTLASS " + err;
     }
     if (why.empty()) {
-      ++ctx.cbr_cutlass_conv;
       return make_sm90_unit_run(
           ctx, stream, kern, c,
           what + ": the SM90 CUTLASS convolution (" + kern.name + ") failed: ");
@@ -147,7 +149,8 @@ const Node* later_bn_add_relu_reader(const Program& p, const Node& conv, TensorI
 
 }  // namespace
 
-KernelPtr make_conv_fwd_summed_for_bn(const Node& n, Context& ctx, int stream) {
+KernelPtr make_conv_fwd_summed_for_bn(const Node& n, Context& ctx, int stream,
+                                      const std::function<KernelPtr()>& cudnn_form) {
   if (!ctx.cutlass || ctx.program == nullptr || n.out.empty()) return nullptr;
   if (in_at(n, 2) != kNoTensor) return nullptr;  // a bias: the GEMM adds none
   const TensorId x = need_in(n, 0, "x"), w = need_in(n, 1, "w"), y = need_out(n, 0, "y");
@@ -160,6 +163,24 @@ KernelPtr make_conv_fwd_summed_for_bn(const Node& n, Context& ctx, int stream) {
   if (!conv) {
     ++ctx.conv_cutlass_fallbacks;
     return nullptr;
+  }
+  if (ctx.cutlass_timed) {
+    // The two forms of conv3 and its BatchNorm's statistics: the GEMM with the BatchNorm's
+    // apply pass from its sums, against cuDNN's convolution with the BatchNorm's whole pass.
+    KernelPtr today = cudnn_form();
+    const KernelPtr bn_sm90 = make_bn_add_relu_fwd_part(*bn, ctx, stream, sp);
+    const KernelPtr bn_today = make_bn_add_relu_fwd_part(*bn, ctx, stream, nullptr);
+    const ConvGeom g = conv_geom(ctx, n, x, w, y);
+    const TimedChoice c = time_sm90_against_today(
+        ctx, stream, timed_form_key("conv_fwd+bn_add_relu_fwd.gemm", g, ctx.tensor(x).dtype, ""),
+        {conv.get(), bn_sm90.get()}, {today.get(), bn_today.get()},
+        {need_in(*bn, 3, "running_mean"), need_in(*bn, 4, "running_var")});
+    ++ctx.sm90_timed;
+    log_timed_choice(n, c);
+    if (!c.sm90) {
+      ++ctx.sm90_timed_today, ++ctx.conv_cutlass_fallbacks;
+      return today;
+    }
   }
   ctx.bn_add_relu_sums[bn] = sp;
   ++ctx.conv_cutlass;

@@ -19,6 +19,7 @@
 #include "backend/cuda/fused_kernels.h"
 #include "backend/cuda/side_stream.h"
 #include "backend/cuda/sm90_layer.h"
+#include "backend/cuda/timed_form.h"
 #include "backend/dgrad_bn_rule.h"
 #include "backend/sm90_conv_rule.h"
 
@@ -51,7 +52,7 @@ std::string layout_refusal(const Context& ctx, TensorId dx, const DgradBnUse& u,
 }  // namespace
 
 KernelPtr make_dgrad_for_bn(const Node& n, Context& ctx, int stream, TensorId dy, TensorId w,
-                            TensorId dx) {
+                            TensorId dx, const std::function<KernelPtr()>& cudnn_form) {
   if (!ctx.cutlass_dgrad || ctx.program == nullptr || dx == kNoTensor) return nullptr;
   const DgradBnUse u = dgrad_bn_use(*ctx.program, n, dx);
   if (u.consumer == nullptr) return nullptr;  // no BatchNorm backward reads dx: not tried
@@ -108,6 +109,28 @@ KernelPtr make_dgrad_for_bn(const Node& n, Context& ctx, int stream, TensorId dy
     return nullptr;
   }
 #ifdef KILN_HAVE_CUTLASS
+  KernelPtr sm90 = make_sm90_unit_run(
+      ctx, stream, kern, d, what + ": the SM90 data gradient (" + kern.name + ") failed: ", sums);
+  if (implicit ? ctx.cutlass_conv_dgrad_timed : ctx.cutlass_dgrad_timed) {
+    // The two forms of this data gradient and the consumer's BatchNorm backward: the SM90 kernel
+    // with the consumer's passes from its sums, against cuDNN's with the consumer's sums pass.
+    KernelPtr today = cudnn_form();
+    const Context::DgradBnSums summed{d.sums, u.g};
+    const KernelPtr bn_sm90 = make_bn_bwd_part(*u.consumer, ctx, stream, &summed);
+    const KernelPtr bn_today = make_bn_bwd_part(*u.consumer, ctx, stream, nullptr);
+    const std::string extra = std::string(op_name(u.consumer->op)) +
+                              (u.other != kNoTensor ? ",dy2" : "") + (u.g != dx ? ",g" : "");
+    const TimedChoice c = time_sm90_against_today(
+        ctx, stream,
+        timed_form_key(implicit ? "dgrad.conv" : "dgrad.gemm", q.g, ctx.tensor(dy).dtype, extra),
+        {sm90.get(), bn_sm90.get()}, {today.get(), bn_today.get()}, {});
+    ++ctx.sm90_timed;
+    log_timed_choice(n, c);
+    if (!c.sm90) {
+      ++ctx.sm90_timed_today, ++ctx.dgrad_cutlass_fallbacks;
+      return today;
+    }
+  }
   // The consumer reads g and these sums on the schedule's order (the same stream, or joined
   // behind this phase's event); the sums live as long as the kernel that writes them.
   ctx.dgrad_bn_sums[u.consumer] = {d.sums, u.g};
@@ -119,8 +142,7 @@ KernelPtr make_dgrad_for_bn(const Node& n, Context& ctx, int stream, TensorId dy
   if (u.g != dx) extra.writes = byte_ranges(ctx, {u.g});
   log_debug(what, ": the data gradient runs on ", kern.name, ", writing '", ctx.tensor(u.g).name,
             "' and the sums for '", u.consumer->label, "'");
-  return make_sm90_unit_run(ctx, stream, kern, d,
-                            what + ": the SM90 data gradient (" + kern.name + ") failed: ", sums);
+  return sm90;
 #else
   return nullptr;
 #endif

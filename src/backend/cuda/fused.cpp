@@ -20,6 +20,8 @@
 #include "backend/cuda/cuda_kernel.h"
 #include "backend/cuda/fused_kernels.h"
 #include "backend/cuda/side_stream.h"
+#include "backend/cuda/sm90_layer.h"
+#include "backend/cuda/timed_form.h"
 #include "backend/fused_nodes.h"
 
 namespace kiln::cuda {
@@ -47,10 +49,11 @@ class Sequence final : public Kernel {
 // cuDNN has it (one graph, conv+genstats). Either's sums are FP32 over the FP16-rounded z,
 // accumulated in another order than kiln's double pass, so those forms agree with the unfused chain
 // to rounding, not bit for bit. A layer neither takes keeps kiln's form; the counters say how many
-// took each.
+// took each. Where KILN_CUTLASS_TIMED leaves the SM90 kernel's family to timing, the layer keeps
+// the faster of the two whole forms (timed_form.h), BatchNorm's running statistics (`keep`) kept.
 template <typename Epilogue>
 KernelPtr cbr_forward(const Node& n, Context& ctx, int stream, TensorId x, TensorId w, TensorId z,
-                      Epilogue epilogue) {
+                      const std::vector<TensorId>& keep, Epilogue epilogue) {
   // One summing form: its convolution writes z and [sum; sumsq] into a buffer the Sequence owns.
   auto summing = [&](auto make_conv) -> KernelPtr {
     const int64_t k = ctx.tensor(z).shape.dims.back();
@@ -63,26 +66,51 @@ KernelPtr cbr_forward(const Node& n, Context& ctx, int stream, TensorId x, Tenso
     parts.push_back(epilogue(static_cast<const float*>(sp)));
     return std::make_unique<Sequence>(stream, std::move(parts), std::move(sums));
   };
-  if (ctx.cutlass) {
-    if (KernelPtr k = summing(
-            [&](float* sp) { return make_conv_fwd_cutlass(n, ctx, stream, x, w, z, sp); })) {
-      ++ctx.cbr_cutlass;
-      return k;
+  // Today's form: conv+genstats where asked for and cuDNN has it, else the plain convolution
+  // and kiln's statistics pass.
+  auto today = [&]() -> KernelPtr {
+    if (ctx.opts.cbr_genstats) {
+      if (KernelPtr k = summing(
+              [&](float* sp) { return make_conv_fwd_genstats(n, ctx, stream, x, w, z, sp); })) {
+        ++ctx.cbr_genstats;
+        return k;
+      }
+      ++ctx.cbr_genstats_fallbacks;
     }
+    std::vector<KernelPtr> parts;
+    parts.push_back(
+        make_conv_fwd(fused_part(OpKind::conv_fwd, {x, w}, {z}, n, "conv"), ctx, stream));
+    parts.push_back(epilogue(static_cast<const float*>(nullptr)));
+    return std::make_unique<Sequence>(stream, std::move(parts));
+  };
+  if (!ctx.cutlass) return today();
+  KernelPtr k =
+      summing([&](float* sp) { return make_conv_fwd_cutlass(n, ctx, stream, x, w, z, sp); });
+  if (!k) {
     ++ctx.cbr_cutlass_fallbacks;
+    return today();
   }
-  if (ctx.opts.cbr_genstats) {
-    if (KernelPtr k = summing(
-            [&](float* sp) { return make_conv_fwd_genstats(n, ctx, stream, x, w, z, sp); })) {
-      ++ctx.cbr_genstats;
-      return k;
+  const ConvGeom g = conv_geom(ctx, n, x, w, z);
+  const bool implicit = sm90_fwd_implicit(ctx, g);
+  if (implicit ? ctx.cutlass_conv_timed : ctx.cutlass_timed) {
+    const int genstats = ctx.cbr_genstats, genstats_fallbacks = ctx.cbr_genstats_fallbacks;
+    KernelPtr t = today();
+    const std::string form = std::string(op_name(n.op)) + (implicit ? ".conv" : ".gemm");
+    const std::string extra = n.attrs.pool > 0 ? "pool" + std::to_string(n.attrs.pool) : "";
+    const TimedChoice c =
+        time_sm90_against_today(ctx, stream, timed_form_key(form, g, ctx.tensor(x).dtype, extra),
+                                {k.get()}, {t.get()}, keep);
+    ++ctx.sm90_timed;
+    log_timed_choice(n, c);
+    if (!c.sm90) {
+      ++ctx.sm90_timed_today, ++ctx.cbr_cutlass_fallbacks;
+      return t;
     }
-    ++ctx.cbr_genstats_fallbacks;
+    ctx.cbr_genstats = genstats, ctx.cbr_genstats_fallbacks = genstats_fallbacks;
   }
-  std::vector<KernelPtr> parts;
-  parts.push_back(make_conv_fwd(fused_part(OpKind::conv_fwd, {x, w}, {z}, n, "conv"), ctx, stream));
-  parts.push_back(epilogue(static_cast<const float*>(nullptr)));
-  return std::make_unique<Sequence>(stream, std::move(parts));
+  ++ctx.cbr_cutlass;
+  if (implicit) ++ctx.cbr_cutlass_conv;
+  return k;
 }
 
 }  // namespace
@@ -91,7 +119,7 @@ KernelPtr cbr_forward(const Node& n, Context& ctx, int stream, TensorId x, Tenso
 KernelPtr make_cbr_fwd(const Node& n, Context& ctx, int stream) {
   reject_accumulate(ctx, n);
   const CbrFwdTensors t = cbr_fwd_tensors(n);
-  return cbr_forward(n, ctx, stream, t.x, t.w, t.z, [&](const float* sums) {
+  return cbr_forward(n, ctx, stream, t.x, t.w, t.z, {t.rm, t.rv}, [&](const float* sums) {
     return make_bn_relu_mask_fwd(n, ctx, stream, t.z, t.gamma, t.beta, t.rm, t.rv, kNoTensor, t.b,
                                  t.y, t.saved, t.mask, sums);
   });
@@ -115,12 +143,12 @@ KernelPtr cbr_conv_backward(const Node& n, Context& ctx, int stream, KernelPtr b
   if (dx != kNoTensor) {
     // A bottleneck's conv1: with KILN_CUTLASS_DGRAD, the SM90 data gradient that also takes the
     // previous block's BN+add+ReLU backward's sums (cutlass_dgrad.cpp).
-    KernelPtr dgrad = make_dgrad_for_bn(n, ctx, stream, dz, w, dx);
-    if (!dgrad) {
-      dgrad = make_conv_bwd_data(fused_part(OpKind::conv_bwd_data, {dz, w}, {dx}, n, "dgrad"), ctx,
-                                 stream);
-    }
-    parts.push_back(std::move(dgrad));
+    auto cudnn = [&] {
+      return make_conv_bwd_data(fused_part(OpKind::conv_bwd_data, {dz, w}, {dx}, n, "dgrad"), ctx,
+                                stream);
+    };
+    KernelPtr dgrad = make_dgrad_for_bn(n, ctx, stream, dz, w, dx, cudnn);
+    parts.push_back(dgrad ? std::move(dgrad) : cudnn());
   }
   if (db != kNoTensor) {
     // The cancelled bias's gradient: sum of dz per channel, exactly 0 (ops.def).
@@ -136,19 +164,50 @@ KernelPtr cbr_conv_backward(const Node& n, Context& ctx, int stream, KernelPtr b
 
 }  // namespace
 
+KernelPtr make_bn_bwd_part(const Node& n, Context& ctx, int stream,
+                           const Context::DgradBnSums* summed) {
+  if (n.op == OpKind::cbr_bwd) {
+    const CbrBwdTensors t = cbr_bwd_tensors(n);
+    return summed != nullptr
+               ? make_bn_bwd_from_sums(n, ctx, stream, t.z, summed->g, t.gamma, t.saved, t.dz,
+                                       kNoTensor, t.dgamma, t.dbeta, summed->sums)
+               : make_bn_relu_mask_bwd(n, ctx, stream, t.z, t.dy, kNoTensor, t.mask, t.gamma,
+                                       t.saved, t.dz, kNoTensor, t.dgamma, t.dbeta);
+  }
+  KILN_CHECK(n.op == OpKind::bn_add_relu_bwd, Internal, "make_bn_bwd_part: ", op_name(n.op),
+             " node '", n.label, "' has no BatchNorm backward part");
+  const TensorId x = need_in(n, 0, "x"), dy = need_in(n, 1, "dy"), mask = need_in(n, 2, "mask"),
+                 gamma = need_in(n, 3, "gamma"), saved = need_in(n, 4, "saved"), dy2 = in_at(n, 5);
+  const TensorId dx = need_out(n, 0, "dx"), dres = need_out(n, 1, "dresidual"),
+                 dgamma = need_out(n, 2, "dgamma"), dbeta = need_out(n, 3, "dbeta");
+  // The next block's conv1 data gradient on the SM90 kernel (KILN_CUTLASS_DGRAD) wrote g, the
+  // masked sum of dy and dy2, and left g's sums: g in dresidual (which is g), or where the memory
+  // plan did not allow that in the data gradient's own output (this node's dy2, or dy), which it
+  // then copies to dresidual.
+  if (summed != nullptr) {
+    return make_bn_bwd_from_sums(n, ctx, stream, x, summed->g, gamma, saved, dx,
+                                 summed->g == dres ? kNoTensor : dres, dgamma, dbeta, summed->sums);
+  }
+  return make_bn_relu_mask_bwd(n, ctx, stream, x, dy, dy2, mask, gamma, saved, dx, dres, dgamma,
+                               dbeta);
+}
+
+namespace {
+
+const Context::DgradBnSums* dgrad_sums_for(const Context& ctx, const Node& n) {
+  const auto it = ctx.dgrad_bn_sums.find(&n);
+  return it == ctx.dgrad_bn_sums.end() ? nullptr : &it->second;
+}
+
+}  // namespace
+
 // "x, w, z, dy, mask, gamma, saved -> [dx], dw, dgamma, dbeta, dz, [db]"
 KernelPtr make_cbr_bwd(const Node& n, Context& ctx, int stream) {
   reject_accumulate(ctx, n);
   const CbrBwdTensors t = cbr_bwd_tensors(n);
   // A bottleneck's conv2: its dy is conv3's data gradient, which on the SM90 kernel
   // (KILN_CUTLASS_DGRAD) wrote g there and left g's sums.
-  const auto summed = ctx.dgrad_bn_sums.find(&n);
-  KernelPtr bn =
-      summed != ctx.dgrad_bn_sums.end()
-          ? make_bn_bwd_from_sums(n, ctx, stream, t.z, summed->second.g, t.gamma, t.saved, t.dz,
-                                  kNoTensor, t.dgamma, t.dbeta, summed->second.sums)
-          : make_bn_relu_mask_bwd(n, ctx, stream, t.z, t.dy, kNoTensor, t.mask, t.gamma, t.saved,
-                                  t.dz, kNoTensor, t.dgamma, t.dbeta);
+  KernelPtr bn = make_bn_bwd_part(n, ctx, stream, dgrad_sums_for(ctx, n));
   return cbr_conv_backward(n, ctx, stream, std::move(bn), t.x, t.w, t.dz, t.dx, t.dw, t.db);
 }
 
@@ -158,7 +217,7 @@ KernelPtr make_cbr_bwd(const Node& n, Context& ctx, int stream) {
 KernelPtr make_cbr_pool_fwd(const Node& n, Context& ctx, int stream) {
   reject_accumulate(ctx, n);
   const CbrFwdTensors t = cbr_fwd_tensors(n);
-  return cbr_forward(n, ctx, stream, t.x, t.w, t.z, [&](const float* sums) {
+  return cbr_forward(n, ctx, stream, t.x, t.w, t.z, {t.rm, t.rv}, [&](const float* sums) {
     return make_bn_relu_pool_fwd(n, ctx, stream, t.z, t.gamma, t.beta, t.rm, t.rv, t.b, t.y,
                                  t.saved, t.mask, sums);
   });
@@ -174,19 +233,23 @@ KernelPtr make_cbr_pool_bwd(const Node& n, Context& ctx, int stream) {
                            t.x, t.w, t.dz, t.dx, t.dw, t.db);
 }
 
-// "x, gamma, beta, running_mean, running_var, residual -> y, saved, mask"
-KernelPtr make_bn_add_relu_fwd(const Node& n, Context& ctx, int stream) {
-  reject_accumulate(ctx, n);
+KernelPtr make_bn_add_relu_fwd_part(const Node& n, Context& ctx, int stream, const float* sums) {
   const TensorId x = need_in(n, 0, "x"), gamma = need_in(n, 1, "gamma"),
                  beta = need_in(n, 2, "beta"), rm = need_in(n, 3, "running_mean"),
                  rv = need_in(n, 4, "running_var"), residual = need_in(n, 5, "residual");
   const TensorId y = need_out(n, 0, "y"), saved = need_out(n, 1, "saved"),
                  mask = need_out(n, 2, "mask");
+  return make_bn_relu_mask_fwd(n, ctx, stream, x, gamma, beta, rm, rv, residual, kNoTensor, y,
+                               saved, mask, sums);
+}
+
+// "x, gamma, beta, running_mean, running_var, residual -> y, saved, mask"
+KernelPtr make_bn_add_relu_fwd(const Node& n, Context& ctx, int stream) {
+  reject_accumulate(ctx, n);
   // A bottleneck's conv3 on the SM90 GEMM (make_conv_fwd_summed_for_bn) left x's sums.
   const auto summed = ctx.bn_add_relu_sums.find(&n);
-  return make_bn_relu_mask_fwd(n, ctx, stream, x, gamma, beta, rm, rv, residual, kNoTensor, y,
-                               saved, mask,
-                               summed == ctx.bn_add_relu_sums.end() ? nullptr : summed->second);
+  return make_bn_add_relu_fwd_part(n, ctx, stream,
+                                   summed == ctx.bn_add_relu_sums.end() ? nullptr : summed->second);
 }
 
 // "x, dy, mask, gamma, saved, [dy2] -> dx, dresidual, dgamma, dbeta": the add passes the
@@ -194,21 +257,7 @@ KernelPtr make_bn_add_relu_fwd(const Node& n, Context& ctx, int stream) {
 // branches; BatchNorm's dx pass writes the residual's copy.
 KernelPtr make_bn_add_relu_bwd(const Node& n, Context& ctx, int stream) {
   reject_accumulate(ctx, n);
-  const TensorId x = need_in(n, 0, "x"), dy = need_in(n, 1, "dy"), mask = need_in(n, 2, "mask"),
-                 gamma = need_in(n, 3, "gamma"), saved = need_in(n, 4, "saved"), dy2 = in_at(n, 5);
-  const TensorId dx = need_out(n, 0, "dx"), dres = need_out(n, 1, "dresidual"),
-                 dgamma = need_out(n, 2, "dgamma"), dbeta = need_out(n, 3, "dbeta");
-  // The next block's conv1 data gradient on the SM90 kernel (KILN_CUTLASS_DGRAD) wrote g, the
-  // masked sum of dy and dy2, and left g's sums: g in dresidual (which is g), or where the memory
-  // plan did not allow that in the data gradient's own output (this node's dy2, or dy), which it
-  // then copies to dresidual.
-  if (const auto summed = ctx.dgrad_bn_sums.find(&n); summed != ctx.dgrad_bn_sums.end()) {
-    const TensorId g = summed->second.g;
-    return make_bn_bwd_from_sums(n, ctx, stream, x, g, gamma, saved, dx,
-                                 g == dres ? kNoTensor : dres, dgamma, dbeta, summed->second.sums);
-  }
-  return make_bn_relu_mask_bwd(n, ctx, stream, x, dy, dy2, mask, gamma, saved, dx, dres, dgamma,
-                               dbeta);
+  return make_bn_bwd_part(n, ctx, stream, dgrad_sums_for(ctx, n));
 }
 
 }  // namespace kiln::cuda

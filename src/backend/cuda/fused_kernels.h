@@ -2,6 +2,8 @@
 // BatchNorm+ReLU passes, defined in bn.cu beside the unfused BatchNorm kernels whose passes
 // they share, and the conv+genstats graph (conv.cpp).
 #pragma once
+#include <functional>
+
 #include "backend/cuda/cuda_kernel.h"
 
 namespace kiln::cuda {
@@ -34,8 +36,15 @@ KernelPtr make_conv_fwd_cutlass(const Node& n, Context& ctx, int stream, TensorI
 // bottleneck's conv3), on the SM90 GEMM with z's sums (KILN_CUTLASS), which that node's
 // factory then reads from ctx.bn_add_relu_sums instead of taking its statistics pass. nullptr
 // where the switch is off, the pattern does not hold or the GEMM cannot take the layer (then
-// make_conv_fwd builds its cuDNN form).
-KernelPtr make_conv_fwd_summed_for_bn(const Node& n, Context& ctx, int stream);
+// make_conv_fwd builds its cuDNN form). Where KILN_CUTLASS_TIMED leaves the choice to timing,
+// `cudnn_form` builds the convolution's cuDNN kernel, timed with bn_add_relu_fwd's statistics
+// pass against the GEMM; when it wins, that kernel is returned.
+KernelPtr make_conv_fwd_summed_for_bn(const Node& n, Context& ctx, int stream,
+                                      const std::function<KernelPtr()>& cudnn_form);
+
+// bn_add_relu_fwd node n's kernel, from the sums a kernel before it took (nullptr: with its own
+// statistics pass).
+KernelPtr make_bn_add_relu_fwd_part(const Node& n, Context& ctx, int stream, const float* sums);
 
 // Whether this libkiln holds the SM90 CUTLASS kernels (CMake's KILN_CUTLASS_KERNELS): what
 // KILN_CUTLASS=auto asks before trying them (sm90_conv_gemm_tried).
@@ -63,8 +72,16 @@ KernelPtr make_bn_bwd_from_sums(const Node& n, Context& ctx, int stream, TensorI
 // then reads from ctx.dgrad_bn_sums (make_bn_bwd_from_sums). nullptr where the switch is off, no
 // such consumer exists, or the layer, the schedule, the memory plan or CUTLASS does not allow it
 // (counted and logged); the caller then builds the cuDNN data gradient.
+// Where KILN_CUTLASS_TIMED leaves the choice to timing, `cudnn_form` builds the cuDNN data
+// gradient, timed with the consumer's sums pass against the SM90 kernel with the consumer's
+// passes from its sums; when it wins, that kernel is returned.
 KernelPtr make_dgrad_for_bn(const Node& n, Context& ctx, int stream, TensorId dy, TensorId w,
-                            TensorId dx);
+                            TensorId dx, const std::function<KernelPtr()>& cudnn_form);
+
+// The BatchNorm backward of n (cbr_bwd's part, or bn_add_relu_bwd), from the g and sums a data
+// gradient before it left (`summed`), or with its own sums pass (nullptr).
+KernelPtr make_bn_bwd_part(const Node& n, Context& ctx, int stream,
+                           const Context::DgradBnSums* summed);
 
 // cbr_pool_fwd's epilogue (ops.def): saved and running statistics as make_bn_relu_mask_fwd,
 // then y = the max-pool of relu(bn(z)) by n.attrs.pool windows that tile z, and the mask over

@@ -19,6 +19,10 @@ namespace kiln::cuda {
 Sm90ConvQuery sm90_conv_query(const Node& n, const Context& ctx, TensorId a, TensorId w,
                               TensorId b);
 
+// Whether a forward of geometry g that the SM90 kernels try is the implicit-GEMM convolution's
+// (KILN_CUTLASS_CONV on, not the GEMM's 1x1 stride-1 shape).
+bool sm90_fwd_implicit(const Context& ctx, const ConvGeom& g);
+
 // Whether the kernels could run here at all: built, and a compute capability 9.0 GPU. A refusal
 // where they could is routine (the layer's shape, precision or schedule); one where they could
 // not, under an explicit switch, is worth a line at the default level.

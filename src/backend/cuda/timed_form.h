@@ -1,0 +1,44 @@
+// A layer's choice between kiln's SM90 kernel (with the BatchNorm pass it removes) and today's
+// form (cuDNN's convolution with kiln's own pass), timed on the node's own buffers while
+// compiling, where KILN_CUTLASS_TIMED leaves an `auto` switch to it (sm90_forms,
+// sm90_conv_rule.h). The SM90 kernels win on some layers and lose on others (bench/RESULTS.md:
+// the implicit-GEMM convolution loses VGG16's wide layers and wins ResNet-50's deepest), so a
+// fixed per-family default leaves time on either side. A choice is looked up first in the engine
+// table (`kiln tune` records it there), then in what this process or the autotune cache timed
+// before; otherwise both forms are timed now and the choice kept in both places.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "backend/cuda/cuda_kernel.h"
+
+namespace kiln::cuda {
+
+struct TimedChoice {
+  bool sm90 = false;            // the SM90 form is the faster
+  bool measured_now = false;    // timed by this call (not found in the table or the cache)
+  double sm90_ms = 0, today_ms = 0;
+};
+
+// Each form is its kernels in order, built on `stream`. Both run on that stream: the same work
+// (the same outputs), so timing them may overwrite their outputs but not `keep`: tensors they
+// also update that must survive (BatchNorm's running statistics), copied aside and back. A
+// temporary workspace stands in for the stream's, which is allocated only after every factory
+// ran. The bytes the forms read hold whatever compiling left there (the regions start zeroed):
+// their time does not depend on the values. A failure in either form throws, as it would in
+// the step.
+TimedChoice time_sm90_against_today(Context& ctx, int stream, const std::string& key,
+                                    const std::vector<Kernel*>& sm90,
+                                    const std::vector<Kernel*>& today,
+                                    const std::vector<TensorId>& keep);
+
+// One debug line: node n's two times, whether timed now or found, and the form it keeps.
+void log_timed_choice(const Node& n, const TimedChoice& c);
+
+// The key of a layer's choice: which SM90 form (e.g. "cbr_fwd.gemm"), the convolution's
+// geometry and dtype, and what else changes the forms' work (a pool, a residual); "sm90v1"
+// names the kernels' generation, so that choices timed on older kernels are not reused.
+std::string timed_form_key(const std::string& form, const ConvGeom& g, DType dt,
+                           const std::string& extra);
+
+}  // namespace kiln::cuda
