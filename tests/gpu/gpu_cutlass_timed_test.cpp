@@ -35,10 +35,11 @@ void timed_steps_within_noise(const std::string& model) {
       {"KILN_CUTLASS_TIMED", "kiln", a, a, a, a, false, true}};
   const std::vector<FormSteps> runs = three_steps(model, forms);
   const CompileReport &every = runs[kEvery].report, &timed = runs[kTimed].report;
-  std::printf("  %s: %d layers on the SM90 kernels with every switch on; timed %d, of which %d "
-              "kept cuDNN (%d timed now)\n",
-              model.c_str(), on_sm90(every), timed.sm90_timed, timed.sm90_timed_today,
-              timed.sm90_timed_now);
+  std::printf(
+      "  %s: %d layers on the SM90 kernels with every switch on; timed %d, of which %d "
+      "kept cuDNN (%d timed now)\n",
+      model.c_str(), on_sm90(every), timed.sm90_timed, timed.sm90_timed_today,
+      timed.sm90_timed_now);
   EXPECT_GT(on_sm90(every), 0);
   EXPECT_EQ(timed.sm90_timed, on_sm90(every)) << "every layer an SM90 kernel takes is timed";
   EXPECT_EQ(on_sm90(timed) + timed.sm90_timed_today, timed.sm90_timed)

@@ -77,8 +77,8 @@ class TemporaryWorkspace {
   std::unique_ptr<DeviceBuffer> buffer_;
 };
 
-float run_timed(Context& ctx, const std::vector<Kernel*>& form, cudaStream_t stream,
-                cudaEvent_t t0, cudaEvent_t t1) {
+float run_timed(Context& ctx, const std::vector<Kernel*>& form, cudaStream_t stream, cudaEvent_t t0,
+                cudaEvent_t t1) {
   CUDA_CHECK(cudaEventRecord(t0, stream));
   for (Kernel* k : form) k->run(ctx);
   CUDA_CHECK(cudaEventRecord(t1, stream));
@@ -116,8 +116,8 @@ std::string timed_form_key(const std::string& form, const ConvGeom& g, DType dt,
                            const std::string& extra) {
   std::ostringstream key;
   key << "sm90v1." << form << ":" << g.x.n << "," << g.x.h << "," << g.x.w << "," << g.x.c << ":"
-      << g.k << "," << g.r << "," << g.s << ":" << g.sh << "," << g.sw << "," << g.ph << ","
-      << g.pw << ":" << dtype_name(dt) << (extra.empty() ? "" : ":") << extra;
+      << g.k << "," << g.r << "," << g.s << ":" << g.sh << "," << g.sw << "," << g.ph << "," << g.pw
+      << ":" << dtype_name(dt) << (extra.empty() ? "" : ":") << extra;
   return key.str();
 }
 

@@ -15,8 +15,8 @@
 namespace kiln::cuda {
 
 struct TimedChoice {
-  bool sm90 = false;            // the SM90 form is the faster
-  bool measured_now = false;    // timed by this call (not found in the table or the cache)
+  bool sm90 = false;          // the SM90 form is the faster
+  bool measured_now = false;  // timed by this call (not found in the table or the cache)
   double sm90_ms = 0, today_ms = 0;
 };
 
