@@ -36,8 +36,18 @@ struct BottleneckCase {
 // What the four nodes leave, by name, and how the backend built them.
 struct BottleneckResult {
   std::map<std::string, std::vector<float>> t;
+  std::vector<uint8_t> mask1;  // conv1's ReLU mask (an input: the same bits in every run)
   CompileReport report;
 };
+
+// dx with the elements whose mask bit is clear set to 0 (ops.def's layout: bit i % 8 of byte
+// i / 8): the gradient at a CBR's BatchNorm as its ReLU's backward passes it.
+std::vector<float> masked(std::vector<float> dx, const std::vector<uint8_t>& mask) {
+  for (size_t i = 0; i < dx.size(); ++i) {
+    if (((mask[i / 8] >> (i % 8)) & 1u) == 0) dx[i] = 0.0f;
+  }
+  return dx;
+}
 
 Switches dgrad_switches(bool dgrad, bool deterministic, bool conv_dgrad = false) {
   Switches sw = Switches::from_environment();
@@ -140,6 +150,7 @@ BottleneckResult run_bottleneck(const BottleneckCase& t, const Switches& sw, boo
 
   BottleneckResult r;
   r.report = h.backend().compile_report();
+  r.mask1 = h.read_u8(c1.mask);
   // conv1's dx is not read: with the switch on it holds g or nothing (g went to dresidual).
   for (const auto& [name, id] : std::map<std::string, TensorId>{{"conv2 dgamma", c2.dgamma},
                                                                 {"conv2 dbeta", c2.dbeta},
@@ -185,7 +196,11 @@ TEST_P(GpuCutlassDgradWire, BottleneckBackwardAgreesSwitchOffAndOn) {
           << "conv3's and conv1's data gradients did not take the SM90 kernel (the log says why)";
       EXPECT_EQ(on.report.dgrad_cutlass_fallbacks, conv ? 0 : 1) << "conv2's (3x3) keeps cuDNN";
       EXPECT_EQ(on.report.dgrad_cutlass_conv, conv ? 1 : 0) << "conv2's (3x3) implicit GEMM";
-      for (const auto& [name, want] : off.t) {
+      for (const auto& [name, off_value] : off.t) {
+        // conv2's data gradient on the SM90 kernel writes conv1's CBR's g into its dx: cuDNN's dx
+        // through conv1's ReLU mask (as conv3's into conv2's dy, which is not read back here).
+        const std::vector<float> want =
+            conv && name == "conv2 dx" ? masked(off_value, off.mask1) : off_value;
         const double err = rel_error(on.t.at(name), want, kSumFloor);
         EXPECT_LE(err, kGpuAmpTol) << name;
         if (print_op_errors()) std::printf("  %s: %.3g of its scale\n", name.c_str(), err);
@@ -254,16 +269,22 @@ TEST(GpuCutlassDgradStep, Resnet50StepsAgreeSwitchOffAndOn) {
 // 1x1 data gradient's form (the previous test's bar), deterministic engines and the partials
 // form. ResNet-50: 13 of its 16 conv2 (the three strided ones keep cuDNN), so 31 + 13 on the
 // SM90 kernels and 3 + 3 kept; VGG16-BN: the 8 3x3 layers whose dx feeds a CBR (not a max-pool),
-// the second of each block and the third of blocks 3 to 5.
+// the second of each block and the third of blocks 3 to 5. VGG16-BN has no 1x1 layer, so its
+// KILN_CUTLASS_DGRAD form is cuDNN's bit for bit (no noise at all, while its three steps at this
+// learning rate blow up: losses 7.1, 11.6, 3,758 on the H200, where 1e-3 of difference in step 1
+// grows to O(1) in the weights); its bar is genstats' noise instead, as the forward's test's.
 CompileReport implicit_dgrad_steps_within_noise(const std::string& model) {
-  enum Form { kCudnn, kDgrad, kConvDgrad };
+  enum Form { kCudnn, kDgrad, kConvDgrad, kGenstats };
   const std::vector<StepForm> forms = {
       {"cuDNN's form", "kiln", Auto::off, Auto::off},
       {"KILN_CUTLASS_DGRAD", "kiln", Auto::on, Auto::on},
-      {"KILN_CUTLASS_CONV_DGRAD", "kiln", Auto::on, Auto::on, Auto::off, Auto::on}};
+      {"KILN_CUTLASS_CONV_DGRAD", "kiln", Auto::on, Auto::on, Auto::off, Auto::on},
+      {"genstats", "genstats", Auto::off, Auto::off}};
   const std::vector<FormSteps> runs = three_steps(model, forms);
   EXPECT_EQ(runs[kDgrad].report.dgrad_cutlass_conv, 0) << "switch off";
-  expect_within_noise(runs, forms, {kCudnn, kConvDgrad, kDgrad});
+  const bool has_gemm_layers = runs[kDgrad].report.dgrad_cutlass > 0;
+  if (!has_gemm_layers) EXPECT_GT(runs[kGenstats].report.cbr_genstats, 0) << "no noise floor";
+  expect_within_noise(runs, forms, {kCudnn, kConvDgrad, has_gemm_layers ? kDgrad : kGenstats});
   return runs[kConvDgrad].report;
 }
 
