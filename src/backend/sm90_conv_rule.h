@@ -32,10 +32,11 @@ bool sm90_conv_gemm_tried(Auto sw, bool built, int cc_major, int cc_minor, DType
 // epilogue ResNet-50's step gains ~3% on the H200 (bench/RESULTS.md, seventeenth session).
 inline constexpr bool kCutlassDgradByDefault = true;
 
-// What KILN_CUTLASS_CONV=auto does: off. On CUTLASS's non-persistent kernel the implicit-GEMM
-// convolution with the statistics (cutlass/conv_stats.h) lost to cuDNN's fprop plus kiln's
-// statistics pass on the H200 (VGG16-BN's 3x3 layers 0.59x, ResNet-50's 0.88x: bench/RESULTS.md,
-// seventeenth session); its persistent form is not yet measured.
+// What KILN_CUTLASS_CONV=auto does without KILN_CUTLASS_TIMED (which times each layer instead):
+// off. On the persistent kernel the implicit-GEMM convolution with the statistics
+// (cutlass/conv_stats.h) wins most layers on the H200 (ResNet-50's 3x3 1.19x, VGG16-BN's 0.92x
+// with its first layer at 0.45x: bench/RESULTS.md, nineteenth session), but the fixed default
+// also serves KILN_DETERMINISTIC, whose per-CTA partials form is 1.5-3x slower.
 inline constexpr bool kCutlassConvByDefault = false;
 
 // Whether a program's other CBR forwards try the SM90 implicit-GEMM convolution
@@ -51,9 +52,10 @@ std::string sm90_implicit_conv_refusal(const Sm90ConvQuery& q);
 // Whether a layer is the GEMM's shape (1x1, stride 1, unpadded), which the GEMM runs.
 bool sm90_gemm_shape(const ConvGeom& g);
 
-// What KILN_CUTLASS_CONV_DGRAD=auto does: off until the implicit-GEMM data gradient with the
-// BatchNorm epilogue (cutlass/dgrad_bn.h, conv_dgrad_bn) is measured against cuDNN's dgrad plus
-// kiln's sums pass on the H200.
+// What KILN_CUTLASS_CONV_DGRAD=auto does without KILN_CUTLASS_TIMED: off. The implicit-GEMM data
+// gradient with the BatchNorm epilogue (cutlass/dgrad_bn.h, conv_dgrad_bn) gains 1.02-1.06x on
+// ResNet-50's conv2 and loses 0.88-0.96x on VGG16-BN's 3x3 layers against cuDNN's dgrad plus
+// kiln's sums pass on the H200 (bench/RESULTS.md, nineteenth session).
 inline constexpr bool kCutlassConvDgradByDefault = false;
 
 // Whether a program's stride-1 data gradients of other filter sizes that feed a BatchNorm

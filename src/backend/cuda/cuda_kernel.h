@@ -120,7 +120,7 @@ struct Options {
   // layer it can take, and the layer keeps the faster of it and today's form, timed while
   // compiling (timed_form.h); prepare() resolves it with them (sm90_forms). Not under
   // KILN_DETERMINISTIC.
-  bool cutlass_timed = false;
+  bool cutlass_timed = true;
   // KILN_DETERMINISTIC=1: refuse cuDNN engines noted NONDETERMINISTIC (atomics in weight
   // gradients), so a step gives the same bits every run. kiln's own kernels and cuBLASLt are
   // deterministic already (fixed-order partial sums; one algorithm chosen at compile time).
