@@ -36,7 +36,8 @@
 #            KILN_CUTLASS_DGRAD=0, and both =1),
 #            CUTLASS_CONV_AB=1: KILN_CUTLASS=0, =1, and =1 with KILN_CUTLASS_CONV=1;
 #            CUTLASS_CONV_DGRAD_AB=1 likewise with KILN_CUTLASS_CONV_DGRAD=1, and both set
-#            five forms (neither, each, both); CUTLASS_MODEL
+#            five forms (neither, each, both); CUTLASS_TIMED_AB=1: cuDNN, the fixed
+#            defaults (KILN_CUTLASS_TIMED=0) and each layer timed (the default); CUTLASS_MODEL
 #            may name several models, e.g. "resnet50 vgg16_bn"),
 #            CUTLASS_ROUNDS rounds (default 2), each row's img/s and how many layers took the
 #            CUTLASS GEMM (CBR forwards; convolutions before BN+add+ReLU; data gradients)
@@ -377,31 +378,37 @@ if [ "$MODE" = cutlass-step ]; then
     note "cutlass tests" "$(ctest_line "$LOGS/ctest-cutlass.log") ($(since))"
   fi
   sass_notes kiln_gemm_stats gemm_stats_sm90.cu  # the forward's units (gemm_stats.h's list)
-  # Each form: KILN_CUTLASS, KILN_CUTLASS_DGRAD, KILN_CUTLASS_CONV and KILN_CUTLASS_CONV_DGRAD
-  # (auto: their defaults).
-  forms=("0 auto auto auto" "1 auto auto auto")
-  [ "${CUTLASS_DGRAD_AB:-0}" = 1 ] && forms=("0 auto auto auto" "1 0 auto auto" "1 1 auto auto")
-  [ "${CUTLASS_CONV_AB:-0}" = 1 ] && forms=("0 auto 0 0" "1 auto 0 0" "1 auto 1 0")
-  [ "${CUTLASS_CONV_DGRAD_AB:-0}" = 1 ] && forms=("0 auto 0 0" "1 auto 0 0" "1 auto 0 1")
+  # Each form: KILN_CUTLASS, KILN_CUTLASS_DGRAD, KILN_CUTLASS_CONV, KILN_CUTLASS_CONV_DGRAD and
+  # KILN_CUTLASS_TIMED (auto: their defaults; the A/B forms fix the timing off, so that each
+  # auto follows its fixed default).
+  forms=("0 auto auto auto 0" "auto auto auto auto 1")
+  [ "${CUTLASS_DGRAD_AB:-0}" = 1 ] && forms=("0 auto auto auto 0" "1 0 auto auto 0" "1 1 auto auto 0")
+  [ "${CUTLASS_CONV_AB:-0}" = 1 ] && forms=("0 auto 0 0 0" "1 auto 0 0 0" "1 auto 1 0 0")
+  [ "${CUTLASS_CONV_DGRAD_AB:-0}" = 1 ] && forms=("0 auto 0 0 0" "1 auto 0 0 0" "1 auto 0 1 0")
   # Both: the forward's and the data gradient's implicit GEMM, apart and together.
   [ "${CUTLASS_CONV_AB:-0}${CUTLASS_CONV_DGRAD_AB:-0}" = 11 ] &&
-    forms=("0 auto 0 0" "1 auto 0 0" "1 auto 1 0" "1 auto 0 1" "1 auto 1 1")
+    forms=("0 auto 0 0 0" "1 auto 0 0 0" "1 auto 1 0 0" "1 auto 0 1 0" "1 auto 1 1 0")
+  # CUTLASS_TIMED_AB=1: cuDNN, the fixed defaults, and each layer timed (kiln's default).
+  [ "${CUTLASS_TIMED_AB:-0}" = 1 ] &&
+    forms=("0 auto auto auto 0" "auto auto auto auto 0" "auto auto auto auto 1")
   for m in ${CUTLASS_MODEL:-resnet50}; do
   for round in $(seq 1 "${CUTLASS_ROUNDS:-2}"); do
     for form in "${forms[@]}"; do
-      read -r on dgrad conv cdgrad <<<"$form"
-      log="$LOGS/bench-$m-cutlass$on-dgrad$dgrad-conv$conv-cdgrad$cdgrad-r$round.log"
+      read -r on dgrad conv cdgrad timed <<<"$form"
+      log="$LOGS/bench-$m-cutlass$on-dgrad$dgrad-conv$conv-cdgrad$cdgrad-timed$timed-r$round.log"
       KILN_CUTLASS=$on KILN_CUTLASS_DGRAD=$dgrad KILN_CUTLASS_CONV=$conv \
-        KILN_CUTLASS_CONV_DGRAD=$cdgrad "$BUILD/kiln" bench --device cuda --model "$m" --batch 256 --amp --steps "${STEPS:-20}" \
-        --warmup 5 --repeats 3 >"$log" 2>&1 || status=1
+        KILN_CUTLASS_CONV_DGRAD=$cdgrad KILN_CUTLASS_TIMED=$timed "$BUILD/kiln" bench --device cuda \
+        --model "$m" --batch 256 --amp --steps "${STEPS:-20}" --warmup 5 --repeats 3 >"$log" 2>&1 ||
+        status=1
       ips=$(grep -o '"images_per_second":[0-9.]*' "$log" | cut -d: -f2)
       # kiln bench's lines: CBR forwards and convolutions before BN+add+ReLU on the GEMM / kept;
       # data gradients before a BatchNorm backward on the SM90 kernel / kept.
-      layers=$(grep -o 'KILN_CUTLASS=1): .*' "$log" | sed 's/ (the log says why)//' | cut -c18-)
+      layers=$(grep -o 'KILN_CUTLASS=[a-z0-9]*): .*' "$log" | sed 's/ (the log says why)//;s/^[^:]*: //')
+      tlayers=$(grep -o 'timed per layer (KILN_CUTLASS_TIMED=1): .*' "$log" | sed 's/^[^:]*: //')
       dlayers=$(grep -o 'KILN_CUTLASS_DGRAD=[a-z0-9]*): .*' "$log" | sed 's/ (the log says why)//;s/^[^:]*: //')
       clayers=$(sed -n 's/.*of those, \([0-9]*\) on the SM90 implicit-GEMM convolution.*/\1/p' "$log" | head -1)
       cdlayers=$(sed -n 's/.*of those, \([0-9]*\) on the SM90 implicit-GEMM data gradient.*/\1/p' "$log" | head -1)
-      note "$m KILN_CUTLASS=$on DGRAD=$dgrad CONV=$conv CONV_DGRAD=$cdgrad" "round $round: ${ips:-FAILED: $(tail -1 "$log" | cut -c1-150)} img/s ($(since))${layers:+; $layers}${dlayers:+; dgrad: $dlayers}${clayers:+; implicit-GEMM convolutions: $clayers}${cdlayers:+; implicit-GEMM data gradients: $cdlayers}"
+      note "$m KILN_CUTLASS=$on DGRAD=$dgrad CONV=$conv CONV_DGRAD=$cdgrad TIMED=$timed" "round $round: ${ips:-FAILED: $(tail -1 "$log" | cut -c1-150)} img/s ($(since))${layers:+; $layers}${dlayers:+; dgrad: $dlayers}${clayers:+; implicit-GEMM convolutions: $clayers}${cdlayers:+; implicit-GEMM data gradients: $cdlayers}${tlayers:+; timed: $tlayers}"
     done
   done
   done
