@@ -172,13 +172,11 @@ KernelPtr make_conv_fwd_summed_for_bn(const Node& n, Context& ctx, int stream,
     const KernelPtr bn_today = make_bn_add_relu_fwd_part(*bn, ctx, stream, nullptr);
     const ConvGeom g = conv_geom(ctx, n, x, w, y);
     const TimedChoice c = time_sm90_against_today(
-        ctx, stream, timed_form_key("conv_fwd+bn_add_relu_fwd.gemm", g, ctx.tensor(x).dtype, ""),
+        n, ctx, stream, timed_form_key("conv_fwd+bn_add_relu_fwd.gemm", g, ctx.tensor(x).dtype, ""),
         {conv.get(), bn_sm90.get()}, {today.get(), bn_today.get()},
         {need_in(*bn, 3, "running_mean"), need_in(*bn, 4, "running_var")});
-    ++ctx.sm90_timed;
-    log_timed_choice(n, c);
     if (!c.sm90) {
-      ++ctx.sm90_timed_today, ++ctx.conv_cutlass_fallbacks;
+      ++ctx.conv_cutlass_fallbacks;
       return today;
     }
   }

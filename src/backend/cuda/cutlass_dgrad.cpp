@@ -121,13 +121,11 @@ KernelPtr make_dgrad_for_bn(const Node& n, Context& ctx, int stream, TensorId dy
     const std::string extra = std::string(op_name(u.consumer->op)) +
                               (u.other != kNoTensor ? ",dy2" : "") + (u.g != dx ? ",g" : "");
     const TimedChoice c = time_sm90_against_today(
-        ctx, stream,
+        n, ctx, stream,
         timed_form_key(implicit ? "dgrad.conv" : "dgrad.gemm", q.g, ctx.tensor(dy).dtype, extra),
         {sm90.get(), bn_sm90.get()}, {today.get(), bn_today.get()}, {});
-    ++ctx.sm90_timed;
-    log_timed_choice(n, c);
     if (!c.sm90) {
-      ++ctx.sm90_timed_today, ++ctx.dgrad_cutlass_fallbacks;
+      ++ctx.dgrad_cutlass_fallbacks;
       return today;
     }
   }

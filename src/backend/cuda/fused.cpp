@@ -98,12 +98,10 @@ KernelPtr cbr_forward(const Node& n, Context& ctx, int stream, TensorId x, Tenso
     const std::string form = std::string(op_name(n.op)) + (implicit ? ".conv" : ".gemm");
     const std::string extra = n.attrs.pool > 0 ? "pool" + std::to_string(n.attrs.pool) : "";
     const TimedChoice c =
-        time_sm90_against_today(ctx, stream, timed_form_key(form, g, ctx.tensor(x).dtype, extra),
+        time_sm90_against_today(n, ctx, stream, timed_form_key(form, g, ctx.tensor(x).dtype, extra),
                                 {k.get()}, {t.get()}, keep);
-    ++ctx.sm90_timed;
-    log_timed_choice(n, c);
     if (!c.sm90) {
-      ++ctx.sm90_timed_today, ++ctx.cbr_cutlass_fallbacks;
+      ++ctx.cbr_cutlass_fallbacks;
       return t;
     }
     ctx.cbr_genstats = genstats, ctx.cbr_genstats_fallbacks = genstats_fallbacks;

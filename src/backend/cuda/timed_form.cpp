@@ -103,14 +103,15 @@ TimedChoice from_entry(const EngineEntry& e) {
   return c;
 }
 
-}  // namespace
-
+// One debug line: node n's two times, whether timed now or found, and the form it keeps.
 void log_timed_choice(const Node& n, const TimedChoice& c) {
   log_debug(op_name(n.op), " node '", n.label, "': the SM90 form ", c.sm90_ms,
             " ms, cuDNN with kiln's pass ", c.today_ms, " ms (",
             c.measured_now ? "timed now" : "timed before", "): keeps ",
             c.sm90 ? "the SM90 form" : "cuDNN with kiln's pass");
 }
+
+}  // namespace
 
 std::string timed_form_key(const std::string& form, const ConvGeom& g, DType dt,
                            const std::string& extra) {
@@ -121,16 +122,23 @@ std::string timed_form_key(const std::string& form, const ConvGeom& g, DType dt,
   return key.str();
 }
 
-TimedChoice time_sm90_against_today(Context& ctx, int stream, const std::string& key,
+TimedChoice time_sm90_against_today(const Node& n, Context& ctx, int stream, const std::string& key,
                                     const std::vector<Kernel*>& sm90,
                                     const std::vector<Kernel*>& today,
                                     const std::vector<TensorId>& keep) {
+  auto counted = [&](TimedChoice c) {
+    ++ctx.sm90_timed;
+    if (!c.sm90) ++ctx.sm90_timed_today;
+    log_timed_choice(n, c);
+    return c;
+  };
   const bool tuning = !ctx.opts.tune_path.empty();
   if (const EngineEntry* e = ctx.engine_table.find(key); e != nullptr && !tuning) {
-    return from_entry(*e);
+    return counted(from_entry(*e));
   }
-  if (const EngineEntry* e = ctx.tuned.find(key)) return from_entry(*e);  // another stream's
-  if (EngineEntry e; !tuning && autotuned_choice(key, e)) return from_entry(e);
+  if (const EngineEntry* e = ctx.tuned.find(key))
+    return counted(from_entry(*e));  // another stream's
+  if (EngineEntry e; !tuning && autotuned_choice(key, e)) return counted(from_entry(e));
 
   const auto started = std::chrono::steady_clock::now();
   const cudaStream_t st = ctx.streams[static_cast<size_t>(stream)].stream;
@@ -174,7 +182,7 @@ TimedChoice time_sm90_against_today(Context& ctx, int stream, const std::string&
   }
   ctx.autotune_seconds +=
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-  return c;
+  return counted(c);
 }
 
 }  // namespace kiln::cuda

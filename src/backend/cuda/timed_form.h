@@ -27,13 +27,11 @@ struct TimedChoice {
 // ran. The bytes the forms read hold whatever compiling left there (the regions start zeroed):
 // their time does not depend on the values. A failure in either form throws, as it would in
 // the step.
-TimedChoice time_sm90_against_today(Context& ctx, int stream, const std::string& key,
+// Node n's choice is counted (Context::sm90_timed and _today) and logged at debug level.
+TimedChoice time_sm90_against_today(const Node& n, Context& ctx, int stream, const std::string& key,
                                     const std::vector<Kernel*>& sm90,
                                     const std::vector<Kernel*>& today,
                                     const std::vector<TensorId>& keep);
-
-// One debug line: node n's two times, whether timed now or found, and the form it keeps.
-void log_timed_choice(const Node& n, const TimedChoice& c);
 
 // The key of a layer's choice: which SM90 form (e.g. "cbr_fwd.gemm"), the convolution's
 // geometry and dtype, and what else changes the forms' work (a pool, a residual); "sm90v1"
