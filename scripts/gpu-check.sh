@@ -50,7 +50,9 @@
 #            runs each), and the units' registers, stack and LDL/STL (issue 20 stage 2, backward);
 #            DGRAD_NCU=TEXT adds ncu over the kernels of the probe's shapes named TEXT;
 #            CONV_PROBE=1 adds `kiln_cutlass_probe --conv` (3x3 convolutions with the statistics),
-#            CONV_NCU=TEXT ncu over its kernels for the shapes named TEXT
+#            CONV_NCU=TEXT ncu over its kernels for the shapes named TEXT; PROLOGUE_PROBE=1
+#            `kiln_cutlass_probe --prologue` (BatchNorm + ReLU on the 1x1 GEMM's operand load
+#            against kiln's apply pass), DGRAD_PROBE=0 leaves the data gradient's probe out
 #     kernels  build, then Nsight Compute over two timed AMP steps at batch 256 of each of
 #            PROFILE_MODELS (default "resnet50 vgg16_bn") and bench/kernel_breakdown.py's table
 #            of GPU time per step by kernel kind (issue 5's breakdown; no tests run)
@@ -332,22 +334,34 @@ if [ "$MODE" = cutlass-dgrad ]; then
   grep -E 'Failed|\*\*\*|Exception|Timeout' "$LOGS/ctest-cutlass-dgrad.log" | head -40
   grep -E 'error|Failure|Expected|Which is|differ|> ' "$LOGS/ctest-cutlass-dgrad.log" | head -60
   note "cutlass tests" "$(ctest_line "$LOGS/ctest-cutlass-dgrad.log") ($(since))"
-  "$BUILD/kiln_cutlass_probe" --dgrad --batch 256 --reps "${CUTLASS_REPS:-20}" \
-    >"$LOGS/cutlass-dgrad-probe.txt" 2>&1 || status=1
-  cat "$LOGS/cutlass-dgrad-probe.txt"
-  sass_notes kiln_dgrad_bn dgrad_bn_sm90.cu  # the data-gradient units (dgrad_bn.h's lists)
-  sass_notes kiln_conv_dgrad_bn conv_dgrad_bn_sm90.cu
-  # DGRAD_NCU=TEXT: ncu on the data-gradient kernels of the probe's shapes named TEXT (e.g.
-  # "conv1 56x56 64>256"): where the epilogue's time goes (issue 20).
-  if [ -n "${DGRAD_NCU:-}" ]; then
-    ncu --clock-control none --kernel-name-base mangled --kernel-name regex:DgradBn --launch-count 12 \
-      --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
-      --section SchedulerStats --section InstructionStats --section Occupancy \
-      "$BUILD/kiln_cutlass_probe" --dgrad --batch 256 --reps 1 --shape "$DGRAD_NCU" \
-      >"$LOGS/ncu-dgrad.txt" 2>&1 || status=1
-    note "dgrad ncu" "$(grep -c 'Duration' "$LOGS/ncu-dgrad.txt") kernels profiled ($LOGS/ncu-dgrad.txt)"
+  # PROLOGUE_PROBE=1: `kiln_cutlass_probe --prologue` first: BatchNorm + ReLU on the 1x1 GEMM's
+  # operand load against kiln's apply pass before the GEMM (ResNet-50's conv3 layers).
+  if [ "${PROLOGUE_PROBE:-0}" = 1 ]; then
+    "$BUILD/kiln_cutlass_probe" --prologue --batch 256 --reps "${CUTLASS_REPS:-20}" \
+      >"$LOGS/cutlass-prologue-probe.txt" 2>&1 || status=1
+    cat "$LOGS/cutlass-prologue-probe.txt"
+    sass_notes kiln_probe_gemm_bn_prologue gemm_stats_sm90.cu
+    note "prologue probe" "$(grep '^summary:' "$LOGS/cutlass-prologue-probe.txt" || tail -1 "$LOGS/cutlass-prologue-probe.txt")"
   fi
-  note "dgrad probe" "$(grep '^summary:' "$LOGS/cutlass-dgrad-probe.txt" || tail -1 "$LOGS/cutlass-dgrad-probe.txt")"
+  # DGRAD_PROBE=0 skips the data gradient's probe.
+  if [ "${DGRAD_PROBE:-1}" = 1 ]; then
+    "$BUILD/kiln_cutlass_probe" --dgrad --batch 256 --reps "${CUTLASS_REPS:-20}" \
+      >"$LOGS/cutlass-dgrad-probe.txt" 2>&1 || status=1
+    cat "$LOGS/cutlass-dgrad-probe.txt"
+    sass_notes kiln_dgrad_bn dgrad_bn_sm90.cu  # the data-gradient units (dgrad_bn.h's lists)
+    sass_notes kiln_conv_dgrad_bn conv_dgrad_bn_sm90.cu
+    # DGRAD_NCU=TEXT: ncu on the data-gradient kernels of the probe's shapes named TEXT (e.g.
+    # "conv1 56x56 64>256"): where the epilogue's time goes (issue 20).
+    if [ -n "${DGRAD_NCU:-}" ]; then
+      ncu --clock-control none --kernel-name-base mangled --kernel-name regex:DgradBn --launch-count 12 \
+        --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
+        --section SchedulerStats --section InstructionStats --section Occupancy \
+        "$BUILD/kiln_cutlass_probe" --dgrad --batch 256 --reps 1 --shape "$DGRAD_NCU" \
+        >"$LOGS/ncu-dgrad.txt" 2>&1 || status=1
+      note "dgrad ncu" "$(grep -c 'Duration' "$LOGS/ncu-dgrad.txt") kernels profiled ($LOGS/ncu-dgrad.txt)"
+    fi
+    note "dgrad probe" "$(grep '^summary:' "$LOGS/cutlass-dgrad-probe.txt" || tail -1 "$LOGS/cutlass-dgrad-probe.txt")"
+  fi
   # CONV_PROBE=1: `kiln_cutlass_probe --conv` too, VGG16-BN's and ResNet-50's 3x3 layers as the
   # SM90 implicit-GEMM convolution with BatchNorm's statistics against cuDNN + kiln's pass.
   if [ "${CONV_PROBE:-0}" = 1 ]; then

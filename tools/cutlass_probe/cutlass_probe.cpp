@@ -14,12 +14,15 @@
 // are medians of --reps runs after warm-up, from CUDA events around each run.
 // --dgrad runs dgrad_probe.cpp's comparison instead (the data gradient with BatchNorm-backward's
 // sums), --conv conv_probe.cpp's (VGG16-BN's and ResNet-50's 3x3 convolutions with the
-// statistics). Needs an SM90 GPU (exit 77 without one); exits 1 on a mismatch or a failed run.
+// statistics), --prologue prologue_probe.cpp's (BatchNorm + ReLU applied on the 1x1 GEMM's
+// operand load against kiln's apply pass before the GEMM). Needs an SM90 GPU (exit 77 without one);
+// exits 1 on a mismatch or a failed run.
 //
 // --only N keeps the first N shapes, --shape TEXT those whose name holds TEXT (one shape for
 // ncu, as `scripts/gpu-check.sh cutlass-dgrad` with DGRAD_NCU does).
 //
-//   kiln_cutlass_probe [--dgrad | --conv] [--batch 256] [--reps 20] [--max-engines 4] [--only N]
+//   kiln_cutlass_probe [--dgrad | --conv | --prologue] [--batch 256] [--reps 20] [--max-engines 4]
+//   [--only N]
 //                      [--shape TEXT]
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -68,18 +71,17 @@ int main(int argc, char** argv) {
     const std::string a = argv[i];
     if (a == "--help" || a == "-h") {
       std::printf(
-          "usage: kiln_cutlass_probe [--dgrad | --conv] [--batch 256] [--reps 20] [--max-engines "
-          "4] "
-          "[--only N] [--shape TEXT]\n");
+          "usage: kiln_cutlass_probe [--dgrad | --conv | --prologue] [--batch 256] [--reps 20] "
+          "[--max-engines 4] [--only N] [--shape TEXT]\n");
       return 0;
     }
-    if (a == "--dgrad" || a == "--conv") continue;
+    if (a == "--dgrad" || a == "--conv" || a == "--prologue") continue;
     if (a != "--batch" && a != "--reps" && a != "--max-engines" && a != "--only" &&
         a != "--shape") {
       std::fprintf(
           stderr,
-          "kiln_cutlass_probe: unknown flag %s; its flags are --dgrad, --conv, --batch, --reps, "
-          "--max-engines, --only, --shape\n",
+          "kiln_cutlass_probe: unknown flag %s; its flags are --dgrad, --conv, --prologue, "
+          "--batch, --reps, --max-engines, --only, --shape\n",
           a.c_str());
       return 2;
     }
@@ -119,14 +121,16 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "kiln_cutlass_probe: cudnnCreate failed\n");
     return 1;
   }
-  bool dgrad = false, conv3 = false;
+  bool dgrad = false, conv3 = false, prologue = false;
   for (int i = 1; i < argc; ++i) {
     dgrad = dgrad || std::strcmp(argv[i], "--dgrad") == 0;
     conv3 = conv3 || std::strcmp(argv[i], "--conv") == 0;
+    prologue = prologue || std::strcmp(argv[i], "--prologue") == 0;
   }
-  if (dgrad || conv3) {
-    const int rc = dgrad ? dgrad_probe(handle, s, prop, batch, reps, max_engines, only, shape)
-                         : conv_probe(handle, s, prop, batch, reps, max_engines, only, shape);
+  if (dgrad || conv3 || prologue) {
+    const int rc = dgrad   ? dgrad_probe(handle, s, prop, batch, reps, max_engines, only, shape)
+                   : conv3 ? conv_probe(handle, s, prop, batch, reps, max_engines, only, shape)
+                           : prologue_probe(s, prop, batch, reps, only, shape);
     cudnnDestroy(handle);
     PROBE_CUDA(cudaStreamDestroy(s));
     return rc;

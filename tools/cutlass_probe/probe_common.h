@@ -224,4 +224,8 @@ int dgrad_probe(cudnnHandle_t handle, cudaStream_t s, const cudaDeviceProp& prop
 int conv_probe(cudnnHandle_t handle, cudaStream_t s, const cudaDeviceProp& prop, int64_t batch,
                int reps, int max_engines, int64_t only, const std::string& shape);
 
+// prologue_probe.cpp's (kiln_cutlass_probe --prologue): BatchNorm + ReLU on the 1x1 GEMM's load.
+int prologue_probe(cudaStream_t s, const cudaDeviceProp& prop, int64_t batch, int reps,
+                   int64_t only, const std::string& shape);
+
 }  // namespace kiln::probe

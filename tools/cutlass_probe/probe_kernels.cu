@@ -1,4 +1,6 @@
 // The probe's plain CUDA helpers; see probe_kernels.h.
+#include <algorithm>
+
 #include "backend/cuda/bn_kernels.cuh"
 #include "probe_kernels.h"
 
@@ -113,6 +115,19 @@ cudaError_t kiln_stats_total(const void* partial, int64_t rows, int64_t c, int s
   const int blocks = cuda::stats_vec_blocks(rows, c / 8, sm_count);
   total_kernel<<<static_cast<unsigned>((c + kThreads - 1) / kThreads), kThreads, 0, s>>>(
       static_cast<const double2*>(partial), blocks, c, total);
+  return cudaGetLastError();
+}
+
+cudaError_t kiln_apply_relu(const __half* z, const float4* coef, int64_t rows, int64_t c,
+                            int sm_count, __half* y, uint8_t* mask, cudaStream_t s) {
+  if (c % 8 != 0 || cuda::kVecThreads % (c / 8) != 0 || rows >= (int64_t{1} << 31))
+    return cudaErrorInvalidValue;
+  // bn.cu's group_plan: two rows per thread per trip, up to 8 blocks per multiprocessor.
+  const int64_t rpb = cuda::kVecThreads / (c / 8);
+  const auto blocks = static_cast<unsigned>(
+      std::max<int64_t>(1, std::min<int64_t>((rows + 2 * rpb - 1) / (2 * rpb), sm_count * 8)));
+  cuda::apply_group<__half, true><<<blocks, cuda::kVecThreads, 0, s>>>(
+      z, nullptr, y, mask, static_cast<int>(rows), static_cast<int>(c / 8), coef);
   return cudaGetLastError();
 }
 

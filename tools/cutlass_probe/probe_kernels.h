@@ -37,6 +37,12 @@ cudaError_t masked_grad(const __half* dx, const __half* dy2, const uint8_t* mask
 // Random mask bytes (a counter-based hash of (seed, i)).
 cudaError_t fill_bytes(uint8_t* p, int64_t count, uint64_t seed, cudaStream_t s);
 
+// kiln's CBR forward apply pass (bn_kernels.cuh's apply_group with the ReLU, as a training step
+// runs it): y = relu(round16((z - mean) * scale + beta)) and its bit mask, coef [c] = (mean,
+// scale, beta, -). Needs c % 8 == 0 and 256 % (c / 8) == 0.
+cudaError_t kiln_apply_relu(const __half* z, const float4* coef, int64_t rows, int64_t c,
+                            int sm_count, __half* y, uint8_t* mask, cudaStream_t s);
+
 // Over count elements: the largest |a - b|, and how many exceed abs_tol + rel_tol * |b|
 // (result[0] as a float's bits, result[1] the count; both zeroed here first).
 cudaError_t compare_half(const __half* a, const __half* b, int64_t count, float rel_tol,

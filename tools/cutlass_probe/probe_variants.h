@@ -19,15 +19,30 @@
   X(256, 128, none, 1, 1)           \
   X(256, 128, reg_atomic, 1, 1)
 
+// The GEMM with BatchNorm + ReLU on A's load (KILN_BN_PROLOGUE=1, prologue_probe.cpp): the
+// backend's tile, with the statistics and without, and 128x128 (half the accumulators per thread:
+// 256x128's register sums plus the prologue spill at ptxas's 168-register cap).
+#define KILN_GEMM_BN_PROLOGUE_VARIANTS(X) \
+  X(256, 128, none, 1, 1)                 \
+  X(256, 128, reg_atomic, 1, 1)           \
+  X(128, 128, reg_atomic, 1, 1)
+
 #include <vector>
 
 namespace kiln::sm90 {
 KILN_GEMM_STATS_VARIANTS(KILN_GEMM_STATS_DECLARE)
+KILN_GEMM_BN_PROLOGUE_VARIANTS(KILN_GEMM_BN_PROLOGUE_DECLARE)
 
 // Every variant above, in the list's order.
 inline std::vector<GemmStatsKernel> probe_gemm_stats_kernels() {
 #define KILN_GEMM_STATS_ENTRY(tm, tn, mode, cm, cn) KILN_GEMM_STATS_FN(tm, tn, mode, cm, cn)(),
   return {KILN_GEMM_STATS_VARIANTS(KILN_GEMM_STATS_ENTRY)};
 #undef KILN_GEMM_STATS_ENTRY
+}
+inline std::vector<GemmStatsKernel> probe_gemm_bn_prologue_kernels() {
+#define KILN_GEMM_BN_PROLOGUE_ENTRY(tm, tn, mode, cm, cn) \
+  KILN_GEMM_BN_PROLOGUE_FN(tm, tn, mode, cm, cn)(),
+  return {KILN_GEMM_BN_PROLOGUE_VARIANTS(KILN_GEMM_BN_PROLOGUE_ENTRY)};
+#undef KILN_GEMM_BN_PROLOGUE_ENTRY
 }
 }  // namespace kiln::sm90

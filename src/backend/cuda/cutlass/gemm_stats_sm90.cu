@@ -9,6 +9,10 @@
 // with TMA and reduces the rounded values over the rows of each column: the sums of z and z^2
 // that BatchNorm's statistics pass would otherwise read z again for (the reg_ modes take them
 // from the accumulators instead: register_stats_epilogue.cuh).
+//
+// With KILN_BN_PROLOGUE=1 the unit (gemm_bn_prologue_*) multiplies relu(bn(x)) instead of x:
+// BatchNorm's apply and ReLU of the layer before on A's load (bn_prologue_mainloop.cuh), with
+// g.bn_coef its coefficients; without it, a non-null bn_coef is refused.
 #include <cutlass/cutlass.h>
 #include <cutlass/epilogue/thread/activation.h>
 #include <cutlass/gemm/device/gemm_universal_adapter.h>
@@ -23,6 +27,7 @@
 #include <string>
 #include <type_traits>
 
+#include "backend/cuda/cutlass/bn_prologue_mainloop.cuh"
 #include "backend/cuda/cutlass/cutlass_unit.cuh"
 #include "backend/cuda/cutlass/gemm_stats.h"
 #include "backend/cuda/cutlass/register_stats_epilogue.cuh"
@@ -87,12 +92,38 @@ using Epilogue = std::conditional_t<
     RegisterStatsEpilogue<TreeEpilogue, kTileM, kTileN, kMode == StatsMode::reg_partials>,
     TreeEpilogue>;
 
-using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+#ifndef KILN_BN_PROLOGUE
+#define KILN_BN_PROLOGUE 0
+#endif
+constexpr bool kPrologue = KILN_BN_PROLOGUE != 0;
+using StageCount = cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
+    sizeof(typename Epilogue::SharedStorage))>;
+using SsMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
     cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, cutlass::half_t, cutlass::layout::RowMajor,
-    8, cutlass::half_t, cutlass::layout::ColumnMajor, 8, float, TileShape, ClusterShape,
-    cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
-        sizeof(typename Epilogue::SharedStorage))>,
+    8, cutlass::half_t, cutlass::layout::ColumnMajor, 8, float, TileShape, ClusterShape, StageCount,
     cutlass::gemm::KernelTmaWarpSpecializedCooperative>::CollectiveOp;
+
+// The prologue's form: CUTLASS's register-sourced mainloop (what its builder makes for operands
+// that need a transform in registers, with the same stage count, smem layouts and TMA atoms as the
+// builder would choose), wrapped by BnReluPrologueMainloop.
+namespace gdetail = cutlass::gemm::collective::detail;
+using RsMainloop = cutlass::gemm::collective::CollectiveMma<
+    cutlass::gemm::MainloopSm90TmaGmmaRmemAWarpSpecialized<
+        gdetail::compute_stage_count_or_override<gdetail::sm90_smem_capacity_bytes, cutlass::half_t,
+                                                 cutlass::half_t, TileShape>(StageCount{}),
+        ClusterShape, cutlass::gemm::KernelTmaWarpSpecializedCooperative>,
+    TileShape, cutlass::half_t, cutlass::gemm::TagToStrideA_t<cutlass::layout::RowMajor>,
+    cutlass::half_t, cutlass::gemm::TagToStrideB_t<cutlass::layout::ColumnMajor>,
+    decltype(make_tiled_mma(GMMA::rs_op_selector<cutlass::half_t, cutlass::half_t, float, TileShape,
+                                                 GMMA::Major::K, GMMA::Major::K>(),
+                            Layout<Shape<_2, _1, _1>>{})),
+    decltype(gdetail::sm90_cluster_shape_to_tma_atom(shape<1>(ClusterShape{}))),
+    decltype(gdetail::rs_smem_selector<GMMA::Major::K, cutlass::half_t, Int<kTileM>, _64, false>()),
+    Copy_Atom<AutoVectorizingCopy, cutlass::half_t>, cute::identity,
+    decltype(gdetail::sm90_cluster_shape_to_tma_atom(shape<0>(ClusterShape{}))),
+    decltype(gdetail::rs_smem_selector<GMMA::Major::K, cutlass::half_t, Int<kTileN>, _64, false>()),
+    void, cute::identity>;
+using Mainloop = std::conditional_t<kPrologue, BnReluPrologueMainloop<RsMainloop>, SsMainloop>;
 
 using Kernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Mainloop, Epilogue>;
 using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
@@ -131,6 +162,13 @@ void set_stats_arguments(EpilogueArguments& epilogue, void* sum, void* sumsq, co
   }
 }
 
+// The prologue's coefficients (a template, so that the plain mainloop's arguments, which have
+// none, discard the assignment).
+template <class MainloopArguments>
+void set_prologue_arguments(MainloopArguments& mainloop, const GemmStats& g) {
+  if constexpr (kPrologue) mainloop.coef = static_cast<const float4*>(g.bn_coef);
+}
+
 typename Gemm::Arguments arguments(const GemmStats& g, void* workspace) {
   using Element = cutlass::half_t;
   const int m = static_cast<int>(g.m), n = static_cast<int>(g.n), k = static_cast<int>(g.k);
@@ -151,12 +189,14 @@ typename Gemm::Arguments arguments(const GemmStats& g, void* workspace) {
                                                               nullptr, typename Kernel::StrideC{},
                                                               static_cast<Element*>(g.z), sd};
   set_stats_arguments(epilogue, sum, sumsq, g);
+  typename Mainloop::Arguments mainloop{};
+  mainloop.ptr_A = static_cast<const Element*>(g.x);
+  mainloop.dA = sa;
+  mainloop.ptr_B = static_cast<const Element*>(g.w);
+  mainloop.dB = sb;
+  set_prologue_arguments(mainloop, g);
   return typename Gemm::Arguments{
-      cutlass::gemm::GemmUniversalMode::kGemm,
-      {m, n, k, 1},
-      {static_cast<const Element*>(g.x), sa, static_cast<const Element*>(g.w), sb},
-      epilogue,
-      hw};
+      cutlass::gemm::GemmUniversalMode::kGemm, {m, n, k, 1}, mainloop, epilogue, hw};
 }
 
 size_t workspace_bytes(const GemmStats& g) {
@@ -164,6 +204,9 @@ size_t workspace_bytes(const GemmStats& g) {
 }
 
 std::string check(const GemmStats& g) {
+  if (kPrologue && g.bn_coef == nullptr) return "needs BatchNorm's coefficients (bn_coef)";
+  if (!kPrologue && g.bn_coef != nullptr) return "has no BatchNorm prologue (bn_coef is set)";
+  if (kPrologue && g.k % 64 != 0) return "needs input channels in whole k tiles of 64";
   return check_gemm<Gemm>(arguments(g, nullptr));
 }
 
@@ -173,8 +216,13 @@ std::string run(const GemmStats& g, void* workspace, cudaStream_t stream) {
 
 }  // namespace
 
+#if KILN_BN_PROLOGUE
+GemmStatsKernel KILN_GEMM_BN_PROLOGUE_FN(KILN_TILE_M, KILN_TILE_N, KILN_STATS_MODE, KILN_CLUSTER_M,
+                                         KILN_CLUSTER_N)() {
+#else
 GemmStatsKernel KILN_GEMM_STATS_FN(KILN_TILE_M, KILN_TILE_N, KILN_STATS_MODE, KILN_CLUSTER_M,
                                    KILN_CLUSTER_N)() {
+#endif
   return unit_kernel<GemmStats>(KILN_VARIANT_NAME, workspace_bytes, check, run);
 }
 
