@@ -125,6 +125,12 @@ TEST(GpuAutotune, OffAndOnTrainAlike) {
   KILN_REQUIRE_GPU();
   Switches no_table = Switches::from_environment();
   no_table.engine_table = "0";
+  // cuDNN's engines alone: with the per-layer timed choice on (the default) resnet18_small's
+  // 3x3 layers may take the SM90 implicit convolution, whose FP32 atomic sums are not bit for bit
+  // repeatable, and the second compile below then differs in the last bits (loss 2.39017 against
+  // 2.39026 on the H200 at 733af14). GpuCutlassTimed checks that a second compile finds the same
+  // timed choices.
+  no_table.cutlass_timed = false;
   for (const bool amp : {false, true}) {
     SCOPED_TRACE(amp ? "amp" : "fp32");
     const Outcome on = compile_and_step(amp, no_table), again = compile_and_step(amp, no_table);

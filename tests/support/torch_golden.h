@@ -86,6 +86,7 @@ struct GoldenStep {
   // KILN_CUTLASS for this step (a field, not the environment): auto by default, as kiln runs.
   Auto cutlass = Auto::automatic;
   Auto cutlass_dgrad = Auto::automatic;  // KILN_CUTLASS_DGRAD likewise
+  bool cutlass_timed = true;             // KILN_CUTLASS_TIMED likewise (on, as kiln runs)
   // BatchNorm weights whose name ends in this (a residual branch's last BatchNorm) are drawn
   // from [0.05, 0.15] rather than [0.5, 1.5], as in a trained ResNet or torchvision's
   // zero_init_residual (0, which would stop the branch's gradients): see resnet50_small_step.
@@ -276,6 +277,7 @@ inline GoldenErrors run_golden_step(const std::string& python, const GoldenStep&
   o.compile.initial_loss_scale = g.initial_loss_scale;
   o.switches.cutlass = g.cutlass;
   o.switches.cutlass_dgrad = g.cutlass_dgrad;
+  o.switches.cutlass_timed = g.cutlass_timed;
   // Every forward tensor keeps its value after the step, for kiln_choices (placement only:
   // the kernels and their order are the same).
   o.switches.memory_reuse = false;
