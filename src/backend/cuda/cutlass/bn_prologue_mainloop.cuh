@@ -9,6 +9,7 @@
 // is its k coordinate, read off an identity tensor partitioned as the fragment is. The loop is
 // CUTLASS's `mma` with that step; the loads, the pipeline and the WGMMA schedule are CUTLASS's.
 #pragma once
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <cutlass/cutlass.h>
 
@@ -18,18 +19,27 @@
 namespace kiln::sm90 {
 
 // relu(round16((x - c.x) * c.y + c.z)) elementwise over a fragment of half_t whose k coordinates
-// (within the tile) `coords` holds; coef[k0 + k] = (mean, gamma * invstd, beta, -). The rounding
-// and the ReLU (NaN passes) are BatchNorm's apply pass's and relu_fwd's (bn_kernels.cuh), so the
-// GEMM sees the bits the unfused chain stores.
+// (within the tile) `coords` holds; coef[k0 + k] = (mean, gamma * invstd, beta, -). The arithmetic
+// and its rounding are BatchNorm's apply pass's (bn_kernels.cuh), so the GEMM sees the bits the
+// unfused chain stores (but for the sign of a zero and a NaN's payload). Pairs of values share a
+// 32-bit register (a k pair of WGMMA's A fragment): one packing conversion and one max per pair
+// keep the prologue's instructions under the WGMMAs' time, where a per-value round trip through
+// float for the ReLU (the first form) made the consumer warps issue-bound.
 template <class Frag, class Coords>
 CUTLASS_DEVICE void bn_relu_in_place(Frag&& frag, Coords const& coords, const float4* coef,
                                      int k0) {
+  static_assert(decltype(cute::size(frag))::value % 2 == 0, "k pairs");
+  const __half2 zero = __float2half2_rn(0.0f);
   CUTLASS_PRAGMA_UNROLL
-  for (int i = 0; i < cute::size(frag); ++i) {
-    const float4 c = __ldg(coef + k0 + cute::get<1>(coords(i)));
-    const cutlass::half_t v((static_cast<float>(frag(i)) - c.x) * c.y + c.z);
-    const float f = static_cast<float>(v);
-    frag(i) = f > 0.0f || isnan(f) ? v : cutlass::half_t(0.0f);
+  for (int i = 0; i < cute::size(frag); i += 2) {
+    const float4 c0 = __ldg(coef + k0 + cute::get<1>(coords(i)));
+    const float4 c1 = __ldg(coef + k0 + cute::get<1>(coords(i + 1)));
+    const float y0 = (static_cast<float>(frag(i)) - c0.x) * c0.y + c0.z;
+    const float y1 = (static_cast<float>(frag(i + 1)) - c1.x) * c1.y + c1.z;
+    // ReLU that passes NaN, as relu_fwd does.
+    const __half2 v = __hmax2_nan(__floats2half2_rn(y0, y1), zero);
+    frag(i) = cutlass::half_t::bitcast(__half_as_ushort(__low2half(v)));
+    frag(i + 1) = cutlass::half_t::bitcast(__half_as_ushort(__high2half(v)));
   }
 }
 

@@ -105,7 +105,9 @@ using SsMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
 
 // The prologue's form: CUTLASS's register-sourced mainloop (what its builder makes for operands
 // that need a transform in registers, with the same stage count, smem layouts and TMA atoms as the
-// builder would choose), wrapped by BnReluPrologueMainloop.
+// builder would choose), wrapped by BnReluPrologueMainloop. A reaches registers by ldmatrix (one
+// instruction per eight values and thread) where the builder's AutoVectorizingCopy issues four
+// 32-bit loads on the swizzled layout: the consumer warps' issue slots are what the prologue costs.
 namespace gdetail = cutlass::gemm::collective::detail;
 using RsMainloop = cutlass::gemm::collective::CollectiveMma<
     cutlass::gemm::MainloopSm90TmaGmmaRmemAWarpSpecialized<
@@ -119,7 +121,7 @@ using RsMainloop = cutlass::gemm::collective::CollectiveMma<
                             Layout<Shape<_2, _1, _1>>{})),
     decltype(gdetail::sm90_cluster_shape_to_tma_atom(shape<1>(ClusterShape{}))),
     decltype(gdetail::rs_smem_selector<GMMA::Major::K, cutlass::half_t, Int<kTileM>, _64, false>()),
-    Copy_Atom<AutoVectorizingCopy, cutlass::half_t>, cute::identity,
+    Copy_Atom<SM75_U32x4_LDSM_N, cutlass::half_t>, cute::identity,
     decltype(gdetail::sm90_cluster_shape_to_tma_atom(shape<0>(ClusterShape{}))),
     decltype(gdetail::rs_smem_selector<GMMA::Major::K, cutlass::half_t, Int<kTileN>, _64, false>()),
     void, cute::identity>;
