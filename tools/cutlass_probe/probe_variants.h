@@ -27,11 +27,17 @@
   X(256, 128, reg_atomic, 1, 1)           \
   X(128, 128, reg_atomic, 1, 1)
 
+// The same with the coefficients folded to (scale, shift) (KILN_BN_PROLOGUE=2): one FMA a value.
+#define KILN_GEMM_BN_FOLDED_VARIANTS(X) \
+  X(256, 128, none, 1, 1)               \
+  X(128, 128, reg_atomic, 1, 1)
+
 #include <vector>
 
 namespace kiln::sm90 {
 KILN_GEMM_STATS_VARIANTS(KILN_GEMM_STATS_DECLARE)
 KILN_GEMM_BN_PROLOGUE_VARIANTS(KILN_GEMM_BN_PROLOGUE_DECLARE)
+KILN_GEMM_BN_FOLDED_VARIANTS(KILN_GEMM_BN_FOLDED_DECLARE)
 
 // Every variant above, in the list's order.
 inline std::vector<GemmStatsKernel> probe_gemm_stats_kernels() {
@@ -44,5 +50,11 @@ inline std::vector<GemmStatsKernel> probe_gemm_bn_prologue_kernels() {
   KILN_GEMM_BN_PROLOGUE_FN(tm, tn, mode, cm, cn)(),
   return {KILN_GEMM_BN_PROLOGUE_VARIANTS(KILN_GEMM_BN_PROLOGUE_ENTRY)};
 #undef KILN_GEMM_BN_PROLOGUE_ENTRY
+}
+inline std::vector<GemmStatsKernel> probe_gemm_bn_folded_kernels() {
+#define KILN_GEMM_BN_FOLDED_ENTRY(tm, tn, mode, cm, cn) \
+  KILN_GEMM_BN_FOLDED_FN(tm, tn, mode, cm, cn)(),
+  return {KILN_GEMM_BN_FOLDED_VARIANTS(KILN_GEMM_BN_FOLDED_ENTRY)};
+#undef KILN_GEMM_BN_FOLDED_ENTRY
 }
 }  // namespace kiln::sm90

@@ -25,7 +25,9 @@ namespace kiln::sm90 {
 // 32-bit register (a k pair of WGMMA's A fragment): one packing conversion and one max per pair
 // keep the prologue's instructions under the WGMMAs' time, where a per-value round trip through
 // float for the ReLU (the first form) made the consumer warps issue-bound.
-template <class Frag, class Coords>
+// Folded: coef[k] = (scale, shift, -, -) with shift = beta - mean * scale, one FMA a value instead
+// of a subtraction and an FMA; y may differ from the apply pass's by an FP16 ulp.
+template <bool Folded, class Frag, class Coords>
 CUTLASS_DEVICE void bn_relu_in_place(Frag&& frag, Coords const& coords, const float4* coef,
                                      int k0) {
   static_assert(decltype(cute::size(frag))::value % 2 == 0, "k pairs");
@@ -34,8 +36,9 @@ CUTLASS_DEVICE void bn_relu_in_place(Frag&& frag, Coords const& coords, const fl
   for (int i = 0; i < cute::size(frag); i += 2) {
     const float4 c0 = __ldg(coef + k0 + cute::get<1>(coords(i)));
     const float4 c1 = __ldg(coef + k0 + cute::get<1>(coords(i + 1)));
-    const float y0 = (static_cast<float>(frag(i)) - c0.x) * c0.y + c0.z;
-    const float y1 = (static_cast<float>(frag(i + 1)) - c1.x) * c1.y + c1.z;
+    const float x0 = static_cast<float>(frag(i)), x1 = static_cast<float>(frag(i + 1));
+    const float y0 = Folded ? fmaf(x0, c0.x, c0.y) : (x0 - c0.x) * c0.y + c0.z;
+    const float y1 = Folded ? fmaf(x1, c1.x, c1.y) : (x1 - c1.x) * c1.y + c1.z;
     // ReLU that passes NaN, as relu_fwd does.
     const __half2 v = __hmax2_nan(__floats2half2_rn(y0, y1), zero);
     frag(i) = cutlass::half_t::bitcast(__half_as_ushort(__low2half(v)));
@@ -44,8 +47,8 @@ CUTLASS_DEVICE void bn_relu_in_place(Frag&& frag, Coords const& coords, const fl
 }
 
 // Base: CUTLASS's CollectiveMma for MainloopSm90TmaGmmaRmemAWarpSpecialized with 16-bit A and B,
-// both K-major (no operand swap or transposition).
-template <class Base>
+// both K-major (no operand swap or transposition). Folded: coef holds (scale, shift) pairs.
+template <class Base, bool Folded = false>
 struct BnReluPrologueMainloop : Base {
   using typename Base::MainloopPipeline;
   using typename Base::PipelineState;
@@ -125,7 +128,7 @@ struct BnReluPrologueMainloop : Base {
     auto load_a = [&](int stage, int kb, int kt) {
       copy(smem_tiled_copy_A, tCsA_copy_view(_, _, kb, stage), tCrA_copy_view(_, _, kb));
       Tensor a = tCrA(_, _, kb);
-      bn_relu_in_place(a, tCcA(_, _, kb), params.coef, kt * kTileK);
+      bn_relu_in_place<Folded>(a, tCcA(_, _, kb), params.coef, kt * kTileK);
       warpgroup_fence_operand(a);
     };
 

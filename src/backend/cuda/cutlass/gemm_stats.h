@@ -19,7 +19,8 @@ struct GemmStats {
   int64_t m = 0, n = 0, k = 0;
   // The prologue units (gemm_bn_prologue_*) alone, else null: x is the z of a BatchNorm + ReLU
   // that the GEMM applies on its load, multiplying relu(round16((x - mean) * scale + beta));
-  // float4 [k] = (mean, gamma * invstd, beta, -), BatchNorm's apply coefficients.
+  // float4 [k] = (mean, gamma * invstd, beta, -), BatchNorm's apply coefficients
+  // (gemm_bn_folded_*: (gamma * invstd, beta - mean * gamma * invstd, -, -)).
   const void* bn_coef = nullptr;
   int sm_count = 0;
   int device_id = 0;  // the CUDA device the pointers live on
@@ -44,6 +45,10 @@ using GemmStatsKernel = UnitKernel<GemmStats>;
   KILN_SM90_FN(gemm_bn_prologue, tm, tn, mode, cm, cn)
 #define KILN_GEMM_BN_PROLOGUE_DECLARE(tm, tn, mode, cm, cn) \
   GemmStatsKernel KILN_GEMM_BN_PROLOGUE_FN(tm, tn, mode, cm, cn)();
+#define KILN_GEMM_BN_FOLDED_FN(tm, tn, mode, cm, cn) \
+  KILN_SM90_FN(gemm_bn_folded, tm, tn, mode, cm, cn)
+#define KILN_GEMM_BN_FOLDED_DECLARE(tm, tn, mode, cm, cn) \
+  GemmStatsKernel KILN_GEMM_BN_FOLDED_FN(tm, tn, mode, cm, cn)();
 KILN_GEMM_STATS_BACKEND_VARIANTS(KILN_GEMM_STATS_DECLARE)
 
 }  // namespace kiln::sm90

@@ -12,7 +12,8 @@
 //
 // With KILN_BN_PROLOGUE=1 the unit (gemm_bn_prologue_*) multiplies relu(bn(x)) instead of x:
 // BatchNorm's apply and ReLU of the layer before on A's load (bn_prologue_mainloop.cuh), with
-// g.bn_coef its coefficients; without it, a non-null bn_coef is refused.
+// g.bn_coef its coefficients; KILN_BN_PROLOGUE=2 (gemm_bn_folded_*) the same with the
+// coefficients folded to (scale, shift); without either, a non-null bn_coef is refused.
 #include <cutlass/cutlass.h>
 #include <cutlass/epilogue/thread/activation.h>
 #include <cutlass/gemm/device/gemm_universal_adapter.h>
@@ -96,6 +97,7 @@ using Epilogue = std::conditional_t<
 #define KILN_BN_PROLOGUE 0
 #endif
 constexpr bool kPrologue = KILN_BN_PROLOGUE != 0;
+constexpr bool kFolded = KILN_BN_PROLOGUE == 2;  // coef as (scale, shift): one FMA a value
 using StageCount = cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
     sizeof(typename Epilogue::SharedStorage))>;
 using SsMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
@@ -125,7 +127,8 @@ using RsMainloop = cutlass::gemm::collective::CollectiveMma<
     decltype(gdetail::sm90_cluster_shape_to_tma_atom(shape<0>(ClusterShape{}))),
     decltype(gdetail::rs_smem_selector<GMMA::Major::K, cutlass::half_t, Int<kTileN>, _64, false>()),
     void, cute::identity>;
-using Mainloop = std::conditional_t<kPrologue, BnReluPrologueMainloop<RsMainloop>, SsMainloop>;
+using Mainloop =
+    std::conditional_t<kPrologue, BnReluPrologueMainloop<RsMainloop, kFolded>, SsMainloop>;
 
 using Kernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Mainloop, Epilogue>;
 using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
@@ -218,7 +221,10 @@ std::string run(const GemmStats& g, void* workspace, cudaStream_t stream) {
 
 }  // namespace
 
-#if KILN_BN_PROLOGUE
+#if KILN_BN_PROLOGUE == 2
+GemmStatsKernel KILN_GEMM_BN_FOLDED_FN(KILN_TILE_M, KILN_TILE_N, KILN_STATS_MODE, KILN_CLUSTER_M,
+                                       KILN_CLUSTER_N)() {
+#elif KILN_BN_PROLOGUE
 GemmStatsKernel KILN_GEMM_BN_PROLOGUE_FN(KILN_TILE_M, KILN_TILE_N, KILN_STATS_MODE, KILN_CLUSTER_M,
                                          KILN_CLUSTER_N)() {
 #else
