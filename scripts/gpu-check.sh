@@ -52,7 +52,8 @@
 #            CONV_PROBE=1 adds `kiln_cutlass_probe --conv` (3x3 convolutions with the statistics),
 #            CONV_NCU=TEXT ncu over its kernels for the shapes named TEXT; PROLOGUE_PROBE=1
 #            `kiln_cutlass_probe --prologue` (BatchNorm + ReLU on the 1x1 GEMM's operand load
-#            against kiln's apply pass), DGRAD_PROBE=0 leaves the data gradient's probe out
+#            against kiln's apply pass), DGRAD_PROBE=0 leaves the data gradient's probe out,
+#            DGRAD_TESTS=0 builds the probe alone and runs no tests
 #     kernels  build, then Nsight Compute over two timed AMP steps at batch 256 of each of
 #            PROFILE_MODELS (default "resnet50 vgg16_bn") and bench/kernel_breakdown.py's table
 #            of GPU time per step by kernel kind (issue 5's breakdown; no tests run)
@@ -180,6 +181,8 @@ gpu_tests=(kiln_gpu_tests kiln_sweep_tests kiln_conv_forms)
 [ "$MODE" = cutlass ] && targets=(kiln_cutlass_probe kiln_cutlass_layout_check)
 [ "$MODE" = cutlass-step ] && targets=(kiln kiln_cli kiln_gpu_tests)
 [ "$MODE" = cutlass-dgrad ] && targets=(kiln kiln_gpu_tests kiln_cutlass_probe)
+# DGRAD_TESTS=0: the probe alone (no library, no tests: a shorter build for a probe-only call).
+[ "$MODE" = cutlass-dgrad ] && [ "${DGRAD_TESTS:-1}" = 0 ] && targets=(kiln_cutlass_probe)
 [ "$MODE" = jpeg ] && targets=(kiln kiln_cli "${gpu_tests[@]}" kiln_cupti_trace)
 if ! cmake --build "$BUILD" -j "$JOBS" ${targets[@]:+--target "${targets[@]}"} >"$LOGS/build.log" 2>&1; then
   grep -E 'error|FAILED' "$LOGS/build.log" | head -40
@@ -329,11 +332,13 @@ if [ "$MODE" = cutlass ]; then
 fi
 
 if [ "$MODE" = cutlass-dgrad ]; then
-  ctest --test-dir "$BUILD" -L gpu -R "${DGRAD_TESTS_REGEX:-GpuCutlass}" -j 2 --timeout 600 --output-on-failure \
-    >"$LOGS/ctest-cutlass-dgrad.log" 2>&1 || status=1
-  grep -E 'Failed|\*\*\*|Exception|Timeout' "$LOGS/ctest-cutlass-dgrad.log" | head -40
-  grep -E 'error|Failure|Expected|Which is|differ|> ' "$LOGS/ctest-cutlass-dgrad.log" | head -60
-  note "cutlass tests" "$(ctest_line "$LOGS/ctest-cutlass-dgrad.log") ($(since))"
+  if [ "${DGRAD_TESTS:-1}" = 1 ]; then
+    ctest --test-dir "$BUILD" -L gpu -R "${DGRAD_TESTS_REGEX:-GpuCutlass}" -j 2 --timeout 600 --output-on-failure \
+      >"$LOGS/ctest-cutlass-dgrad.log" 2>&1 || status=1
+    grep -E 'Failed|\*\*\*|Exception|Timeout' "$LOGS/ctest-cutlass-dgrad.log" | head -40
+    grep -E 'error|Failure|Expected|Which is|differ|> ' "$LOGS/ctest-cutlass-dgrad.log" | head -60
+    note "cutlass tests" "$(ctest_line "$LOGS/ctest-cutlass-dgrad.log") ($(since))"
+  fi
   # PROLOGUE_PROBE=1: `kiln_cutlass_probe --prologue` first: BatchNorm + ReLU on the 1x1 GEMM's
   # operand load against kiln's apply pass before the GEMM (ResNet-50's conv3 layers).
   if [ "${PROLOGUE_PROBE:-0}" = 1 ]; then
@@ -341,6 +346,7 @@ if [ "$MODE" = cutlass-dgrad ]; then
       >"$LOGS/cutlass-prologue-probe.txt" 2>&1 || status=1
     cat "$LOGS/cutlass-prologue-probe.txt"
     sass_notes kiln_probe_gemm_bn_prologue gemm_stats_sm90.cu
+    sass_notes kiln_probe_gemm_bn_folded gemm_stats_sm90.cu
     note "prologue probe" "$(grep '^summary:' "$LOGS/cutlass-prologue-probe.txt" || tail -1 "$LOGS/cutlass-prologue-probe.txt")"
   fi
   # DGRAD_PROBE=0 skips the data gradient's probe.
