@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <sstream>
+#include <vector>
 
 #include "kiln/core/error.h"
 #include "kiln/graph/program.h"
@@ -48,6 +49,41 @@ TensorId root_of(const Program& p, TensorId id) {
   return id;
 }
 
+// A BN+add+ReLU backward's dresidual is live from the step of the data gradient that makes its
+// later gradient contribution: the CUDA backend's SM90 data gradient writes g, which is
+// dresidual, there (backend/dgrad_bn_rule.h). Placed from its own step, dresidual takes the
+// bytes of a tensor that step's producer reads last, and the BatchNorm backward then copies g
+// into it: one more write of the block's largest tensor, in each of ResNet-50's 15 blocks.
+void extend_dresidual(const Program& p, std::vector<Interval>& live) {
+  std::vector<int64_t> written_at(p.tensors.size(), -1);  // by root: the last writer's step
+  std::vector<bool> by_data_gradient(p.tensors.size(), false);
+  int64_t t = 0;
+  for (const Phase& ph : p.train) {
+    for (const Node& n : ph.nodes) {
+      if (n.op == OpKind::bn_add_relu_bwd && n.out.size() > 1 && n.out[1] != kNoTensor) {
+        int64_t later = -1;
+        bool data_gradient = false;
+        for (size_t i : {size_t{1}, size_t{5}}) {  // dy, dy2
+          if (i >= n.in.size() || n.in[i] == kNoTensor) continue;
+          const auto r = static_cast<size_t>(root_of(p, n.in[i]));
+          if (written_at[r] > later) later = written_at[r], data_gradient = by_data_gradient[r];
+        }
+        auto& first = live[static_cast<size_t>(root_of(p, n.out[1]))].first;
+        if (data_gradient) first = std::min(first, later);
+      }
+      const bool makes_dx =
+          n.op == OpKind::conv_bwd_data || n.op == OpKind::cbr_bwd || n.op == OpKind::cbr_pool_bwd;
+      for (size_t i = 0; i < n.out.size(); ++i) {
+        if (n.out[i] == kNoTensor) continue;
+        const auto r = static_cast<size_t>(root_of(p, n.out[i]));
+        written_at[r] = t;
+        by_data_gradient[r] = makes_dx && i == 0;  // their dx
+      }
+      ++t;
+    }
+  }
+}
+
 // Liveness over one linear order of every node: the train phases, then eval, eval_ema and
 // init. The schedules never run at the same time, so their tensors may share bytes; within
 // the train schedule both transfer phases come first, so staged copies stay valid.
@@ -69,6 +105,7 @@ std::vector<Interval> liveness(const Program& p) {
       }
     }
   }
+  if (p.options.dresidual_from_dgrad) extend_dresidual(p, live);
   return live;
 }
 

@@ -38,6 +38,7 @@ Engine::Engine(const BluePrint& blueprint, EngineOptions options)
 
 ArchPlan plan_for(const BluePrint& blueprint, const BackendCaps& caps, EngineOptions& o) {
   o.compile.memory_reuse = o.switches.memory_reuse;
+  o.compile.dresidual_from_dgrad = o.switches.dresidual_from_dgrad;
   return make_plan(blueprint, fusion_options(caps, o));
 }
 

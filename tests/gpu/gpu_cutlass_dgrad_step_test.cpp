@@ -237,19 +237,22 @@ INSTANTIATE_TEST_SUITE_P(
 // gradients (into conv2's CBR) and 15 conv1 data gradients (into the previous block's
 // BN+add+ReLU; layer1.0's input is the stem's) take the SM90 kernel; conv2's 16 (3x3) and the 3
 // stride-2 downsamples of layer2-4 keep cuDNN (tests/unit/dgrad_bn_rule_test.cpp derives both
-// numbers from the program). Memory reuse is on, as kiln runs: conv1's g goes to dx and is
-// copied (the rule's test shows the plan). As in GpuCutlassStep, the bar is the noise of another
-// accepted form: each tensor's distance between the two CUTLASS forms at most 4x the distance
-// between cuDNN's form and the forward's GEMM, plus AMP's 1e-2 (SPEC Q2); step 1's loss within
-// 1e-3 (the same weights and batch).
+// numbers from the program). Memory reuse is on, as kiln runs: conv1's g goes to dresidual (the
+// plan keeps it live from conv1's step), or with KILN_DRESIDUAL_FROM_DGRAD=0 to dx, copied by
+// the BatchNorm backward (the rule's test shows both plans). As in GpuCutlassStep, the bar is the
+// noise of another accepted form: each tensor's distance between the two CUTLASS forms at most
+// 4x the distance between cuDNN's form and the forward's GEMM, plus AMP's 1e-2 (SPEC Q2); step
+// 1's loss within 1e-3 (the same weights and batch).
 TEST(GpuCutlassDgradStep, Resnet50StepsAgreeSwitchOffAndOn) {
   KILN_REQUIRE_SM90_CUTLASS();
-  enum Form { kCudnn, kForward, kDgrad, kFinalize };
+  enum Form { kCudnn, kForward, kDgrad, kFinalize, kCopied };
   const std::vector<StepForm> forms = {
       {"cuDNN's form", "kiln", Auto::off, Auto::off},
       {"the forward's GEMM", "kiln", Auto::on, Auto::off},
       {"KILN_CUTLASS_DGRAD", "kiln", Auto::on, Auto::on},
-      {"KILN_BN_FUSED_FINALIZE", "kiln", Auto::on, Auto::on, Auto::off, Auto::off, true}};
+      {"KILN_BN_FUSED_FINALIZE", "kiln", Auto::on, Auto::on, Auto::off, Auto::off, true},
+      {"KILN_DRESIDUAL_FROM_DGRAD=0", "kiln", Auto::on, Auto::on, Auto::off, Auto::off, false,
+       false, false}};
   const std::vector<FormSteps> runs = three_steps("resnet50", forms);
   const CompileReport &forward = runs[kForward].report, &dgrad = runs[kDgrad].report;
   EXPECT_EQ(forward.dgrad_cutlass + forward.dgrad_cutlass_fallbacks, 0);
@@ -262,6 +265,10 @@ TEST(GpuCutlassDgradStep, Resnet50StepsAgreeSwitchOffAndOn) {
   // the same expressions on the same sums, held to the data gradient's form by the same bar.
   expect_within_noise(runs, forms, {kForward, kFinalize, kCudnn});
   EXPECT_EQ(runs[kFinalize].losses[0], runs[kDgrad].losses[0]) << "the forward's same bits";
+  // g through dx and the BatchNorm backward's copy: the same arithmetic in other bytes.
+  EXPECT_EQ(runs[kCopied].report.dgrad_cutlass, 31);
+  expect_within_noise(runs, forms, {kForward, kCopied, kCudnn});
+  EXPECT_EQ(runs[kCopied].losses[0], runs[kDgrad].losses[0]) << "the forward's same bits";
 }
 
 // The same with KILN_CUTLASS_CONV_DGRAD on as well: the stride-1 3x3 data gradients that feed a

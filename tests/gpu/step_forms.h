@@ -34,6 +34,7 @@ struct StepForm {
   // cuDNN's autotuned engines and the SM90 kernels' atomic sums (its noise is larger); nothing
   // timed is kept on disk (KILN_AUTOTUNE_CACHE=0), only in the process.
   bool cutlass_timed = false;
+  bool dresidual_from_dgrad = true;  // KILN_DRESIDUAL_FROM_DGRAD
 };
 
 using NamedTensors = std::map<std::string, std::vector<float>>;
@@ -82,6 +83,7 @@ inline std::vector<FormSteps> three_steps(const std::string& model,
     o.switches.cutlass_conv = f.cutlass_conv;
     o.switches.cutlass_conv_dgrad = f.cutlass_conv_dgrad;
     o.switches.bn_fused_finalize = f.bn_fused_finalize;
+    o.switches.dresidual_from_dgrad = f.dresidual_from_dgrad;
     Engine e(bp, o);
     e.lock_memory();
     e.compile(5);

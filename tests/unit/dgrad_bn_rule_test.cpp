@@ -23,11 +23,13 @@ namespace {
 
 // The program the CUDA backend compiles under AMP (task/engine.cpp's fusion_options with its
 // caps: every fused form, the gradient-sum fusion).
-Program cuda_program(const std::string& model, bool reuse, int64_t batch = 4) {
+Program cuda_program(const std::string& model, bool reuse, int64_t batch = 4,
+                     bool dresidual_from_dgrad = true) {
   CompileOptions o;
   o.batch = batch;
   o.amp = true;
   o.memory_reuse = reuse;
+  o.dresidual_from_dgrad = dresidual_from_dgrad;
   o.fuse_grad_sum = true;
   PlanOptions po;
   po.amp = true;
@@ -92,10 +94,11 @@ Tally tally(const Program& p) {
 // the stem's (an add node sums its two contributions): 15. The 3x3 conv2s feed their conv1 CBR
 // (16): the schedule allows those too, the SM90 rule refuses them (3x3). The stride-2
 // downsamples of layer2-4 feed the previous block's BN+add+ReLU as its dy, before conv1 has made
-// dy2: the schedule refuses those (3; the SM90 rule would too). Without memory reuse g goes
-// straight to dresidual; with it, the plan gives dresidual the bytes of a tensor the producer
-// reads for the last time (conv2's data gradient, conv1's z), so g goes to dx and the
-// BatchNorm backward copies it to dresidual.
+// dy2: the schedule refuses those (3; the SM90 rule would too). g goes straight to dresidual,
+// with memory reuse too: the plan keeps dresidual live from the producer's step
+// (memory_plan.cpp's extend_dresidual), where it used to give dresidual the bytes of a tensor
+// the producer reads last (conv2's data gradient, conv1's z), so that g went to dx and the
+// BatchNorm backward copied it to dresidual.
 TEST(DgradBnRule, Resnet50HasThirtyOneEligibleDataGradients) {
   for (const char* model : {"resnet50", "resnet50_small"}) {
     for (const bool reuse : {true, false}) {
@@ -109,7 +112,8 @@ TEST(DgradBnRule, Resnet50HasThirtyOneEligibleDataGradients) {
         EXPECT_EQ(t.one_by_one, 31) << "16 conv3 + 15 conv1";
         EXPECT_EQ(t.keeps_size, 13) << "the unstrided conv2 (KILN_CUTLASS_CONV_DGRAD)";
         EXPECT_EQ(t.refused, 3) << t.listed();
-        if (!reuse) EXPECT_EQ(t.into_dresidual, 15) << "nothing shares bytes without reuse";
+        EXPECT_EQ(t.into_dresidual, 15) << "dresidual shares no bytes with the producer's step";
+        EXPECT_EQ(t.copied, 0);
         std::printf("%s, reuse %d, batch %lld: g into dresidual %d, into dx and copied %d\n", model,
                     reuse, static_cast<long long>(batch), t.into_dresidual, t.copied);
         // The downsamples' data gradients, refused for dy2's order.
@@ -121,6 +125,31 @@ TEST(DgradBnRule, Resnet50HasThirtyOneEligibleDataGradients) {
         EXPECT_EQ(schedule, 3u) << t.listed();
       }
     }
+  }
+}
+
+// KILN_DRESIDUAL_FROM_DGRAD=0 (CompileOptions::dresidual_from_dgrad): dresidual placed from its
+// own step shares the bytes of a tensor conv1's step reads last, so under memory reuse every
+// conv1's g goes to dx and is copied; the same eligible uses either way.
+TEST(DgradBnRule, DresidualPlacedLateIsCopied) {
+  for (const bool reuse : {true, false}) {
+    SCOPED_TRACE(reuse ? "memory reuse" : "no reuse");
+    const Tally t = tally(cuda_program("resnet50", reuse, 256, false));
+    EXPECT_EQ(t.to_bn_add_relu, 15);
+    EXPECT_EQ(t.refused, 3) << t.listed();
+    EXPECT_EQ(t.copied, reuse ? 15 : 0);
+    EXPECT_EQ(t.into_dresidual, reuse ? 0 : 15);
+  }
+}
+
+// dresidual live from conv1's step costs no activation memory at ResNet-50's peak.
+TEST(DgradBnRule, DresidualFromTheDataGradientKeepsThePeak) {
+  for (const int64_t batch : {4, 256}) {
+    const Program early = cuda_program("resnet50", true, batch, true);
+    const Program late = cuda_program("resnet50", true, batch, false);
+    EXPECT_EQ(early.memory.region_bytes[static_cast<int>(Region::features)],
+              late.memory.region_bytes[static_cast<int>(Region::features)])
+        << "batch " << batch;
   }
 }
 

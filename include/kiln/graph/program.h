@@ -107,6 +107,9 @@ struct CompileOptions {
   // Off by default: FP32 means FP32. PyTorch's cuDNN convolutions allow TF32 by default.
   bool tf32 = false;
   bool memory_reuse = true;  // the Engine sets it from Switches::memory_reuse
+  // A BN+add+ReLU backward's dresidual is live from the data gradient before it
+  // (memory_plan.cpp); the Engine sets it from Switches::dresidual_from_dgrad.
+  bool dresidual_from_dgrad = true;
   // A fused BN+add+ReLU backward whose output gradient has two contributions takes both
   // (bn_add_relu_bwd's dy2) instead of an add node summing them first; set by the Engine
   // from the backend's caps and KILN_FUSE_GRAD_SUM.
