@@ -197,7 +197,7 @@ ctest_line() { grep -E 'tests passed|No tests were found' "$1" | tail -1; }
 
 if [ "$MODE" = tune ]; then
   # VGG16-BN's large convolutions take ~10 ms a run per engine: give each model minutes.
-  for cfg in ${KILN_TUNE_LIST:-"resnet50:256:1 vgg16_bn:256:1"}; do
+  for cfg in ${KILN_TUNE_LIST:-resnet50:256:1 vgg16_bn:256:1}; do
     IFS=: read -r m b a <<<"$cfg"
     amp=(); [ "$a" = 1 ] && amp=(--amp)
     name="$m-b$b${amp:+-amp}"

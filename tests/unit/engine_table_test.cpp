@@ -161,6 +161,29 @@ TEST(EngineTable, AutotuneCacheFolder) {
   if (home) setenv("HOME", saved_home.c_str(), 1);
 }
 
+// Every committed table loads, sits under the name its own header gives (a table copied to the
+// wrong GPU's name would steer that GPU), and holds the AMP graphs of the two models the
+// benchmarks run, stem included: `gpu-check.sh tune` once wrote an FP32-only table by default.
+TEST(EngineTable, CommittedTablesAreNamedForTheirGpuAndCoverTheBenchmarks) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::path(KILN_SOURCE_DIR) / "configs/engines";
+  int tables = 0;
+  for (const auto& f : fs::directory_iterator(dir)) {
+    if (f.path().extension() != ".tsv") continue;
+    ++tables;
+    const EngineTable t = EngineTable::load(f.path().string());
+    EXPECT_EQ(engine_table_file(dir.string(), t.gpu, t.cudnn), f.path().string());
+    for (const char* key :
+         {"fprop:256,224,224,3:64,7,7:2,2,3,3:f16,f16,f16",  // ResNet-50's stem
+          "wgrad:256,224,224,3:64,7,7:2,2,3,3:f16,f16,f16",
+          "fprop:256,224,224,3:64,3,3:1,1,1,1:f16,f16,f16",      // VGG16-BN's first
+          "dgrad:256,14,14,512:512,3,3:1,1,1,1:f16,f16,f16"}) {  // VGG16-BN block 5
+      EXPECT_NE(t.find(key), nullptr) << f.path() << " lacks " << key;
+    }
+  }
+  EXPECT_GE(tables, 2) << "the H200's and the H100's tables";
+}
+
 TEST(EngineTable, MalformedFilesAreRefusedWithTheLine) {
   expect_refused("", "no 'kiln-engine-table' header");
   expect_refused("# only a comment\n", "no 'kiln-engine-table' header");
