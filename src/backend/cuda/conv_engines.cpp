@@ -18,6 +18,7 @@ struct Timed {
   int64_t index;
   EngineChoice choice;
   std::vector<float> times;
+  std::string dropped;  // why time_runs gave up on it, for the debug log
 };
 
 // Runs plan `t.index` `untimed` + `timed` times, appending the timed ones; false if it fails
@@ -31,12 +32,13 @@ bool time_runs(fe::graph::Graph& graph, cudnnHandle_t handle, cudaStream_t strea
   if (t.choice.workspace > 0 &&
       cudaMalloc(&wsp, static_cast<size_t>(t.choice.workspace)) != cudaSuccess) {
     cudaGetLastError();
+    t.dropped = "its workspace could not be allocated";
     return false;
   }
   cudaEvent_t t0 = nullptr, t1 = nullptr;
   CUDA_CHECK(cudaEventCreate(&t0));
   CUDA_CHECK(cudaEventCreate(&t1));
-  bool ok = true;
+  bool ok = true, reloaded = false;
   for (int r = 0; r < untimed + timed && ok; ++r) {
     CUDA_CHECK(cudaEventRecord(t0, stream));
     ok = graph.execute_plan_at_index(handle, pack, wsp, t.index).is_good();
@@ -44,6 +46,16 @@ bool time_runs(fe::graph::Graph& graph, cudnnHandle_t handle, cudaStream_t strea
     CUDA_CHECK(cudaEventSynchronize(t1));
     float ms = 0.0f;
     CUDA_CHECK(cudaEventElapsedTime(&ms, t0, t1));
+    if (!ok) t.dropped = "it failed to run";
+    // A first run past the give-up time may be the kernel's loading (a runtime-compiled
+    // engine's module): it is run once more before that run decides.
+    if (ok && r == 0 && !reloaded && ms > give_up_ms && ms <= kSlowRunMs) {
+      reloaded = true;
+      log_debug("  ", t.choice.engine, ": first run ", ms, " ms, past ", give_up_ms,
+                " ms; run again");
+      --r;
+      continue;
+    }
     if (r >= untimed) {
       t.times.push_back(ms);
     } else if (ms > kSlowRunMs) {
@@ -54,7 +66,10 @@ bool time_runs(fe::graph::Graph& graph, cudnnHandle_t handle, cudaStream_t strea
       r = untimed;  // the loop goes on with the remaining timed - 1 runs
     }
     // A first (untimed) run may include loading the kernel: it gives up only past 20 ms.
-    if (ms > give_up_ms && (r >= untimed || ms > 20.0f)) ok = false;
+    if (ok && ms > give_up_ms && (r >= untimed || ms > 20.0f)) {
+      ok = false;
+      t.dropped = "a run took " + std::to_string(ms) + " ms, past " + std::to_string(give_up_ms);
+    }
   }
   if (cudaGetLastError() != cudaSuccess) ok = false;
   CUDA_CHECK(cudaEventDestroy(t0));
@@ -96,7 +111,12 @@ std::vector<Timed> time_engines(fe::graph::Graph& graph, cudnnHandle_t handle, c
   std::vector<Timed> round1;
   float best = 1e30f;
   for (Timed& t : candidates) {
-    if (!time_runs(graph, handle, stream, pack, t, rule.untimed, 1, rule.cut * best)) continue;
+    if (!time_runs(graph, handle, stream, pack, t, rule.untimed, 1, rule.cut * best)) {
+      log_debug("  ", t.choice.engine, " dropped: ", t.dropped);
+      continue;
+    }
+    log_debug("  ", t.choice.engine, ": ", t.times[0], " ms",
+              runtime_compiled(t.index) ? " (runtime-compiled)" : "");
     best = std::min(best, t.times[0]);
     round1.push_back(std::move(t));
   }
