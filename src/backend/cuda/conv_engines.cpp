@@ -38,7 +38,7 @@ bool time_runs(fe::graph::Graph& graph, cudnnHandle_t handle, cudaStream_t strea
   cudaEvent_t t0 = nullptr, t1 = nullptr;
   CUDA_CHECK(cudaEventCreate(&t0));
   CUDA_CHECK(cudaEventCreate(&t1));
-  bool ok = true, reloaded = false;
+  bool ok = true;
   for (int r = 0; r < untimed + timed && ok; ++r) {
     CUDA_CHECK(cudaEventRecord(t0, stream));
     ok = graph.execute_plan_at_index(handle, pack, wsp, t.index).is_good();
@@ -47,15 +47,6 @@ bool time_runs(fe::graph::Graph& graph, cudnnHandle_t handle, cudaStream_t strea
     float ms = 0.0f;
     CUDA_CHECK(cudaEventElapsedTime(&ms, t0, t1));
     if (!ok) t.dropped = "it failed to run";
-    // A first run past the give-up time may be the kernel's loading (a runtime-compiled
-    // engine's module): it is run once more before that run decides.
-    if (ok && r == 0 && !reloaded && ms > give_up_ms && ms <= kSlowRunMs) {
-      reloaded = true;
-      log_debug("  ", t.choice.engine, ": first run ", ms, " ms, past ", give_up_ms,
-                " ms; run again");
-      --r;
-      continue;
-    }
     if (r >= untimed) {
       t.times.push_back(ms);
     } else if (ms > kSlowRunMs) {
