@@ -8,6 +8,7 @@
 #include <mutex>
 #include <set>
 
+#include "backend/engine_timing_rule.h"
 #include "kiln/core/log.h"
 
 namespace kiln::cuda {
@@ -22,9 +23,9 @@ struct Timed {
 };
 
 // Runs plan `t.index` `untimed` + `timed` times, appending the timed ones; false if it fails
-// or a run takes longer than `give_up_ms`. An untimed run longer than kSlowRunMs counts as
-// the first timed one.
-constexpr float kSlowRunMs = 50.0f;
+// or a run takes longer than `give_up_ms`. The runs are read by time_candidate
+// (backend/engine_timing_rule.h): a long first run is repeated, since it may be the kernel
+// loading; a warm-up longer than kSlowRunMs counts as the first timed run.
 bool time_runs(fe::graph::Graph& graph, cudnnHandle_t handle, cudaStream_t stream,
                std::unordered_map<int64_t, void*>& pack, Timed& t, int untimed, int timed,
                float give_up_ms) {
@@ -38,30 +39,16 @@ bool time_runs(fe::graph::Graph& graph, cudnnHandle_t handle, cudaStream_t strea
   cudaEvent_t t0 = nullptr, t1 = nullptr;
   CUDA_CHECK(cudaEventCreate(&t0));
   CUDA_CHECK(cudaEventCreate(&t1));
-  bool ok = true;
-  for (int r = 0; r < untimed + timed && ok; ++r) {
+  auto run = [&]() -> float {
     CUDA_CHECK(cudaEventRecord(t0, stream));
-    ok = graph.execute_plan_at_index(handle, pack, wsp, t.index).is_good();
+    const bool ran = graph.execute_plan_at_index(handle, pack, wsp, t.index).is_good();
     CUDA_CHECK(cudaEventRecord(t1, stream));
     CUDA_CHECK(cudaEventSynchronize(t1));
     float ms = 0.0f;
     CUDA_CHECK(cudaEventElapsedTime(&ms, t0, t1));
-    if (!ok) t.dropped = "it failed to run";
-    if (r >= untimed) {
-      t.times.push_back(ms);
-    } else if (ms > kSlowRunMs) {
-      // A warm-up run this long is a measurement: loading the kernel is a small part of it,
-      // and FP32 VGG's slow weight-gradient engines take seconds a run (the first candidate
-      // has no best to give up against). It counts as the first timed run.
-      t.times.push_back(ms);
-      r = untimed;  // the loop goes on with the remaining timed - 1 runs
-    }
-    // A first (untimed) run may include loading the kernel: it gives up only past 20 ms.
-    if (ok && ms > give_up_ms && (r >= untimed || ms > 20.0f)) {
-      ok = false;
-      t.dropped = "a run took " + std::to_string(ms) + " ms, past " + std::to_string(give_up_ms);
-    }
-  }
+    return ran ? ms : -1.0f;
+  };
+  bool ok = time_candidate(run, untimed, timed, give_up_ms, t.times, t.dropped);
   if (cudaGetLastError() != cudaSuccess) ok = false;
   CUDA_CHECK(cudaEventDestroy(t0));
   CUDA_CHECK(cudaEventDestroy(t1));
@@ -84,7 +71,7 @@ std::vector<Timed> time_engines(fe::graph::Graph& graph, cudnnHandle_t handle, c
   std::vector<Timed> candidates;
   for (int64_t i = 0; i < count && static_cast<int64_t>(candidates.size()) < rule.max_candidates;
        ++i) {
-    Timed t{i, {}, {}};
+    Timed t{i, {}, {}, {}};
     if (graph.get_plan_name_at_index(i, t.choice.engine).is_bad()) continue;
     if (rule.precompiled_after_first && !candidates.empty() && runtime_compiled(i)) continue;
     if (graph.build_plan_at_index(i).is_bad()) continue;
