@@ -17,8 +17,8 @@
 #            in the same call: the table bench/RESULTS.md wants (SPEC Q3, issue 5)
 #     ab     build, then `kiln bench` (batch 256, AMP) of AB_MODELS (default "resnet50 vgg16_bn")
 #            under each of AB_VARIANTS, environment settings separated by ";" (default: the
-#            defaults, then KILN_FUSE_GRAD_SUM=1, KILN_PAD_CHANNELS=1, KILN_CBR_FORM=genstats, and
-#            the first two together), in one call: an optimisation's gain measured against its
+#            defaults, then KILN_PAD_CHANNELS=0, KILN_PAD_CHANNELS=1, KILN_FUSE_GRAD_SUM=0 and
+#            KILN_CBR_FORM=genstats), in one call: an optimisation's gain measured against its
 #            absence, no tests run (STAGE=once: kiln bench --stage once)
 #     forms  build, then tools/conv_forms.cpp's probe at batch 256: cuDNN's fused convolution
 #            graphs (genstats, the MLPerf-style prologue, dgrad+drelu+dbn_weight) timed beside
@@ -498,7 +498,7 @@ PY
 fi
 
 if [ "$MODE" = ab ]; then
-  IFS=';' read -r -a variants <<<"${AB_VARIANTS:-;KILN_FUSE_GRAD_SUM=1;KILN_PAD_CHANNELS=1;KILN_CBR_FORM=genstats;KILN_FUSE_GRAD_SUM=1 KILN_PAD_CHANNELS=1}"
+  IFS=';' read -r -a variants <<<"${AB_VARIANTS:-;KILN_PAD_CHANNELS=0;KILN_PAD_CHANNELS=1;KILN_FUSE_GRAD_SUM=0;KILN_CBR_FORM=genstats}"
   for m in ${AB_MODELS:-resnet50 vgg16_bn}; do
     for v in "${variants[@]}"; do
       name="$m-$(echo "${v:-defaults}" | tr ' =' '_-')"

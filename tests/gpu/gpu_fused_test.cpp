@@ -36,7 +36,7 @@ TEST_P(GpuFusedCbr, EqualsConvBnReluBitForBit) {
     GTEST_SKIP() << "FP16 convolutions want output channels in multiples of 8";
   // Input channels that are not (the first layer's 3) run on zero-padded copies.
   Switches sw = Switches::from_environment();
-  sw.pad_channels = amp && t.c % 8 != 0;
+  sw.pad_channels = amp && t.c % 8 != 0 ? Auto::on : Auto::off;
   sw.deterministic = true;
   for (const char* vec : {"1", "0"}) {
     sw.vector_kernels = vec[0] == '1';
@@ -75,7 +75,7 @@ TEST_P(GpuFusedCbrPool, EqualsConvBnReluMaxPoolBitForBit) {
   KILN_REQUIRE_GPU();
   const auto& [c, amp] = GetParam();
   Switches sw = Switches::from_environment();
-  sw.pad_channels = amp && c.cbr.c % 8 != 0;
+  sw.pad_channels = amp && c.cbr.c % 8 != 0 ? Auto::on : Auto::off;
   sw.deterministic = true;
   for (const char* vec : {"1", "0"}) {
     sw.vector_kernels = vec[0] == '1';
@@ -120,7 +120,7 @@ CbrForward run_cbr_forward(const CbrCase& t, bool amp, const char* form) {
   sw.cbr_form = form;
   sw.cutlass = Auto::off;        // else it would take the 1x1 layers before either form
   sw.cutlass_dgrad = Auto::off;  // and their data gradients
-  sw.pad_channels = amp && t.c % 8 != 0;
+  sw.pad_channels = amp && t.c % 8 != 0 ? Auto::on : Auto::off;
   OpHarness h(amp);
   CbrForward r{fused::run_cbr_forward(fused::Maker{h, amp}, t, 0, "cuda", sw), {}};
   if (auto* api = dynamic_cast<CudaBackendApi*>(&h.backend())) r.forms = api->cbr_forms();

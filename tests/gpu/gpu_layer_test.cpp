@@ -10,6 +10,7 @@
 #include <string>
 #include <utility>
 
+#include "backend/channel_pad_rule.h"
 #include "backend/cuda/cuda_backend.h"
 #include "gpu/gpu_test_util.h"
 #include "support/reference.h"
@@ -32,9 +33,10 @@ struct ConvCase {
 
 // fp32_tol > 0 (FP32 only): check against the float64 reference at that tolerance instead of
 // against the CPU, printing the errors. Returns how many of the three convolution plans took
-// Winograd / FFT engines.
+// Winograd / FFT engines; `report`, where given, receives the GPU's compile report.
 int check_conv(const ConvCase& c, bool amp, double fp32_tol = 0,
-               const Switches& switches = Switches::from_environment()) {
+               const Switches& switches = Switches::from_environment(),
+               CompileReport* report = nullptr) {
   const int64_t p = (c.h + 2 * c.pad - c.r) / c.st + 1, q = (c.w + 2 * c.pad - c.s) / c.st + 1;
   Pair t(amp, switches);
   const TensorId x = t.add("x", {c.n, c.h, c.w, c.c}, Kind::Feature);
@@ -56,6 +58,7 @@ int check_conv(const ConvCase& c, bool amp, double fp32_tol = 0,
   t.node(OpKind::conv_bwd_weight, {x, dy},
          c.bias ? std::vector<TensorId>{dw, db} : std::vector<TensorId>{dw}, a);
   t.compile();
+  if (report) *report = t.gpu().backend().compile_report();
   const std::vector<float> xv = t.set_random(x, 1), wv = t.set_random(w, 2),
                            dyv = t.set_random(dy, 3);
   const std::vector<float> bv = c.bias ? t.set_random(b, 4) : std::vector<float>{};
@@ -132,22 +135,44 @@ TEST(GpuLayerFp32, ConvWinogradAndFft) {
   }
 }
 
-// Input channels that are not a multiple of 8 (a first layer's 3, or 5) with KILN_PAD_CHANNELS=1:
-// under AMP the convolutions run on zero-padded copies (conv.cpp), which must give what the CPU
-// computes on the unpadded tensors - forward, data gradient (padding dropped) and weight
-// gradient (the padding weights' gradient dropped). FP32 never pads: the same check, unpadded.
+// Input channels that are neither 4 nor a multiple of 8 (a first layer's 3 or 1, or 5): under
+// AMP with KILN_PAD_CHANNELS=1 the three convolutions run on zero-padded copies (conv.cpp; 4
+// channels up to 4, else the next multiple of 8), which must give what the CPU computes on the
+// unpadded tensors - forward, data gradient (padding dropped) and weight gradient (the padding
+// weights' gradient dropped); under auto each keeps the faster form, timed while compiling.
+// FP32 never pads, nor do 4 channels: the same check, unpadded.
 TEST_P(GpuLayer, ConvPaddedChannels) {
   KILN_REQUIRE_GPU();
   const bool amp = GetParam();
-  Switches pad = Switches::from_environment();
-  pad.pad_channels = true;
   const ConvCase cases[] = {{2, 12, 12, 3, 16, 3, 3, 1, 1, true},
                             {2, 9, 9, 5, 8, 3, 3, 2, 1, false},
-                            {2, 15, 13, 3, 16, 7, 7, 2, 3, false}};
-  for (const ConvCase& c : cases) {
-    SCOPED_TRACE(::testing::Message() << "padded conv " << c.r << "x" << c.s << "/" << c.st << " c"
-                                      << c.c << " k" << c.k);
-    check_conv(c, amp, 0, pad);
+                            {2, 15, 13, 3, 16, 7, 7, 2, 3, false},
+                            {2, 10, 11, 1, 8, 3, 3, 1, 1, true},
+                            {2, 10, 10, 4, 16, 3, 3, 1, 1, false}};
+  for (const Auto mode : {Auto::on, Auto::automatic}) {
+    Switches pad = Switches::from_environment();
+    pad.pad_channels = mode;
+    pad.autotune = Auto::on;  // auto's choice is timed where autotuning is on
+    pad.deterministic = false;
+    pad.autotune_cache = "0";
+    for (const ConvCase& c : cases) {
+      SCOPED_TRACE(::testing::Message()
+                   << "KILN_PAD_CHANNELS=" << auto_text(mode) << " conv " << c.r << "x" << c.s
+                   << "/" << c.st << " c" << c.c << " k" << c.k);
+      CompileReport r;
+      check_conv(c, amp, 0, pad, &r);
+      const int paddable = amp && padded_channel_count(c.c) != c.c ? 3 : 0;  // fwd, dgrad, wgrad
+      if (mode == Auto::on) {
+        EXPECT_EQ(r.convs_padded, paddable);
+        EXPECT_EQ(r.pad_timed, 0);
+      } else {
+        EXPECT_EQ(r.pad_timed, paddable) << "each paddable convolution timed";
+        EXPECT_LE(r.convs_padded, r.pad_timed);
+      }
+      std::printf("  KILN_PAD_CHANNELS=%s c%lld %s: %d of 3 kernels padded (%d timed)\n",
+                  auto_text(mode), static_cast<long long>(c.c), amp ? "AMP" : "FP32",
+                  r.convs_padded, r.pad_timed);
+    }
   }
 }
 

@@ -381,6 +381,12 @@ int cmd_bench(int argc, char** argv) {
           "kiln's pass\n",
           use.sm90_timed, use.sm90_timed_today);
     }
+    if (use.convs_padded + use.pad_timed > 0) {
+      std::printf(
+          "channel padding (KILN_PAD_CHANNELS=%s): %d convolution kernels on padded copies "
+          "(%d chose by timing)\n",
+          auto_text(eo.switches.pad_channels), use.convs_padded, use.pad_timed);
+    }
     if (use.cbr_genstats + use.cbr_fallbacks > 0) {
       std::printf(
           "CBR forward (KILN_CBR_FORM=genstats): %d as conv+genstats, %d fell back to kiln's "

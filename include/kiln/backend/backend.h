@@ -46,6 +46,9 @@ struct CompileReport {
   // those how many kept cuDNN with kiln's pass (counted in the *_fallbacks above too).
   int sm90_timed = 0, sm90_timed_today = 0;
   int sm90_timed_now = 0;  // of sm90_timed, timed by this compile (not found in a table or cache)
+  // KILN_PAD_CHANNELS: convolution kernels (forward, data or weight gradient) on channel-padded
+  // copies, and of the paddable ones under auto how many were timed or found timed.
+  int convs_padded = 0, pad_timed = 0;
   int side_stream_wgrads = 0;      // weight gradients forked onto the side stream
   int fp32_transformed_plans = 0;  // FP32 convolutions on Winograd or FFT engines
 };

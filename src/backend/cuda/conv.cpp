@@ -14,12 +14,15 @@
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
 #include <sstream>
 
+#include "backend/channel_pad_rule.h"
 #include "backend/cuda/channel_ops.h"
 #include "backend/cuda/conv_engines.h"
 #include "backend/cuda/cuda_kernel.h"
 #include "backend/cuda/fused_kernels.h"
+#include "backend/cuda/timed_form.h"
 #include "kiln/backend/engine_table.h"
 #include "kiln/core/log.h"
 
@@ -316,21 +319,26 @@ std::shared_ptr<ConvPlan> build_plan(Context& ctx, const Node& n, int stream, Co
   return plan;
 }
 
-// FP16 / BF16 convolutions whose input channel count is not a multiple of 8 (the first layer's
-// 3) take no tensor-core engine: cuDNN runs them at a few TFLOPS (VGG16-BN AMP at batch 256:
-// the first layer's wgrad and fprop were 16% of the step). KILN_PAD_CHANNELS=1 runs them on
-// copies with zero channels up to the next multiple of 8: the zeros add nothing to any sum,
-// and the padding's own weight and input gradients are dropped.
+// FP16 / BF16 convolutions whose input channel count is neither 4 nor a multiple of 8 (the first
+// layer's 3) take no fast tensor-core engine: cuDNN runs them at a few TFLOPS (VGG16-BN's
+// first layer, 3 > 64 channels at 224x224, 1.6 ms a forward on an H100). KILN_PAD_CHANNELS runs
+// them on copies with zero channels up to padded_channel_count (channel_pad_rule.h): the zeros
+// add nothing to any sum, and the padding's own weight and input gradients are dropped.
 struct ChannelPad {
   bool on = false;
   int64_t c = 0, cp = 0;
 };
 
-ChannelPad channel_pad(const Context& ctx, DType dt, int64_t c) {
+// Whether padding changes a convolution over c input channels in dtype dt.
+bool paddable(DType dt, int64_t c) {
+  return dt != DType::F32 && padded_channel_count(c) != c;
+}
+
+ChannelPad channel_pad(bool pad, DType dt, int64_t c) {
   ChannelPad p;
-  p.on = ctx.opts.pad_channels && dt != DType::F32 && c % 8 != 0;
+  p.on = pad && paddable(dt, c);
   p.c = c;
-  p.cp = (c + 7) / 8 * 8;
+  p.cp = padded_channel_count(c);
   return p;
 }
 
@@ -431,10 +439,10 @@ struct ConvOperands {
   void *a = nullptr, *w = nullptr;
   ConvGeom g;
 };
-ConvOperands conv_operands(const Context& ctx, int stream, const std::string& what,
+ConvOperands conv_operands(bool pad_channels, int stream, const std::string& what,
                            const ConvGeom& g, DType dt, void* a, bool a_out, DType wdt, void* w,
                            bool w_out) {
-  const ChannelPad pad = channel_pad(ctx, dt, g.x.c);
+  const ChannelPad pad = channel_pad(pad_channels, dt, g.x.c);
   ConvOperands o;
   o.k = std::make_unique<ConvKernel>(stream, what);
   o.a = padded(*o.k, pad, a, dt, g.x_rows(), a_out);
@@ -451,6 +459,36 @@ void use_plan(ConvOperands& o, Context& ctx, int stream, std::shared_ptr<ConvPla
 
 std::string describe(const Node& n) {
   return std::string(op_name(n.op)) + " node '" + n.label + "'";
+}
+
+// A cuDNN convolution kernel, build(pad), padded as KILN_PAD_CHANNELS says: 1 pads and 0 does
+// not; auto keeps the faster of the two forms (the padding copies included), timed while
+// compiling where cuDNN's engines are (autotuning, `kiln tune`) and kept with them, or found
+// in the engine table or the autotune cache; else unpadded. `pass` names the convolution's
+// direction in the choice's key.
+KernelPtr padded_as_switched(const Node& n, Context& ctx, int stream, const char* pass,
+                             const ConvGeom& g, DType dt,
+                             const std::function<KernelPtr(bool pad)>& build) {
+  if (!paddable(dt, g.x.c) || ctx.opts.pad_channels == Auto::off) return build(false);
+  if (ctx.opts.pad_channels == Auto::on) {
+    ++ctx.convs_padded;
+    return build(true);
+  }
+  KernelPtr plain = build(false), pad = build(true);
+  const bool may_time = ctx.opts.autotune || !ctx.opts.tune_path.empty();
+  const FormChoice c =
+      choose_faster_form(ctx, stream, timed_form_key(pass, g, dt, "", "padv1"),
+                         {"padded", {pad.get()}}, {"unpadded", {plain.get()}}, {}, may_time);
+  if (c.found) ++ctx.pad_timed;
+  log_debug(describe(n), " (", pass, "): ", g.x.c, " channels padded to ",
+            padded_channel_count(g.x.c), " ", c.first_ms, " ms, unpadded ", c.second_ms, " ms (",
+            !c.found         ? "not timed: autotuning is off"
+            : c.measured_now ? "timed now"
+                             : "timed before",
+            "): keeps ", c.found && c.first ? "the padded form" : "the unpadded form");
+  if (!(c.found && c.first)) return plain;
+  ++ctx.convs_padded;
+  return pad;
 }
 
 void expect_weight_dtype(const Context& ctx, const Node& n, TensorId feature, TensorId w) {
@@ -471,17 +509,21 @@ KernelPtr cudnn_conv_fwd(const Node& n, Context& ctx, int stream) {
   expect_weight_dtype(ctx, n, x, w);
   const ConvGeom g = conv_geom(ctx, n, x, w, y);
   const DType wdt = ctx.tensor(w).dtype;
-  ConvOperands o =
-      conv_operands(ctx, stream, describe(n), g, dt, ctx.ptr(x), false, wdt, ctx.ptr(w), false);
-  use_plan(o, ctx, stream,
-           build_plan(ctx, n, stream, ConvKind::fprop, o.g, dt, wdt, dt, {o.a, o.w, ctx.ptr(y)}),
-           ctx.ptr(y));
   if (b != kNoTensor) {
     expect_dtype(ctx, n, b, DType::F32, "bias");
     expect_numel(ctx, n, b, g.k, "bias");
-    o.k->set_bias_add(ctx.ptr(y), dt, ctx.ptr<float>(b), g.y.n * g.y.h * g.y.w, g.k);
   }
-  return std::move(o.k);
+  return padded_as_switched(n, ctx, stream, "fprop", g, dt, [&](bool pad) -> KernelPtr {
+    ConvOperands o =
+        conv_operands(pad, stream, describe(n), g, dt, ctx.ptr(x), false, wdt, ctx.ptr(w), false);
+    use_plan(o, ctx, stream,
+             build_plan(ctx, n, stream, ConvKind::fprop, o.g, dt, wdt, dt, {o.a, o.w, ctx.ptr(y)}),
+             ctx.ptr(y));
+    if (b != kNoTensor) {
+      o.k->set_bias_add(ctx.ptr(y), dt, ctx.ptr<float>(b), g.y.n * g.y.h * g.y.w, g.k);
+    }
+    return std::move(o.k);
+  });
 }
 
 }  // namespace
@@ -502,12 +544,14 @@ KernelPtr cudnn_conv_bwd_data(const Node& n, Context& ctx, int stream) {
   const DType dt = ctx.tensor(dy).dtype;
   const ConvGeom g = conv_geom(ctx, n, dx, w, dy);
   const DType wdt = ctx.tensor(w).dtype;
-  ConvOperands o =
-      conv_operands(ctx, stream, describe(n), g, dt, ctx.ptr(dx), true, wdt, ctx.ptr(w), false);
-  use_plan(o, ctx, stream,
-           build_plan(ctx, n, stream, ConvKind::dgrad, o.g, dt, wdt, dt, {o.a, o.w, ctx.ptr(dy)}),
-           ctx.ptr(dy));
-  return std::move(o.k);
+  return padded_as_switched(n, ctx, stream, "dgrad", g, dt, [&](bool pad) -> KernelPtr {
+    ConvOperands o =
+        conv_operands(pad, stream, describe(n), g, dt, ctx.ptr(dx), true, wdt, ctx.ptr(w), false);
+    use_plan(o, ctx, stream,
+             build_plan(ctx, n, stream, ConvKind::dgrad, o.g, dt, wdt, dt, {o.a, o.w, ctx.ptr(dy)}),
+             ctx.ptr(dy));
+    return std::move(o.k);
+  });
 }
 
 }  // namespace
@@ -536,19 +580,21 @@ KernelPtr make_conv_bwd_weight(const Node& n, Context& ctx, int stream) {
   expect_same_dtype(ctx, n, x, dy);
   const DType wdt = expect_float(ctx, n, dw, "dw");
   const ConvGeom g = conv_geom(ctx, n, x, dw, dy);
-  ConvOperands o =
-      conv_operands(ctx, stream, describe(n), g, dt, ctx.ptr(x), false, wdt, ctx.ptr(dw), true);
-  use_plan(o, ctx, stream,
-           build_plan(ctx, n, stream, ConvKind::wgrad, o.g, dt, wdt, dt, {o.a, o.w, ctx.ptr(dy)}),
-           ctx.ptr(dy));
+  const int64_t rows = g.y.n * g.y.h * g.y.w;
   if (db != kNoTensor) {
     expect_dtype(ctx, n, db, DType::F32, "db");
     expect_numel(ctx, n, db, g.k, "db");
-    const int64_t rows = g.y.n * g.y.h * g.y.w;
     ctx.need_workspace(stream, channel_sum_workspace(rows, g.k, ctx.sm_count));
-    o.k->set_bias_grad(ctx.ptr(dy), dt, ctx.ptr<float>(db), rows, g.k);
   }
-  return std::move(o.k);
+  return padded_as_switched(n, ctx, stream, "wgrad", g, dt, [&](bool pad) -> KernelPtr {
+    ConvOperands o =
+        conv_operands(pad, stream, describe(n), g, dt, ctx.ptr(x), false, wdt, ctx.ptr(dw), true);
+    use_plan(o, ctx, stream,
+             build_plan(ctx, n, stream, ConvKind::wgrad, o.g, dt, wdt, dt, {o.a, o.w, ctx.ptr(dy)}),
+             ctx.ptr(dy));
+    if (db != kNoTensor) o.k->set_bias_grad(ctx.ptr(dy), dt, ctx.ptr<float>(db), rows, g.k);
+    return std::move(o.k);
+  });
 }
 
 // cbr_fwd's convolution in the MLPerf-style form (KILN_CBR_FORM=genstats): one cuDNN graph,
@@ -563,8 +609,10 @@ KernelPtr make_conv_fwd_genstats(const Node& n, Context& ctx, int stream, Tensor
   expect_weight_dtype(ctx, n, x, w);
   const ConvGeom g = conv_geom(ctx, n, x, w, z);
   const DType wdt = ctx.tensor(w).dtype;
-  ConvOperands o = conv_operands(ctx, stream, describe(n) + " (conv+genstats)", g, dt, ctx.ptr(x),
-                                 false, wdt, ctx.ptr(w), false);
+  // KILN_PAD_CHANNELS=auto leaves this opt-in form unpadded (its fallback is timed instead).
+  ConvOperands o =
+      conv_operands(ctx.opts.pad_channels == Auto::on, stream, describe(n) + " (conv+genstats)", g,
+                    dt, ctx.ptr(x), false, wdt, ctx.ptr(w), false);
   std::shared_ptr<ConvPlan> plan;
   try {
     plan = build_plan(ctx, n, stream, ConvKind::fprop_genstats, o.g, dt, wdt, dt,

@@ -390,6 +390,7 @@ class CudaBackend final : public CudaBackendApi {
     r.dgrad_cutlass_conv = ctx_.dgrad_cutlass_conv;
     r.sm90_timed = ctx_.sm90_timed, r.sm90_timed_today = ctx_.sm90_timed_today;
     r.sm90_timed_now = ctx_.sm90_timed_now;
+    r.convs_padded = ctx_.convs_padded, r.pad_timed = ctx_.pad_timed;
     r.side_stream_wgrads = ctx_.side_wgrads;
     r.fp32_transformed_plans = ctx_.fp32_transformed;
     return r;
@@ -432,6 +433,7 @@ class CudaBackend final : public CudaBackendApi {
     ctx_.bn_add_relu_sums.clear();
     ctx_.dgrad_cutlass = ctx_.dgrad_cutlass_fallbacks = ctx_.dgrad_cutlass_conv = 0;
     ctx_.sm90_timed = ctx_.sm90_timed_today = ctx_.sm90_timed_now = 0;
+    ctx_.convs_padded = ctx_.pad_timed = 0;
     ctx_.dgrad_bn_sums.clear();
     ctx_.extra_bytes.clear();
     ctx_.fp32_transformed = 0;

@@ -86,9 +86,10 @@ struct Options {
   // KILN_BN_FUSED_FINALIZE: a BatchNorm whose sums a kernel before it took finalizes inside its
   // 16-byte apply or dx pass (bn.cu), the same bits without a launch of its own.
   bool bn_fused_finalize = false;
-  // KILN_PAD_CHANNELS=1: FP16/BF16 convolutions whose input channels are not a multiple of 8
-  // run on zero-padded copies (conv.cpp); opt-in, as it measured slower (bench/RESULTS.md).
-  bool pad_channels = false;
+  // KILN_PAD_CHANNELS: FP16/BF16 convolutions whose input channels are neither 4 nor a multiple
+  // of 8 run on zero-padded copies (conv.cpp): on, off, or auto, the faster per convolution
+  // (padding every such layer to 8 measured slower, bench/RESULTS.md's fourth session).
+  Auto pad_channels = Auto::automatic;
   // KILN_CBR_FORM: how the fused CBR forward takes BatchNorm's statistics. "kiln" (the
   // default): a plain cuDNN convolution, then kiln's statistics pass over z; "genstats": the
   // MLPerf-style form, one cuDNN graph conv_fprop + genstats (fused.cpp), which falls back
@@ -233,6 +234,9 @@ struct Context : ProgramView {
   bool cutlass_timed = false, cutlass_dgrad_timed = false, cutlass_conv_timed = false,
        cutlass_conv_dgrad_timed = false;
   int sm90_timed = 0, sm90_timed_today = 0, sm90_timed_now = 0;
+  // KILN_PAD_CHANNELS: cuDNN convolution kernels running on channel-padded copies, and of the
+  // paddable ones under auto how many had a timed (or recorded) choice.
+  int convs_padded = 0, pad_timed = 0;
   struct DgradBnSums {
     const float* sums = nullptr;
     TensorId g = kNoTensor;

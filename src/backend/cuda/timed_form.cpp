@@ -93,13 +93,14 @@ double median(std::vector<float> v) {
   return v[v.size() / 2];
 }
 
-TimedChoice from_entry(const EngineEntry& e) {
-  TimedChoice c;
+FormChoice from_entry(const EngineEntry& e, const char* first, const char* second) {
+  FormChoice c;
+  c.found = true;
   for (const EngineChoice& choice : e.choices) {
-    if (choice.engine == kSm90) c.sm90_ms = choice.ms;
-    if (choice.engine == kToday) c.today_ms = choice.ms;
+    if (choice.engine == first) c.first_ms = choice.ms;
+    if (choice.engine == second) c.second_ms = choice.ms;
   }
-  c.sm90 = !e.choices.empty() && e.choices[0].engine == kSm90;
+  c.first = !e.choices.empty() && e.choices[0].engine == first;
   return c;
 }
 
@@ -114,31 +115,28 @@ void log_timed_choice(const Node& n, const TimedChoice& c) {
 }  // namespace
 
 std::string timed_form_key(const std::string& form, const ConvGeom& g, DType dt,
-                           const std::string& extra) {
+                           const std::string& extra, const char* generation) {
   std::ostringstream key;
-  key << "sm90v1." << form << ":" << g.x.n << "," << g.x.h << "," << g.x.w << "," << g.x.c << ":"
-      << g.k << "," << g.r << "," << g.s << ":" << g.sh << "," << g.sw << "," << g.ph << "," << g.pw
-      << ":" << dtype_name(dt) << (extra.empty() ? "" : ":") << extra;
+  key << generation << "." << form << ":" << g.x.n << "," << g.x.h << "," << g.x.w << "," << g.x.c
+      << ":" << g.k << "," << g.r << "," << g.s << ":" << g.sh << "," << g.sw << "," << g.ph << ","
+      << g.pw << ":" << dtype_name(dt) << (extra.empty() ? "" : ":") << extra;
   return key.str();
 }
 
-TimedChoice time_sm90_against_today(const Node& n, Context& ctx, int stream, const std::string& key,
-                                    const std::vector<Kernel*>& sm90,
-                                    const std::vector<Kernel*>& today,
-                                    const std::vector<TensorId>& keep) {
-  auto counted = [&](TimedChoice c) {
-    ++ctx.sm90_timed;
-    if (!c.sm90) ++ctx.sm90_timed_today;
-    log_timed_choice(n, c);
-    return c;
-  };
+FormChoice choose_faster_form(Context& ctx, int stream, const std::string& key,
+                              const NamedForm& first, const NamedForm& second,
+                              const std::vector<TensorId>& keep, bool may_time) {
   const bool tuning = !ctx.opts.tune_path.empty();
   if (const EngineEntry* e = ctx.engine_table.find(key); e != nullptr && !tuning) {
-    return counted(from_entry(*e));
+    return from_entry(*e, first.name, second.name);
   }
-  if (const EngineEntry* e = ctx.tuned.find(key))
-    return counted(from_entry(*e));  // another stream's
-  if (EngineEntry e; !tuning && autotuned_choice(key, e)) return counted(from_entry(e));
+  if (const EngineEntry* e = ctx.tuned.find(key)) {
+    return from_entry(*e, first.name, second.name);  // another stream's
+  }
+  if (EngineEntry e; !tuning && autotuned_choice(key, e)) {
+    return from_entry(e, first.name, second.name);
+  }
+  if (!may_time) return {};
 
   const auto started = std::chrono::steady_clock::now();
   const cudaStream_t st = ctx.streams[static_cast<size_t>(stream)].stream;
@@ -150,12 +148,12 @@ TimedChoice time_sm90_against_today(const Node& n, Context& ctx, int stream, con
   std::vector<float> a, b;
   try {
     for (int r = 0; r < kWarmup; ++r) {
-      run_timed(ctx, sm90, st, t0, t1);
-      run_timed(ctx, today, st, t0, t1);
+      run_timed(ctx, first.kernels, st, t0, t1);
+      run_timed(ctx, second.kernels, st, t0, t1);
     }
     for (int r = 0; r < kRounds; ++r) {
-      a.push_back(run_timed(ctx, sm90, st, t0, t1));
-      b.push_back(run_timed(ctx, today, st, t0, t1));
+      a.push_back(run_timed(ctx, first.kernels, st, t0, t1));
+      b.push_back(run_timed(ctx, second.kernels, st, t0, t1));
     }
   } catch (...) {
     cudaEventDestroy(t0);
@@ -166,15 +164,14 @@ TimedChoice time_sm90_against_today(const Node& n, Context& ctx, int stream, con
   CUDA_CHECK(cudaEventDestroy(t1));
   kept.restore();
 
-  TimedChoice c;
-  c.measured_now = true;
-  ++ctx.sm90_timed_now;
-  c.sm90_ms = median(a), c.today_ms = median(b);
-  c.sm90 = c.sm90_ms < c.today_ms;
+  FormChoice c;
+  c.found = c.measured_now = true;
+  c.first_ms = median(a), c.second_ms = median(b);
+  c.first = c.first_ms < c.second_ms;
   EngineEntry entry;
   entry.key = key;
-  const EngineChoice s{kSm90, 0, c.sm90_ms}, t{kToday, 0, c.today_ms};
-  entry.choices = c.sm90 ? std::vector<EngineChoice>{s, t} : std::vector<EngineChoice>{t, s};
+  const EngineChoice f{first.name, 0, c.first_ms}, s{second.name, 0, c.second_ms};
+  entry.choices = c.first ? std::vector<EngineChoice>{f, s} : std::vector<EngineChoice>{s, f};
   if (tuning) {
     ctx.tuned.put(entry);
   } else {
@@ -182,7 +179,23 @@ TimedChoice time_sm90_against_today(const Node& n, Context& ctx, int stream, con
   }
   ctx.autotune_seconds +=
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-  return counted(c);
+  return c;
+}
+
+TimedChoice time_sm90_against_today(const Node& n, Context& ctx, int stream, const std::string& key,
+                                    const std::vector<Kernel*>& sm90,
+                                    const std::vector<Kernel*>& today,
+                                    const std::vector<TensorId>& keep) {
+  const FormChoice f =
+      choose_faster_form(ctx, stream, key, {kSm90, sm90}, {kToday, today}, keep, true);
+  TimedChoice c;
+  c.sm90 = f.first, c.measured_now = f.measured_now;
+  c.sm90_ms = f.first_ms, c.today_ms = f.second_ms;
+  ++ctx.sm90_timed;
+  if (!c.sm90) ++ctx.sm90_timed_today;
+  if (c.measured_now) ++ctx.sm90_timed_now;
+  log_timed_choice(n, c);
+  return c;
 }
 
 }  // namespace kiln::cuda

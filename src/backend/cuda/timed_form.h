@@ -20,6 +20,26 @@ struct TimedChoice {
   double sm90_ms = 0, today_ms = 0;
 };
 
+// One of two forms of the same work: a name (recorded in the table and the cache) and its
+// kernels in order.
+struct NamedForm {
+  const char* name;
+  std::vector<Kernel*> kernels;
+};
+
+// Which of two forms is the faster for `key`: found in the engine table (not while `kiln tune`
+// runs), in what this process timed or the autotune cache; else, where `may_time`, both timed
+// now on `stream` as time_sm90_against_today says and the choice kept in the same places.
+struct FormChoice {
+  bool found = false;         // false: nothing recorded and not timed (may_time off)
+  bool first = false;         // the first form is the faster
+  bool measured_now = false;  // timed by this call
+  double first_ms = 0, second_ms = 0;
+};
+FormChoice choose_faster_form(Context& ctx, int stream, const std::string& key,
+                              const NamedForm& first, const NamedForm& second,
+                              const std::vector<TensorId>& keep, bool may_time);
+
 // Each form is its kernels in order, built on `stream`. Both run on that stream: the same work
 // (the same outputs), so timing them may overwrite their outputs but not `keep`: tensors they
 // also update that must survive (BatchNorm's running statistics), copied aside and back. A
@@ -35,8 +55,9 @@ TimedChoice time_sm90_against_today(const Node& n, Context& ctx, int stream, con
 
 // The key of a layer's choice: which SM90 form (e.g. "cbr_fwd.gemm"), the convolution's
 // geometry and dtype, and what else changes the forms' work (a pool, a residual); "sm90v1"
-// names the kernels' generation, so that choices timed on older kernels are not reused.
+// names the kernels' generation, so that choices timed on older kernels are not reused (and
+// another kind of choice, such as conv.cpp's channel padding, names its own).
 std::string timed_form_key(const std::string& form, const ConvGeom& g, DType dt,
-                           const std::string& extra);
+                           const std::string& extra, const char* generation = "sm90v1");
 
 }  // namespace kiln::cuda
