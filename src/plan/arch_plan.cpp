@@ -268,7 +268,12 @@ std::string describe_plan(const ArchPlan& plan) {
   for (const PlanNode* n : plan.live()) {
     os << "  #" << n->id << " " << plan_op_name(n->op) << " " << n->name;
     if (!n->bn_name.empty()) os << " + " << n->bn_name;
-    if (n->pool) os << " + " << n->pool_name << " (max-pool " << n->pool << "x" << n->pool << ")";
+    if (n->pool) {
+      os << " + " << n->pool_name << " (max-pool " << n->pool << "x" << n->pool;
+      if (n->pool_stride != n->pool || n->pool_pad != 0)
+        os << " s" << n->pool_stride << " p" << n->pool_pad;
+      os << ")";
+    }
     if (plan_op_has_window(n->op)) {
       os << " k" << n->k << " s" << n->stride << " p" << n->pad;
     }

@@ -125,8 +125,10 @@ void merge_cbr(ArchPlan& p, const PlanOptions& o) {
 // A max-pool whose windows tile a CBR's output (window = stride, no padding, the map's height
 // and width multiples of it: VGG's 2x2 / 2 after each block's last CBR) folds into the CBR's
 // BatchNorm apply pass (ops.def's cbr_pool_fwd): the full-resolution ReLU output is never
-// written, and the backward reads the pooled gradient. ResNet's 3x3 / 2 stem pool overlaps
-// and stays.
+// written, and the backward reads the pooled gradient. A pool whose windows overlap or are
+// padded (ResNet's 3x3 / 2, padding 1, after the stem) folds in where the backend has that form
+// (backend_fuses_overlapping_pool), its window at most 15 (the mask's byte holds its position)
+// and its padding below the window (every window holds an element).
 void merge_cbr_pool(ArchPlan& p, const PlanOptions& o) {
   if (!o.fusion || (!o.amp && !o.backend_fuses_fp32) || !o.backend_fuses_cbr ||
       !o.backend_fuses_cbr_pool) {
@@ -147,15 +149,23 @@ void merge_cbr_pool(ArchPlan& p, const PlanOptions& o) {
     PlanNode& pool = node(p, c[0]);
     const bool tiles = pool.k == pool.stride && pool.pad == 0 && pool.k >= 2 &&
                        cbr.shape[0] % pool.k == 0 && cbr.shape[1] % pool.k == 0;
-    if (!tiles) {
-      p.notes.push_back("merge_cbr_pool: '" + pool.name +
-                        "' stays apart: its windows do not tile '" + cbr.name + "''s output (k" +
-                        std::to_string(pool.k) + " s" + std::to_string(pool.stride) + " p" +
-                        std::to_string(pool.pad) + ")");
+    const bool overlaps = !tiles && o.backend_fuses_overlapping_pool && pool.k >= 2 &&
+                          pool.k <= 15 && pool.stride >= 1 && pool.pad < pool.k;
+    if (!tiles && !overlaps) {
+      p.notes.push_back(
+          "merge_cbr_pool: '" + pool.name + "' stays apart: its windows do not tile '" + cbr.name +
+          "''s output (k" + std::to_string(pool.k) + " s" + std::to_string(pool.stride) + " p" +
+          std::to_string(pool.pad) + ")" +
+          (o.backend_fuses_overlapping_pool ? ""
+                                            : " and the backend folds no overlapping pool, or "
+                                              "KILN_FUSE_OVERLAPPING_POOL=0"));
       continue;
     }
     cbr.pool = pool.k;
+    cbr.pool_stride = pool.stride;
+    cbr.pool_pad = pool.pad;
     cbr.pool_name = pool.name;
+    cbr.pool_in = cbr.shape;
     cbr.shape = pool.shape;
     pool.removed = true;
     rewire(p, pool.id, cbr.id);

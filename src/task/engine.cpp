@@ -59,6 +59,8 @@ PlanOptions fusion_options(const BackendCaps& caps, EngineOptions& o) {
   const bool sync_bn = o.compile.world > 1 && o.compile.sync_bn;
   po.backend_fuses_cbr = caps.fused_cbr && !sync_bn;
   po.backend_fuses_cbr_pool = caps.fused_cbr_pool && !sync_bn && sw.fuse_pool;
+  po.backend_fuses_overlapping_pool =
+      po.backend_fuses_cbr_pool && caps.fused_overlapping_pool && sw.fuse_overlapping_pool;
   po.backend_fuses_bn_add_relu = caps.fused_bn_add_relu && !sync_bn;
   // The CPU does not fuse in FP32 by default: there the fused program gives the same bits at
   // the same speed, so it is the tests' tool for checking fused programs.

@@ -314,6 +314,37 @@ TEST(Switches, PoolFoldingOffAndOnAgree) {
   }
 }
 
+// ResNet's stem - a 7x7 / 2 CBR, then a 3x3 / 2 max-pool with padding 1, whose windows overlap -
+// folded into the CBR (KILN_FUSE_OVERLAPPING_POOL, the byte-per-pooled-element mask of ops.def)
+// and kept apart: on odd and even maps (17x17 and 32x32 inputs: 9x9 and 16x16 before the pool,
+// whose windows cover 1, 2 or 4 elements' gradients and clip at the edges), three steps and an
+// evaluation give the same losses, weights and running statistics bit for bit, and only the
+// folded program has the pooled CBR nodes (forward and backward).
+TEST(Switches, OverlappingPoolFoldingOffAndOnAgree) {
+  for (const int size : {17, 32}) {
+    const Layer main = seq(conv(16, 3, 1, 1), bn2d(), relu(), conv(16, 3, 1, 1), bn2d());
+    const BluePrint bp{
+        "stem",
+        {size, size, 3},
+        5,
+        seq(conv(16, 7, 2, 3).named("conv1"), bn2d(), relu(), maxpool(3, 2, 1).named("maxpool"),
+            residual(main), relu(), gap(), fc(5))};
+    const Batch b = learnable_batch(bp, 4, 9);
+    std::vector<std::map<std::string, std::vector<float>>> results(2);
+    std::vector<int> pooled;
+    for (const bool fold : {false, true}) {
+      EngineOptions o = cpu_options(4);
+      o.switches.fuse_overlapping_pool = fold;
+      o.switches.fuse_fp32 = Auto::on;
+      results[fold ? 1 : 0] = three_steps_then_eval(
+          bp, b, o, [&](const Engine& e) { pooled.push_back(pooled_cbr_count(e)); });
+    }
+    EXPECT_EQ(pooled[0], 0) << size;
+    EXPECT_EQ(pooled[1], 2) << size;
+    EXPECT_EQ(results[0], results[1]) << size;
+  }
+}
+
 // The trainer's late statistics (Engine::train_step_async, Backend::read_later): the same
 // numbers one step late, the same weights (tests/support/async_stats_check.h).
 TEST(Engine, AsyncStatsEqualSyncOneStepLate) {

@@ -61,12 +61,14 @@ INSTANTIATE_TEST_SUITE_P(
              (std::get<1>(info.param) ? "_amp" : "_fp32");
     });
 
-// CBR with a max-pool folded in (cbr_pool_*, VGG's blocks): the apply + ReLU + max-pool pass
-// and the backward reading the pooled gradient against the unfused chain, bit for bit, with
-// 16-byte kernels and without; 2x2 and 3x3 windows, the first-layer form, FP32 and AMP.
+// CBR with a max-pool folded in (cbr_pool_*: VGG's blocks, ResNet's stem): the apply + ReLU +
+// max-pool pass and the backward reading the pooled gradient against the unfused chain, bit for
+// bit, with 16-byte kernels and without; 2x2 and 3x3 windows that tile the map, ResNet's
+// overlapping 3x3 / 2 stem pool with padding 1 (pool_route.cuh) on even and odd maps and at the
+// stem's shape scaled down, a 3x3 / 1 pool; the first-layer form, FP32 and AMP.
 struct PoolCase {
   CbrCase cbr;
-  int pool;
+  fused::PoolSpec pool;
 };
 
 class GpuFusedCbrPool : public ::testing::TestWithParam<std::tuple<PoolCase, bool>> {};
@@ -89,11 +91,15 @@ INSTANTIATE_TEST_SUITE_P(
     Shapes, GpuFusedCbrPool,
     ::testing::Combine(
         ::testing::Values(
-            PoolCase{{"n2_8x8_c8_k16_3x3_pool2", 2, 8, 8, 8, 16, 3, 1, 1, false}, 2},
-            PoolCase{{"n3_6x4_c16_k8_1x1_pool2", 3, 6, 4, 16, 8, 1, 1, 0, false}, 2},
-            PoolCase{{"n1_9x9_c8_k8_3x3_pool3", 1, 9, 9, 8, 8, 3, 1, 1, false}, 3},
-            PoolCase{{"n8_16x16_c64_k64_3x3_pool2", 8, 16, 16, 64, 64, 3, 1, 1, false}, 2},
-            PoolCase{{"n2_8x8_c3_k8_first_layer_pool2", 2, 8, 8, 3, 8, 3, 1, 1, true}, 2}),
+            PoolCase{{"n2_8x8_c8_k16_3x3_pool2", 2, 8, 8, 8, 16, 3, 1, 1, false}, {2, 2, 0}},
+            PoolCase{{"n3_6x4_c16_k8_1x1_pool2", 3, 6, 4, 16, 8, 1, 1, 0, false}, {2, 2, 0}},
+            PoolCase{{"n1_9x9_c8_k8_3x3_pool3", 1, 9, 9, 8, 8, 3, 1, 1, false}, {3, 3, 0}},
+            PoolCase{{"n8_16x16_c64_k64_3x3_pool2", 8, 16, 16, 64, 64, 3, 1, 1, false}, {2, 2, 0}},
+            PoolCase{{"n2_8x8_c3_k8_first_layer_pool2", 2, 8, 8, 3, 8, 3, 1, 1, true}, {2, 2, 0}},
+            PoolCase{{"n4_56x56_c3_k64_stem_pool3s2p1", 4, 56, 56, 3, 64, 7, 2, 3, true},
+                     {3, 2, 1}},
+            PoolCase{{"n2_9x11_c8_k16_3x3_pool3s2p1", 2, 9, 11, 8, 16, 3, 1, 1, false}, {3, 2, 1}},
+            PoolCase{{"n2_7x6_c16_k8_1x1_pool3s1p1", 2, 7, 6, 16, 8, 1, 1, 0, false}, {3, 1, 1}}),
         ::testing::Bool()),
     [](const auto& info) {
       return std::string(std::get<0>(info.param).cbr.name) +
@@ -325,14 +331,14 @@ TEST(GpuFusedStep, FusedStepsEqualUnfusedBitForBitFp32) {
   fused_steps_equal_unfused(false, {"cnn", "resnet18_small", "vgg11_bn_small"});
 }
 
-// The max-pool folded into CBR (cbr_pool_*, KILN_FUSE_POOL) off and on, fusion on, with
-// deterministic convolution engines: both programs fold VGG's biases alike, so three steps
-// give the same losses, weights and running statistics bit for bit (the folded pass does the
-// pool's and the ReLU's arithmetic), and the folded program has its pooled CBR nodes.
-TEST(GpuFusedStep, PoolFoldingOffAndOnBitForBit) {
-  KILN_REQUIRE_GPU();
+// A max-pool folded into CBR (cbr_pool_*) off and on, fusion on, with deterministic convolution
+// engines: both programs fold VGG's biases alike, so three steps give the same losses, weights
+// and running statistics bit for bit (the folded pass does the pool's and the ReLU's
+// arithmetic), and the folded program has its pooled CBR nodes (`pooled`, forward and backward).
+// `fold` sets the switch under test.
+template <typename Fold>
+void pool_folding_bit_for_bit(const std::string& model, int pooled_nodes, Fold fold_switch) {
   for (const bool amp : {true, false}) {
-    const std::string model = "vgg11_bn_small";
     SCOPED_TRACE(model + (amp ? " AMP" : " FP32"));
     const BluePrint bp = make_model(model);
     const LearnableBatch b = learnable_batch(bp, 4, 9);
@@ -347,7 +353,7 @@ TEST(GpuFusedStep, PoolFoldingOffAndOnBitForBit) {
       o.switches.deterministic = true;
       o.switches.cutlass = Auto::off;  // kiln's form (see the top of the file)
       o.switches.cutlass_dgrad = Auto::off;
-      o.switches.fuse_pool = fold;
+      fold_switch(o.switches, fold);
       if (!amp) o.switches.fuse_fp32 = Auto::on;
       Engine e(bp, o);
       e.lock_memory();
@@ -360,7 +366,7 @@ TEST(GpuFusedStep, PoolFoldingOffAndOnBitForBit) {
       results[fold ? 1 : 0]["loss"] = losses;
     }
     EXPECT_EQ(pooled[0], 0);
-    EXPECT_EQ(pooled[1], 10) << "five 2x2 pools, forward and backward";
+    EXPECT_EQ(pooled[1], pooled_nodes) << "the pooled CBR nodes, forward and backward";
     ASSERT_EQ(results[0].size(), results[1].size());
     size_t differing = 0;
     for (const auto& [name, want] : results[0]) {
@@ -374,6 +380,22 @@ TEST(GpuFusedStep, PoolFoldingOffAndOnBitForBit) {
     std::printf("  %s %s: pool folding off / on, %zu of %zu tensors differ after 3 steps\n",
                 model.c_str(), amp ? "AMP" : "FP32", differing, results[0].size());
   }
+}
+
+// VGG11-BN (small): its five 2x2 / 2 pools (KILN_FUSE_POOL).
+TEST(GpuFusedStep, PoolFoldingOffAndOnBitForBit) {
+  KILN_REQUIRE_GPU();
+  pool_folding_bit_for_bit("vgg11_bn_small", 10,
+                           [](Switches& sw, bool fold) { sw.fuse_pool = fold; });
+}
+
+// ResNet-18 at 224x224: its stem's 3x3 / 2 pool with padding 1, whose windows overlap
+// (KILN_FUSE_OVERLAPPING_POOL: the apply pass pools, the backward's sums pass gathers the
+// gradient, pool_route.cuh).
+TEST(GpuFusedStep, OverlappingPoolFoldingOffAndOnBitForBit) {
+  KILN_REQUIRE_GPU();
+  pool_folding_bit_for_bit("resnet18", 2,
+                           [](Switches& sw, bool fold) { sw.fuse_overlapping_pool = fold; });
 }
 
 }  // namespace

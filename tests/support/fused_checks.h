@@ -228,15 +228,27 @@ inline void cbr_equals_chain(const CbrCase& t, bool amp, const char* backend,
   if (!t.first_layer) expect_equal(h, dx_f, dx_u, "dx");
 }
 
-// cbr_pool_fwd / cbr_pool_bwd against Conv -> BN -> ReLU -> MaxPool (pool x pool / pool, with
-// its argmax) and their backwards: z, the pooled y, statistics and every gradient equal, and
-// the mask holds exactly the elements the unfused max-pool took where the ReLU passed them
-// (ops.def). The map's height and width after the convolution must be multiples of pool.
-inline void cbr_pool_equals_chain(const CbrCase& t, int pool, bool amp, const char* backend,
+// A merged max-pool: its window, stride and padding.
+struct PoolSpec {
+  int k, s, p;
+  bool tiles() const { return k == s && p == 0; }
+};
+
+// cbr_pool_fwd / cbr_pool_bwd against Conv -> BN -> ReLU -> MaxPool (with its argmax) and their
+// backwards: z, the pooled y, statistics and every gradient equal, and the mask holds exactly
+// the elements the unfused max-pool took where the ReLU passed them (ops.def): bits over z for
+// windows that tile it (the map's height and width after the convolution must then be
+// multiples of the window), else each pooled element's window position, 255 where the ReLU
+// did not pass it.
+inline void cbr_pool_equals_chain(const CbrCase& t, PoolSpec pool, bool amp, const char* backend,
                                   const Switches& switches = Switches::from_environment()) {
   const int64_t p = (t.h + 2 * t.pad - t.r) / t.st + 1, q = (t.w + 2 * t.pad - t.r) / t.st + 1;
-  ASSERT_TRUE(p % pool == 0 && q % pool == 0) << "the case's map does not tile by " << pool;
-  const Shape xs{t.n, t.h, t.w, t.c}, zs{t.n, p, q, t.k}, ys{t.n, p / pool, q / pool, t.k},
+  const bool tiles = pool.tiles();
+  ASSERT_TRUE(!tiles || (p % pool.k == 0 && q % pool.k == 0))
+      << "the case's map does not tile by " << pool.k;
+  const int64_t Hp = (p + 2 * pool.p - pool.k) / pool.s + 1,
+                Wp = (q + 2 * pool.p - pool.k) / pool.s + 1;
+  const Shape xs{t.n, t.h, t.w, t.c}, zs{t.n, p, q, t.k}, ys{t.n, Hp, Wp, t.k},
       ws{t.k, t.r, t.r, t.c};
   OpHarness h(amp);
   const Maker m{h, amp};
@@ -256,7 +268,8 @@ inline void cbr_pool_equals_chain(const CbrCase& t, int pool, bool amp, const ch
   const TensorId arg = h.tensor("argmax", ys, Region::aux, DType::I32, Layout::NHWC);
   const TensorId z_f = m.feature("z_f", zs), y_f = m.feature("y_f", ys),
                  dz_f = m.feature("dz_f", zs), dx_f = m.feature("dx_f", xs);
-  const TensorId mask = h.tensor("mask", {(zs.numel() + 7) / 8}, Region::aux, DType::U8);
+  const TensorId mask =
+      h.tensor("mask", {tiles ? (zs.numel() + 7) / 8 : ys.numel()}, Region::aux, DType::U8);
   const TensorId dw_u = m.weight_grad("dw_u", ws), dw_f = m.weight_grad("dw_f", ws);
   const TensorId dg_u = m.channels("dg_u", t.k, Region::grads_f32),
                  db_u = m.channels("db_u", t.k, Region::grads_f32);
@@ -265,7 +278,9 @@ inline void cbr_pool_equals_chain(const CbrCase& t, int pool, bool amp, const ch
   Attrs a = conv_bn_attrs(t.r, t.st, t.pad);
   a.first_layer = t.first_layer;
   Attrs pa;
-  pa.kh = pa.kw = pa.sh = pa.sw = pool;
+  pa.kh = pa.kw = pool.k;
+  pa.sh = pa.sw = pool.s;
+  pa.ph = pa.pw = pool.p;
   h.node(OpKind::conv_fwd, {x, w}, {z_u}, a);
   h.node(OpKind::bn_fwd_train, {z_u, gamma, beta, rm_u, rv_u}, {b_u, saved_u}, a);
   h.node(OpKind::relu_fwd, {b_u}, {r_u}, a);
@@ -276,7 +291,9 @@ inline void cbr_pool_equals_chain(const CbrCase& t, int pool, bool amp, const ch
   h.node(OpKind::conv_bwd_weight, {x, dz_u}, {dw_u}, a);
   if (!t.first_layer) h.node(OpKind::conv_bwd_data, {dz_u, w}, {dx_u}, a);
   Attrs fa = a;
-  fa.pool = pool;
+  fa.pool = pool.k;
+  fa.pool_stride = tiles ? 0 : pool.s;
+  fa.pool_pad = tiles ? 0 : pool.p;
   h.node(OpKind::cbr_pool_fwd, {x, w, gamma, beta, rm_f, rv_f}, {z_f, y_f, saved_f, mask}, fa);
   h.node(OpKind::cbr_pool_bwd, {x, w, z_f, dy, mask, gamma, saved_f},
          {t.first_layer ? kNoTensor : dx_f, dw_f, dg_f, db_f, dz_f}, fa);
@@ -292,28 +309,47 @@ inline void cbr_pool_equals_chain(const CbrCase& t, int pool, bool amp, const ch
   h.run();
   expect_equal(h, z_f, z_u, "z (convolution output)");
   expect_equal(h, y_f, y_u, "y (pooled)");
-  // The routing mask: bit i set exactly where the unfused pool's argmax took element i of z
-  // and the ReLU passed it.
   const std::vector<uint8_t> bits = h.read_u8(mask);
   const std::vector<float> relu = h.read(r_u);
   const std::vector<int32_t> took = h.read_i32(arg);
-  const int64_t C = t.k, Hp = p / pool, Wp = q / pool;
-  std::vector<bool> want(relu.size(), false);
-  for (int64_t o = 0; o < static_cast<int64_t>(took.size()); ++o) {
+  const int64_t C = t.k;
+  if (!tiles) {
+    // The routing mask: each pooled element's window position of the element the unfused
+    // pool's argmax took, 255 where the ReLU did not pass it.
+    int64_t wrong = 0, routed = 0;
+    for (int64_t o = 0; o < static_cast<int64_t>(took.size()); ++o) {
+      const int64_t c = o % C, pix = o / C, b = pix / (Hp * Wp), oh = (pix / Wp) % Hp,
+                    ow = pix % Wp, hw = took[static_cast<size_t>(o)];
+      const int64_t ih = hw / q, iw = hw % q;
+      const auto i = static_cast<size_t>(((b * p + ih) * q + iw) * C + c);
+      const int64_t pos = (ih - (oh * pool.s - pool.p)) * pool.k + (iw - (ow * pool.s - pool.p));
+      const int want = relu[i] > 0.0f ? static_cast<int>(pos) : 255;
+      wrong += bits[static_cast<size_t>(o)] != want;
+      routed += want != 255;
+    }
+    EXPECT_EQ(wrong, 0) << "mask bytes that disagree with the unfused max-pool and ReLU";
+    EXPECT_GT(routed, 0);
+  }
+  // Tiled: bit i set exactly where the unfused pool's argmax took element i of z and the ReLU
+  // passed it.
+  std::vector<bool> want(tiles ? relu.size() : 0, false);
+  for (int64_t o = 0; tiles && o < static_cast<int64_t>(took.size()); ++o) {
     const int64_t c = o % C, pix = o / C, b = pix / (Hp * Wp), hw = took[static_cast<size_t>(o)];
     const auto i = static_cast<size_t>(((b * p + hw / q) * q + hw % q) * C + c);
     want[i] = relu[i] > 0.0f;
   }
-  int64_t wrong = 0, set = 0;
-  for (size_t i = 0; i < relu.size(); ++i) {
-    const bool bit = (bits[i / 8] >> (i % 8)) & 1u;
-    wrong += bit != want[i];
-    set += bit;
+  if (tiles) {
+    int64_t wrong = 0, set = 0;
+    for (size_t i = 0; i < relu.size(); ++i) {
+      const bool bit = (bits[i / 8] >> (i % 8)) & 1u;
+      wrong += bit != want[i];
+      set += bit;
+    }
+    EXPECT_EQ(wrong, 0) << "mask bits that disagree with the unfused max-pool and ReLU";
+    EXPECT_GT(set, 0);
+    for (size_t i = relu.size(); i < 8 * bits.size(); ++i)
+      EXPECT_FALSE((bits[i / 8] >> (i % 8)) & 1u) << "padding bit " << i;
   }
-  EXPECT_EQ(wrong, 0) << "mask bits that disagree with the unfused max-pool and ReLU";
-  EXPECT_GT(set, 0);
-  for (size_t i = relu.size(); i < 8 * bits.size(); ++i)
-    EXPECT_FALSE((bits[i / 8] >> (i % 8)) & 1u) << "padding bit " << i;
   expect_equal(h, saved_f, saved_u, "saved statistics");
   expect_equal(h, rm_f, rm_u, "running mean");
   expect_equal(h, rv_f, rv_u, "running variance");

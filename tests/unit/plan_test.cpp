@@ -127,8 +127,8 @@ TEST(Plan, MergePassesRunOnlyWhenTheBackendFuses) {
   EXPECT_EQ(count_parameters(a), count_parameters(b));
   PlanOptions nofuse = on;
   nofuse.fusion = false;
-  for (const PlanNode* n : make_plan(make_model("resnet50"), nofuse).live())
-    EXPECT_NE(n->op, PlanOp::CBR);
+  const ArchPlan unfused = make_plan(make_model("resnet50"), nofuse);
+  for (const PlanNode* n : unfused.live()) EXPECT_NE(n->op, PlanOp::CBR);
 }
 
 // The fallback: a Conv+BN+ReLU whose output channels are not a multiple of 8 stays unfused,
@@ -189,12 +189,60 @@ TEST(Plan, MaxPoolThatTilesACbrFoldsIntoIt) {
   for (auto off : {&PlanOptions::backend_fuses_cbr_pool, &PlanOptions::fusion}) {
     PlanOptions o = on;
     o.*off = false;
-    for (const PlanNode* n : make_plan(tiny(model, {16, 16, 3}), o).live()) EXPECT_EQ(n->pool, 0);
+    const ArchPlan apart = make_plan(tiny(model, {16, 16, 3}), o);
+    for (const PlanNode* n : apart.live()) EXPECT_EQ(n->pool, 0);
   }
   // VGG16-BN: each of its five blocks ends in a CBR and a 2x2 / 2 pool.
   int vgg = 0;
-  for (const PlanNode* n : make_plan(make_model("vgg16_bn"), on).live()) vgg += n->pool != 0;
+  const ArchPlan vgg16 = make_plan(make_model("vgg16_bn"), on);
+  for (const PlanNode* n : vgg16.live()) vgg += n->pool != 0;
   EXPECT_EQ(vgg, 5);
+}
+
+// merge_cbr_pool with backend_fuses_overlapping_pool: overlapping and padded pools after a CBR
+// fold in too, keeping their stride and padding, the convolution's shape in pool_in (it cannot
+// be had back from the pooled one); a pool after a plain conv still stays; ResNet-50's stem
+// pool folds, and is the only one. Without the option the same model keeps them (the test
+// above).
+TEST(Plan, OverlappingMaxPoolFoldsWhereTheBackendHasTheForm) {
+  PlanOptions on;
+  on.amp = true;
+  on.backend_fuses_cbr = on.backend_fuses_cbr_pool = on.backend_fuses_bn_add_relu = true;
+  on.backend_fuses_overlapping_pool = true;
+  const Layer model = seq(conv(16, 3, 1, 1), bn2d(), relu(), maxpool(2, 2),     // tiles: 16 -> 8
+                          conv(16, 3, 1, 1), bn2d(), relu(), maxpool(3, 2, 1),  // 8 -> 4
+                          conv(8, 3, 1, 1), bn2d(), relu(), maxpool(3, 3, 1),   // 4 -> 2
+                          conv(8, 1, 1, 0), maxpool(2, 2),                      // no CBR: stays
+                          gap(), fc(4));
+  const ArchPlan p = make_plan(tiny(model, {16, 16, 3}), on);
+  std::vector<const PlanNode*> pooled;
+  int pools_left = 0;
+  for (const PlanNode* n : p.live()) {
+    pools_left += n->op == PlanOp::MaxPool;
+    if (n->op == PlanOp::CBR && n->pool) pooled.push_back(n);
+  }
+  ASSERT_EQ(pooled.size(), 3u);
+  EXPECT_EQ(pools_left, 1);
+  EXPECT_EQ(pooled[0]->pool_stride, 2);
+  EXPECT_EQ(pooled[0]->pool_pad, 0);
+  EXPECT_EQ(pooled[1]->pool, 3);
+  EXPECT_EQ(pooled[1]->pool_stride, 2);
+  EXPECT_EQ(pooled[1]->pool_pad, 1);
+  EXPECT_EQ(pooled[1]->shape, (Shape{4, 4, 16}));
+  EXPECT_EQ(pooled[1]->conv_shape(), (Shape{8, 8, 16}));
+  EXPECT_EQ(pooled[2]->pool_stride, 3);
+  EXPECT_EQ(pooled[2]->shape, (Shape{2, 2, 8}));
+  EXPECT_EQ(pooled[2]->conv_shape(), (Shape{4, 4, 8}));
+  EXPECT_NE(describe_plan(p).find("(max-pool 3x3 s2 p1)"), std::string::npos);
+  int stems = 0;
+  const ArchPlan r50 = make_plan(make_model("resnet50"), on);
+  for (const PlanNode* n : r50.live()) {
+    if (n->pool == 0) continue;
+    ++stems;
+    EXPECT_EQ(n->shape, (Shape{56, 56, 64})) << n->shape.str();
+    EXPECT_EQ(n->conv_shape(), (Shape{112, 112, 64})) << n->conv_shape().str();
+  }
+  EXPECT_EQ(stems, 1);
 }
 
 TEST(Plan, DescribeListsLayersAndPasses) {

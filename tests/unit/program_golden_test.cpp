@@ -43,6 +43,9 @@ void put_attrs(std::ostream& os, const Attrs& a) {
      << bits(a.lars_eta) << " ema" << bits(a.ema_decay) << " acc" << a.accumulate << " first"
      << a.first_layer << " pool" << a.pool << " rmax" << a.reduce_max << " world" << a.world
      << " avg" << bits(a.grad_average);
+  // A merged pool whose windows overlap (only such nodes print it: older programs keep their
+  // text).
+  if (a.pool_stride || a.pool_pad) os << " pool_s" << a.pool_stride << " pool_p" << a.pool_pad;
 }
 
 void put_phases(std::ostream& os, const char* what, const std::vector<Phase>& phases) {
@@ -193,6 +196,8 @@ Program compile(const Config& c) {
   po.fusion = c.fusion != "off";
   po.backend_fuses_cbr = po.backend_fuses_bn_add_relu = true;
   po.backend_fuses_cbr_pool = c.fusion != "nopool";
+  // "all" is CUDA's fusion with KILN_FUSE_OVERLAPPING_POOL on (ResNet's stem pool merged).
+  po.backend_fuses_overlapping_pool = c.fusion == "all";
   po.backend_fuses_fp32 = c.fusion == "all" || c.fusion == "nopool";
   CompileOptions o = c.o;
   o.fuse_grad_sum = c.fusion != "nopool" && c.fusion != "off";

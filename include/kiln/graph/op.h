@@ -58,8 +58,13 @@ struct Attrs {
   bool accumulate = false;
   // cbr_bwd, cbr_pool_bwd: the first layer computes no input gradient.
   bool first_layer = false;
-  // cbr_pool_*: the merged max-pool's window and stride (its windows tile the map).
-  int pool = 0;
+  // cbr_pool_*: the merged max-pool's window, stride and padding (ops.def). pool_stride 0 means
+  // the window (a pool whose windows tile the map, VGG's 2x2 / 2).
+  int pool = 0, pool_stride = 0, pool_pad = 0;
+  int pool_step() const { return pool_stride ? pool_stride : pool; }
+  // Whether the merged pool's windows tile the map (window = stride, no padding): the mask is
+  // then one bit per element of z, else one byte per pooled element (ops.def).
+  bool pool_tiles() const { return pool_step() == pool && pool_pad == 0; }
   // Data parallel. allreduce: max instead of sum (the overflow flag). allreduce,
   // allgather, bn_*: the ranks the node was compiled for.
   bool reduce_max = false;

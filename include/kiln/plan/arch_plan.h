@@ -43,13 +43,13 @@ struct PlanNode {
   bool requires_grad = true;  // some parameter lies upstream: a gradient must reach it
   // For merged nodes: the BatchNorm's name (the conv's is `name`).
   std::string bn_name;
-  // A CBR with a max-pool merged into it (merge_cbr_pool): the pool's window = stride, and
-  // its name; `shape` is then the pooled output, conv_shape() the convolution's.
-  int pool = 0;
+  // A CBR with a max-pool merged into it (merge_cbr_pool): the pool's window, stride and
+  // padding, and its name; `shape` is then the pooled output, conv_shape() the convolution's
+  // (pool_in).
+  int pool = 0, pool_stride = 0, pool_pad = 0;
   std::string pool_name;
-  Shape conv_shape() const {
-    return pool ? Shape{shape[0] * pool, shape[1] * pool, shape[2]} : shape;
-  }
+  Shape pool_in;
+  Shape conv_shape() const { return pool ? pool_in : shape; }
   bool removed = false;  // dropped by a pass (kept so ids stay stable)
 };
 
@@ -58,6 +58,9 @@ struct PlanOptions {
   bool amp = false;
   bool backend_fuses_cbr = false;
   bool backend_fuses_cbr_pool = false;  // and KILN_FUSE_POOL is not 0
+  // Also pools whose windows overlap or are padded (ResNet's stem pool), and
+  // KILN_FUSE_OVERLAPPING_POOL is on.
+  bool backend_fuses_overlapping_pool = false;
   bool backend_fuses_bn_add_relu = false;
   bool backend_fuses_fp32 = false;  // merge in FP32 too (the CPU's fused kernels); else AMP only
 };

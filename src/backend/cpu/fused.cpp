@@ -186,44 +186,66 @@ KernelPtr make_cbr_bwd(const Node& n, Context& ctx) {
 namespace {
 
 // The geometry of cbr_pool_*: z (the convolution's output) and y, its max-pool by `pool` x
-// `pool` windows that tile it (ops.def).
-struct PoolTiles {
+// `pool` windows at `stride` with `pad` rows and columns of padding (ops.def): windows that tile
+// z (the mask a bit an element of z) or overlap (a byte an element of y).
+struct PoolGeom {
   Nhwc z, y;
-  int64_t pool = 0;
-  // The element of y whose window holds element i of z.
+  int64_t pool = 0, stride = 0, pad = 0;
+  bool tiles = true;
+  // Tiled: the element of y whose window holds element i of z.
   int64_t pooled(int64_t i) const {
     const int64_t c = i % z.c, pix = i / z.c, w = pix % z.w, h = (pix / z.w) % z.h,
                   b = pix / (z.w * z.h);
     return ((b * y.h + h / pool) * y.w + w / pool) * z.c + c;
   }
+  // The pooled rows (or columns) [*lo, *hi] whose windows cover z's row (column) i: maxpool_bwd's.
+  void covering(int64_t i, int64_t out, int64_t* lo, int64_t* hi) const {
+    const int64_t num = i + pad - pool + 1;
+    *lo = num <= 0 ? 0 : (num + stride - 1) / stride;
+    *hi = std::min((i + pad) / stride, out - 1);
+  }
 };
 
-PoolTiles pool_tiles(const Context& ctx, const Node& n, TensorId z, TensorId y) {
-  PoolTiles t;
+PoolGeom pool_geom(const Context& ctx, const Node& n, TensorId z, TensorId y) {
+  PoolGeom t;
   t.z = nhwc_of(ctx, n, z, "z");
   t.y = nhwc_of(ctx, n, y, "y (pooled)");
   t.pool = n.attrs.pool;
-  KILN_CHECK(t.pool >= 1 && t.y.n == t.z.n && t.y.c == t.z.c && t.y.h * t.pool == t.z.h &&
-                 t.y.w * t.pool == t.z.w,
-             Shape, op_name(n.op), " node '", n.label, "': y ", ctx.tensor(y).shape.str(),
+  t.stride = n.attrs.pool_step();
+  t.pad = n.attrs.pool_pad;
+  t.tiles = n.attrs.pool_tiles();
+  const bool fits =
+      t.pool >= 1 && t.stride >= 1 && t.pad >= 0 && t.pad < t.pool && t.y.n == t.z.n &&
+      t.y.c == t.z.c &&
+      (t.tiles ? t.y.h * t.pool == t.z.h && t.y.w * t.pool == t.z.w
+               : t.pool <= 15 && t.y.h == (t.z.h + 2 * t.pad - t.pool) / t.stride + 1 &&
+                     t.y.w == (t.z.w + 2 * t.pad - t.pool) / t.stride + 1);
+  KILN_CHECK(fits, Shape, op_name(n.op), " node '", n.label, "': y ", ctx.tensor(y).shape.str(),
              " is not z ", ctx.tensor(z).shape.str(), " max-pooled by ", t.pool, "x", t.pool,
-             " windows that tile it (attrs.pool)");
+             " windows at stride ", t.stride, " with padding ", t.pad,
+             t.tiles ? " that tile it" : " (a window of at most 15, padding below it)",
+             " (attrs.pool, pool_stride, pool_pad)");
   return t;
 }
 
 }  // namespace
 
-// "x, w, gamma, beta, running_mean, running_var, [b] -> z, y (pooled), saved, mask (over z)":
-// the convolution, BatchNorm into the kernel's own full-resolution buffer, the ReLU there,
-// then the max-pool (maxpool_fwd's rule: first maximum in window order, NaN wins) with the
-// routing mask. The buffer is this kernel's: the CPU runs fused programs only when asked
-// (tests, KILN_FUSE_FP32=1), and sharing it would cost a rebinding per run.
+// "x, w, gamma, beta, running_mean, running_var, [b] -> z, y (pooled), saved, mask": the
+// convolution, BatchNorm into the kernel's own full-resolution buffer, the ReLU there, then the
+// max-pool (maxpool_fwd's rule: first maximum in window order, NaN wins) with the routing mask
+// (ops.def). The buffer is this kernel's: the CPU runs fused programs only when asked (tests,
+// KILN_FUSE_FP32=1), and sharing it would cost a rebinding per run.
 KernelPtr make_cbr_pool_fwd(const Node& n, Context& ctx) {
   reject_accumulate(ctx, n);
   const auto [x, w, gamma, beta, rm, rv, b, z, y, saved, mask] = cbr_fwd_tensors(n);
-  const PoolTiles t = pool_tiles(ctx, n, z, y);
+  const PoolGeom t = pool_geom(ctx, n, z, y);
   expect_dtype(ctx, n, y, DType::F32, "y");
-  expect_mask(ctx, n, mask, z);
+  if (t.tiles) {
+    expect_mask(ctx, n, mask, z);
+  } else {
+    expect_dtype(ctx, n, mask, DType::U8, "mask");
+    expect_numel(ctx, n, mask, ctx.tensor(y).numel(), "mask (a byte per pooled element)");
+  }
   std::vector<float> relu(static_cast<size_t>(t.z.numel()));
   float* a = relu.data();
   std::vector<KernelPtr> parts;
@@ -238,19 +260,22 @@ KernelPtr make_cbr_pool_fwd(const Node& n, Context& ctx) {
   parts.push_back(make_loop([=](Context&) {
 #pragma omp parallel for simd schedule(static)
     for (int64_t i = 0; i < count; ++i) a[i] = !(a[i] <= 0.0f) ? a[i] : 0.0f;  // relu_fwd's
-    // The max-pool: each pooled element's value and the z element it took.
+    // The max-pool: each pooled element's value and the z element it took, in its window
+    // clipped to the map.
     int64_t* arg = took->data();
 #pragma omp parallel for schedule(static)
     for (int64_t row = 0; row < t.y.n * t.y.h; ++row) {
-      const int64_t bi = row / t.y.h, ph = row % t.y.h;
+      const int64_t bi = row / t.y.h, ph = row % t.y.h, h0 = ph * t.stride - t.pad;
+      const int64_t hs = std::max<int64_t>(h0, 0), he = std::min(h0 + t.pool, t.z.h);
       for (int64_t pw = 0; pw < t.y.w; ++pw) {
+        const int64_t w0 = pw * t.stride - t.pad;
+        const int64_t ws = std::max<int64_t>(w0, 0), we = std::min(w0 + t.pool, t.z.w);
         for (int64_t c = 0; c < t.z.c; ++c) {
           float best = -INFINITY;
           int64_t at = -1;
-          for (int64_t dh = 0; dh < t.pool; ++dh) {
-            for (int64_t dw = 0; dw < t.pool; ++dw) {
-              const int64_t i =
-                  ((bi * t.z.h + ph * t.pool + dh) * t.z.w + pw * t.pool + dw) * t.z.c + c;
+          for (int64_t ih = hs; ih < he; ++ih) {
+            for (int64_t iw = ws; iw < we; ++iw) {
+              const int64_t i = ((bi * t.z.h + ih) * t.z.w + iw) * t.z.c + c;
               if (a[i] > best || a[i] != a[i] || at < 0) {
                 best = a[i];
                 at = i;
@@ -260,9 +285,15 @@ KernelPtr make_cbr_pool_fwd(const Node& n, Context& ctx) {
           const int64_t o = ((bi * t.y.h + ph) * t.y.w + pw) * t.z.c + c;
           yp[o] = best;
           arg[o] = at;
+          if (!t.tiles) {
+            // The window position of the element taken, 255 where the ReLU did not pass it.
+            const int64_t pix = at / t.z.c, iw = pix % t.z.w, ih = (pix / t.z.w) % t.z.h;
+            mp[o] = a[at] > 0.0f ? static_cast<uint8_t>((ih - h0) * t.pool + (iw - w0)) : 255;
+          }
         }
       }
     }
+    if (!t.tiles) return;
     // The routing mask: the element the pool took, where the ReLU passed it.
     const int64_t bytes = (count + 7) / 8;
 #pragma omp parallel for schedule(static)
@@ -279,24 +310,57 @@ KernelPtr make_cbr_pool_fwd(const Node& n, Context& ctx) {
   return std::make_unique<Sequence>(std::move(parts), std::move(relu));
 }
 
-// "x, w, z, dy (pooled), mask (over z), gamma, saved -> [dx], dw, dgamma, dbeta, dz, [db]": the
-// gradient at BatchNorm's output is dy of the element's window where the mask bit is set
-// (maxpool_bwd then relu_bwd), written to dz; then cbr_bwd's passes.
+// "x, w, z, dy (pooled), mask, gamma, saved -> [dx], dw, dgamma, dbeta, dz, [db]": the gradient
+// at BatchNorm's output (maxpool_bwd then relu_bwd), written to dz - for tiled windows dy of
+// the element's window where its mask bit is set, for overlapping ones the sum of dy over the
+// windows that took it, in their order - then cbr_bwd's passes.
 KernelPtr make_cbr_pool_bwd(const Node& n, Context& ctx) {
   reject_accumulate(ctx, n);
   const CbrBwdTensors io = cbr_bwd_tensors(n);
-  const PoolTiles t = pool_tiles(ctx, n, io.z, io.dy);
+  const PoolGeom t = pool_geom(ctx, n, io.z, io.dy);
   expect_same_size(ctx, n, io.z, io.dz);
-  expect_mask(ctx, n, io.mask, io.z);
+  if (t.tiles) {
+    expect_mask(ctx, n, io.mask, io.z);
+  } else {
+    expect_dtype(ctx, n, io.mask, DType::U8, "mask");
+    expect_numel(ctx, n, io.mask, ctx.tensor(io.dy).numel(), "mask (a byte per pooled element)");
+  }
   const float* dyp = ctx.ptr<float>(io.dy);
   const uint8_t* mp = ctx.ptr<uint8_t>(io.mask);
   float* g = ctx.ptr<float>(io.dz);
   const int64_t count = t.z.numel();
-  return cbr_backward(n, ctx, io, make_loop([=](Context&) {
+  if (t.tiles) {
+    return cbr_backward(n, ctx, io, make_loop([=](Context&) {
 #pragma omp parallel for schedule(static)
-                        for (int64_t i = 0; i < count; ++i)
-                          g[i] = (mp[i >> 3] >> (i & 7)) & 1u ? dyp[t.pooled(i)] : 0.0f;
-                      }));
+                          for (int64_t i = 0; i < count; ++i)
+                            g[i] = (mp[i >> 3] >> (i & 7)) & 1u ? dyp[t.pooled(i)] : 0.0f;
+                        }));
+  }
+  auto route = [=](Context&) {
+#pragma omp parallel for schedule(static)
+    for (int64_t row = 0; row < t.z.n * t.z.h; ++row) {
+      const int64_t bi = row / t.z.h, ih = row % t.z.h;
+      int64_t oh0 = 0, oh1 = 0;
+      t.covering(ih, t.y.h, &oh0, &oh1);
+      for (int64_t iw = 0; iw < t.z.w; ++iw) {
+        int64_t ow0 = 0, ow1 = 0;
+        t.covering(iw, t.y.w, &ow0, &ow1);
+        for (int64_t c = 0; c < t.z.c; ++c) {
+          float sum = 0.0f;
+          for (int64_t oh = oh0; oh <= oh1; ++oh) {
+            for (int64_t ow = ow0; ow <= ow1; ++ow) {
+              const int64_t o = ((bi * t.y.h + oh) * t.y.w + ow) * t.z.c + c;
+              const int64_t pos =
+                  (ih - (oh * t.stride - t.pad)) * t.pool + (iw - (ow * t.stride - t.pad));
+              if (mp[o] == pos) sum += dyp[o];
+            }
+          }
+          g[(row * t.z.w + iw) * t.z.c + c] = sum;
+        }
+      }
+    }
+  };
+  return cbr_backward(n, ctx, io, make_loop(route));
 }
 
 // "x, gamma, beta, running_mean, running_var, residual -> y, saved, mask"

@@ -10,6 +10,7 @@
 // bn_kernels.cuh.
 #include "backend/cuda/bn_kernels.cuh"
 #include "backend/cuda/fused_kernels.h"
+#include "backend/cuda/pool_route.cuh"
 
 namespace kiln::cuda {
 
@@ -110,6 +111,10 @@ struct BnFwd {
   float eps = 0.0f, momentum = 0.0f;
   int pool = 0;  // cbr_pool_fwd: y is the max-pool of the ReLU output by pool x pool windows, mask
                  // covers x
+  // ... or with `overlap`, by op's windows, which overlap or are padded: the mask covers y, a
+  // byte an element (pool_route.cuh).
+  bool overlap = false;
+  OverlapPool op;
 };
 
 // What one BatchNorm backward reads and writes. mask non-null: the gradient at BN's output is
@@ -123,6 +128,10 @@ struct BnBwd {
   const float *saved = nullptr, *gamma = nullptr;
   float *dgamma = nullptr, *dbeta = nullptr;
   PoolMap pm;  // cbr_pool_bwd: dy is the max-pooled map's gradient
+  // cbr_pool_bwd with overlapping windows (op): dy is the pooled map's gradient and mask a byte
+  // per pooled element; the sums pass gathers g into dx, and the dx pass reads it there.
+  bool overlap = false;
+  OverlapPool op;
   // FP32 [sum g; sum g (x - mean)] that the data gradient before it took (cutlass_dgrad.cpp),
   // which also wrote g itself into dy (masked, dy2 added): no sums pass, and the dx pass reads
   // g alone (no mask or dy2; dres, when given, gets a copy of g).
@@ -139,11 +148,16 @@ KernelPtr bn_forward(Context& ctx, int stream, const Nhwc& s, DType dt, const Bn
   const GroupPlan gp = group_plan(ctx, d.rows, C, {a.x, a.residual, a.y});
   // cbr_pool_fwd: one thread per pooled pixel and group of eight channels (C % 8 == 0, as the
   // merge pass plans it), 16-byte accesses where the maps allow.
-  KILN_CHECK(!a.pool || (C % 8 == 0 && a.mask && s.h % a.pool == 0 && s.w % a.pool == 0), Internal,
-             "BatchNorm with a merged max-pool needs C % 8 == 0 and windows that tile the map (C ",
-             C, ", ", s.h, "x", s.w, ", pool ", a.pool, ")");
+  KILN_CHECK(
+      !a.pool || (C % 8 == 0 && a.mask && (a.overlap || (s.h % a.pool == 0 && s.w % a.pool == 0))),
+      Internal,
+      "BatchNorm with a merged max-pool needs C % 8 == 0 and windows that tile the map or "
+      "the overlapping form (C ",
+      C, ", ", s.h, "x", s.w, ", pool ", a.pool, ")");
   const bool pool_vec = a.pool && vec_fits(ctx.opts, d.rows * C, 8, {a.x, a.y});
-  const int64_t pooled_pixels = a.pool ? d.rows / (a.pool * a.pool) : 0;
+  const int64_t pooled_pixels = !a.pool     ? 0
+                                : a.overlap ? s.n * a.op.yh * a.op.yw
+                                            : d.rows / (a.pool * a.pool);
   KILN_CHECK(pooled_pixels * (C / 8) < (int64_t{1} << 31), Unsupported,
              "BatchNorm with a merged max-pool: ", pooled_pixels, " pooled pixels x ", C / 8,
              " channel groups; the kernel indexes them in 32 bits");
@@ -184,7 +198,17 @@ KernelPtr bn_forward(Context& ctx, int stream, const Nhwc& s, DType dt, const Bn
         KILN_LAUNCH_CHECK("bn stats finalize");
       }
       const FwdFinalize own = self_finalize ? fin : FwdFinalize{};
-      if (a.pool) {
+      if (a.overlap) {
+        const int cg = static_cast<int>(C / 8), total = static_cast<int>(pooled_pixels * (C / 8));
+        if (pool_vec) {
+          apply_relu_pool_overlap<T, true>
+              <<<pgrid, kVecThreads, 0, st>>>(x, y, a.mask, total, cg, a.op, coef);
+        } else {
+          apply_relu_pool_overlap<T, false>
+              <<<pgrid, kVecThreads, 0, st>>>(x, y, a.mask, total, cg, a.op, coef);
+        }
+        KILN_LAUNCH_CHECK("bn apply + relu + overlapping max-pool + mask");
+      } else if (a.pool) {
         const int cg = static_cast<int>(C / 8), total = static_cast<int>(pooled_pixels * (C / 8));
         if (a.pool == 2 && pool_vec) {
           apply_relu_pool<T, true, 2>
@@ -225,8 +249,12 @@ KernelPtr bn_forward(Context& ctx, int stream, const Nhwc& s, DType dt, const Bn
 KernelPtr bn_backward(Context& ctx, int stream, const Nhwc& s, DType dt, const BnBwd& a) {
   const ChannelDims d = channel_dims(ctx, s);
   const auto C = d.c;
-  const BnVec v = bn_vec(ctx, dt, d.rows, C, {a.x, a.dy, a.dy2});
+  // The overlapping pool's form reads the pooled dy and writes g into dx in its sums pass.
+  const BnVec v = bn_vec(ctx, dt, d.rows, C, {a.x, a.dy, a.dy2, a.overlap ? a.dx : nullptr});
   const GroupPlan gp = group_plan(ctx, d.rows, C, {a.x, a.dy, a.dy2, a.dx, a.dres});
+  KILN_CHECK(!a.overlap || (!a.sums && !a.dy2 && !a.dres && a.mask), Internal,
+             "BatchNorm backward with an overlapping max-pool takes no sums, second gradient or "
+             "residual gradient");
   const int chunks = a.sums ? 1 : v.on ? v.blocks : d.gy;
   const size_t coef_off = reserve_stats_workspace(ctx, stream, chunks, C);
   const dim3 rgrid(static_cast<unsigned>((C + kCx - 1) / kCx), static_cast<unsigned>(d.gy));
@@ -244,7 +272,16 @@ KernelPtr bn_backward(Context& ctx, int stream, const Nhwc& s, DType dt, const B
               *dy2 = static_cast<const T*>(a.dy2);
       T *dx = static_cast<T*>(a.dx), *dres = static_cast<T*>(a.dres);
       // Where the data gradient took the sums, the finalize reads them as they are.
-      if (!a.sums && v.on) {
+      if (a.overlap && v.on) {
+        route_partial_vec<T>
+            <<<v.blocks, kVecThreads, 0, st>>>(x, dy, a.mask, a.saved, static_cast<int>(d.rows),
+                                               static_cast<int>(C), a.op, dx, partial);
+        KILN_LAUNCH_CHECK("bn bwd overlapping max-pool route + sums (vec)");
+      } else if (a.overlap) {
+        route_partial_kernel<T><<<rgrid, dim3(kCx, kCy), 0, st>>>(x, dy, a.mask, a.saved, d.rows, C,
+                                                                  a.op, dx, partial);
+        KILN_LAUNCH_CHECK("bn bwd overlapping max-pool route + sums");
+      } else if (!a.sums && v.on) {
         bwd_partial_vec<T><<<v.blocks, kVecThreads, 0, st>>>(x, dy, dy2, a.mask, a.saved,
                                                              static_cast<int>(d.rows),
                                                              static_cast<int>(C), partial, a.pm);
@@ -259,14 +296,17 @@ KernelPtr bn_backward(Context& ctx, int stream, const Nhwc& s, DType dt, const B
                                                                              coef);
         KILN_LAUNCH_CHECK("bn bwd finalize");
       }
+      // The overlapping form's dx pass reads g where its sums pass wrote it (dx, in place).
+      const T* g = a.overlap ? dx : dy;
+      const uint8_t* mask = a.overlap ? nullptr : a.mask;
+      const PoolMap pm = a.overlap ? PoolMap{} : a.pm;
       if (gp.on) {
-        bwd_dx_group<T><<<gp.blocks, kVecThreads, 0, st>>>(
-            x, dy, dy2, a.mask, dx, dres, static_cast<int>(d.rows), gp.cg, coef, a.pm,
-            self_finalize ? fin : BwdFinalize{});
+        bwd_dx_group<T><<<gp.blocks, kVecThreads, 0, st>>>(x, g, dy2, mask, dx, dres,
+                                                           static_cast<int>(d.rows), gp.cg, coef,
+                                                           pm, self_finalize ? fin : BwdFinalize{});
         KILN_LAUNCH_CHECK("bn bwd dx (vec)");
       } else {
-        bwd_dx_kernel<T>
-            <<<egrid, kThreads, 0, st>>>(x, dy, dy2, a.mask, dx, dres, count, C, coef, a.pm);
+        bwd_dx_kernel<T><<<egrid, kThreads, 0, st>>>(x, g, dy2, mask, dx, dres, count, C, coef, pm);
         KILN_LAUNCH_CHECK("bn bwd dx");
       }
     });
@@ -389,54 +429,90 @@ KernelPtr make_bn_bwd_from_sums(const Node& n, Context& ctx, int stream, TensorI
   return bn_backward(ctx, stream, s, ctx.tensor(x).dtype, a);
 }
 
+namespace {
+
+// A merged max-pool's geometry (attrs.pool, pool_stride, pool_pad) between z (s) and its
+// pooled map (ps), checked: windows that tile z, or the overlapping form (pool_route.cuh).
+OverlapPool merged_pool(const Context& ctx, const Node& n, TensorId z, const Nhwc& s, TensorId p,
+                        const Nhwc& ps, const char* what) {
+  const Attrs& at = n.attrs;
+  const int k = at.pool, st = at.pool_step(), pad = at.pool_pad;
+  const bool fits = k >= 1 && st >= 1 && pad >= 0 && pad < k && ps.n == s.n && ps.c == s.c &&
+                    (at.pool_tiles() ? ps.h * k == s.h && ps.w * k == s.w
+                                     : k <= 15 && ps.h == (s.h + 2 * pad - k) / st + 1 &&
+                                           ps.w == (s.w + 2 * pad - k) / st + 1);
+  KILN_CHECK(fits, Shape, op_name(n.op), " node '", n.label, "': ", what, " ",
+             ctx.tensor(p).shape.str(), " is not z ", ctx.tensor(z).shape.str(), " max-pooled by ",
+             k, "x", k, " windows at stride ", st, " with padding ", pad,
+             at.pool_tiles() ? " that tile it" : " (a window of at most 15, padding below it)",
+             " (attrs.pool, pool_stride, pool_pad)");
+  KILN_CHECK(s.numel() / s.c < (int64_t{1} << 31), Unsupported, op_name(n.op), " node '", n.label,
+             "': ", s.numel() / s.c,
+             " pixels; the pooled BatchNorm indexes rows in 32 bits (at most 2^31)");
+  OverlapPool op;
+  op.zh = static_cast<int>(s.h), op.zw = static_cast<int>(s.w);
+  op.yh = static_cast<int>(ps.h), op.yw = static_cast<int>(ps.w);
+  op.k = k, op.s = st, op.p = pad;
+  return op;
+}
+
+// The mask of cbr_pool_*: a bit per element of z for tiled windows, a byte per pooled element
+// for overlapping ones (ops.def).
+void expect_pool_mask(const Context& ctx, const Node& n, TensorId mask, TensorId z, TensorId p) {
+  if (n.attrs.pool_tiles()) {
+    expect_mask(ctx, n, mask, z);
+    return;
+  }
+  expect_dtype(ctx, n, mask, DType::U8, "mask");
+  expect_numel(ctx, n, mask, ctx.tensor(p).numel(), "mask (a byte per pooled element)");
+}
+
+}  // namespace
+
 // cbr_pool_fwd's BatchNorm, ReLU and max-pool (fused.cpp): "z, gamma, beta, running_mean,
-// running_var, [b] -> y (pooled), saved, mask (over z)".
+// running_var, [b] -> y (pooled), saved, mask".
 KernelPtr make_bn_relu_pool_fwd(const Node& n, Context& ctx, int stream, TensorId z, TensorId gamma,
                                 TensorId beta, TensorId rm, TensorId rv, TensorId conv_bias,
                                 TensorId y, TensorId saved, TensorId mask, const float* conv_sums) {
   Nhwc s;
   BnFwd a = bn_fwd_args(ctx, n, z, gamma, beta, rm, rv, kNoTensor, saved, &s);
-  const int pool = n.attrs.pool;
   const Nhwc ys = nhwc_of(ctx, n, y, "y (pooled)");
   expect_same_dtype(ctx, n, z, y);
-  KILN_CHECK(pool >= 1 && ys.n == s.n && ys.c == s.c && ys.h * pool == s.h && ys.w * pool == s.w,
-             Shape, op_name(n.op), " node '", n.label, "': y ", ctx.tensor(y).shape.str(),
-             " is not z ", ctx.tensor(z).shape.str(), " max-pooled by ", pool, "x", pool,
-             " windows that tile it (attrs.pool)");
+  const OverlapPool op = merged_pool(ctx, n, z, s, y, ys, "y");
   if (conv_bias != kNoTensor) {
     expect_dtype(ctx, n, conv_bias, DType::F32, "b");
     expect_numel(ctx, n, conv_bias, s.c, "b (one per output channel)");
   }
-  expect_mask(ctx, n, mask, z);
+  expect_pool_mask(ctx, n, mask, z, y);
   a.y = ctx.ptr(y);
   a.sums = conv_sums;
   a.conv_bias = ctx.ptr<float>(conv_bias);
   a.mask = ctx.ptr<uint8_t>(mask);
-  a.pool = pool;
+  a.pool = n.attrs.pool;
+  a.overlap = !n.attrs.pool_tiles();
+  a.op = op;
   return bn_forward(ctx, stream, s, ctx.tensor(z).dtype, a);
 }
 
-// cbr_pool_bwd's BatchNorm backward (fused.cpp): "z, dy (pooled), mask (over z), gamma, saved
-// -> dz, dgamma, dbeta", the gradient at BatchNorm's output read from the pooled dy.
+// cbr_pool_bwd's BatchNorm backward (fused.cpp): "z, dy (pooled), mask, gamma, saved -> dz,
+// dgamma, dbeta", the gradient at BatchNorm's output read from the pooled dy.
 KernelPtr make_bn_relu_pool_bwd(const Node& n, Context& ctx, int stream, TensorId z, TensorId dy,
                                 TensorId mask, TensorId gamma, TensorId saved, TensorId dz,
                                 TensorId dgamma, TensorId dbeta) {
   Nhwc s;
   BnBwd a = bn_bwd_args(ctx, n, z, dz, gamma, saved, dz, dgamma, dbeta, &s);
-  const int pool = n.attrs.pool;
   const Nhwc ds = nhwc_of(ctx, n, dy, "dy (pooled)");
   expect_same_dtype(ctx, n, z, dy);
-  KILN_CHECK(pool >= 1 && ds.n == s.n && ds.c == s.c && ds.h * pool == s.h && ds.w * pool == s.w,
-             Shape, op_name(n.op), " node '", n.label, "': dy ", ctx.tensor(dy).shape.str(),
-             " is not the gradient of z ", ctx.tensor(z).shape.str(), " max-pooled by ", pool, "x",
-             pool, " windows (attrs.pool)");
-  expect_mask(ctx, n, mask, z);
+  const OverlapPool op = merged_pool(ctx, n, z, s, dy, ds, "dy");
+  expect_pool_mask(ctx, n, mask, z, dy);
   a.dy = ctx.ptr(dy);
   a.mask = ctx.ptr<uint8_t>(mask);
-  KILN_CHECK(s.numel() / s.c < (int64_t{1} << 31), Unsupported, op_name(n.op), " node '", n.label,
-             "': ", s.numel() / s.c,
-             " pixels; the pooled backward indexes rows in 32 bits (at most 2^31)");
-  a.pm = PoolMap{pool, static_cast<int>(s.w)};
+  if (n.attrs.pool_tiles()) {
+    a.pm = PoolMap{n.attrs.pool, static_cast<int>(s.w)};
+  } else {
+    a.overlap = true;
+    a.op = op;
+  }
   return bn_backward(ctx, stream, s, ctx.tensor(z).dtype, a);
 }
 

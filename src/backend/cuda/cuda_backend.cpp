@@ -81,6 +81,9 @@ class CudaBackend final : public CudaBackendApi {
     // unfused chain (GpuFusedStep.*Fp32), and faster (bench/RESULTS.md).
     c.fused_cbr = c.fused_cbr_pool = c.fused_bn_add_relu = c.fused_fp32 = c.fp32_fusion_default =
         true;
+    // ResNet's stem pool (3x3 / 2, padding 1) in BatchNorm's passes (bn.cu's overlapping form);
+    // Engine leaves it to KILN_FUSE_OVERLAPPING_POOL.
+    c.fused_overlapping_pool = true;
     // The gradient-sum fusion (bn_add_relu_bwd's dy2), faster too (bench/RESULTS.md); Engine
     // turns it off with KILN_FUSE_GRAD_SUM=0.
     c.fused_grad_sum = true;

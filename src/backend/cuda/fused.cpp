@@ -96,7 +96,12 @@ KernelPtr cbr_forward(const Node& n, Context& ctx, int stream, TensorId x, Tenso
     const int genstats = ctx.cbr_genstats, genstats_fallbacks = ctx.cbr_genstats_fallbacks;
     KernelPtr t = today();
     const std::string form = std::string(op_name(n.op)) + (implicit ? ".conv" : ".gemm");
-    const std::string extra = n.attrs.pool > 0 ? "pool" + std::to_string(n.attrs.pool) : "";
+    const Attrs& at = n.attrs;
+    const std::string extra = at.pool == 0      ? ""
+                              : at.pool_tiles() ? "pool" + std::to_string(at.pool)
+                                                : "pool" + std::to_string(at.pool) + "s" +
+                                                      std::to_string(at.pool_step()) + "p" +
+                                                      std::to_string(at.pool_pad);
     const TimedChoice c =
         time_sm90_against_today(n, ctx, stream, timed_form_key(form, g, ctx.tensor(x).dtype, extra),
                                 {k.get()}, {t.get()}, keep);

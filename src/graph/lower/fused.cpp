@@ -1,5 +1,5 @@
 // The fused forms the merge passes make (ops.def's Fused ops): Conv→BatchNorm→ReLU (CBR),
-// with a tiling max-pool folded in, and BatchNorm→add→ReLU. Training runs the fused ops;
+// with a max-pool folded in, and BatchNorm→add→ReLU. Training runs the fused ops;
 // evaluation runs the convolution, then BatchNorm, [the residual add,] and ReLU in one
 // bn_relu_infer pass with the unfused chain's roundings [, then the merged max-pool].
 #include "graph/lower/lower.h"
@@ -11,6 +11,15 @@ namespace {
 void cbr_params(Context& c, const PlanNode& n, std::vector<ParamSpec>& specs) {
   lower_conv.params(c, n, specs);
   c.bn_params(specs, n.bn_name, n.out);
+}
+
+// A merged max-pool's window, stride and padding (none: pool 0). The stride is left 0 (= the
+// window) for a pool that tiles, so that those programs stay as they were.
+void set_pool_attrs(const PlanNode& n, Attrs& a) {
+  a.pool = n.pool;
+  const bool tiles = n.pool_stride == n.pool && n.pool_pad == 0;
+  a.pool_stride = n.pool && !tiles ? n.pool_stride : 0;
+  a.pool_pad = n.pool && !tiles ? n.pool_pad : 0;
 }
 
 Attrs bn_attrs(const PlanNode& n) {
@@ -39,7 +48,9 @@ void bn_relu_infer(Context& c, const PlanNode& n, TensorId x, TensorId residual,
   pool.op = PlanOp::MaxPool;
   pool.name = n.pool_name;
   pool.shape = n.shape;
-  pool.k = pool.stride = n.pool;
+  pool.k = n.pool;
+  pool.stride = n.pool_stride;
+  pool.pad = n.pool_pad;
   pool.inputs = {n.id};
   Forward tmp{{{n.id, y}}, {}};
   lower_maxpool.forward(c, pool, tmp, pass);
@@ -62,10 +73,15 @@ void cbr_forward(Context& c, const PlanNode& n, Forward& f, Pass& pass) {
   const auto& [rm, rv] = c.running(n.bn_name);
   const TensorId saved = c.tensor(n.bn_name + ":saved", Region::bn_saved, Shape{2, n.shape[2]},
                                   DType::F32, Layout::Flat);
-  // The convolution's output; with a merged max-pool y is the pooled map and the mask covers z
-  // (ops.def's cbr_pool_fwd).
+  // The convolution's output; with a merged max-pool y is the pooled map, and the mask covers z
+  // (a bit an element) or, for a pool whose windows overlap, y (a byte an element): ops.def's
+  // cbr_pool_fwd.
   const TensorId z = c.feature(n.name + ":z" + pass.tag, n.conv_shape());
-  const TensorId mask = c.aux(n.name + ":mask", (c.p.tensor(z).numel() + 7) / 8, DType::U8);
+  set_pool_attrs(n, a);
+  const TensorId mask =
+      c.aux(n.name + ":mask",
+            n.pool && !a.pool_tiles() ? c.p.tensor(y).numel() : (c.p.tensor(z).numel() + 7) / 8,
+            DType::U8);
   std::vector<TensorId> in{x,
                            c.compute_weight(n.name + ".weight", pass.master),
                            c.param_in(n.bn_name + ".weight", pass.master),
@@ -74,7 +90,6 @@ void cbr_forward(Context& c, const PlanNode& n, Forward& f, Pass& pass) {
                            rv};
   // The bias is folded into the running mean (ops.def).
   if (n.bias) in.push_back(c.param_in(n.name + ".bias", pass.master));
-  a.pool = n.pool;
   pass.nodes.push_back(make_node(n.pool ? OpKind::cbr_pool_fwd : OpKind::cbr_fwd, in,
                                  {z, y, saved, mask}, a,
                                  n.name + (n.pool ? " cbr+" + n.pool_name + " fwd" : " cbr fwd")));
@@ -97,7 +112,7 @@ void cbr_backward(Context& c, const PlanNode& n, const Forward& f, Backward& b,
       c.param_in(n.bn_name + ".bias", Region::grads_f32),
       c.feature(n.name + ":dz", n.conv_shape())};
   if (n.bias) outs.push_back(c.param_in(n.name + ".bias", Region::grads_f32));
-  a.pool = n.pool;  // dy is then the pooled map's gradient (ops.def's cbr_pool_bwd)
+  set_pool_attrs(n, a);  // dy is then the pooled map's gradient (ops.def's cbr_pool_bwd)
   nodes.push_back(
       make_node(n.pool ? OpKind::cbr_pool_bwd : OpKind::cbr_bwd,
                 {f.out.at(n.inputs[0]), c.compute_weight(n.name + ".weight"), saved[2], dy,

@@ -1,0 +1,161 @@
+// cbr_pool_* with a max-pool whose windows overlap or are padded (ops.def; ResNet's 3x3 / 2 stem
+// pool, padding 1), included by bn.cu alone. The forward folds the pool into BatchNorm's apply
+// pass, as apply_relu_pool does for tiled windows, and keeps a byte per pooled element (the
+// window position of the element taken, 255 where the ReLU did not pass it); the backward's
+// sums pass gathers the gradient at each element of z from the windows that cover it, writes it
+// (g, full resolution) and sums it, so that no maxpool_bwd pass and no full-resolution ReLU
+// output or i32 argmax exist. The dx pass then reads g like any other BatchNorm backward.
+#pragma once
+#include "backend/cuda/bn_kernels.cuh"
+
+namespace kiln::cuda {
+namespace {
+
+// z's and y's sizes and the pool's window, stride and padding; 32-bit (the host checks pixels
+// x groups < 2^31).
+struct OverlapPool {
+  int zh = 0, zw = 0, yh = 0, yw = 0, k = 0, s = 0, p = 0;
+  // The pooled rows (or columns) [*lo, *hi] whose windows cover z's row (column) i, of `out`:
+  // maxpool_bwd's covering().
+  __device__ __forceinline__ void covering(int i, int out, int* lo, int* hi) const {
+    const int num = i + p - k + 1;
+    *lo = num <= 0 ? 0 : (num + s - 1) / s;
+    *hi = min((i + p) / s, out - 1);
+  }
+};
+
+// y = the max-pool of relu(bn(z)) over each window clipped to the map (maxpool_fwd's scan:
+// first maximum in window order, NaN wins; the values bn_relu_one's), mask = the window
+// position taken per element of y, 255 where the ReLU did not pass it. One thread per pooled
+// pixel and group of eight channels, so its eight mask bytes are one 8-byte store.
+template <typename T, bool Vec>
+__global__ void __launch_bounds__(kVecThreads)
+    apply_relu_pool_overlap(const T* z, T* y, uint8_t* mask, int total, int cg, OverlapPool op,
+                            const float4* coef) {
+  for (int t = blockIdx.x * blockDim.x + threadIdx.x; t < total; t += gridDim.x * blockDim.x) {
+    const int gi = t % cg, pix = t / cg;
+    const int ow = pix % op.yw, row = pix / op.yw, oh = row % op.yh, b = row / op.yh;
+    float4 k[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) k[j] = coef[gi * 8 + j];
+    alignas(16) T best[8];
+    float bestf[8];
+    int at[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      bestf[j] = -INFINITY;
+      at[j] = -1;
+    }
+    const int h0 = oh * op.s - op.p, w0 = ow * op.s - op.p;
+    const int hs = max(h0, 0), he = min(h0 + op.k, op.zh), ws = max(w0, 0),
+              we = min(w0 + op.k, op.zw);
+    for (int ih = hs; ih < he; ++ih) {
+      for (int iw = ws; iw < we; ++iw) {
+        const int64_t e =
+            ((static_cast<int64_t>(b) * op.zh + ih) * op.zw + iw) * cg + gi;  // z's group
+        alignas(16) T a[8];
+        load_group<T, Vec>(z + e * 8, a);
+        pool_take(a, k, (ih - h0) * op.k + (iw - w0), best, bestf, at);
+      }
+    }
+    if constexpr (Vec) {
+      store8(y + static_cast<int64_t>(t) * 8, best);
+    } else {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) y[static_cast<int64_t>(t) * 8 + j] = best[j];
+    }
+    uint32_t m[2] = {0, 0};
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const uint32_t pos = bestf[j] > 0.0f ? static_cast<uint32_t>(at[j]) : 255u;
+      m[j / 4] |= pos << (8 * (j % 4));
+    }
+    reinterpret_cast<uint2*>(mask)[t] = make_uint2(m[0], m[1]);
+  }
+}
+
+// The gradient at z's element (row r = (b zh + ih) zw + iw, channels c0 .. c0 + V - 1): the sum
+// over the windows that cover it, in row-major order, of dy where the window took it, in FP32
+// and rounded once to T (maxpool_bwd's arithmetic). C: channels; dy and mask are y's.
+template <typename T, int V>
+__device__ __forceinline__ void routed_grad(const T* dy, const uint8_t* mask, int64_t r, int C,
+                                            int c0, const OverlapPool& op, T (&g)[V]) {
+  const int iw = static_cast<int>(r % op.zw);
+  const int64_t q = r / op.zw;
+  const int ih = static_cast<int>(q % op.zh), b = static_cast<int>(q / op.zh);
+  int oh0 = 0, oh1 = 0, ow0 = 0, ow1 = 0;
+  op.covering(ih, op.yh, &oh0, &oh1);
+  op.covering(iw, op.yw, &ow0, &ow1);
+  float sum[V];
+#pragma unroll
+  for (int j = 0; j < V; ++j) sum[j] = 0.0f;
+  for (int oh = oh0; oh <= oh1; ++oh) {
+    for (int ow = ow0; ow <= ow1; ++ow) {
+      const int64_t o = ((static_cast<int64_t>(b) * op.yh + oh) * op.yw + ow) * C + c0;
+      const int pos = (ih - (oh * op.s - op.p)) * op.k + (iw - (ow * op.s - op.p));
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        if (mask[o + j] == pos) sum[j] += to_f(dy[o + j]);
+      }
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < V; ++j) g[j] = from_f<T>(sum[j]);
+}
+
+// The sums pass of the overlapping form, 16-byte vectors (bwd_partial_vec's layout and
+// partials): g gathered per row and vector, written to g_out, and sum g, sum g (x - mean)
+// accumulated.
+template <typename T>
+__global__ void __launch_bounds__(kVecThreads)
+    route_partial_vec(const T* x, const T* dy, const uint8_t* mask, const float* mean, int rows,
+                      int C, OverlapPool op, T* g_out, double2* partial) {
+  constexpr int V = kVec<T>;
+  const int cv = C / V, cvec = threadIdx.x % cv, rpb = kVecThreads / cv, rstride = gridDim.x * rpb;
+  double s[V], sx[V], mu[V];
+#pragma unroll
+  for (int j = 0; j < V; ++j) {
+    s[j] = sx[j] = 0.0;
+    mu[j] = mean[cvec * V + j];
+  }
+  for (int r = blockIdx.x * rpb + threadIdx.x / cv; r < rows; r += rstride) {
+    const int64_t e = static_cast<int64_t>(r) * cv + cvec;
+    const uint4 xa = reinterpret_cast<const uint4*>(x)[e];
+    alignas(16) T g[V];
+    routed_grad<T, V>(dy, mask, r, C, cvec * V, op, g);
+    reinterpret_cast<uint4*>(g_out)[e] = *reinterpret_cast<const uint4*>(g);
+    const T* xe = reinterpret_cast<const T*>(&xa);
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      const double gj = to_f(g[j]);
+      s[j] += gj;
+      sx[j] += gj * (static_cast<double>(to_f(xe[j])) - mu[j]);
+    }
+  }
+  combine_store<V>(s, sx, cv, cvec, C, partial);
+}
+
+// Likewise, one element at a time (bwd_partial_kernel's layout and partials).
+template <typename T>
+__global__ void route_partial_kernel(const T* x, const T* dy, const uint8_t* mask,
+                                     const float* mean, int64_t rows, int64_t C, OverlapPool op,
+                                     T* g_out, double2* partial) {
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * kCx + threadIdx.x;
+  double s = 0.0, sx = 0.0;
+  if (c < C) {
+    const double mu = mean[c];
+    for (int64_t r = static_cast<int64_t>(blockIdx.y) * kCy + threadIdx.y; r < rows;
+         r += static_cast<int64_t>(gridDim.y) * kCy) {
+      T g[1];
+      routed_grad<T, 1>(dy, mask, r, static_cast<int>(C), static_cast<int>(c), op, g);
+      g_out[r * C + c] = g[0];
+      const double gd = to_f(g[0]);
+      s += gd;
+      sx += gd * (static_cast<double>(to_f(x[r * C + c])) - mu);
+    }
+  }
+  block_reduce_store(s, sx, partial, c, C);
+}
+
+}  // namespace
+}  // namespace kiln::cuda
