@@ -464,8 +464,11 @@ std::string describe(const Node& n) {
 // A cuDNN convolution kernel, build(pad), padded as KILN_PAD_CHANNELS says: 1 pads and 0 does
 // not; auto keeps the faster of the two forms (the padding copies included), timed while
 // compiling where cuDNN's engines are (autotuning, `kiln tune`) and kept with them, or found
-// in the engine table or the autotune cache; else unpadded. `pass` names the convolution's
-// direction in the choice's key.
+// in the engine table or the autotune cache. Without timing (KILN_AUTOTUNE=0, or
+// KILN_DETERMINISTIC) only the engine table decides, so that such a run does not depend on
+// what its process timed before; else unpadded. Both forms are built either way: a program
+// then builds the same convolution graphs with autotuning on or off. `pass` names the
+// convolution's direction in the choice's key.
 KernelPtr padded_as_switched(const Node& n, Context& ctx, int stream, const char* pass,
                              const ConvGeom& g, DType dt,
                              const std::function<KernelPtr(bool pad)>& build) {
@@ -475,10 +478,14 @@ KernelPtr padded_as_switched(const Node& n, Context& ctx, int stream, const char
     return build(true);
   }
   KernelPtr plain = build(false), pad = build(true);
-  const bool may_time = ctx.opts.autotune || !ctx.opts.tune_path.empty();
-  const FormChoice c =
-      choose_faster_form(ctx, stream, timed_form_key(pass, g, dt, "", "padv1"),
-                         {"padded", {pad.get()}}, {"unpadded", {plain.get()}}, {}, may_time);
+  const std::string key = timed_form_key(pass, g, dt, "", "padv1");
+  FormChoice c;
+  if (ctx.opts.autotune || !ctx.opts.tune_path.empty()) {
+    c = choose_faster_form(ctx, stream, key, {"padded", {pad.get()}}, {"unpadded", {plain.get()}},
+                           {}, true);
+  } else if (const EngineEntry* e = ctx.opts.engine_table ? ctx.engine_table.find(key) : nullptr) {
+    c = form_choice_from(*e, "padded", "unpadded");
+  }
   if (c.found) ++ctx.pad_timed;
   log_debug(describe(n), " (", pass, "): ", g.x.c, " channels padded to ",
             padded_channel_count(g.x.c), " ", c.first_ms, " ms, unpadded ", c.second_ms, " ms (",

@@ -93,17 +93,6 @@ double median(std::vector<float> v) {
   return v[v.size() / 2];
 }
 
-FormChoice from_entry(const EngineEntry& e, const char* first, const char* second) {
-  FormChoice c;
-  c.found = true;
-  for (const EngineChoice& choice : e.choices) {
-    if (choice.engine == first) c.first_ms = choice.ms;
-    if (choice.engine == second) c.second_ms = choice.ms;
-  }
-  c.first = !e.choices.empty() && e.choices[0].engine == first;
-  return c;
-}
-
 // One debug line: node n's two times, whether timed now or found, and the form it keeps.
 void log_timed_choice(const Node& n, const TimedChoice& c) {
   log_debug(op_name(n.op), " node '", n.label, "': the SM90 form ", c.sm90_ms,
@@ -123,18 +112,29 @@ std::string timed_form_key(const std::string& form, const ConvGeom& g, DType dt,
   return key.str();
 }
 
+FormChoice form_choice_from(const EngineEntry& e, const char* first, const char* second) {
+  FormChoice c;
+  c.found = true;
+  for (const EngineChoice& choice : e.choices) {
+    if (choice.engine == first) c.first_ms = choice.ms;
+    if (choice.engine == second) c.second_ms = choice.ms;
+  }
+  c.first = !e.choices.empty() && e.choices[0].engine == first;
+  return c;
+}
+
 FormChoice choose_faster_form(Context& ctx, int stream, const std::string& key,
                               const NamedForm& first, const NamedForm& second,
                               const std::vector<TensorId>& keep, bool may_time) {
   const bool tuning = !ctx.opts.tune_path.empty();
   if (const EngineEntry* e = ctx.engine_table.find(key); e != nullptr && !tuning) {
-    return from_entry(*e, first.name, second.name);
+    return form_choice_from(*e, first.name, second.name);
   }
   if (const EngineEntry* e = ctx.tuned.find(key)) {
-    return from_entry(*e, first.name, second.name);  // another stream's
+    return form_choice_from(*e, first.name, second.name);  // another stream's
   }
   if (EngineEntry e; !tuning && autotuned_choice(key, e)) {
-    return from_entry(e, first.name, second.name);
+    return form_choice_from(e, first.name, second.name);
   }
   if (!may_time) return {};
 

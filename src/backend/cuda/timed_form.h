@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "backend/cuda/cuda_kernel.h"
+#include "kiln/backend/engine_table.h"
 
 namespace kiln::cuda {
 
@@ -39,6 +40,8 @@ struct FormChoice {
 FormChoice choose_faster_form(Context& ctx, int stream, const std::string& key,
                               const NamedForm& first, const NamedForm& second,
                               const std::vector<TensorId>& keep, bool may_time);
+// The choice a table entry records between the forms named `first` and `second`.
+FormChoice form_choice_from(const EngineEntry& e, const char* first, const char* second);
 
 // Each form is its kernels in order, built on `stream`. Both run on that stream: the same work
 // (the same outputs), so timing them may overwrite their outputs but not `keep`: tensors they
