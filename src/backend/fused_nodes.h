@@ -66,4 +66,40 @@ inline CbrBwdTensors cbr_bwd_tensors(const Node& n) {
           n.out.size() > 5 ? n.out[5] : kNoTensor};
 }
 
+// The tensors of bn_add_relu_fwd ("x, gamma, beta, running_mean, running_var, residual,
+// [gamma2, beta2, running_mean2, running_var2] -> y, saved, mask, [saved2]"); res_bn: the
+// residual's BatchNorm is given (its four inputs and saved2 all, or none).
+struct BnAddReluFwdTensors {
+  TensorId x, gamma, beta, rm, rv, residual, gamma2, beta2, rm2, rv2, y, saved, mask, saved2;
+  bool res_bn;
+};
+inline BnAddReluFwdTensors bn_add_relu_fwd_tensors(const Node& n) {
+  const bool res_bn = n.in.size() > 6;
+  return {need_in(n, 0, "x"),
+          need_in(n, 1, "gamma"),
+          need_in(n, 2, "beta"),
+          need_in(n, 3, "running_mean"),
+          need_in(n, 4, "running_var"),
+          need_in(n, 5, "residual"),
+          res_bn ? need_in(n, 6, "gamma2") : kNoTensor,
+          res_bn ? need_in(n, 7, "beta2") : kNoTensor,
+          res_bn ? need_in(n, 8, "running_mean2") : kNoTensor,
+          res_bn ? need_in(n, 9, "running_var2") : kNoTensor,
+          need_out(n, 0, "y"),
+          need_out(n, 1, "saved"),
+          need_out(n, 2, "mask"),
+          res_bn ? need_out(n, 3, "saved2") : kNoTensor,
+          res_bn};
+}
+
+// The residual BatchNorm's part of such a node, as a bn_fwd_train node of its own: z2 -> out,
+// saved2, with eps2 and bn_momentum2.
+inline Node residual_bn_part(const Node& n, const BnAddReluFwdTensors& t, TensorId out) {
+  Node p = fused_part(OpKind::bn_fwd_train, {t.residual, t.gamma2, t.beta2, t.rm2, t.rv2},
+                      {out, t.saved2}, n, "residual bn");
+  p.attrs.eps = n.attrs.eps2;
+  p.attrs.bn_momentum = n.attrs.bn_momentum2;
+  return p;
+}
+
 }  // namespace kiln

@@ -268,6 +268,7 @@ std::string describe_plan(const ArchPlan& plan) {
   for (const PlanNode* n : plan.live()) {
     os << "  #" << n->id << " " << plan_op_name(n->op) << " " << n->name;
     if (!n->bn_name.empty()) os << " + " << n->bn_name;
+    if (!n->res_bn_name.empty()) os << " + " << n->res_bn_name << " (residual)";
     if (n->pool) {
       os << " + " << n->pool_name << " (max-pool " << n->pool << "x" << n->pool;
       if (n->pool_stride != n->pool || n->pool_pad != 0)

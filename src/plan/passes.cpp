@@ -183,7 +183,7 @@ void merge_bn_add_relu(ArchPlan& p, const PlanOptions& o) {
                       ")");
     return;
   }
-  int merged = 0;
+  int merged = 0, folded = 0;
   for (PlanNode& add : p.nodes) {
     if (add.removed || add.op != PlanOp::Add) continue;
     const auto out = p.consumers(add.id);
@@ -204,8 +204,20 @@ void merge_bn_add_relu(ArchPlan& p, const PlanOptions& o) {
                         "' unfused: channels not a multiple of 8");
       continue;
     }
-    const int residual = add.inputs[static_cast<size_t>(1 - bn_slot)];
+    int residual = add.inputs[static_cast<size_t>(1 - bn_slot)];
     PlanNode& relu = node(p, out[0]);
+    // A downsampling shortcut's BatchNorm, feeding this add alone, folds in too where the backend
+    // applies it on the fly: its output is never written.
+    PlanNode& res = node(p, residual);
+    if (o.backend_fuses_residual_bn && res.op == PlanOp::BatchNorm &&
+        p.consumers(res.id).size() == 1 && res.shape == bn.shape) {
+      add.res_bn_name = res.name;
+      add.res_eps = res.eps;
+      add.res_momentum = res.momentum;
+      residual = res.inputs[0];
+      res.removed = true;
+      ++folded;
+    }
     add.op = PlanOp::BnAddReLU;
     add.bn_name = bn.name;
     add.inputs = {bn.inputs[0], residual};
@@ -215,7 +227,9 @@ void merge_bn_add_relu(ArchPlan& p, const PlanOptions& o) {
     rewire(p, relu.id, add.id);
     ++merged;
   }
-  p.notes.push_back("merge_bn_add_relu: " + std::to_string(merged) + " BN+add+ReLU tail(s) fused");
+  p.notes.push_back("merge_bn_add_relu: " + std::to_string(merged) +
+                    " BN+add+ReLU tail(s) fused, " + std::to_string(folded) +
+                    " with their shortcut's BatchNorm");
 }
 
 }  // namespace

@@ -62,6 +62,8 @@ PlanOptions fusion_options(const BackendCaps& caps, EngineOptions& o) {
   po.backend_fuses_overlapping_pool =
       po.backend_fuses_cbr_pool && caps.fused_overlapping_pool && sw.fuse_overlapping_pool;
   po.backend_fuses_bn_add_relu = caps.fused_bn_add_relu && !sync_bn;
+  po.backend_fuses_residual_bn =
+      po.backend_fuses_bn_add_relu && caps.fused_residual_bn && sw.fuse_residual_bn;
   // The CPU does not fuse in FP32 by default: there the fused program gives the same bits at
   // the same speed, so it is the tests' tool for checking fused programs.
   po.backend_fuses_fp32 = caps.fused_fp32 && resolve(sw.fuse_fp32, caps.fp32_fusion_default);

@@ -312,6 +312,23 @@ TEST(GpuCutlassStep, Resnet50StepsAgreeSwitchOffAndOn) {
   expect_within_noise(runs, forms, {kToday, kCutlass, kGenstats});
 }
 
+// The shortcut BatchNorms folded into BN+add+ReLU (KILN_FUSE_RESIDUAL_BN) where the block's conv3
+// is on the SM90 GEMM, whose sums replace that BatchNorm's statistics pass (the fused forward
+// then runs the shortcut's statistics pass itself): held to today's form within the noise of
+// KILN_CUTLASS without the fold.
+TEST(GpuCutlassStep, Resnet50ResidualBnFoldedOnTheGemmAgrees) {
+  KILN_REQUIRE_SM90_CUTLASS();
+  enum Form { kToday, kCutlass, kFolded };
+  std::vector<StepForm> forms = {
+      {"today", "kiln", Auto::off, Auto::off},
+      {"KILN_CUTLASS", "kiln", Auto::on, Auto::off},
+      {"KILN_CUTLASS + KILN_FUSE_RESIDUAL_BN", "kiln", Auto::on, Auto::off}};
+  forms[kFolded].fuse_residual_bn = true;
+  const std::vector<FormSteps> runs = three_steps("resnet50", forms);
+  EXPECT_EQ(runs[kFolded].report.conv_cutlass, 16) << "ResNet-50's bottleneck conv3 layers";
+  expect_within_noise(runs, forms, {kToday, kFolded, kCutlass});
+}
+
 // Three steps of `model` with KILN_CUTLASS_CONV on as well (the implicit-GEMM convolution for
 // its 3x3 layers), held to today's form by genstats' noise as above; returns that form's report.
 CompileReport implicit_convolution_steps_within_noise(const std::string& model) {

@@ -205,6 +205,21 @@ TEST_P(GpuFusedBnAddRelu, EqualsBnAddReluBitForBit) {
   }
 }
 
+// With the residual's own BatchNorm folded in (a downsampling shortcut's, KILN_FUSE_RESIDUAL_BN:
+// its statistics pass, then the apply pass applies it on the fly), against BN(z2), BN(x), add,
+// ReLU and their backwards; 16-byte kernels on and off.
+TEST_P(GpuFusedBnAddRelu, WithTheResidualsBatchNormEqualsChainBitForBit) {
+  KILN_REQUIRE_GPU();
+  const auto& [s, amp] = GetParam();
+  Switches sw = Switches::from_environment();
+  for (const char* vec : {"1", "0"}) {
+    sw.vector_kernels = vec[0] == '1';
+    SCOPED_TRACE(::testing::Message()
+                 << s.str() << (amp ? " AMP" : " FP32") << ", vector kernels " << vec);
+    fused::bn_add_relu_residual_bn_equals_chain(s, amp, "cuda", sw);
+  }
+}
+
 // The evaluation form (bn_relu_infer) against bn_fwd_infer, [add,] relu_fwd, same roundings.
 TEST_P(GpuFusedBnAddRelu, InferenceEqualsChainBitForBit) {
   KILN_REQUIRE_GPU();
@@ -331,13 +346,14 @@ TEST(GpuFusedStep, FusedStepsEqualUnfusedBitForBitFp32) {
   fused_steps_equal_unfused(false, {"cnn", "resnet18_small", "vgg11_bn_small"});
 }
 
-// A max-pool folded into CBR (cbr_pool_*) off and on, fusion on, with deterministic convolution
-// engines: both programs fold VGG's biases alike, so three steps give the same losses, weights
-// and running statistics bit for bit (the folded pass does the pool's and the ReLU's
-// arithmetic), and the folded program has its pooled CBR nodes (`pooled`, forward and backward).
-// `fold` sets the switch under test.
-template <typename Fold>
-void pool_folding_bit_for_bit(const std::string& model, int pooled_nodes, Fold fold_switch) {
+// A fold (a max-pool into CBR, a shortcut's BatchNorm into BN+add+ReLU) off and on, fusion on,
+// with deterministic convolution engines: both programs fold VGG's biases alike, so three steps
+// give the same losses, weights and running statistics bit for bit (the folded pass does the
+// arithmetic of what it folds), and the folded program has `folded_nodes` nodes by `count`.
+// `fold_switch` sets the switch under test.
+template <typename Fold, typename Count>
+void folding_bit_for_bit(const std::string& model, int folded_nodes, Fold fold_switch,
+                         Count count) {
   for (const bool amp : {true, false}) {
     SCOPED_TRACE(model + (amp ? " AMP" : " FP32"));
     const BluePrint bp = make_model(model);
@@ -358,7 +374,7 @@ void pool_folding_bit_for_bit(const std::string& model, int pooled_nodes, Fold f
       Engine e(bp, o);
       e.lock_memory();
       e.compile(5);
-      pooled.push_back(pooled_cbr_count(e));
+      pooled.push_back(count(e));
       std::vector<float> losses;
       for (int i = 0; i < 3; ++i)
         losses.push_back(e.train_step(b.images.data(), b.labels.data(), 0.05f).loss);
@@ -366,7 +382,7 @@ void pool_folding_bit_for_bit(const std::string& model, int pooled_nodes, Fold f
       results[fold ? 1 : 0]["loss"] = losses;
     }
     EXPECT_EQ(pooled[0], 0);
-    EXPECT_EQ(pooled[1], pooled_nodes) << "the pooled CBR nodes, forward and backward";
+    EXPECT_EQ(pooled[1], folded_nodes) << "the folded nodes";
     ASSERT_EQ(results[0].size(), results[1].size());
     size_t differing = 0;
     for (const auto& [name, want] : results[0]) {
@@ -377,7 +393,7 @@ void pool_folding_bit_for_bit(const std::string& model, int pooled_nodes, Fold f
       EXPECT_EQ(n, 0u) << name << ": " << n << " of " << got.size() << " values differ";
       differing += n > 0;
     }
-    std::printf("  %s %s: pool folding off / on, %zu of %zu tensors differ after 3 steps\n",
+    std::printf("  %s %s: folding off / on, %zu of %zu tensors differ after 3 steps\n",
                 model.c_str(), amp ? "AMP" : "FP32", differing, results[0].size());
   }
 }
@@ -385,8 +401,8 @@ void pool_folding_bit_for_bit(const std::string& model, int pooled_nodes, Fold f
 // VGG11-BN (small): its five 2x2 / 2 pools (KILN_FUSE_POOL).
 TEST(GpuFusedStep, PoolFoldingOffAndOnBitForBit) {
   KILN_REQUIRE_GPU();
-  pool_folding_bit_for_bit("vgg11_bn_small", 10,
-                           [](Switches& sw, bool fold) { sw.fuse_pool = fold; });
+  folding_bit_for_bit(
+      "vgg11_bn_small", 10, [](Switches& sw, bool fold) { sw.fuse_pool = fold; }, pooled_cbr_count);
 }
 
 // ResNet-18 at 224x224: its stem's 3x3 / 2 pool with padding 1, whose windows overlap
@@ -394,8 +410,25 @@ TEST(GpuFusedStep, PoolFoldingOffAndOnBitForBit) {
 // gradient, pool_route.cuh).
 TEST(GpuFusedStep, OverlappingPoolFoldingOffAndOnBitForBit) {
   KILN_REQUIRE_GPU();
-  pool_folding_bit_for_bit("resnet18", 2,
-                           [](Switches& sw, bool fold) { sw.fuse_overlapping_pool = fold; });
+  folding_bit_for_bit(
+      "resnet18", 2, [](Switches& sw, bool fold) { sw.fuse_overlapping_pool = fold; },
+      pooled_cbr_count);
+}
+
+// ResNet-50 at 224x224: its four downsampling shortcuts' BatchNorms folded into their blocks'
+// BN+add+ReLU forwards (KILN_FUSE_RESIDUAL_BN).
+TEST(GpuFusedStep, ResidualBnFoldingOffAndOnBitForBit) {
+  KILN_REQUIRE_GPU();
+  folding_bit_for_bit(
+      "resnet50", 4, [](Switches& sw, bool fold) { sw.fuse_residual_bn = fold; },
+      [](const Engine& e) {
+        int n = 0;
+        for (const Phase& ph : e.program().train) {
+          for (const Node& node : ph.nodes)
+            n += node.op == OpKind::bn_add_relu_fwd && node.in.size() > 6;
+        }
+        return n;
+      });
 }
 
 }  // namespace

@@ -38,6 +38,7 @@ struct StepForm {
   // KILN_DETERMINISTIC off without the timed choice: cuDNN's autotuned engines alone (also
   // nothing kept on disk), the noise that the timed form's cuDNN layers carry.
   bool autotuned = false;
+  bool fuse_residual_bn = false;  // KILN_FUSE_RESIDUAL_BN
 };
 
 using NamedTensors = std::map<std::string, std::vector<float>>;
@@ -87,6 +88,7 @@ inline std::vector<FormSteps> three_steps(const std::string& model,
     o.switches.cutlass_conv_dgrad = f.cutlass_conv_dgrad;
     o.switches.bn_fused_finalize = f.bn_fused_finalize;
     o.switches.dresidual_from_dgrad = f.dresidual_from_dgrad;
+    o.switches.fuse_residual_bn = f.fuse_residual_bn;
     Engine e(bp, o);
     e.lock_memory();
     e.compile(5);

@@ -423,6 +423,84 @@ inline void bn_add_relu_equals_chain(const Shape& s, bool amp, const char* backe
   expect_equal(h, db_f, db_u, "dbeta");
 }
 
+// bn_add_relu_fwd with the residual's own BatchNorm folded in (gamma2 ...: a downsampling
+// block's shortcut, ops.def) against BN(z2) and BN(x) -> add -> ReLU, and bn_add_relu_bwd with
+// the shortcut's bn_bwd after it against relu_bwd and the two bn_bwd: y, the mask, both saved
+// and running statistics, dresidual, both input gradients and both BatchNorms' parameter
+// gradients equal. The shortcut's BatchNorm has its own eps and momentum (eps2, bn_momentum2).
+inline void bn_add_relu_residual_bn_equals_chain(
+    const Shape& s, bool amp, const char* backend,
+    const Switches& switches = Switches::from_environment()) {
+  const int64_t c = s[3];
+  OpHarness h(amp);
+  const Maker m{h, amp};
+  const TensorId x = m.feature("x", s), z2 = m.feature("z2", s), dy = m.feature("dy", s);
+  const TensorId gamma = m.channels("gamma", c, Region::params_f32),
+                 beta = m.channels("beta", c, Region::params_f32),
+                 gamma2 = m.channels("gamma2", c, Region::params_f32),
+                 beta2 = m.channels("beta2", c, Region::params_f32);
+  std::vector<TensorId> running;  // rm_u, rv_u, rm2_u, rv2_u, then the fused chain's
+  for (const char* name : {"rm_u", "rv_u", "rm2_u", "rv2_u", "rm_f", "rv_f", "rm2_f", "rv2_f"})
+    running.push_back(m.channels(name, c, Region::bn_running));
+  std::vector<TensorId> saved;  // saved_u, saved2_u, saved_f, saved2_f
+  for (const char* name : {"saved_u", "saved2_u", "saved_f", "saved2_f"})
+    saved.push_back(h.tensor(name, {2, c}, Region::bn_saved));
+  const TensorId r_u = m.feature("r_u", s), b_u = m.feature("b_u", s), s_u = m.feature("s_u", s),
+                 y_u = m.feature("y_u", s), g_u = m.feature("g_u", s), dx_u = m.feature("dx_u", s),
+                 dz2_u = m.feature("dz2_u", s);
+  const TensorId y_f = m.feature("y_f", s), dx_f = m.feature("dx_f", s),
+                 dres_f = m.feature("dres_f", s), dz2_f = m.feature("dz2_f", s);
+  const TensorId mask = h.tensor("mask", {(s.numel() + 7) / 8}, Region::aux, DType::U8);
+  std::vector<TensorId> pgrads;  // dg_u, db_u, dg2_u, db2_u, then the fused chain's
+  for (const char* name : {"dg_u", "db_u", "dg2_u", "db2_u", "dg_f", "db_f", "dg2_f", "db2_f"})
+    pgrads.push_back(m.channels(name, c, Region::grads_f32));
+  Attrs a, a2;
+  a2.eps = 2e-5f;
+  a2.bn_momentum = 0.2f;
+  h.node(OpKind::bn_fwd_train, {z2, gamma2, beta2, running[2], running[3]}, {r_u, saved[1]}, a2);
+  h.node(OpKind::bn_fwd_train, {x, gamma, beta, running[0], running[1]}, {b_u, saved[0]}, a);
+  h.node(OpKind::add, {b_u, r_u}, {s_u}, a);
+  h.node(OpKind::relu_fwd, {s_u}, {y_u}, a);
+  h.node(OpKind::relu_bwd, {y_u, dy}, {g_u}, a);
+  h.node(OpKind::bn_bwd, {x, g_u, gamma, saved[0]}, {dx_u, pgrads[0], pgrads[1]}, a);
+  h.node(OpKind::bn_bwd, {z2, g_u, gamma2, saved[1]}, {dz2_u, pgrads[2], pgrads[3]}, a2);
+  Attrs fa = a;
+  fa.eps2 = a2.eps;
+  fa.bn_momentum2 = a2.bn_momentum;
+  h.node(OpKind::bn_add_relu_fwd,
+         {x, gamma, beta, running[4], running[5], z2, gamma2, beta2, running[6], running[7]},
+         {y_f, saved[2], mask, saved[3]}, fa);
+  h.node(OpKind::bn_add_relu_bwd, {x, dy, mask, gamma, saved[2]},
+         {dx_f, dres_f, pgrads[4], pgrads[5]}, a);
+  h.node(OpKind::bn_bwd, {z2, dres_f, gamma2, saved[3]}, {dz2_f, pgrads[6], pgrads[7]}, a2);
+  h.compile(make_backend(backend, kilns_form(switches)));
+  const auto n = static_cast<size_t>(s.numel()), cn = static_cast<size_t>(c);
+  h.write(x, random_values(n, 21, 1.0f, 3.0f));
+  h.write(z2, random_values(n, 22, -2.0f, 1.0f));
+  h.write(dy, random_values(n, 23));
+  h.write(gamma, random_values(cn, 24, 0.5f, 1.5f));
+  h.write(beta, random_values(cn, 25, -0.3f, 0.3f));
+  h.write(gamma2, random_values(cn, 26, 0.5f, 1.5f));
+  h.write(beta2, random_values(cn, 27, -0.3f, 0.3f));
+  for (size_t i = 0; i < running.size(); ++i) {
+    h.write(running[i],
+            i % 2 == 0 ? random_values(cn, 30 + i % 4) : random_values(cn, 30 + i % 4, 0.5f, 1.5f));
+  }
+  h.run();
+  expect_equal(h, y_f, y_u, "y");
+  expect_mask(h, mask, y_u);
+  const char* what[] = {"saved statistics", "the residual's saved statistics"};
+  for (size_t i = 0; i < 2; ++i) expect_equal(h, saved[2 + i], saved[i], what[i]);
+  const char* stat[] = {"running mean", "running variance", "the residual's running mean",
+                        "the residual's running variance"};
+  for (size_t i = 0; i < 4; ++i) expect_equal(h, running[4 + i], running[i], stat[i]);
+  expect_equal(h, dres_f, g_u, "dresidual (the masked gradient)");
+  expect_equal(h, dx_f, dx_u, "dx");
+  expect_equal(h, dz2_f, dz2_u, "dz2 (the shortcut's input gradient)");
+  const char* grad[] = {"dgamma", "dbeta", "dgamma2", "dbeta2"};
+  for (size_t i = 0; i < 4; ++i) expect_equal(h, pgrads[4 + i], pgrads[i], grad[i]);
+}
+
 // The evaluation form (bn_relu_infer) against bn_fwd_infer, [add,] relu_fwd on the same
 // inputs: equal values (+0 and -0 alike), with and without the residual.
 inline void bn_relu_infer_equals_chain(const Shape& s, bool amp, const char* backend, bool residual,

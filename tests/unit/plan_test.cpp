@@ -8,6 +8,13 @@
 namespace kiln {
 namespace {
 
+const PlanNode& node_of(const ArchPlan& p, int id) {
+  for (const PlanNode& n : p.nodes)
+    if (n.id == id) return n;
+  ADD_FAILURE() << "no node " << id;
+  return p.nodes.front();
+}
+
 BluePrint tiny(Layer root, InputSpec in = {8, 8, 3}, int classes = 4) {
   return BluePrint{"tiny", in, classes, root};
 }
@@ -243,6 +250,41 @@ TEST(Plan, OverlappingMaxPoolFoldsWhereTheBackendHasTheForm) {
     EXPECT_EQ(n->conv_shape(), (Shape{112, 112, 64})) << n->conv_shape().str();
   }
   EXPECT_EQ(stems, 1);
+}
+
+// merge_bn_add_relu with backend_fuses_residual_bn: in ResNet-50 the four downsampling blocks'
+// shortcut BatchNorms fold into their BN+add+ReLU (the residual input is then the shortcut's
+// convolution), the twelve identity blocks keep theirs as they were; without the option none
+// folds and the shortcut BatchNorms stay as nodes.
+TEST(Plan, ShortcutBatchNormFoldsIntoBnAddRelu) {
+  PlanOptions on;
+  on.amp = true;
+  on.backend_fuses_cbr = on.backend_fuses_cbr_pool = on.backend_fuses_bn_add_relu = true;
+  on.backend_fuses_residual_bn = true;
+  const ArchPlan p = make_plan(make_model("resnet50"), on);
+  int folded = 0, bars = 0, bns = 0;
+  for (const PlanNode* n : p.live()) {
+    bns += n->op == PlanOp::BatchNorm;
+    if (n->op != PlanOp::BnAddReLU) continue;
+    ++bars;
+    if (n->res_bn_name.empty()) continue;
+    ++folded;
+    EXPECT_NE(n->res_bn_name.find("downsample"), std::string::npos) << n->res_bn_name;
+    EXPECT_EQ(node_of(p, n->inputs[1]).op, PlanOp::Conv) << n->name;
+  }
+  EXPECT_EQ(bars, 16);
+  EXPECT_EQ(folded, 4);
+  EXPECT_EQ(bns, 0);
+  EXPECT_NE(describe_plan(p).find("(residual)"), std::string::npos);
+  PlanOptions off = on;
+  off.backend_fuses_residual_bn = false;
+  const ArchPlan q = make_plan(make_model("resnet50"), off);
+  int kept = 0;
+  for (const PlanNode* n : q.live()) {
+    kept += n->op == PlanOp::BatchNorm;
+    if (n->op == PlanOp::BnAddReLU) EXPECT_TRUE(n->res_bn_name.empty());
+  }
+  EXPECT_EQ(kept, 4);
 }
 
 TEST(Plan, DescribeListsLayersAndPasses) {

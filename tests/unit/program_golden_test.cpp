@@ -46,6 +46,9 @@ void put_attrs(std::ostream& os, const Attrs& a) {
   // A merged pool whose windows overlap (only such nodes print it: older programs keep their
   // text).
   if (a.pool_stride || a.pool_pad) os << " pool_s" << a.pool_stride << " pool_p" << a.pool_pad;
+  // A folded residual BatchNorm's settings, where they are not the defaults.
+  if (a.eps2 != 1e-5f || a.bn_momentum2 != 0.1f)
+    os << " eps2" << bits(a.eps2) << " bnm2" << bits(a.bn_momentum2);
 }
 
 void put_phases(std::ostream& os, const char* what, const std::vector<Phase>& phases) {
@@ -196,8 +199,9 @@ Program compile(const Config& c) {
   po.fusion = c.fusion != "off";
   po.backend_fuses_cbr = po.backend_fuses_bn_add_relu = true;
   po.backend_fuses_cbr_pool = c.fusion != "nopool";
-  // "all" is CUDA's fusion with KILN_FUSE_OVERLAPPING_POOL on (ResNet's stem pool merged).
-  po.backend_fuses_overlapping_pool = c.fusion == "all";
+  // "all" is CUDA's fusion with KILN_FUSE_OVERLAPPING_POOL and KILN_FUSE_RESIDUAL_BN on
+  // (ResNet's stem pool merged, the shortcuts' BatchNorms folded into BN+add+ReLU).
+  po.backend_fuses_overlapping_pool = po.backend_fuses_residual_bn = c.fusion == "all";
   po.backend_fuses_fp32 = c.fusion == "all" || c.fusion == "nopool";
   CompileOptions o = c.o;
   o.fuse_grad_sum = c.fusion != "nopool" && c.fusion != "off";

@@ -23,6 +23,8 @@ struct BackendCaps {
   bool fused_cbr_pool = false;  // cbr_pool_fwd / cbr_pool_bwd
   // ... with a pool whose windows overlap or are padded (ops.def's byte-per-pooled-element mask)
   bool fused_overlapping_pool = false;
+  // bn_add_relu_fwd with the residual's BatchNorm applied on the fly (ops.def's gamma2 ...)
+  bool fused_residual_bn = false;
   bool fused_bn_add_relu = false;
   bool fused_fp32 = false;           // the fused kernels run in FP32 too (not only under AMP)
   bool fused_grad_sum = false;       // bn_add_relu_bwd takes a second gradient (dy2, ops.def)

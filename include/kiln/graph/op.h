@@ -33,6 +33,9 @@ struct Attrs {
   // bn_*: epsilon and running-statistics momentum (PyTorch convention: new = (1-m)*old + m*batch).
   float eps = 1e-5f;
   float bn_momentum = 0.1f;
+  // bn_add_relu_fwd with the residual's BatchNorm (gamma2 ...): that BatchNorm's.
+  float eps2 = 1e-5f;
+  float bn_momentum2 = 0.1f;
   // dropout_*: drop probability; seed mixes with the step counter and element index.
   float p = 0.0f;
   uint64_t seed = 0;

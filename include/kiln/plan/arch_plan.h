@@ -50,6 +50,11 @@ struct PlanNode {
   std::string pool_name;
   Shape pool_in;
   Shape conv_shape() const { return pool ? pool_in : shape; }
+  // A BN+add+ReLU whose residual is a BatchNorm's output that feeds it alone (a downsampling
+  // block's shortcut, merge_bn_add_relu with backend_fuses_residual_bn): that BatchNorm's name
+  // and settings; inputs[1] is then its input.
+  std::string res_bn_name;
+  float res_eps = 1e-5f, res_momentum = 0.1f;
   bool removed = false;  // dropped by a pass (kept so ids stay stable)
 };
 
@@ -61,6 +66,9 @@ struct PlanOptions {
   // Also pools whose windows overlap or are padded (ResNet's stem pool), and
   // KILN_FUSE_OVERLAPPING_POOL is on.
   bool backend_fuses_overlapping_pool = false;
+  // BN+add+ReLU also takes its residual's BatchNorm (a downsampling shortcut's), applied on the
+  // fly (ops.def's bn_add_relu_fwd with gamma2...), and KILN_FUSE_RESIDUAL_BN is on.
+  bool backend_fuses_residual_bn = false;
   bool backend_fuses_bn_add_relu = false;
   bool backend_fuses_fp32 = false;  // merge in FP32 too (the CPU's fused kernels); else AMP only
 };

@@ -40,7 +40,7 @@ class CpuBackend final : public Backend {
     // Fused CBR and BN+add+ReLU in FP32: compositions of the unfused kernels (cpu/fused.cpp)
     // that skip the BN-output and ReLU passes and keep a bit mask instead of the ReLU output.
     c.fused_cbr = c.fused_cbr_pool = c.fused_bn_add_relu = c.fused_fp32 = c.fused_grad_sum = true;
-    c.fused_overlapping_pool = true;
+    c.fused_overlapping_pool = c.fused_residual_bn = true;
     return c;
   }
   bool supports(OpKind op, DType feature_dtype) const override {

@@ -363,23 +363,30 @@ KernelPtr make_cbr_pool_bwd(const Node& n, Context& ctx) {
   return cbr_backward(n, ctx, io, make_loop(route));
 }
 
-// "x, gamma, beta, running_mean, running_var, residual -> y, saved, mask"
+// "x, gamma, beta, running_mean, running_var, residual, [gamma2, beta2, running_mean2,
+// running_var2] -> y, saved, mask, [saved2]": with the residual's BatchNorm, its output goes to
+// the kernel's own buffer (as cbr_pool_fwd's ReLU output), which the add reads.
 KernelPtr make_bn_add_relu_fwd(const Node& n, Context& ctx) {
   reject_accumulate(ctx, n);
-  const TensorId x = need_in(n, 0, "x"), gamma = need_in(n, 1, "gamma"),
-                 beta = need_in(n, 2, "beta"), rm = need_in(n, 3, "running_mean"),
-                 rv = need_in(n, 4, "running_var"), residual = need_in(n, 5, "residual");
-  const TensorId y = need_out(n, 0, "y"), saved = need_out(n, 1, "saved"),
-                 mask = need_out(n, 2, "mask");
-  expect_same_size(ctx, n, y, residual);
-  expect_dtype(ctx, n, residual, DType::F32, "residual");
-  expect_mask(ctx, n, mask, y);
+  const BnAddReluFwdTensors t = bn_add_relu_fwd_tensors(n);
+  expect_same_size(ctx, n, t.y, t.residual);
+  expect_dtype(ctx, n, t.residual, DType::F32, "residual");
+  expect_mask(ctx, n, t.mask, t.y);
   std::vector<KernelPtr> parts;
+  std::vector<float> res_out;
+  const float* res = ctx.ptr<float>(t.residual);
+  if (t.res_bn) {
+    res_out.resize(static_cast<size_t>(ctx.tensor(t.residual).numel()));
+    res = res_out.data();
+    parts.push_back(
+        make_bn_fwd_train_into(residual_bn_part(n, t, t.residual), ctx, res_out.data()));
+  }
   parts.push_back(make_bn_fwd_train(
-      fused_part(OpKind::bn_fwd_train, {x, gamma, beta, rm, rv}, {y, saved}, n, "bn"), ctx));
-  parts.push_back(relu_with_mask(ctx.ptr<float>(y), ctx.ptr<float>(residual),
-                                 ctx.ptr<uint8_t>(mask), ctx.tensor(y).numel()));
-  return std::make_unique<Sequence>(std::move(parts));
+      fused_part(OpKind::bn_fwd_train, {t.x, t.gamma, t.beta, t.rm, t.rv}, {t.y, t.saved}, n, "bn"),
+      ctx));
+  parts.push_back(
+      relu_with_mask(ctx.ptr<float>(t.y), res, ctx.ptr<uint8_t>(t.mask), ctx.tensor(t.y).numel()));
+  return std::make_unique<Sequence>(std::move(parts), std::move(res_out));
 }
 
 // "x, dy, mask, gamma, saved, [dy2] -> dx, dresidual, dgamma, dbeta": the add passes the

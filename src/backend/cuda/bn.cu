@@ -115,6 +115,10 @@ struct BnFwd {
   // byte an element (pool_route.cuh).
   bool overlap = false;
   OverlapPool op;
+  // bn_add_relu_fwd with the residual's BatchNorm: its statistics and finalize (res->x is the
+  // residual) run first, into res_coef (the kernel's own), which the apply pass reads.
+  const BnFwd* res = nullptr;
+  float4* res_coef = nullptr;
 };
 
 // What one BatchNorm backward reads and writes. mask non-null: the gradient at BN's output is
@@ -165,7 +169,20 @@ KernelPtr bn_forward(Context& ctx, int stream, const Nhwc& s, DType dt, const Bn
   const int hp = a.pool ? static_cast<int>(s.h / a.pool) : 0,
             wp = a.pool ? static_cast<int>(s.w / a.pool) : 0;
   const int chunks = a.sums ? 1 : v.on ? v.blocks : d.gy;
-  const size_t coef_off = reserve_stats_workspace(ctx, stream, chunks, C);
+  // The residual's BatchNorm (a.res): its statistics pass over the residual, in the same
+  // partials, finalized into a.res_coef before x's statistics pass reuses them.
+  const BnVec v2 = a.res ? bn_vec(ctx, dt, d.rows, C, {a.res->x}) : BnVec{};
+  const int chunks2 = !a.res ? 0 : v2.on ? v2.blocks : d.gy;
+  const size_t coef_off = reserve_stats_workspace(ctx, stream, std::max(chunks, chunks2), C);
+  KILN_CHECK(!a.res || (a.mask && a.residual == a.res->x && a.res_coef && !a.pool), Internal,
+             "BatchNorm with the residual's BatchNorm needs the fused ReLU and its residual");
+  const bool res_bn = a.res != nullptr;  // a.res is the caller's: not read while running
+  FwdFinalize fin2;
+  if (res_bn) {
+    fin2.rows = d.rows, fin2.C = C, fin2.eps = a.res->eps, fin2.momentum = a.res->momentum;
+    fin2.saved = a.res->saved, fin2.running_mean = a.res->rm, fin2.running_var = a.res->rv;
+    fin2.gamma = a.res->gamma, fin2.beta = a.res->beta;
+  }
   const dim3 rgrid(static_cast<unsigned>((C + kCx - 1) / kCx), static_cast<unsigned>(d.gy));
   const int64_t count = d.rows * C;
   const unsigned egrid = grid_for(ctx, a.mask ? (count + 7) / 8 : count, kThreads);
@@ -183,6 +200,19 @@ KernelPtr bn_forward(Context& ctx, int stream, const Nhwc& s, DType dt, const Bn
       const T* x = static_cast<const T*>(a.x);
       const T* res = static_cast<const T*>(a.residual);
       T* y = static_cast<T*>(a.y);
+      if (res_bn && v2.on) {
+        stats_partial_vec<T><<<v2.blocks, kVecThreads, 0, st>>>(res, static_cast<int>(d.rows),
+                                                                static_cast<int>(C), partial);
+        KILN_LAUNCH_CHECK("residual bn stats (vec)");
+      } else if (res_bn) {
+        stats_partial_kernel<T><<<rgrid, dim3(kCx, kCy), 0, st>>>(res, d.rows, C, partial);
+        KILN_LAUNCH_CHECK("residual bn stats");
+      }
+      if (res_bn) {
+        stats_finalize_kernel<<<finalize_grid(C), dim3(kFinC, kFinS), 0, st>>>(partial, chunks2,
+                                                                               fin2, a.res_coef);
+        KILN_LAUNCH_CHECK("residual bn stats finalize");
+      }
       // Where a kernel before took the sums, the finalize reads them as they are.
       if (!a.sums && v.on) {
         stats_partial_vec<T><<<v.blocks, kVecThreads, 0, st>>>(x, static_cast<int>(d.rows),
@@ -224,6 +254,10 @@ KernelPtr bn_forward(Context& ctx, int stream, const Nhwc& s, DType dt, const Bn
               <<<pgrid, kVecThreads, 0, st>>>(x, y, a.mask, total, cg, hp, wp, a.pool, coef);
         }
         KILN_LAUNCH_CHECK("bn apply + relu + max-pool + mask");
+      } else if (gp.on && res_bn) {
+        apply_group<T, true, true><<<gp.blocks, kVecThreads, 0, st>>>(
+            x, res, y, a.mask, static_cast<int>(d.rows), gp.cg, coef, own, a.res_coef);
+        KILN_LAUNCH_CHECK("bn apply + residual bn + add + relu + mask (vec)");
       } else if (gp.on && a.mask) {
         apply_group<T, true><<<gp.blocks, kVecThreads, 0, st>>>(
             x, res, y, a.mask, static_cast<int>(d.rows), gp.cg, coef, own);
@@ -233,7 +267,8 @@ KernelPtr bn_forward(Context& ctx, int stream, const Nhwc& s, DType dt, const Bn
             x, nullptr, y, nullptr, static_cast<int>(d.rows), gp.cg, coef, own);
         KILN_LAUNCH_CHECK("bn apply (vec)");
       } else if (a.mask) {
-        apply_relu_mask_kernel<T><<<egrid, kThreads, 0, st>>>(x, res, y, a.mask, count, C, coef);
+        apply_relu_mask_kernel<T>
+            <<<egrid, kThreads, 0, st>>>(x, res, y, a.mask, count, C, coef, a.res_coef);
         KILN_LAUNCH_CHECK("bn apply + relu + mask");
       } else {
         apply_kernel<T><<<egrid, kThreads, 0, st>>>(x, y, count, C, coef);
@@ -378,7 +413,7 @@ KernelPtr make_bn_fwd_train(const Node& n, Context& ctx, int stream) {
 KernelPtr make_bn_relu_mask_fwd(const Node& n, Context& ctx, int stream, TensorId x, TensorId gamma,
                                 TensorId beta, TensorId rm, TensorId rv, TensorId residual,
                                 TensorId conv_bias, TensorId y, TensorId saved, TensorId mask,
-                                const float* conv_sums) {
+                                const float* conv_sums, const BnAddReluFwdTensors* res_bn) {
   Nhwc s;
   BnFwd a = bn_fwd_args(ctx, n, x, gamma, beta, rm, rv, y, saved, &s);
   a.sums = conv_sums;
@@ -394,7 +429,19 @@ KernelPtr make_bn_relu_mask_fwd(const Node& n, Context& ctx, int stream, TensorI
   a.residual = ctx.ptr(residual);
   a.conv_bias = ctx.ptr<float>(conv_bias);
   a.mask = ctx.ptr<uint8_t>(mask);
-  return bn_forward(ctx, stream, s, ctx.tensor(x).dtype, a);
+  if (res_bn == nullptr || !res_bn->res_bn)
+    return bn_forward(ctx, stream, s, ctx.tensor(x).dtype, a);
+  // The residual's BatchNorm: the same checks as a bn_fwd_train node of its own, its
+  // coefficients in a buffer of this kernel's.
+  const Node part = residual_bn_part(n, *res_bn, kNoTensor);
+  Nhwc s2;
+  const BnFwd r = bn_fwd_args(ctx, part, res_bn->residual, res_bn->gamma2, res_bn->beta2,
+                              res_bn->rm2, res_bn->rv2, residual, res_bn->saved2, &s2);
+  auto coef2 = std::make_shared<DeviceBuffer>(sizeof(float4) * static_cast<size_t>(s.c));
+  a.res = &r;
+  a.res_coef = static_cast<float4*>(coef2->get());
+  std::shared_ptr<Kernel> k = bn_forward(ctx, stream, s, ctx.tensor(x).dtype, a);
+  return make_fn(stream, [k, coef2](Context& c, cudaStream_t) { k->run(c); });
 }
 
 // The BatchNorm backward of cbr_bwd (z, dy, mask -> dz) and of bn_add_relu_bwd (x, dy, mask,

@@ -205,14 +205,25 @@ __device__ __forceinline__ T bn_relu_one(float x, const T* res, float4 k, unsign
   return f > 0.0f || isnan(f) ? v : from_f<T>(0.0f);  // relu_fwd: NaN passes, its bit is 0
 }
 
+// The residual's own BatchNorm applied to r (bn_add_relu_fwd's gamma2 ...: a downsampling
+// shortcut's), rounded to T as apply_kernel rounds it.
+template <typename T>
+__device__ __forceinline__ T bn_one(T r, float4 k) {
+  return from_f<T>((to_f(r) - k.x) * k.y + k.z);
+}
+
+// res_coef non-null: the residual is z2, its BatchNorm applied on the fly (bn_one).
 template <typename T>
 __global__ void apply_relu_mask_kernel(const T* x, const T* residual, T* y, uint8_t* mask,
-                                       int64_t count, int64_t C, const float4* coef) {
+                                       int64_t count, int64_t C, const float4* coef,
+                                       const float4* res_coef = nullptr) {
   KILN_GRID_STRIDE(g, (count + 7) / 8) {
     unsigned bits = 0;
     for (int j = 0; j < 8 && g * 8 + j < count; ++j) {
       const int64_t e = g * 8 + j;
-      y[e] = bn_relu_one(to_f(x[e]), residual ? residual + e : nullptr, coef[e % C], bits, j);
+      T r{};
+      if (residual) r = res_coef ? bn_one(residual[e], res_coef[e % C]) : residual[e];
+      y[e] = bn_relu_one(to_f(x[e]), residual ? &r : nullptr, coef[e % C], bits, j);
     }
     mask[g] = static_cast<uint8_t>(bits);
   }
@@ -303,18 +314,21 @@ __device__ __forceinline__ void store8(T* p, const T (&v)[8]) {
 // non-null: the pass finalizes itself (no finalize launch): each thread forms its group's
 // coefficients from the sums, and block 0's first row of threads (each group once) writes
 // saved and the running statistics.
-template <typename T, bool Relu>
+// ResBn: the residual is z2 and res_coef its BatchNorm's coefficients, applied on the fly
+// (bn_add_relu_fwd's gamma2 ...).
+template <typename T, bool Relu, bool ResBn = false>
 __global__ void __launch_bounds__(kVecThreads)
     apply_group(const T* x, const T* residual, T* y, uint8_t* mask, int rows, int cg,
-                const float4* coef, FwdFinalize fin = {}) {
+                const float4* coef, FwdFinalize fin = {}, const float4* res_coef = nullptr) {
   const int gi = threadIdx.x % cg, rpb = kVecThreads / cg, rstride = gridDim.x * rpb;
   const bool writer = blockIdx.x == 0 && static_cast<int>(threadIdx.x) < cg;
-  float4 k[8];
+  float4 k[8], k2[ResBn ? 8 : 1];
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
     const int c = gi * 8 + j;
     k[j] =
         fin.sums ? fwd_finalize_channel(fin, c, fin.sums[c], fin.sums[fin.C + c], writer) : coef[c];
+    if constexpr (ResBn) k2[j] = res_coef[c];
   }
   for (int r = blockIdx.x * rpb + threadIdx.x / cg; r < rows; r += 2 * rstride) {
     alignas(16) T a[2][8], b[2][8];
@@ -333,6 +347,10 @@ __global__ void __launch_bounds__(kVecThreads)
       alignas(16) T o[8];
       if constexpr (Relu) {
         unsigned bits = 0;
+        if constexpr (ResBn) {
+#pragma unroll
+          for (int j = 0; j < 8; ++j) b[u][j] = bn_one(b[u][j], k2[j]);
+        }
 #pragma unroll
         for (int j = 0; j < 8; ++j)
           o[j] = bn_relu_one(to_f(a[u][j]), residual ? &b[u][j] : nullptr, k[j], bits, j);

@@ -84,6 +84,9 @@ class CudaBackend final : public CudaBackendApi {
     // ResNet's stem pool (3x3 / 2, padding 1) in BatchNorm's passes (bn.cu's overlapping form);
     // Engine leaves it to KILN_FUSE_OVERLAPPING_POOL.
     c.fused_overlapping_pool = true;
+    // A downsampling shortcut's BatchNorm applied inside BN+add+ReLU's apply pass (bn.cu); Engine
+    // leaves it to KILN_FUSE_RESIDUAL_BN.
+    c.fused_residual_bn = true;
     // The gradient-sum fusion (bn_add_relu_bwd's dy2), faster too (bench/RESULTS.md); Engine
     // turns it off with KILN_FUSE_GRAD_SUM=0.
     c.fused_grad_sum = true;

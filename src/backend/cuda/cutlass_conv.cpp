@@ -174,7 +174,10 @@ KernelPtr make_conv_fwd_summed_for_bn(const Node& n, Context& ctx, int stream,
     const TimedChoice c = time_sm90_against_today(
         n, ctx, stream, timed_form_key("conv_fwd+bn_add_relu_fwd.gemm", g, ctx.tensor(x).dtype, ""),
         {conv.get(), bn_sm90.get()}, {today.get(), bn_today.get()},
-        {need_in(*bn, 3, "running_mean"), need_in(*bn, 4, "running_var")});
+        // The running statistics both forms update, the residual's BatchNorm's too where it is
+        // folded in (ops.def's running_mean2 / running_var2).
+        {need_in(*bn, 3, "running_mean"), need_in(*bn, 4, "running_var"), in_at(*bn, 8),
+         in_at(*bn, 9)});
     if (!c.sm90) {
       ++ctx.conv_cutlass_fallbacks;
       return today;

@@ -237,16 +237,13 @@ KernelPtr make_cbr_pool_bwd(const Node& n, Context& ctx, int stream) {
 }
 
 KernelPtr make_bn_add_relu_fwd_part(const Node& n, Context& ctx, int stream, const float* sums) {
-  const TensorId x = need_in(n, 0, "x"), gamma = need_in(n, 1, "gamma"),
-                 beta = need_in(n, 2, "beta"), rm = need_in(n, 3, "running_mean"),
-                 rv = need_in(n, 4, "running_var"), residual = need_in(n, 5, "residual");
-  const TensorId y = need_out(n, 0, "y"), saved = need_out(n, 1, "saved"),
-                 mask = need_out(n, 2, "mask");
-  return make_bn_relu_mask_fwd(n, ctx, stream, x, gamma, beta, rm, rv, residual, kNoTensor, y,
-                               saved, mask, sums);
+  const BnAddReluFwdTensors t = bn_add_relu_fwd_tensors(n);
+  return make_bn_relu_mask_fwd(n, ctx, stream, t.x, t.gamma, t.beta, t.rm, t.rv, t.residual,
+                               kNoTensor, t.y, t.saved, t.mask, sums, &t);
 }
 
-// "x, gamma, beta, running_mean, running_var, residual -> y, saved, mask"
+// "x, gamma, beta, running_mean, running_var, residual, [gamma2, beta2, running_mean2,
+// running_var2] -> y, saved, mask, [saved2]"
 KernelPtr make_bn_add_relu_fwd(const Node& n, Context& ctx, int stream) {
   reject_accumulate(ctx, n);
   // A bottleneck's conv3 on the SM90 GEMM (make_conv_fwd_summed_for_bn) left x's sums.

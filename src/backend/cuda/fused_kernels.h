@@ -5,6 +5,7 @@
 #include <functional>
 
 #include "backend/cuda/cuda_kernel.h"
+#include "backend/fused_nodes.h"
 
 namespace kiln::cuda {
 
@@ -14,10 +15,13 @@ namespace kiln::cuda {
 // (ops.def). n names the fused node in errors and supplies eps and momentum. conv_sums, when
 // given, holds x's per-channel sum and sum of squares (make_conv_fwd_genstats wrote them),
 // which replace the statistics pass over x.
+// res_bn (bn_add_relu_fwd with gamma2 ...): the residual is the shortcut's convolution output,
+// whose own BatchNorm (statistics pass, saved2, running statistics) is applied on the fly.
 KernelPtr make_bn_relu_mask_fwd(const Node& n, Context& ctx, int stream, TensorId x, TensorId gamma,
                                 TensorId beta, TensorId rm, TensorId rv, TensorId residual,
                                 TensorId conv_bias, TensorId y, TensorId saved, TensorId mask,
-                                const float* conv_sums = nullptr);
+                                const float* conv_sums = nullptr,
+                                const BnAddReluFwdTensors* res_bn = nullptr);
 
 // The MLPerf-style CBR convolution (KILN_CBR_FORM=genstats): z = conv(x, w) with z's
 // per-channel sum in sums[0, K) and sum of squares in sums[K, 2K) (FP32), one cuDNN graph.

@@ -122,13 +122,29 @@ void cbr_backward(Context& c, const PlanNode& n, const Forward& f, Backward& b,
 
 void bn_add_relu_params(Context& c, const PlanNode& n, std::vector<ParamSpec>& specs) {
   c.bn_params(specs, n.bn_name, c.in_shape(n)[2]);
+  if (!n.res_bn_name.empty()) c.bn_params(specs, n.res_bn_name, c.in_shape(n, 1)[2]);
+}
+
+// A folded residual BatchNorm (PlanNode::res_bn_name) in evaluation: its inference pass, whose
+// output is bn_relu_infer's residual.
+TensorId residual_bn_infer(Context& c, const PlanNode& n, TensorId z, Pass& pass) {
+  const auto& [rm, rv] = c.running(n.res_bn_name, pass.master);
+  Attrs a;
+  a.eps = n.res_eps;
+  const TensorId r = c.feature(n.res_bn_name + ":y" + pass.tag, c.in_shape(n, 1));
+  pass.nodes.push_back(make_node(OpKind::bn_fwd_infer,
+                                 {z, c.param_in(n.res_bn_name + ".weight", pass.master),
+                                  c.param_in(n.res_bn_name + ".bias", pass.master), rm, rv},
+                                 {r}, a, n.res_bn_name + " infer"));
+  return r;
 }
 
 void bn_add_relu_forward(Context& c, const PlanNode& n, Forward& f, Pass& pass) {
   const TensorId x = f.out.at(n.inputs[0]);
   const TensorId residual = f.out.at(n.inputs[1]);
+  const bool res_bn = !n.res_bn_name.empty();
   if (!pass.train) {
-    bn_relu_infer(c, n, x, residual, f, pass);
+    bn_relu_infer(c, n, x, res_bn ? residual_bn_infer(c, n, residual, pass) : residual, f, pass);
     return;
   }
   const TensorId y = c.feature(n.name + ":y" + pass.tag, n.shape);
@@ -139,9 +155,24 @@ void bn_add_relu_forward(Context& c, const PlanNode& n, Forward& f, Pass& pass) 
   const TensorId saved = c.tensor(n.bn_name + ":saved", Region::bn_saved, Shape{2, n.shape[2]},
                                   DType::F32, Layout::Flat);
   const TensorId mask = c.aux(n.name + ":mask", (c.p.tensor(y).numel() + 7) / 8, DType::U8);
-  pass.nodes.push_back(make_node(OpKind::bn_add_relu_fwd, {x, gamma, beta, rm, rv, residual},
-                                 {y, saved, mask}, a, n.bn_name + " bn+add+relu fwd"));
+  std::vector<TensorId> in{x, gamma, beta, rm, rv, residual};
+  std::vector<TensorId> out{y, saved, mask};
+  Attrs at = a;
+  if (res_bn) {
+    // The shortcut's BatchNorm, applied to the residual on the fly (ops.def).
+    const auto& [rm2, rv2] = c.running(n.res_bn_name);
+    in.insert(in.end(), {c.param_in(n.res_bn_name + ".weight", pass.master),
+                         c.param_in(n.res_bn_name + ".bias", pass.master), rm2, rv2});
+    out.push_back(c.tensor(n.res_bn_name + ":saved", Region::bn_saved,
+                           Shape{2, c.in_shape(n, 1)[2]}, DType::F32, Layout::Flat));
+    at.eps2 = n.res_eps;
+    at.bn_momentum2 = n.res_momentum;
+  }
+  pass.nodes.push_back(
+      make_node(OpKind::bn_add_relu_fwd, in, out, at,
+                n.bn_name + (res_bn ? " + " + n.res_bn_name : "") + " bn+add+relu fwd"));
   f.saved[n.id] = {saved, mask};
+  if (res_bn) f.saved[n.id].push_back(out[3]);
   f.out[n.id] = y;
 }
 
@@ -160,8 +191,12 @@ void bn_add_relu_backward(Context& c, const PlanNode& n, const Forward& f, Backw
   const auto& saved = f.saved.at(n.id);
   const TensorId dx =
       c.needs_grad(n, 0) ? c.new_grad(n, 0, b) : c.feature(n.name + ":dx_unused", c.in_shape(n, 0));
-  const TensorId dres = c.needs_grad(n, 1) ? c.new_grad(n, 1, b)
-                                           : c.feature(n.name + ":dres_unused", c.in_shape(n, 1));
+  // With the shortcut's BatchNorm folded in, dresidual is the gradient at that BatchNorm's
+  // output, whose backward follows.
+  const bool res_bn = !n.res_bn_name.empty();
+  const TensorId dres = res_bn               ? c.feature(n.res_bn_name + ":dy", c.in_shape(n, 1))
+                        : c.needs_grad(n, 1) ? c.new_grad(n, 1, b)
+                                             : c.feature(n.name + ":dres_unused", c.in_shape(n, 1));
   std::vector<TensorId> ins{f.out.at(n.inputs[0]), dy, saved[1],
                             c.param_in(n.bn_name + ".weight", Region::params_f32), saved[0]};
   if (dy2 != kNoTensor) ins.push_back(dy2);
@@ -169,6 +204,18 @@ void bn_add_relu_backward(Context& c, const PlanNode& n, const Forward& f, Backw
                             {dx, dres, c.param_in(n.bn_name + ".weight", Region::grads_f32),
                              c.param_in(n.bn_name + ".bias", Region::grads_f32)},
                             a, n.bn_name + " bn+add+relu bwd"));
+  if (!res_bn) return;
+  Attrs a2;
+  a2.eps = n.res_eps;
+  const TensorId dz = c.needs_grad(n, 1)
+                          ? c.new_grad(n, 1, b)
+                          : c.feature(n.res_bn_name + ":dx_unused", c.in_shape(n, 1));
+  nodes.push_back(make_node(OpKind::bn_bwd,
+                            {f.out.at(n.inputs[1]), dres,
+                             c.param_in(n.res_bn_name + ".weight", Region::params_f32), saved[2]},
+                            {dz, c.param_in(n.res_bn_name + ".weight", Region::grads_f32),
+                             c.param_in(n.res_bn_name + ".bias", Region::grads_f32)},
+                            a2, n.res_bn_name + " bwd"));
 }
 
 }  // namespace
