@@ -208,7 +208,11 @@ INSTANTIATE_TEST_SUITE_P(
         CutlassCase{{"r50_conv2_7x7_c512", 4, 7, 7, 512, 512, 3, 1, 1, false}, 0},
         // Odd sizes: rows and channels ending inside a tile; a 5x5 filter with padding 2.
         CutlassCase{{"n3_9x11_c24_k136", 3, 9, 11, 24, 136, 3, 1, 1, false}, 0},
-        CutlassCase{{"n2_10x6_c16_k40_5x5", 2, 10, 6, 16, 40, 5, 1, 2, false}, 0}),
+        CutlassCase{{"n2_10x6_c16_k40_5x5", 2, 10, 6, 16, 40, 5, 1, 2, false}, 0},
+        // First layers of 3 channels, run on copies padded to 8 (KILN_PAD_CHANNELS, auto here):
+        // VGG16's (3x3) and ResNet-50's stem (7x7 / 2, padding 3), scaled down.
+        CutlassCase{{"vgg_first_20x18_c3_k64", 2, 20, 18, 3, 64, 3, 1, 1, true}, 0},
+        CutlassCase{{"r50_stem_30x32_c3_k64_7x7s2", 2, 30, 32, 3, 64, 7, 2, 3, true}, 0}),
     [](const auto& info) { return std::string(info.param.cbr.name); });
 
 // A bottleneck's conv3: a conv_fwd node whose output the next bn_add_relu_fwd normalises (a

@@ -39,6 +39,10 @@ struct StepForm {
   // nothing kept on disk), the noise that the timed form's cuDNN layers carry.
   bool autotuned = false;
   bool fuse_residual_bn = false;  // KILN_FUSE_RESIDUAL_BN
+  // KILN_PAD_CHANNELS: off by default here, so that the first layer (3 channels) keeps cuDNN in
+  // every form and the layer counts below stay those of the 3x3 and 1x1 layers (GpuCutlassConvCbr
+  // holds the padded first layer on the SM90 convolution to today's form).
+  Auto pad_channels = Auto::off;
 };
 
 using NamedTensors = std::map<std::string, std::vector<float>>;
@@ -89,6 +93,7 @@ inline std::vector<FormSteps> three_steps(const std::string& model,
     o.switches.bn_fused_finalize = f.bn_fused_finalize;
     o.switches.dresidual_from_dgrad = f.dresidual_from_dgrad;
     o.switches.fuse_residual_bn = f.fuse_residual_bn;
+    o.switches.pad_channels = f.pad_channels;
     Engine e(bp, o);
     e.lock_memory();
     e.compile(5);

@@ -6,6 +6,7 @@
 // CMakeLists.txt on those two alone), and only this one answers it for the rest
 // (cutlass_kernels_built, sm90_layer.h); where they were not, every layer reports "not built" and
 // keeps its form.
+#include "backend/cuda/channel_ops.h"
 #include "backend/cuda/fused_kernels.h"
 #include "backend/cuda/sm90_layer.h"
 #include "backend/cuda/timed_form.h"
@@ -65,10 +66,55 @@ bool sm90_fwd_implicit(const Context& ctx, const ConvGeom& g) {
   return ctx.cutlass_conv && !sm90_gemm_shape(g);
 }
 
+namespace {
+
+// A first layer's 3 channels on the SM90 kernels, which want channels in multiples of 8
+// (KILN_PAD_CHANNELS not 0, FP16): x and w copied with zero channels up to 8 before each run
+// (the zeros add nothing to z or its sums), into buffers the kernel owns.
+struct PaddedOperands {
+  std::shared_ptr<DeviceBuffer> x, w;
+  const void *x_src = nullptr, *w_src = nullptr;
+  DType dt = DType::F16;
+  int64_t x_rows = 0, w_rows = 0, c = 0, cp = 0;
+};
+
+std::shared_ptr<PaddedOperands> padded_operands(const Context& ctx, const ConvGeom& g, DType dt,
+                                                const void* x, const void* w) {
+  if (ctx.opts.pad_channels == Auto::off || dt == DType::F32 || g.x.c % 8 == 0) return nullptr;
+  auto p = std::make_shared<PaddedOperands>();
+  p->x_src = x, p->w_src = w, p->dt = dt;
+  p->x_rows = g.x_rows(), p->w_rows = g.w_rows();
+  p->c = g.x.c, p->cp = (g.x.c + 7) / 8 * 8;
+  const auto bytes = [&](int64_t rows) {
+    return static_cast<size_t>(rows * p->cp) * dtype_size(dt);
+  };
+  p->x = std::make_shared<DeviceBuffer>(bytes(p->x_rows));
+  p->w = std::make_shared<DeviceBuffer>(bytes(p->w_rows));
+  return p;
+}
+
+// `unit` after the padding copies, on its stream.
+KernelPtr after_padding(int stream, std::shared_ptr<PaddedOperands> p, KernelPtr unit) {
+  std::shared_ptr<Kernel> k = std::move(unit);
+  return make_fn(stream, [p, k](Context& c, cudaStream_t st) {
+    launch_pad_channels(p->x_src, p->x->get(), p->dt, p->x_rows, p->c, p->cp, c.sm_count, st);
+    launch_pad_channels(p->w_src, p->w->get(), p->dt, p->w_rows, p->c, p->cp, c.sm_count, st);
+    k->run(c);
+  });
+}
+
+}  // namespace
+
 KernelPtr make_conv_fwd_cutlass(const Node& n, Context& ctx, int stream, TensorId x, TensorId w,
                                 TensorId z, float* sums) {
   const std::string what = std::string(op_name(n.op)) + " node '" + n.label + "'";
-  const Sm90ConvQuery q = sm90_conv_query(n, ctx, x, w, z);
+  Sm90ConvQuery q = sm90_conv_query(n, ctx, x, w, z);
+  void *xa = ctx.ptr(x), *wa = ctx.ptr(w);
+  const std::shared_ptr<PaddedOperands> pad = padded_operands(ctx, q.g, q.x, xa, wa);
+  if (pad) {
+    q.g = q.g.with_channels(pad->cp);
+    xa = pad->x->get(), wa = pad->w->get();
+  }
   const bool implicit = sm90_fwd_implicit(ctx, q.g);
   const char* kernel_words =
       implicit ? "kiln's SM90 CUTLASS implicit-GEMM convolution " : "kiln's SM90 CUTLASS GEMM ";
@@ -77,7 +123,7 @@ KernelPtr make_conv_fwd_cutlass(const Node& n, Context& ctx, int stream, TensorI
   // an explicit KILN_CUTLASS=1 (auto does not try there: sm90_conv_gemm_tried), or CUTLASS
   // refusing an eligible layer, is worth a line at the default level.
   const bool routine = !why.empty() && sm90_kernels_here(q);
-  if (why.empty() && !all_tma_aligned({ctx.ptr(x), ctx.ptr(w), ctx.ptr(z)})) {
+  if (why.empty() && !all_tma_aligned({xa, wa, ctx.ptr(z)})) {
     why = "needs x, w and z at 16-byte aligned addresses (TMA)";
   }
 #ifdef KILN_HAVE_CUTLASS
@@ -85,7 +131,7 @@ KernelPtr make_conv_fwd_cutlass(const Node& n, Context& ctx, int stream, TensorI
   CUDA_CHECK(cudaGetDevice(&device_id));
   if (implicit) {
     sm90::ConvStats c;
-    c.x = ctx.ptr(x), c.w = ctx.ptr(w), c.z = ctx.ptr(z);
+    c.x = xa, c.w = wa, c.z = ctx.ptr(z);
     c.sum = sums, c.sumsq = sums + q.g.k;
     c.n = static_cast<int>(q.g.x.n), c.h = static_cast<int>(q.g.x.h);
     c.w_ = static_cast<int>(q.g.x.w), c.c = static_cast<int>(q.g.x.c);
@@ -100,13 +146,14 @@ KernelPtr make_conv_fwd_cutlass(const Node& n, Context& ctx, int stream, TensorI
       if (std::string err = kern.check(c); !err.empty()) why = "refuses it: CUTLASS " + err;
     }
     if (why.empty()) {
-      return make_sm90_unit_run(
-          ctx, stream, kern, c,
-          what + ": the SM90 CUTLASS convolution (" + kern.name + ") failed: ");
+      KernelPtr unit =
+          make_sm90_unit_run(ctx, stream, kern, c,
+                             what + ": the SM90 CUTLASS convolution (" + kern.name + ") failed: ");
+      return pad ? after_padding(stream, pad, std::move(unit)) : std::move(unit);
     }
   } else {
     sm90::GemmStats g;
-    g.x = ctx.ptr(x), g.w = ctx.ptr(w), g.z = ctx.ptr(z);
+    g.x = xa, g.w = wa, g.z = ctx.ptr(z);
     g.m = q.g.x.n * q.g.x.h * q.g.x.w, g.n = q.g.k, g.k = q.g.x.c;
     g.sum = sums, g.sumsq = sums + g.n;
     g.sm_count = ctx.sm_count;
@@ -120,8 +167,9 @@ KernelPtr make_conv_fwd_cutlass(const Node& n, Context& ctx, int stream, TensorI
       if (std::string err = kern.check(g); !err.empty()) why = "refuses it: CUTLASS " + err;
     }
     if (why.empty()) {
-      return make_sm90_unit_run(ctx, stream, kern, g,
-                                what + ": the SM90 CUTLASS GEMM (" + kern.name + ") failed: ");
+      KernelPtr unit = make_sm90_unit_run(
+          ctx, stream, kern, g, what + ": the SM90 CUTLASS GEMM (" + kern.name + ") failed: ");
+      return pad ? after_padding(stream, pad, std::move(unit)) : std::move(unit);
     }
   }
 #endif
