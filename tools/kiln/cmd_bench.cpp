@@ -322,17 +322,22 @@ int cmd_bench(int argc, char** argv) {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t_compile).count();
   if (dist::is_root()) {
     // What the merge passes fused: a bench's figure depends on it (KILN_FUSION, KILN_FUSE_POOL).
-    int cbr = 0, pooled = 0, bar = 0;
+    int cbr = 0, pooled = 0, overlapping = 0, bar = 0, res_bn = 0;
     for (const PlanNode* p : engine.plan().live()) {
       cbr += p->op == PlanOp::CBR;
       pooled += p->op == PlanOp::CBR && p->pool != 0;
+      overlapping +=
+          p->op == PlanOp::CBR && p->pool != 0 && (p->pool_stride != p->pool || p->pool_pad != 0);
       bar += p->op == PlanOp::BnAddReLU;
+      res_bn += p->op == PlanOp::BnAddReLU && !p->res_bn_name.empty();
     }
     std::printf(
-        "fused layers: %d Conv+BN+ReLU (%d with their max-pool folded in; KILN_FUSE_POOL=0 keeps "
-        "pools "
-        "apart), %d BN+add+ReLU (KILN_FUSION=0 turns fusion off)\n",
-        cbr, pooled, bar);
+        "fused layers: %d Conv+BN+ReLU (%d with their max-pool folded in, %d of those overlapping; "
+        "KILN_FUSE_POOL=0 keeps pools apart, KILN_FUSE_OVERLAPPING_POOL=%d), %d BN+add+ReLU (%d "
+        "with their shortcut's BatchNorm, KILN_FUSE_RESIDUAL_BN=%d; KILN_FUSION=0 turns fusion "
+        "off)\n",
+        cbr, pooled, overlapping, eo.switches.fuse_overlapping_pool ? 1 : 0, bar, res_bn,
+        eo.switches.fuse_residual_bn ? 1 : 0);
   }
   if (const CompileReport use = engine.backend().compile_report();
       use.chooses_engines && dist::is_root()) {
