@@ -239,6 +239,72 @@ CbrForward run_conv_bn_add_relu(const CbrCase& t, const Switches& sw) {
   return {fused::read_cbr_forward(h, z, y, bn, mask), h.backend().compile_report()};
 }
 
+// A downsampling shortcut's convolution (1x1, stride t.st) whose output a later bn_add_relu_fwd
+// takes as its residual with the shortcut's BatchNorm folded in (KILN_FUSE_RESIDUAL_BN): with the
+// switch on it takes the SM90 kernel and that folded BatchNorm reads its sums instead of its own
+// statistics pass. What is read back: the shortcut's z, y, and the shortcut BatchNorm's saved and
+// running statistics (in CbrForward's saved, rm, rv).
+CbrForward run_shortcut_conv_bn_add_relu(const CbrCase& t, const Switches& sw) {
+  const int64_t p = (t.h - 1) / t.st + 1, q = (t.w - 1) / t.st + 1;
+  const Shape xs{t.n, t.h, t.w, t.c}, zs{t.n, p, q, t.k}, ws{t.k, 1, 1, t.c};
+  OpHarness h(true);
+  const fused::Maker m{h, true};
+  const TensorId x = m.feature("x", xs), w = m.weight("w", ws), main = m.feature("main_z", zs);
+  const fused::BnForward bn = fused::bn_forward_tensors(m, t.k);
+  const TensorId gamma2 = m.channels("gamma2", t.k, Region::params_f32),
+                 beta2 = m.channels("beta2", t.k, Region::params_f32),
+                 rm2 = m.channels("rm2", t.k, Region::bn_running),
+                 rv2 = m.channels("rv2", t.k, Region::bn_running),
+                 saved2 = h.tensor("saved2", {2, t.k}, Region::bn_saved);
+  const TensorId z = m.feature("z", zs), y = m.feature("y", zs);
+  const TensorId mask = h.tensor("mask", {(zs.numel() + 7) / 8}, Region::aux, DType::U8);
+  const Attrs a = fused::conv_bn_attrs(1, static_cast<int>(t.st), 0);
+  h.node(OpKind::conv_fwd, {x, w}, {z}, a);
+  h.node(OpKind::bn_add_relu_fwd,
+         {main, bn.gamma, bn.beta, bn.rm, bn.rv, z, gamma2, beta2, rm2, rv2},
+         {y, bn.saved, mask, saved2}, a);
+  h.compile(make_backend("cuda", sw));
+  h.write(x, random_values(static_cast<size_t>(xs.numel()), 21));
+  h.write(w, random_values(static_cast<size_t>(ws.numel()), 22, -0.5f, 0.5f));
+  h.write(main, random_values(static_cast<size_t>(zs.numel()), 23));
+  fused::write_bn_forward(h, bn, t.k, 24);
+  const auto k = static_cast<size_t>(t.k);
+  h.write(gamma2, random_values(k, 30, 0.5f, 1.5f));
+  h.write(beta2, random_values(k, 31, -0.3f, 0.3f));
+  h.write(rm2, random_values(k, 32));
+  h.write(rv2, random_values(k, 33, 0.5f, 1.5f));
+  h.run();
+  const fused::BnForward shortcut{gamma2, beta2, rm2, rv2, saved2};
+  return {fused::read_cbr_forward(h, z, y, shortcut, mask), h.backend().compile_report()};
+}
+
+class GpuCutlassShortcutConv : public ::testing::TestWithParam<CbrCase> {};
+
+TEST_P(GpuCutlassShortcutConv, AgreesWithKilnsFormToRounding) {
+  KILN_REQUIRE_SM90_CUTLASS();
+  const CbrCase& t = GetParam();
+  const CbrForward kiln = run_shortcut_conv_bn_add_relu(t, cutlass_switches(false, true));
+  EXPECT_EQ(kiln.report.conv_cutlass + kiln.report.conv_cutlass_fallbacks, 0) << "switch off";
+  for (const bool deterministic : {false, true}) {
+    SCOPED_TRACE(deterministic ? "deterministic: per-CTA partials" : "FP32 atomics");
+    // The strided ones on the implicit-GEMM convolution (KILN_CUTLASS_CONV).
+    const CbrForward cut =
+        run_shortcut_conv_bn_add_relu(t, cutlass_switches(true, deterministic, t.st != 1));
+    ASSERT_EQ(cut.report.conv_cutlass, 1) << "the shortcut did not take the CUTLASS path";
+    expect_agrees_to_rounding(cut, kiln, t.k);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, GpuCutlassShortcutConv,
+    ::testing::Values(
+        // ResNet-50's four shortcuts (layer1's stride 1, then stride 2), then an odd size.
+        CbrCase{"r50_layer1_56x56_c64_k256", 2, 56, 56, 64, 256, 1, 1, 0, false},
+        CbrCase{"r50_layer2_56x56_c256_k512_s2", 2, 56, 56, 256, 512, 1, 2, 0, false},
+        CbrCase{"r50_layer4_14x14_c1024_k2048_s2", 2, 14, 14, 1024, 2048, 1, 2, 0, false},
+        CbrCase{"n3_9x7_c24_k40_s2", 3, 9, 7, 24, 40, 1, 2, 0, false}),
+    [](const auto& info) { return std::string(info.param.name); });
+
 class GpuCutlassConvBnAddRelu : public ::testing::TestWithParam<CbrCase> {};
 
 TEST_P(GpuCutlassConvBnAddRelu, AgreesWithKilnsFormToRounding) {
@@ -317,9 +383,10 @@ TEST(GpuCutlassStep, Resnet50StepsAgreeSwitchOffAndOn) {
 }
 
 // The shortcut BatchNorms folded into BN+add+ReLU (KILN_FUSE_RESIDUAL_BN) where the block's conv3
-// is on the SM90 GEMM, whose sums replace that BatchNorm's statistics pass (the fused forward
-// then runs the shortcut's statistics pass itself): held to today's form within the noise of
-// KILN_CUTLASS without the fold.
+// is on the SM90 GEMM, whose sums replace that BatchNorm's statistics pass, and layer1's shortcut
+// convolution (1x1 stride 1) too, whose sums replace the folded shortcut BatchNorm's (the
+// strided shortcuts keep cuDNN and the fused forward's own statistics pass, KILN_CUTLASS_CONV
+// being off): held to today's form within the noise of KILN_CUTLASS without the fold.
 TEST(GpuCutlassStep, Resnet50ResidualBnFoldedOnTheGemmAgrees) {
   KILN_REQUIRE_SM90_CUTLASS();
   enum Form { kToday, kCutlass, kFolded };
@@ -329,7 +396,9 @@ TEST(GpuCutlassStep, Resnet50ResidualBnFoldedOnTheGemmAgrees) {
       {"KILN_CUTLASS + KILN_FUSE_RESIDUAL_BN", "kiln", Auto::on, Auto::off}};
   forms[kFolded].fuse_residual_bn = true;
   const std::vector<FormSteps> runs = three_steps("resnet50", forms);
-  EXPECT_EQ(runs[kFolded].report.conv_cutlass, 16) << "ResNet-50's bottleneck conv3 layers";
+  EXPECT_EQ(runs[kFolded].report.conv_cutlass, 17) << "the 16 conv3 layers and layer1's shortcut";
+  EXPECT_EQ(runs[kFolded].report.conv_cutlass_fallbacks, 3) << "the strided shortcuts";
+  EXPECT_EQ(runs[kCutlass].report.conv_cutlass, 16) << "without the fold, conv3 alone";
   expect_within_noise(runs, forms, {kToday, kFolded, kCutlass});
 }
 

@@ -172,7 +172,9 @@ KernelPtr bn_forward(Context& ctx, int stream, const Nhwc& s, DType dt, const Bn
   // The residual's BatchNorm (a.res): its statistics pass over the residual, in the same
   // partials, finalized into a.res_coef before x's statistics pass reuses them.
   const BnVec v2 = a.res ? bn_vec(ctx, dt, d.rows, C, {a.res->x}) : BnVec{};
-  const int chunks2 = !a.res ? 0 : v2.on ? v2.blocks : d.gy;
+  // Where the shortcut's convolution took the residual's sums, its finalize reads them.
+  const bool res_summed = a.res && a.res->sums;
+  const int chunks2 = !a.res ? 0 : res_summed ? 1 : v2.on ? v2.blocks : d.gy;
   const size_t coef_off = reserve_stats_workspace(ctx, stream, std::max(chunks, chunks2), C);
   KILN_CHECK(!a.res || (a.mask && a.residual == a.res->x && a.res_coef && !a.pool), Internal,
              "BatchNorm with the residual's BatchNorm needs the fused ReLU and its residual");
@@ -181,7 +183,7 @@ KernelPtr bn_forward(Context& ctx, int stream, const Nhwc& s, DType dt, const Bn
   if (res_bn) {
     fin2.rows = d.rows, fin2.C = C, fin2.eps = a.res->eps, fin2.momentum = a.res->momentum;
     fin2.saved = a.res->saved, fin2.running_mean = a.res->rm, fin2.running_var = a.res->rv;
-    fin2.gamma = a.res->gamma, fin2.beta = a.res->beta;
+    fin2.gamma = a.res->gamma, fin2.beta = a.res->beta, fin2.sums = a.res->sums;
   }
   const dim3 rgrid(static_cast<unsigned>((C + kCx - 1) / kCx), static_cast<unsigned>(d.gy));
   const int64_t count = d.rows * C;
@@ -200,11 +202,11 @@ KernelPtr bn_forward(Context& ctx, int stream, const Nhwc& s, DType dt, const Bn
       const T* x = static_cast<const T*>(a.x);
       const T* res = static_cast<const T*>(a.residual);
       T* y = static_cast<T*>(a.y);
-      if (res_bn && v2.on) {
+      if (res_bn && !res_summed && v2.on) {
         stats_partial_vec<T><<<v2.blocks, kVecThreads, 0, st>>>(res, static_cast<int>(d.rows),
                                                                 static_cast<int>(C), partial);
         KILN_LAUNCH_CHECK("residual bn stats (vec)");
-      } else if (res_bn) {
+      } else if (res_bn && !res_summed) {
         stats_partial_kernel<T><<<rgrid, dim3(kCx, kCy), 0, st>>>(res, d.rows, C, partial);
         KILN_LAUNCH_CHECK("residual bn stats");
       }
@@ -413,7 +415,8 @@ KernelPtr make_bn_fwd_train(const Node& n, Context& ctx, int stream) {
 KernelPtr make_bn_relu_mask_fwd(const Node& n, Context& ctx, int stream, TensorId x, TensorId gamma,
                                 TensorId beta, TensorId rm, TensorId rv, TensorId residual,
                                 TensorId conv_bias, TensorId y, TensorId saved, TensorId mask,
-                                const float* conv_sums, const BnAddReluFwdTensors* res_bn) {
+                                const float* conv_sums, const BnAddReluFwdTensors* res_bn,
+                                const float* res_sums) {
   Nhwc s;
   BnFwd a = bn_fwd_args(ctx, n, x, gamma, beta, rm, rv, y, saved, &s);
   a.sums = conv_sums;
@@ -435,8 +438,9 @@ KernelPtr make_bn_relu_mask_fwd(const Node& n, Context& ctx, int stream, TensorI
   // coefficients in a buffer of this kernel's.
   const Node part = residual_bn_part(n, *res_bn, kNoTensor);
   Nhwc s2;
-  const BnFwd r = bn_fwd_args(ctx, part, res_bn->residual, res_bn->gamma2, res_bn->beta2,
-                              res_bn->rm2, res_bn->rv2, residual, res_bn->saved2, &s2);
+  BnFwd r = bn_fwd_args(ctx, part, res_bn->residual, res_bn->gamma2, res_bn->beta2, res_bn->rm2,
+                        res_bn->rv2, residual, res_bn->saved2, &s2);
+  r.sums = res_sums;
   auto coef2 = std::make_shared<DeviceBuffer>(sizeof(float4) * static_cast<size_t>(s.c));
   a.res = &r;
   a.res_coef = static_cast<float4*>(coef2->get());

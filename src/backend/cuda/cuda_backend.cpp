@@ -437,6 +437,7 @@ class CudaBackend final : public CudaBackendApi {
     ctx_.cbr_cutlass = ctx_.cbr_cutlass_fallbacks = ctx_.cbr_cutlass_conv = 0;
     ctx_.conv_cutlass = ctx_.conv_cutlass_fallbacks = 0;
     ctx_.bn_add_relu_sums.clear();
+    ctx_.bn_add_relu_residual_sums.clear();
     ctx_.dgrad_cutlass = ctx_.dgrad_cutlass_fallbacks = ctx_.dgrad_cutlass_conv = 0;
     ctx_.sm90_timed = ctx_.sm90_timed_today = ctx_.sm90_timed_now = 0;
     ctx_.convs_padded = ctx_.pad_timed = 0;

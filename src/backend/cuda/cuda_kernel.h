@@ -217,6 +217,9 @@ struct Context : ProgramView {
   // bn_add_relu_fwd node reads (set while its convolution is built, read when it is built).
   int conv_cutlass = 0, conv_cutlass_fallbacks = 0;
   std::unordered_map<const Node*, const float*> bn_add_relu_sums;
+  // ... and where bn_add_relu_fwd also applies its residual's BatchNorm (KILN_FUSE_RESIDUAL_BN),
+  // the sums of that residual (a downsampling shortcut's convolution on the SM90 kernels).
+  std::unordered_map<const Node*, const float*> bn_add_relu_residual_sums;
   // Whether data gradients that feed a BatchNorm backward try the SM90 data gradient with its
   // sums (KILN_CUTLASS_DGRAD resolved by prepare(): sm90_dgrad_tried).
   bool cutlass_dgrad = false;

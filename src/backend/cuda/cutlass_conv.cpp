@@ -179,20 +179,29 @@ KernelPtr make_conv_fwd_cutlass(const Node& n, Context& ctx, int stream, TensorI
 
 namespace {
 
-// The first bn_add_relu_fwd after `conv` in the training schedule whose input is y, or nullptr
-// (conv is not a training node: a fused part, an evaluation node).
-const Node* later_bn_add_relu_reader(const Program& p, const Node& conv, TensorId y) {
+// The first bn_add_relu_fwd after `conv` in the training schedule that normalises y: as its
+// input x (a bottleneck's conv3), or as its residual with the residual's BatchNorm folded in (a
+// downsampling shortcut's convolution, `residual` set); nullptr where none does (conv is not a
+// training node: a fused part, an evaluation node).
+const Node* later_bn_add_relu_reader(const Program& p, const Node& conv, TensorId y,
+                                     bool* residual) {
   bool after = false;
   for (const Phase& ph : p.train) {
     for (const Node& m : ph.nodes) {
       if (&m == &conv) {
         after = true;
-      } else if (after && m.op == OpKind::bn_add_relu_fwd && !m.in.empty() && m.in[0] == y) {
-        return &m;
+      } else if (after && m.op == OpKind::bn_add_relu_fwd && !m.in.empty()) {
+        *residual = m.in.size() > 6 && m.in[5] == y;
+        if (m.in[0] == y || *residual) return &m;
       }
     }
   }
   return nullptr;
+}
+
+const float* found_sums(const std::unordered_map<const Node*, const float*>& m, const Node* n) {
+  const auto it = m.find(n);
+  return it == m.end() ? nullptr : it->second;
 }
 
 }  // namespace
@@ -202,7 +211,8 @@ KernelPtr make_conv_fwd_summed_for_bn(const Node& n, Context& ctx, int stream,
   if (!ctx.cutlass || ctx.program == nullptr || n.out.empty()) return nullptr;
   if (in_at(n, 2) != kNoTensor) return nullptr;  // a bias: the GEMM adds none
   const TensorId x = need_in(n, 0, "x"), w = need_in(n, 1, "w"), y = need_out(n, 0, "y");
-  const Node* bn = later_bn_add_relu_reader(*ctx.program, n, y);
+  bool residual = false;
+  const Node* bn = later_bn_add_relu_reader(*ctx.program, n, y, &residual);
   if (bn == nullptr) return nullptr;
   const int64_t k = ctx.tensor(y).shape.dims.back();
   auto sums = std::make_shared<DeviceBuffer>(2 * static_cast<size_t>(k) * sizeof(float));
@@ -212,15 +222,24 @@ KernelPtr make_conv_fwd_summed_for_bn(const Node& n, Context& ctx, int stream,
     ++ctx.conv_cutlass_fallbacks;
     return nullptr;
   }
-  if (ctx.cutlass_timed) {
-    // The two forms of conv3 and its BatchNorm's statistics: the GEMM with the BatchNorm's
-    // apply pass from its sums, against cuDNN's convolution with the BatchNorm's whole pass.
+  const ConvGeom g = conv_geom(ctx, n, x, w, y);
+  const bool implicit = sm90_fwd_implicit(ctx, g);
+  if (implicit ? ctx.cutlass_conv_timed : ctx.cutlass_timed) {
+    // The two forms of the convolution and its BatchNorm's statistics: the SM90 kernel with the
+    // BatchNorm's apply pass from its sums, against cuDNN's convolution with the BatchNorm's
+    // whole pass (the other input's sums, where a kernel took them already, in both).
     KernelPtr today = cudnn_form();
-    const KernelPtr bn_sm90 = make_bn_add_relu_fwd_part(*bn, ctx, stream, sp);
-    const KernelPtr bn_today = make_bn_add_relu_fwd_part(*bn, ctx, stream, nullptr);
-    const ConvGeom g = conv_geom(ctx, n, x, w, y);
+    const float* other =
+        found_sums(residual ? ctx.bn_add_relu_sums : ctx.bn_add_relu_residual_sums, bn);
+    const KernelPtr bn_sm90 = residual ? make_bn_add_relu_fwd_part(*bn, ctx, stream, other, sp)
+                                       : make_bn_add_relu_fwd_part(*bn, ctx, stream, sp, other);
+    const KernelPtr bn_today = residual
+                                   ? make_bn_add_relu_fwd_part(*bn, ctx, stream, other, nullptr)
+                                   : make_bn_add_relu_fwd_part(*bn, ctx, stream, nullptr, other);
+    const std::string form = std::string("conv_fwd+bn_add_relu_fwd") +
+                             (residual ? ".residual" : "") + (implicit ? ".conv" : ".gemm");
     const TimedChoice c = time_sm90_against_today(
-        n, ctx, stream, timed_form_key("conv_fwd+bn_add_relu_fwd.gemm", g, ctx.tensor(x).dtype, ""),
+        n, ctx, stream, timed_form_key(form, g, ctx.tensor(x).dtype, ""),
         {conv.get(), bn_sm90.get()}, {today.get(), bn_today.get()},
         // The running statistics both forms update, the residual's BatchNorm's too where it is
         // folded in (ops.def's running_mean2 / running_var2).
@@ -231,7 +250,7 @@ KernelPtr make_conv_fwd_summed_for_bn(const Node& n, Context& ctx, int stream,
       return today;
     }
   }
-  ctx.bn_add_relu_sums[bn] = sp;
+  (residual ? ctx.bn_add_relu_residual_sums : ctx.bn_add_relu_sums)[bn] = sp;
   ++ctx.conv_cutlass;
   // The sums live as long as the kernel that writes them; the BatchNorm node after it reads them
   // on the schedule's order (the same stream, or joined behind this phase's event).

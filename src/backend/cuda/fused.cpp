@@ -236,20 +236,24 @@ KernelPtr make_cbr_pool_bwd(const Node& n, Context& ctx, int stream) {
                            t.x, t.w, t.dz, t.dx, t.dw, t.db);
 }
 
-KernelPtr make_bn_add_relu_fwd_part(const Node& n, Context& ctx, int stream, const float* sums) {
+KernelPtr make_bn_add_relu_fwd_part(const Node& n, Context& ctx, int stream, const float* sums,
+                                    const float* res_sums) {
   const BnAddReluFwdTensors t = bn_add_relu_fwd_tensors(n);
   return make_bn_relu_mask_fwd(n, ctx, stream, t.x, t.gamma, t.beta, t.rm, t.rv, t.residual,
-                               kNoTensor, t.y, t.saved, t.mask, sums, &t);
+                               kNoTensor, t.y, t.saved, t.mask, sums, &t, res_sums);
 }
 
 // "x, gamma, beta, running_mean, running_var, residual, [gamma2, beta2, running_mean2,
 // running_var2] -> y, saved, mask, [saved2]"
 KernelPtr make_bn_add_relu_fwd(const Node& n, Context& ctx, int stream) {
   reject_accumulate(ctx, n);
-  // A bottleneck's conv3 on the SM90 GEMM (make_conv_fwd_summed_for_bn) left x's sums.
+  // A bottleneck's conv3 on the SM90 GEMM (make_conv_fwd_summed_for_bn) left x's sums; a
+  // downsampling shortcut's convolution there, the residual's.
   const auto summed = ctx.bn_add_relu_sums.find(&n);
-  return make_bn_add_relu_fwd_part(n, ctx, stream,
-                                   summed == ctx.bn_add_relu_sums.end() ? nullptr : summed->second);
+  const auto res_summed = ctx.bn_add_relu_residual_sums.find(&n);
+  return make_bn_add_relu_fwd_part(
+      n, ctx, stream, summed == ctx.bn_add_relu_sums.end() ? nullptr : summed->second,
+      res_summed == ctx.bn_add_relu_residual_sums.end() ? nullptr : res_summed->second);
 }
 
 // "x, dy, mask, gamma, saved, [dy2] -> dx, dresidual, dgamma, dbeta": the add passes the

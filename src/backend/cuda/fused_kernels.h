@@ -21,7 +21,8 @@ KernelPtr make_bn_relu_mask_fwd(const Node& n, Context& ctx, int stream, TensorI
                                 TensorId beta, TensorId rm, TensorId rv, TensorId residual,
                                 TensorId conv_bias, TensorId y, TensorId saved, TensorId mask,
                                 const float* conv_sums = nullptr,
-                                const BnAddReluFwdTensors* res_bn = nullptr);
+                                const BnAddReluFwdTensors* res_bn = nullptr,
+                                const float* res_sums = nullptr);
 
 // The MLPerf-style CBR convolution (KILN_CBR_FORM=genstats): z = conv(x, w) with z's
 // per-channel sum in sums[0, K) and sum of squares in sums[K, 2K) (FP32), one cuDNN graph.
@@ -42,13 +43,16 @@ KernelPtr make_conv_fwd_cutlass(const Node& n, Context& ctx, int stream, TensorI
 // where the switch is off, the pattern does not hold or the GEMM cannot take the layer (then
 // make_conv_fwd builds its cuDNN form). Where KILN_CUTLASS_TIMED leaves the choice to timing,
 // `cudnn_form` builds the convolution's cuDNN kernel, timed with bn_add_relu_fwd's statistics
-// pass against the GEMM; when it wins, that kernel is returned.
+// pass against the GEMM; when it wins, that kernel is returned. A downsampling shortcut's
+// convolution whose output a later bn_add_relu_fwd takes as its residual with the residual's
+// BatchNorm folded in (KILN_FUSE_RESIDUAL_BN) likewise: its sums replace that statistics pass.
 KernelPtr make_conv_fwd_summed_for_bn(const Node& n, Context& ctx, int stream,
                                       const std::function<KernelPtr()>& cudnn_form);
 
 // bn_add_relu_fwd node n's kernel, from the sums a kernel before it took (nullptr: with its own
-// statistics pass).
-KernelPtr make_bn_add_relu_fwd_part(const Node& n, Context& ctx, int stream, const float* sums);
+// statistics pass); res_sums likewise for a folded residual BatchNorm's input.
+KernelPtr make_bn_add_relu_fwd_part(const Node& n, Context& ctx, int stream, const float* sums,
+                                    const float* res_sums = nullptr);
 
 // Whether this libkiln holds the SM90 CUTLASS kernels (CMake's KILN_CUTLASS_KERNELS): what
 // KILN_CUTLASS=auto asks before trying them (sm90_conv_gemm_tried).
