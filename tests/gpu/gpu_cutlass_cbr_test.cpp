@@ -41,10 +41,12 @@ CbrForward run_cbr_forward(const CbrCase& t, int pool, const Switches& sw, bool 
   return {std::move(out), h.backend().compile_report()};
 }
 
-// KILN_CUTLASS on or off; `conv`: KILN_CUTLASS_CONV too (the implicit-GEMM convolution).
+// KILN_CUTLASS on or off; `conv`: KILN_CUTLASS_CONV too (the implicit-GEMM convolution). On, a
+// first layer's 3 channels are padded to 8 for the SM90 kernels (KILN_PAD_CHANNELS=1).
 Switches cutlass_switches(bool on, bool deterministic, bool conv = false) {
   Switches sw = Switches::from_environment();
   sw.cutlass = on ? Auto::on : Auto::off;
+  sw.pad_channels = on ? Auto::on : Auto::off;
   sw.cutlass_conv = conv ? Auto::on : Auto::off;
   sw.cbr_form = "kiln";
   sw.deterministic = deterministic;
@@ -209,7 +211,7 @@ INSTANTIATE_TEST_SUITE_P(
         // Odd sizes: rows and channels ending inside a tile; a 5x5 filter with padding 2.
         CutlassCase{{"n3_9x11_c24_k136", 3, 9, 11, 24, 136, 3, 1, 1, false}, 0},
         CutlassCase{{"n2_10x6_c16_k40_5x5", 2, 10, 6, 16, 40, 5, 1, 2, false}, 0},
-        // First layers of 3 channels, run on copies padded to 8 (KILN_PAD_CHANNELS, auto here):
+        // First layers of 3 channels, run on copies padded to 8 (KILN_PAD_CHANNELS=1 here):
         // VGG16's (3x3) and ResNet-50's stem (7x7 / 2, padding 3), scaled down.
         CutlassCase{{"vgg_first_20x18_c3_k64", 2, 20, 18, 3, 64, 3, 1, 1, true}, 0},
         CutlassCase{{"r50_stem_30x32_c3_k64_7x7s2", 2, 30, 32, 3, 64, 7, 2, 3, true}, 0}),
