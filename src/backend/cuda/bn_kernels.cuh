@@ -389,6 +389,17 @@ __device__ __forceinline__ void pool_take(const T (&a)[8], const float4 (&k)[8],
   }
 }
 
+// A pooling thread's start: its channel group's coefficients, and no element taken yet.
+__device__ __forceinline__ void pool_start(const float4* coef, int gi, float4 (&k)[8],
+                                           float (&bestf)[8], int (&at)[8]) {
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    k[j] = coef[gi * 8 + j];
+    bestf[j] = -INFINITY;
+    at[j] = -1;
+  }
+}
+
 template <typename T, bool Vec>
 __device__ __forceinline__ void load_group(const T* p, T (&v)[8]) {
   if constexpr (Vec) {
@@ -410,16 +421,10 @@ __global__ void __launch_bounds__(kVecThreads)
     const int pq = pix / wp,
               pw = pix - pq * wp;  // pq = b hp + ph: z's image row of the window's top is pq * pool
     float4 k[8];
-#pragma unroll
-    for (int j = 0; j < 8; ++j) k[j] = coef[gi * 8 + j];
     alignas(16) T best[8];
     float bestf[8];
     int at[8];
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      bestf[j] = -INFINITY;
-      at[j] = -1;
-    }
+    pool_start(coef, gi, k, bestf, at);
     // Element (pixel, group) of z's top-left window position; (dh, dw) moves by rows and pixels.
     const int64_t top =
         ((static_cast<int64_t>(pq) * pool * zw + static_cast<int64_t>(pw) * pool) * cg + gi) * 8;

@@ -36,16 +36,10 @@ __global__ void __launch_bounds__(kVecThreads)
     const int gi = t % cg, pix = t / cg;
     const int ow = pix % op.yw, row = pix / op.yw, oh = row % op.yh, b = row / op.yh;
     float4 k[8];
-#pragma unroll
-    for (int j = 0; j < 8; ++j) k[j] = coef[gi * 8 + j];
     alignas(16) T best[8];
     float bestf[8];
     int at[8];
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      bestf[j] = -INFINITY;
-      at[j] = -1;
-    }
+    pool_start(coef, gi, k, bestf, at);
     const int h0 = oh * op.s - op.p, w0 = ow * op.s - op.p;
     const int hs = max(h0, 0), he = min(h0 + op.k, op.zh), ws = max(w0, 0),
               we = min(w0 + op.k, op.zw);
