@@ -149,8 +149,11 @@ void merge_cbr_pool(ArchPlan& p, const PlanOptions& o) {
     PlanNode& pool = node(p, c[0]);
     const bool tiles = pool.k == pool.stride && pool.pad == 0 && pool.k >= 2 &&
                        cbr.shape[0] % pool.k == 0 && cbr.shape[1] % pool.k == 0;
+    // (A window = stride pool without padding whose map does not divide stays apart: the ops
+    // read such attributes as the tiled form.)
     const bool overlaps = !tiles && o.backend_fuses_overlapping_pool && pool.k >= 2 &&
-                          pool.k <= 15 && pool.stride >= 1 && pool.pad < pool.k;
+                          pool.k <= 15 && pool.stride >= 1 && pool.pad < pool.k &&
+                          (pool.stride != pool.k || pool.pad != 0);
     if (!tiles && !overlaps) {
       p.notes.push_back(
           "merge_cbr_pool: '" + pool.name + "' stays apart: its windows do not tile '" + cbr.name +

@@ -241,6 +241,10 @@ TEST(Plan, OverlappingMaxPoolFoldsWhereTheBackendHasTheForm) {
   EXPECT_EQ(pooled[2]->shape, (Shape{2, 2, 8}));
   EXPECT_EQ(pooled[2]->conv_shape(), (Shape{4, 4, 8}));
   EXPECT_NE(describe_plan(p).find("(max-pool 3x3 s2 p1)"), std::string::npos);
+  // A 2x2 / 2 pool whose map (5x5) it does not divide is neither form: it stays.
+  const ArchPlan odd = make_plan(
+      tiny(seq(conv(8, 3, 1, 1), bn2d(), relu(), maxpool(2, 2), gap(), fc(4)), {5, 5, 3}), on);
+  for (const PlanNode* n : odd.live()) EXPECT_EQ(n->pool, 0) << n->name;
   int stems = 0;
   const ArchPlan r50 = make_plan(make_model("resnet50"), on);
   for (const PlanNode* n : r50.live()) {
