@@ -89,7 +89,7 @@ struct Options {
   // KILN_PAD_CHANNELS: FP16/BF16 convolutions whose input channels are neither 4 nor a multiple
   // of 8 run on zero-padded copies (conv.cpp): on, off, or auto, the faster per convolution
   // (padding every such layer to 8 measured slower, bench/RESULTS.md's fourth session).
-  Auto pad_channels = Auto::off;
+  Auto pad_channels = Auto::automatic;
   // KILN_CBR_FORM: how the fused CBR forward takes BatchNorm's statistics. "kiln" (the
   // default): a plain cuDNN convolution, then kiln's statistics pass over z; "genstats": the
   // MLPerf-style form, one cuDNN graph conv_fprop + genstats (fused.cpp), which falls back
