@@ -45,8 +45,7 @@ __global__ void __launch_bounds__(kVecThreads)
               we = min(w0 + op.k, op.zw);
     for (int ih = hs; ih < he; ++ih) {
       for (int iw = ws; iw < we; ++iw) {
-        const int64_t e =
-            ((static_cast<int64_t>(b) * op.zh + ih) * op.zw + iw) * cg + gi;  // z's group
+        const int64_t e = static_cast<int64_t>((b * op.zh + ih) * op.zw + iw) * cg + gi;  // z's group
         alignas(16) T a[8];
         load_group<T, Vec>(z + e * 8, a);
         pool_take(a, k, (ih - h0) * op.k + (iw - w0), best, bestf, at);
@@ -97,14 +96,57 @@ __device__ __forceinline__ void routed_grad(const T* dy, const uint8_t* mask, in
   for (int j = 0; j < V; ++j) g[j] = from_f<T>(sum[j]);
 }
 
+// routed_grad over one 16-byte vector of channels (V = 8 of f16, 4 of f32): the window's mask
+// bytes read as one word each four and compared four at a time, dy read as one vector and only
+// where a byte matched, row arithmetic in 32 bits (merged_pool checks pixels < 2^31). The sums
+// and their order are routed_grad's.
+template <typename T, int V>
+__device__ __forceinline__ void routed_grad_vec(const T* dy, const uint8_t* mask, int r, int C,
+                                                int c0, const OverlapPool& op, T (&g)[V]) {
+  static_assert(V == 8 || V == 4, "a 16-byte vector of f16 or f32");
+  constexpr int W = V / 4;  // mask words
+  const int iw = r % op.zw, q = r / op.zw, ih = q % op.zh, b = q / op.zh;
+  int oh0 = 0, oh1 = 0, ow0 = 0, ow1 = 0;
+  op.covering(ih, op.yh, &oh0, &oh1);
+  op.covering(iw, op.yw, &ow0, &ow1);
+  float sum[V];
+#pragma unroll
+  for (int j = 0; j < V; ++j) sum[j] = 0.0f;
+  for (int oh = oh0; oh <= oh1; ++oh) {
+    const int prow = (b * op.yh + oh) * op.yw;
+    const int dh = (ih - (oh * op.s - op.p)) * op.k;
+    for (int ow = ow0; ow <= ow1; ++ow) {
+      const int64_t o = static_cast<int64_t>(prow + ow) * C + c0;
+      const uint32_t pos4 = static_cast<uint32_t>(dh + iw - (ow * op.s - op.p)) * 0x01010101u;
+      uint32_t hit[W];
+      if constexpr (W == 2) {
+        const uint2 m = *reinterpret_cast<const uint2*>(mask + o);
+        hit[0] = __vcmpeq4(m.x, pos4), hit[1] = __vcmpeq4(m.y, pos4);
+      } else {
+        hit[0] = __vcmpeq4(*reinterpret_cast<const uint32_t*>(mask + o), pos4);
+      }
+      if ((hit[0] | hit[W - 1]) == 0u) continue;
+      const uint4 dv = *reinterpret_cast<const uint4*>(dy + o);
+      const T* d = reinterpret_cast<const T*>(&dv);
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        if ((hit[j / 4] >> (8 * (j % 4))) & 1u) sum[j] += to_f(d[j]);
+      }
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < V; ++j) g[j] = from_f<T>(sum[j]);
+}
+
 // The sums pass of the overlapping form, 16-byte vectors (bwd_partial_vec's layout and
 // partials): g gathered per row and vector, written to g_out, and sum g, sum g (x - mean)
-// accumulated.
+// accumulated. Two rows in flight: both rows' x loads and gathers are issued before either's
+// sums, so one row's mask and dy reads overlap the other's.
 template <typename T>
 __global__ void __launch_bounds__(kVecThreads)
     route_partial_vec(const T* x, const T* dy, const uint8_t* mask, const float* mean, int rows,
                       int C, OverlapPool op, T* g_out, double2* partial) {
-  constexpr int V = kVec<T>;
+  constexpr int V = kVec<T>, U = 2;
   const int cv = C / V, cvec = threadIdx.x % cv, rpb = kVecThreads / cv, rstride = gridDim.x * rpb;
   double s[V], sx[V], mu[V];
 #pragma unroll
@@ -112,18 +154,36 @@ __global__ void __launch_bounds__(kVecThreads)
     s[j] = sx[j] = 0.0;
     mu[j] = mean[cvec * V + j];
   }
-  for (int r = blockIdx.x * rpb + threadIdx.x / cv; r < rows; r += rstride) {
-    const int64_t e = static_cast<int64_t>(r) * cv + cvec;
-    const uint4 xa = reinterpret_cast<const uint4*>(x)[e];
-    alignas(16) T g[V];
-    routed_grad<T, V>(dy, mask, r, C, cvec * V, op, g);
-    reinterpret_cast<uint4*>(g_out)[e] = *reinterpret_cast<const uint4*>(g);
-    const T* xe = reinterpret_cast<const T*>(&xa);
+  for (int r = blockIdx.x * rpb + threadIdx.x / cv; r < rows; r += U * rstride) {
+    uint4 xa[U];
+    alignas(16) T g[U][V];
 #pragma unroll
-    for (int j = 0; j < V; ++j) {
-      const double gj = to_f(g[j]);
-      s[j] += gj;
-      sx[j] += gj * (static_cast<double>(to_f(xe[j])) - mu[j]);
+    for (int u = 0; u < U; ++u) {
+      const int ru = r + u * rstride;
+      xa[u] = ru < rows ? reinterpret_cast<const uint4*>(x)[static_cast<int64_t>(ru) * cv + cvec]
+                        : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int ru = r + u * rstride;
+      if (ru < rows) {
+        routed_grad_vec<T, V>(dy, mask, ru, C, cvec * V, op, g[u]);
+        reinterpret_cast<uint4*>(g_out)[static_cast<int64_t>(ru) * cv + cvec] =
+            *reinterpret_cast<const uint4*>(g[u]);
+      } else {
+#pragma unroll
+        for (int j = 0; j < V; ++j) g[u][j] = from_f<T>(0.0f);  // a zero g adds nothing
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const T* xe = reinterpret_cast<const T*>(&xa[u]);
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        const double gj = to_f(g[u][j]);
+        s[j] += gj;
+        sx[j] += gj * (static_cast<double>(to_f(xe[j])) - mu[j]);
+      }
     }
   }
   combine_store<V>(s, sx, cv, cvec, C, partial);
