@@ -288,8 +288,9 @@ KernelPtr bn_backward(Context& ctx, int stream, const Nhwc& s, DType dt, const B
   const auto C = d.c;
   // The overlapping pool's form reads the pooled dy and writes g into dx in its sums pass.
   // The overlapping form's vector gather reads the mask a word at a time.
-  const BnVec v = bn_vec(ctx, dt, d.rows, C,
-                         {a.x, a.dy, a.dy2, a.overlap ? a.dx : nullptr, a.overlap ? a.mask : nullptr});
+  const BnVec v =
+      bn_vec(ctx, dt, d.rows, C,
+             {a.x, a.dy, a.dy2, a.overlap ? a.dx : nullptr, a.overlap ? a.mask : nullptr});
   const GroupPlan gp = group_plan(ctx, d.rows, C, {a.x, a.dy, a.dy2, a.dx, a.dres});
   KILN_CHECK(!a.overlap || (!a.sums && !a.dy2 && !a.dres && a.mask), Internal,
              "BatchNorm backward with an overlapping max-pool takes no sums, second gradient or "

@@ -45,7 +45,8 @@ __global__ void __launch_bounds__(kVecThreads)
               we = min(w0 + op.k, op.zw);
     for (int ih = hs; ih < he; ++ih) {
       for (int iw = ws; iw < we; ++iw) {
-        const int64_t e = static_cast<int64_t>((b * op.zh + ih) * op.zw + iw) * cg + gi;  // z's group
+        const int64_t e =
+            static_cast<int64_t>((b * op.zh + ih) * op.zw + iw) * cg + gi;  // z's group
         alignas(16) T a[8];
         load_group<T, Vec>(z + e * 8, a);
         pool_take(a, k, (ih - h0) * op.k + (iw - w0), best, bestf, at);
@@ -69,42 +70,14 @@ __global__ void __launch_bounds__(kVecThreads)
 
 // The gradient at z's element (row r = (b zh + ih) zw + iw, channels c0 .. c0 + V - 1): the sum
 // over the windows that cover it, in row-major order, of dy where the window took it, in FP32
-// and rounded once to T (maxpool_bwd's arithmetic). C: channels; dy and mask are y's.
+// and rounded once to T (maxpool_bwd's arithmetic). C: channels; dy and mask are y's. Over a
+// 16-byte vector (V = 8 of f16, 4 of f32) a window's mask bytes are read as one word each four
+// and compared four at a time, and dy as one vector where a byte matched; V = 1 reads one of
+// each. Row arithmetic in 32 bits (merged_pool checks pixels < 2^31).
 template <typename T, int V>
-__device__ __forceinline__ void routed_grad(const T* dy, const uint8_t* mask, int64_t r, int C,
-                                            int c0, const OverlapPool& op, T (&g)[V]) {
-  const int iw = static_cast<int>(r % op.zw);
-  const int64_t q = r / op.zw;
-  const int ih = static_cast<int>(q % op.zh), b = static_cast<int>(q / op.zh);
-  int oh0 = 0, oh1 = 0, ow0 = 0, ow1 = 0;
-  op.covering(ih, op.yh, &oh0, &oh1);
-  op.covering(iw, op.yw, &ow0, &ow1);
-  float sum[V];
-#pragma unroll
-  for (int j = 0; j < V; ++j) sum[j] = 0.0f;
-  for (int oh = oh0; oh <= oh1; ++oh) {
-    for (int ow = ow0; ow <= ow1; ++ow) {
-      const int64_t o = ((static_cast<int64_t>(b) * op.yh + oh) * op.yw + ow) * C + c0;
-      const int pos = (ih - (oh * op.s - op.p)) * op.k + (iw - (ow * op.s - op.p));
-#pragma unroll
-      for (int j = 0; j < V; ++j) {
-        if (mask[o + j] == pos) sum[j] += to_f(dy[o + j]);
-      }
-    }
-  }
-#pragma unroll
-  for (int j = 0; j < V; ++j) g[j] = from_f<T>(sum[j]);
-}
-
-// routed_grad over one 16-byte vector of channels (V = 8 of f16, 4 of f32): the window's mask
-// bytes read as one word each four and compared four at a time, dy read as one vector and only
-// where a byte matched, row arithmetic in 32 bits (merged_pool checks pixels < 2^31). The sums
-// and their order are routed_grad's.
-template <typename T, int V>
-__device__ __forceinline__ void routed_grad_vec(const T* dy, const uint8_t* mask, int r, int C,
-                                                int c0, const OverlapPool& op, T (&g)[V]) {
-  static_assert(V == 8 || V == 4, "a 16-byte vector of f16 or f32");
-  constexpr int W = V / 4;  // mask words
+__device__ __forceinline__ void routed_grad(const T* dy, const uint8_t* mask, int r, int C, int c0,
+                                            const OverlapPool& op, T (&g)[V]) {
+  static_assert(V == 1 || V * sizeof(T) == 16, "one channel, or a 16-byte vector");
   const int iw = r % op.zw, q = r / op.zw, ih = q % op.zh, b = q / op.zh;
   int oh0 = 0, oh1 = 0, ow0 = 0, ow1 = 0;
   op.covering(ih, op.yh, &oh0, &oh1);
@@ -117,20 +90,26 @@ __device__ __forceinline__ void routed_grad_vec(const T* dy, const uint8_t* mask
     const int dh = (ih - (oh * op.s - op.p)) * op.k;
     for (int ow = ow0; ow <= ow1; ++ow) {
       const int64_t o = static_cast<int64_t>(prow + ow) * C + c0;
-      const uint32_t pos4 = static_cast<uint32_t>(dh + iw - (ow * op.s - op.p)) * 0x01010101u;
-      uint32_t hit[W];
-      if constexpr (W == 2) {
-        const uint2 m = *reinterpret_cast<const uint2*>(mask + o);
-        hit[0] = __vcmpeq4(m.x, pos4), hit[1] = __vcmpeq4(m.y, pos4);
+      const uint32_t pos = static_cast<uint32_t>(dh + iw - (ow * op.s - op.p));
+      if constexpr (V == 1) {
+        if (mask[o] == pos) sum[0] += to_f(dy[o]);
       } else {
-        hit[0] = __vcmpeq4(*reinterpret_cast<const uint32_t*>(mask + o), pos4);
-      }
-      if ((hit[0] | hit[W - 1]) == 0u) continue;
-      const uint4 dv = *reinterpret_cast<const uint4*>(dy + o);
-      const T* d = reinterpret_cast<const T*>(&dv);
+        constexpr int W = V / 4;  // mask words
+        const uint32_t pos4 = pos * 0x01010101u;
+        uint32_t hit[W];
+        if constexpr (W == 2) {
+          const uint2 m = *reinterpret_cast<const uint2*>(mask + o);
+          hit[0] = __vcmpeq4(m.x, pos4), hit[1] = __vcmpeq4(m.y, pos4);
+        } else {
+          hit[0] = __vcmpeq4(*reinterpret_cast<const uint32_t*>(mask + o), pos4);
+        }
+        if ((hit[0] | hit[W - 1]) == 0u) continue;
+        const uint4 dv = *reinterpret_cast<const uint4*>(dy + o);
+        const T* d = reinterpret_cast<const T*>(&dv);
 #pragma unroll
-      for (int j = 0; j < V; ++j) {
-        if ((hit[j / 4] >> (8 * (j % 4))) & 1u) sum[j] += to_f(d[j]);
+        for (int j = 0; j < V; ++j) {
+          if ((hit[j / 4] >> (8 * (j % 4))) & 1u) sum[j] += to_f(d[j]);
+        }
       }
     }
   }
@@ -167,7 +146,7 @@ __global__ void __launch_bounds__(kVecThreads)
     for (int u = 0; u < U; ++u) {
       const int ru = r + u * rstride;
       if (ru < rows) {
-        routed_grad_vec<T, V>(dy, mask, ru, C, cvec * V, op, g[u]);
+        routed_grad<T, V>(dy, mask, ru, C, cvec * V, op, g[u]);
         reinterpret_cast<uint4*>(g_out)[static_cast<int64_t>(ru) * cv + cvec] =
             *reinterpret_cast<const uint4*>(g[u]);
       } else {
@@ -201,7 +180,8 @@ __global__ void route_partial_kernel(const T* x, const T* dy, const uint8_t* mas
     for (int64_t r = static_cast<int64_t>(blockIdx.y) * kCy + threadIdx.y; r < rows;
          r += static_cast<int64_t>(gridDim.y) * kCy) {
       T g[1];
-      routed_grad<T, 1>(dy, mask, r, static_cast<int>(C), static_cast<int>(c), op, g);
+      routed_grad<T, 1>(dy, mask, static_cast<int>(r), static_cast<int>(C), static_cast<int>(c), op,
+                        g);
       g_out[r * C + c] = g[0];
       const double gd = to_f(g[0]);
       s += gd;
