@@ -286,8 +286,8 @@ KernelPtr bn_forward(Context& ctx, int stream, const Nhwc& s, DType dt, const Bn
 KernelPtr bn_backward(Context& ctx, int stream, const Nhwc& s, DType dt, const BnBwd& a) {
   const ChannelDims d = channel_dims(ctx, s);
   const auto C = d.c;
-  // The overlapping pool's form reads the pooled dy and writes g into dx in its sums pass.
-  // The overlapping form's vector gather reads the mask a word at a time.
+  // The overlapping pool's form reads the pooled dy, writes g into dx in its sums pass and reads
+  // the mask a word at a time: all four vector-aligned.
   const BnVec v =
       bn_vec(ctx, dt, d.rows, C,
              {a.x, a.dy, a.dy2, a.overlap ? a.dx : nullptr, a.overlap ? a.mask : nullptr});
