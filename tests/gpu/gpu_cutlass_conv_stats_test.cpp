@@ -111,12 +111,16 @@ struct Result {
   std::vector<float> z, sum, sumsq;
 };
 
-Result run_kernel(const ConvCase& t, const Inputs& in, const sm90::ConvStatsKernel& kern) {
+// clear_by_kernel: how the unit clears the sums it adds into (KILN_SUMS_CLEAR_KERNEL).
+Result run_kernel(const ConvCase& t, const Inputs& in, const sm90::ConvStatsKernel& kern,
+                  bool clear_by_kernel) {
   DeviceBuffer x = upload_half(in.x), w = upload_half(in.w);
   DeviceBuffer z(static_cast<size_t>(t.rows() * t.k) * 2),
       sums(sizeof(float) * static_cast<size_t>(2 * t.k));
-  // NaNs where the kernel writes nothing, and in the sums a mode without them leaves.
+  // NaNs where the kernel writes nothing, and in the sums a mode without them leaves (or a
+  // clear that missed some).
   EXPECT_EQ(cudaMemset(z.p, 0xFF, static_cast<size_t>(t.rows() * t.k) * 2), cudaSuccess);
+  EXPECT_EQ(cudaMemset(sums.p, 0xFF, sizeof(float) * static_cast<size_t>(2 * t.k)), cudaSuccess);
   sm90::ConvStats c;
   c.x = x.p, c.w = w.p, c.z = z.p;
   c.sum = static_cast<float*>(sums.p), c.sumsq = c.sum + t.k;
@@ -127,6 +131,7 @@ Result run_kernel(const ConvCase& t, const Inputs& in, const sm90::ConvStatsKern
   c.stride_h = c.stride_w = static_cast<int>(t.stride);
   EXPECT_EQ(cudaDeviceGetAttribute(&c.sm_count, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
   EXPECT_EQ(cudaGetDevice(&c.device_id), cudaSuccess);
+  c.clear_by_kernel = clear_by_kernel;
   const std::string why = kern.check(c);
   EXPECT_EQ(why, "") << kern.name;
   if (!why.empty()) return {};
@@ -149,7 +154,10 @@ Result run_kernel(const ConvCase& t, const Inputs& in, const sm90::ConvStatsKern
 // taken relative to sum |z| and sum z^2 per channel.
 void expect_sums_near_float64(const ConvCase& t, const Result& got) {
   double worst_s = 0.0, worst_q = 0.0;
+  int64_t not_finite = 0;
   for (int64_t k = 0; k < t.k; ++k) {
+    not_finite += !std::isfinite(got.sum[static_cast<size_t>(k)]) +
+                  !std::isfinite(got.sumsq[static_cast<size_t>(k)]);
     double s = 0.0, sa = 0.0, q = 0.0;
     for (int64_t r = 0; r < t.rows(); ++r) {
       const double v = got.z[static_cast<size_t>(r * t.k + k)];
@@ -160,6 +168,7 @@ void expect_sums_near_float64(const ConvCase& t, const Result& got) {
     worst_s = std::max(worst_s, std::fabs(got.sum[static_cast<size_t>(k)] - s) / (sa + 1e-30));
     worst_q = std::max(worst_q, std::fabs(got.sumsq[static_cast<size_t>(k)] - q) / (q + 1e-30));
   }
+  EXPECT_EQ(not_finite, 0) << "sums left NaN: not cleared, or not written";
   EXPECT_LE(worst_s, 1e-4) << "sum z against float64, relative to sum |z|";
   EXPECT_LE(worst_q, 1e-4) << "sum z^2 against float64, relative";
 }
@@ -180,7 +189,7 @@ TEST_P(GpuCutlassConvStats, AgreesWithFloat64AndCudnn) {
   for (const sm90::ConvStatsKernel& kern : sm90::conv_stats_backend_kernels()) {
     SCOPED_TRACE(kern.name);
     if (kern.tile_n == 64 && t.k > 64) continue;  // conv_stats_kernel_for's choice
-    const Result cut = run_kernel(t, in, kern);
+    const Result cut = run_kernel(t, in, kern, true);
     ASSERT_EQ(cut.z.size(), want.size());
     EXPECT_EQ(z_outside_float64(want, mag, cut.z), 0) << "z against float64";
     // cuDNN and CUTLASS sum the same products in different orders: neighbouring FP16
@@ -191,6 +200,13 @@ TEST_P(GpuCutlassConvStats, AgreesWithFloat64AndCudnn) {
     if (kern.mode != sm90::StatsMode::none) expect_sums_near_float64(t, cut);
     if (first_z.empty()) first_z = cut.z;
     EXPECT_EQ(cut.z, first_z) << "z differs between variants";
+    if (kern.mode == sm90::StatsMode::reg_partials) {
+      // The deterministic form, its partials cleared by cudaMemsetAsync instead: the same bits.
+      const Result again = run_kernel(t, in, kern, false);
+      EXPECT_EQ(again.z, cut.z) << "deterministic z";
+      EXPECT_EQ(again.sum, cut.sum) << "sums cleared by a memset or a kernel";
+      EXPECT_EQ(again.sumsq, cut.sumsq) << "sums cleared by a memset or a kernel";
+    }
   }
 #endif
 }

@@ -303,6 +303,41 @@ TEST(GpuCutlassDgradStep, Resnet50StepsAgreeImplicitDataGradientOffAndOn) {
   EXPECT_EQ(r.dgrad_cutlass_fallbacks, 6) << "3 strided conv2, 3 downsamples";
 }
 
+// KILN_SUMS_CLEAR_KERNEL: the four SM90 units (the forward's GEMM and implicit GEMM, both data
+// gradients) clear the sums they add into with a kernel instead of a memset. Deterministic
+// (per-CTA partials in a fixed order), the two clears give the same bits throughout; with FP32
+// atomic sums (cuDNN autotuned, not deterministic), the kernel's form is held to cuDNN's form by
+// the memset form's noise.
+TEST(GpuCutlassDgradStep, Resnet50SumsClearedByKernelOrMemsetAlike) {
+  KILN_REQUIRE_SM90_CUTLASS();
+  enum Form { kCudnn, kMemset, kKernel, kAtomicMemset, kAtomicKernel };
+  std::vector<StepForm> forms = {
+      {"cuDNN's form", "kiln", Auto::off, Auto::off},
+      {"SM90 kernels, memset", "kiln", Auto::on, Auto::on, Auto::on, Auto::on},
+      {"SM90 kernels, KILN_SUMS_CLEAR_KERNEL", "kiln", Auto::on, Auto::on, Auto::on, Auto::on},
+      {"atomic sums, memset", "kiln", Auto::on, Auto::on, Auto::on, Auto::on},
+      {"atomic sums, KILN_SUMS_CLEAR_KERNEL", "kiln", Auto::on, Auto::on, Auto::on, Auto::on}};
+  forms[kKernel].sums_clear_kernel = forms[kAtomicKernel].sums_clear_kernel = true;
+  forms[kAtomicMemset].autotuned = forms[kAtomicKernel].autotuned = true;
+  const std::vector<FormSteps> runs = three_steps("resnet50", forms);
+  for (const Form f : {kMemset, kKernel}) {
+    EXPECT_EQ(runs[f].report.conv_cutlass, 16) << forms[f].name;
+    EXPECT_GT(runs[f].report.cbr_cutlass_conv, 0) << forms[f].name << ": the implicit GEMM";
+    EXPECT_GT(runs[f].report.dgrad_cutlass_conv, 0) << forms[f].name << ": the implicit dgrad";
+  }
+  EXPECT_EQ(runs[kKernel].losses, runs[kMemset].losses);
+  for (auto which : {&FormSteps::first, &FormSteps::last}) {
+    const NamedTensors &a = runs[kKernel].*which, &b = runs[kMemset].*which;
+    ASSERT_EQ(a.size(), b.size());
+    for (const auto& [name, values] : a) {
+      const auto it = b.find(name);
+      ASSERT_NE(it, b.end()) << name;
+      EXPECT_EQ(values, it->second) << name << ": other bits with the sums cleared by a kernel";
+    }
+  }
+  expect_within_noise(runs, forms, {kCudnn, kAtomicKernel, kAtomicMemset});
+}
+
 TEST(GpuCutlassDgradStep, Vgg16BnStepsAgreeImplicitDataGradientOffAndOn) {
   KILN_REQUIRE_SM90_CUTLASS();
   const CompileReport r = implicit_dgrad_steps_within_noise("vgg16_bn");

@@ -95,6 +95,14 @@ TEST(CudaOptions, ConvDgradAndFusedFinalizeSwitchesReachTheOptions) {
   EXPECT_FALSE(options_with({{"KILN_BN_FUSED_FINALIZE", "0"}}).bn_fused_finalize);
 }
 
+// KILN_SUMS_CLEAR_KERNEL reaches Options::sums_clear_kernel.
+TEST(CudaOptions, SumsClearKernelSwitchReachesTheOptions) {
+  EXPECT_FALSE(options_with({}).sums_clear_kernel) << "off until it has run on a GPU";
+  EXPECT_TRUE(options_with({{"KILN_SUMS_CLEAR_KERNEL", "1"}}).sums_clear_kernel);
+  EXPECT_FALSE(options_with({{"KILN_SUMS_CLEAR_KERNEL", "0"}}).sums_clear_kernel);
+  expect_refused("KILN_SUMS_CLEAR_KERNEL", "maybe", "is not a switch value");
+}
+
 }  // namespace
 }  // namespace kiln::cuda
 #endif  // KILN_HAVE_CUDA

@@ -43,6 +43,7 @@ struct StepForm {
   // every form and the layer counts below stay those of the 3x3 and 1x1 layers (GpuCutlassConvCbr
   // holds the padded first layer on the SM90 convolution to today's form).
   Auto pad_channels = Auto::off;
+  bool sums_clear_kernel = false;  // KILN_SUMS_CLEAR_KERNEL
 };
 
 using NamedTensors = std::map<std::string, std::vector<float>>;
@@ -94,6 +95,7 @@ inline std::vector<FormSteps> three_steps(const std::string& model,
     o.switches.dresidual_from_dgrad = f.dresidual_from_dgrad;
     o.switches.fuse_residual_bn = f.fuse_residual_bn;
     o.switches.pad_channels = f.pad_channels;
+    o.switches.sums_clear_kernel = f.sums_clear_kernel;
     Engine e(bp, o);
     e.lock_memory();
     e.compile(5);

@@ -86,6 +86,9 @@ struct Options {
   // KILN_BN_FUSED_FINALIZE: a BatchNorm whose sums a kernel before it took finalizes inside its
   // 16-byte apply or dx pass (bn.cu), the same bits without a launch of its own.
   bool bn_fused_finalize = false;
+  // KILN_SUMS_CLEAR_KERNEL: the SM90 units clear the sums they add into with a kernel of their
+  // own rather than cudaMemsetAsync (cutlass/column_sums.cuh).
+  bool sums_clear_kernel = false;
   // KILN_PAD_CHANNELS: FP16/BF16 convolutions whose input channels are neither 4 nor a multiple
   // of 8 run on zero-padded copies (conv.cpp): on, off, or auto, the faster per convolution
   // (padding every such layer to 8 measured slower, bench/RESULTS.md's fourth session).

@@ -140,6 +140,7 @@ KernelPtr make_conv_fwd_cutlass(const Node& n, Context& ctx, int stream, TensorI
     c.stride_h = static_cast<int>(q.g.sh), c.stride_w = static_cast<int>(q.g.sw);
     c.sm_count = ctx.sm_count;
     c.device_id = device_id;
+    c.clear_by_kernel = ctx.opts.sums_clear_kernel;
     // The deterministic form adds per-CTA partials in a fixed order (as the GEMM's below).
     const sm90::ConvStatsKernel kern = sm90::conv_stats_kernel_for(q.g.k, ctx.opts.deterministic);
     if (why.empty()) {
@@ -158,6 +159,7 @@ KernelPtr make_conv_fwd_cutlass(const Node& n, Context& ctx, int stream, TensorI
     g.sum = sums, g.sumsq = sums + g.n;
     g.sm_count = ctx.sm_count;
     g.device_id = device_id;
+    g.clear_by_kernel = ctx.opts.sums_clear_kernel;
     // FP32 atomics add the CTAs' sums in whatever order they finish; the partials form adds them
     // in a fixed order, so a deterministic run gives the same bits every time.
     const sm90::GemmStatsKernel kern = ctx.opts.deterministic

@@ -86,6 +86,7 @@ KernelPtr make_dgrad_for_bn(const Node& n, Context& ctx, int stream, TensorId dy
   d.sums = sums ? static_cast<float*>(sums->get()) : nullptr;
   d.m = q.g.x_rows(), d.n = channels, d.k = q.g.k;
   d.sm_count = ctx.sm_count;
+  d.clear_by_kernel = ctx.opts.sums_clear_kernel;
   CUDA_CHECK(cudaGetDevice(&d.device_id));
   if (implicit) {
     d.h = static_cast<int>(q.g.x.h), d.w_ = static_cast<int>(q.g.x.w);

@@ -56,25 +56,54 @@ __global__ void __launch_bounds__(kFinX* kFinY)
   }
 }
 
-// Zeroes sum and sumsq [n], with one memset where they are contiguous.
-std::string clear_sums(float* sum, float* sumsq, int64_t n, cudaStream_t stream) {
-  const size_t bytes = sizeof(float) * static_cast<size_t>(n);
-  cudaError_t e = sumsq == sum + n ? cudaMemsetAsync(sum, 0, 2 * bytes, stream)
-                                   : cudaMemsetAsync(sum, 0, bytes, stream);
-  if (e == cudaSuccess && sumsq != sum + n) e = cudaMemsetAsync(sumsq, 0, bytes, stream);
+// a [na] and b [nb] = 0 (b may be null): the clear as a kernel, whose graph node the kernels
+// around it follow sooner than a memset's.
+__global__ void zero_two(float* __restrict__ a, int64_t na, float* __restrict__ b, int64_t nb) {
+  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < na; i += step)
+    a[i] = 0.0f;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < nb; i += step)
+    b[i] = 0.0f;
+}
+
+// Zeroes a [na] and b [nb] (b may be null): by zero_two where by_kernel, else by memsets, one
+// where b follows a.
+std::string clear_floats(float* a, int64_t na, float* b, int64_t nb, bool by_kernel,
+                         cudaStream_t stream) {
+  if (!a) return "";
+  if (b == a + na) na += nb, b = nullptr, nb = 0;
+  if (!b) nb = 0;
+  if (by_kernel) {
+    constexpr int kThreads = 256;
+    const int64_t most = std::max(na, nb);
+    const int blocks = static_cast<int>(std::min<int64_t>(1024, (most + kThreads - 1) / kThreads));
+    if (blocks == 0) return "";
+    zero_two<<<blocks, kThreads, 0, stream>>>(a, na, b, nb);
+    const cudaError_t e = cudaGetLastError();
+    return e == cudaSuccess ? "" : std::string("zero_two launch: ") + cudaGetErrorString(e);
+  }
+  cudaError_t e = cudaMemsetAsync(a, 0, sizeof(float) * static_cast<size_t>(na), stream);
+  if (e == cudaSuccess && b)
+    e = cudaMemsetAsync(b, 0, sizeof(float) * static_cast<size_t>(nb), stream);
   return e == cudaSuccess ? "" : std::string("cudaMemsetAsync: ") + cudaGetErrorString(e);
+}
+
+// Zeroes sum and sumsq [n].
+std::string clear_sums(float* sum, float* sumsq, int64_t n, bool by_kernel, cudaStream_t stream) {
+  return clear_floats(sum, n, sumsq, n, by_kernel, stream);
 }
 
 // The finalize kernel over partial rows [rows][ld] (ps, then pq): one block down each column
 // where one_block (a row per CTA: few), else enough blocks to fill the GPU.
 std::string finalize_partial_rows(const float* ps, const float* pq, int rows, int64_t n, int ld,
                                   bool one_block, int sm_count, float* sum, float* sumsq,
-                                  cudaStream_t stream) {
+                                  bool clear_by_kernel, cudaStream_t stream) {
   const int gx = static_cast<int>((n + kFinX - 1) / kFinX);
   const int want = std::max(1, 2 * sm_count / gx), most = (rows + 4 * kFinY - 1) / (4 * kFinY);
   const dim3 grid(gx, one_block ? 1 : std::max(1, std::min(want, most)));
   if (grid.y > 1) {
-    if (std::string err = clear_sums(sum, sumsq, n, stream); !err.empty()) return err;
+    if (std::string err = clear_sums(sum, sumsq, n, clear_by_kernel, stream); !err.empty())
+      return err;
   }
   finalize_partials<<<grid, dim3(kFinX, kFinY), 0, stream>>>(ps, pq, rows, static_cast<int>(n), ld,
                                                              sum, sumsq);

@@ -85,7 +85,10 @@ int ctas(const DgradBn& d) {
 // As the GEMM units' (dgrad_bn_sm90.cu): reg_partials sums through per-CTA partial rows ahead of
 // CUTLASS's workspace.
 ColumnSums column_sums(const DgradBn& d) {
-  return {d.sums, d.sums ? d.sums + d.n : nullptr, d.n, kPartials ? ctas(d) : 0, d.n, d.sm_count};
+  float* second = d.sums ? d.sums + d.n : nullptr;
+  ColumnSums s{d.sums, second, d.n, kPartials ? ctas(d) : 0, d.n, d.sm_count};
+  s.clear_by_kernel = d.clear_by_kernel;
+  return s;
 }
 
 typename Gemm::Arguments arguments(const DgradBn& d, void* workspace) {

@@ -26,6 +26,7 @@ struct ConvStats {
   int pad_h = 0, pad_w = 0, stride_h = 1, stride_w = 1;
   int sm_count = 0;
   int device_id = 0;
+  bool clear_by_kernel = false;  // sm90_kernel.h
 
   int p() const { return (h + 2 * pad_h - r) / stride_h + 1; }
   int q() const { return (w_ + 2 * pad_w - s) / stride_w + 1; }

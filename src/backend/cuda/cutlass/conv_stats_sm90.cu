@@ -132,7 +132,7 @@ int64_t ctas(const ConvStats& c) {
 // reg_atomic adds into sum and sumsq; reg_partials into a row of k per CTA at the workspace's
 // start (each CTA writes its column block of its own row), then the finalize kernel.
 ColumnSums column_sums(const ConvStats& c) {
-  return {c.sum, c.sumsq, c.k, kPartialSums ? ctas(c) : 0, c.k, c.sm_count};
+  return {c.sum, c.sumsq, c.k, kPartialSums ? ctas(c) : 0, c.k, c.sm_count, c.clear_by_kernel};
 }
 
 template <class EpilogueArguments>

@@ -55,6 +55,7 @@ struct ColumnSums {
   int64_t n;
   int64_t rows, ld;  // the partials' rows (M tiles, or CTAs) and row stride
   int sm_count;
+  bool clear_by_kernel = false;  // the problem's (sm90_kernel.h)
 
   size_t partial_bytes() const {
     const size_t one = align256(sizeof(float) * static_cast<size_t>(rows * ld));
@@ -92,10 +93,14 @@ std::string run_gemm(const typename Gemm::Arguments& args, const ColumnSums& s, 
   // initialize clears what an EVT accumulates into (atomic sums, tile counters); the register
   // epilogues add into sums or partials cleared here.
   if constexpr (kMode == StatsMode::reg_atomic) {
-    if (std::string err = clear_sums(s.sum, s.sumsq, s.n, stream); !err.empty()) return err;
+    if (std::string err = clear_sums(s.sum, s.sumsq, s.n, s.clear_by_kernel, stream); !err.empty())
+      return err;
   } else if constexpr (kMode == StatsMode::reg_partials) {
-    if (cudaError_t e = cudaMemsetAsync(workspace, 0, s.partial_bytes(), stream); e != cudaSuccess)
-      return std::string("cudaMemsetAsync: ") + cudaGetErrorString(e);
+    const auto words = static_cast<int64_t>(s.partial_bytes() / sizeof(float));
+    if (std::string err = clear_floats(static_cast<float*>(workspace), words, nullptr, 0,
+                                       s.clear_by_kernel, stream);
+        !err.empty())
+      return err;
   }
   void* own = static_cast<uint8_t*>(workspace) + s.partial_bytes();
   if (auto st = gemm.initialize(args, own, stream); st != cutlass::Status::kSuccess)
@@ -108,7 +113,7 @@ std::string run_gemm(const typename Gemm::Arguments& args, const ColumnSums& s, 
     return finalize_partial_rows(s.partial_sum(workspace), s.partial_sumsq(workspace),
                                  static_cast<int>(s.rows), s.n, static_cast<int>(s.ld),
                                  kMode == StatsMode::reg_partials, s.sm_count, s.sum, s.sumsq,
-                                 stream);
+                                 s.clear_by_kernel, stream);
   }
   return "";
 }

@@ -27,7 +27,8 @@ struct DgradBn {
   float* sums = nullptr;          // [2][n] FP32: sum over rows of g, then of g (z - mean)
   int64_t m = 0, n = 0, k = 0;
   int sm_count = 0;
-  int device_id = 0;  // the CUDA device the pointers live on
+  int device_id = 0;             // the CUDA device the pointers live on
+  bool clear_by_kernel = false;  // sm90_kernel.h
   // The convolution units' (conv_dgrad_bn_sm90.cu) stride-1 R x S filter, KRSC [k][r][s][n]
   // with padding keeping h x w, over m / (h w) images; the GEMM units take r = s = 1 alone.
   int h = 1, w_ = 1, r = 1, s = 1, pad_h = 0, pad_w = 0;

@@ -55,7 +55,9 @@ int ctas(const DgradBn& d) {
 // sums = [sum g; sum g (z - mean)]; reg_partials: through per-CTA partial rows [CTAs][n] of
 // both, ahead of CUTLASS's workspace.
 ColumnSums column_sums(const DgradBn& d) {
-  return {d.sums, d.sums ? d.sums + d.n : nullptr, d.n, ctas(d), d.n, d.sm_count};
+  ColumnSums s{d.sums, d.sums ? d.sums + d.n : nullptr, d.n, ctas(d), d.n, d.sm_count};
+  s.clear_by_kernel = d.clear_by_kernel;
+  return s;
 }
 
 typename Gemm::Arguments arguments(const DgradBn& d, void* workspace) {

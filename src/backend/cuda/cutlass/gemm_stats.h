@@ -23,7 +23,8 @@ struct GemmStats {
   // (gemm_bn_folded_*: (gamma * invstd, beta - mean * gamma * invstd, -, -)).
   const void* bn_coef = nullptr;
   int sm_count = 0;
-  int device_id = 0;  // the CUDA device the pointers live on
+  int device_id = 0;             // the CUDA device the pointers live on
+  bool clear_by_kernel = false;  // sm90_kernel.h
 };
 
 // One compiled kernel: a tile shape, a stats mode and a cluster shape.

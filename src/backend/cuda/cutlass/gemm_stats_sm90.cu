@@ -154,7 +154,7 @@ int64_t partial_ld(const GemmStats& g) {
 
 // Where the sums go (partials, reg_partials: through partial rows ahead of CUTLASS's workspace).
 ColumnSums column_sums(const GemmStats& g) {
-  return {g.sum, g.sumsq, g.n, partial_rows(g), partial_ld(g), g.sm_count};
+  return {g.sum, g.sumsq, g.n, partial_rows(g), partial_ld(g), g.sm_count, g.clear_by_kernel};
 }
 
 // Where the register epilogue adds its sums (a template, so that the other modes' arguments,

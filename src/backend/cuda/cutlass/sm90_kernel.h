@@ -23,6 +23,10 @@ enum class StatsMode {
   reg_partials,  // per-CTA partials [CTAs][N], then the finalize kernel over the CTAs
 };
 
+// Each problem's clear_by_kernel: the sums (or partial rows) the kernel adds into are cleared
+// before it by a small kernel rather than cudaMemsetAsync; inside a CUDA Graph a memset node
+// leaves the GPU idle ~4 us longer around it than a kernel node (bench/RESULTS.md).
+
 // One compiled kernel for problems of type Problem (GemmStats, DgradBn): a tile shape, a stats
 // mode and a cluster shape.
 template <class Problem>
