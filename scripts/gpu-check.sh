@@ -12,7 +12,9 @@
 #            configs/engines/<gpu>_cudnn<version>.tsv (a copy lands in the logs), then
 #            `kiln bench` of each with the table and with KILN_ENGINE_TABLE=0
 #     compare  gpu, then for COMPARE_MODELS (default "resnet50 vgg16_bn") at batch 256 in
-#            COMPARE_PRECISIONS (default amp): kiln with fusion off (KILN_FUSION=0), then
+#            COMPARE_PRECISIONS (default amp): kiln under each of COMPARE_BASELINES (environment
+#            settings separated by ";", default KILN_FUSION=0; issue 20's table wants
+#            KILN_CUTLASS=0, its "today's form"), then
 #            bench/gpu_compare.sh (kiln with its defaults, PyTorch eager and torch.compile)
 #            in the same call: the table bench/RESULTS.md wants (SPEC Q3, issue 5)
 #     ab     build, then `kiln bench` (batch 256, AMP) of AB_MODELS (default "resnet50 vgg16_bn")
@@ -558,13 +560,18 @@ fi
 if [ "$MODE" = compare ]; then
   echo "== compare"
   precisions=${COMPARE_PRECISIONS:-amp}
+  IFS=';' read -r -a baselines <<<"${COMPARE_BASELINES:-KILN_FUSION=0}"
   for m in ${COMPARE_MODELS:-resnet50 vgg16_bn}; do
     for prec in $precisions; do
       amp=(); [ "$prec" = amp ] && amp=(--amp)
-      KILN_FUSION=0 "$BUILD/kiln" bench --device cuda --model "$m" --batch 256 "${amp[@]}" --steps "${STEPS:-20}" \
-        --warmup 5 --repeats 3 >"$LOGS/bench-$m-$prec-unfused.log" 2>&1 || status=1
-      ips=$(grep -o '"images_per_second":[0-9.]*' "$LOGS/bench-$m-$prec-unfused.log" | cut -d: -f2)
-      note "kiln unfused" "$m $prec ${ips:-FAILED} img/s"
+      for v in "${baselines[@]}"; do
+        name="$m-$prec-$(echo "$v" | tr ' =' '_-')"
+        # shellcheck disable=SC2086
+        env $v "$BUILD/kiln" bench --device cuda --model "$m" --batch 256 "${amp[@]}" --steps "${STEPS:-20}" \
+          --warmup 5 --repeats 3 >"$LOGS/bench-$name.log" 2>&1 || status=1
+        ips=$(grep -o '"images_per_second":[0-9.]*' "$LOGS/bench-$name.log" | cut -d: -f2)
+        note "kiln $v" "$m $prec ${ips:-FAILED} img/s"
+      done
     done
   done
   COMPARE_LOGS="$LOGS/compare" BUILD="$BUILD" STEPS=${STEPS:-20} bash bench/gpu_compare.sh \
