@@ -65,7 +65,8 @@ INSTANTIATE_TEST_SUITE_P(
 // max-pool pass and the backward reading the pooled gradient against the unfused chain, bit for
 // bit, with 16-byte kernels and without; 2x2 and 3x3 windows that tile the map, ResNet's
 // overlapping 3x3 / 2 stem pool with padding 1 (pool_route.cuh) on even and odd maps and at the
-// stem's shape scaled down, a 3x3 / 1 pool; the first-layer form, FP32 and AMP.
+// stem's shape scaled down, a 3x3 / 1 pool, a 2x2 / 1 pool (the overlapping form's loop over any
+// window, where 3x3 windows take its unrolled form); the first-layer form, FP32 and AMP.
 struct PoolCase {
   CbrCase cbr;
   fused::PoolSpec pool;
@@ -99,7 +100,8 @@ INSTANTIATE_TEST_SUITE_P(
             PoolCase{{"n4_56x56_c3_k64_stem_pool3s2p1", 4, 56, 56, 3, 64, 7, 2, 3, true},
                      {3, 2, 1}},
             PoolCase{{"n2_9x11_c8_k16_3x3_pool3s2p1", 2, 9, 11, 8, 16, 3, 1, 1, false}, {3, 2, 1}},
-            PoolCase{{"n2_7x6_c16_k8_1x1_pool3s1p1", 2, 7, 6, 16, 8, 1, 1, 0, false}, {3, 1, 1}}),
+            PoolCase{{"n2_7x6_c16_k8_1x1_pool3s1p1", 2, 7, 6, 16, 8, 1, 1, 0, false}, {3, 1, 1}},
+            PoolCase{{"n2_7x9_c8_k16_3x3_pool2s1", 2, 7, 9, 8, 16, 3, 1, 1, false}, {2, 1, 0}}),
         ::testing::Bool()),
     [](const auto& info) {
       return std::string(std::get<0>(info.param).cbr.name) +

@@ -232,11 +232,17 @@ KernelPtr bn_forward(Context& ctx, int stream, const Nhwc& s, DType dt, const Bn
       const FwdFinalize own = self_finalize ? fin : FwdFinalize{};
       if (a.overlap) {
         const int cg = static_cast<int>(C / 8), total = static_cast<int>(pooled_pixels * (C / 8));
-        if (pool_vec) {
-          apply_relu_pool_overlap<T, true>
+        if (pool_vec && a.op.k == 3) {
+          apply_relu_pool_overlap<T, true, 3>
+              <<<pgrid, kVecThreads, 0, st>>>(x, y, a.mask, total, cg, a.op, coef);
+        } else if (pool_vec) {
+          apply_relu_pool_overlap<T, true, 0>
+              <<<pgrid, kVecThreads, 0, st>>>(x, y, a.mask, total, cg, a.op, coef);
+        } else if (a.op.k == 3) {
+          apply_relu_pool_overlap<T, false, 3>
               <<<pgrid, kVecThreads, 0, st>>>(x, y, a.mask, total, cg, a.op, coef);
         } else {
-          apply_relu_pool_overlap<T, false>
+          apply_relu_pool_overlap<T, false, 0>
               <<<pgrid, kVecThreads, 0, st>>>(x, y, a.mask, total, cg, a.op, coef);
         }
         KILN_LAUNCH_CHECK("bn apply + relu + overlapping max-pool + mask");

@@ -27,8 +27,10 @@ struct OverlapPool {
 // y = the max-pool of relu(bn(z)) over each window clipped to the map (maxpool_fwd's scan:
 // first maximum in window order, NaN wins; the values bn_relu_one's), mask = the window
 // position taken per element of y, 255 where the ReLU did not pass it. One thread per pooled
-// pixel and group of eight channels, so its eight mask bytes are one 8-byte store.
-template <typename T, bool Vec>
+// pixel and group of eight channels, so its eight mask bytes are one 8-byte store. K > 0: the
+// window is K x K (op.k == K; ResNet's stem, 3), and its loads are all issued before the
+// arithmetic, up to K^2 16-byte loads in flight a thread where the loop of K = 0 waits on each.
+template <typename T, bool Vec, int K>
 __global__ void __launch_bounds__(kVecThreads)
     apply_relu_pool_overlap(const T* z, T* y, uint8_t* mask, int total, int cg, OverlapPool op,
                             const float4* coef) {
@@ -43,13 +45,34 @@ __global__ void __launch_bounds__(kVecThreads)
     const int h0 = oh * op.s - op.p, w0 = ow * op.s - op.p;
     const int hs = max(h0, 0), he = min(h0 + op.k, op.zh), ws = max(w0, 0),
               we = min(w0 + op.k, op.zw);
-    for (int ih = hs; ih < he; ++ih) {
-      for (int iw = ws; iw < we; ++iw) {
-        const int64_t e =
-            static_cast<int64_t>((b * op.zh + ih) * op.zw + iw) * cg + gi;  // z's group
-        alignas(16) T a[8];
-        load_group<T, Vec>(z + e * 8, a);
-        pool_take(a, k, (ih - h0) * op.k + (iw - w0), best, bestf, at);
+    auto group = [&](int ih, int iw) {  // z's group of eight channels at (ih, iw)
+      return z + (static_cast<int64_t>((b * op.zh + ih) * op.zw + iw) * cg + gi) * 8;
+    };
+    if constexpr (K > 0) {
+      alignas(16) T a[K * K][8];
+#pragma unroll
+      for (int i = 0; i < K; ++i) {
+#pragma unroll
+        for (int j = 0; j < K; ++j) {
+          if (h0 + i >= hs && h0 + i < he && w0 + j >= ws && w0 + j < we)
+            load_group<T, Vec>(group(h0 + i, w0 + j), a[i * K + j]);
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < K; ++i) {
+#pragma unroll
+        for (int j = 0; j < K; ++j) {
+          if (h0 + i >= hs && h0 + i < he && w0 + j >= ws && w0 + j < we)
+            pool_take(a[i * K + j], k, i * K + j, best, bestf, at);
+        }
+      }
+    } else {
+      for (int ih = hs; ih < he; ++ih) {
+        for (int iw = ws; iw < we; ++iw) {
+          alignas(16) T a[8];
+          load_group<T, Vec>(group(ih, iw), a);
+          pool_take(a, k, (ih - h0) * op.k + (iw - w0), best, bestf, at);
+        }
       }
     }
     if constexpr (Vec) {
