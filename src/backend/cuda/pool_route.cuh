@@ -49,21 +49,23 @@ __global__ void __launch_bounds__(kVecThreads)
       return z + (static_cast<int64_t>((b * op.zh + ih) * op.zw + iw) * cg + gi) * 8;
     };
     if constexpr (K > 0) {
+      // Window position (i, j) within the map: the loop's bounds below.
+      auto inside = [&](int i, int j) {
+        return h0 + i >= hs && h0 + i < he && w0 + j >= ws && w0 + j < we;
+      };
       alignas(16) T a[K * K][8];
 #pragma unroll
       for (int i = 0; i < K; ++i) {
 #pragma unroll
         for (int j = 0; j < K; ++j) {
-          if (h0 + i >= hs && h0 + i < he && w0 + j >= ws && w0 + j < we)
-            load_group<T, Vec>(group(h0 + i, w0 + j), a[i * K + j]);
+          if (inside(i, j)) load_group<T, Vec>(group(h0 + i, w0 + j), a[i * K + j]);
         }
       }
 #pragma unroll
       for (int i = 0; i < K; ++i) {
 #pragma unroll
         for (int j = 0; j < K; ++j) {
-          if (h0 + i >= hs && h0 + i < he && w0 + j >= ws && w0 + j < we)
-            pool_take(a[i * K + j], k, i * K + j, best, bestf, at);
+          if (inside(i, j)) pool_take(a[i * K + j], k, i * K + j, best, bestf, at);
         }
       }
     } else {
