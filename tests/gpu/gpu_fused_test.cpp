@@ -65,8 +65,10 @@ INSTANTIATE_TEST_SUITE_P(
 // max-pool pass and the backward reading the pooled gradient against the unfused chain, bit for
 // bit, with 16-byte kernels and without; 2x2 and 3x3 windows that tile the map, ResNet's
 // overlapping 3x3 / 2 stem pool with padding 1 (pool_route.cuh) on even and odd maps and at the
-// stem's shape scaled down, a 3x3 / 1 pool, a 2x2 / 1 pool (the overlapping form's loop over any
-// window, where 3x3 windows take its unrolled form); the first-layer form, FP32 and AMP.
+// stem's shape scaled down, a 3x3 / 1 pool, a 2x2 / 1 pool (the forward's loop over any window,
+// where 3x3 windows take its unrolled form; the backward's gather unrolled where at most two
+// windows a side cover an element, 3x3 / 2 and 2x2 / 1, its loop for 3x3 / 1); the first-layer
+// form, FP32 and AMP.
 struct PoolCase {
   CbrCase cbr;
   fused::PoolSpec pool;

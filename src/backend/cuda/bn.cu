@@ -319,9 +319,11 @@ KernelPtr bn_backward(Context& ctx, int stream, const Nhwc& s, DType dt, const B
       T *dx = static_cast<T*>(a.dx), *dres = static_cast<T*>(a.dres);
       // Where the data gradient took the sums, the finalize reads them as they are.
       if (a.overlap && v.on) {
-        route_partial_vec<T>
-            <<<v.blocks, kVecThreads, 0, st>>>(x, dy, a.mask, a.saved, static_cast<int>(d.rows),
-                                               static_cast<int>(C), a.op, dx, partial);
+        // At most two windows a side cover an element (the stem's 3x3 / 2): the unrolled gather.
+        const bool two = (a.op.k - 1) / a.op.s + 1 <= 2;
+        (two ? route_partial_vec<T, 2> : route_partial_vec<T, 0>)<<<v.blocks, kVecThreads, 0, st>>>(
+            x, dy, a.mask, a.saved, static_cast<int>(d.rows), static_cast<int>(C), a.op, dx,
+            partial);
         KILN_LAUNCH_CHECK("bn bwd overlapping max-pool route + sums (vec)");
       } else if (a.overlap) {
         route_partial_kernel<T><<<rgrid, dim3(kCx, kCy), 0, st>>>(x, dy, a.mask, a.saved, d.rows, C,

@@ -142,17 +142,76 @@ __device__ __forceinline__ void routed_grad(const T* dy, const uint8_t* mask, in
   for (int j = 0; j < V; ++j) g[j] = from_f<T>(sum[j]);
 }
 
+// routed_grad over 16-byte vectors where at most M x M windows cover an element (M = (k - 1) / s
+// + 1: 2 for the stem's 3x3 / 2): every covering window's mask words are loaded first, then dy
+// where a byte matched, then summed in the loop's order (same bits). The loop waits on each
+// window's mask and then its dy in turn; here a row waits twice.
+template <typename T, int M>
+__device__ __forceinline__ void routed_grad_unrolled(const T* dy, const uint8_t* mask, int r, int C,
+                                                     int c0, const OverlapPool& op,
+                                                     T (&g)[kVec<T>]) {
+  constexpr int V = kVec<T>, W = V / 4, N = M * M;  // V elements, W mask words a window
+  const int iw = r % op.zw, q = r / op.zw, ih = q % op.zh, b = q / op.zh;
+  int oh0 = 0, oh1 = 0, ow0 = 0, ow1 = 0;
+  op.covering(ih, op.yh, &oh0, &oh1);
+  op.covering(iw, op.yw, &ow0, &ow1);
+  int64_t off[N];
+  uint32_t hit[N][W];
+#pragma unroll
+  for (int u = 0; u < N; ++u) {
+    const int oh = oh0 + u / M, ow = ow0 + u % M;
+    off[u] = static_cast<int64_t>((b * op.yh + oh) * op.yw + ow) * C + c0;
+#pragma unroll
+    for (int w = 0; w < W; ++w) hit[u][w] = 0u;
+    if (oh <= oh1 && ow <= ow1) {
+      if constexpr (W == 2) {
+        const uint2 m = *reinterpret_cast<const uint2*>(mask + off[u]);
+        hit[u][0] = m.x, hit[u][1] = m.y;
+      } else {
+        hit[u][0] = *reinterpret_cast<const uint32_t*>(mask + off[u]);
+      }
+    }
+  }
+  uint4 dv[N];
+#pragma unroll
+  for (int u = 0; u < N; ++u) {
+    const int oh = oh0 + u / M, ow = ow0 + u % M;
+    const uint32_t pos = static_cast<uint32_t>((ih - (oh * op.s - op.p)) * op.k + iw -
+                                               (ow * op.s - op.p)),
+                   pos4 = pos * 0x01010101u;
+    const bool inside = oh <= oh1 && ow <= ow1;
+#pragma unroll
+    for (int w = 0; w < W; ++w) hit[u][w] = inside ? __vcmpeq4(hit[u][w], pos4) : 0u;
+    dv[u] = (hit[u][0] | hit[u][W - 1]) != 0u ? *reinterpret_cast<const uint4*>(dy + off[u])
+                                              : make_uint4(0, 0, 0, 0);
+  }
+  float sum[V];
+#pragma unroll
+  for (int j = 0; j < V; ++j) sum[j] = 0.0f;
+#pragma unroll
+  for (int u = 0; u < N; ++u) {
+    const T* d = reinterpret_cast<const T*>(&dv[u]);
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      if ((hit[u][j / 4] >> (8 * (j % 4))) & 1u) sum[j] += to_f(d[j]);
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < V; ++j) g[j] = from_f<T>(sum[j]);
+}
+
 // The sums pass of the overlapping form, 16-byte vectors (bwd_partial_vec's layout and
 // partials): g gathered per row and vector, written to g_out, and sum g, sum g (x - mean)
 // accumulated. Two rows in flight: both rows' x loads and gathers are issued before either's
-// sums, so one row's mask and dy reads overlap the other's.
-template <typename T>
+// sums. M > 0: routed_grad_unrolled's gather (the same bits as the loop's, M = 0).
+template <typename T, int M>
 __global__ void __launch_bounds__(kVecThreads)
     route_partial_vec(const T* x, const T* dy, const uint8_t* mask, const float* mean, int rows,
                       int C, OverlapPool op, T* g_out, double2* partial) {
   constexpr int V = kVec<T>, U = 2;
   const int cv = C / V, cvec = threadIdx.x % cv, rpb = kVecThreads / cv, rstride = gridDim.x * rpb;
-  double s[V], sx[V], mu[V];
+  double s[V], sx[V];
+  float mu[V];  // widened where used: the same double as a double copy, in half the registers
 #pragma unroll
   for (int j = 0; j < V; ++j) {
     s[j] = sx[j] = 0.0;
@@ -171,7 +230,11 @@ __global__ void __launch_bounds__(kVecThreads)
     for (int u = 0; u < U; ++u) {
       const int ru = r + u * rstride;
       if (ru < rows) {
-        routed_grad<T, V>(dy, mask, ru, C, cvec * V, op, g[u]);
+        if constexpr (M > 0) {
+          routed_grad_unrolled<T, M>(dy, mask, ru, C, cvec * V, op, g[u]);
+        } else {
+          routed_grad<T, V>(dy, mask, ru, C, cvec * V, op, g[u]);
+        }
         reinterpret_cast<uint4*>(g_out)[static_cast<int64_t>(ru) * cv + cvec] =
             *reinterpret_cast<const uint4*>(g[u]);
       } else {
@@ -186,7 +249,7 @@ __global__ void __launch_bounds__(kVecThreads)
       for (int j = 0; j < V; ++j) {
         const double gj = to_f(g[u][j]);
         s[j] += gj;
-        sx[j] += gj * (static_cast<double>(to_f(xe[j])) - mu[j]);
+        sx[j] += gj * (static_cast<double>(to_f(xe[j])) - static_cast<double>(mu[j]));
       }
     }
   }
