@@ -97,7 +97,7 @@ TEST(CudaOptions, ConvDgradAndFusedFinalizeSwitchesReachTheOptions) {
 
 // KILN_SUMS_CLEAR_KERNEL reaches Options::sums_clear_kernel.
 TEST(CudaOptions, SumsClearKernelSwitchReachesTheOptions) {
-  EXPECT_FALSE(options_with({}).sums_clear_kernel) << "off until it has run on a GPU";
+  EXPECT_TRUE(options_with({}).sums_clear_kernel) << "on by default since it ran on a GPU";
   EXPECT_TRUE(options_with({{"KILN_SUMS_CLEAR_KERNEL", "1"}}).sums_clear_kernel);
   EXPECT_FALSE(options_with({{"KILN_SUMS_CLEAR_KERNEL", "0"}}).sums_clear_kernel);
   expect_refused("KILN_SUMS_CLEAR_KERNEL", "maybe", "is not a switch value");

@@ -88,7 +88,7 @@ struct Options {
   bool bn_fused_finalize = false;
   // KILN_SUMS_CLEAR_KERNEL: the SM90 units clear the sums they add into with a kernel of their
   // own rather than cudaMemsetAsync (cutlass/column_sums.cuh).
-  bool sums_clear_kernel = false;
+  bool sums_clear_kernel = true;
   // KILN_PAD_CHANNELS: FP16/BF16 convolutions whose input channels are neither 4 nor a multiple
   // of 8 run on zero-padded copies (conv.cpp): on, off, or auto, the faster per convolution
   // (padding every such layer to 8 measured slower, bench/RESULTS.md's fourth session).
