@@ -435,5 +435,51 @@ TEST(GpuFusedStep, ResidualBnFoldingOffAndOnBitForBit) {
       });
 }
 
+// ResNet-50 in AMP: its four downsampling shortcuts' BatchNorm backwards summed in their
+// BN+add+ReLU backwards' dx passes (KILN_RESIDUAL_BN_SUMS_IN_DX) against their own sums passes,
+// in kiln's form (the dx pass forms g from dy, dy2 and the mask) and with the SM90 kernels on
+// (whose data gradient may leave g and its sums to that backward: make_bn_bwd_from_sums): the
+// dx pass takes each thread's rows in the sums pass's order, so three steps agree bit for bit.
+TEST(GpuFusedStep, ShortcutBnSumsInDxPassOffAndOnBitForBit) {
+  KILN_REQUIRE_GPU();
+  const BluePrint bp = make_model("resnet50");
+  const LearnableBatch b = learnable_batch(bp, 4, 9);
+  for (const bool sm90 : {false, true}) {
+    SCOPED_TRACE(sm90 ? "SM90 kernels on" : "kiln's form");
+    std::vector<std::map<std::string, std::vector<float>>> results(2);
+    std::vector<int> taken;
+    for (const bool in_dx : {false, true}) {
+      EngineOptions o;
+      o.device = "cuda";
+      o.compile.batch = 4;
+      o.compile.amp = true;
+      o.compile.momentum = 0.9f;
+      o.switches.deterministic = true;
+      o.switches.fuse_residual_bn = true;
+      o.switches.cutlass = o.switches.cutlass_dgrad = sm90 ? Auto::on : Auto::off;
+      o.switches.residual_bn_sums_in_dx = in_dx;
+      Engine e(bp, o);
+      e.lock_memory();
+      e.compile(5);
+      taken.push_back(e.backend().compile_report().residual_bn_sums_in_dx);
+      std::vector<float> losses;
+      for (int i = 0; i < 3; ++i)
+        losses.push_back(e.train_step(b.images.data(), b.labels.data(), 0.05f).loss);
+      results[in_dx ? 1 : 0] = params_and_buffers(e);
+      results[in_dx ? 1 : 0]["loss"] = losses;
+    }
+    EXPECT_EQ(taken[0], 0);
+    EXPECT_EQ(taken[1], 4) << "the four shortcut BatchNorms' sums taken by a dx pass";
+    ASSERT_EQ(results[0].size(), results[1].size());
+    for (const auto& [name, want] : results[0]) {
+      const std::vector<float>& got = results[1].at(name);
+      ASSERT_EQ(got.size(), want.size()) << name;
+      size_t n = 0;
+      for (size_t i = 0; i < got.size(); ++i) n += bits_of(got[i]) != bits_of(want[i]);
+      EXPECT_EQ(n, 0u) << name << ": " << n << " of " << got.size() << " values differ";
+    }
+  }
+}
+
 }  // namespace
 }  // namespace kiln::test

@@ -140,6 +140,17 @@ struct BnBwd {
   // which also wrote g itself into dy (masked, dy2 added): no sums pass, and the dx pass reads
   // g alone (no mask or dy2; dres, when given, gets a copy of g).
   const float* sums = nullptr;
+  // KILN_RESIDUAL_BN_SUMS_IN_DX. res_*: the dx pass also sums the g it forms against res_x, a
+  // shortcut BatchNorm's input (res_mean its mean), into res_partial, on that BatchNorm's sums
+  // grid (res_blocks), which `keep` holds. partial: this BatchNorm's sums in that layout, left
+  // by such a pass: no sums pass of its own.
+  const void* res_x = nullptr;
+  const float* res_mean = nullptr;
+  double2* res_partial = nullptr;
+  int res_blocks = 0;
+  std::shared_ptr<DeviceBuffer> keep;
+  const double2* partial = nullptr;
+  int partial_blocks = 0;
 };
 
 // Statistics (per-channel double sums, then the finalize pass, which also forms the apply
@@ -301,7 +312,11 @@ KernelPtr bn_backward(Context& ctx, int stream, const Nhwc& s, DType dt, const B
   KILN_CHECK(!a.overlap || (!a.sums && !a.dy2 && !a.dres && a.mask), Internal,
              "BatchNorm backward with an overlapping max-pool takes no sums, second gradient or "
              "residual gradient");
-  const int chunks = a.sums ? 1 : v.on ? v.blocks : d.gy;
+  const int chunks = a.sums ? 1 : a.partial ? a.partial_blocks : v.on ? v.blocks : d.gy;
+  KILN_CHECK(!a.partial || (v.on && a.partial_blocks == v.blocks), Internal,
+             "BatchNorm backward: sums left by another pass in a layout that is not its own");
+  KILN_CHECK(!a.res_partial || (gp.on && (dt == DType::F16 || dt == DType::BF16)), Internal,
+             "BatchNorm backward: a shortcut's sums asked of a dx pass without 16-byte groups");
   const size_t coef_off = reserve_stats_workspace(ctx, stream, chunks, C);
   const dim3 rgrid(static_cast<unsigned>((C + kCx - 1) / kCx), static_cast<unsigned>(d.gy));
   const int64_t count = d.rows * C;
@@ -329,6 +344,8 @@ KernelPtr bn_backward(Context& ctx, int stream, const Nhwc& s, DType dt, const B
         route_partial_kernel<T><<<rgrid, dim3(kCx, kCy), 0, st>>>(x, dy, a.mask, a.saved, d.rows, C,
                                                                   a.op, dx, partial);
         KILN_LAUNCH_CHECK("bn bwd overlapping max-pool route + sums");
+      } else if (a.partial) {
+        // The BN+add+ReLU backward before it summed g in its dx pass.
       } else if (!a.sums && v.on) {
         bwd_partial_vec<T><<<v.blocks, kVecThreads, 0, st>>>(x, dy, dy2, a.mask, a.saved,
                                                              static_cast<int>(d.rows),
@@ -340,14 +357,24 @@ KernelPtr bn_backward(Context& ctx, int stream, const Nhwc& s, DType dt, const B
         KILN_LAUNCH_CHECK("bn bwd sums");
       }
       if (!self_finalize) {
-        bwd_finalize_kernel<<<finalize_grid(C), dim3(kFinC, kFinS), 0, st>>>(partial, chunks, fin,
-                                                                             coef);
+        bwd_finalize_kernel<<<finalize_grid(C), dim3(kFinC, kFinS), 0, st>>>(
+            a.partial ? a.partial : partial, chunks, fin, coef);
         KILN_LAUNCH_CHECK("bn bwd finalize");
       }
       // The overlapping form's dx pass reads g where its sums pass wrote it (dx, in place).
       const T* g = a.overlap ? dx : dy;
       const uint8_t* mask = a.overlap ? nullptr : a.mask;
       const PoolMap pm = a.overlap ? PoolMap{} : a.pm;
+      if constexpr (sizeof(T) == 2) {
+        if (a.res_partial) {
+          bwd_dx_group<T, true><<<a.res_blocks, kVecThreads, 0, st>>>(
+              x, g, dy2, mask, dx, dres, static_cast<int>(d.rows), gp.cg, coef, pm,
+              self_finalize ? fin : BwdFinalize{}, static_cast<const T*>(a.res_x), a.res_mean,
+              a.res_partial);
+          KILN_LAUNCH_CHECK("bn bwd dx + the shortcut BatchNorm's sums (vec)");
+          return;
+        }
+      }
       if (gp.on) {
         bwd_dx_group<T><<<gp.blocks, kVecThreads, 0, st>>>(x, g, dy2, mask, dx, dres,
                                                            static_cast<int>(d.rows), gp.cg, coef,
@@ -407,6 +434,31 @@ void set_dresidual(const Context& ctx, const Node& n, TensorId x, TensorId dres,
   a->dres = ctx.ptr(dres);
 }
 
+// KILN_RESIDUAL_BN_SUMS_IN_DX: where the shortcut BatchNorm's backward m (a bn_bwd reading this
+// node's dresidual as its dy) would run bwd_partial_vec and this node's dx pass runs on 16-byte
+// groups, the dx pass also takes m's sums (a->res_*) and m finalizes from them
+// (ctx.residual_bn_partials, make_bn_bwd). Else nothing changes.
+void take_shortcut_sums(Context& ctx, const Node& m, const Nhwc& s, DType dt, BnBwd* a) {
+  const TensorId mx = in_at(m, 0), mdy = in_at(m, 1), msaved = in_at(m, 3);
+  if ((dt != DType::F16 && dt != DType::BF16) || m.op != OpKind::bn_bwd || mx == kNoTensor ||
+      mdy == kNoTensor || msaved == kNoTensor || ctx.tensor(mx).dtype != dt ||
+      ctx.tensor(mx).numel() != s.numel() || ctx.tensor(msaved).numel() != 2 * s.c)
+    return;
+  const ChannelDims d = channel_dims(ctx, s);
+  // m's own sums pass's plan (bn_backward's bn_vec) and this node's dx pass's, with m's x read.
+  const BnVec v = bn_vec(ctx, dt, d.rows, d.c, {ctx.ptr(mx), ctx.ptr(mdy), nullptr});
+  const GroupPlan gp =
+      group_plan(ctx, d.rows, d.c, {a->x, a->dy, a->dy2, a->dx, a->dres, ctx.ptr(mx)});
+  if (!v.on || !gp.on) return;
+  a->keep = std::make_shared<DeviceBuffer>(sizeof(double2) * static_cast<size_t>(v.blocks * d.c));
+  a->res_x = ctx.ptr(mx);
+  a->res_mean = ctx.ptr<float>(msaved);  // saved = [mean; invstd]
+  a->res_partial = static_cast<double2*>(a->keep->get());
+  a->res_blocks = v.blocks;
+  ctx.residual_bn_partials[&m] = {a->res_partial, v.blocks};
+  ++ctx.residual_bn_sums_in_dx;
+}
+
 }  // namespace
 
 // "x, gamma, beta, running_mean, running_var -> y, saved (2xC: mean, invstd)"
@@ -463,7 +515,8 @@ KernelPtr make_bn_relu_mask_fwd(const Node& n, Context& ctx, int stream, TensorI
 // [dy2] -> dx, dresidual) (fused.cpp), with the ReLU backward taken from the mask.
 KernelPtr make_bn_relu_mask_bwd(const Node& n, Context& ctx, int stream, TensorId x, TensorId dy,
                                 TensorId dy2, TensorId mask, TensorId gamma, TensorId saved,
-                                TensorId dx, TensorId dres, TensorId dgamma, TensorId dbeta) {
+                                TensorId dx, TensorId dres, TensorId dgamma, TensorId dbeta,
+                                const Node* shortcut) {
   Nhwc s;
   BnBwd a = bn_bwd_args(ctx, n, x, dy, gamma, saved, dx, dgamma, dbeta, &s);
   if (dy2 != kNoTensor) {
@@ -474,6 +527,7 @@ KernelPtr make_bn_relu_mask_bwd(const Node& n, Context& ctx, int stream, TensorI
   set_dresidual(ctx, n, x, dres, s, &a);
   expect_mask(ctx, n, mask, dy);
   a.mask = ctx.ptr<uint8_t>(mask);
+  if (shortcut != nullptr) take_shortcut_sums(ctx, *shortcut, s, ctx.tensor(x).dtype, &a);
   return bn_backward(ctx, stream, s, ctx.tensor(x).dtype, a);
 }
 
@@ -483,11 +537,13 @@ KernelPtr make_bn_relu_mask_bwd(const Node& n, Context& ctx, int stream, TensorI
 // finalize and dx passes alone, reading g and x (and copying g to dres when that is given).
 KernelPtr make_bn_bwd_from_sums(const Node& n, Context& ctx, int stream, TensorId x, TensorId g,
                                 TensorId gamma, TensorId saved, TensorId dx, TensorId dres,
-                                TensorId dgamma, TensorId dbeta, const float* sums) {
+                                TensorId dgamma, TensorId dbeta, const float* sums,
+                                const Node* shortcut) {
   Nhwc s;
   BnBwd a = bn_bwd_args(ctx, n, x, g, gamma, saved, dx, dgamma, dbeta, &s);
   set_dresidual(ctx, n, x, dres, s, &a);
   a.sums = sums;
+  if (shortcut != nullptr) take_shortcut_sums(ctx, *shortcut, s, ctx.tensor(x).dtype, &a);
   return bn_backward(ctx, stream, s, ctx.tensor(x).dtype, a);
 }
 
@@ -635,7 +691,12 @@ KernelPtr make_bn_bwd(const Node& n, Context& ctx, int stream) {
   const TensorId dx = need_out(n, 0, "dx"), dgamma = need_out(n, 1, "dgamma"),
                  dbeta = need_out(n, 2, "dbeta");
   Nhwc s;
-  const BnBwd a = bn_bwd_args(ctx, n, x, dy, gamma, saved, dx, dgamma, dbeta, &s);
+  BnBwd a = bn_bwd_args(ctx, n, x, dy, gamma, saved, dx, dgamma, dbeta, &s);
+  // A shortcut's BatchNorm whose sums the BN+add+ReLU backward's dx pass took.
+  if (const auto it = ctx.residual_bn_partials.find(&n); it != ctx.residual_bn_partials.end()) {
+    a.partial = it->second.partial;
+    a.partial_blocks = it->second.blocks;
+  }
   return bn_backward(ctx, stream, s, ctx.tensor(x).dtype, a);
 }
 

@@ -466,10 +466,20 @@ __global__ void __launch_bounds__(kVecThreads)
 
 // fin.sums non-null: the pass finalizes itself, as apply_group (block 0's first row of threads
 // writes dgamma and dbeta).
-template <typename T>
+// ResSums (KILN_RESIDUAL_BN_SUMS_IN_DX; 2-byte T, so a group is bwd_partial_vec's vector): the
+// masked gradient it forms - what dres gets, the shortcut BatchNorm's dy - is also summed
+// against res_x, that BatchNorm's input (res_mean its mean), into res_partial: launched on the
+// shortcut's own sums grid, each thread takes bwd_partial_vec's rows in its order, so the sums
+// are the bits its sums pass would have left (out-of-range rows add nothing instead of zeros,
+// which can differ only in the sign of an all-zero sum).
+template <typename T, bool ResSums = false>
 __global__ void __launch_bounds__(kVecThreads)
     bwd_dx_group(const T* x, const T* dy, const T* dy2, const uint8_t* mask, T* dx, T* dres,
-                 int rows, int cg, const float4* coef, PoolMap pm = {}, BwdFinalize fin = {}) {
+                 int rows, int cg, const float4* coef, PoolMap pm = {}, BwdFinalize fin = {},
+                 const T* res_x = nullptr, const float* res_mean = nullptr,
+                 double2* res_partial = nullptr) {
+  static_assert(!ResSums || sizeof(T) == 2, "a group of eight is one 16-byte vector");
+  constexpr int RS = ResSums ? 8 : 1;
   const int gi = threadIdx.x % cg, rpb = kVecThreads / cg, rstride = gridDim.x * rpb;
   const bool writer = blockIdx.x == 0 && static_cast<int>(threadIdx.x) < cg;
   float4 k[8];
@@ -479,16 +489,29 @@ __global__ void __launch_bounds__(kVecThreads)
     k[j] =
         fin.sums ? bwd_finalize_channel(fin, c, fin.sums[c], fin.sums[fin.C + c], writer) : coef[c];
   }
-  for (int r = blockIdx.x * rpb + threadIdx.x / cg; r < rows; r += 2 * rstride) {
-    alignas(16) T a[2][8], d[2][8];
-    unsigned m[2] = {0xFFu, 0xFFu};
-    int64_t g[2];
+  double s[RS], sx[RS];
+  float mu[RS];  // widened where used: the same double as bwd_partial_vec's
+  if constexpr (ResSums) {
 #pragma unroll
-    for (int u = 0; u < 2; ++u) {
+    for (int j = 0; j < 8; ++j) {
+      s[j] = sx[j] = 0.0;
+      mu[j] = res_mean[gi * 8 + j];
+    }
+  }
+  // Two rows in flight; one where the sums' registers leave room for no more (no spills).
+  constexpr int U = ResSums ? 1 : 2;
+  for (int r = blockIdx.x * rpb + threadIdx.x / cg; r < rows; r += U * rstride) {
+    alignas(16) T a[U][8], d[U][8], rx[ResSums ? U : 1][8];
+    unsigned m[U];
+    int64_t g[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      m[u] = 0xFFu;
       g[u] = static_cast<int64_t>(r + u * rstride) * cg + gi;
-      if (u == 0 || r + rstride < rows) {
+      if (r + u * rstride < rows) {
         load8(x + g[u] * 8, a[u]);
         load8(dy + (pm.row(r + u * rstride) * cg + gi) * 8, d[u]);
+        if constexpr (ResSums) load8(res_x + g[u] * 8, rx[u]);
         if (dy2) {
           alignas(16) T d2[8];
           load8(dy2 + g[u] * 8, d2);
@@ -500,8 +523,8 @@ __global__ void __launch_bounds__(kVecThreads)
       }
     }
 #pragma unroll
-    for (int u = 0; u < 2; ++u) {
-      if (u == 1 && r + rstride >= rows) break;
+    for (int u = 0; u < U; ++u) {
+      if (r + u * rstride >= rows) break;
       alignas(16) T o[8];
       if (mask) {
 #pragma unroll
@@ -513,8 +536,17 @@ __global__ void __launch_bounds__(kVecThreads)
         o[j] = from_f<T>(k[j].y * (to_f(d[u][j]) - k[j].z - (to_f(a[u][j]) - k[j].x) * k[j].w));
       }
       store8(dx + g[u] * 8, o);
+      if constexpr (ResSums) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {  // bwd_partial_vec's arithmetic
+          const double gj = static_cast<double>(to_f(d[u][j]));
+          s[j] += gj;
+          sx[j] += gj * (static_cast<double>(to_f(rx[u][j])) - static_cast<double>(mu[j]));
+        }
+      }
     }
   }
+  if constexpr (ResSums) combine_store<8>(s, sx, cg, gi, static_cast<int64_t>(cg) * 8, res_partial);
 }
 
 }  // namespace

@@ -398,6 +398,7 @@ class CudaBackend final : public CudaBackendApi {
     r.sm90_timed_now = ctx_.sm90_timed_now;
     r.convs_padded = ctx_.convs_padded, r.pad_timed = ctx_.pad_timed;
     r.side_stream_wgrads = ctx_.side_wgrads;
+    r.residual_bn_sums_in_dx = ctx_.residual_bn_sums_in_dx;
     r.fp32_transformed_plans = ctx_.fp32_transformed;
     return r;
   }
@@ -442,6 +443,8 @@ class CudaBackend final : public CudaBackendApi {
     ctx_.sm90_timed = ctx_.sm90_timed_today = ctx_.sm90_timed_now = 0;
     ctx_.convs_padded = ctx_.pad_timed = 0;
     ctx_.dgrad_bn_sums.clear();
+    ctx_.residual_bn_partials.clear();
+    ctx_.residual_bn_sums_in_dx = 0;
     ctx_.extra_bytes.clear();
     ctx_.fp32_transformed = 0;
     table_path_.clear();

@@ -89,6 +89,9 @@ struct Options {
   // KILN_SUMS_CLEAR_KERNEL: the SM90 units clear the sums they add into with a kernel of their
   // own rather than cudaMemsetAsync (cutlass/column_sums.cuh).
   bool sums_clear_kernel = true;
+  // KILN_RESIDUAL_BN_SUMS_IN_DX: a BN+add+ReLU backward whose dresidual feeds the shortcut's
+  // BatchNorm backward sums it in its dx pass (bn.cu), and that backward finalizes from them.
+  bool residual_bn_sums_in_dx = false;
   // KILN_PAD_CHANNELS: FP16/BF16 convolutions whose input channels are neither 4 nor a multiple
   // of 8 run on zero-padded copies (conv.cpp): on, off, or auto, the faster per convolution
   // (padding every such layer to 8 measured slower, bench/RESULTS.md's fourth session).
@@ -248,6 +251,16 @@ struct Context : ProgramView {
     TensorId g = kNoTensor;
   };
   std::unordered_map<const Node*, DgradBnSums> dgrad_bn_sums;
+  // KILN_RESIDUAL_BN_SUMS_IN_DX: for a shortcut's BatchNorm backward (bn_bwd), the double
+  // partials of its sums that the BN+add+ReLU backward before it left in its dx pass
+  // (bwd_partial_vec's layout: `blocks` rows of C), read in place of its own sums pass (set
+  // while that BN+add+ReLU backward is built, read when the bn_bwd is); and how many did.
+  struct ResidualBnPartials {
+    const double2* partial = nullptr;
+    int blocks = 0;
+  };
+  std::unordered_map<const Node*, ResidualBnPartials> residual_bn_partials;
+  int residual_bn_sums_in_dx = 0;
   // Bytes a node's kernel reads and writes beyond its own tensors (a fused data gradient reads
   // the later BatchNorm's z, mask and saved, and may write its dresidual), for the side stream's
   // joins (side_stream.h): appended to the node's ranges by the executor.

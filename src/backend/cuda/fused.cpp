@@ -168,7 +168,7 @@ KernelPtr cbr_conv_backward(const Node& n, Context& ctx, int stream, KernelPtr b
 }  // namespace
 
 KernelPtr make_bn_bwd_part(const Node& n, Context& ctx, int stream,
-                           const Context::DgradBnSums* summed) {
+                           const Context::DgradBnSums* summed, const Node* shortcut) {
   if (n.op == OpKind::cbr_bwd) {
     const CbrBwdTensors t = cbr_bwd_tensors(n);
     return summed != nullptr
@@ -189,10 +189,11 @@ KernelPtr make_bn_bwd_part(const Node& n, Context& ctx, int stream,
   // then copies to dresidual.
   if (summed != nullptr) {
     return make_bn_bwd_from_sums(n, ctx, stream, x, summed->g, gamma, saved, dx,
-                                 summed->g == dres ? kNoTensor : dres, dgamma, dbeta, summed->sums);
+                                 summed->g == dres ? kNoTensor : dres, dgamma, dbeta, summed->sums,
+                                 shortcut);
   }
   return make_bn_relu_mask_bwd(n, ctx, stream, x, dy, dy2, mask, gamma, saved, dx, dres, dgamma,
-                               dbeta);
+                               dbeta, shortcut);
 }
 
 namespace {
@@ -200,6 +201,20 @@ namespace {
 const Context::DgradBnSums* dgrad_sums_for(const Context& ctx, const Node& n) {
   const auto it = ctx.dgrad_bn_sums.find(&n);
   return it == ctx.dgrad_bn_sums.end() ? nullptr : &it->second;
+}
+
+// KILN_RESIDUAL_BN_SUMS_IN_DX: the shortcut BatchNorm's backward that reads bn_add_relu_bwd n's
+// dresidual as its dy (the lowering of a folded shortcut BatchNorm), or nullptr.
+const Node* shortcut_bn_bwd(const Context& ctx, const Node& n) {
+  const TensorId dres = out_at(n, 1);
+  if (!ctx.opts.residual_bn_sums_in_dx || ctx.program == nullptr || dres == kNoTensor)
+    return nullptr;
+  for (const Phase& ph : ctx.program->train) {
+    for (const Node& m : ph.nodes) {
+      if (m.op == OpKind::bn_bwd && in_at(m, 1) == dres) return &m;
+    }
+  }
+  return nullptr;
 }
 
 }  // namespace
@@ -261,7 +276,15 @@ KernelPtr make_bn_add_relu_fwd(const Node& n, Context& ctx, int stream) {
 // branches; BatchNorm's dx pass writes the residual's copy.
 KernelPtr make_bn_add_relu_bwd(const Node& n, Context& ctx, int stream) {
   reject_accumulate(ctx, n);
-  return make_bn_bwd_part(n, ctx, stream, dgrad_sums_for(ctx, n));
+  const Node* shortcut = shortcut_bn_bwd(ctx, n);
+  KernelPtr k = make_bn_bwd_part(n, ctx, stream, dgrad_sums_for(ctx, n), shortcut);
+  if (shortcut != nullptr && ctx.residual_bn_partials.count(shortcut) > 0) {
+    // Read beyond its own tensors: the shortcut BatchNorm's input and saved statistics.
+    Context::ExtraBytes& extra = ctx.extra_bytes[&n];
+    for (const ByteRange& r : byte_ranges(ctx, {in_at(*shortcut, 0), in_at(*shortcut, 3)}))
+      extra.reads.push_back(r);
+  }
+  return k;
 }
 
 }  // namespace kiln::cuda

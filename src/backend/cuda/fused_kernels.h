@@ -63,7 +63,8 @@ bool cutlass_kernels_built();
 // is bn_add_relu_bwd's second gradient contribution, summed as the add op would.
 KernelPtr make_bn_relu_mask_bwd(const Node& n, Context& ctx, int stream, TensorId x, TensorId dy,
                                 TensorId dy2, TensorId mask, TensorId gamma, TensorId saved,
-                                TensorId dx, TensorId dres, TensorId dgamma, TensorId dbeta);
+                                TensorId dx, TensorId dres, TensorId dgamma, TensorId dbeta,
+                                const Node* shortcut = nullptr);
 
 // The same when the data gradient before it (make_dgrad_for_bn) wrote g, the gradient at
 // BatchNorm's output with the mask applied and dy2 added, and g's FP32 sums [sum g; sum
@@ -71,7 +72,8 @@ KernelPtr make_bn_relu_mask_bwd(const Node& n, Context& ctx, int stream, TensorI
 // dres unless that is kNoTensor).
 KernelPtr make_bn_bwd_from_sums(const Node& n, Context& ctx, int stream, TensorId x, TensorId g,
                                 TensorId gamma, TensorId saved, TensorId dx, TensorId dres,
-                                TensorId dgamma, TensorId dbeta, const float* sums);
+                                TensorId dgamma, TensorId dbeta, const float* sums,
+                                const Node* shortcut = nullptr);
 
 // A data gradient dx = conv_bwd_data(dy, w) of `n` (a conv_bwd_data node, or cbr_bwd /
 // cbr_pool_bwd's part) whose dx a later cbr_bwd or bn_add_relu_bwd reads as the gradient at its
@@ -87,9 +89,11 @@ KernelPtr make_dgrad_for_bn(const Node& n, Context& ctx, int stream, TensorId dy
                             TensorId dx, const std::function<KernelPtr()>& cudnn_form);
 
 // The BatchNorm backward of n (cbr_bwd's part, or bn_add_relu_bwd), from the g and sums a data
-// gradient before it left (`summed`), or with its own sums pass (nullptr).
+// gradient before it left (`summed`), or with its own sums pass (nullptr). `shortcut`: the
+// shortcut BatchNorm's backward whose sums bn_add_relu_bwd's dx pass may take
+// (KILN_RESIDUAL_BN_SUMS_IN_DX); given only for the node's own kernel, never a timed copy.
 KernelPtr make_bn_bwd_part(const Node& n, Context& ctx, int stream,
-                           const Context::DgradBnSums* summed);
+                           const Context::DgradBnSums* summed, const Node* shortcut = nullptr);
 
 // cbr_pool_fwd's epilogue (ops.def): saved and running statistics as make_bn_relu_mask_fwd,
 // then y = the max-pool of relu(bn(z)) by n.attrs.pool windows, and the mask of the elements
