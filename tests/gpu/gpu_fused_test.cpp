@@ -354,11 +354,12 @@ TEST(GpuFusedStep, FusedStepsEqualUnfusedBitForBitFp32) {
 // with deterministic convolution engines: both programs fold VGG's biases alike, so three steps
 // give the same losses, weights and running statistics bit for bit (the folded pass does the
 // arithmetic of what it folds), and the folded program has `folded_nodes` nodes by `count`.
-// `fold_switch` sets the switch under test.
+// `fold_switch` sets the switch under test (and may set others, after kiln's form is chosen);
+// `amps`: AMP, FP32 or both.
 template <typename Fold, typename Count>
-void folding_bit_for_bit(const std::string& model, int folded_nodes, Fold fold_switch,
-                         Count count) {
-  for (const bool amp : {true, false}) {
+void folding_bit_for_bit(const std::string& model, int folded_nodes, Fold fold_switch, Count count,
+                         std::initializer_list<bool> amps = {true, false}) {
+  for (const bool amp : amps) {
     SCOPED_TRACE(model + (amp ? " AMP" : " FP32"));
     const BluePrint bp = make_model(model);
     const LearnableBatch b = learnable_batch(bp, 4, 9);
@@ -442,42 +443,16 @@ TEST(GpuFusedStep, ResidualBnFoldingOffAndOnBitForBit) {
 // dx pass takes each thread's rows in the sums pass's order, so three steps agree bit for bit.
 TEST(GpuFusedStep, ShortcutBnSumsInDxPassOffAndOnBitForBit) {
   KILN_REQUIRE_GPU();
-  const BluePrint bp = make_model("resnet50");
-  const LearnableBatch b = learnable_batch(bp, 4, 9);
   for (const bool sm90 : {false, true}) {
     SCOPED_TRACE(sm90 ? "SM90 kernels on" : "kiln's form");
-    std::vector<std::map<std::string, std::vector<float>>> results(2);
-    std::vector<int> taken;
-    for (const bool in_dx : {false, true}) {
-      EngineOptions o;
-      o.device = "cuda";
-      o.compile.batch = 4;
-      o.compile.amp = true;
-      o.compile.momentum = 0.9f;
-      o.switches.deterministic = true;
-      o.switches.fuse_residual_bn = true;
-      o.switches.cutlass = o.switches.cutlass_dgrad = sm90 ? Auto::on : Auto::off;
-      o.switches.residual_bn_sums_in_dx = in_dx;
-      Engine e(bp, o);
-      e.lock_memory();
-      e.compile(5);
-      taken.push_back(e.backend().compile_report().residual_bn_sums_in_dx);
-      std::vector<float> losses;
-      for (int i = 0; i < 3; ++i)
-        losses.push_back(e.train_step(b.images.data(), b.labels.data(), 0.05f).loss);
-      results[in_dx ? 1 : 0] = params_and_buffers(e);
-      results[in_dx ? 1 : 0]["loss"] = losses;
-    }
-    EXPECT_EQ(taken[0], 0);
-    EXPECT_EQ(taken[1], 4) << "the four shortcut BatchNorms' sums taken by a dx pass";
-    ASSERT_EQ(results[0].size(), results[1].size());
-    for (const auto& [name, want] : results[0]) {
-      const std::vector<float>& got = results[1].at(name);
-      ASSERT_EQ(got.size(), want.size()) << name;
-      size_t n = 0;
-      for (size_t i = 0; i < got.size(); ++i) n += bits_of(got[i]) != bits_of(want[i]);
-      EXPECT_EQ(n, 0u) << name << ": " << n << " of " << got.size() << " values differ";
-    }
+    folding_bit_for_bit(
+        "resnet50", 4,
+        [sm90](Switches& sw, bool fold) {
+          sw.fuse_residual_bn = true;
+          sw.residual_bn_sums_in_dx = fold;
+          if (sm90) sw.cutlass = sw.cutlass_dgrad = Auto::on;
+        },
+        [](Engine& e) { return e.backend().compile_report().residual_bn_sums_in_dx; }, {true});
   }
 }
 
