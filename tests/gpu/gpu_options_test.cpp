@@ -105,7 +105,7 @@ TEST(CudaOptions, SumsClearKernelSwitchReachesTheOptions) {
 
 // KILN_RESIDUAL_BN_SUMS_IN_DX reaches Options::residual_bn_sums_in_dx.
 TEST(CudaOptions, ResidualBnSumsInDxSwitchReachesTheOptions) {
-  EXPECT_FALSE(options_with({}).residual_bn_sums_in_dx) << "off until it has run on a GPU";
+  EXPECT_TRUE(options_with({}).residual_bn_sums_in_dx) << "on by default";
   EXPECT_TRUE(options_with({{"KILN_RESIDUAL_BN_SUMS_IN_DX", "1"}}).residual_bn_sums_in_dx);
   EXPECT_FALSE(options_with({{"KILN_RESIDUAL_BN_SUMS_IN_DX", "0"}}).residual_bn_sums_in_dx);
   expect_refused("KILN_RESIDUAL_BN_SUMS_IN_DX", "maybe", "is not a switch value");

@@ -386,10 +386,10 @@ int cmd_bench(int argc, char** argv) {
           "kiln's pass\n",
           use.sm90_timed, use.sm90_timed_today);
     }
-    if (eo.switches.residual_bn_sums_in_dx) {
+    if (use.residual_bn_sums_in_dx > 0) {
       std::printf(
           "shortcut BatchNorm backwards summed in the BN+add+ReLU dx pass "
-          "(KILN_RESIDUAL_BN_SUMS_IN_DX=1): %d\n",
+          "(KILN_RESIDUAL_BN_SUMS_IN_DX=0 turns it off): %d\n",
           use.residual_bn_sums_in_dx);
     }
     if (use.convs_padded + use.pad_timed > 0) {

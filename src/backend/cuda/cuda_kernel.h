@@ -91,7 +91,7 @@ struct Options {
   bool sums_clear_kernel = true;
   // KILN_RESIDUAL_BN_SUMS_IN_DX: a BN+add+ReLU backward whose dresidual feeds the shortcut's
   // BatchNorm backward sums it in its dx pass (bn.cu), and that backward finalizes from them.
-  bool residual_bn_sums_in_dx = false;
+  bool residual_bn_sums_in_dx = true;
   // KILN_PAD_CHANNELS: FP16/BF16 convolutions whose input channels are neither 4 nor a multiple
   // of 8 run on zero-padded copies (conv.cpp): on, off, or auto, the faster per convolution
   // (padding every such layer to 8 measured slower, bench/RESULTS.md's fourth session).
