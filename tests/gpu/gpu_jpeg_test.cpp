@@ -622,5 +622,32 @@ TEST(GpuInputKernel, StageBatchU8EqualsHostNormalisation) {
   // program with F16 staged images does not validate (staged inputs are F32 under AMP too).
 }
 
+// Batches past parallel_copy's threshold (host_copy.h) reach the slots whole with one copy
+// thread and with several (KILN_STAGE_COPY_THREADS), floats and bytes alike.
+TEST(GpuInputKernel, StagedBatchesArriveWholeWithOneCopyThreadOrSeveral) {
+  KILN_REQUIRE_GPU();
+  const int64_t N = 64, H = 160, W = 160, C = 3;  // 19.7 MB of floats, 4.9 MB of bytes
+  const InputNormalization norm = imagenet_norm(C);
+  std::vector<uint8_t> px(static_cast<size_t>(N * H * W * C));
+  for (size_t i = 0; i < px.size(); ++i) px[i] = static_cast<uint8_t>((i * 37 + i / 4099) % 256);
+  std::vector<float> from_bytes(px.size());
+  normalize_u8(px.data(), N * H * W, norm, from_bytes.data());
+  const std::vector<float> floats = rand_floats(N * H * W * C, 5);
+  std::vector<int32_t> labels(static_cast<size_t>(N));
+  for (int64_t i = 0; i < N; ++i)
+    labels[static_cast<size_t>(i)] = static_cast<int32_t>(i * 7 % 1000);
+  for (int64_t threads : {1, 4}) {
+    Switches sw;
+    sw.stage_copy_threads = threads;
+    Slots slots(N, H, W, C, DType::F32, sw);
+    slots.backend().stage_batch(0, floats.data(), labels.data());
+    slots.backend().stage_batch_u8(1, px.data(), labels.data(), norm);
+    EXPECT_EQ(slots.images(0), floats) << threads << " copy threads";
+    EXPECT_EQ(slots.images(1), from_bytes) << threads << " copy threads";
+    EXPECT_EQ(slots.labels(0), labels);
+    EXPECT_EQ(slots.labels(1), labels);
+  }
+}
+
 }  // namespace
 }  // namespace kiln::test

@@ -80,8 +80,11 @@ struct Options {
   // KILN_AUTOTUNE_CACHE: where autotuning's results persist between processes (engine_table.h's
   // autotune_cache_dir: empty = none).
   std::string autotune_cache;
-  bool profile = false;        // KILN_PROFILE=1: per-phase event timings
-  bool profile_ops = false;    // KILN_PROFILE_OPS=1: per-op event timings too
+  bool profile = false;      // KILN_PROFILE=1: per-phase event timings
+  bool profile_ops = false;  // KILN_PROFILE_OPS=1: per-op event timings too
+  // KILN_STAGE_COPY_THREADS, resolved (host_copy.h): threads that copy a host batch into its
+  // pinned staging buffer (input_slots.cpp).
+  int stage_copy_threads = 1;
   bool vector_kernels = true;  // KILN_VECTOR_KERNELS=0: one element per thread, no 16-byte paths
   // KILN_BN_FUSED_FINALIZE: a BatchNorm whose sums a kernel before it took finalizes inside its
   // 16-byte apply or dx pass (bn.cu), the same bits without a launch of its own.

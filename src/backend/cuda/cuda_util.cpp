@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "backend/cuda/cuda_kernel.h"
+#include "backend/host_copy.h"
 
 namespace kiln::cuda {
 
@@ -24,6 +25,7 @@ Options options_from_switches(const Switches& sw) {
   o.graphs = sw.cuda_graphs;
   o.streams = sw.streams_on();
   o.tf32 = sw.tf32;
+  o.stage_copy_threads = stage_copy_threads(sw.stage_copy_threads);
   o.fp32_winograd = sw.fp32_winograd == "1"   ? Fp32Winograd::allowed
                     : sw.fp32_winograd == "0" ? Fp32Winograd::off
                                               : Fp32Winograd::only;

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "backend/cuda/input_stage.h"
+#include "backend/host_copy.h"
 
 namespace kiln::cuda {
 
@@ -63,7 +64,7 @@ void InputSlots::stage_batch(int slot, const float* images, const int32_t* label
   KILN_CHECK(st.host != nullptr, State, "stage_batch: the program has no staged input slot ", slot);
   // The pinned buffer is free once its previous copy ended (normally long ago).
   CUDA_CHECK(cudaEventSynchronize(st.copied));
-  std::memcpy(st.host, images, st.img_bytes);
+  parallel_copy(st.host, images, st.img_bytes, ctx_.opts.stage_copy_threads);
   std::memcpy(static_cast<uint8_t*>(st.host) + st.img_bytes, labels, st.lab_bytes);
   cudaStream_t s = ctx_.streams[2].stream;
   if (st.read_recorded) CUDA_CHECK(cudaStreamWaitEvent(s, st.read, 0));
@@ -95,7 +96,7 @@ void InputSlots::stage_batch_u8(int slot, const uint8_t* images, const int32_t* 
   const auto bytes = static_cast<size_t>(t.numel());
   if (!st.dev_u8) CUDA_CHECK(cudaMalloc(&st.dev_u8, bytes));
   CUDA_CHECK(cudaEventSynchronize(st.copied));  // the pinned buffer's previous copy
-  std::memcpy(st.host, images, bytes);
+  parallel_copy(st.host, images, bytes, ctx_.opts.stage_copy_threads);
   std::memcpy(static_cast<uint8_t*>(st.host) + st.img_bytes, labels, st.lab_bytes);
   cudaStream_t s = ctx_.streams[2].stream;
   CUDA_CHECK(cudaMemcpyAsync(st.dev_u8, st.host, bytes, cudaMemcpyHostToDevice, s));
