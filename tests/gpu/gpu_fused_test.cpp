@@ -67,8 +67,8 @@ INSTANTIATE_TEST_SUITE_P(
 // overlapping 3x3 / 2 stem pool with padding 1 (pool_route.cuh) on even and odd maps and at the
 // stem's shape scaled down, a 3x3 / 1 pool, a 2x2 / 1 pool (the forward's loop over any window,
 // where 3x3 windows take its unrolled form; the backward's gather unrolled where at most two
-// windows a side cover an element, 3x3 / 2 and 2x2 / 1, its loop for 3x3 / 1); the first-layer
-// form, FP32 and AMP.
+// windows a side cover an element, 3x3 / 2 and 2x2 / 1, with and without its eager loads, its
+// loop for 3x3 / 1); the first-layer form, FP32 and AMP.
 struct PoolCase {
   CbrCase cbr;
   fused::PoolSpec pool;
@@ -82,11 +82,17 @@ TEST_P(GpuFusedCbrPool, EqualsConvBnReluMaxPoolBitForBit) {
   Switches sw = Switches::from_environment();
   sw.pad_channels = amp && c.cbr.c % 8 != 0 ? Auto::on : Auto::off;
   sw.deterministic = true;
+  // The eager gather (KILN_POOL_ROUTE_EAGER) changes only the 16-byte unrolled form.
   for (const char* vec : {"1", "0"}) {
-    sw.vector_kernels = vec[0] == '1';
-    SCOPED_TRACE(::testing::Message()
-                 << c.cbr.name << (amp ? " AMP" : " FP32") << ", vector kernels " << vec);
-    fused::cbr_pool_equals_chain(c.cbr, c.pool, amp, "cuda", sw);
+    for (const bool eager : {false, true}) {
+      if (eager && vec[0] == '0') continue;
+      sw.vector_kernels = vec[0] == '1';
+      sw.pool_route_eager = eager;
+      SCOPED_TRACE(::testing::Message()
+                   << c.cbr.name << (amp ? " AMP" : " FP32") << ", vector kernels " << vec
+                   << ", eager gather " << eager);
+      fused::cbr_pool_equals_chain(c.cbr, c.pool, amp, "cuda", sw);
+    }
   }
 }
 

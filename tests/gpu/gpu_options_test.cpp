@@ -120,6 +120,13 @@ TEST(CudaOptions, StageCopyThreadsSwitchReachesTheOptions) {
   expect_refused("KILN_STAGE_COPY_THREADS", "many", "KILN_STAGE_COPY_THREADS");
 }
 
+// KILN_POOL_ROUTE_EAGER reaches Options::pool_route_eager.
+TEST(CudaOptions, PoolRouteEagerSwitchReachesTheOptions) {
+  EXPECT_FALSE(options_with({}).pool_route_eager) << "off until it has run on a GPU";
+  EXPECT_TRUE(options_with({{"KILN_POOL_ROUTE_EAGER", "1"}}).pool_route_eager);
+  expect_refused("KILN_POOL_ROUTE_EAGER", "maybe", "is not a switch value");
+}
+
 }  // namespace
 }  // namespace kiln::cuda
 #endif  // KILN_HAVE_CUDA

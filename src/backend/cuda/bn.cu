@@ -325,6 +325,7 @@ KernelPtr bn_backward(Context& ctx, int stream, const Nhwc& s, DType dt, const B
   fin.sums = a.sums, fin.rows = d.rows, fin.C = C, fin.saved = a.saved, fin.gamma = a.gamma;
   fin.dgamma = a.dgamma, fin.dbeta = a.dbeta;
   const bool self_finalize = a.sums && gp.on && ctx.opts.bn_fused_finalize;  // as the forward's
+  const bool route_eager = ctx.opts.pool_route_eager;
   KernelPtr k;
   KILN_DISPATCH_FLOAT(dt, T, {
     k = make_fn(stream, [=](Context& c, cudaStream_t st) {
@@ -336,9 +337,11 @@ KernelPtr bn_backward(Context& ctx, int stream, const Nhwc& s, DType dt, const B
       if (a.overlap && v.on) {
         // At most two windows a side cover an element (the stem's 3x3 / 2): the unrolled gather.
         const bool two = (a.op.k - 1) / a.op.s + 1 <= 2;
-        (two ? route_partial_vec<T, 2> : route_partial_vec<T, 0>)<<<v.blocks, kVecThreads, 0, st>>>(
-            x, dy, a.mask, a.saved, static_cast<int>(d.rows), static_cast<int>(C), a.op, dx,
-            partial);
+        const auto route = !two          ? route_partial_vec<T, 0>
+                           : route_eager ? route_partial_vec<T, 2, true>
+                                         : route_partial_vec<T, 2>;
+        route<<<v.blocks, kVecThreads, 0, st>>>(x, dy, a.mask, a.saved, static_cast<int>(d.rows),
+                                                static_cast<int>(C), a.op, dx, partial);
         KILN_LAUNCH_CHECK("bn bwd overlapping max-pool route + sums (vec)");
       } else if (a.overlap) {
         route_partial_kernel<T><<<rgrid, dim3(kCx, kCy), 0, st>>>(x, dy, a.mask, a.saved, d.rows, C,

@@ -95,6 +95,9 @@ struct Options {
   // KILN_RESIDUAL_BN_SUMS_IN_DX: a BN+add+ReLU backward whose dresidual feeds the shortcut's
   // BatchNorm backward sums it in its dx pass (bn.cu), and that backward finalizes from them.
   bool residual_bn_sums_in_dx = true;
+  // KILN_POOL_ROUTE_EAGER: the overlapping pool's backward gather loads dy beside the mask
+  // (pool_route.cuh's routed_grad_unrolled).
+  bool pool_route_eager = false;
   // KILN_PAD_CHANNELS: FP16/BF16 convolutions whose input channels are neither 4 nor a multiple
   // of 8 run on zero-padded copies (conv.cpp): on, off, or auto, the faster per convolution
   // (padding every such layer to 8 measured slower, bench/RESULTS.md's fourth session).

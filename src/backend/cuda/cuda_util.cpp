@@ -36,6 +36,7 @@ Options options_from_switches(const Switches& sw) {
   o.bn_fused_finalize = sw.bn_fused_finalize;
   o.sums_clear_kernel = sw.sums_clear_kernel;
   o.residual_bn_sums_in_dx = sw.residual_bn_sums_in_dx;
+  o.pool_route_eager = sw.pool_route_eager;
   o.pad_channels = sw.pad_channels;
   o.cbr_genstats = sw.cbr_form == "genstats";
   o.cutlass = sw.cutlass;                        // resolved per device and program in prepare()

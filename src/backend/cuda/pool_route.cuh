@@ -145,8 +145,10 @@ __device__ __forceinline__ void routed_grad(const T* dy, const uint8_t* mask, in
 // routed_grad over 16-byte vectors where at most M x M windows cover an element (M = (k - 1) / s
 // + 1: 2 for the stem's 3x3 / 2): every covering window's mask words are loaded first, then dy
 // where a byte matched, then summed in the loop's order (same bits). The loop waits on each
-// window's mask and then its dy in turn; here a row waits twice.
-template <typename T, int M>
+// window's mask and then its dy in turn; here a row waits twice. Eager (KILN_POOL_ROUTE_EAGER)
+// loads every covering window's dy beside its mask, matched or not, so a row waits once, for
+// more reads from L2; only matched bytes are summed, so the bits are the same.
+template <typename T, int M, bool Eager = false>
 __device__ __forceinline__ void routed_grad_unrolled(const T* dy, const uint8_t* mask, int r, int C,
                                                      int c0, const OverlapPool& op,
                                                      T (&g)[kVec<T>]) {
@@ -157,12 +159,14 @@ __device__ __forceinline__ void routed_grad_unrolled(const T* dy, const uint8_t*
   op.covering(iw, op.yw, &ow0, &ow1);
   int64_t off[N];
   uint32_t hit[N][W];
+  uint4 dv[N];
 #pragma unroll
   for (int u = 0; u < N; ++u) {
     const int oh = oh0 + u / M, ow = ow0 + u % M;
     off[u] = static_cast<int64_t>((b * op.yh + oh) * op.yw + ow) * C + c0;
 #pragma unroll
     for (int w = 0; w < W; ++w) hit[u][w] = 0u;
+    dv[u] = make_uint4(0, 0, 0, 0);
     if (oh <= oh1 && ow <= ow1) {
       if constexpr (W == 2) {
         const uint2 m = *reinterpret_cast<const uint2*>(mask + off[u]);
@@ -170,9 +174,9 @@ __device__ __forceinline__ void routed_grad_unrolled(const T* dy, const uint8_t*
       } else {
         hit[u][0] = *reinterpret_cast<const uint32_t*>(mask + off[u]);
       }
+      if constexpr (Eager) dv[u] = *reinterpret_cast<const uint4*>(dy + off[u]);
     }
   }
-  uint4 dv[N];
 #pragma unroll
   for (int u = 0; u < N; ++u) {
     const int oh = oh0 + u / M, ow = ow0 + u % M;
@@ -182,8 +186,9 @@ __device__ __forceinline__ void routed_grad_unrolled(const T* dy, const uint8_t*
     const bool inside = oh <= oh1 && ow <= ow1;
 #pragma unroll
     for (int w = 0; w < W; ++w) hit[u][w] = inside ? __vcmpeq4(hit[u][w], pos4) : 0u;
-    dv[u] = (hit[u][0] | hit[u][W - 1]) != 0u ? *reinterpret_cast<const uint4*>(dy + off[u])
-                                              : make_uint4(0, 0, 0, 0);
+    if constexpr (!Eager) {
+      if ((hit[u][0] | hit[u][W - 1]) != 0u) dv[u] = *reinterpret_cast<const uint4*>(dy + off[u]);
+    }
   }
   float sum[V];
 #pragma unroll
@@ -203,8 +208,8 @@ __device__ __forceinline__ void routed_grad_unrolled(const T* dy, const uint8_t*
 // The sums pass of the overlapping form, 16-byte vectors (bwd_partial_vec's layout and
 // partials): g gathered per row and vector, written to g_out, and sum g, sum g (x - mean)
 // accumulated. Two rows in flight: both rows' x loads and gathers are issued before either's
-// sums. M > 0: routed_grad_unrolled's gather (the same bits as the loop's, M = 0).
-template <typename T, int M>
+// sums. M > 0: routed_grad_unrolled's gather (the same bits as the loop's, M = 0), Eager as it.
+template <typename T, int M, bool Eager = false>
 __global__ void __launch_bounds__(kVecThreads)
     route_partial_vec(const T* x, const T* dy, const uint8_t* mask, const float* mean, int rows,
                       int C, OverlapPool op, T* g_out, double2* partial) {
@@ -231,7 +236,7 @@ __global__ void __launch_bounds__(kVecThreads)
       const int ru = r + u * rstride;
       if (ru < rows) {
         if constexpr (M > 0) {
-          routed_grad_unrolled<T, M>(dy, mask, ru, C, cvec * V, op, g[u]);
+          routed_grad_unrolled<T, M, Eager>(dy, mask, ru, C, cvec * V, op, g[u]);
         } else {
           routed_grad<T, V>(dy, mask, ru, C, cvec * V, op, g[u]);
         }
