@@ -640,8 +640,12 @@ TEST(GpuInputKernel, StagedBatchesArriveWholeWithOneCopyThreadOrSeveral) {
     Switches sw;
     sw.stage_copy_threads = threads;
     Slots slots(N, H, W, C, DType::F32, sw);
+    const DecodeCounters before = slots.backend().decode_counters();
     slots.backend().stage_batch(0, floats.data(), labels.data());
     slots.backend().stage_batch_u8(1, px.data(), labels.data(), norm);
+    const DecodeCounters after = slots.backend().decode_counters();
+    EXPECT_EQ(after.host_batches - before.host_batches, 2) << "both copies counted";
+    EXPECT_GT(after.host_copy_seconds, before.host_copy_seconds);
     EXPECT_EQ(slots.images(0), floats) << threads << " copy threads";
     EXPECT_EQ(slots.images(1), from_bytes) << threads << " copy threads";
     EXPECT_EQ(slots.labels(0), labels);

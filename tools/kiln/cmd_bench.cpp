@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdio>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "cli.h"
@@ -443,6 +444,7 @@ int cmd_bench(int argc, char** argv) {
              "--cuda-profiler-range needs the CUDA backend (--device cuda)");
   if (profiler_range) engine.backend().profiler_range(true);
   std::vector<double> rates;
+  const DecodeCounters copies0 = engine.backend().decode_counters();
   for (int64_t r = 0; r < repeats; ++r) {
     engine.backend().synchronize();
     const auto t0 = std::chrono::steady_clock::now();
@@ -456,8 +458,18 @@ int cmd_bench(int argc, char** argv) {
                   rates.back(), 1e3 * secs / static_cast<double>(steps));
   }
   if (profiler_range) engine.backend().profiler_range(false);
+  const DecodeCounters copies = engine.backend().decode_counters();
   last = step(done++, true);
   if (!dist::is_root()) return 0;
+  if (copies.host_batches > copies0.host_batches) {
+    // After a synchronize the step waits this long, and then the transfer, for its batch.
+    const int64_t threads = eo.switches.stage_copy_threads;
+    std::printf(
+        "host copy of each batch into pinned memory: %.2f ms (KILN_STAGE_COPY_THREADS=%s)\n",
+        1e3 * (copies.host_copy_seconds - copies0.host_copy_seconds) /
+            static_cast<double>(copies.host_batches - copies0.host_batches),
+        threads == 0 ? "0, auto" : std::to_string(threads).c_str());
+  }
   if (eo.switches.profile) std::printf("%s", engine.backend().profile_report().c_str());
   std::sort(rates.begin(), rates.end());
   const double median = rates[rates.size() / 2];

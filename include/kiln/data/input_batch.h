@@ -64,6 +64,10 @@ struct DecodeCounters {
   double engine_call_seconds = 0;  // inside nvjpegDecodeBatched(Ex)
   double hybrid_seconds = 0;       // the hybrid decoder's images (host Huffman)
   double host_decode_seconds = 0;  // images decoded or copied from the host
+  // Host batches (floats or uint8: stage_batch, stage_batch_u8) and the seconds spent copying
+  // them into pinned memory (KILN_STAGE_COPY_THREADS threads), before their transfer is queued.
+  int64_t host_batches = 0;
+  double host_copy_seconds = 0;
 };
 
 }  // namespace kiln

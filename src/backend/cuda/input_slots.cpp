@@ -56,6 +56,14 @@ void InputSlots::record_reads(cudaStream_t s, const std::array<bool, 2>& reads_s
   }
 }
 
+void InputSlots::copy_in(void* pinned, const void* batch, size_t bytes) {
+  const auto t0 = std::chrono::steady_clock::now();
+  parallel_copy(pinned, batch, bytes, ctx_.opts.stage_copy_threads);
+  decoded_.host_batches += 1;
+  decoded_.host_copy_seconds +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
 void InputSlots::stage_batch(int slot, const float* images, const int32_t* labels) {
   KILN_CHECK(ctx_.program != nullptr, State, "cuda backend: stage_batch() before prepare()");
   KILN_CHECK(slot == 0 || slot == 1, InvalidArgument, "stage_batch: slot must be 0 or 1");
@@ -64,7 +72,7 @@ void InputSlots::stage_batch(int slot, const float* images, const int32_t* label
   KILN_CHECK(st.host != nullptr, State, "stage_batch: the program has no staged input slot ", slot);
   // The pinned buffer is free once its previous copy ended (normally long ago).
   CUDA_CHECK(cudaEventSynchronize(st.copied));
-  parallel_copy(st.host, images, st.img_bytes, ctx_.opts.stage_copy_threads);
+  copy_in(st.host, images, st.img_bytes);
   std::memcpy(static_cast<uint8_t*>(st.host) + st.img_bytes, labels, st.lab_bytes);
   cudaStream_t s = ctx_.streams[2].stream;
   if (st.read_recorded) CUDA_CHECK(cudaStreamWaitEvent(s, st.read, 0));
@@ -96,7 +104,7 @@ void InputSlots::stage_batch_u8(int slot, const uint8_t* images, const int32_t* 
   const auto bytes = static_cast<size_t>(t.numel());
   if (!st.dev_u8) CUDA_CHECK(cudaMalloc(&st.dev_u8, bytes));
   CUDA_CHECK(cudaEventSynchronize(st.copied));  // the pinned buffer's previous copy
-  parallel_copy(st.host, images, bytes, ctx_.opts.stage_copy_threads);
+  copy_in(st.host, images, bytes);
   std::memcpy(static_cast<uint8_t*>(st.host) + st.img_bytes, labels, st.lab_bytes);
   cudaStream_t s = ctx_.streams[2].stream;
   CUDA_CHECK(cudaMemcpyAsync(st.dev_u8, st.host, bytes, cudaMemcpyHostToDevice, s));

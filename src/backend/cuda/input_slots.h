@@ -51,6 +51,8 @@ class InputSlots {
     cudaEvent_t produced = nullptr;  // stage_batch_device: the producer's stream reached the batch
     bool copy_pending = false, read_recorded = false;
   };
+  // A host batch into a slot's pinned buffer, timed into decoded_.
+  void copy_in(void* pinned, const void* batch, size_t bytes);
   JpegStageOptions jpeg_options() const;
   uint8_t* address(const DTensor& t);
 
@@ -63,7 +65,7 @@ class InputSlots {
     if (!augment_) augment_ = std::make_unique<AugmentStage>();
     return *augment_;
   }
-  DecodeCounters decoded_;  // summed over every JpegStage this backend made
+  DecodeCounters decoded_;  // summed over every JpegStage this backend made, and host copies
 };
 
 }  // namespace kiln::cuda
