@@ -19,6 +19,7 @@
 #include <cmath>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backend/cuda/input_stage.h"
@@ -623,7 +624,8 @@ TEST(GpuInputKernel, StageBatchU8EqualsHostNormalisation) {
 }
 
 // Batches past parallel_copy's threshold (host_copy.h) reach the slots whole with one copy
-// thread and with several (KILN_STAGE_COPY_THREADS), floats and bytes alike.
+// thread and with several (KILN_STAGE_COPY_THREADS), floats and bytes alike, in one piece and
+// in 8 MB pieces (KILN_STAGE_IN_PIECES: the floats in three, the last one short; the bytes in one).
 TEST(GpuInputKernel, StagedBatchesArriveWholeWithOneCopyThreadOrSeveral) {
   KILN_REQUIRE_GPU();
   const int64_t N = 64, H = 160, W = 160, C = 3;  // 19.7 MB of floats, 4.9 MB of bytes
@@ -636,9 +638,12 @@ TEST(GpuInputKernel, StagedBatchesArriveWholeWithOneCopyThreadOrSeveral) {
   std::vector<int32_t> labels(static_cast<size_t>(N));
   for (int64_t i = 0; i < N; ++i)
     labels[static_cast<size_t>(i)] = static_cast<int32_t>(i * 7 % 1000);
-  for (int64_t threads : {1, 4}) {
+  for (const auto& [threads, pieces] :
+       {std::pair<int64_t, bool>{1, false}, {4, false}, {1, true}, {4, true}}) {
+    SCOPED_TRACE(::testing::Message() << threads << " copy threads, pieces " << pieces);
     Switches sw;
     sw.stage_copy_threads = threads;
+    sw.stage_in_pieces = pieces;
     Slots slots(N, H, W, C, DType::F32, sw);
     const DecodeCounters before = slots.backend().decode_counters();
     slots.backend().stage_batch(0, floats.data(), labels.data());
@@ -646,8 +651,8 @@ TEST(GpuInputKernel, StagedBatchesArriveWholeWithOneCopyThreadOrSeveral) {
     const DecodeCounters after = slots.backend().decode_counters();
     EXPECT_EQ(after.host_batches - before.host_batches, 2) << "both copies counted";
     EXPECT_GT(after.host_copy_seconds, before.host_copy_seconds);
-    EXPECT_EQ(slots.images(0), floats) << threads << " copy threads";
-    EXPECT_EQ(slots.images(1), from_bytes) << threads << " copy threads";
+    EXPECT_EQ(slots.images(0), floats);
+    EXPECT_EQ(slots.images(1), from_bytes);
     EXPECT_EQ(slots.labels(0), labels);
     EXPECT_EQ(slots.labels(1), labels);
   }

@@ -118,6 +118,8 @@ TEST(CudaOptions, StageCopyThreadsSwitchReachesTheOptions) {
   EXPECT_EQ(options_with({{"KILN_STAGE_COPY_THREADS", "6"}}).stage_copy_threads, 6);
   expect_refused("KILN_STAGE_COPY_THREADS", "-1", "use 0 (auto) or a count");
   expect_refused("KILN_STAGE_COPY_THREADS", "many", "KILN_STAGE_COPY_THREADS");
+  EXPECT_FALSE(options_with({}).stage_in_pieces) << "off until it has run on a GPU";
+  EXPECT_TRUE(options_with({{"KILN_STAGE_IN_PIECES", "1"}}).stage_in_pieces);
 }
 
 // KILN_POOL_ROUTE_EAGER reaches Options::pool_route_eager.

@@ -85,7 +85,8 @@ struct Options {
   // KILN_STAGE_COPY_THREADS, resolved (host_copy.h): threads that copy a host batch into its
   // pinned staging buffer (input_slots.cpp).
   int stage_copy_threads = 1;
-  bool vector_kernels = true;  // KILN_VECTOR_KERNELS=0: one element per thread, no 16-byte paths
+  bool stage_in_pieces = false;  // KILN_STAGE_IN_PIECES: the copy and transfer piece by piece
+  bool vector_kernels = true;    // KILN_VECTOR_KERNELS=0: one element per thread, no 16-byte paths
   // KILN_BN_FUSED_FINALIZE: a BatchNorm whose sums a kernel before it took finalizes inside its
   // 16-byte apply or dx pass (bn.cu), the same bits without a launch of its own.
   bool bn_fused_finalize = false;

@@ -26,6 +26,7 @@ Options options_from_switches(const Switches& sw) {
   o.streams = sw.streams_on();
   o.tf32 = sw.tf32;
   o.stage_copy_threads = stage_copy_threads(sw.stage_copy_threads);
+  o.stage_in_pieces = sw.stage_in_pieces;
   o.fp32_winograd = sw.fp32_winograd == "1"   ? Fp32Winograd::allowed
                     : sw.fp32_winograd == "0" ? Fp32Winograd::off
                                               : Fp32Winograd::only;

@@ -1,12 +1,12 @@
 // The CUDA backend's two staged input slots, A and B, and every way a batch gets into one.
 //
-// Staging: stage_batch() copies into a pinned host buffer and from there, on the
-// transfer stream, into input slot A or B, so the copy overlaps the step in flight; the copy
-// waits for the last phase that read the slot, and phases that read the slot wait for it.
-// stage_batch_u8 moves uint8 pixels (a quarter of the bytes) and normalises them there;
-// stage_batch_encoded decodes JPEGs with nvJPEG and resamples them there (jpeg_stage.h), and
-// stage_batch_device copies a batch already on the GPU after its producer's stream, all on the
-// same stream and under the same events.
+// Staging: stage_batch() copies into a pinned host buffer (on KILN_STAGE_COPY_THREADS threads,
+// piece by piece under KILN_STAGE_IN_PIECES) and from there, on the transfer stream, into input
+// slot A or B, so the copy overlaps the step in flight; the copy waits for the last phase that read
+// the slot, and phases that read the slot wait for it. stage_batch_u8 moves uint8 pixels (a quarter
+// of the bytes) and normalises them there; stage_batch_encoded decodes JPEGs with nvJPEG and
+// resamples them there (jpeg_stage.h), and stage_batch_device copies a batch already on the GPU
+// after its producer's stream, all on the same stream and under the same events.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -51,8 +51,11 @@ class InputSlots {
     cudaEvent_t produced = nullptr;  // stage_batch_device: the producer's stream reached the batch
     bool copy_pending = false, read_recorded = false;
   };
-  // A host batch into a slot's pinned buffer, timed into decoded_.
-  void copy_in(void* pinned, const void* batch, size_t bytes);
+  // A host batch into a slot's pinned buffer and from there to `device` on stream s: one copy
+  // and one transfer, or (KILN_STAGE_IN_PIECES) 8 MB pieces, each piece's transfer queued once
+  // it is copied, so that after a synchronize the step waits for the copy and one piece's
+  // transfer, not the whole transfer after it. The copy's time goes into decoded_.
+  void copy_in(void* device, void* pinned, const void* batch, size_t bytes, cudaStream_t s);
   JpegStageOptions jpeg_options() const;
   uint8_t* address(const DTensor& t);
 
