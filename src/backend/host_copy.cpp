@@ -1,7 +1,5 @@
 #include "backend/host_copy.h"
 
-#include <omp.h>
-
 #include <algorithm>
 #include <cstring>
 #include <thread>
@@ -12,7 +10,7 @@ namespace kiln {
 
 int stage_copy_threads(int64_t requested) {
   KILN_CHECK(requested >= 0, InvalidArgument, "KILN_STAGE_COPY_THREADS=", requested,
-             " is not a thread count; use 0 (auto) or a count from 1 to 64");
+             " is not a thread count; use 0 (auto) or a count of threads (at most 64 are used)");
   if (requested > 0) return static_cast<int>(std::min<int64_t>(requested, 64));
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   return std::clamp(cores / 2, 1, 8);

@@ -111,8 +111,9 @@ TEST(CudaOptions, ResidualBnSumsInDxSwitchReachesTheOptions) {
   expect_refused("KILN_RESIDUAL_BN_SUMS_IN_DX", "maybe", "is not a switch value");
 }
 
-// KILN_STAGE_COPY_THREADS reaches Options::stage_copy_threads as a count (host_copy.h).
-TEST(CudaOptions, StageCopyThreadsSwitchReachesTheOptions) {
+// KILN_STAGE_COPY_THREADS reaches Options::stage_copy_threads as a count (host_copy.h), and
+// KILN_STAGE_IN_PIECES Options::stage_in_pieces.
+TEST(CudaOptions, StagingSwitchesReachTheOptions) {
   EXPECT_GE(options_with({}).stage_copy_threads, 1) << "auto: at least one thread";
   EXPECT_EQ(options_with({{"KILN_STAGE_COPY_THREADS", "1"}}).stage_copy_threads, 1);
   EXPECT_EQ(options_with({{"KILN_STAGE_COPY_THREADS", "6"}}).stage_copy_threads, 6);
