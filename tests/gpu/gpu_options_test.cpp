@@ -119,14 +119,14 @@ TEST(CudaOptions, StagingSwitchesReachTheOptions) {
   EXPECT_EQ(options_with({{"KILN_STAGE_COPY_THREADS", "6"}}).stage_copy_threads, 6);
   expect_refused("KILN_STAGE_COPY_THREADS", "-1", "use 0 (auto) or a count");
   expect_refused("KILN_STAGE_COPY_THREADS", "many", "KILN_STAGE_COPY_THREADS");
-  EXPECT_FALSE(options_with({}).stage_in_pieces) << "off until it has run on a GPU";
-  EXPECT_TRUE(options_with({{"KILN_STAGE_IN_PIECES", "1"}}).stage_in_pieces);
+  EXPECT_TRUE(options_with({}).stage_in_pieces) << "on by default";
+  EXPECT_FALSE(options_with({{"KILN_STAGE_IN_PIECES", "0"}}).stage_in_pieces);
 }
 
 // KILN_POOL_ROUTE_EAGER reaches Options::pool_route_eager.
 TEST(CudaOptions, PoolRouteEagerSwitchReachesTheOptions) {
-  EXPECT_FALSE(options_with({}).pool_route_eager) << "off until it has run on a GPU";
-  EXPECT_TRUE(options_with({{"KILN_POOL_ROUTE_EAGER", "1"}}).pool_route_eager);
+  EXPECT_TRUE(options_with({}).pool_route_eager) << "on by default";
+  EXPECT_FALSE(options_with({{"KILN_POOL_ROUTE_EAGER", "0"}}).pool_route_eager);
   expect_refused("KILN_POOL_ROUTE_EAGER", "maybe", "is not a switch value");
 }
 

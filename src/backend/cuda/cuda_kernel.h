@@ -85,7 +85,7 @@ struct Options {
   // KILN_STAGE_COPY_THREADS, resolved (host_copy.h): threads that copy a host batch into its
   // pinned staging buffer (input_slots.cpp).
   int stage_copy_threads = 1;
-  bool stage_in_pieces = false;  // KILN_STAGE_IN_PIECES: the copy and transfer piece by piece
+  bool stage_in_pieces = true;   // KILN_STAGE_IN_PIECES: the copy and transfer piece by piece
   bool vector_kernels = true;    // KILN_VECTOR_KERNELS=0: one element per thread, no 16-byte paths
   // KILN_BN_FUSED_FINALIZE: a BatchNorm whose sums a kernel before it took finalizes inside its
   // 16-byte apply or dx pass (bn.cu), the same bits without a launch of its own.
@@ -98,7 +98,7 @@ struct Options {
   bool residual_bn_sums_in_dx = true;
   // KILN_POOL_ROUTE_EAGER: the overlapping pool's backward gather loads dy beside the mask
   // (pool_route.cuh's routed_grad_unrolled).
-  bool pool_route_eager = false;
+  bool pool_route_eager = true;
   // KILN_PAD_CHANNELS: FP16/BF16 convolutions whose input channels are neither 4 nor a multiple
   // of 8 run on zero-padded copies (conv.cpp): on, off, or auto, the faster per convolution
   // (padding every such layer to 8 measured slower, bench/RESULTS.md's fourth session).
