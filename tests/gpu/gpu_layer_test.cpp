@@ -149,29 +149,37 @@ TEST_P(GpuLayer, ConvPaddedChannels) {
                             {2, 15, 13, 3, 16, 7, 7, 2, 3, false},
                             {2, 10, 11, 1, 8, 3, 3, 1, 1, true},
                             {2, 10, 10, 4, 16, 3, 3, 1, 1, false}};
-  for (const Auto mode : {Auto::on, Auto::automatic}) {
+  // KILN_PAD_INPUT_ONCE off and on: with it, the weight gradient reads the forward's padded x.
+  const std::pair<Auto, bool> modes[] = {
+      {Auto::on, false}, {Auto::on, true}, {Auto::automatic, false}, {Auto::automatic, true}};
+  for (const auto& [mode, once] : modes) {
     Switches pad = Switches::from_environment();
     pad.pad_channels = mode;
+    pad.pad_input_once = once;
     pad.autotune = Auto::on;  // auto's choice is timed where autotuning is on
     pad.deterministic = false;
     pad.autotune_cache = "0";
     for (const ConvCase& c : cases) {
       SCOPED_TRACE(::testing::Message()
-                   << "KILN_PAD_CHANNELS=" << auto_text(mode) << " conv " << c.r << "x" << c.s
-                   << "/" << c.st << " c" << c.c << " k" << c.k);
+                   << "KILN_PAD_CHANNELS=" << auto_text(mode) << " KILN_PAD_INPUT_ONCE=" << once
+                   << " conv " << c.r << "x" << c.s << "/" << c.st << " c" << c.c << " k" << c.k);
       CompileReport r;
       check_conv(c, amp, 0, pad, &r);
       const int paddable = amp && padded_channel_count(c.c) != c.c ? 3 : 0;  // fwd, dgrad, wgrad
       if (mode == Auto::on) {
         EXPECT_EQ(r.convs_padded, paddable);
         EXPECT_EQ(r.pad_timed, 0);
+        EXPECT_EQ(r.pad_copies_shared, once && paddable ? 1 : 0) << "the wgrad's x, once";
       } else {
         EXPECT_EQ(r.pad_timed, paddable) << "each paddable convolution timed";
         EXPECT_LE(r.convs_padded, r.pad_timed);
+        EXPECT_LE(r.pad_copies_shared, once ? 1 : 0);
       }
-      std::printf("  KILN_PAD_CHANNELS=%s c%lld %s: %d of 3 kernels padded (%d timed)\n",
-                  auto_text(mode), static_cast<long long>(c.c), amp ? "AMP" : "FP32",
-                  r.convs_padded, r.pad_timed);
+      std::printf(
+          "  KILN_PAD_CHANNELS=%s KILN_PAD_INPUT_ONCE=%d c%lld %s: %d of 3 kernels padded (%d "
+          "timed), %d reading the forward's copy\n",
+          auto_text(mode), once ? 1 : 0, static_cast<long long>(c.c), amp ? "AMP" : "FP32",
+          r.convs_padded, r.pad_timed, r.pad_copies_shared);
     }
   }
 }

@@ -130,6 +130,13 @@ TEST(CudaOptions, PoolRouteEagerSwitchReachesTheOptions) {
   expect_refused("KILN_POOL_ROUTE_EAGER", "maybe", "is not a switch value");
 }
 
+// KILN_PAD_INPUT_ONCE reaches Options::pad_input_once.
+TEST(CudaOptions, PadInputOnceSwitchReachesTheOptions) {
+  EXPECT_FALSE(options_with({}).pad_input_once) << "off until it has run on a GPU";
+  EXPECT_TRUE(options_with({{"KILN_PAD_INPUT_ONCE", "1"}}).pad_input_once);
+  expect_refused("KILN_PAD_INPUT_ONCE", "maybe", "is not a switch value");
+}
+
 }  // namespace
 }  // namespace kiln::cuda
 #endif  // KILN_HAVE_CUDA

@@ -53,6 +53,8 @@ struct CompileReport {
   // KILN_PAD_CHANNELS: convolution kernels (forward, data or weight gradient) on channel-padded
   // copies, and of the paddable ones under auto how many were timed or found timed.
   int convs_padded = 0, pad_timed = 0;
+  // KILN_PAD_INPUT_ONCE: weight gradients reading their forward's padded copy of x
+  int pad_copies_shared = 0;
   int side_stream_wgrads = 0;  // weight gradients forked onto the side stream
   // KILN_RESIDUAL_BN_SUMS_IN_DX: shortcut BatchNorm backwards summed in the dx pass before them
   int residual_bn_sums_in_dx = 0;

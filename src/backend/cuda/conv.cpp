@@ -364,7 +364,7 @@ class ConvKernel final : public Kernel {
   }
   void pad_before(PadCopy c) { before_.push_back(c); }
   void pad_after(PadCopy c) { after_.push_back(c); }
-  void own(std::unique_ptr<DeviceBuffer> s) { scratch_.push_back(std::move(s)); }
+  void own(std::shared_ptr<DeviceBuffer> s) { scratch_.push_back(std::move(s)); }
   // Optional per-channel step after the convolution: bias add (fwd) or bias gradient (wgrad).
   void set_bias_add(void* y, DType dt, const float* b, int64_t rows, int64_t c) {
     bias_ = {true, false, y, dt, const_cast<float*>(b), rows, c};
@@ -412,16 +412,26 @@ class ConvKernel final : public Kernel {
   std::string what_;
   Bias bias_;
   std::vector<PadCopy> before_, after_;
-  std::vector<std::unique_ptr<DeviceBuffer>> scratch_;
+  std::vector<std::shared_ptr<DeviceBuffer>> scratch_;
 };
 
 // What the convolution reads or writes in place of tensor t ([rows, pad.c] in dtype dt): t
 // itself, or with padding on a padded copy owned by k - filled before the convolution for an
-// input, emptied into t after it for an output.
-void* padded(ConvKernel& k, const ChannelPad& pad, void* t, DType dt, int64_t rows, bool output) {
+// input, emptied into t after it for an output. `filled`: an input's padded copy that another
+// kernel fills each step before this one runs (KILN_PAD_INPUT_ONCE), shared and not copied again.
+// `copy`, where given, receives the padded buffer.
+void* padded(ConvKernel& k, const ChannelPad& pad, void* t, DType dt, int64_t rows, bool output,
+             std::shared_ptr<DeviceBuffer> filled = nullptr,
+             std::shared_ptr<DeviceBuffer>* copy = nullptr) {
   if (!pad.on) return t;
-  auto buf = std::make_unique<DeviceBuffer>(static_cast<size_t>(rows * pad.cp) * dtype_size(dt));
+  if (filled && !output) {
+    void* p = filled->get();
+    k.own(std::move(filled));
+    return p;
+  }
+  auto buf = std::make_shared<DeviceBuffer>(static_cast<size_t>(rows * pad.cp) * dtype_size(dt));
   void* p = buf->get();
+  if (copy) *copy = buf;
   k.own(std::move(buf));
   if (output) {
     k.pad_after({p, t, dt, rows, pad.c, pad.cp, true});
@@ -434,18 +444,21 @@ void* padded(ConvKernel& k, const ChannelPad& pad, void* t, DType dt, int64_t ro
 // A convolution kernel over (a, w): the operands as cuDNN reads or writes them (channel-padded
 // copies where channel_pad asks for them; an output's copy is written back after each run)
 // and the geometry with the padded channel count.
+// `a_filled`: a's padded copy, filled each step by another kernel (padded()); `a_copy` receives
+// the padded copy of a where one is made.
 struct ConvOperands {
   std::unique_ptr<ConvKernel> k;
   void *a = nullptr, *w = nullptr;
   ConvGeom g;
+  std::shared_ptr<DeviceBuffer> a_copy;
 };
 ConvOperands conv_operands(bool pad_channels, int stream, const std::string& what,
                            const ConvGeom& g, DType dt, void* a, bool a_out, DType wdt, void* w,
-                           bool w_out) {
+                           bool w_out, std::shared_ptr<DeviceBuffer> a_filled = nullptr) {
   const ChannelPad pad = channel_pad(pad_channels, dt, g.x.c);
   ConvOperands o;
   o.k = std::make_unique<ConvKernel>(stream, what);
-  o.a = padded(*o.k, pad, a, dt, g.x_rows(), a_out);
+  o.a = padded(*o.k, pad, a, dt, g.x_rows(), a_out, std::move(a_filled), &o.a_copy);
   o.w = padded(*o.k, pad, w, wdt, g.w_rows(), w_out);
   o.g = g.with_channels(pad.on ? pad.cp : g.x.c);
   return o;
@@ -520,7 +533,10 @@ KernelPtr cudnn_conv_fwd(const Node& n, Context& ctx, int stream) {
     expect_dtype(ctx, n, b, DType::F32, "bias");
     expect_numel(ctx, n, b, g.k, "bias");
   }
-  return padded_as_switched(n, ctx, stream, "fprop", g, dt, [&](bool pad) -> KernelPtr {
+  // The padded form's copy of x, for a weight gradient of x to read (KILN_PAD_INPUT_ONCE): held
+  // weakly, so that it lives only while the padded form does (is kept, and so fills it).
+  std::shared_ptr<DeviceBuffer> x_copy;
+  KernelPtr k = padded_as_switched(n, ctx, stream, "fprop", g, dt, [&](bool pad) -> KernelPtr {
     ConvOperands o =
         conv_operands(pad, stream, describe(n), g, dt, ctx.ptr(x), false, wdt, ctx.ptr(w), false);
     use_plan(o, ctx, stream,
@@ -529,8 +545,11 @@ KernelPtr cudnn_conv_fwd(const Node& n, Context& ctx, int stream) {
     if (b != kNoTensor) {
       o.k->set_bias_add(ctx.ptr(y), dt, ctx.ptr<float>(b), g.y.n * g.y.h * g.y.w, g.k);
     }
+    if (o.a_copy) x_copy = o.a_copy;
     return std::move(o.k);
   });
+  if (x_copy && ctx.opts.pad_input_once) ctx.padded_inputs[x] = x_copy;
+  return k;
 }
 
 }  // namespace
@@ -593,15 +612,26 @@ KernelPtr make_conv_bwd_weight(const Node& n, Context& ctx, int stream) {
     expect_numel(ctx, n, db, g.k, "db");
     ctx.need_workspace(stream, channel_sum_workspace(rows, g.k, ctx.sm_count));
   }
-  return padded_as_switched(n, ctx, stream, "wgrad", g, dt, [&](bool pad) -> KernelPtr {
-    ConvOperands o =
-        conv_operands(pad, stream, describe(n), g, dt, ctx.ptr(x), false, wdt, ctx.ptr(dw), true);
+  // x's padded copy, where a forward kept on the padded form fills it each step before this
+  // runs (the forward of x comes first in every step): one pad copy a step instead of two.
+  std::shared_ptr<DeviceBuffer> x_filled;
+  const Kernel* padded_wgrad = nullptr;
+  if (ctx.opts.pad_input_once) {
+    if (auto at = ctx.padded_inputs.find(x); at != ctx.padded_inputs.end())
+      x_filled = at->second.lock();
+  }
+  KernelPtr k = padded_as_switched(n, ctx, stream, "wgrad", g, dt, [&](bool pad) -> KernelPtr {
+    ConvOperands o = conv_operands(pad, stream, describe(n), g, dt, ctx.ptr(x), false, wdt,
+                                   ctx.ptr(dw), true, pad ? x_filled : nullptr);
     use_plan(o, ctx, stream,
              build_plan(ctx, n, stream, ConvKind::wgrad, o.g, dt, wdt, dt, {o.a, o.w, ctx.ptr(dy)}),
              ctx.ptr(dy));
     if (db != kNoTensor) o.k->set_bias_grad(ctx.ptr(dy), dt, ctx.ptr<float>(db), rows, g.k);
+    if (pad && x_filled) padded_wgrad = o.k.get();
     return std::move(o.k);
   });
+  if (padded_wgrad && k.get() == padded_wgrad) ++ctx.pad_copies_shared;
+  return k;
 }
 
 // cbr_fwd's convolution in the MLPerf-style form (KILN_CBR_FORM=genstats): one cuDNN graph,

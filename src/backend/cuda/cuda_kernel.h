@@ -103,6 +103,9 @@ struct Options {
   // of 8 run on zero-padded copies (conv.cpp): on, off, or auto, the faster per convolution
   // (padding every such layer to 8 measured slower, bench/RESULTS.md's fourth session).
   Auto pad_channels = Auto::automatic;
+  // KILN_PAD_INPUT_ONCE: a weight gradient reads the channel-padded copy of x its forward fills
+  // each step instead of padding x again (conv.cpp).
+  bool pad_input_once = false;
   // KILN_CBR_FORM: how the fused CBR forward takes BatchNorm's statistics. "kiln" (the
   // default): a plain cuDNN convolution, then kiln's statistics pass over z; "genstats": the
   // MLPerf-style form, one cuDNN graph conv_fprop + genstats (fused.cpp), which falls back
@@ -192,6 +195,8 @@ struct SideWork {
   std::vector<ByteRange> reads, writes;
 };
 
+class DeviceBuffer;
+
 struct Context : ProgramView {
   Context() : ProgramView("CUDA") {}
   Options opts;
@@ -253,6 +258,10 @@ struct Context : ProgramView {
   // KILN_PAD_CHANNELS: cuDNN convolution kernels running on channel-padded copies, and of the
   // paddable ones under auto how many had a timed (or recorded) choice.
   int convs_padded = 0, pad_timed = 0;
+  // KILN_PAD_INPUT_ONCE: the padded copy of a convolution input that a kept forward kernel fills
+  // each step (weak: a form built but not kept frees it), and the weight gradients that read one.
+  std::unordered_map<TensorId, std::weak_ptr<DeviceBuffer>> padded_inputs;
+  int pad_copies_shared = 0;
   struct DgradBnSums {
     const float* sums = nullptr;
     TensorId g = kNoTensor;

@@ -39,6 +39,7 @@ Options options_from_switches(const Switches& sw) {
   o.residual_bn_sums_in_dx = sw.residual_bn_sums_in_dx;
   o.pool_route_eager = sw.pool_route_eager;
   o.pad_channels = sw.pad_channels;
+  o.pad_input_once = sw.pad_input_once;
   o.cbr_genstats = sw.cbr_form == "genstats";
   o.cutlass = sw.cutlass;                        // resolved per device and program in prepare()
   o.cutlass_dgrad = sw.cutlass_dgrad;            // likewise, after cutlass
