@@ -306,7 +306,7 @@ class GpuCutlassDgradBn : public ::testing::TestWithParam<DgradCase> {};
 TEST_P(GpuCutlassDgradBn, AgreesWithFloat64AndKilnsChain) {
   KILN_REQUIRE_SM90_CUTLASS();
 #if defined(KILN_HAVE_CUDA) && defined(KILN_HAVE_CUTLASS)
-  expect_variants_agree(GetParam(), sm90::dgrad_bn_backend_kernels());
+  expect_variants_agree(GetParam(), sm90::dgrad_bn_backend_kernels(GetParam().dy2));
 #endif
 }
 
@@ -343,7 +343,7 @@ class GpuCutlassConvDgradBn : public ::testing::TestWithParam<DgradCase> {};
 TEST_P(GpuCutlassConvDgradBn, AgreesWithFloat64AndKilnsChain) {
   KILN_REQUIRE_SM90_CUTLASS();
 #if defined(KILN_HAVE_CUDA) && defined(KILN_HAVE_CUTLASS)
-  expect_variants_agree(GetParam(), sm90::conv_dgrad_bn_backend_kernels());
+  expect_variants_agree(GetParam(), sm90::conv_dgrad_bn_backend_kernels(GetParam().dy2));
 #endif
 }
 

@@ -137,6 +137,13 @@ TEST(CudaOptions, PadInputOnceSwitchReachesTheOptions) {
   expect_refused("KILN_PAD_INPUT_ONCE", "maybe", "is not a switch value");
 }
 
+// KILN_DGRAD_NO_DY2 reaches Options::dgrad_no_dy2.
+TEST(CudaOptions, DgradNoDy2SwitchReachesTheOptions) {
+  EXPECT_FALSE(options_with({}).dgrad_no_dy2) << "off until it has run on a GPU";
+  EXPECT_TRUE(options_with({{"KILN_DGRAD_NO_DY2", "1"}}).dgrad_no_dy2);
+  expect_refused("KILN_DGRAD_NO_DY2", "maybe", "is not a switch value");
+}
+
 }  // namespace
 }  // namespace kiln::cuda
 #endif  // KILN_HAVE_CUDA

@@ -67,7 +67,8 @@ const Dgrad kDgrads[] = {
 
 // The units for a layer: the GEMM's for 1x1, the convolution's otherwise.
 std::vector<DgradBnKernel> kernels_for(const Dgrad& d) {
-  return d.r == 1 ? sm90::dgrad_bn_backend_kernels() : sm90::conv_dgrad_bn_backend_kernels();
+  return d.r == 1 ? sm90::dgrad_bn_backend_kernels(d.dy2)
+                  : sm90::conv_dgrad_bn_backend_kernels(d.dy2);
 }
 
 // The problem of a layer at `batch`, pointers left for the caller.

@@ -96,6 +96,9 @@ struct Options {
   // KILN_RESIDUAL_BN_SUMS_IN_DX: a BN+add+ReLU backward whose dresidual feeds the shortcut's
   // BatchNorm backward sums it in its dx pass (bn.cu), and that backward finalizes from them.
   bool residual_bn_sums_in_dx = true;
+  // KILN_DGRAD_NO_DY2: a CBR's SM90 data gradient on the units without dy2's staging
+  // (cutlass/dgrad_bn.h's *_NODY2 lists).
+  bool dgrad_no_dy2 = false;
   // KILN_POOL_ROUTE_EAGER: the overlapping pool's backward gather loads dy beside the mask
   // (pool_route.cuh's routed_grad_unrolled).
   bool pool_route_eager = true;

@@ -94,9 +94,12 @@ KernelPtr make_dgrad_for_bn(const Node& n, Context& ctx, int stream, TensorId dy
     d.pad_h = static_cast<int>(q.g.ph), d.pad_w = static_cast<int>(q.g.pw);
   }
   // The partials form adds the CTAs' sums in a fixed order: a deterministic run's bits repeat.
-  const sm90::DgradBnKernel kern = implicit
-                                       ? sm90::conv_dgrad_bn_kernel_for(d.n, ctx.opts.deterministic)
-                                       : sm90::dgrad_bn_kernel_for(d.n, ctx.opts.deterministic);
+  // A CBR's g has no second gradient: its unit keeps no shared memory for one (KILN_DGRAD_NO_DY2
+  // off keeps the one unit for both).
+  const bool dy2 = d.dy2 != nullptr || !ctx.opts.dgrad_no_dy2;
+  const sm90::DgradBnKernel kern =
+      implicit ? sm90::conv_dgrad_bn_kernel_for(d.n, ctx.opts.deterministic, dy2)
+               : sm90::dgrad_bn_kernel_for(d.n, ctx.opts.deterministic, dy2);
   if (why.empty()) {
     if (std::string err = kern.check(d); !err.empty()) why = "refuses it: CUTLASS " + err;
   }
@@ -119,8 +122,10 @@ KernelPtr make_dgrad_for_bn(const Node& n, Context& ctx, int stream, TensorId dy
     const Context::DgradBnSums summed{d.sums, u.g};
     const KernelPtr bn_sm90 = make_bn_bwd_part(*u.consumer, ctx, stream, &summed);
     const KernelPtr bn_today = make_bn_bwd_part(*u.consumer, ctx, stream, nullptr);
+    // The unit without room for dy2 is timed under a key of its own (tables hold the other's).
     const std::string extra = std::string(op_name(u.consumer->op)) +
-                              (u.other != kNoTensor ? ",dy2" : "") + (u.g != dx ? ",g" : "");
+                              (u.other != kNoTensor ? ",dy2" : "") + (u.g != dx ? ",g" : "") +
+                              (dy2 || ctx.opts.deterministic ? "" : ",nody2");
     const TimedChoice c = time_sm90_against_today(
         n, ctx, stream,
         timed_form_key(implicit ? "dgrad.conv" : "dgrad.gemm", q.g, ctx.tensor(dy).dtype, extra),

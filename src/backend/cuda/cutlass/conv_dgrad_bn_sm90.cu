@@ -46,7 +46,7 @@ constexpr bool kPartials = kMode == StatsMode::reg_partials;
 using ConvTileShape = Shape<Int<kTileM>, Int<kTileN>, Shape<_64>>;
 
 using TmaEpilogue = StoreHalfEpilogue<ConvTileShape>;
-using Epilogue = DgradBnEpilogue<TmaEpilogue, kTileM, kTileN, kPartials>;
+using Epilogue = DgradBnEpilogue<TmaEpilogue, kTileM, kTileN, kPartials, kDy2>;
 
 using ConvMainloop = typename cutlass::conv::collective::CollectiveBuilder<
     cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, cutlass::conv::Operator::kDgrad,
@@ -140,9 +140,15 @@ std::string run(const DgradBn& d, void* workspace, cudaStream_t stream) {
 
 }  // namespace
 
+#if KILN_DGRAD_DY2
 DgradBnKernel KILN_CONV_DGRAD_BN_FN(KILN_TILE_M, KILN_TILE_N, KILN_STATS_MODE, KILN_CLUSTER_M,
                                     KILN_CLUSTER_N)() {
-  return unit_kernel<DgradBn>("conv dgrad+bn " KILN_VARIANT_NAME, workspace_bytes, check, run);
+#else
+DgradBnKernel KILN_CONV_DGRAD_BN_NODY2_FN(KILN_TILE_M, KILN_TILE_N, KILN_STATS_MODE,
+                                          KILN_CLUSTER_M, KILN_CLUSTER_N)() {
+#endif
+  return unit_kernel<DgradBn>("conv dgrad+bn " KILN_VARIANT_NAME KILN_DGRAD_NAME_TAIL,
+                              workspace_bytes, check, run);
 }
 
 }  // namespace kiln::sm90

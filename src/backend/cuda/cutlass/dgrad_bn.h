@@ -57,17 +57,39 @@ using DgradBnKernel = UnitKernel<DgradBn>;
   DgradBnKernel KILN_DGRAD_BN_FN(tm, tn, mode, cm, cn)();
 KILN_DGRAD_BN_BACKEND_VARIANTS(KILN_DGRAD_BN_DECLARE)
 
-// Every variant the backend links, in the list's order (the GPU test and the probe run each).
-inline std::vector<DgradBnKernel> dgrad_bn_backend_kernels() {
+// The atomic variants again without a second gradient (KILN_DGRAD_DY2=0, for a CBR's g): the
+// epilogue stages no dy2 rows (a 128-row tile's 34 KB at 128 columns), which the mainloop takes
+// as pipeline stages. The deterministic form keeps the list above's units.
+#define KILN_DGRAD_BN_NODY2_BACKEND_VARIANTS(X) \
+  X(128, 64, reg_atomic, 1, 1)                  \
+  X(128, 128, reg_atomic, 1, 1)
+
+#define KILN_DGRAD_BN_NODY2_FN(tm, tn, mode, cm, cn) \
+  KILN_SM90_FN(dgrad_bn_nody2, tm, tn, mode, cm, cn)
+#define KILN_DGRAD_BN_NODY2_DECLARE(tm, tn, mode, cm, cn) \
+  DgradBnKernel KILN_DGRAD_BN_NODY2_FN(tm, tn, mode, cm, cn)();
+KILN_DGRAD_BN_NODY2_BACKEND_VARIANTS(KILN_DGRAD_BN_NODY2_DECLARE)
+
+// Every variant the backend links that takes a problem with (dy2) or without a second gradient,
+// in the lists' order (the GPU test and the probe run each).
+inline std::vector<DgradBnKernel> dgrad_bn_backend_kernels(bool dy2) {
 #define KILN_DGRAD_BN_ENTRY(tm, tn, mode, cm, cn) KILN_DGRAD_BN_FN(tm, tn, mode, cm, cn)(),
-  return {KILN_DGRAD_BN_BACKEND_VARIANTS(KILN_DGRAD_BN_ENTRY)};
+#define KILN_DGRAD_BN_NODY2_ENTRY(tm, tn, mode, cm, cn) \
+  KILN_DGRAD_BN_NODY2_FN(tm, tn, mode, cm, cn)(),
+  std::vector<DgradBnKernel> all{KILN_DGRAD_BN_BACKEND_VARIANTS(KILN_DGRAD_BN_ENTRY)};
+  if (!dy2) all.insert(all.end(), {KILN_DGRAD_BN_NODY2_BACKEND_VARIANTS(KILN_DGRAD_BN_NODY2_ENTRY)});
+  return all;
 #undef KILN_DGRAD_BN_ENTRY
+#undef KILN_DGRAD_BN_NODY2_ENTRY
 }
 
-// The variant for n channels whose tile fits: the deterministic form or the atomic one.
-inline DgradBnKernel dgrad_bn_kernel_for(int64_t n, bool deterministic) {
+// The variant for n channels whose tile fits: the deterministic form, or the atomic one (without
+// room for dy2 where the problem has none).
+inline DgradBnKernel dgrad_bn_kernel_for(int64_t n, bool deterministic, bool dy2) {
   if (deterministic)
     return n <= 64 ? dgrad_bn_128x64_reg_partials_1x1() : dgrad_bn_128x128_reg_partials_1x1();
+  if (!dy2)
+    return n <= 64 ? dgrad_bn_nody2_128x64_reg_atomic_1x1() : dgrad_bn_nody2_128x128_reg_atomic_1x1();
   return n <= 64 ? dgrad_bn_128x64_reg_atomic_1x1() : dgrad_bn_128x128_reg_atomic_1x1();
 }
 
@@ -87,18 +109,38 @@ inline DgradBnKernel dgrad_bn_kernel_for(int64_t n, bool deterministic) {
   DgradBnKernel KILN_CONV_DGRAD_BN_FN(tm, tn, mode, cm, cn)();
 KILN_CONV_DGRAD_BN_BACKEND_VARIANTS(KILN_CONV_DGRAD_BN_DECLARE)
 
-inline std::vector<DgradBnKernel> conv_dgrad_bn_backend_kernels() {
+// As KILN_DGRAD_BN_NODY2_BACKEND_VARIANTS: VGG's layers and ResNet-50's conv2 feed CBRs.
+#define KILN_CONV_DGRAD_BN_NODY2_BACKEND_VARIANTS(X) \
+  X(128, 64, reg_atomic, 1, 1)                       \
+  X(128, 128, reg_atomic, 1, 1)
+
+#define KILN_CONV_DGRAD_BN_NODY2_FN(tm, tn, mode, cm, cn) \
+  KILN_SM90_FN(conv_dgrad_bn_nody2, tm, tn, mode, cm, cn)
+#define KILN_CONV_DGRAD_BN_NODY2_DECLARE(tm, tn, mode, cm, cn) \
+  DgradBnKernel KILN_CONV_DGRAD_BN_NODY2_FN(tm, tn, mode, cm, cn)();
+KILN_CONV_DGRAD_BN_NODY2_BACKEND_VARIANTS(KILN_CONV_DGRAD_BN_NODY2_DECLARE)
+
+inline std::vector<DgradBnKernel> conv_dgrad_bn_backend_kernels(bool dy2) {
 #define KILN_CONV_DGRAD_BN_ENTRY(tm, tn, mode, cm, cn) \
   KILN_CONV_DGRAD_BN_FN(tm, tn, mode, cm, cn)(),
-  return {KILN_CONV_DGRAD_BN_BACKEND_VARIANTS(KILN_CONV_DGRAD_BN_ENTRY)};
+#define KILN_CONV_DGRAD_BN_NODY2_ENTRY(tm, tn, mode, cm, cn) \
+  KILN_CONV_DGRAD_BN_NODY2_FN(tm, tn, mode, cm, cn)(),
+  std::vector<DgradBnKernel> all{KILN_CONV_DGRAD_BN_BACKEND_VARIANTS(KILN_CONV_DGRAD_BN_ENTRY)};
+  if (!dy2)
+    all.insert(all.end(), {KILN_CONV_DGRAD_BN_NODY2_BACKEND_VARIANTS(KILN_CONV_DGRAD_BN_NODY2_ENTRY)});
+  return all;
 #undef KILN_CONV_DGRAD_BN_ENTRY
+#undef KILN_CONV_DGRAD_BN_NODY2_ENTRY
 }
 
 // As dgrad_bn_kernel_for, for the stride-1 convolution's data gradient.
-inline DgradBnKernel conv_dgrad_bn_kernel_for(int64_t n, bool deterministic) {
+inline DgradBnKernel conv_dgrad_bn_kernel_for(int64_t n, bool deterministic, bool dy2) {
   if (deterministic)
     return n <= 64 ? conv_dgrad_bn_128x64_reg_partials_1x1()
                    : conv_dgrad_bn_128x128_reg_partials_1x1();
+  if (!dy2)
+    return n <= 64 ? conv_dgrad_bn_nody2_128x64_reg_atomic_1x1()
+                   : conv_dgrad_bn_nody2_128x128_reg_atomic_1x1();
   return n <= 64 ? conv_dgrad_bn_128x64_reg_atomic_1x1() : conv_dgrad_bn_128x128_reg_atomic_1x1();
 }
 

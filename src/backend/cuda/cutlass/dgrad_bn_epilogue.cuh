@@ -15,7 +15,9 @@
 // latency per tile exposed; a second buffer cost the mainloop stages and won nothing
 // (bench/RESULTS.md). The mask (1/16 of the bytes, at byte alignment) is read per thread, all
 // of a tile's bytes before the first use. Rows are padded by 16 bytes so the accumulator
-// layout's reads (8 rows x 4 column pairs a warp) fall in 32 distinct banks.
+// layout's reads (8 rows x 4 column pairs a warp) fall in 32 distinct banks. Dy2 = false: no
+// second gradient and no room staged for one (a CBR's g), so the mainloop keeps that shared
+// memory for its stages.
 #pragma once
 #include <cuda_fp16.h>
 
@@ -23,7 +25,7 @@
 
 namespace kiln::sm90 {
 
-template <class Base, int TileM, int TileN, bool Partials>
+template <class Base, int TileM, int TileN, bool Partials, bool Dy2 = true>
 class DgradBnEpilogue : public RegisterStatsEpilogue<Base, TileM, TileN, Partials> {
   using Stats = RegisterStatsEpilogue<Base, TileM, TileN, Partials>;
   static constexpr int kPitch = TileN + 8;   // halves a staged row takes (16 bytes of pad)
@@ -33,7 +35,7 @@ class DgradBnEpilogue : public RegisterStatsEpilogue<Base, TileM, TileN, Partial
  public:
   struct TensorStorage : Stats::TensorStorage {
     alignas(16) __half z[TileM * kPitch];
-    alignas(16) __half dy2[TileM * kPitch];
+    alignas(16) __half dy2[Dy2 ? TileM * kPitch : 8];
     alignas(8) uint64_t staged;  // mbarrier: every consumer thread's copies of one tile landed
   };
   using PipelineStorage = typename Stats::PipelineStorage;
@@ -156,7 +158,7 @@ class DgradBnEpilogue : public RegisterStatsEpilogue<Base, TileM, TileN, Partial
       const bool in = col_in && row0 + k * kRowStep < rows_in;
       const int64_t e = in ? first + k * step : 0;
       copy16(z_s + k * kDstStep, bn_.z + e, in);
-      if (bn_.dy2) copy16(dy2_s + k * kDstStep, bn_.dy2 + e, in);
+      if (Dy2 && bn_.dy2) copy16(dy2_s + k * kDstStep, bn_.dy2 + e, in);
     }
     asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(
                      cute::cast_smem_ptr_to_uint(&smem_->staged))
@@ -275,7 +277,7 @@ class DgradBnEpilogue : public RegisterStatsEpilogue<Base, TileM, TileN, Partial
     using namespace cute;
     const __half* z = smem_->z;
     const __half* dy2 = smem_->dy2;
-    const bool has_dy2 = bn_.dy2 != nullptr;
+    const bool has_dy2 = Dy2 && bn_.dy2 != nullptr;
     CUTLASS_PRAGMA_UNROLL
     for (int g = 0; g < Stats::kGroups; ++g) {
       const int col = get<1>(coords(make_coord(make_coord(0, 0, g), 0, 0)));  // even: col, col + 1

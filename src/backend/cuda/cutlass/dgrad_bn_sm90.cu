@@ -35,7 +35,7 @@ static_assert(kMode == StatsMode::reg_atomic || kMode == StatsMode::reg_partials
 constexpr bool kPartials = kMode == StatsMode::reg_partials;
 
 using TmaEpilogue = StoreHalfEpilogue<TileShape>;
-using Epilogue = DgradBnEpilogue<TmaEpilogue, kTileM, kTileN, kPartials>;
+using Epilogue = DgradBnEpilogue<TmaEpilogue, kTileM, kTileN, kPartials, kDy2>;
 
 // A = dY [m][k] K-major (RowMajor), B = W [k][n] N-major (RowMajor in CUTLASS's K x N view).
 using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
@@ -101,9 +101,15 @@ std::string run(const DgradBn& d, void* workspace, cudaStream_t stream) {
 
 }  // namespace
 
+#if KILN_DGRAD_DY2
 DgradBnKernel KILN_DGRAD_BN_FN(KILN_TILE_M, KILN_TILE_N, KILN_STATS_MODE, KILN_CLUSTER_M,
                                KILN_CLUSTER_N)() {
-  return unit_kernel<DgradBn>("dgrad+bn " KILN_VARIANT_NAME, workspace_bytes, check, run);
+#else
+DgradBnKernel KILN_DGRAD_BN_NODY2_FN(KILN_TILE_M, KILN_TILE_N, KILN_STATS_MODE, KILN_CLUSTER_M,
+                                     KILN_CLUSTER_N)() {
+#endif
+  return unit_kernel<DgradBn>("dgrad+bn " KILN_VARIANT_NAME KILN_DGRAD_NAME_TAIL, workspace_bytes,
+                              check, run);
 }
 
 }  // namespace kiln::sm90

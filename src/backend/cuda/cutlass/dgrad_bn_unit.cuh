@@ -10,8 +10,21 @@
 
 #include "backend/cuda/cutlass/dgrad_bn.h"
 
+// KILN_DGRAD_DY2=0 (dgrad_bn.h's *_NODY2 lists): the unit takes no second gradient, and its
+// epilogue stages none (dgrad_bn_epilogue.cuh's Dy2).
+#ifndef KILN_DGRAD_DY2
+#define KILN_DGRAD_DY2 1
+#endif
+#if KILN_DGRAD_DY2
+#define KILN_DGRAD_NAME_TAIL ""
+#else
+#define KILN_DGRAD_NAME_TAIL " no dy2"
+#endif
+
 namespace kiln::sm90 {
 namespace {
+
+constexpr bool kDy2 = KILN_DGRAD_DY2 != 0;
 
 // CUTLASS's cooperative TMA epilogue for a tile of shape Tile, storing the accumulators rounded
 // to FP16: the BatchNorm epilogue (dgrad_bn_epilogue.cuh) has made them g, which FP16 holds
@@ -32,6 +45,7 @@ using StoreHalfEpilogue = typename cutlass::epilogue::collective::CollectiveBuil
 std::string check_inputs(const DgradBn& d) {
   if (!d.dy || !d.w || !d.z || !d.mask || !d.mean || !d.g || !d.sums)
     return "dy, w, z, mask, mean, g and sums are all needed (dy2 alone is optional)";
+  if (!kDy2 && d.dy2) return "takes no second gradient (dy2): a unit with one does";
   if (d.n % 8 != 0 || d.k % 8 != 0)
     return "n (" + std::to_string(d.n) + ") and k (" + std::to_string(d.k) +
            ") must be multiples of 8";
