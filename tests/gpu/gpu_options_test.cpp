@@ -132,15 +132,15 @@ TEST(CudaOptions, PoolRouteEagerSwitchReachesTheOptions) {
 
 // KILN_PAD_INPUT_ONCE reaches Options::pad_input_once.
 TEST(CudaOptions, PadInputOnceSwitchReachesTheOptions) {
-  EXPECT_FALSE(options_with({}).pad_input_once) << "off until it has run on a GPU";
-  EXPECT_TRUE(options_with({{"KILN_PAD_INPUT_ONCE", "1"}}).pad_input_once);
+  EXPECT_TRUE(options_with({}).pad_input_once) << "on by default";
+  EXPECT_FALSE(options_with({{"KILN_PAD_INPUT_ONCE", "0"}}).pad_input_once);
   expect_refused("KILN_PAD_INPUT_ONCE", "maybe", "is not a switch value");
 }
 
 // KILN_DGRAD_NO_DY2 reaches Options::dgrad_no_dy2.
 TEST(CudaOptions, DgradNoDy2SwitchReachesTheOptions) {
-  EXPECT_FALSE(options_with({}).dgrad_no_dy2) << "off until it has run on a GPU";
-  EXPECT_TRUE(options_with({{"KILN_DGRAD_NO_DY2", "1"}}).dgrad_no_dy2);
+  EXPECT_TRUE(options_with({}).dgrad_no_dy2) << "on by default";
+  EXPECT_FALSE(options_with({{"KILN_DGRAD_NO_DY2", "0"}}).dgrad_no_dy2);
   expect_refused("KILN_DGRAD_NO_DY2", "maybe", "is not a switch value");
 }
 

@@ -98,7 +98,7 @@ struct Options {
   bool residual_bn_sums_in_dx = true;
   // KILN_DGRAD_NO_DY2: a CBR's SM90 data gradient on the units without dy2's staging
   // (cutlass/dgrad_bn.h's *_NODY2 lists).
-  bool dgrad_no_dy2 = false;
+  bool dgrad_no_dy2 = true;
   // KILN_POOL_ROUTE_EAGER: the overlapping pool's backward gather loads dy beside the mask
   // (pool_route.cuh's routed_grad_unrolled).
   bool pool_route_eager = true;
@@ -108,7 +108,7 @@ struct Options {
   Auto pad_channels = Auto::automatic;
   // KILN_PAD_INPUT_ONCE: a weight gradient reads the channel-padded copy of x its forward fills
   // each step instead of padding x again (conv.cpp).
-  bool pad_input_once = false;
+  bool pad_input_once = true;
   // KILN_CBR_FORM: how the fused CBR forward takes BatchNorm's statistics. "kiln" (the
   // default): a plain cuDNN convolution, then kiln's statistics pass over z; "genstats": the
   // MLPerf-style form, one cuDNN graph conv_fprop + genstats (fused.cpp), which falls back
