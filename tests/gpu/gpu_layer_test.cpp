@@ -13,6 +13,7 @@
 #include "backend/channel_pad_rule.h"
 #include "backend/cuda/cuda_backend.h"
 #include "gpu/gpu_test_util.h"
+#include "gpu/sm90_test_util.h"
 #include "support/reference.h"
 
 namespace kiln::test {
@@ -149,20 +150,32 @@ TEST_P(GpuLayer, ConvPaddedChannels) {
                             {2, 15, 13, 3, 16, 7, 7, 2, 3, false},
                             {2, 10, 11, 1, 8, 3, 3, 1, 1, true},
                             {2, 10, 10, 4, 16, 3, 3, 1, 1, false}};
-  // KILN_PAD_INPUT_ONCE off and on: with it, the weight gradient reads the forward's padded x.
-  const std::pair<Auto, bool> modes[] = {
-      {Auto::on, false}, {Auto::on, true}, {Auto::automatic, false}, {Auto::automatic, true}};
-  for (const auto& [mode, once] : modes) {
+  // KILN_PAD_INPUT_ONCE off and on: with it, the weight gradient reads the forward's padded x;
+  // KILN_FIXED_CHANNELS_CONV=1: the padded forward on CUTLASS's fixed-channels unit (on an SM90
+  // GPU with the units built), auto: timed against cuDNN.
+  struct Mode {
+    Auto pad;
+    bool once;
+    Auto fixed;
+  };
+  const Mode modes[] = {
+      {Auto::on, false, Auto::off},        {Auto::on, true, Auto::off},
+      {Auto::automatic, false, Auto::off}, {Auto::automatic, true, Auto::off},
+      {Auto::on, true, Auto::on},          {Auto::automatic, true, Auto::automatic}};
+  const bool fixed_here = kCutlassBuilt && sm90_gpu();
+  for (const auto& [mode, once, fixed] : modes) {
     Switches pad = Switches::from_environment();
     pad.pad_channels = mode;
     pad.pad_input_once = once;
+    pad.fixed_channels_conv = fixed;
     pad.autotune = Auto::on;  // auto's choice is timed where autotuning is on
     pad.deterministic = false;
     pad.autotune_cache = "0";
     for (const ConvCase& c : cases) {
       SCOPED_TRACE(::testing::Message()
                    << "KILN_PAD_CHANNELS=" << auto_text(mode) << " KILN_PAD_INPUT_ONCE=" << once
-                   << " conv " << c.r << "x" << c.s << "/" << c.st << " c" << c.c << " k" << c.k);
+                   << " KILN_FIXED_CHANNELS_CONV=" << auto_text(fixed) << " conv " << c.r << "x"
+                   << c.s << "/" << c.st << " c" << c.c << " k" << c.k);
       CompileReport r;
       check_conv(c, amp, 0, pad, &r);
       const int paddable = amp && padded_channel_count(c.c) != c.c ? 3 : 0;  // fwd, dgrad, wgrad
@@ -170,16 +183,20 @@ TEST_P(GpuLayer, ConvPaddedChannels) {
         EXPECT_EQ(r.convs_padded, paddable);
         EXPECT_EQ(r.pad_timed, 0);
         EXPECT_EQ(r.pad_copies_shared, once && paddable ? 1 : 0) << "the wgrad's x, once";
+        if (fixed == Auto::on && fixed_here)
+          EXPECT_EQ(r.fixed_channels_convs, paddable ? 1 : 0) << "the forward on CUTLASS's unit";
       } else {
         EXPECT_EQ(r.pad_timed, paddable) << "each paddable convolution timed";
         EXPECT_LE(r.convs_padded, r.pad_timed);
         EXPECT_LE(r.pad_copies_shared, once ? 1 : 0);
+        EXPECT_LE(r.fixed_channels_convs, fixed == Auto::off ? 0 : 1);
       }
       std::printf(
-          "  KILN_PAD_CHANNELS=%s KILN_PAD_INPUT_ONCE=%d c%lld %s: %d of 3 kernels padded (%d "
-          "timed), %d reading the forward's copy\n",
-          auto_text(mode), once ? 1 : 0, static_cast<long long>(c.c), amp ? "AMP" : "FP32",
-          r.convs_padded, r.pad_timed, r.pad_copies_shared);
+          "  KILN_PAD_CHANNELS=%s KILN_PAD_INPUT_ONCE=%d KILN_FIXED_CHANNELS_CONV=%s c%lld %s: %d "
+          "of 3 kernels padded (%d timed), %d reading the forward's copy, %d on CUTLASS\n",
+          auto_text(mode), once ? 1 : 0, auto_text(fixed), static_cast<long long>(c.c),
+          amp ? "AMP" : "FP32", r.convs_padded, r.pad_timed, r.pad_copies_shared,
+          r.fixed_channels_convs);
     }
   }
 }

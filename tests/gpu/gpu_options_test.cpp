@@ -137,6 +137,15 @@ TEST(CudaOptions, PadInputOnceSwitchReachesTheOptions) {
   expect_refused("KILN_PAD_INPUT_ONCE", "maybe", "is not a switch value");
 }
 
+// KILN_FIXED_CHANNELS_CONV reaches Options::fixed_channels_conv.
+TEST(CudaOptions, FixedChannelsConvSwitchReachesTheOptions) {
+  EXPECT_EQ(options_with({}).fixed_channels_conv, Auto::off) << "off until it has run on a GPU";
+  EXPECT_EQ(options_with({{"KILN_FIXED_CHANNELS_CONV", "1"}}).fixed_channels_conv, Auto::on);
+  EXPECT_EQ(options_with({{"KILN_FIXED_CHANNELS_CONV", "auto"}}).fixed_channels_conv,
+            Auto::automatic);
+  expect_refused("KILN_FIXED_CHANNELS_CONV", "maybe", "use auto or");
+}
+
 // KILN_DGRAD_NO_DY2 reaches Options::dgrad_no_dy2.
 TEST(CudaOptions, DgradNoDy2SwitchReachesTheOptions) {
   EXPECT_TRUE(options_with({}).dgrad_no_dy2) << "on by default";

@@ -55,7 +55,8 @@ struct CompileReport {
   int convs_padded = 0, pad_timed = 0;
   // KILN_PAD_INPUT_ONCE: weight gradients reading their forward's padded copy of x
   int pad_copies_shared = 0;
-  int side_stream_wgrads = 0;  // weight gradients forked onto the side stream
+  int fixed_channels_convs = 0;  // KILN_FIXED_CHANNELS_CONV: padded forwards on CUTLASS's unit
+  int side_stream_wgrads = 0;    // weight gradients forked onto the side stream
   // KILN_RESIDUAL_BN_SUMS_IN_DX: shortcut BatchNorm backwards summed in the dx pass before them
   int residual_bn_sums_in_dx = 0;
   int fp32_transformed_plans = 0;  // FP32 convolutions on Winograd or FFT engines

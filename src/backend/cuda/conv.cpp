@@ -362,6 +362,9 @@ class ConvKernel final : public Kernel {
     if (sum) pack_[kUidSum] = sum;
     if (sq_sum) pack_[kUidSqSum] = sq_sum;
   }
+  // Another convolution in place of the cuDNN plan (the fixed-channels CUTLASS unit), run
+  // between the same padding copies.
+  void set_runner(std::function<void(cudaStream_t)> run) { runner_ = std::move(run); }
   void pad_before(PadCopy c) { before_.push_back(c); }
   void pad_after(PadCopy c) { after_.push_back(c); }
   void own(std::shared_ptr<DeviceBuffer> s) { scratch_.push_back(std::move(s)); }
@@ -376,11 +379,15 @@ class ConvKernel final : public Kernel {
   void run(Context& ctx) override {
     const StreamRes& r = res(ctx);
     for (const PadCopy& c : before_) copy(ctx, c, r.stream);
-    auto status = plan_->index >= 0 ? plan_->graph->execute_plan_at_index(r.cudnn, pack_,
-                                                                          r.workspace, plan_->index)
-                                    : plan_->graph->execute(r.cudnn, pack_, r.workspace);
-    if (status.is_bad())
-      KILN_FAIL(Backend, what_, ": cuDNN execute failed: ", status.get_message());
+    if (runner_) {
+      runner_(r.stream);
+    } else {
+      auto status = plan_->index >= 0 ? plan_->graph->execute_plan_at_index(
+                                            r.cudnn, pack_, r.workspace, plan_->index)
+                                      : plan_->graph->execute(r.cudnn, pack_, r.workspace);
+      if (status.is_bad())
+        KILN_FAIL(Backend, what_, ": cuDNN execute failed: ", status.get_message());
+    }
     KILN_LAUNCH_CHECK(what_.c_str());
     for (const PadCopy& c : after_) copy(ctx, c, r.stream);
     if (bias_.add)
@@ -408,6 +415,7 @@ class ConvKernel final : public Kernel {
   }
 
   std::shared_ptr<ConvPlan> plan_;
+  std::function<void(cudaStream_t)> runner_;
   std::unordered_map<int64_t, void*> pack_;
   std::string what_;
   Bias bias_;
@@ -520,6 +528,44 @@ void expect_weight_dtype(const Context& ctx, const Node& n, TensorId feature, Te
 
 namespace {
 
+// A padded forward's other form (KILN_FIXED_CHANNELS_CONV): the same padding copies, then
+// CUTLASS's fixed-channels implicit GEMM in place of cuDNN's plan, where it can take the layer
+// and is the faster of the two (timed as the padding's choice is, kept under its own key);
+// `o` becomes that form where it is.
+void fixed_channels_instead(const Node& n, Context& ctx, int stream, const ConvGeom& g, DType dt,
+                            DType wdt, TensorId x, TensorId w, TensorId b, TensorId y,
+                            ConvOperands& o) {
+  if (ctx.opts.fixed_channels_conv == Auto::off) return;
+  ConvOperands f =
+      conv_operands(true, stream, describe(n), g, dt, ctx.ptr(x), false, wdt, ctx.ptr(w), false);
+  std::string why;
+  auto run = fixed_channels_fwd(ctx, f.g, dt, f.a, f.w, ctx.ptr(y), &why);
+  if (!run) {
+    log_debug(describe(n), ": the padded forward keeps cuDNN; the fixed-channels CUTLASS unit ",
+              why);
+    return;
+  }
+  f.k->set_runner(std::move(run));
+  if (b != kNoTensor) {
+    f.k->set_bias_add(ctx.ptr(y), dt, ctx.ptr<float>(b), g.y.n * g.y.h * g.y.w, g.k);
+  }
+  const std::string key = timed_form_key("fprop", f.g, dt, "", "fixedv1");
+  FormChoice c;
+  if (ctx.opts.fixed_channels_conv == Auto::on) {
+    c.found = c.first = true;
+  } else if (ctx.opts.autotune || !ctx.opts.tune_path.empty()) {
+    c = choose_faster_form(ctx, stream, key, {"cutlass", {f.k.get()}}, {"cudnn", {o.k.get()}}, {},
+                           true);
+  } else if (const EngineEntry* e = ctx.opts.engine_table ? ctx.engine_table.find(key) : nullptr) {
+    c = form_choice_from(*e, "cutlass", "cudnn");
+  }
+  log_debug(describe(n), " (fprop, ", f.g.x.c, " channels): fixed-channels CUTLASS ", c.first_ms,
+            " ms, cuDNN ", c.second_ms, " ms: keeps ", c.found && c.first ? "CUTLASS" : "cuDNN");
+  if (!(c.found && c.first)) return;
+  ++ctx.fixed_channels_convs;
+  o = std::move(f);
+}
+
 // conv_fwd node n on cuDNN.
 KernelPtr cudnn_conv_fwd(const Node& n, Context& ctx, int stream) {
   const TensorId x = need_in(n, 0, "x"), w = need_in(n, 1, "w"), b = in_at(n, 2),
@@ -545,6 +591,7 @@ KernelPtr cudnn_conv_fwd(const Node& n, Context& ctx, int stream) {
     if (b != kNoTensor) {
       o.k->set_bias_add(ctx.ptr(y), dt, ctx.ptr<float>(b), g.y.n * g.y.h * g.y.w, g.k);
     }
+    if (pad) fixed_channels_instead(n, ctx, stream, g, dt, wdt, x, w, b, y, o);
     if (o.a_copy) x_copy = o.a_copy;
     return std::move(o.k);
   });

@@ -85,8 +85,8 @@ struct Options {
   // KILN_STAGE_COPY_THREADS, resolved (host_copy.h): threads that copy a host batch into its
   // pinned staging buffer (input_slots.cpp).
   int stage_copy_threads = 1;
-  bool stage_in_pieces = true;   // KILN_STAGE_IN_PIECES: the copy and transfer piece by piece
-  bool vector_kernels = true;    // KILN_VECTOR_KERNELS=0: one element per thread, no 16-byte paths
+  bool stage_in_pieces = true;  // KILN_STAGE_IN_PIECES: the copy and transfer piece by piece
+  bool vector_kernels = true;   // KILN_VECTOR_KERNELS=0: one element per thread, no 16-byte paths
   // KILN_BN_FUSED_FINALIZE: a BatchNorm whose sums a kernel before it took finalizes inside its
   // 16-byte apply or dx pass (bn.cu), the same bits without a launch of its own.
   bool bn_fused_finalize = false;
@@ -109,6 +109,8 @@ struct Options {
   // KILN_PAD_INPUT_ONCE: a weight gradient reads the channel-padded copy of x its forward fills
   // each step instead of padding x again (conv.cpp).
   bool pad_input_once = true;
+  // KILN_FIXED_CHANNELS_CONV: a padded forward may run on CUTLASS's fixed-channels unit (conv.cpp).
+  Auto fixed_channels_conv = Auto::off;
   // KILN_CBR_FORM: how the fused CBR forward takes BatchNorm's statistics. "kiln" (the
   // default): a plain cuDNN convolution, then kiln's statistics pass over z; "genstats": the
   // MLPerf-style form, one cuDNN graph conv_fprop + genstats (fused.cpp), which falls back
@@ -265,6 +267,7 @@ struct Context : ProgramView {
   // each step (weak: a form built but not kept frees it), and the weight gradients that read one.
   std::unordered_map<TensorId, std::weak_ptr<DeviceBuffer>> padded_inputs;
   int pad_copies_shared = 0;
+  int fixed_channels_convs = 0;  // KILN_FIXED_CHANNELS_CONV: padded forwards kept on CUTLASS
   struct DgradBnSums {
     const float* sums = nullptr;
     TensorId g = kNoTensor;

@@ -14,6 +14,7 @@
 
 #ifdef KILN_HAVE_CUTLASS
 #include "backend/cuda/cutlass/conv_stats.h"
+#include "backend/cuda/cutlass/fixed_channels_conv.h"
 #include "backend/cuda/cutlass/gemm_stats.h"
 #endif
 
@@ -60,6 +61,40 @@ void log_sm90_fallback(bool routine, const std::string& line, const std::string&
   } else {
     log_info(line, why);
   }
+}
+
+std::function<void(cudaStream_t)> fixed_channels_fwd(const Context& ctx, const ConvGeom& g,
+                                                     DType dt, const void* x, const void* w,
+                                                     void* y, std::string* why) {
+  const auto refuse = [&](const std::string& reason) {
+    *why = reason;
+    return std::function<void(cudaStream_t)>();
+  };
+  if (ctx.opts.fixed_channels_conv == Auto::off) return refuse("KILN_FIXED_CHANNELS_CONV is off");
+  if (!kBuilt) return refuse("the CUTLASS units were not built");
+  // The unit is compiled for sm_90a alone, as the SM90 units are.
+  if (ctx.cc_major != 9 || ctx.cc_minor != 0) return refuse("the unit is built for SM90 alone");
+  if (dt != DType::F16) return refuse("takes FP16");
+#ifdef KILN_HAVE_CUTLASS
+  sm90::FixedChannelsConv p;
+  p.x = x, p.w = w, p.y = y;
+  p.n = static_cast<int>(g.x.n), p.h = static_cast<int>(g.x.h), p.w_ = static_cast<int>(g.x.w);
+  p.c = static_cast<int>(g.x.c), p.k = static_cast<int>(g.k);
+  p.r = static_cast<int>(g.r), p.s = static_cast<int>(g.s);
+  p.p = static_cast<int>(g.y.h), p.q = static_cast<int>(g.y.w);
+  p.pad_h = static_cast<int>(g.ph), p.pad_w = static_cast<int>(g.pw);
+  p.stride_h = static_cast<int>(g.sh), p.stride_w = static_cast<int>(g.sw);
+  if (std::string err = sm90::fixed_channels_conv_check(p); !err.empty()) return refuse(err);
+  // Serial, one slice: CUTLASS asks no workspace (the stream's is not at hand in the runner).
+  if (sm90::fixed_channels_conv_workspace(p) != 0) return refuse("CUTLASS asks a workspace");
+  return [p](cudaStream_t s) {
+    if (std::string err = sm90::fixed_channels_conv_run(p, nullptr, s); !err.empty())
+      KILN_FAIL(Backend, "the fixed-channels CUTLASS convolution failed: ", err);
+  };
+#else
+  (void)g, (void)x, (void)w, (void)y;
+  return refuse("the CUTLASS units were not built");
+#endif
 }
 
 bool sm90_fwd_implicit(const Context& ctx, const ConvGeom& g) {

@@ -54,6 +54,14 @@ KernelPtr make_conv_fwd_summed_for_bn(const Node& n, Context& ctx, int stream,
 KernelPtr make_bn_add_relu_fwd_part(const Node& n, Context& ctx, int stream, const float* sums,
                                     const float* res_sums = nullptr);
 
+// A forward convolution over x and w already padded to 4 or 8 channels (g: the padded
+// geometry) on CUTLASS's fixed-channels implicit GEMM (KILN_FIXED_CHANNELS_CONV;
+// cutlass_conv.cpp): what queues it on a stream, or an empty function with *why saying why not
+// (the switch off, the unit not built, another GPU or dtype, CUTLASS refusing the problem).
+std::function<void(cudaStream_t)> fixed_channels_fwd(const Context& ctx, const ConvGeom& g,
+                                                     DType dt, const void* x, const void* w,
+                                                     void* y, std::string* why);
+
 // Whether this libkiln holds the SM90 CUTLASS kernels (CMake's KILN_CUTLASS_KERNELS): what
 // KILN_CUTLASS=auto asks before trying them (sm90_conv_gemm_tried).
 bool cutlass_kernels_built();

@@ -144,8 +144,8 @@ std::string run(const DgradBn& d, void* workspace, cudaStream_t stream) {
 DgradBnKernel KILN_CONV_DGRAD_BN_FN(KILN_TILE_M, KILN_TILE_N, KILN_STATS_MODE, KILN_CLUSTER_M,
                                     KILN_CLUSTER_N)() {
 #else
-DgradBnKernel KILN_CONV_DGRAD_BN_NODY2_FN(KILN_TILE_M, KILN_TILE_N, KILN_STATS_MODE,
-                                          KILN_CLUSTER_M, KILN_CLUSTER_N)() {
+DgradBnKernel KILN_CONV_DGRAD_BN_NODY2_FN(KILN_TILE_M, KILN_TILE_N, KILN_STATS_MODE, KILN_CLUSTER_M,
+                                          KILN_CLUSTER_N)() {
 #endif
   return unit_kernel<DgradBn>("conv dgrad+bn " KILN_VARIANT_NAME KILN_DGRAD_NAME_TAIL,
                               workspace_bytes, check, run);

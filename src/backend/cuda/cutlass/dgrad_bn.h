@@ -77,7 +77,8 @@ inline std::vector<DgradBnKernel> dgrad_bn_backend_kernels(bool dy2) {
 #define KILN_DGRAD_BN_NODY2_ENTRY(tm, tn, mode, cm, cn) \
   KILN_DGRAD_BN_NODY2_FN(tm, tn, mode, cm, cn)(),
   std::vector<DgradBnKernel> all{KILN_DGRAD_BN_BACKEND_VARIANTS(KILN_DGRAD_BN_ENTRY)};
-  if (!dy2) all.insert(all.end(), {KILN_DGRAD_BN_NODY2_BACKEND_VARIANTS(KILN_DGRAD_BN_NODY2_ENTRY)});
+  if (!dy2)
+    all.insert(all.end(), {KILN_DGRAD_BN_NODY2_BACKEND_VARIANTS(KILN_DGRAD_BN_NODY2_ENTRY)});
   return all;
 #undef KILN_DGRAD_BN_ENTRY
 #undef KILN_DGRAD_BN_NODY2_ENTRY
@@ -89,7 +90,8 @@ inline DgradBnKernel dgrad_bn_kernel_for(int64_t n, bool deterministic, bool dy2
   if (deterministic)
     return n <= 64 ? dgrad_bn_128x64_reg_partials_1x1() : dgrad_bn_128x128_reg_partials_1x1();
   if (!dy2)
-    return n <= 64 ? dgrad_bn_nody2_128x64_reg_atomic_1x1() : dgrad_bn_nody2_128x128_reg_atomic_1x1();
+    return n <= 64 ? dgrad_bn_nody2_128x64_reg_atomic_1x1()
+                   : dgrad_bn_nody2_128x128_reg_atomic_1x1();
   return n <= 64 ? dgrad_bn_128x64_reg_atomic_1x1() : dgrad_bn_128x128_reg_atomic_1x1();
 }
 
@@ -127,7 +129,8 @@ inline std::vector<DgradBnKernel> conv_dgrad_bn_backend_kernels(bool dy2) {
   KILN_CONV_DGRAD_BN_NODY2_FN(tm, tn, mode, cm, cn)(),
   std::vector<DgradBnKernel> all{KILN_CONV_DGRAD_BN_BACKEND_VARIANTS(KILN_CONV_DGRAD_BN_ENTRY)};
   if (!dy2)
-    all.insert(all.end(), {KILN_CONV_DGRAD_BN_NODY2_BACKEND_VARIANTS(KILN_CONV_DGRAD_BN_NODY2_ENTRY)});
+    all.insert(all.end(),
+               {KILN_CONV_DGRAD_BN_NODY2_BACKEND_VARIANTS(KILN_CONV_DGRAD_BN_NODY2_ENTRY)});
   return all;
 #undef KILN_CONV_DGRAD_BN_ENTRY
 #undef KILN_CONV_DGRAD_BN_NODY2_ENTRY
