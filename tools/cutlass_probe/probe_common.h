@@ -227,5 +227,9 @@ int conv_probe(cudnnHandle_t handle, cudaStream_t s, const cudaDeviceProp& prop,
 // prologue_probe.cpp's (kiln_cutlass_probe --prologue): BatchNorm + ReLU on the 1x1 GEMM's load.
 int prologue_probe(cudaStream_t s, const cudaDeviceProp& prop, int64_t batch, int reps,
                    int64_t only, const std::string& shape);
+// --first-layer (first_layer_probe.cpp): the first layer's direct convolution with BatchNorm's
+// sums against cuDNN's forward and kiln's statistics pass.
+int first_layer_probe(cudnnHandle_t handle, cudaStream_t s, const cudaDeviceProp& prop,
+                      int64_t batch, int reps, int max_engines);
 
 }  // namespace kiln::probe

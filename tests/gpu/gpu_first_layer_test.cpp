@@ -1,0 +1,169 @@
+// The first layer's direct convolution (src/backend/cuda/first_layer_conv.h), called directly,
+// against a float64 reference: z = conv(x, w) over 4 channels into 64 (each z within its FP16
+// rounding and the FP32 accumulation's error), and the per-channel sums of the kernel's own z and
+// z^2 (BatchNorm's statistics). Shapes: VGG's 3x3 stride-1 first layer and ResNet-50's 7x7
+// stride-2 stem at small sizes, a rectangular filter with unequal padding, a 1x1, and enough
+// rows that each CTA of the persistent grid walks several tiles, the last one partial.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "gpu/gpu_test_util.h"
+#include "gpu/sm90_test_util.h"
+
+#ifdef KILN_HAVE_CUDA
+#include "backend/cuda/first_layer_conv.h"
+#endif
+
+namespace kiln::test {
+namespace {
+
+constexpr int64_t kC = 4, kK = 64;
+
+struct Case {
+  const char* name;
+  int n, h, w, r, s, stride_h, stride_w, pad_h, pad_w;
+  int p() const { return (h + 2 * pad_h - r) / stride_h + 1; }
+  int q() const { return (w + 2 * pad_w - s) / stride_w + 1; }
+  int64_t rows() const { return static_cast<int64_t>(n) * p() * q(); }
+};
+
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << c.name;
+}
+
+struct Inputs {
+  std::vector<float> x, w;  // FP16 values held as floats
+};
+
+Inputs make_inputs(const Case& t) {
+  const float wr = static_cast<float>(std::sqrt(3.0 / static_cast<double>(t.r * t.s * kC)));
+  // Pixels in [0, 1] as a normalised image's are near; weights of variance 1 / fan-in.
+  return {round_f16(rand_floats(int64_t{t.n} * t.h * t.w * kC, 81, -1.0f, 1.0f)),
+          round_f16(rand_floats(kK * t.r * t.s * kC, 82, -wr, wr))};
+}
+
+// z in float64 and, per element, the sum of its products' magnitudes.
+void conv_float64(const Case& t, const Inputs& in, std::vector<double>& z,
+                  std::vector<double>& mag) {
+  z.assign(static_cast<size_t>(t.rows() * kK), 0.0);
+  mag.assign(z.size(), 0.0);
+  for (int64_t b = 0; b < t.n; ++b)
+    for (int64_t p = 0; p < t.p(); ++p)
+      for (int64_t q = 0; q < t.q(); ++q)
+        for (int64_t k = 0; k < kK; ++k) {
+          double s = 0.0, a = 0.0;
+          for (int64_t dy = 0; dy < t.r; ++dy)
+            for (int64_t dx = 0; dx < t.s; ++dx) {
+              const int64_t y = p * t.stride_h + dy - t.pad_h, x = q * t.stride_w + dx - t.pad_w;
+              if (y < 0 || y >= t.h || x < 0 || x >= t.w) continue;  // zero padding
+              const float* xv = &in.x[static_cast<size_t>(((b * t.h + y) * t.w + x) * kC)];
+              const float* wv = &in.w[static_cast<size_t>(((k * t.r + dy) * t.s + dx) * kC)];
+              for (int64_t c = 0; c < kC; ++c) {
+                s += static_cast<double>(xv[c]) * wv[c];
+                a += std::fabs(static_cast<double>(xv[c]) * wv[c]);
+              }
+            }
+          const size_t e = static_cast<size_t>(((b * t.p() + p) * t.q() + q) * kK + k);
+          z[e] = s;
+          mag[e] = a;
+        }
+}
+
+class GpuFirstLayerConv : public ::testing::TestWithParam<Case> {};
+
+TEST_P(GpuFirstLayerConv, AgreesWithFloat64) {
+  KILN_REQUIRE_GPU();
+#ifdef KILN_HAVE_CUDA
+  const Case& t = GetParam();
+  const Inputs in = make_inputs(t);
+  std::vector<double> want, mag;
+  conv_float64(t, in, want, mag);
+  DeviceBuffer x = upload_half(in.x), w = upload_half(in.w);
+  const size_t zn = static_cast<size_t>(t.rows() * kK);
+  DeviceBuffer z(zn * 2), sums(2 * kK * sizeof(float));
+  // NaNs where the kernel writes nothing, and in sums it does not clear.
+  ASSERT_EQ(cudaMemset(z.p, 0xFF, zn * 2), cudaSuccess);
+  ASSERT_EQ(cudaMemset(sums.p, 0xFF, 2 * kK * sizeof(float)), cudaSuccess);
+  cuda::FirstLayerConv c;
+  c.x = static_cast<const __half*>(x.p), c.w = static_cast<const __half*>(w.p);
+  c.z = static_cast<__half*>(z.p), c.sums = static_cast<float*>(sums.p);
+  c.n = t.n, c.h = t.h, c.w_ = t.w, c.r = t.r, c.s = t.s;
+  c.stride_h = t.stride_h, c.stride_w = t.stride_w, c.pad_h = t.pad_h, c.pad_w = t.pad_w;
+  ASSERT_EQ(cuda::first_layer_conv_refusal(c), "");
+  int sms = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+  // A grid of four SMs' CTAs as well as the full one: every CTA then walks many tiles.
+  for (const int grid_sms : {sms, 4}) {
+    SCOPED_TRACE("persistent grid over " + std::to_string(grid_sms) + " SMs");
+    ASSERT_EQ(cuda::launch_first_layer_conv(c, grid_sms, nullptr), cudaSuccess);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    std::vector<uint16_t> zh(zn);
+    std::vector<float> sh(2 * kK);
+    ASSERT_EQ(cudaMemcpy(zh.data(), z.p, zn * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(sh.data(), sums.p, sh.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    std::vector<float> got(zn);
+    for (size_t e = 0; e < zn; ++e) got[e] = half_to_float(zh[e]);
+    // z: the FP32 sum rounded to FP16 once (2^-11 of |z|), the FP32 accumulation's error over at
+    // most 256 products (4e-6 of their magnitudes leaves room) and FP16's subnormal spacing.
+    int64_t bad = 0;
+    for (size_t e = 0; e < zn; ++e) {
+      const double tol = 0x1p-11 * std::fabs(want[e]) + 4e-6 * mag[e] + 0x1p-24;
+      bad += !(std::fabs(got[e] - want[e]) <= tol);  // NaN counts
+    }
+    EXPECT_EQ(bad, 0) << "z elements outside their FP16 bound of float64, of " << zn;
+    // The sums against float64 sums of the kernel's own z: FP32 running sums over a lane's rows
+    // (~9,300 of them on the small grid), then atomics across warps and CTAs, round with the
+    // terms' magnitudes: ~sqrt(rows) 2^-24 of them, 1e-4 as the SM90 units' test allows.
+    double worst_s = 0.0, worst_q = 0.0;
+    for (int64_t k = 0; k < kK; ++k) {
+      double s = 0.0, sa = 0.0, q = 0.0;
+      for (int64_t r = 0; r < t.rows(); ++r) {
+        const double v = got[static_cast<size_t>(r * kK + k)];
+        s += v, sa += std::fabs(v), q += v * v;
+      }
+      const double es = std::fabs(sh[static_cast<size_t>(k)] - s) / (sa + 1e-30);
+      const double eq = std::fabs(sh[static_cast<size_t>(kK + k)] - q) / (q + 1e-30);
+      worst_s = std::max(worst_s, std::isfinite(es) ? es : INFINITY);
+      worst_q = std::max(worst_q, std::isfinite(eq) ? eq : INFINITY);
+    }
+    EXPECT_LE(worst_s, 1e-4) << "sum z against float64, relative to sum |z|";
+    EXPECT_LE(worst_q, 1e-4) << "sum z^2 against float64, relative";
+  }
+#endif
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, GpuFirstLayerConv,
+    ::testing::Values(Case{"vgg_3x3_n2_20x20", 2, 20, 20, 3, 3, 1, 1, 1, 1},
+                      Case{"stem_7x7_s2_n2_30x30", 2, 30, 30, 7, 7, 2, 2, 3, 3},
+                      Case{"odd_5x5_n3_13x11", 3, 13, 11, 5, 5, 1, 1, 2, 2},
+                      Case{"rect_3x5_pad1x2_s2x1_n2_9x17", 2, 9, 17, 3, 5, 2, 1, 1, 2},
+                      Case{"one_by_one_n1_9x7", 1, 9, 7, 1, 1, 1, 1, 0, 0},
+                      Case{"many_tiles_3x3_n8_96x97", 8, 96, 97, 3, 3, 1, 1, 1, 1}),
+    [](const auto& info) { return std::string(info.param.name); });
+
+// What the kernel refuses, in words.
+TEST(GpuFirstLayerConvRefusal, NamesWhatItCannotTake) {
+#ifdef KILN_HAVE_CUDA
+  cuda::FirstLayerConv c;
+  EXPECT_NE(cuda::first_layer_conv_refusal(c).find("needs x, w and z"), std::string::npos);
+  alignas(16) static __half buf[64];
+  c.x = c.w = buf, c.z = buf;
+  c.n = 1, c.h = c.w_ = 8, c.r = c.s = 3, c.pad_h = c.pad_w = 1;
+  EXPECT_EQ(cuda::first_layer_conv_refusal(c), "");
+  c.r = c.s = 12;  // 144 taps x 4 > 512
+  EXPECT_NE(cuda::first_layer_conv_refusal(c).find("at most 128 taps"), std::string::npos);
+  c.r = c.s = 3;
+  c.h = 1, c.pad_h = 0;  // 1 - 3 + 1 rows
+  EXPECT_NE(cuda::first_layer_conv_refusal(c).find("has no output"), std::string::npos);
+#else
+  GTEST_SKIP() << "built without CUDA";
+#endif
+}
+
+}  // namespace
+}  // namespace kiln::test

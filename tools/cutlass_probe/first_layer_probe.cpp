@@ -1,0 +1,113 @@
+// kiln_cutlass_probe --first-layer: does the first layer's direct convolution with BatchNorm's
+// sums (src/backend/cuda/first_layer_conv.h) beat cuDNN's forward followed by kiln's statistics
+// pass? VGG16-BN's first layer (224x224, 3x3 stride 1) and ResNet-50's stem (224x224, 7x7
+// stride 2), 3 channels padded to 4 into 64, FP16 NHWC, on the same random inputs in one process:
+//   (a) cuDNN's forward (the fastest of its first --max-engines engines), then kiln's statistics
+//       pass over z (bn_stats.cuh's, as a training step runs it);
+//   (b) the direct kernel, z and both sums in one launch (plus clearing the sums).
+// (b)'s z is compared with (a)'s (each rounds an FP32 sum of the same products once: an FP16 ulp
+// apart at most) and its sums with kiln's double sums of its own z. Times are medians of --reps.
+#include <cuda_fp16.h>
+
+#include <cmath>
+
+#include "backend/cuda/first_layer_conv.h"
+#include "probe_common.h"
+#include "probe_kernels.h"
+
+namespace kiln::probe {
+namespace {
+
+struct FirstLayer {
+  const char* name;
+  int h, r, stride, pad;
+};
+
+const FirstLayer kLayers[] = {{"vgg conv1_1 224x224 3x3", 224, 3, 1, 1},
+                              {"r50 stem 224x224 7x7/2", 224, 7, 2, 3}};
+
+}  // namespace
+
+int first_layer_probe(cudnnHandle_t handle, cudaStream_t s, const cudaDeviceProp& prop,
+                      int64_t batch, int reps, int max_engines) {
+  const int sms = prop.multiProcessorCount;
+  constexpr int64_t kC = cuda::kFirstLayerChannels, kK = cuda::kFirstLayerOutputs;
+  std::printf(
+      "# %s (%d SMs), cuDNN %zu, batch %lld, FP16 NHWC, 4 (3 padded) > 64 channels, "
+      "median of %d runs (ms)\n",
+      prop.name, sms, cudnnGetVersion(), static_cast<long long>(batch), reps);
+  std::printf(
+      "| layer | (a) cuDNN fprop | (a) stats pass | (a) total | (b) direct + sums | "
+      "speedup | max z diff | sum err | sum z^2 err |\n|---|---|---|---|---|---|---|---|---|\n");
+  bool failed = false;
+  for (const FirstLayer& l : kLayers) {
+    const int64_t p = (l.h + 2 * l.pad - l.r) / l.stride + 1, m = batch * p * p;
+    auto* x = static_cast<__half*>(device_alloc(batch * l.h * l.h * kC * 2));
+    auto* w = static_cast<__half*>(device_alloc(kK * l.r * l.r * kC * 2));
+    auto* za = static_cast<__half*>(device_alloc(m * kK * 2));
+    auto* zb = static_cast<__half*>(device_alloc(m * kK * 2));
+    auto* sums = static_cast<float*>(device_alloc(2 * kK * sizeof(float)));
+    void* partial = device_alloc(kiln_stats_bytes(m, kK, sms));
+    auto* ref = static_cast<double2*>(device_alloc(kK * sizeof(double2)));
+    auto* cmp = static_cast<unsigned long long*>(device_alloc(2 * sizeof(unsigned long long)));
+    PROBE_CUDA(fill_uniform(x, batch * l.h * l.h * kC, 0.0f, 1.0f, 11, s));
+    const float wr = std::sqrt(3.0f / static_cast<float>(l.r * l.r * kC));
+    PROBE_CUDA(fill_uniform(w, kK * l.r * l.r * kC, -wr, wr, 12, s));
+    CudnnConv conv;
+    if (!conv.build(handle, s, batch, l.h, kC, kK, x, w, za, max_engines, reps, false, l.r, l.pad,
+                    l.stride)) {
+      std::printf("| %s | no cuDNN engine: %s |\n", l.name, conv.why.c_str());
+      failed = true;
+      continue;
+    }
+    const auto stats = [&] { return kiln_stats(za, m, kK, sms, partial, s) == cudaSuccess; };
+    const float stats_ms = median_ms(s, reps, stats);
+    const float total_ms = median_ms(s, reps, [&] { return conv.run(handle) && stats(); });
+    cuda::FirstLayerConv c;
+    c.x = x, c.w = w, c.z = zb, c.sums = sums;
+    c.n = static_cast<int>(batch), c.h = c.w_ = l.h, c.r = c.s = l.r;
+    c.stride_h = c.stride_w = l.stride, c.pad_h = c.pad_w = l.pad;
+    if (const std::string why = cuda::first_layer_conv_refusal(c); !why.empty()) {
+      std::printf("| %s | the direct kernel refuses it: %s |\n", l.name, why.c_str());
+      failed = true;
+      continue;
+    }
+    const float direct_ms =
+        median_ms(s, reps, [&] { return cuda::launch_first_layer_conv(c, sms, s) == cudaSuccess; });
+    PROBE_CUDA(conv.run(handle) ? cudaSuccess : cudaErrorUnknown);
+    PROBE_CUDA(compare_half(zb, za, m * kK, 0x1p-10f, 0x1p-14f, cmp, s));
+    PROBE_CUDA(kiln_stats(zb, m, kK, sms, partial, s));
+    PROBE_CUDA(kiln_stats_total(partial, m, kK, sms, ref, s));
+    unsigned long long hc[2];
+    std::vector<float> hs(2 * kK);
+    std::vector<double2> href(kK);
+    PROBE_CUDA(cudaMemcpyAsync(hc, cmp, sizeof hc, cudaMemcpyDeviceToHost, s));
+    PROBE_CUDA(cudaMemcpyAsync(hs.data(), sums, hs.size() * 4, cudaMemcpyDeviceToHost, s));
+    PROBE_CUDA(cudaMemcpyAsync(href.data(), ref, href.size() * sizeof(double2),
+                               cudaMemcpyDeviceToHost, s));
+    PROBE_CUDA(cudaStreamSynchronize(s));
+    float zdiff;
+    const auto bits = static_cast<unsigned>(hc[0]);
+    std::memcpy(&zdiff, &bits, sizeof zdiff);
+    double es = 0, eq = 0;
+    for (int64_t k = 0; k < kK; ++k) {
+      es = std::max(es, std::fabs(hs[k] - href[k].x) / (std::fabs(href[k].x) + 1e-30));
+      eq = std::max(eq, std::fabs(hs[kK + k] - href[k].y) / (href[k].y + 1e-30));
+    }
+    // z an FP16 ulp apart at most (2^-10 relative), sums within FP32 running sums' rounding.
+    const bool ok = hc[1] == 0 && es <= 1e-4 && eq <= 1e-4;
+    failed = failed || !ok;
+    std::printf(
+        "| %s | %.3f (%s) | %.3f | %.3f | %.3f | %.2fx | %.2e (%llu over) | %.1e | %.1e%s |\n",
+        l.name, conv.ms, conv.engine.c_str(), stats_ms, total_ms, direct_ms,
+        direct_ms > 0 ? total_ms / direct_ms : 0.0, zdiff, hc[1], es, eq, ok ? "" : " MISMATCH");
+    std::fflush(stdout);
+    for (void* q : {static_cast<void*>(x), static_cast<void*>(w), static_cast<void*>(za),
+                    static_cast<void*>(zb), static_cast<void*>(sums), partial,
+                    static_cast<void*>(ref), static_cast<void*>(cmp)})
+      PROBE_CUDA(cudaFree(q));
+  }
+  return failed ? 1 : 0;
+}
+
+}  // namespace kiln::probe
