@@ -160,6 +160,8 @@ TEST(GpuFirstLayerConvRefusal, NamesWhatItCannotTake) {
   c.r = c.s = 3;
   c.h = 1, c.pad_h = 0;  // 1 - 3 + 1 rows
   EXPECT_NE(cuda::first_layer_conv_refusal(c).find("has no output"), std::string::npos);
+  c.h = 2, c.stride_h = 2;  // (2 - 3) / 2 + 1 rounds to a row that does not exist
+  EXPECT_NE(cuda::first_layer_conv_refusal(c).find("has no output"), std::string::npos);
 #else
   GTEST_SKIP() << "built without CUDA";
 #endif

@@ -185,7 +185,8 @@ std::string first_layer_conv_refusal(const FirstLayerConv& c) {
   if (misaligned(c.x) || misaligned(c.w) || misaligned(c.z))
     return "needs x, w and z 16-byte aligned";
   if (c.n <= 0 || c.h <= 0 || c.w_ <= 0 || c.r <= 0 || c.s <= 0 || c.stride_h <= 0 ||
-      c.stride_w <= 0 || c.pad_h < 0 || c.pad_w < 0 || c.p() <= 0 || c.q() <= 0)
+      c.stride_w <= 0 || c.pad_h < 0 || c.pad_w < 0 || c.h + 2 * c.pad_h < c.r ||
+      c.w_ + 2 * c.pad_w < c.s)
     return "has no output";
   if (padded_k(c) > kMaxK)
     return "takes filters of at most " + std::to_string(kMaxK / kC) + " taps";
