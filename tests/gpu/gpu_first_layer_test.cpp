@@ -3,7 +3,8 @@
 // rounding and the FP32 accumulation's error), and the per-channel sums of the kernel's own z and
 // z^2 (BatchNorm's statistics). Shapes: VGG's 3x3 stride-1 first layer and ResNet-50's 7x7
 // stride-2 stem at small sizes, a rectangular filter with unequal padding, a 1x1, and enough
-// rows that each CTA of the persistent grid walks several tiles, the last one partial.
+// rows that each CTA of the persistent grid walks several tiles, the last one partial. Then the
+// CBR forward on it (KILN_FIRST_LAYER_CONV=1) against the CBR forward without it.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -13,6 +14,7 @@
 
 #include "gpu/gpu_test_util.h"
 #include "gpu/sm90_test_util.h"
+#include "support/fused_checks.h"
 
 #ifdef KILN_HAVE_CUDA
 #include "backend/cuda/first_layer_conv.h"
@@ -166,6 +168,56 @@ TEST(GpuFirstLayerConvRefusal, NamesWhatItCannotTake) {
   GTEST_SKIP() << "built without CUDA";
 #endif
 }
+
+// A first layer's CBR forward (cbr_fwd, cbr_pool_fwd) with KILN_FIRST_LAYER_CONV=1 against the
+// same layer without it (cuDNN's convolution and kiln's statistics pass), everything else off.
+class GpuFirstLayerCbr : public ::testing::TestWithParam<std::pair<fused::CbrCase, int>> {};
+
+TEST_P(GpuFirstLayerCbr, AgreesWithTheUsualFormToRounding) {
+  KILN_REQUIRE_GPU();
+  const auto& [t, pool] = GetParam();
+  auto run = [&](Auto direct, CompileReport* report) {
+    Switches sw = Switches::from_environment();
+    sw.first_layer_conv = direct;
+    sw.cutlass = Auto::off;
+    sw.cbr_form = "kiln";
+    OpHarness h(true);
+    fused::CbrForwardOut out = fused::run_cbr_forward(fused::Maker{h, true}, t, pool, "cuda", sw);
+    *report = h.backend().compile_report();
+    return out;
+  };
+  CompileReport on_report, off_report;
+  const fused::CbrForwardOut on = run(Auto::on, &on_report), off = run(Auto::off, &off_report);
+  EXPECT_EQ(on_report.first_layer_convs, 1) << "the layer did not take the direct convolution "
+                                               "(KILN_LOG=debug says why)";
+  EXPECT_EQ(off_report.first_layer_convs, 0);
+  // The two convolutions round FP32 sums of the same FP16 products to neighbouring FP16 values
+  // (one ulp, 2^-10 of the largest |z|); the statistics (FP32 sums against kiln's double pass)
+  // and the running statistics move with them; y carries z's ulp through BatchNorm and rounds
+  // again (two ulps of its scale); the mask may flip where BatchNorm's output sits within rounding
+  // of 0 (or of its window's maximum).
+  EXPECT_LE(rel_error(on.z, off.z, kSumFloor), 2e-3) << "z";
+  EXPECT_LE(rel_error(on.saved, off.saved, kSumFloor), 1e-3) << "saved mean and inverse std";
+  EXPECT_LE(rel_error(on.rm, off.rm, kSumFloor), 1e-4) << "running mean";
+  EXPECT_LE(rel_error(on.rv, off.rv, kSumFloor), 1e-4) << "running variance";
+  EXPECT_LE(rel_error(on.y, off.y, kSumFloor), 4e-3) << "y";
+  size_t differ = 0;
+  const size_t bits = on.z.size();
+  for (size_t i = 0; i < bits; ++i)
+    differ += (((on.mask[i / 8] ^ off.mask[i / 8]) >> (i % 8)) & 1u) != 0;
+  EXPECT_LE(differ, 5 * bits / 1000 + 2) << "mask bits that differ";
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, GpuFirstLayerCbr,
+    ::testing::Values(
+        // VGG16's first layer and ResNet-50's stem scaled down (3 channels, padded to 4 by the
+        // kernel's factory), a 2x2 max-pool folded in, and 4 channels taken as they are.
+        std::pair{fused::CbrCase{"vgg_n2_28x28_c3_k64", 2, 28, 28, 3, 64, 3, 1, 1, true}, 0},
+        std::pair{fused::CbrCase{"stem_n2_30x30_c3_k64_7x7s2", 2, 30, 30, 3, 64, 7, 2, 3, true}, 0},
+        std::pair{fused::CbrCase{"vgg_n2_28x28_c3_k64_pool2", 2, 28, 28, 3, 64, 3, 1, 1, true}, 2},
+        std::pair{fused::CbrCase{"n3_13x11_c4_k64", 3, 13, 11, 4, 64, 3, 1, 1, true}, 0}),
+    [](const auto& info) { return std::string(info.param.first.name); });
 
 }  // namespace
 }  // namespace kiln::test

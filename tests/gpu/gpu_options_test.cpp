@@ -146,6 +146,14 @@ TEST(CudaOptions, FixedChannelsConvSwitchReachesTheOptions) {
   expect_refused("KILN_FIXED_CHANNELS_CONV", "maybe", "use auto or");
 }
 
+// KILN_FIRST_LAYER_CONV reaches Options::first_layer_conv.
+TEST(CudaOptions, FirstLayerConvSwitchReachesTheOptions) {
+  EXPECT_EQ(options_with({}).first_layer_conv, Auto::off) << "off until it has run on a GPU";
+  EXPECT_EQ(options_with({{"KILN_FIRST_LAYER_CONV", "1"}}).first_layer_conv, Auto::on);
+  EXPECT_EQ(options_with({{"KILN_FIRST_LAYER_CONV", "auto"}}).first_layer_conv, Auto::automatic);
+  expect_refused("KILN_FIRST_LAYER_CONV", "maybe", "use auto or");
+}
+
 // KILN_DGRAD_NO_DY2 reaches Options::dgrad_no_dy2.
 TEST(CudaOptions, DgradNoDy2SwitchReachesTheOptions) {
   EXPECT_TRUE(options_with({}).dgrad_no_dy2) << "on by default";

@@ -111,6 +111,8 @@ struct Options {
   bool pad_input_once = true;
   // KILN_FIXED_CHANNELS_CONV: a padded forward may run on CUTLASS's fixed-channels unit (conv.cpp).
   Auto fixed_channels_conv = Auto::off;
+  // KILN_FIRST_LAYER_CONV: a first layer's CBR forward on the direct kernel (fused.cpp).
+  Auto first_layer_conv = Auto::off;
   // KILN_CBR_FORM: how the fused CBR forward takes BatchNorm's statistics. "kiln" (the
   // default): a plain cuDNN convolution, then kiln's statistics pass over z; "genstats": the
   // MLPerf-style form, one cuDNN graph conv_fprop + genstats (fused.cpp), which falls back
@@ -268,6 +270,7 @@ struct Context : ProgramView {
   std::unordered_map<TensorId, std::weak_ptr<DeviceBuffer>> padded_inputs;
   int pad_copies_shared = 0;
   int fixed_channels_convs = 0;  // KILN_FIXED_CHANNELS_CONV: padded forwards kept on CUTLASS
+  int first_layer_convs = 0;     // KILN_FIRST_LAYER_CONV: CBR forwards on the direct kernel
   struct DgradBnSums {
     const float* sums = nullptr;
     TensorId g = kNoTensor;

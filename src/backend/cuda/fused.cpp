@@ -42,6 +42,45 @@ class Sequence final : public Kernel {
   std::unique_ptr<DeviceBuffer> shared_;
 };
 
+// cbr_forward's forms without the direct first-layer convolution: the SM90 kernel's (timed
+// against today's where KILN_CUTLASS_TIMED says) or today's.
+template <typename Summing, typename Today>
+KernelPtr cbr_forward_usual(const Node& n, Context& ctx, int stream, TensorId x, TensorId w,
+                            TensorId z, const std::vector<TensorId>& keep, Summing& summing,
+                            Today& today) {
+  if (!ctx.cutlass) return today();
+  KernelPtr k =
+      summing([&](float* sp) { return make_conv_fwd_cutlass(n, ctx, stream, x, w, z, sp); });
+  if (!k) {
+    ++ctx.cbr_cutlass_fallbacks;
+    return today();
+  }
+  const ConvGeom g = conv_geom(ctx, n, x, w, z);
+  const bool implicit = sm90_fwd_implicit(ctx, g);
+  if (implicit ? ctx.cutlass_conv_timed : ctx.cutlass_timed) {
+    const int genstats = ctx.cbr_genstats, genstats_fallbacks = ctx.cbr_genstats_fallbacks;
+    KernelPtr t = today();
+    const std::string form = std::string(op_name(n.op)) + (implicit ? ".conv" : ".gemm");
+    const Attrs& at = n.attrs;
+    const std::string extra = at.pool == 0      ? ""
+                              : at.pool_tiles() ? "pool" + std::to_string(at.pool)
+                                                : "pool" + std::to_string(at.pool) + "s" +
+                                                      std::to_string(at.pool_step()) + "p" +
+                                                      std::to_string(at.pool_pad);
+    const TimedChoice c =
+        time_sm90_against_today(n, ctx, stream, timed_form_key(form, g, ctx.tensor(x).dtype, extra),
+                                {k.get()}, {t.get()}, keep);
+    if (!c.sm90) {
+      ++ctx.cbr_cutlass_fallbacks;
+      return t;
+    }
+    ctx.cbr_genstats = genstats, ctx.cbr_genstats_fallbacks = genstats_fallbacks;
+  }
+  ++ctx.cbr_cutlass;
+  if (implicit) ++ctx.cbr_cutlass_conv;
+  return k;
+}
+
 // cbr_fwd's and cbr_pool_fwd's convolution, then `epilogue(sums)`, their BatchNorm part. Where
 // the convolution also sums z per channel (sums non-null), BatchNorm skips its statistics pass:
 // with KILN_CUTLASS (by default under AMP on SM90) on kiln's SM90 CUTLASS GEMM where the layer
@@ -83,37 +122,30 @@ KernelPtr cbr_forward(const Node& n, Context& ctx, int stream, TensorId x, Tenso
     parts.push_back(epilogue(static_cast<const float*>(nullptr)));
     return std::make_unique<Sequence>(stream, std::move(parts));
   };
-  if (!ctx.cutlass) return today();
-  KernelPtr k =
-      summing([&](float* sp) { return make_conv_fwd_cutlass(n, ctx, stream, x, w, z, sp); });
-  if (!k) {
-    ++ctx.cbr_cutlass_fallbacks;
-    return today();
+  // The first layer's direct convolution with the sums (KILN_FIRST_LAYER_CONV): 1 takes it
+  // wherever it can; auto keeps the faster of it and the form the rest of this function builds
+  // (timed per layer; that form's counters count it either way).
+  KernelPtr direct;
+  if (ctx.opts.first_layer_conv != Auto::off)
+    direct =
+        summing([&](float* sp) { return make_first_layer_conv_fwd(n, ctx, stream, x, w, z, sp); });
+  if (direct && ctx.opts.first_layer_conv == Auto::on) {
+    ++ctx.first_layer_convs;
+    return direct;
   }
+  KernelPtr usual = cbr_forward_usual(n, ctx, stream, x, w, z, keep, summing, today);
+  if (!direct) return usual;
   const ConvGeom g = conv_geom(ctx, n, x, w, z);
-  const bool implicit = sm90_fwd_implicit(ctx, g);
-  if (implicit ? ctx.cutlass_conv_timed : ctx.cutlass_timed) {
-    const int genstats = ctx.cbr_genstats, genstats_fallbacks = ctx.cbr_genstats_fallbacks;
-    KernelPtr t = today();
-    const std::string form = std::string(op_name(n.op)) + (implicit ? ".conv" : ".gemm");
-    const Attrs& at = n.attrs;
-    const std::string extra = at.pool == 0      ? ""
-                              : at.pool_tiles() ? "pool" + std::to_string(at.pool)
-                                                : "pool" + std::to_string(at.pool) + "s" +
-                                                      std::to_string(at.pool_step()) + "p" +
-                                                      std::to_string(at.pool_pad);
-    const TimedChoice c =
-        time_sm90_against_today(n, ctx, stream, timed_form_key(form, g, ctx.tensor(x).dtype, extra),
-                                {k.get()}, {t.get()}, keep);
-    if (!c.sm90) {
-      ++ctx.cbr_cutlass_fallbacks;
-      return t;
-    }
-    ctx.cbr_genstats = genstats, ctx.cbr_genstats_fallbacks = genstats_fallbacks;
-  }
-  ++ctx.cbr_cutlass;
-  if (implicit) ++ctx.cbr_cutlass_conv;
-  return k;
+  const FormChoice c = choose_faster_form(
+      ctx, stream, timed_form_key(op_name(n.op), g, ctx.tensor(x).dtype, "", "firstv1"),
+      {"direct", {direct.get()}}, {"usual", {usual.get()}}, keep,
+      ctx.opts.autotune || !ctx.opts.tune_path.empty());
+  log_debug(op_name(n.op), " node '", n.label, "': the first layer's direct convolution ",
+            c.first_ms, " ms, its usual form ", c.second_ms, " ms: keeps ",
+            c.found && c.first ? "the direct one" : "the usual one");
+  if (!(c.found && c.first)) return usual;
+  ++ctx.first_layer_convs;
+  return direct;
 }
 
 }  // namespace

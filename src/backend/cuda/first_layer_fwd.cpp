@@ -1,0 +1,56 @@
+// A CBR forward's convolution on the first layer's direct kernel (first_layer_conv.h) under
+// KILN_FIRST_LAYER_CONV: x's 1-3 channels (and the filter's) copied with zero channels up to 4
+// before each run, into buffers the kernel owns, then z and BatchNorm's sums in one launch.
+#include "backend/cuda/channel_ops.h"
+#include "backend/cuda/first_layer_conv.h"
+#include "backend/cuda/fused_kernels.h"
+
+namespace kiln::cuda {
+
+KernelPtr make_first_layer_conv_fwd(const Node& n, Context& ctx, int stream, TensorId x, TensorId w,
+                                    TensorId z, float* sums) {
+  const ConvGeom g = conv_geom(ctx, n, x, w, z);
+  const auto refuse = [&](const std::string& why) -> KernelPtr {
+    log_debug(op_name(n.op), " node '", n.label, "': the first layer's direct convolution ", why);
+    return nullptr;
+  };
+  for (TensorId id : {x, w, z})
+    if (ctx.tensor(id).dtype != DType::F16) return refuse("takes FP16 (AMP)");
+  if (g.x.c > kFirstLayerChannels) return refuse("takes at most 4 input channels");
+  if (g.k != kFirstLayerOutputs) return refuse("takes 64 output channels");
+  if (ctx.cc_major != 9) return refuse("is built for SM90 (kiln's CUDA architectures)");
+  // The padded copies of x and w: 4 channels a pixel and a filter tap.
+  const int64_t c = g.x.c, x_rows = g.x_rows(), w_rows = g.w_rows();
+  std::shared_ptr<DeviceBuffer> xp, wp;
+  if (c != kFirstLayerChannels) {
+    xp = std::make_shared<DeviceBuffer>(static_cast<size_t>(x_rows * kFirstLayerChannels) * 2);
+    wp = std::make_shared<DeviceBuffer>(static_cast<size_t>(w_rows * kFirstLayerChannels) * 2);
+  }
+  FirstLayerConv p;
+  p.x = static_cast<const __half*>(xp ? xp->get() : ctx.ptr(x));
+  p.w = static_cast<const __half*>(wp ? wp->get() : ctx.ptr(w));
+  p.z = static_cast<__half*>(ctx.ptr(z));
+  p.sums = sums;
+  p.n = static_cast<int>(g.x.n), p.h = static_cast<int>(g.x.h), p.w_ = static_cast<int>(g.x.w);
+  p.r = static_cast<int>(g.r), p.s = static_cast<int>(g.s);
+  p.stride_h = static_cast<int>(g.sh), p.stride_w = static_cast<int>(g.sw);
+  p.pad_h = static_cast<int>(g.ph), p.pad_w = static_cast<int>(g.pw);
+  if (p.p() != g.y.h || p.q() != g.y.w) return refuse("disagrees with z's shape");
+  if (std::string why = first_layer_conv_refusal(p); !why.empty()) return refuse(why);
+  const void* x_src = ctx.ptr(x);
+  const void* w_src = ctx.ptr(w);
+  const std::string what = std::string(op_name(n.op)) + " node '" + n.label + "'";
+  return make_fn(stream, [=](Context& cx, cudaStream_t s) {
+    if (xp) {
+      launch_pad_channels(x_src, xp->get(), DType::F16, x_rows, c, kFirstLayerChannels, cx.sm_count,
+                          s);
+      launch_pad_channels(w_src, wp->get(), DType::F16, w_rows, c, kFirstLayerChannels, cx.sm_count,
+                          s);
+    }
+    if (cudaError_t e = launch_first_layer_conv(p, cx.sm_count, s); e != cudaSuccess)
+      KILN_FAIL(Backend, what,
+                ": the first layer's direct convolution failed to launch: ", cudaGetErrorString(e));
+  });
+}
+
+}  // namespace kiln::cuda
