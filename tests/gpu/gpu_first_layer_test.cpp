@@ -101,7 +101,9 @@ TEST_P(GpuFirstLayerConv, AgreesWithFloat64) {
   // A grid of four SMs' CTAs as well as the full one: every CTA then walks many tiles.
   for (const int grid_sms : {sms, 4}) {
     SCOPED_TRACE("persistent grid over " + std::to_string(grid_sms) + " SMs");
-    ASSERT_EQ(cuda::launch_first_layer_conv(c, grid_sms, nullptr), cudaSuccess);
+    unsigned grid = 0;
+    ASSERT_EQ(cuda::prepare_first_layer_conv(c, grid_sms, &grid), cudaSuccess);
+    ASSERT_EQ(cuda::launch_first_layer_conv(c, grid, nullptr), cudaSuccess);
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     std::vector<uint16_t> zh(zn);
     std::vector<float> sh(2 * kK);

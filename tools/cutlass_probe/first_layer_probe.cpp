@@ -72,8 +72,10 @@ int first_layer_probe(cudnnHandle_t handle, cudaStream_t s, const cudaDeviceProp
       failed = true;
       continue;
     }
-    const float direct_ms =
-        median_ms(s, reps, [&] { return cuda::launch_first_layer_conv(c, sms, s) == cudaSuccess; });
+    unsigned grid = 0;
+    PROBE_CUDA(cuda::prepare_first_layer_conv(c, sms, &grid));
+    const float direct_ms = median_ms(
+        s, reps, [&] { return cuda::launch_first_layer_conv(c, grid, s) == cudaSuccess; });
     PROBE_CUDA(conv.run(handle) ? cudaSuccess : cudaErrorUnknown);
     PROBE_CUDA(compare_half(zb, za, m * kK, 0x1p-10f, 0x1p-14f, cmp, s));
     PROBE_CUDA(kiln_stats(zb, m, kK, sms, partial, s));

@@ -196,21 +196,20 @@ std::string first_layer_conv_refusal(const FirstLayerConv& c) {
   return "";
 }
 
-cudaError_t launch_first_layer_conv(const FirstLayerConv& c, int sm_count, cudaStream_t stream) {
+namespace {
+Geometry geometry(const FirstLayerConv& c) {
+  Geometry g;
+  g.h = c.h, g.w = c.w_, g.p = c.p(), g.q = c.q(), g.r = c.r, g.s = c.s;
+  g.sh = c.stride_h, g.sw = c.stride_w, g.ph = c.pad_h, g.pw = c.pad_w;
+  g.taps = c.r * c.s, g.kp = padded_k(c);
+  g.m = static_cast<int64_t>(c.n) * c.p() * c.q();
+  return g;
+}
+}  // namespace
+
+cudaError_t prepare_first_layer_conv(const FirstLayerConv& c, int sm_count, unsigned* grid) {
   if (!first_layer_conv_refusal(c).empty()) return cudaErrorInvalidValue;
-  Geometry g{c.h,
-             c.w_,
-             c.p(),
-             c.q(),
-             c.r,
-             c.s,
-             c.stride_h,
-             c.stride_w,
-             c.pad_h,
-             c.pad_w,
-             c.r * c.s,
-             padded_k(c),
-             static_cast<int64_t>(c.n) * c.p() * c.q()};
+  const Geometry g = geometry(c);
   const size_t bytes = smem_bytes(g.kp);
   if (cudaError_t e =
           cudaFuncSetAttribute(first_layer_conv_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -223,14 +222,20 @@ cudaError_t launch_first_layer_conv(const FirstLayerConv& c, int sm_count, cudaS
       e != cudaSuccess)
     return e;
   const int64_t tiles = (g.m + kTileRows - 1) / kTileRows;
-  const auto grid = static_cast<unsigned>(
+  *grid = static_cast<unsigned>(
       std::min<int64_t>(tiles, static_cast<int64_t>(sm_count) * std::max(per_sm, 1)));
+  return cudaSuccess;
+}
+
+cudaError_t launch_first_layer_conv(const FirstLayerConv& c, unsigned grid, cudaStream_t stream) {
+  if (!first_layer_conv_refusal(c).empty() || grid == 0) return cudaErrorInvalidValue;
+  const Geometry g = geometry(c);
   if (c.sums) {
     if (cudaError_t e = cudaMemsetAsync(c.sums, 0, 2 * kK * sizeof(float), stream);
         e != cudaSuccess)
       return e;
   }
-  first_layer_conv_kernel<<<grid, kThreads, bytes, stream>>>(c.x, c.w, c.z, c.sums, g);
+  first_layer_conv_kernel<<<grid, kThreads, smem_bytes(g.kp), stream>>>(c.x, c.w, c.z, c.sums, g);
   return cudaGetLastError();
 }
 

@@ -36,7 +36,11 @@ inline constexpr int kFirstLayerChannels = 4, kFirstLayerOutputs = 64;
 // "" where launch_first_layer_conv takes the problem, else why not.
 std::string first_layer_conv_refusal(const FirstLayerConv& c);
 
+// Sets the kernel's shared memory for the problem and puts in *grid the persistent grid's CTAs
+// for sm_count SMs: once, while compiling, outside a captured CUDA Graph (as the SM90 units'
+// check() does CUTLASS's).
+cudaError_t prepare_first_layer_conv(const FirstLayerConv& c, int sm_count, unsigned* grid);
 // Clears the sums (where given) and queues the kernel on the stream; the launch's error.
-cudaError_t launch_first_layer_conv(const FirstLayerConv& c, int sm_count, cudaStream_t stream);
+cudaError_t launch_first_layer_conv(const FirstLayerConv& c, unsigned grid, cudaStream_t stream);
 
 }  // namespace kiln::cuda

@@ -37,6 +37,9 @@ KernelPtr make_first_layer_conv_fwd(const Node& n, Context& ctx, int stream, Ten
   p.pad_h = static_cast<int>(g.ph), p.pad_w = static_cast<int>(g.pw);
   if (p.p() != g.y.h || p.q() != g.y.w) return refuse("disagrees with z's shape");
   if (std::string why = first_layer_conv_refusal(p); !why.empty()) return refuse(why);
+  unsigned grid = 0;
+  if (cudaError_t e = prepare_first_layer_conv(p, ctx.sm_count, &grid); e != cudaSuccess)
+    return refuse(std::string("could not be set up: ") + cudaGetErrorString(e));
   const void* x_src = ctx.ptr(x);
   const void* w_src = ctx.ptr(w);
   const std::string what = std::string(op_name(n.op)) + " node '" + n.label + "'";
@@ -47,7 +50,7 @@ KernelPtr make_first_layer_conv_fwd(const Node& n, Context& ctx, int stream, Ten
       launch_pad_channels(w_src, wp->get(), DType::F16, w_rows, c, kFirstLayerChannels, cx.sm_count,
                           s);
     }
-    if (cudaError_t e = launch_first_layer_conv(p, cx.sm_count, s); e != cudaSuccess)
+    if (cudaError_t e = launch_first_layer_conv(p, grid, s); e != cudaSuccess)
       KILN_FAIL(Backend, what,
                 ": the first layer's direct convolution failed to launch: ", cudaGetErrorString(e));
   });
