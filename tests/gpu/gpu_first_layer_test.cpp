@@ -159,9 +159,10 @@ TEST(GpuFirstLayerConvRefusal, NamesWhatItCannotTake) {
   c.x = c.w = buf, c.z = buf;
   c.n = 1, c.h = c.w_ = 8, c.r = c.s = 3, c.pad_h = c.pad_w = 1;
   EXPECT_EQ(cuda::first_layer_conv_refusal(c), "");
-  c.r = c.s = 12;  // 144 taps x 4 > 512
+  c.h = c.w_ = 32, c.r = c.s = 12;  // 144 taps x 4 > 512 (the window fits the image)
   EXPECT_NE(cuda::first_layer_conv_refusal(c).find("at most 128 taps"), std::string::npos);
-  c.r = c.s = 3;
+  c.h = c.w_ = 8, c.r = c.s = 3;
+  EXPECT_EQ(cuda::first_layer_conv_refusal(c), "");
   c.h = 1, c.pad_h = 0;  // 1 - 3 + 1 rows
   EXPECT_NE(cuda::first_layer_conv_refusal(c).find("has no output"), std::string::npos);
   c.h = 2, c.stride_h = 2;  // (2 - 3) / 2 + 1 rounds to a row that does not exist
