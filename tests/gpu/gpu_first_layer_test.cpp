@@ -147,7 +147,9 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"odd_5x5_n3_13x11", 3, 13, 11, 5, 5, 1, 1, 2, 2},
                       Case{"rect_3x5_pad1x2_s2x1_n2_9x17", 2, 9, 17, 3, 5, 2, 1, 1, 2},
                       Case{"one_by_one_n1_9x7", 1, 9, 7, 1, 1, 1, 1, 0, 0},
-                      Case{"many_tiles_3x3_n8_96x97", 8, 96, 97, 3, 3, 1, 1, 1, 1}),
+                      Case{"many_tiles_3x3_n8_96x97", 8, 96, 97, 3, 3, 1, 1, 1, 1},
+                      Case{"small_images_3x3_n40_5x3", 40, 5, 3, 3, 3, 1, 1, 1, 1},
+                      Case{"largest_filter_11x11_n2_20x18", 2, 20, 18, 11, 11, 1, 1, 5, 4}),
     [](const auto& info) { return std::string(info.param.name); });
 
 // What the kernel refuses, in words.
@@ -167,6 +169,52 @@ TEST(GpuFirstLayerConvRefusal, NamesWhatItCannotTake) {
   EXPECT_NE(cuda::first_layer_conv_refusal(c).find("has no output"), std::string::npos);
   c.h = 2, c.stride_h = 2;  // (2 - 3) / 2 + 1 rounds to a row that does not exist
   EXPECT_NE(cuda::first_layer_conv_refusal(c).find("has no output"), std::string::npos);
+  c.h = 8, c.stride_h = 1, c.pad_h = 1 << 27;  // padding past where the kernel parks its zeros
+  EXPECT_NE(cuda::first_layer_conv_refusal(c).find("2^27"), std::string::npos);
+#else
+  GTEST_SKIP() << "built without CUDA";
+#endif
+}
+
+// The kernel's multiply-and-shift division (it places each output pixel with two) against the
+// division it replaces: every divisor up to 4096 on numerators at the edges of the range and
+// between, then large divisors. Runs on the host (no GPU needed).
+TEST(FirstLayerFastDivide, AgreesWithDivision) {
+#ifdef KILN_HAVE_CUDA
+  std::vector<int> ns = {0,
+                         1,
+                         2,
+                         3,
+                         7,
+                         8,
+                         255,
+                         256,
+                         65535,
+                         65536,
+                         (1 << 30) - 1,
+                         1 << 30,
+                         (1 << 31) - 2,
+                         (1 << 31) - 1};
+  uint32_t state = 12345;
+  for (int i = 0; i < 64; ++i) {
+    state = state * 1664525u + 1013904223u;
+    ns.push_back(static_cast<int>(state >> 1));
+  }
+  std::vector<int> ds;
+  for (int d = 1; d <= 4096; ++d) ds.push_back(d);
+  for (int d : {50176, 12544, 65537, 1 << 20, (1 << 20) + 1, 1 << 30, (1 << 30) + 7, (1 << 31) - 1})
+    ds.push_back(d);
+  for (int d : ds) {
+    const cuda::FastDivide by(d);
+    for (int n : ns) {
+      ASSERT_EQ(by.quotient(n), n / d) << n << " / " << d;
+      // n's neighbours at multiples of d, where a rounding error would show first.
+      const int64_t below = static_cast<int64_t>(n / d) * d;
+      for (int64_t m : {below - 1, below, below + d - 1, below + d})
+        if (m >= 0 && m < (int64_t{1} << 31))
+          ASSERT_EQ(by.quotient(static_cast<int>(m)), static_cast<int>(m / d)) << m << " / " << d;
+    }
+  }
 #else
   GTEST_SKIP() << "built without CUDA";
 #endif

@@ -1,6 +1,8 @@
-// first_layer_conv.h's kernel. GEMM view: rows are output pixels, K is (tap, channel) with the
-// 4 channels of a tap adjacent (x's NHWC order), padded to a multiple of 16 with zero taps; N is
-// the 64 output channels, eight 8-wide MMA column tiles.
+// first_layer_conv.h's kernel. GEMM view: rows are output pixels, K is (tap, channel), N the 64
+// output channels (eight 8-wide MMA column tiles). K is ordered so that a lane's A fragment for
+// one 16-deep step is one tap's 4 channels, 8 bytes in one load: of step kk, lane tig takes tap
+// 4 kk + tig, its channels 0-1 as k = 2 tig, 2 tig + 1 and 2-3 as k = 2 tig + 8, 2 tig + 9. The
+// filter sits in shared memory in the same order; taps past the filter's are zero.
 #include <cuda_fp16.h>
 
 #include <algorithm>
@@ -16,17 +18,26 @@ constexpr int kWarps = 8, kThreads = 32 * kWarps;
 constexpr int kWarpRows = 32;                  // output pixels a warp takes: two m16 tiles
 constexpr int kTileRows = kWarps * kWarpRows;  // a CTA's tile
 constexpr int kZPitch = kK + 8;                // halves a staged z row takes (16 bytes of pad)
-constexpr int kMaxK = 512;                     // taps x 4, padded: a 16x16 filter at most
+constexpr int kMaxK = 512;                     // taps x 4, padded: 128 taps (11x11) at most
+// A tap past the filter is placed kOutside past x, a row past the output 2 kOutside before it:
+// every load either makes is out of bounds (images are refused from kOutside / 2 pixels a side),
+// so it reads zeros and adds nothing to z or the sums.
+constexpr int kOutside = 1 << 28;
 
-// K padded to whole 16-deep MMA steps, and the filter's row pitch in shared memory: 8 halves
-// more, so that a fragment load's 8 rows x 4 words fall in 32 distinct banks.
+// K padded to whole 16-deep MMA steps; the filter's row pitch in shared memory is 8 halves more,
+// so that ldmatrix's 8 rows of 16 bytes fall in distinct banks (as the staged z's do).
 int padded_k(const FirstLayerConv& c) {
   return (c.r * c.s * kC + 15) / 16 * 16;
+}
+// The tap table has a step's 4 taps more than K holds: the prefetch past the last step reads them.
+__host__ __device__ int tap_slots(int kp) {
+  return kp / kC + 4;
 }
 size_t smem_bytes(int kp) {
   return (static_cast<size_t>(kK) * (kp + 8) + static_cast<size_t>(kTileRows) * kZPitch) *
              sizeof(__half) +
-         2 * kK * sizeof(float);
+         static_cast<size_t>(tap_slots(kp)) * sizeof(int4) +
+         static_cast<size_t>(kWarps) * 2 * kK * sizeof(float);
 }
 
 __device__ __forceinline__ void mma_16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
@@ -38,40 +49,70 @@ __device__ __forceinline__ void mma_16816(float (&d)[4], uint32_t a0, uint32_t a
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const __half* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p))
+               : "memory");
+}
+
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const __half* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p))
+               : "memory");
+}
+
+__device__ __forceinline__ void stmatrix_x4_trans(__half* p, uint32_t r0, uint32_t r1, uint32_t r2,
+                                                  uint32_t r3) {
+  asm volatile(
+      "stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1,%2,%3,%4};" ::"r"(smem_addr(p)),
+      "r"(r0), "r"(r1), "r"(r2), "r"(r3)
+      : "memory");
+}
+
+__device__ __forceinline__ uint32_t half2_bits(float lo, float hi) {
+  const __half2 h = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+
 struct Geometry {
-  int h, w, p, q, r, s, sh, sw, ph, pw, taps, kp;
-  int64_t m;  // output pixels
+  int h, w, p, q, s, sh, sw, ph, pw, taps, kp, m;  // m: output pixels
+  FastDivide by_q, by_pq;
 };
 
-// Fragment rows of one lane in a warp's 32 pixels: i = 2 mt + half, the pixel
-// 16 mt + (lane / 4) + 8 half, as mma.sync's A and C layouts place them.
-struct RowPlace {
-  int64_t pixel0;  // first input pixel of its image, -1 where the row is past m
-  int ih0, iw0;    // its window's top-left in x (may be negative: padding)
+// A pixel of a lane's B fragments: its window's top-left in x (negative where the window starts
+// in the padding) and that corner's index in x, in pixels (so a tap adds its own offset).
+struct PixelPlace {
+  int corner, ih0, iw0;
 };
 
-__device__ __forceinline__ RowPlace place_row(const Geometry& g, int64_t row) {
-  RowPlace rp{-1, 0, 0};
-  if (row >= g.m) return rp;
-  const int64_t pq = static_cast<int64_t>(g.p) * g.q;
-  const int64_t b = row / pq;
-  const int rem = static_cast<int>(row - b * pq);
-  const int op = rem / g.q, oq = rem - op * g.q;
-  rp.pixel0 = b * g.h * g.w;
-  rp.ih0 = op * g.sh - g.ph;
-  rp.iw0 = oq * g.sw - g.pw;
-  return rp;
+__device__ __forceinline__ PixelPlace place_pixel(const Geometry& g, int row) {
+  if (row >= g.m) return {0, -2 * kOutside, -2 * kOutside};
+  const int b = g.by_pq.quotient(row);
+  const int rem = row - b * g.p * g.q;
+  const int op = g.by_q.quotient(rem), oq = rem - op * g.q;
+  const int ih0 = op * g.sh - g.ph, iw0 = oq * g.sw - g.pw;
+  return {(b * g.h + ih0) * g.w + iw0, ih0, iw0};
 }
 
-// Two channels (c, c + 1) of one tap of a row's window: a 32-bit A register, zero outside x.
-__device__ __forceinline__ uint32_t load_tap(const uint32_t* x, const Geometry& g,
-                                             const RowPlace& rp, int dy, int dx, bool tap_in,
-                                             int c) {
-  const int ih = rp.ih0 + dy, iw = rp.iw0 + dx;
-  if (!tap_in || rp.pixel0 < 0 || ih < 0 || ih >= g.h || iw < 0 || iw >= g.w) return 0u;
-  return __ldg(x + ((rp.pixel0 + static_cast<int64_t>(ih) * g.w + iw) * kC + c) / 2);
+// One tap (dy, dx, dy w + dx) of a pixel's window: its 4 channels (8 bytes), zero outside x.
+__device__ __forceinline__ uint2 load_tap(const uint2* x, const Geometry& g, const PixelPlace& px,
+                                          int4 tap) {
+  const int ih = px.ih0 + tap.x, iw = px.iw0 + tap.y;
+  if (static_cast<unsigned>(ih) >= static_cast<unsigned>(g.h) ||
+      static_cast<unsigned>(iw) >= static_cast<unsigned>(g.w))
+    return make_uint2(0u, 0u);
+  return __ldg(x + static_cast<unsigned>(px.corner + tap.z));
 }
 
+// The MMA computes z's transpose, W x^T: M is the 64 output channels (A, the filter, from shared
+// memory), N the pixels (B, so that a lane's 8-byte load of one tap is its b0 and b1 as they
+// stand in registers: mma.sync's A operand would need the two halves of a load apart).
 __global__ void __launch_bounds__(kThreads, 2)
     first_layer_conv_kernel(const __half* __restrict__ x, const __half* __restrict__ w,
                             __half* __restrict__ z, float* __restrict__ sums, Geometry g) {
@@ -79,102 +120,130 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int wpitch = g.kp + 8;
   __half* ws = reinterpret_cast<__half*>(smem);
   __half* zs = ws + kK * wpitch;
-  float* red = reinterpret_cast<float*>(zs + kTileRows * kZPitch);
+  auto* taps = reinterpret_cast<int4*>(zs + kTileRows * kZPitch);
+  float* red = reinterpret_cast<float*>(taps + tap_slots(g.kp));  // [warp][Σz, Σz²][64]
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, gid = lane / 4, tig = lane % 4;
 
-  // The filter, [64][taps x 4] zero-padded to kp, once a CTA.
+  // The filter in K's order, and each tap's place in the window.
   const int kreal = g.taps * kC;
   for (int e = tid; e < kK * g.kp; e += kThreads) {
-    const int n = e / g.kp, k = e - n * g.kp;
-    ws[n * wpitch + k] = k < kreal ? w[n * kreal + k] : __float2half(0.0f);
+    const int n = e / g.kp, k = e - n * g.kp, pos = k % 16;
+    const int tap = k / 16 * 4 + (pos % 8) / 2, ch = (pos / 8) * 2 + pos % 2;
+    ws[n * wpitch + k] = tap < g.taps ? w[n * kreal + tap * kC + ch] : __float2half(0.0f);
   }
-  for (int e = tid; e < 2 * kK; e += kThreads) red[e] = 0.0f;
+  for (int t = tid; t < tap_slots(g.kp); t += kThreads) {
+    const int dy = t / g.s, dx = t % g.s;
+    taps[t] =
+        t < g.taps ? make_int4(dy, dx, dy * g.w + dx, 0) : make_int4(kOutside, kOutside, 0, 0);
+  }
   __syncthreads();
 
-  const auto* x32 = reinterpret_cast<const uint32_t*>(x);
-  const auto* ws32 = reinterpret_cast<const uint32_t*>(ws);
-  const int c = (tig & 1) * 2;  // this lane's channel pair within a tap
-  // The sums of columns 2 lane and 2 lane + 1 over the CTA's rows, read back from the staged z
-  // (four registers across the tiles rather than mma.sync's 32 a lane).
-  float s0 = 0.0f, s1 = 0.0f, q0 = 0.0f, q1 = 0.0f;
+  const auto* x8 = reinterpret_cast<const uint2*>(x);
+  // ldmatrix of the filter for output channels 16 mt + 0..15 and a 16-deep step: matrix i (lanes
+  // 8i..8i+7) holds channels 8 (i % 2) + 0..7 at k offset 8 (i / 2), as a0..a3 take them.
+  const __half* w_lane = ws + (((lane / 8) % 2) * 8 + lane % 8) * wpitch + (lane / 16) * 8;
+  __half* z_warp = zs + warp * kWarpRows * kZPitch;
+  // The staged z's 16 pixels x 16 channels as four 8x8 matrices, matrix i (lanes 8i..8i+7) being
+  // pixels 8 (i / 2) + 0..7 at channel offset 8 (i % 2): stmatrix.trans writes C's (channel,
+  // pixel) fragments there as rows of pixels, and ldmatrix.trans reads them back as the A
+  // fragment of z's transpose for the sums.
+  __half* z_lane = z_warp + ((lane / 16) * 8 + lane % 8) * kZPitch + ((lane / 8) % 2) * 8;
+  // This warp's Σz and Σz², added a tile at a time: the lanes whose tig is gid / 2 (where the
+  // Gram matrix's diagonal falls) own channels 16 c + gid and 16 c + 8 + gid (c = 0..3). In
+  // shared memory rather than registers, which the accumulators fill.
+  float* warp_sums = red + warp * 2 * kK;
+  const bool owner = tig == gid / 2;
+  if (owner)
+    for (int c = 0; c < 8; ++c) warp_sums[8 * c + gid] = warp_sums[kK + 8 * c + gid] = 0.0f;
+  constexpr uint32_t kOnes = 0x3C003C00u;  // half2(1, 1)
 
-  const int64_t tiles = (g.m + kTileRows - 1) / kTileRows;
-  for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-    const int64_t base = tile * kTileRows + warp * kWarpRows;
-    RowPlace rows[4];
+  const int tiles = (g.m + kTileRows - 1) / kTileRows, steps = g.kp / 16;
+  for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+    const int base = tile * kTileRows + warp * kWarpRows;
+    PixelPlace px[4];  // pixel tile j's column gid: pixel base + 8 j + gid
 #pragma unroll
-    for (int i = 0; i < 4; ++i) rows[i] = place_row(g, base + 16 * (i / 2) + gid + 8 * (i % 2));
-    float acc[2][8][4];
+    for (int j = 0; j < 4; ++j) px[j] = place_pixel(g, base + 8 * j + gid);
+    float acc[4][4][4];  // [channel tile mt][pixel tile j]
 #pragma unroll
-    for (int mt = 0; mt < 2; ++mt)
+    for (int mt = 0; mt < 4; ++mt)
 #pragma unroll
-      for (int nt = 0; nt < 8; ++nt)
+      for (int j = 0; j < 4; ++j)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) acc[mt][nt][e] = 0.0f;
+        for (int e = 0; e < 4; ++e) acc[mt][j][e] = 0.0f;
 
-    for (int kk = 0; kk < g.kp / 16; ++kk) {
-      // This lane's k (2 tig, and 2 tig + 8) are channels c, c + 1 of taps t0 and t0 + 2.
-      const int t0 = kk * 4 + tig / 2, t1 = t0 + 2;
-      const int dy0 = t0 / g.s, dx0 = t0 - dy0 * g.s, dy1 = t1 / g.s, dx1 = t1 - dy1 * g.s;
-      const bool in0 = t0 < g.taps, in1 = t1 < g.taps;
-      uint32_t a[4][2];
+    uint2 bx[4];
+    int4 tap = taps[tig];
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        a[i][0] = load_tap(x32, g, rows[i], dy0, dx0, in0, c);
-        a[i][1] = load_tap(x32, g, rows[i], dy1, dx1, in1, c);
+    for (int j = 0; j < 4; ++j) bx[j] = load_tap(x8, g, px[j], tap);
+    for (int kk = 0; kk < steps; ++kk) {
+      // The next step's loads go out before this step's MMAs.
+      uint2 next[4];
+      tap = taps[(kk + 1) * 4 + tig];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) next[j] = load_tap(x8, g, px[j], tap);
+#pragma unroll
+      for (int mt = 0; mt < 4; ++mt) {
+        uint32_t a[4];
+        ldmatrix_x4(a, w_lane + 16 * mt * wpitch + 16 * kk);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) mma_16816(acc[mt][j], a[0], a[1], a[2], a[3], bx[j].x, bx[j].y);
       }
 #pragma unroll
-      for (int nt = 0; nt < 8; ++nt) {
-        const int wb = ((nt * 8 + gid) * wpitch + kk * 16 + 2 * tig) / 2;
-        const uint32_t b0 = ws32[wb], b1 = ws32[wb + 4];
-#pragma unroll
-        for (int mt = 0; mt < 2; ++mt)
-          mma_16816(acc[mt][nt], a[2 * mt][0], a[2 * mt + 1][0], a[2 * mt][1], a[2 * mt + 1][1], b0,
-                    b1);
-      }
+      for (int j = 0; j < 4; ++j) bx[j] = next[j];
     }
 
-    // z in FP16 into this warp's staging rows.
+    // z in FP16 into this warp's staging rows: C's (channel, pixel) fragments transposed.
 #pragma unroll
-    for (int mt = 0; mt < 2; ++mt) {
+    for (int mt = 0; mt < 4; ++mt)
 #pragma unroll
-      for (int nt = 0; nt < 8; ++nt) {
-        const int zr = warp * kWarpRows + 16 * mt + gid;
-        *reinterpret_cast<__half2*>(zs + zr * kZPitch + nt * 8 + 2 * tig) =
-            __floats2half2_rn(acc[mt][nt][0], acc[mt][nt][1]);
-        *reinterpret_cast<__half2*>(zs + (zr + 8) * kZPitch + nt * 8 + 2 * tig) =
-            __floats2half2_rn(acc[mt][nt][2], acc[mt][nt][3]);
+      for (int jp = 0; jp < 2; ++jp) {
+        const float(&c0)[4] = acc[mt][2 * jp];
+        const float(&c1)[4] = acc[mt][2 * jp + 1];
+        stmatrix_x4_trans(z_lane + 16 * jp * kZPitch + 16 * mt, half2_bits(c0[0], c0[1]),
+                          half2_bits(c0[2], c0[3]), half2_bits(c1[0], c1[1]),
+                          half2_bits(c1[2], c1[3]));
       }
-    }
     __syncwarp();
-    // The sums of the FP16 z (as BatchNorm's own pass would read them), rows past m left out.
+    // The sums of the FP16 z, as BatchNorm's own pass would read it (rows past m are zeros).
     if (sums != nullptr) {
-      const int valid = static_cast<int>(min(static_cast<int64_t>(kWarpRows), g.m - base));
-      for (int row = 0; row < valid; ++row) {
-        const float2 v = __half22float2(
-            *reinterpret_cast<const __half2*>(zs + (warp * kWarpRows + row) * kZPitch + 2 * lane));
-        s0 += v.x, s1 += v.y;
-        q0 = fmaf(v.x, v.x, q0), q1 = fmaf(v.y, v.y, q1);
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        float gram_lo[4] = {}, gram_hi[4] = {}, ones[4] = {};
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          uint32_t t[4];
+          ldmatrix_x4_trans(t, z_lane + 16 * half * kZPitch + 16 * c);
+          mma_16816(gram_lo, t[0], t[1], t[2], t[3], t[0], t[2]);
+          mma_16816(gram_hi, t[0], t[1], t[2], t[3], t[1], t[3]);
+          mma_16816(ones, t[0], t[1], t[2], t[3], kOnes, kOnes);
+        }
+        if (owner) {
+          warp_sums[16 * c + gid] += ones[0];
+          warp_sums[16 * c + 8 + gid] += ones[2];
+          warp_sums[kK + 16 * c + gid] += (gid & 1) ? gram_lo[1] : gram_lo[0];
+          warp_sums[kK + 16 * c + 8 + gid] += (gid & 1) ? gram_hi[3] : gram_hi[2];
+        }
       }
     }
-    // The warp's 32 rows of 128 bytes out as 16-byte stores, whole lines a row.
+    // The warp's 32 rows of 128 bytes out as 16-byte stores, whole lines a row: lane takes
+    // 16 bytes lane % 8 of rows lane / 8 + 4 j.
+    const __half* z_from = z_warp + (lane / 8) * kZPitch + (lane % 8) * 8;
+    __half* z_to = z + static_cast<int64_t>(base + lane / 8) * kK + (lane % 8) * 8;
 #pragma unroll
-    for (int j = 0; j < kWarpRows * kK / 8 / 32; ++j) {
-      const int idx = lane + 32 * j, row = idx / 8, v = idx % 8;
-      if (base + row < g.m)
-        *reinterpret_cast<uint4*>(z + (base + row) * kK + v * 8) =
-            *reinterpret_cast<const uint4*>(zs + (warp * kWarpRows + row) * kZPitch + v * 8);
-    }
+    for (int j = 0; j < kWarpRows / 4; ++j)
+      if (base + lane / 8 + 4 * j < g.m)
+        *reinterpret_cast<uint4*>(z_to + 4 * j * kK) =
+            *reinterpret_cast<const uint4*>(z_from + 4 * j * kZPitch);
     __syncwarp();  // the staging rows are rewritten by the next tile
   }
 
   if (sums == nullptr) return;
-  atomicAdd(red + 2 * lane, s0);
-  atomicAdd(red + 2 * lane + 1, s1);
-  atomicAdd(red + kK + 2 * lane, q0);
-  atomicAdd(red + kK + 2 * lane + 1, q1);
   __syncthreads();
-  if (tid < 2 * kK) atomicAdd(sums + tid, red[tid]);
+  if (tid < 2 * kK) {
+    float total = 0.0f;
+    for (int v = 0; v < kWarps; ++v) total += red[v * 2 * kK + tid];
+    atomicAdd(sums + tid, total);
+  }
 }
 
 }  // namespace
@@ -190,8 +259,12 @@ std::string first_layer_conv_refusal(const FirstLayerConv& c) {
     return "has no output";
   if (padded_k(c) > kMaxK)
     return "takes filters of at most " + std::to_string(kMaxK / kC) + " taps";
+  if (c.h + c.pad_h >= kOutside / 2 || c.w_ + c.pad_w >= kOutside / 2)
+    return "takes images and padding of fewer than 2^27 pixels a side";
+  // Rows and pixels are 32-bit indices, a tile's end included.
   const int64_t m = static_cast<int64_t>(c.n) * c.p() * c.q();
-  if (m >= (int64_t{1} << 31) || static_cast<int64_t>(c.n) * c.h * c.w_ >= (int64_t{1} << 31))
+  if (m >= (int64_t{1} << 31) - kTileRows ||
+      static_cast<int64_t>(c.n) * c.h * c.w_ >= (int64_t{1} << 31))
     return "takes fewer than 2^31 pixels";
   return "";
 }
@@ -199,10 +272,11 @@ std::string first_layer_conv_refusal(const FirstLayerConv& c) {
 namespace {
 Geometry geometry(const FirstLayerConv& c) {
   Geometry g;
-  g.h = c.h, g.w = c.w_, g.p = c.p(), g.q = c.q(), g.r = c.r, g.s = c.s;
+  g.h = c.h, g.w = c.w_, g.p = c.p(), g.q = c.q(), g.s = c.s;
   g.sh = c.stride_h, g.sw = c.stride_w, g.ph = c.pad_h, g.pw = c.pad_w;
   g.taps = c.r * c.s, g.kp = padded_k(c);
-  g.m = static_cast<int64_t>(c.n) * c.p() * c.q();
+  g.m = c.n * g.p * g.q;  // below 2^31 (first_layer_conv_refusal)
+  g.by_q = FastDivide(g.q), g.by_pq = FastDivide(g.p * g.q);
   return g;
 }
 }  // namespace

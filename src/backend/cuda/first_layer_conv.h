@@ -7,11 +7,12 @@
 // K (taps x 4 channels) is one or two k-blocks, so each tile pays a pipeline's fill for little
 // work. Here a persistent grid of CTAs walks tiles of 256 output pixels; each warp takes 32 of
 // them through mma.sync (16x8x16, FP32 accumulation), its A fragments loaded straight from x in
-// global memory (a pixel's 4 channels of one tap are 8 bytes; neighbouring pixels' taps share
-// cache lines, so the reads hit L1) and the filter kept in shared memory; z leaves through shared
-// memory as 16-byte stores, and the sums are added in registers across the CTA's tiles.
-// Not yet run on a GPU: nothing in the step uses it (tests/gpu/gpu_first_layer_test.cpp checks it
-// against float64; the probe's --first-layer times it).
+// global memory (a pixel's 4 channels of one tap are 8 bytes, one load; neighbouring pixels' taps
+// share cache lines, so the reads hit L1) and the filter kept in shared memory; z leaves through
+// shared memory as 16-byte stores, and the sums are taken from the staged FP16 z on the tensor
+// cores too (Σz against ones, Σz² as the diagonal of z's Gram matrix: FP16 products are exact
+// in FP32). Few instructions an output matter more than anything here: the first form, with
+// 64-bit divides placing rows and a scalar sums loop, was issue-bound at 2.4x its bytes.
 #pragma once
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -32,6 +33,30 @@ struct FirstLayerConv {
 };
 
 inline constexpr int kFirstLayerChannels = 4, kFirstLayerOutputs = 64;
+
+// n / d for 0 <= n < 2^31 by a multiply and a shift (Granlund and Montgomery's round-up method),
+// as the kernel places each output row: a divide by a runtime value is ~20 instructions.
+struct FastDivide {
+  uint32_t multiplier = 1;
+  int shift = 0;
+  FastDivide() = default;
+  explicit FastDivide(int d) {
+    while ((int64_t{1} << shift) < d) ++shift;  // ceil(log2 d)
+    multiplier = static_cast<uint32_t>((uint64_t{1} << 32) *
+                                           ((uint64_t{1} << shift) - static_cast<uint64_t>(d)) /
+                                           static_cast<uint64_t>(d) +
+                                       1);
+  }
+  __host__ __device__ int quotient(int n) const {
+    const auto u = static_cast<uint32_t>(n);
+#ifdef __CUDA_ARCH__
+    const uint32_t hi = __umulhi(u, multiplier);
+#else
+    const auto hi = static_cast<uint32_t>((static_cast<uint64_t>(u) * multiplier) >> 32);
+#endif
+    return static_cast<int>((hi + u) >> shift);  // hi <= u < 2^31: no overflow
+  }
+};
 
 // "" where launch_first_layer_conv takes the problem, else why not.
 std::string first_layer_conv_refusal(const FirstLayerConv& c);
