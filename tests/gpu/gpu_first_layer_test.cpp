@@ -14,6 +14,7 @@
 
 #include "gpu/gpu_test_util.h"
 #include "gpu/sm90_test_util.h"
+#include "gpu/step_forms.h"
 #include "support/fused_checks.h"
 
 #ifdef KILN_HAVE_CUDA
@@ -269,6 +270,31 @@ INSTANTIATE_TEST_SUITE_P(
         std::pair{fused::CbrCase{"vgg_n2_28x28_c3_k64_pool2", 2, 28, 28, 3, 64, 3, 1, 1, true}, 2},
         std::pair{fused::CbrCase{"n3_13x11_c4_k64", 3, 13, 11, 4, 64, 3, 1, 1, true}, 0}),
     [](const auto& info) { return std::string(info.param.first.name); });
+
+// VGG16-BN and ResNet-50 trained three steps with their first layer's forward on the direct
+// convolution (KILN_FIRST_LAYER_CONV=1, channels padded so that the weight gradient reads the
+// direct form's 4-channel copy of x: KILN_PAD_INPUT_ONCE) against today's form, within the noise
+// of genstats (step_forms.h).
+TEST(GpuFirstLayerStep, StepsAgreeDirectOffAndOn) {
+  KILN_REQUIRE_GPU();
+  if (!sm90_gpu()) GTEST_SKIP() << "the direct convolution is built for SM90";
+  for (const char* model : {"vgg16_bn", "resnet50"}) {
+    SCOPED_TRACE(model);
+    enum Form { kToday, kGenstats, kDirect };
+    std::vector<StepForm> forms = {{"today", "kiln", Auto::off, Auto::off},
+                                   {"genstats", "genstats", Auto::off, Auto::off},
+                                   {"KILN_FIRST_LAYER_CONV", "kiln", Auto::off, Auto::off}};
+    forms[kDirect].first_layer_conv = Auto::on;
+    forms[kDirect].pad_channels = Auto::on;
+    const std::vector<FormSteps> runs = three_steps(model, forms);
+    EXPECT_EQ(runs[kToday].report.first_layer_convs, 0);
+    EXPECT_GT(runs[kGenstats].report.cbr_genstats, 0) << "genstats took no layer: no noise floor";
+    EXPECT_EQ(runs[kDirect].report.first_layer_convs, 1) << "the first layer";
+    EXPECT_EQ(runs[kDirect].report.pad_copies_shared, 1)
+        << "the first layer's weight gradient reads the direct form's padded x";
+    expect_within_noise(runs, forms, {kToday, kDirect, kGenstats});
+  }
+}
 
 }  // namespace
 }  // namespace kiln::test

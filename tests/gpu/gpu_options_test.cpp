@@ -148,7 +148,8 @@ TEST(CudaOptions, FixedChannelsConvSwitchReachesTheOptions) {
 
 // KILN_FIRST_LAYER_CONV reaches Options::first_layer_conv.
 TEST(CudaOptions, FirstLayerConvSwitchReachesTheOptions) {
-  EXPECT_EQ(options_with({}).first_layer_conv, Auto::off) << "off until it has run on a GPU";
+  EXPECT_EQ(options_with({}).first_layer_conv, Auto::automatic) << "timed per layer by default";
+  EXPECT_EQ(options_with({{"KILN_FIRST_LAYER_CONV", "0"}}).first_layer_conv, Auto::off);
   EXPECT_EQ(options_with({{"KILN_FIRST_LAYER_CONV", "1"}}).first_layer_conv, Auto::on);
   EXPECT_EQ(options_with({{"KILN_FIRST_LAYER_CONV", "auto"}}).first_layer_conv, Auto::automatic);
   expect_refused("KILN_FIRST_LAYER_CONV", "maybe", "use auto or");

@@ -44,6 +44,8 @@ struct StepForm {
   // holds the padded first layer on the SM90 convolution to today's form).
   Auto pad_channels = Auto::off;
   bool sums_clear_kernel = false;  // KILN_SUMS_CLEAR_KERNEL
+  // KILN_FIRST_LAYER_CONV: off here for the same reason (GpuFirstLayerStep turns it on).
+  Auto first_layer_conv = Auto::off;
 };
 
 using NamedTensors = std::map<std::string, std::vector<float>>;
@@ -96,6 +98,7 @@ inline std::vector<FormSteps> three_steps(const std::string& model,
     o.switches.fuse_residual_bn = f.fuse_residual_bn;
     o.switches.pad_channels = f.pad_channels;
     o.switches.sums_clear_kernel = f.sums_clear_kernel;
+    o.switches.first_layer_conv = f.first_layer_conv;
     Engine e(bp, o);
     e.lock_memory();
     e.compile(5);

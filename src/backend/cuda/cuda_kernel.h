@@ -112,7 +112,7 @@ struct Options {
   // KILN_FIXED_CHANNELS_CONV: a padded forward may run on CUTLASS's fixed-channels unit (conv.cpp).
   Auto fixed_channels_conv = Auto::off;
   // KILN_FIRST_LAYER_CONV: a first layer's CBR forward on the direct kernel (fused.cpp).
-  Auto first_layer_conv = Auto::off;
+  Auto first_layer_conv = Auto::automatic;
   // KILN_CBR_FORM: how the fused CBR forward takes BatchNorm's statistics. "kiln" (the
   // default): a plain cuDNN convolution, then kiln's statistics pass over z; "genstats": the
   // MLPerf-style form, one cuDNN graph conv_fprop + genstats (fused.cpp), which falls back

@@ -8,7 +8,8 @@
 namespace kiln::cuda {
 
 KernelPtr make_first_layer_conv_fwd(const Node& n, Context& ctx, int stream, TensorId x, TensorId w,
-                                    TensorId z, float* sums) {
+                                    TensorId z, float* sums,
+                                    std::shared_ptr<DeviceBuffer>* x_copy) {
   const ConvGeom g = conv_geom(ctx, n, x, w, z);
   const auto refuse = [&](const std::string& why) -> KernelPtr {
     log_debug(op_name(n.op), " node '", n.label, "': the first layer's direct convolution ", why);
@@ -43,6 +44,7 @@ KernelPtr make_first_layer_conv_fwd(const Node& n, Context& ctx, int stream, Ten
   const void* x_src = ctx.ptr(x);
   const void* w_src = ctx.ptr(w);
   const std::string what = std::string(op_name(n.op)) + " node '" + n.label + "'";
+  *x_copy = xp;
   return make_fn(stream, [=](Context& cx, cudaStream_t s) {
     if (xp) {
       launch_pad_channels(x_src, xp->get(), DType::F16, x_rows, c, kFirstLayerChannels, cx.sm_count,

@@ -125,14 +125,19 @@ KernelPtr cbr_forward(const Node& n, Context& ctx, int stream, TensorId x, Tenso
   // The first layer's direct convolution with the sums (KILN_FIRST_LAYER_CONV): 1 takes it
   // wherever it can; auto keeps the faster of it and the form the rest of this function builds
   // (timed per layer; that form's counters count it either way).
+  // Its 4-channel copy of x is the weight gradient's too, where it is the form kept
+  // (KILN_PAD_INPUT_ONCE; the usual form's padded forward would register its own).
   KernelPtr direct;
+  std::shared_ptr<DeviceBuffer> x_copy;
   if (ctx.opts.first_layer_conv != Auto::off)
-    direct =
-        summing([&](float* sp) { return make_first_layer_conv_fwd(n, ctx, stream, x, w, z, sp); });
-  if (direct && ctx.opts.first_layer_conv == Auto::on) {
+    direct = summing(
+        [&](float* sp) { return make_first_layer_conv_fwd(n, ctx, stream, x, w, z, sp, &x_copy); });
+  const auto keep_direct = [&] {
     ++ctx.first_layer_convs;
-    return direct;
-  }
+    if (x_copy && ctx.opts.pad_input_once) ctx.padded_inputs[x] = x_copy;
+    return std::move(direct);
+  };
+  if (direct && ctx.opts.first_layer_conv == Auto::on) return keep_direct();
   KernelPtr usual = cbr_forward_usual(n, ctx, stream, x, w, z, keep, summing, today);
   if (!direct) return usual;
   const ConvGeom g = conv_geom(ctx, n, x, w, z);
@@ -144,8 +149,7 @@ KernelPtr cbr_forward(const Node& n, Context& ctx, int stream, TensorId x, Tenso
             c.first_ms, " ms, its usual form ", c.second_ms, " ms: keeps ",
             c.found && c.first ? "the direct one" : "the usual one");
   if (!(c.found && c.first)) return usual;
-  ++ctx.first_layer_convs;
-  return direct;
+  return keep_direct();
 }
 
 }  // namespace

@@ -65,8 +65,10 @@ std::function<void(cudaStream_t)> fixed_channels_fwd(const Context& ctx, const C
 // A CBR forward's convolution of at most 4 channels into 64, FP16, on the first layer's direct
 // kernel (KILN_FIRST_LAYER_CONV; first_layer_fwd.cpp): z and sums[0, 64) and [64, 128) as
 // make_conv_fwd_cutlass's. nullptr (with a debug line saying why) where it cannot take the layer.
+// *x_copy receives the 4-channel copy of x it fills each run, where x has fewer channels (for the
+// weight gradient to read, as a padded forward's: KILN_PAD_INPUT_ONCE).
 KernelPtr make_first_layer_conv_fwd(const Node& n, Context& ctx, int stream, TensorId x, TensorId w,
-                                    TensorId z, float* sums);
+                                    TensorId z, float* sums, std::shared_ptr<DeviceBuffer>* x_copy);
 
 // Whether this libkiln holds the SM90 CUTLASS kernels (CMake's KILN_CUTLASS_KERNELS): what
 // KILN_CUTLASS=auto asks before trying them (sm90_conv_gemm_tried).
