@@ -9,6 +9,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -19,6 +21,7 @@
 
 #ifdef KILN_HAVE_CUDA
 #include "backend/cuda/first_layer_conv.h"
+#include "backend/cuda/first_layer_wgrad.h"
 #endif
 
 namespace kiln::test {
@@ -153,6 +156,102 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"largest_filter_11x11_n2_20x18", 2, 20, 18, 11, 11, 1, 1, 5, 4}),
     [](const auto& info) { return std::string(info.param.name); });
 
+// The first layer's weight gradient (first_layer_wgrad.h) against float64: dw[k][tap][c] =
+// sum over output pixels of dz[pixel][k] x[tap's pixel][c], in FP32 with x's 4 channels and in
+// FP16 with the first 3 (a padded first layer's dw), on the full grid and on four SMs' CTAs (each
+// then sums many tiles); the same bits twice (the CTAs' shares are added in a fixed order).
+class GpuFirstLayerWgrad : public ::testing::TestWithParam<Case> {};
+
+TEST_P(GpuFirstLayerWgrad, AgreesWithFloat64) {
+  KILN_REQUIRE_GPU();
+#ifdef KILN_HAVE_CUDA
+  const Case& t = GetParam();
+  const Inputs in = make_inputs(t);
+  const std::vector<float> dz = round_f16(rand_floats(t.rows() * kK, 83, -1.0f, 1.0f));
+  const int64_t taps = int64_t{t.r} * t.s;
+  std::vector<double> want(static_cast<size_t>(kK * taps * kC), 0.0), mag(want.size(), 0.0);
+  for (int64_t b = 0; b < t.n; ++b)
+    for (int64_t p = 0; p < t.p(); ++p)
+      for (int64_t q = 0; q < t.q(); ++q) {
+        const float* d = &dz[static_cast<size_t>(((b * t.p() + p) * t.q() + q) * kK)];
+        for (int64_t dy = 0; dy < t.r; ++dy)
+          for (int64_t dx = 0; dx < t.s; ++dx) {
+            const int64_t ih = p * t.stride_h - t.pad_h + dy, iw = q * t.stride_w - t.pad_w + dx;
+            if (ih < 0 || ih >= t.h || iw < 0 || iw >= t.w) continue;
+            const float* xv = &in.x[static_cast<size_t>(((b * t.h + ih) * t.w + iw) * kC)];
+            for (int64_t k = 0; k < kK; ++k)
+              for (int64_t c = 0; c < kC; ++c) {
+                const double v = static_cast<double>(d[k]) * xv[c];
+                const auto e = static_cast<size_t>((k * taps + dy * t.s + dx) * kC + c);
+                want[e] += v, mag[e] += std::fabs(v);
+              }
+          }
+      }
+  DeviceBuffer x = upload_half(in.x), dzb = upload_half(dz);
+  int sms = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+  for (const bool f32 : {true, false}) {
+    const int channels = f32 ? 4 : 3;
+    const size_t dwn = static_cast<size_t>(kK * taps * channels), bytes = dwn * (f32 ? 4 : 2);
+    for (const int grid_sms : {sms, 4}) {
+      SCOPED_TRACE(std::string(f32 ? "FP32 dw, 4 channels" : "FP16 dw, 3 channels") +
+                   ", persistent grid over " + std::to_string(grid_sms) + " SMs");
+      DeviceBuffer dw(bytes);
+      ASSERT_EQ(cudaMemset(dw.p, 0xFF, bytes), cudaSuccess);  // NaNs where nothing is written
+      cuda::FirstLayerWgrad c;
+      static_cast<cuda::FirstLayerShape&>(c) = {t.n,        t.h,        t.w,     t.r,    t.s,
+                                                t.stride_h, t.stride_w, t.pad_h, t.pad_w};
+      c.x = static_cast<const __half*>(x.p), c.dz = static_cast<const __half*>(dzb.p);
+      c.dw = dw.p, c.dw_f32 = f32, c.dw_channels = channels;
+      ASSERT_EQ(cuda::first_layer_wgrad_refusal(c), "");
+      unsigned grid = 0;
+      ASSERT_EQ(cuda::prepare_first_layer_wgrad(c, grid_sms, &grid), cudaSuccess);
+      DeviceBuffer ws(cuda::first_layer_wgrad_workspace(c, grid));
+      c.partials = static_cast<float*>(ws.p);
+      std::vector<std::vector<uint8_t>> runs;
+      for (int run = 0; run < 2; ++run) {
+        ASSERT_EQ(cuda::launch_first_layer_wgrad(c, grid, nullptr), cudaSuccess);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        runs.emplace_back(bytes);
+        ASSERT_EQ(cudaMemcpy(runs.back().data(), dw.p, bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+      }
+      EXPECT_EQ(runs[0], runs[1]) << "two runs, different bits";
+      // FP32 sums of exact FP16 products, in 16-deep MMA steps, then over a CTA's tiles and over
+      // the CTAs (up to ~1,200 additions in a row on four SMs): 1e-5 of the products'
+      // magnitudes leaves room; FP16's dw rounds once more (2^-11) and has subnormals.
+      int64_t bad = 0;
+      for (size_t i = 0; i < dwn; ++i) {
+        const size_t k = i / (taps * channels), tap = i / channels % taps, ch = i % channels;
+        const size_t e = (k * taps + tap) * kC + ch;
+        float got = 0.0f;
+        if (f32) {
+          std::memcpy(&got, runs[0].data() + 4 * i, 4);
+        } else {
+          uint16_t h = 0;
+          std::memcpy(&h, runs[0].data() + 2 * i, 2);
+          got = half_to_float(h);
+        }
+        const double tol =
+            1e-5 * mag[e] + (f32 ? 0.0 : 0x1p-11 * std::fabs(want[e]) + 0x1p-24) + 1e-30;
+        bad += !(std::fabs(got - want[e]) <= tol);  // NaN counts
+      }
+      EXPECT_EQ(bad, 0) << "dw elements outside their bound of float64, of " << dwn;
+    }
+  }
+#endif
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, GpuFirstLayerWgrad,
+    ::testing::Values(Case{"vgg_3x3_n2_20x20", 2, 20, 20, 3, 3, 1, 1, 1, 1},
+                      Case{"stem_7x7_s2_n2_30x30", 2, 30, 30, 7, 7, 2, 2, 3, 3},
+                      Case{"rect_3x5_pad1x2_s2x1_n2_9x17", 2, 9, 17, 3, 5, 2, 1, 1, 2},
+                      Case{"one_by_one_n1_9x7", 1, 9, 7, 1, 1, 1, 1, 0, 0},
+                      Case{"many_tiles_3x3_n8_96x97", 8, 96, 97, 3, 3, 1, 1, 1, 1},
+                      Case{"small_images_3x3_n40_5x3", 40, 5, 3, 3, 3, 1, 1, 1, 1},
+                      Case{"largest_filter_8x8_n2_20x18", 2, 20, 18, 8, 8, 1, 1, 3, 4}),
+    [](const auto& info) { return std::string(info.param.name); });
+
 // What the kernel refuses, in words.
 TEST(GpuFirstLayerConvRefusal, NamesWhatItCannotTake) {
 #ifdef KILN_HAVE_CUDA
@@ -172,6 +271,15 @@ TEST(GpuFirstLayerConvRefusal, NamesWhatItCannotTake) {
   EXPECT_NE(cuda::first_layer_conv_refusal(c).find("has no output"), std::string::npos);
   c.h = 8, c.stride_h = 1, c.pad_h = 1 << 27;  // padding past where the kernel parks its zeros
   EXPECT_NE(cuda::first_layer_conv_refusal(c).find("2^27"), std::string::npos);
+  cuda::FirstLayerWgrad g;
+  EXPECT_NE(cuda::first_layer_wgrad_refusal(g).find("needs x, dz and dw"), std::string::npos);
+  g.x = g.dz = buf, g.dw = buf;
+  g.n = 1, g.h = g.w_ = 32, g.r = g.s = 8, g.pad_h = g.pad_w = 1;
+  EXPECT_EQ(cuda::first_layer_wgrad_refusal(g), "");
+  g.r = g.s = 9;  // 81 taps x 4 > 256
+  EXPECT_NE(cuda::first_layer_wgrad_refusal(g).find("at most 64 taps"), std::string::npos);
+  g.r = g.s = 3, g.dw_channels = 5;
+  EXPECT_NE(cuda::first_layer_wgrad_refusal(g).find("1 to 4 channels"), std::string::npos);
 #else
   GTEST_SKIP() << "built without CUDA";
 #endif
@@ -182,20 +290,9 @@ TEST(GpuFirstLayerConvRefusal, NamesWhatItCannotTake) {
 // between, then large divisors. Runs on the host (no GPU needed).
 TEST(FirstLayerFastDivide, AgreesWithDivision) {
 #ifdef KILN_HAVE_CUDA
-  std::vector<int> ns = {0,
-                         1,
-                         2,
-                         3,
-                         7,
-                         8,
-                         255,
-                         256,
-                         65535,
-                         65536,
-                         (1 << 30) - 1,
-                         1 << 30,
-                         (1 << 31) - 2,
-                         (1 << 31) - 1};
+  constexpr int kIntMax = std::numeric_limits<int>::max();
+  std::vector<int> ns = {
+      0, 1, 2, 3, 7, 8, 255, 256, 65535, 65536, (1 << 30) - 1, 1 << 30, kIntMax - 1, kIntMax};
   uint32_t state = 12345;
   for (int i = 0; i < 64; ++i) {
     state = state * 1664525u + 1013904223u;
@@ -203,7 +300,7 @@ TEST(FirstLayerFastDivide, AgreesWithDivision) {
   }
   std::vector<int> ds;
   for (int d = 1; d <= 4096; ++d) ds.push_back(d);
-  for (int d : {50176, 12544, 65537, 1 << 20, (1 << 20) + 1, 1 << 30, (1 << 30) + 7, (1 << 31) - 1})
+  for (int d : {50176, 12544, 65537, 1 << 20, (1 << 20) + 1, 1 << 30, (1 << 30) + 7, kIntMax})
     ds.push_back(d);
   for (int d : ds) {
     const cuda::FastDivide by(d);

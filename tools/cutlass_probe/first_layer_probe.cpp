@@ -6,12 +6,16 @@
 //       pass over z (bn_stats.cuh's, as a training step runs it);
 //   (b) the direct kernel, z and both sums in one launch (plus clearing the sums).
 // (b)'s z is compared with (a)'s (each rounds an FP32 sum of the same products once: an FP16 ulp
-// apart at most) and its sums with kiln's double sums of its own z. Times are medians of --reps.
+// apart at most) and its sums with kiln's double sums of its own z. Then the weight gradient of
+// the same layer from z as dz: cuDNN's (the fastest of its engines) against kiln's direct one
+// (first_layer_wgrad.h), both FP32 dw, compared relative to dw's largest magnitude. Times are
+// medians of --reps.
 #include <cuda_fp16.h>
 
 #include <cmath>
 
 #include "backend/cuda/first_layer_conv.h"
+#include "backend/cuda/first_layer_wgrad.h"
 #include "probe_common.h"
 #include "probe_kernels.h"
 
@@ -104,6 +108,51 @@ int first_layer_probe(cudnnHandle_t handle, cudaStream_t s, const cudaDeviceProp
         l.name, conv.ms, conv.engine.c_str(), stats_ms, total_ms, direct_ms,
         direct_ms > 0 ? total_ms / direct_ms : 0.0, zdiff, hc[1], es, eq, ok ? "" : " MISMATCH");
     std::fflush(stdout);
+    // The weight gradient, with za (cuDNN's z) as dz.
+    const int64_t dwn = kK * l.r * l.r * kC;
+    auto* dwa = static_cast<float*>(device_alloc(dwn * 4));
+    auto* dwb = static_cast<float*>(device_alloc(dwn * 4));
+    CudnnConv wconv;
+    cuda::FirstLayerWgrad wg;
+    static_cast<cuda::FirstLayerShape&>(wg) = c;
+    wg.x = x, wg.dz = za, wg.dw = dwb, wg.dw_f32 = true, wg.dw_channels = static_cast<int>(kC);
+    unsigned wgrid = 0;
+    if (!wconv.build(handle, s, batch, l.h, kC, kK, x, dwa, za, max_engines, reps, false, l.r,
+                     l.pad, l.stride, true)) {
+      std::printf("| %s wgrad | no cuDNN engine: %s |\n", l.name, wconv.why.c_str());
+      failed = true;
+    } else if (const std::string why = cuda::first_layer_wgrad_refusal(wg); !why.empty()) {
+      std::printf("| %s wgrad | the direct kernel refuses it: %s |\n", l.name, why.c_str());
+      failed = true;
+    } else {
+      PROBE_CUDA(cuda::prepare_first_layer_wgrad(wg, sms, &wgrid));
+      void* wws = device_alloc(cuda::first_layer_wgrad_workspace(wg, wgrid));
+      wg.partials = static_cast<float*>(wws);
+      const float wdirect_ms = median_ms(
+          s, reps, [&] { return cuda::launch_first_layer_wgrad(wg, wgrid, s) == cudaSuccess; });
+      PROBE_CUDA(wconv.run(handle) ? cudaSuccess : cudaErrorUnknown);
+      std::vector<float> ha(dwn), hb(dwn);
+      PROBE_CUDA(cudaMemcpyAsync(ha.data(), dwa, dwn * 4, cudaMemcpyDeviceToHost, s));
+      PROBE_CUDA(cudaMemcpyAsync(hb.data(), dwb, dwn * 4, cudaMemcpyDeviceToHost, s));
+      PROBE_CUDA(cudaStreamSynchronize(s));
+      double scale = 0, diff = 0;
+      for (int64_t i = 0; i < dwn; ++i) {
+        scale = std::max(scale, std::fabs(static_cast<double>(ha[i])));
+        diff = std::max(diff, std::fabs(static_cast<double>(ha[i]) - hb[i]));
+      }
+      const double rel = diff / (scale + 1e-30);
+      // Two FP32 sums of the same exact products over ~3-13M pixels in different orders.
+      const bool wok = rel <= 1e-4;
+      failed = failed || !wok;
+      std::printf(
+          "| %s wgrad | cuDNN %.3f (%s) | direct %.3f | %.2fx | max diff %.1e of max |dw|%s |\n",
+          l.name, wconv.ms, wconv.engine.c_str(), wdirect_ms,
+          wdirect_ms > 0 ? wconv.ms / wdirect_ms : 0.0, rel, wok ? "" : " MISMATCH");
+      std::fflush(stdout);
+      PROBE_CUDA(cudaFree(wws));
+    }
+    PROBE_CUDA(cudaFree(dwa));
+    PROBE_CUDA(cudaFree(dwb));
     for (void* q : {static_cast<void*>(x), static_cast<void*>(w), static_cast<void*>(za),
                     static_cast<void*>(zb), static_cast<void*>(sums), partial,
                     static_cast<void*>(ref), static_cast<void*>(cmp)})

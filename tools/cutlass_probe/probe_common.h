@@ -59,8 +59,9 @@ inline float median_ms(cudaStream_t s, int reps, const std::function<bool()>& fn
 }
 
 // cuDNN's convolution of one shape (x [n][h][h][c], w [k][r][r][c], y [n][p][p][k] NHWC, with
-// p = (h + 2 pad - r) / stride + 1; 1x1 stride 1 unless said): the forward y = conv(x, w), or
-// with dgrad the data gradient x = dgrad(y, w); its fastest engine chosen by timing.
+// p = (h + 2 pad - r) / stride + 1; 1x1 stride 1 unless said): the forward y = conv(x, w), with
+// dgrad the data gradient x = dgrad(y, w), with wgrad the weight gradient w = wgrad(x, y); its
+// fastest engine chosen by timing.
 struct CudnnConv {
   fe::graph::Graph g;
   int64_t plan = -1;
@@ -73,38 +74,56 @@ struct CudnnConv {
 
   bool build(cudnnHandle_t handle, cudaStream_t s, int64_t n, int64_t h, int64_t c, int64_t k,
              void* x, void* w, void* y, int max_engines, int reps, bool dgrad = false,
-             int64_t r = 1, int64_t pad = 0, int64_t stride = 1) {
+             int64_t r = 1, int64_t pad = 0, int64_t stride = 1, bool wgrad = false) {
     g.set_io_data_type(fe::DataType_t::HALF)
         .set_intermediate_data_type(fe::DataType_t::FLOAT)
         .set_compute_data_type(fe::DataType_t::FLOAT);
     const std::vector<int64_t> xdim{n, c, h, h}, xstr{h * h * c, 1, h * c, c};
     const int64_t p = (h + 2 * pad - r) / stride + 1;
     const std::vector<int64_t> ydim{n, k, p, p}, ystr{p * p * k, 1, p * k, k};
-    auto tw = g.tensor(fe::graph::Tensor_attributes()
-                           .set_name("w")
-                           .set_uid(W)
-                           .set_dim({k, c, r, r})
-                           .set_stride({r * r * c, 1, r * c, c}));
-    if (dgrad) {
-      auto ty = g.tensor(
-          fe::graph::Tensor_attributes().set_name("dy").set_uid(Y).set_dim(ydim).set_stride(ystr));
-      auto tx = g.conv_dgrad(ty, tw,
-                             fe::graph::Conv_dgrad_attributes()
-                                 .set_padding({pad, pad})
-                                 .set_stride({stride, stride})
-                                 .set_dilation({1, 1}));
-      tx->set_output(true).set_uid(X).set_dim(xdim).set_stride(xstr).set_data_type(
-          fe::DataType_t::HALF);
-    } else {
+    if (wgrad) {
       auto tx = g.tensor(
           fe::graph::Tensor_attributes().set_name("x").set_uid(X).set_dim(xdim).set_stride(xstr));
-      auto ty = g.conv_fprop(tx, tw,
-                             fe::graph::Conv_fprop_attributes()
+      auto ty = g.tensor(
+          fe::graph::Tensor_attributes().set_name("dy").set_uid(Y).set_dim(ydim).set_stride(ystr));
+      auto tw = g.conv_wgrad(ty, tx,
+                             fe::graph::Conv_wgrad_attributes()
                                  .set_padding({pad, pad})
                                  .set_stride({stride, stride})
                                  .set_dilation({1, 1}));
-      ty->set_output(true).set_uid(Y).set_dim(ydim).set_stride(ystr).set_data_type(
-          fe::DataType_t::HALF);
+      tw->set_output(true)
+          .set_uid(W)
+          .set_dim({k, c, r, r})
+          .set_stride({r * r * c, 1, r * c, c})
+          .set_data_type(fe::DataType_t::FLOAT);
+    } else {
+      auto tw = g.tensor(fe::graph::Tensor_attributes()
+                             .set_name("w")
+                             .set_uid(W)
+                             .set_dim({k, c, r, r})
+                             .set_stride({r * r * c, 1, r * c, c}));
+      if (dgrad) {
+        auto ty = g.tensor(
+            fe::graph::Tensor_attributes().set_name("dy").set_uid(Y).set_dim(ydim).set_stride(
+                ystr));
+        auto tx = g.conv_dgrad(ty, tw,
+                               fe::graph::Conv_dgrad_attributes()
+                                   .set_padding({pad, pad})
+                                   .set_stride({stride, stride})
+                                   .set_dilation({1, 1}));
+        tx->set_output(true).set_uid(X).set_dim(xdim).set_stride(xstr).set_data_type(
+            fe::DataType_t::HALF);
+      } else {
+        auto tx = g.tensor(
+            fe::graph::Tensor_attributes().set_name("x").set_uid(X).set_dim(xdim).set_stride(xstr));
+        auto ty = g.conv_fprop(tx, tw,
+                               fe::graph::Conv_fprop_attributes()
+                                   .set_padding({pad, pad})
+                                   .set_stride({stride, stride})
+                                   .set_dilation({1, 1}));
+        ty->set_output(true).set_uid(Y).set_dim(ydim).set_stride(ystr).set_data_type(
+            fe::DataType_t::HALF);
+      }
     }
     pack = {{X, x}, {W, w}, {Y, y}};
     auto failed = [&](fe::error_t e, const char* step) {

@@ -8,27 +8,22 @@
 #include <algorithm>
 
 #include "backend/cuda/first_layer_conv.h"
+#include "backend/cuda/first_layer_tiles.cuh"
 
 namespace kiln::cuda {
 
 namespace {
 
-constexpr int kC = kFirstLayerChannels, kK = kFirstLayerOutputs;
+using namespace first_layer;  // NOLINT: the shared pieces (first_layer_tiles.cuh)
+
 constexpr int kWarps = 8, kThreads = 32 * kWarps;
 constexpr int kWarpRows = 32;                  // output pixels a warp takes: two m16 tiles
 constexpr int kTileRows = kWarps * kWarpRows;  // a CTA's tile
+static_assert(kTileRows <= 256, "first_layer_shape_refusal leaves 256 pixels of index room");
 constexpr int kZPitch = kK + 8;                // halves a staged z row takes (16 bytes of pad)
 constexpr int kMaxK = 512;                     // taps x 4, padded: 128 taps (11x11) at most
-// A tap past the filter is placed kOutside past x, a row past the output 2 kOutside before it:
-// every load either makes is out of bounds (images are refused from kOutside / 2 pixels a side),
-// so it reads zeros and adds nothing to z or the sums.
-constexpr int kOutside = 1 << 28;
-
-// K padded to whole 16-deep MMA steps; the filter's row pitch in shared memory is 8 halves more,
-// so that ldmatrix's 8 rows of 16 bytes fall in distinct banks (as the staged z's do).
-int padded_k(const FirstLayerConv& c) {
-  return (c.r * c.s * kC + 15) / 16 * 16;
-}
+// The filter's row pitch in shared memory is K + 8 halves, so that ldmatrix's 8 rows of 16 bytes
+// fall in distinct banks (as the staged z's do).
 // The tap table has a step's 4 taps more than K holds: the prefetch past the last step reads them.
 __host__ __device__ int tap_slots(int kp) {
   return kp / kC + 4;
@@ -38,76 +33,6 @@ size_t smem_bytes(int kp) {
              sizeof(__half) +
          static_cast<size_t>(tap_slots(kp)) * sizeof(int4) +
          static_cast<size_t>(kWarps) * 2 * kK * sizeof(float);
-}
-
-__device__ __forceinline__ void mma_16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
-                                          uint32_t a3, uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%2,%3};"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const __half* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr(p))
-               : "memory");
-}
-
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const __half* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr(p))
-               : "memory");
-}
-
-__device__ __forceinline__ void stmatrix_x4_trans(__half* p, uint32_t r0, uint32_t r1, uint32_t r2,
-                                                  uint32_t r3) {
-  asm volatile(
-      "stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1,%2,%3,%4};" ::"r"(smem_addr(p)),
-      "r"(r0), "r"(r1), "r"(r2), "r"(r3)
-      : "memory");
-}
-
-__device__ __forceinline__ uint32_t half2_bits(float lo, float hi) {
-  const __half2 h = __floats2half2_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&h);
-}
-
-struct Geometry {
-  int h, w, p, q, s, sh, sw, ph, pw, taps, kp, m;  // m: output pixels
-  FastDivide by_q, by_pq;
-};
-
-// A pixel of a lane's B fragments: its window's top-left in x (negative where the window starts
-// in the padding) and that corner's index in x, in pixels (so a tap adds its own offset).
-struct PixelPlace {
-  int corner, ih0, iw0;
-};
-
-__device__ __forceinline__ PixelPlace place_pixel(const Geometry& g, int row) {
-  if (row >= g.m) return {0, -2 * kOutside, -2 * kOutside};
-  const int b = g.by_pq.quotient(row);
-  const int rem = row - b * g.p * g.q;
-  const int op = g.by_q.quotient(rem), oq = rem - op * g.q;
-  const int ih0 = op * g.sh - g.ph, iw0 = oq * g.sw - g.pw;
-  return {(b * g.h + ih0) * g.w + iw0, ih0, iw0};
-}
-
-// One tap (dy, dx, dy w + dx) of a pixel's window: its 4 channels (8 bytes), zero outside x.
-__device__ __forceinline__ uint2 load_tap(const uint2* x, const Geometry& g, const PixelPlace& px,
-                                          int4 tap) {
-  const int ih = px.ih0 + tap.x, iw = px.iw0 + tap.y;
-  if (static_cast<unsigned>(ih) >= static_cast<unsigned>(g.h) ||
-      static_cast<unsigned>(iw) >= static_cast<unsigned>(g.w))
-    return make_uint2(0u, 0u);
-  return __ldg(x + static_cast<unsigned>(px.corner + tap.z));
 }
 
 // The MMA computes z's transpose, W x^T: M is the 64 output channels (A, the filter, from shared
@@ -131,11 +56,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     const int tap = k / 16 * 4 + (pos % 8) / 2, ch = (pos / 8) * 2 + pos % 2;
     ws[n * wpitch + k] = tap < g.taps ? w[n * kreal + tap * kC + ch] : __float2half(0.0f);
   }
-  for (int t = tid; t < tap_slots(g.kp); t += kThreads) {
-    const int dy = t / g.s, dx = t % g.s;
-    taps[t] =
-        t < g.taps ? make_int4(dy, dx, dy * g.w + dx, 0) : make_int4(kOutside, kOutside, 0, 0);
-  }
+  for (int t = tid; t < tap_slots(g.kp); t += kThreads) taps[t] = tap_place(g, t);
   __syncthreads();
 
   const auto* x8 = reinterpret_cast<const uint2*>(x);
@@ -248,38 +169,29 @@ __global__ void __launch_bounds__(kThreads, 2)
 
 }  // namespace
 
+std::string first_layer_shape_refusal(const FirstLayerShape& c, int max_k) {
+  if (c.n <= 0 || c.h <= 0 || c.w_ <= 0 || c.r <= 0 || c.s <= 0 || c.stride_h <= 0 ||
+      c.stride_w <= 0 || c.pad_h < 0 || c.pad_w < 0 || c.h + 2 * c.pad_h < c.r ||
+      c.w_ + 2 * c.pad_w < c.s)
+    return "has no output";
+  if (padded_k(c) > max_k)
+    return "takes filters of at most " + std::to_string(max_k / kC) + " taps";
+  if (c.h + c.pad_h >= kOutside / 2 || c.w_ + c.pad_w >= kOutside / 2)
+    return "takes images and padding of fewer than 2^27 pixels a side";
+  // Pixels are 32-bit indices, a tile's end included (tiles are at most 256 pixels).
+  const int64_t m = static_cast<int64_t>(c.n) * c.p() * c.q();
+  if (m >= (int64_t{1} << 31) - 256 || static_cast<int64_t>(c.n) * c.h * c.w_ >= (int64_t{1} << 31))
+    return "takes fewer than 2^31 pixels";
+  return "";
+}
+
 std::string first_layer_conv_refusal(const FirstLayerConv& c) {
   if (!c.x || !c.w || !c.z) return "needs x, w and z";
   const auto misaligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 != 0; };
   if (misaligned(c.x) || misaligned(c.w) || misaligned(c.z))
     return "needs x, w and z 16-byte aligned";
-  if (c.n <= 0 || c.h <= 0 || c.w_ <= 0 || c.r <= 0 || c.s <= 0 || c.stride_h <= 0 ||
-      c.stride_w <= 0 || c.pad_h < 0 || c.pad_w < 0 || c.h + 2 * c.pad_h < c.r ||
-      c.w_ + 2 * c.pad_w < c.s)
-    return "has no output";
-  if (padded_k(c) > kMaxK)
-    return "takes filters of at most " + std::to_string(kMaxK / kC) + " taps";
-  if (c.h + c.pad_h >= kOutside / 2 || c.w_ + c.pad_w >= kOutside / 2)
-    return "takes images and padding of fewer than 2^27 pixels a side";
-  // Rows and pixels are 32-bit indices, a tile's end included.
-  const int64_t m = static_cast<int64_t>(c.n) * c.p() * c.q();
-  if (m >= (int64_t{1} << 31) - kTileRows ||
-      static_cast<int64_t>(c.n) * c.h * c.w_ >= (int64_t{1} << 31))
-    return "takes fewer than 2^31 pixels";
-  return "";
+  return first_layer_shape_refusal(c, kMaxK);
 }
-
-namespace {
-Geometry geometry(const FirstLayerConv& c) {
-  Geometry g;
-  g.h = c.h, g.w = c.w_, g.p = c.p(), g.q = c.q(), g.s = c.s;
-  g.sh = c.stride_h, g.sw = c.stride_w, g.ph = c.pad_h, g.pw = c.pad_w;
-  g.taps = c.r * c.s, g.kp = padded_k(c);
-  g.m = c.n * g.p * g.q;  // below 2^31 (first_layer_conv_refusal)
-  g.by_q = FastDivide(g.q), g.by_pq = FastDivide(g.p * g.q);
-  return g;
-}
-}  // namespace
 
 cudaError_t prepare_first_layer_conv(const FirstLayerConv& c, int sm_count, unsigned* grid) {
   if (!first_layer_conv_refusal(c).empty()) return cudaErrorInvalidValue;

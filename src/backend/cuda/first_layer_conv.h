@@ -22,14 +22,18 @@
 
 namespace kiln::cuda {
 
-struct FirstLayerConv {
+// A first layer's convolution: n images of h x w with 4 channels, an r x s filter.
+struct FirstLayerShape {
+  int n = 0, h = 0, w_ = 0, r = 1, s = 1, stride_h = 1, stride_w = 1, pad_h = 0, pad_w = 0;
+  int p() const { return (h + 2 * pad_h - r) / stride_h + 1; }
+  int q() const { return (w_ + 2 * pad_w - s) / stride_w + 1; }
+};
+
+struct FirstLayerConv : FirstLayerShape {
   const __half* x = nullptr;  // [n][h][w][4]
   const __half* w = nullptr;  // [64][r][s][4]
   __half* z = nullptr;        // [n][p][q][64]
   float* sums = nullptr;      // [2][64]: sum z, then sum z^2 (FP32, of the FP16 z); or none
-  int n = 0, h = 0, w_ = 0, r = 1, s = 1, stride_h = 1, stride_w = 1, pad_h = 0, pad_w = 0;
-  int p() const { return (h + 2 * pad_h - r) / stride_h + 1; }
-  int q() const { return (w_ + 2 * pad_w - s) / stride_w + 1; }
 };
 
 inline constexpr int kFirstLayerChannels = 4, kFirstLayerOutputs = 64;
@@ -57,6 +61,10 @@ struct FastDivide {
     return static_cast<int>((hi + u) >> shift);  // hi <= u < 2^31: no overflow
   }
 };
+
+// "" where the first layer's kernels take the shape with K (taps x 4, padded to 16) up to max_k,
+// else why not (the kernels' own refusals add what they need of their operands).
+std::string first_layer_shape_refusal(const FirstLayerShape& c, int max_k);
 
 // "" where launch_first_layer_conv takes the problem, else why not.
 std::string first_layer_conv_refusal(const FirstLayerConv& c);

@@ -1,0 +1,44 @@
+// A first layer's weight gradient, written for its shape as first_layer_conv.h's forward is:
+// dw[k][tap][c] = Σ over output pixels of dz[pixel][k] · x[the tap's input pixel][c], 4 channels
+// into 64, FP16 operands, FP32 sums. cuDNN's engines for it run at a few times dz's bytes
+// (ResNet-50's stem: eng63, 0.585 ms at batch 256 on an H100, for 0.41 GB of dz). Here a
+// persistent grid walks tiles of 64 output pixels: dz's tile and the tile's input patches
+// (each a tap's 4 channels, 8 bytes) are staged in shared memory, and mma.sync takes dzᵀ as A
+// and the patches as B (both through ldmatrix.trans), so each CTA keeps its share of dw in
+// registers across its tiles; the CTAs' shares are then added in a fixed order (deterministic).
+// The step towards computing dz inside it from BatchNorm's backward (no dz written or read).
+// Not yet run on a GPU: nothing in the step uses it (tests/gpu/gpu_first_layer_test.cpp checks it
+// against float64).
+#pragma once
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <string>
+
+#include "backend/cuda/first_layer_conv.h"
+
+namespace kiln::cuda {
+
+struct FirstLayerWgrad : FirstLayerShape {
+  const __half* x = nullptr;   // [n][h][w][4]
+  const __half* dz = nullptr;  // [n][p][q][64]
+  void* dw = nullptr;          // [64][r][s][dw_channels], FP16 or FP32 (dw_f32)
+  bool dw_f32 = true;
+  int dw_channels = 4;        // x's channels before padding to 4 (1..4): dw's last dimension
+  float* partials = nullptr;  // first_layer_wgrad_workspace(grid) bytes
+};
+
+// "" where launch_first_layer_wgrad takes the problem, else why not.
+std::string first_layer_wgrad_refusal(const FirstLayerWgrad& c);
+
+// The persistent grid's CTAs for sm_count SMs (and the kernel's shared memory set): once, while
+// compiling, outside a captured CUDA Graph.
+cudaError_t prepare_first_layer_wgrad(const FirstLayerWgrad& c, int sm_count, unsigned* grid);
+// Bytes of the CTAs' partial sums (c.partials).
+size_t first_layer_wgrad_workspace(const FirstLayerWgrad& c, unsigned grid);
+// Queues the two kernels (the CTAs' shares, then their fixed-order sum into dw); the launch's
+// error.
+cudaError_t launch_first_layer_wgrad(const FirstLayerWgrad& c, unsigned grid, cudaStream_t stream);
+
+}  // namespace kiln::cuda
