@@ -370,26 +370,36 @@ INSTANTIATE_TEST_SUITE_P(
 
 // VGG16-BN and ResNet-50 trained three steps with their first layer's forward on the direct
 // convolution (KILN_FIRST_LAYER_CONV=1, channels padded so that the weight gradient reads the
-// direct form's 4-channel copy of x: KILN_PAD_INPUT_ONCE) against today's form, within the noise
-// of genstats (step_forms.h).
+// direct form's 4-channel copy of x: KILN_PAD_INPUT_ONCE), then with its weight gradient on the
+// direct kernel too (KILN_FIRST_LAYER_WGRAD=1, reading the same copy), each against today's form
+// within the noise of genstats (step_forms.h).
 TEST(GpuFirstLayerStep, StepsAgreeDirectOffAndOn) {
   KILN_REQUIRE_GPU();
-  if (!sm90_gpu()) GTEST_SKIP() << "the direct convolution is built for SM90";
+  if (!sm90_gpu()) GTEST_SKIP() << "the direct kernels are built for SM90";
   for (const char* model : {"vgg16_bn", "resnet50"}) {
     SCOPED_TRACE(model);
-    enum Form { kToday, kGenstats, kDirect };
+    enum Form { kToday, kGenstats, kDirect, kDirectWgrad };
     std::vector<StepForm> forms = {{"today", "kiln", Auto::off, Auto::off},
                                    {"genstats", "genstats", Auto::off, Auto::off},
-                                   {"KILN_FIRST_LAYER_CONV", "kiln", Auto::off, Auto::off}};
-    forms[kDirect].first_layer_conv = Auto::on;
-    forms[kDirect].pad_channels = Auto::on;
+                                   {"KILN_FIRST_LAYER_CONV", "kiln", Auto::off, Auto::off},
+                                   {"+ KILN_FIRST_LAYER_WGRAD", "kiln", Auto::off, Auto::off}};
+    for (const Form f : {kDirect, kDirectWgrad}) {
+      forms[f].first_layer_conv = Auto::on;
+      forms[f].pad_channels = Auto::on;
+    }
+    forms[kDirectWgrad].first_layer_wgrad = Auto::on;
     const std::vector<FormSteps> runs = three_steps(model, forms);
-    EXPECT_EQ(runs[kToday].report.first_layer_convs, 0);
+    EXPECT_EQ(runs[kToday].report.first_layer_convs + runs[kToday].report.first_layer_wgrads, 0);
     EXPECT_GT(runs[kGenstats].report.cbr_genstats, 0) << "genstats took no layer: no noise floor";
-    EXPECT_EQ(runs[kDirect].report.first_layer_convs, 1) << "the first layer";
-    EXPECT_EQ(runs[kDirect].report.pad_copies_shared, 1)
-        << "the first layer's weight gradient reads the direct form's padded x";
+    for (const Form f : {kDirect, kDirectWgrad}) {
+      EXPECT_EQ(runs[f].report.first_layer_convs, 1) << forms[f].name << ": the first layer";
+      EXPECT_EQ(runs[f].report.pad_copies_shared, 1)
+          << forms[f].name << ": the first layer's weight gradient reads the direct form's x";
+    }
+    EXPECT_EQ(runs[kDirect].report.first_layer_wgrads, 0);
+    EXPECT_EQ(runs[kDirectWgrad].report.first_layer_wgrads, 1) << "the first layer's";
     expect_within_noise(runs, forms, {kToday, kDirect, kGenstats});
+    expect_within_noise(runs, forms, {kToday, kDirectWgrad, kGenstats});
   }
 }
 

@@ -155,6 +155,14 @@ TEST(CudaOptions, FirstLayerConvSwitchReachesTheOptions) {
   expect_refused("KILN_FIRST_LAYER_CONV", "maybe", "use auto or");
 }
 
+// KILN_FIRST_LAYER_WGRAD reaches Options::first_layer_wgrad.
+TEST(CudaOptions, FirstLayerWgradSwitchReachesTheOptions) {
+  EXPECT_EQ(options_with({}).first_layer_wgrad, Auto::off) << "off until it has run on a GPU";
+  EXPECT_EQ(options_with({{"KILN_FIRST_LAYER_WGRAD", "1"}}).first_layer_wgrad, Auto::on);
+  EXPECT_EQ(options_with({{"KILN_FIRST_LAYER_WGRAD", "auto"}}).first_layer_wgrad, Auto::automatic);
+  expect_refused("KILN_FIRST_LAYER_WGRAD", "maybe", "use auto or");
+}
+
 // KILN_DGRAD_NO_DY2 reaches Options::dgrad_no_dy2.
 TEST(CudaOptions, DgradNoDy2SwitchReachesTheOptions) {
   EXPECT_TRUE(options_with({}).dgrad_no_dy2) << "on by default";

@@ -46,6 +46,7 @@ struct StepForm {
   bool sums_clear_kernel = false;  // KILN_SUMS_CLEAR_KERNEL
   // KILN_FIRST_LAYER_CONV: off here for the same reason (GpuFirstLayerStep turns it on).
   Auto first_layer_conv = Auto::off;
+  Auto first_layer_wgrad = Auto::off;  // KILN_FIRST_LAYER_WGRAD
 };
 
 using NamedTensors = std::map<std::string, std::vector<float>>;
@@ -99,6 +100,7 @@ inline std::vector<FormSteps> three_steps(const std::string& model,
     o.switches.pad_channels = f.pad_channels;
     o.switches.sums_clear_kernel = f.sums_clear_kernel;
     o.switches.first_layer_conv = f.first_layer_conv;
+    o.switches.first_layer_wgrad = f.first_layer_wgrad;
     Engine e(bp, o);
     e.lock_memory();
     e.compile(5);

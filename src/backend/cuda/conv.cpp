@@ -21,6 +21,7 @@
 #include "backend/cuda/channel_ops.h"
 #include "backend/cuda/conv_engines.h"
 #include "backend/cuda/cuda_kernel.h"
+#include "backend/cuda/first_layer_conv.h"
 #include "backend/cuda/fused_kernels.h"
 #include "backend/cuda/timed_form.h"
 #include "kiln/backend/engine_table.h"
@@ -677,6 +678,26 @@ KernelPtr make_conv_bwd_weight(const Node& n, Context& ctx, int stream) {
     if (pad && x_filled) padded_wgrad = o.k.get();
     return std::move(o.k);
   });
+  // A first layer's weight gradient on the direct kernel (KILN_FIRST_LAYER_WGRAD): 1 takes it
+  // wherever it can, auto keeps the faster of it and cuDNN's form above (timed per layer).
+  KernelPtr direct;
+  if (ctx.opts.first_layer_wgrad != Auto::off && db == kNoTensor)
+    direct = make_first_layer_wgrad(n, ctx, stream, x, dy, dw, x_filled);
+  bool take_direct = direct && ctx.opts.first_layer_wgrad == Auto::on;
+  if (direct && !take_direct) {
+    const FormChoice c = choose_faster_form(
+        ctx, stream, timed_form_key(op_name(n.op), g, dt, "", "flwgv1"), {"direct", {direct.get()}},
+        {"usual", {k.get()}}, {}, ctx.opts.autotune || !ctx.opts.tune_path.empty());
+    log_debug(describe(n), ": the first layer's direct weight gradient ", c.first_ms,
+              " ms, cuDNN's ", c.second_ms, " ms: keeps ",
+              c.found && c.first ? "the direct one" : "cuDNN's");
+    take_direct = c.found && c.first;
+  }
+  if (take_direct) {
+    ++ctx.first_layer_wgrads;
+    if (x_filled && g.x.c != kFirstLayerChannels) ++ctx.pad_copies_shared;
+    return direct;
+  }
   if (padded_wgrad && k.get() == padded_wgrad) ++ctx.pad_copies_shared;
   return k;
 }

@@ -113,6 +113,8 @@ struct Options {
   Auto fixed_channels_conv = Auto::off;
   // KILN_FIRST_LAYER_CONV: a first layer's CBR forward on the direct kernel (fused.cpp).
   Auto first_layer_conv = Auto::automatic;
+  // KILN_FIRST_LAYER_WGRAD: a first layer's weight gradient on the direct kernel (conv.cpp).
+  Auto first_layer_wgrad = Auto::off;
   // KILN_CBR_FORM: how the fused CBR forward takes BatchNorm's statistics. "kiln" (the
   // default): a plain cuDNN convolution, then kiln's statistics pass over z; "genstats": the
   // MLPerf-style form, one cuDNN graph conv_fprop + genstats (fused.cpp), which falls back
@@ -271,6 +273,7 @@ struct Context : ProgramView {
   int pad_copies_shared = 0;
   int fixed_channels_convs = 0;  // KILN_FIXED_CHANNELS_CONV: padded forwards kept on CUTLASS
   int first_layer_convs = 0;     // KILN_FIRST_LAYER_CONV: CBR forwards on the direct kernel
+  int first_layer_wgrads = 0;    // KILN_FIRST_LAYER_WGRAD: weight gradients on the direct kernel
   struct DgradBnSums {
     const float* sums = nullptr;
     TensorId g = kNoTensor;

@@ -42,6 +42,7 @@ Options options_from_switches(const Switches& sw) {
   o.pad_input_once = sw.pad_input_once;
   o.fixed_channels_conv = sw.fixed_channels_conv;
   o.first_layer_conv = sw.first_layer_conv;
+  o.first_layer_wgrad = sw.first_layer_wgrad;
   o.dgrad_no_dy2 = sw.dgrad_no_dy2;
   o.cbr_genstats = sw.cbr_form == "genstats";
   o.cutlass = sw.cutlass;                        // resolved per device and program in prepare()

@@ -70,6 +70,13 @@ std::function<void(cudaStream_t)> fixed_channels_fwd(const Context& ctx, const C
 KernelPtr make_first_layer_conv_fwd(const Node& n, Context& ctx, int stream, TensorId x, TensorId w,
                                     TensorId z, float* sums, std::shared_ptr<DeviceBuffer>* x_copy);
 
+// A weight gradient of at most 4 channels into 64, FP16 x and dz, on the first layer's direct
+// kernel (KILN_FIRST_LAYER_WGRAD; first_layer_bwd.cpp), reading x_filled (x's 4-channel copy,
+// which its forward fills each step) where given. nullptr (with a debug line saying why) where
+// it cannot take the layer.
+KernelPtr make_first_layer_wgrad(const Node& n, Context& ctx, int stream, TensorId x, TensorId dz,
+                                 TensorId dw, const std::shared_ptr<DeviceBuffer>& x_filled);
+
 // Whether this libkiln holds the SM90 CUTLASS kernels (CMake's KILN_CUTLASS_KERNELS): what
 // KILN_CUTLASS=auto asks before trying them (sm90_conv_gemm_tried).
 bool cutlass_kernels_built();
