@@ -6,13 +6,14 @@
 // implicit GEMM was slower still (2.92 ms, bench/RESULTS.md): both tile the work as a GEMM whose
 // K (taps x 4 channels) is one or two k-blocks, so each tile pays a pipeline's fill for little
 // work. Here a persistent grid of CTAs walks tiles of 256 output pixels; each warp takes 32 of
-// them through mma.sync (16x8x16, FP32 accumulation), its A fragments loaded straight from x in
-// global memory (a pixel's 4 channels of one tap are 8 bytes, one load; neighbouring pixels' taps
-// share cache lines, so the reads hit L1) and the filter kept in shared memory; z leaves through
-// shared memory as 16-byte stores, and the sums are taken from the staged FP16 z on the tensor
-// cores too (Σz against ones, Σz² as the diagonal of z's Gram matrix: FP16 products are exact
-// in FP32). Few instructions an output matter more than anything here: the first form, with
-// 64-bit divides placing rows and a scalar sums loop, was issue-bound at 2.4x its bytes.
+// them through mma.sync (16x8x16, FP32 accumulation) as zᵀ = W xᵀ, its B fragments loaded
+// straight from x in global memory (a pixel's 4 channels of one tap are 8 bytes, one load;
+// neighbouring pixels' taps share cache lines, so the reads hit L1) and the filter, A, kept in
+// shared memory; z leaves through shared memory as 16-byte stores, and the sums are taken from
+// the staged FP16 z on the tensor cores too (Σz against ones, Σz² as the diagonal of z's Gram
+// matrix: FP16 products are exact in FP32). Few instructions an output matter more than anything
+// here: the first form, with 64-bit divides placing rows and a scalar sums loop, was issue-bound
+// at 2.4x its bytes.
 #pragma once
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>

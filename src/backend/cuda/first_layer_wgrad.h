@@ -7,8 +7,8 @@
 // and the patches as B (both through ldmatrix.trans), so each CTA keeps its share of dw in
 // registers across its tiles; the CTAs' shares are then added in a fixed order (deterministic).
 // The step towards computing dz inside it from BatchNorm's backward (no dz written or read).
-// Not yet run on a GPU: nothing in the step uses it (tests/gpu/gpu_first_layer_test.cpp checks it
-// against float64).
+// Not yet run on a GPU: the step uses it only under KILN_FIRST_LAYER_WGRAD (off; conv.cpp), and
+// tests/gpu/gpu_first_layer_test.cpp checks it against float64.
 #pragma once
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
