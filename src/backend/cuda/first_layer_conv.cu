@@ -20,8 +20,8 @@ constexpr int kWarps = 8, kThreads = 32 * kWarps;
 constexpr int kWarpRows = 32;                  // output pixels a warp takes: two m16 tiles
 constexpr int kTileRows = kWarps * kWarpRows;  // a CTA's tile
 static_assert(kTileRows <= 256, "first_layer_shape_refusal leaves 256 pixels of index room");
-constexpr int kZPitch = kK + 8;                // halves a staged z row takes (16 bytes of pad)
-constexpr int kMaxK = 512;                     // taps x 4, padded: 128 taps (11x11) at most
+constexpr int kZPitch = kK + 8;  // halves a staged z row takes (16 bytes of pad)
+constexpr int kMaxK = 512;       // taps x 4, padded: 128 taps (11x11) at most
 // The filter's row pitch in shared memory is K + 8 halves, so that ldmatrix's 8 rows of 16 bytes
 // fall in distinct banks (as the staged z's do).
 // The tap table has a step's 4 taps more than K holds: the prefetch past the last step reads them.
