@@ -79,6 +79,21 @@ void conv_float64(const Case& t, const Inputs& in, std::vector<double>& z,
         }
 }
 
+// Shapes both kernels take: VGG's 3x3 stride-1 first layer and ResNet-50's 7x7 stride-2 stem at
+// small sizes, a rectangular filter with unequal padding and strides, a 1x1, enough pixels that
+// each CTA of the persistent grid walks several tiles (the last one partial), and images smaller
+// than a warp's 32 pixels; then each kernel's own (its largest filter).
+std::vector<Case> with_cases(std::vector<Case> own) {
+  std::vector<Case> c = {Case{"vgg_3x3_n2_20x20", 2, 20, 20, 3, 3, 1, 1, 1, 1},
+                         Case{"stem_7x7_s2_n2_30x30", 2, 30, 30, 7, 7, 2, 2, 3, 3},
+                         Case{"rect_3x5_pad1x2_s2x1_n2_9x17", 2, 9, 17, 3, 5, 2, 1, 1, 2},
+                         Case{"one_by_one_n1_9x7", 1, 9, 7, 1, 1, 1, 1, 0, 0},
+                         Case{"many_tiles_3x3_n8_96x97", 8, 96, 97, 3, 3, 1, 1, 1, 1},
+                         Case{"small_images_3x3_n40_5x3", 40, 5, 3, 3, 3, 1, 1, 1, 1}};
+  c.insert(c.end(), own.begin(), own.end());
+  return c;
+}
+
 class GpuFirstLayerConv : public ::testing::TestWithParam<Case> {};
 
 TEST_P(GpuFirstLayerConv, AgreesWithFloat64) {
@@ -144,17 +159,12 @@ TEST_P(GpuFirstLayerConv, AgreesWithFloat64) {
 #endif
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Shapes, GpuFirstLayerConv,
-    ::testing::Values(Case{"vgg_3x3_n2_20x20", 2, 20, 20, 3, 3, 1, 1, 1, 1},
-                      Case{"stem_7x7_s2_n2_30x30", 2, 30, 30, 7, 7, 2, 2, 3, 3},
-                      Case{"odd_5x5_n3_13x11", 3, 13, 11, 5, 5, 1, 1, 2, 2},
-                      Case{"rect_3x5_pad1x2_s2x1_n2_9x17", 2, 9, 17, 3, 5, 2, 1, 1, 2},
-                      Case{"one_by_one_n1_9x7", 1, 9, 7, 1, 1, 1, 1, 0, 0},
-                      Case{"many_tiles_3x3_n8_96x97", 8, 96, 97, 3, 3, 1, 1, 1, 1},
-                      Case{"small_images_3x3_n40_5x3", 40, 5, 3, 3, 3, 1, 1, 1, 1},
-                      Case{"largest_filter_11x11_n2_20x18", 2, 20, 18, 11, 11, 1, 1, 5, 4}),
-    [](const auto& info) { return std::string(info.param.name); });
+INSTANTIATE_TEST_SUITE_P(Shapes, GpuFirstLayerConv,
+                         ::testing::ValuesIn(with_cases({Case{"odd_5x5_n3_13x11", 3, 13, 11, 5, 5,
+                                                              1, 1, 2, 2},
+                                                         Case{"largest_filter_11x11_n2_20x18", 2,
+                                                              20, 18, 11, 11, 1, 1, 5, 4}})),
+                         [](const auto& info) { return std::string(info.param.name); });
 
 // The first layer's weight gradient (first_layer_wgrad.h) against float64: dw[k][tap][c] =
 // sum over output pixels of dz[pixel][k] x[tap's pixel][c], in FP32 with x's 4 channels and in
@@ -241,16 +251,10 @@ TEST_P(GpuFirstLayerWgrad, AgreesWithFloat64) {
 #endif
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Shapes, GpuFirstLayerWgrad,
-    ::testing::Values(Case{"vgg_3x3_n2_20x20", 2, 20, 20, 3, 3, 1, 1, 1, 1},
-                      Case{"stem_7x7_s2_n2_30x30", 2, 30, 30, 7, 7, 2, 2, 3, 3},
-                      Case{"rect_3x5_pad1x2_s2x1_n2_9x17", 2, 9, 17, 3, 5, 2, 1, 1, 2},
-                      Case{"one_by_one_n1_9x7", 1, 9, 7, 1, 1, 1, 1, 0, 0},
-                      Case{"many_tiles_3x3_n8_96x97", 8, 96, 97, 3, 3, 1, 1, 1, 1},
-                      Case{"small_images_3x3_n40_5x3", 40, 5, 3, 3, 3, 1, 1, 1, 1},
-                      Case{"largest_filter_8x8_n2_20x18", 2, 20, 18, 8, 8, 1, 1, 3, 4}),
-    [](const auto& info) { return std::string(info.param.name); });
+INSTANTIATE_TEST_SUITE_P(Shapes, GpuFirstLayerWgrad,
+                         ::testing::ValuesIn(with_cases({Case{"largest_filter_8x8_n2_20x18", 2, 20,
+                                                              18, 8, 8, 1, 1, 3, 4}})),
+                         [](const auto& info) { return std::string(info.param.name); });
 
 // What the kernel refuses, in words.
 TEST(GpuFirstLayerConvRefusal, NamesWhatItCannotTake) {

@@ -32,10 +32,7 @@ KernelPtr make_first_layer_wgrad(const Node& n, Context& ctx, int stream, Tensor
   p.x = static_cast<const __half*>(xp ? xp->get() : ctx.ptr(x));
   p.dz = static_cast<const __half*>(ctx.ptr(dz));
   p.dw = ctx.ptr(dw), p.dw_f32 = wdt == DType::F32, p.dw_channels = static_cast<int>(c);
-  p.n = static_cast<int>(g.x.n), p.h = static_cast<int>(g.x.h), p.w_ = static_cast<int>(g.x.w);
-  p.r = static_cast<int>(g.r), p.s = static_cast<int>(g.s);
-  p.stride_h = static_cast<int>(g.sh), p.stride_w = static_cast<int>(g.sw);
-  p.pad_h = static_cast<int>(g.ph), p.pad_w = static_cast<int>(g.pw);
+  static_cast<FirstLayerShape&>(p) = first_layer_shape(g);
   if (p.p() != g.y.h || p.q() != g.y.w) return refuse("disagrees with dz's shape");
   if (std::string why = first_layer_wgrad_refusal(p); !why.empty()) return refuse(why);
   unsigned grid = 0;

@@ -7,6 +7,15 @@
 
 namespace kiln::cuda {
 
+FirstLayerShape first_layer_shape(const ConvGeom& g) {
+  FirstLayerShape s;
+  s.n = static_cast<int>(g.x.n), s.h = static_cast<int>(g.x.h), s.w_ = static_cast<int>(g.x.w);
+  s.r = static_cast<int>(g.r), s.s = static_cast<int>(g.s);
+  s.stride_h = static_cast<int>(g.sh), s.stride_w = static_cast<int>(g.sw);
+  s.pad_h = static_cast<int>(g.ph), s.pad_w = static_cast<int>(g.pw);
+  return s;
+}
+
 KernelPtr make_first_layer_conv_fwd(const Node& n, Context& ctx, int stream, TensorId x, TensorId w,
                                     TensorId z, float* sums,
                                     std::shared_ptr<DeviceBuffer>* x_copy) {
@@ -32,10 +41,7 @@ KernelPtr make_first_layer_conv_fwd(const Node& n, Context& ctx, int stream, Ten
   p.w = static_cast<const __half*>(wp ? wp->get() : ctx.ptr(w));
   p.z = static_cast<__half*>(ctx.ptr(z));
   p.sums = sums;
-  p.n = static_cast<int>(g.x.n), p.h = static_cast<int>(g.x.h), p.w_ = static_cast<int>(g.x.w);
-  p.r = static_cast<int>(g.r), p.s = static_cast<int>(g.s);
-  p.stride_h = static_cast<int>(g.sh), p.stride_w = static_cast<int>(g.sw);
-  p.pad_h = static_cast<int>(g.ph), p.pad_w = static_cast<int>(g.pw);
+  static_cast<FirstLayerShape&>(p) = first_layer_shape(g);
   if (p.p() != g.y.h || p.q() != g.y.w) return refuse("disagrees with z's shape");
   if (std::string why = first_layer_conv_refusal(p); !why.empty()) return refuse(why);
   unsigned grid = 0;

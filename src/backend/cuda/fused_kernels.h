@@ -62,6 +62,10 @@ std::function<void(cudaStream_t)> fixed_channels_fwd(const Context& ctx, const C
                                                      DType dt, const void* x, const void* w,
                                                      void* y, std::string* why);
 
+// A convolution's geometry as the first layer's kernels take it (first_layer_conv.h).
+struct FirstLayerShape;
+FirstLayerShape first_layer_shape(const ConvGeom& g);
+
 // A CBR forward's convolution of at most 4 channels into 64, FP16, on the first layer's direct
 // kernel (KILN_FIRST_LAYER_CONV; first_layer_fwd.cpp): z and sums[0, 64) and [64, 128) as
 // make_conv_fwd_cutlass's. nullptr (with a debug line saying why) where it cannot take the layer.
