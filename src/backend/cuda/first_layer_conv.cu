@@ -5,8 +5,6 @@
 // filter sits in shared memory in the same order; taps past the filter's are zero.
 #include <cuda_fp16.h>
 
-#include <algorithm>
-
 #include "backend/cuda/first_layer_conv.h"
 #include "backend/cuda/first_layer_tiles.cuh"
 
@@ -196,21 +194,8 @@ std::string first_layer_conv_refusal(const FirstLayerConv& c) {
 cudaError_t prepare_first_layer_conv(const FirstLayerConv& c, int sm_count, unsigned* grid) {
   if (!first_layer_conv_refusal(c).empty()) return cudaErrorInvalidValue;
   const Geometry g = geometry(c);
-  const size_t bytes = smem_bytes(g.kp);
-  if (cudaError_t e =
-          cudaFuncSetAttribute(first_layer_conv_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               static_cast<int>(bytes));
-      e != cudaSuccess)
-    return e;
-  int per_sm = 0;
-  if (cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-          &per_sm, first_layer_conv_kernel, kThreads, bytes);
-      e != cudaSuccess)
-    return e;
-  const int64_t tiles = (g.m + kTileRows - 1) / kTileRows;
-  *grid = static_cast<unsigned>(
-      std::min<int64_t>(tiles, static_cast<int64_t>(sm_count) * std::max(per_sm, 1)));
-  return cudaSuccess;
+  return prepare_persistent(first_layer_conv_kernel, kThreads, smem_bytes(g.kp),
+                            (g.m + kTileRows - 1) / kTileRows, sm_count, grid);
 }
 
 cudaError_t launch_first_layer_conv(const FirstLayerConv& c, unsigned grid, cudaStream_t stream) {

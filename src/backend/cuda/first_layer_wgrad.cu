@@ -4,8 +4,6 @@
 // 16-wide column pairs.
 #include <cuda_fp16.h>
 
-#include <algorithm>
-
 #include "backend/cuda/first_layer_tiles.cuh"
 #include "backend/cuda/first_layer_wgrad.h"
 
@@ -140,21 +138,8 @@ std::string first_layer_wgrad_refusal(const FirstLayerWgrad& c) {
 cudaError_t prepare_first_layer_wgrad(const FirstLayerWgrad& c, int sm_count, unsigned* grid) {
   if (!first_layer_wgrad_refusal(c).empty()) return cudaErrorInvalidValue;
   const Geometry g = geometry(c);
-  const size_t bytes = smem_bytes(g.kp);
-  if (cudaError_t e = cudaFuncSetAttribute(first_layer_wgrad_kernel,
-                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           static_cast<int>(bytes));
-      e != cudaSuccess)
-    return e;
-  int per_sm = 0;
-  if (cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-          &per_sm, first_layer_wgrad_kernel, kThreads, bytes);
-      e != cudaSuccess)
-    return e;
-  const int64_t tiles = (g.m + kPixels - 1) / kPixels;
-  *grid = static_cast<unsigned>(
-      std::min<int64_t>(tiles, static_cast<int64_t>(sm_count) * std::max(per_sm, 1)));
-  return cudaSuccess;
+  return prepare_persistent(first_layer_wgrad_kernel, kThreads, smem_bytes(g.kp),
+                            (g.m + kPixels - 1) / kPixels, sm_count, grid);
 }
 
 size_t first_layer_wgrad_workspace(const FirstLayerWgrad& c, unsigned grid) {
