@@ -130,4 +130,28 @@ DgradBnUse dgrad_bn_use(const Program& p, const Node& producer, TensorId dx) {
   return u;
 }
 
+std::string unread_output_refusal(const Program& p, const Node& n, TensorId t) {
+  const auto in_train = [&] {
+    for (const Phase& ph : p.train) {
+      for (const Node& m : ph.nodes) {
+        if (&m == &n) return true;
+      }
+    }
+    return false;
+  };
+  if (!in_train()) return "'" + n.label + "' is not a training node";
+  if (t == kNoTensor) return "";
+  const TensorId root = p.storage(t).id;
+  for (const Phase& ph : p.train) {
+    for (const Node& m : ph.nodes) {
+      if (&m == &n) continue;
+      for (const TensorId id : m.in) {
+        if (id != kNoTensor && p.storage(id).id == root)
+          return named(p, t) + " is read by '" + m.label + "'";
+      }
+    }
+  }
+  return "";
+}
+
 }  // namespace kiln

@@ -38,4 +38,9 @@ struct DgradBnUse {
 // consumer's step: nothing touched between may share them), else to dx (copy_to).
 DgradBnUse dgrad_bn_use(const Program& p, const Node& producer, TensorId dx);
 
+// "" where no node of p.train but n reads t (any view of its storage), so that n may leave its
+// output t unwritten (a first layer's dz, which its own weight gradient forms as it loads it:
+// cuda/first_layer_bwd.cpp), else why not, naming the reader.
+std::string unread_output_refusal(const Program& p, const Node& n, TensorId t);
+
 }  // namespace kiln

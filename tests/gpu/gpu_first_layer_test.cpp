@@ -256,6 +256,81 @@ INSTANTIATE_TEST_SUITE_P(Shapes, GpuFirstLayerWgrad,
                                                               18, 8, 8, 1, 1, 3, 4}})),
                          [](const auto& info) { return std::string(info.param.name); });
 
+// The weight gradient forming dz itself from BatchNorm's backward (FirstLayerWgrad::bn) against
+// the same kernel reading that dz, formed here on the host as bn_kernels.cuh's dx pass forms it:
+// dz = k.y (g - k.z - (z - k.x) k.w), g zero where the mask's bit is clear. The values are
+// dyadic with few bits (g, z and k.x, k.z in 1/64ths, k.y, k.w in 1/16ths) so that every step
+// before dz's rounding to FP16 is exact in FP32, fused or not: the host's dz is the kernel's to
+// the bit, and so dw must be the same bits. With the mask and without it (every element passes).
+TEST_P(GpuFirstLayerWgrad, FoldFormsDzAsBatchNormsDxPass) {
+  KILN_REQUIRE_GPU();
+#ifdef KILN_HAVE_CUDA
+  const Case& t = GetParam();
+  const Inputs in = make_inputs(t);
+  const size_t count = static_cast<size_t>(t.rows() * kK);
+  auto dyadic = [](size_t n, uint32_t seed, float lo, float hi, float step) {
+    std::vector<float> v = rand_floats(static_cast<int64_t>(n), seed, lo, hi);
+    for (float& e : v) e = std::round(e / step) * step;
+    return v;
+  };
+  const std::vector<float> g = dyadic(count, 91, -2.0f, 2.0f, 1.0f / 64),
+                           z = dyadic(count, 92, -2.0f, 2.0f, 1.0f / 64);
+  const std::vector<float> kx = dyadic(kK, 93, -1.0f, 1.0f, 1.0f / 64),
+                           kz = dyadic(kK, 94, -1.0f, 1.0f, 1.0f / 64),
+                           ky = dyadic(kK, 95, 0.5f, 2.0f, 1.0f / 16),
+                           kw = dyadic(kK, 96, 0.5f, 2.0f, 1.0f / 16);
+  std::vector<float> coef(4 * kK);
+  for (int64_t k = 0; k < kK; ++k) {
+    coef[4 * k] = kx[k], coef[4 * k + 1] = ky[k], coef[4 * k + 2] = kz[k], coef[4 * k + 3] = kw[k];
+  }
+  std::vector<uint8_t> mask(count / 8);
+  uint32_t state = 7;
+  for (uint8_t& m : mask) {
+    state = state * 1664525u + 1013904223u;
+    m = static_cast<uint8_t>(state >> 24);
+  }
+  DeviceBuffer x = upload_half(in.x), gb = upload_half(g), zb = upload_half(z);
+  DeviceBuffer coefb(coef.size() * 4), maskb(mask.size());
+  ASSERT_EQ(cudaMemcpy(coefb.p, coef.data(), coef.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(maskb.p, mask.data(), mask.size(), cudaMemcpyHostToDevice), cudaSuccess);
+  const int64_t taps = int64_t{t.r} * t.s;
+  const size_t bytes = static_cast<size_t>(kK * taps * kC) * 4;
+  auto run = [&](const void* dz, const cuda::FirstLayerBnFold& bn) {
+    DeviceBuffer dw(bytes);
+    cuda::FirstLayerWgrad c;
+    static_cast<cuda::FirstLayerShape&>(c) = {t.n,        t.h,        t.w,     t.r,    t.s,
+                                              t.stride_h, t.stride_w, t.pad_h, t.pad_w};
+    c.x = static_cast<const __half*>(x.p), c.dz = static_cast<const __half*>(dz);
+    c.dw = dw.p, c.dw_f32 = true, c.dw_channels = 4, c.bn = bn;
+    std::vector<uint8_t> out(bytes);
+    EXPECT_EQ(cuda::first_layer_wgrad_refusal(c), "");
+    unsigned grid = 0;
+    EXPECT_EQ(cuda::prepare_first_layer_wgrad(c, 4, &grid), cudaSuccess);
+    DeviceBuffer ws(cuda::first_layer_wgrad_workspace(c, grid));
+    c.partials = static_cast<float*>(ws.p);
+    EXPECT_EQ(cuda::launch_first_layer_wgrad(c, grid, nullptr), cudaSuccess);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(out.data(), dw.p, bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+    return out;
+  };
+  for (const bool masked : {true, false}) {
+    SCOPED_TRACE(masked ? "masked" : "no mask");
+    std::vector<float> dz(count);
+    for (size_t i = 0; i < count; ++i) {
+      const size_t k = i % kK;
+      const float gi = !masked || (mask[i / 8] >> (i % 8)) & 1u ? g[i] : 0.0f;
+      dz[i] = ky[k] * (gi - kz[k] - (z[i] - kx[k]) * kw[k]);  // exact (the values are dyadic)
+    }
+    DeviceBuffer dzb = upload_half(round_f16(dz));
+    cuda::FirstLayerBnFold bn;
+    bn.z = static_cast<const __half*>(zb.p);
+    bn.mask = masked ? static_cast<const uint8_t*>(maskb.p) : nullptr;
+    bn.coef = static_cast<const float4*>(coefb.p);
+    EXPECT_EQ(run(gb.p, bn), run(dzb.p, {})) << "dw folded and from the host's dz differ";
+  }
+#endif
+}
+
 // What the kernel refuses, in words.
 TEST(GpuFirstLayerConvRefusal, NamesWhatItCannotTake) {
 #ifdef KILN_HAVE_CUDA
@@ -375,35 +450,43 @@ INSTANTIATE_TEST_SUITE_P(
 // VGG16-BN and ResNet-50 trained three steps with their first layer's forward on the direct
 // convolution (KILN_FIRST_LAYER_CONV=1, channels padded so that the weight gradient reads the
 // direct form's 4-channel copy of x: KILN_PAD_INPUT_ONCE), then with its weight gradient on the
-// direct kernel too (KILN_FIRST_LAYER_WGRAD=1, reading the same copy), each against today's form
-// within the noise of genstats (step_forms.h).
+// direct kernel too (KILN_FIRST_LAYER_WGRAD=1, reading the same copy), then with BatchNorm's dx
+// pass folded into it (KILN_FIRST_LAYER_BN_FOLD=1: VGG16-BN's plain CBR, ResNet-50's stem with
+// its overlapping max-pool), each against today's form within the noise of genstats
+// (step_forms.h).
 TEST(GpuFirstLayerStep, StepsAgreeDirectOffAndOn) {
   KILN_REQUIRE_GPU();
   if (!sm90_gpu()) GTEST_SKIP() << "the direct kernels are built for SM90";
   for (const char* model : {"vgg16_bn", "resnet50"}) {
     SCOPED_TRACE(model);
-    enum Form { kToday, kGenstats, kDirect, kDirectWgrad };
+    enum Form { kToday, kGenstats, kDirect, kDirectWgrad, kFolded };
     std::vector<StepForm> forms = {{"today", "kiln", Auto::off, Auto::off},
                                    {"genstats", "genstats", Auto::off, Auto::off},
                                    {"KILN_FIRST_LAYER_CONV", "kiln", Auto::off, Auto::off},
-                                   {"+ KILN_FIRST_LAYER_WGRAD", "kiln", Auto::off, Auto::off}};
-    for (const Form f : {kDirect, kDirectWgrad}) {
+                                   {"+ KILN_FIRST_LAYER_WGRAD", "kiln", Auto::off, Auto::off},
+                                   {"+ KILN_FIRST_LAYER_BN_FOLD", "kiln", Auto::off, Auto::off}};
+    for (const Form f : {kDirect, kDirectWgrad, kFolded}) {
       forms[f].first_layer_conv = Auto::on;
       forms[f].pad_channels = Auto::on;
     }
-    forms[kDirectWgrad].first_layer_wgrad = Auto::on;
+    forms[kDirectWgrad].first_layer_wgrad = forms[kFolded].first_layer_wgrad = Auto::on;
+    forms[kFolded].first_layer_bn_fold = Auto::on;
     const std::vector<FormSteps> runs = three_steps(model, forms);
     EXPECT_EQ(runs[kToday].report.first_layer_convs + runs[kToday].report.first_layer_wgrads, 0);
     EXPECT_GT(runs[kGenstats].report.cbr_genstats, 0) << "genstats took no layer: no noise floor";
-    for (const Form f : {kDirect, kDirectWgrad}) {
+    for (const Form f : {kDirect, kDirectWgrad, kFolded}) {
       EXPECT_EQ(runs[f].report.first_layer_convs, 1) << forms[f].name << ": the first layer";
       EXPECT_EQ(runs[f].report.pad_copies_shared, 1)
           << forms[f].name << ": the first layer's weight gradient reads the direct form's x";
     }
     EXPECT_EQ(runs[kDirect].report.first_layer_wgrads, 0);
     EXPECT_EQ(runs[kDirectWgrad].report.first_layer_wgrads, 1) << "the first layer's";
+    EXPECT_EQ(runs[kDirectWgrad].report.first_layer_bn_folds, 0);
+    EXPECT_EQ(runs[kFolded].report.first_layer_wgrads, 1) << "the first layer's";
+    EXPECT_EQ(runs[kFolded].report.first_layer_bn_folds, 1) << "the first layer's";
     expect_within_noise(runs, forms, {kToday, kDirect, kGenstats});
     expect_within_noise(runs, forms, {kToday, kDirectWgrad, kGenstats});
+    expect_within_noise(runs, forms, {kToday, kFolded, kGenstats});
   }
 }
 

@@ -163,6 +163,15 @@ TEST(CudaOptions, FirstLayerWgradSwitchReachesTheOptions) {
   expect_refused("KILN_FIRST_LAYER_WGRAD", "maybe", "use auto or");
 }
 
+// KILN_FIRST_LAYER_BN_FOLD reaches Options::first_layer_bn_fold (which acts only with
+// KILN_FIRST_LAYER_WGRAD on).
+TEST(CudaOptions, FirstLayerBnFoldSwitchReachesTheOptions) {
+  EXPECT_EQ(options_with({}).first_layer_bn_fold, Auto::automatic) << "timed per layer by default";
+  EXPECT_EQ(options_with({{"KILN_FIRST_LAYER_BN_FOLD", "0"}}).first_layer_bn_fold, Auto::off);
+  EXPECT_EQ(options_with({{"KILN_FIRST_LAYER_BN_FOLD", "1"}}).first_layer_bn_fold, Auto::on);
+  expect_refused("KILN_FIRST_LAYER_BN_FOLD", "maybe", "use auto or");
+}
+
 // KILN_DGRAD_NO_DY2 reaches Options::dgrad_no_dy2.
 TEST(CudaOptions, DgradNoDy2SwitchReachesTheOptions) {
   EXPECT_TRUE(options_with({}).dgrad_no_dy2) << "on by default";

@@ -46,7 +46,8 @@ struct StepForm {
   bool sums_clear_kernel = false;  // KILN_SUMS_CLEAR_KERNEL
   // KILN_FIRST_LAYER_CONV: off here for the same reason (GpuFirstLayerStep turns it on).
   Auto first_layer_conv = Auto::off;
-  Auto first_layer_wgrad = Auto::off;  // KILN_FIRST_LAYER_WGRAD
+  Auto first_layer_wgrad = Auto::off;    // KILN_FIRST_LAYER_WGRAD
+  Auto first_layer_bn_fold = Auto::off;  // KILN_FIRST_LAYER_BN_FOLD
 };
 
 using NamedTensors = std::map<std::string, std::vector<float>>;
@@ -101,6 +102,7 @@ inline std::vector<FormSteps> three_steps(const std::string& model,
     o.switches.sums_clear_kernel = f.sums_clear_kernel;
     o.switches.first_layer_conv = f.first_layer_conv;
     o.switches.first_layer_wgrad = f.first_layer_wgrad;
+    o.switches.first_layer_bn_fold = f.first_layer_bn_fold;
     Engine e(bp, o);
     e.lock_memory();
     e.compile(5);

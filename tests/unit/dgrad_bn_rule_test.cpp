@@ -170,6 +170,38 @@ TEST(DgradBnRule, Vgg16BnHasEightStrideOneDataGradientsIntoACbr) {
   }
 }
 
+// A first layer's CBR backward may leave dz unwritten (KILN_FIRST_LAYER_BN_FOLD): no other
+// node reads it, in VGG16-BN (a plain CBR) or ResNet-50 (the stem's CBR with its max-pool),
+// with memory reuse or without. A data gradient's dx, read by the next node, is refused by name.
+TEST(DgradBnRule, FirstLayersDzIsReadByNoOtherNode) {
+  for (const char* model : {"vgg16_bn", "resnet50"}) {
+    for (const bool reuse : {true, false}) {
+      SCOPED_TRACE(std::string(model) + (reuse ? ", memory reuse" : ", no reuse"));
+      const Program p = cuda_program(model, reuse);
+      int first_layers = 0, refused_dx = 0;
+      for (const Phase& ph : p.train) {
+        for (const Node& n : ph.nodes) {
+          if (n.op != OpKind::cbr_bwd && n.op != OpKind::cbr_pool_bwd) continue;
+          if (n.out.at(0) == kNoTensor) {
+            ++first_layers;
+            EXPECT_EQ(unread_output_refusal(p, n, n.out.at(4)), "") << n.label << "'s dz";
+          } else {
+            const std::string why = unread_output_refusal(p, n, n.out.at(0));
+            refused_dx += why.find("is read by '") != std::string::npos;
+          }
+        }
+      }
+      EXPECT_EQ(first_layers, 1);
+      EXPECT_GT(refused_dx, 0) << "every other CBR's dx is read by the layer before it";
+    }
+  }
+  Node stray;
+  stray.label = "stray";
+  EXPECT_NE(unread_output_refusal(cuda_program("vgg16_bn", true), stray, 0)
+                .find("'stray' is not a training node"),
+            std::string::npos);
+}
+
 Switches parse(const char* value) {
   return Switches::parse(
       [&](const char* name) -> const char* {

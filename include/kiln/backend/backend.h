@@ -58,6 +58,7 @@ struct CompileReport {
   int fixed_channels_convs = 0;  // KILN_FIXED_CHANNELS_CONV: padded forwards on CUTLASS's unit
   int first_layer_convs = 0;     // KILN_FIRST_LAYER_CONV: CBR forwards on the direct convolution
   int first_layer_wgrads = 0;    // KILN_FIRST_LAYER_WGRAD: weight gradients on the direct kernel
+  int first_layer_bn_folds = 0;  // KILN_FIRST_LAYER_BN_FOLD: of those, forming dz themselves
   int side_stream_wgrads = 0;    // weight gradients forked onto the side stream
   // KILN_RESIDUAL_BN_SUMS_IN_DX: shortcut BatchNorm backwards summed in the dx pass before them
   int residual_bn_sums_in_dx = 0;

@@ -151,6 +151,8 @@ struct BnBwd {
   std::shared_ptr<DeviceBuffer> keep;
   const double2* partial = nullptr;
   int partial_blocks = 0;
+  // No dx pass: the finalize writes its coefficients here instead (fused_kernels.h's fold_coef).
+  float4* fold_coef = nullptr;
 };
 
 // Statistics (per-channel double sums, then the finalize pass, which also forms the apply
@@ -317,6 +319,9 @@ KernelPtr bn_backward(Context& ctx, int stream, const Nhwc& s, DType dt, const B
              "BatchNorm backward: sums left by another pass in a layout that is not its own");
   KILN_CHECK(!a.res_partial || (gp.on && (dt == DType::F16 || dt == DType::BF16)), Internal,
              "BatchNorm backward: a shortcut's sums asked of a dx pass without 16-byte groups");
+  KILN_CHECK(!a.fold_coef || (!a.res_partial && !a.dres && !a.dy2), Internal,
+             "BatchNorm backward without its dx pass takes no shortcut's sums, residual gradient "
+             "or second gradient");
   const size_t coef_off = reserve_stats_workspace(ctx, stream, chunks, C);
   const dim3 rgrid(static_cast<unsigned>((C + kCx - 1) / kCx), static_cast<unsigned>(d.gy));
   const int64_t count = d.rows * C;
@@ -324,7 +329,8 @@ KernelPtr bn_backward(Context& ctx, int stream, const Nhwc& s, DType dt, const B
   BwdFinalize fin;
   fin.sums = a.sums, fin.rows = d.rows, fin.C = C, fin.saved = a.saved, fin.gamma = a.gamma;
   fin.dgamma = a.dgamma, fin.dbeta = a.dbeta;
-  const bool self_finalize = a.sums && gp.on && ctx.opts.bn_fused_finalize;  // as the forward's
+  const bool self_finalize =
+      a.sums && gp.on && ctx.opts.bn_fused_finalize && !a.fold_coef;  // as the forward's
   const bool route_eager = ctx.opts.pool_route_eager;
   KernelPtr k;
   KILN_DISPATCH_FLOAT(dt, T, {
@@ -361,9 +367,10 @@ KernelPtr bn_backward(Context& ctx, int stream, const Nhwc& s, DType dt, const B
       }
       if (!self_finalize) {
         bwd_finalize_kernel<<<finalize_grid(C), dim3(kFinC, kFinS), 0, st>>>(
-            a.partial ? a.partial : partial, chunks, fin, coef);
+            a.partial ? a.partial : partial, chunks, fin, a.fold_coef ? a.fold_coef : coef);
         KILN_LAUNCH_CHECK("bn bwd finalize");
       }
+      if (a.fold_coef) return;  // the weight gradient forms dx
       // The overlapping form's dx pass reads g where its sums pass wrote it (dx, in place).
       const T* g = a.overlap ? dx : dy;
       const uint8_t* mask = a.overlap ? nullptr : a.mask;
@@ -519,9 +526,10 @@ KernelPtr make_bn_relu_mask_fwd(const Node& n, Context& ctx, int stream, TensorI
 KernelPtr make_bn_relu_mask_bwd(const Node& n, Context& ctx, int stream, TensorId x, TensorId dy,
                                 TensorId dy2, TensorId mask, TensorId gamma, TensorId saved,
                                 TensorId dx, TensorId dres, TensorId dgamma, TensorId dbeta,
-                                const Node* shortcut) {
+                                const Node* shortcut, float4* fold_coef) {
   Nhwc s;
   BnBwd a = bn_bwd_args(ctx, n, x, dy, gamma, saved, dx, dgamma, dbeta, &s);
+  a.fold_coef = fold_coef;
   if (dy2 != kNoTensor) {
     expect_same_dtype(ctx, n, dy, dy2);
     expect_numel(ctx, n, dy2, s.numel(), "dy2");
@@ -541,9 +549,10 @@ KernelPtr make_bn_relu_mask_bwd(const Node& n, Context& ctx, int stream, TensorI
 KernelPtr make_bn_bwd_from_sums(const Node& n, Context& ctx, int stream, TensorId x, TensorId g,
                                 TensorId gamma, TensorId saved, TensorId dx, TensorId dres,
                                 TensorId dgamma, TensorId dbeta, const float* sums,
-                                const Node* shortcut) {
+                                const Node* shortcut, float4* fold_coef) {
   Nhwc s;
   BnBwd a = bn_bwd_args(ctx, n, x, g, gamma, saved, dx, dgamma, dbeta, &s);
+  a.fold_coef = fold_coef;
   set_dresidual(ctx, n, x, dres, s, &a);
   a.sums = sums;
   if (shortcut != nullptr) take_shortcut_sums(ctx, *shortcut, s, ctx.tensor(x).dtype, &a);
@@ -619,9 +628,10 @@ KernelPtr make_bn_relu_pool_fwd(const Node& n, Context& ctx, int stream, TensorI
 // dgamma, dbeta", the gradient at BatchNorm's output read from the pooled dy.
 KernelPtr make_bn_relu_pool_bwd(const Node& n, Context& ctx, int stream, TensorId z, TensorId dy,
                                 TensorId mask, TensorId gamma, TensorId saved, TensorId dz,
-                                TensorId dgamma, TensorId dbeta) {
+                                TensorId dgamma, TensorId dbeta, float4* fold_coef) {
   Nhwc s;
   BnBwd a = bn_bwd_args(ctx, n, z, dz, gamma, saved, dz, dgamma, dbeta, &s);
+  a.fold_coef = fold_coef;
   const Nhwc ds = nhwc_of(ctx, n, dy, "dy (pooled)");
   expect_same_dtype(ctx, n, z, dy);
   const OverlapPool op = merged_pool(ctx, n, z, s, dy, ds, "dy");

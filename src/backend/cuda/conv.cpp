@@ -662,12 +662,8 @@ KernelPtr make_conv_bwd_weight(const Node& n, Context& ctx, int stream) {
   }
   // x's padded copy, where a forward kept on the padded form fills it each step before this
   // runs (the forward of x comes first in every step): one pad copy a step instead of two.
-  std::shared_ptr<DeviceBuffer> x_filled;
+  const std::shared_ptr<DeviceBuffer> x_filled = padded_copy_of(ctx, x);
   const Kernel* padded_wgrad = nullptr;
-  if (ctx.opts.pad_input_once) {
-    if (auto at = ctx.padded_inputs.find(x); at != ctx.padded_inputs.end())
-      x_filled = at->second.lock();
-  }
   KernelPtr k = padded_as_switched(n, ctx, stream, "wgrad", g, dt, [&](bool pad) -> KernelPtr {
     ConvOperands o = conv_operands(pad, stream, describe(n), g, dt, ctx.ptr(x), false, wdt,
                                    ctx.ptr(dw), true, pad ? x_filled : nullptr);

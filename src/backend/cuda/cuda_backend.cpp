@@ -401,6 +401,7 @@ class CudaBackend final : public CudaBackendApi {
     r.fixed_channels_convs = ctx_.fixed_channels_convs;
     r.first_layer_convs = ctx_.first_layer_convs;
     r.first_layer_wgrads = ctx_.first_layer_wgrads;
+    r.first_layer_bn_folds = ctx_.first_layer_bn_folds;
     r.side_stream_wgrads = ctx_.side_wgrads;
     r.residual_bn_sums_in_dx = ctx_.residual_bn_sums_in_dx;
     r.fp32_transformed_plans = ctx_.fp32_transformed;
@@ -446,7 +447,7 @@ class CudaBackend final : public CudaBackendApi {
     ctx_.dgrad_cutlass = ctx_.dgrad_cutlass_fallbacks = ctx_.dgrad_cutlass_conv = 0;
     ctx_.sm90_timed = ctx_.sm90_timed_today = ctx_.sm90_timed_now = 0;
     ctx_.convs_padded = ctx_.pad_timed = ctx_.pad_copies_shared = ctx_.fixed_channels_convs = 0;
-    ctx_.first_layer_convs = ctx_.first_layer_wgrads = 0;
+    ctx_.first_layer_convs = ctx_.first_layer_wgrads = ctx_.first_layer_bn_folds = 0;
     ctx_.padded_inputs.clear();
     ctx_.dgrad_bn_sums.clear();
     ctx_.residual_bn_partials.clear();

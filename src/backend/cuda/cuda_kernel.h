@@ -115,6 +115,9 @@ struct Options {
   Auto first_layer_conv = Auto::automatic;
   // KILN_FIRST_LAYER_WGRAD: a first layer's weight gradient on the direct kernel (conv.cpp).
   Auto first_layer_wgrad = Auto::off;
+  // KILN_FIRST_LAYER_BN_FOLD: that weight gradient forming dz from BatchNorm's backward
+  // (first_layer_bwd.cpp), whose dx pass then goes.
+  Auto first_layer_bn_fold = Auto::automatic;
   // KILN_CBR_FORM: how the fused CBR forward takes BatchNorm's statistics. "kiln" (the
   // default): a plain cuDNN convolution, then kiln's statistics pass over z; "genstats": the
   // MLPerf-style form, one cuDNN graph conv_fprop + genstats (fused.cpp), which falls back
@@ -274,6 +277,7 @@ struct Context : ProgramView {
   int fixed_channels_convs = 0;  // KILN_FIXED_CHANNELS_CONV: padded forwards kept on CUTLASS
   int first_layer_convs = 0;     // KILN_FIRST_LAYER_CONV: CBR forwards on the direct kernel
   int first_layer_wgrads = 0;    // KILN_FIRST_LAYER_WGRAD: weight gradients on the direct kernel
+  int first_layer_bn_folds = 0;  // KILN_FIRST_LAYER_BN_FOLD: of those, forming dz themselves
   struct DgradBnSums {
     const float* sums = nullptr;
     TensorId g = kNoTensor;

@@ -43,6 +43,7 @@ Options options_from_switches(const Switches& sw) {
   o.fixed_channels_conv = sw.fixed_channels_conv;
   o.first_layer_conv = sw.first_layer_conv;
   o.first_layer_wgrad = sw.first_layer_wgrad;
+  o.first_layer_bn_fold = sw.first_layer_bn_fold;
   o.dgrad_no_dy2 = sw.dgrad_no_dy2;
   o.cbr_genstats = sw.cbr_form == "genstats";
   o.cutlass = sw.cutlass;                        // resolved per device and program in prepare()

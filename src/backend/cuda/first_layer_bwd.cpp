@@ -2,6 +2,8 @@
 // KILN_FIRST_LAYER_WGRAD: dz (the conv_bwd_weight node's dy) and x, whose 1-3 channels are
 // read from the 4-channel copy its forward fills each step where there is one
 // (KILN_PAD_INPUT_ONCE), else copied to 4 channels before each run into a buffer the kernel owns.
+// With a fold (KILN_FIRST_LAYER_BN_FOLD; fused.cpp chooses it) the same kernel forms dz itself
+// from the CBR's BatchNorm backward, which then skips its dx pass.
 #include "backend/cuda/channel_ops.h"
 #include "backend/cuda/first_layer_wgrad.h"
 #include "backend/cuda/fused_kernels.h"
@@ -9,11 +11,12 @@
 namespace kiln::cuda {
 
 KernelPtr make_first_layer_wgrad(const Node& n, Context& ctx, int stream, TensorId x, TensorId dz,
-                                 TensorId dw, const std::shared_ptr<DeviceBuffer>& x_filled) {
+                                 TensorId dw, const std::shared_ptr<DeviceBuffer>& x_filled,
+                                 const FirstLayerFold* fold) {
   const ConvGeom g = conv_geom(ctx, n, x, dw, dz);
   const auto refuse = [&](const std::string& why) -> KernelPtr {
     log_debug(op_name(n.op), " node '", n.label, "': the first layer's direct weight gradient ",
-              why);
+              fold ? "with BatchNorm's backward " : "", why);
     return nullptr;
   };
   if (ctx.tensor(x).dtype != DType::F16 || ctx.tensor(dz).dtype != DType::F16)
@@ -34,6 +37,17 @@ KernelPtr make_first_layer_wgrad(const Node& n, Context& ctx, int stream, Tensor
   p.dw = ctx.ptr(dw), p.dw_f32 = wdt == DType::F32, p.dw_channels = static_cast<int>(c);
   static_cast<FirstLayerShape&>(p) = first_layer_shape(g);
   if (p.p() != g.y.h || p.q() != g.y.w) return refuse("disagrees with dz's shape");
+  if (fold) {
+    const DTensor& z = ctx.tensor(fold->z);
+    if (z.dtype != DType::F16 || z.numel() != ctx.tensor(dz).numel())
+      return refuse("takes an FP16 z of dz's size");
+    if (fold->mask != kNoTensor && (ctx.tensor(fold->mask).dtype != DType::U8 ||
+                                    ctx.tensor(fold->mask).numel() * 8 < z.numel()))
+      return refuse("takes a mask of one bit per element of z");
+    p.bn.z = static_cast<const __half*>(ctx.ptr(fold->z));
+    p.bn.mask = fold->mask == kNoTensor ? nullptr : ctx.ptr<uint8_t>(fold->mask);
+    p.bn.coef = fold->coef;
+  }
   if (std::string why = first_layer_wgrad_refusal(p); !why.empty()) return refuse(why);
   unsigned grid = 0;
   if (cudaError_t e = prepare_first_layer_wgrad(p, ctx.sm_count, &grid); e != cudaSuccess)
@@ -51,6 +65,12 @@ KernelPtr make_first_layer_wgrad(const Node& n, Context& ctx, int stream, Tensor
       KILN_FAIL(Backend, what, ": the first layer's direct weight gradient failed to launch: ",
                 cudaGetErrorString(e));
   });
+}
+
+std::shared_ptr<DeviceBuffer> padded_copy_of(const Context& ctx, TensorId x) {
+  if (!ctx.opts.pad_input_once) return nullptr;
+  const auto at = ctx.padded_inputs.find(x);
+  return at == ctx.padded_inputs.end() ? nullptr : at->second.lock();
 }
 
 }  // namespace kiln::cuda

@@ -20,22 +20,53 @@ constexpr int kMaxK = 256;        // 64 taps (8x8) at most: a warp's share of dw
 constexpr int kMaxPairs = kMaxK / 16 / 2;  // column pairs a warp takes at most
 
 size_t smem_bytes(int kp) {
-  return (static_cast<size_t>(kPixels) * kDzPitch + static_cast<size_t>(kPixels) * (kp + 8)) *
+  return kK * sizeof(float4) +
+         (static_cast<size_t>(kPixels) * kDzPitch + static_cast<size_t>(kPixels) * (kp + 8)) *
              sizeof(__half) +
          static_cast<size_t>(kp / kC) * sizeof(int4) + kPixels * sizeof(PixelPlace);
 }
 
+// 8 channels of a staged dz row (16 bytes at channel 8 v of pixel `row`, zeros past the output):
+// dz itself, or (Fold) formed from g, z, the mask and the coefficients as bwd_dx_group forms it.
+template <bool Fold>
+__device__ __forceinline__ uint4 dz_vector(const __half* __restrict__ dz, int64_t row, int v,
+                                           const FirstLayerBnFold& bn, const float4* coef) {
+  const int64_t at = row * kK + 8 * v;
+  const uint4 g = __ldg(reinterpret_cast<const uint4*>(dz + at));
+  if constexpr (!Fold) {
+    return g;
+  } else {
+    const uint4 zv = __ldg(reinterpret_cast<const uint4*>(bn.z + at));
+    const unsigned bits = bn.mask ? bn.mask[row * (kK / 8) + v] : 0xFFu;
+    const auto* gh = reinterpret_cast<const __half*>(&g);
+    const auto* zh = reinterpret_cast<const __half*>(&zv);
+    uint4 out;
+    auto* oh = reinterpret_cast<__half*>(&out);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const float4 k = coef[8 * v + j];
+      const float gj = (bits >> j) & 1u ? __half2float(gh[j]) : 0.0f;
+      oh[j] = __float2half_rn(k.y * (gj - k.z - (__half2float(zh[j]) - k.x) * k.w));
+    }
+    return out;
+  }
+}
+
+template <bool Fold>
 __global__ void __launch_bounds__(kThreads, 2)
     first_layer_wgrad_kernel(const __half* __restrict__ x, const __half* __restrict__ dz,
-                             float* __restrict__ partials, Geometry g, FastDivide by_taps) {
+                             float* __restrict__ partials, Geometry g, FastDivide by_taps,
+                             FirstLayerBnFold bn) {
   extern __shared__ __align__(16) unsigned char smem[];
   const int xpitch = g.kp + 8, ntaps = g.kp / kC;
-  __half* dzs = reinterpret_cast<__half*>(smem);  // [pixel][channel]
-  __half* xs = dzs + kPixels * kDzPitch;          // [pixel][tap x 4 + channel]
+  auto* coef = reinterpret_cast<float4*>(smem);        // [channel]: Fold's coefficients
+  __half* dzs = reinterpret_cast<__half*>(coef + kK);  // [pixel][channel]
+  __half* xs = dzs + kPixels * kDzPitch;               // [pixel][tap x 4 + channel]
   auto* taps = reinterpret_cast<int4*>(xs + kPixels * xpitch);
   auto* places = reinterpret_cast<PixelPlace*>(taps + ntaps);
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, gid = lane / 4, tig = lane % 4;
   for (int t = tid; t < ntaps; t += kThreads) taps[t] = tap_place(g, t);
+  if (Fold && tid < kK) coef[tid] = bn.coef[tid];
 
   const int mt = warp % 4, pairs = g.kp / 16;
   const int pair0 = warp < 4 ? 0 : (pairs + 1) / 2, pair1 = warp < 4 ? (pairs + 1) / 2 : pairs;
@@ -59,12 +90,11 @@ __global__ void __launch_bounds__(kThreads, 2)
     const int base = tile * kPixels;
     __syncthreads();  // the last tile's reads are done (and the tap table is written)
     if (tid < kPixels) places[tid] = place_pixel(g, base + tid);
-    // dz's 64 rows of 128 bytes, zeros past the output.
+    // dz's 64 rows of 128 bytes, zeros past the output (whose dz is 0: they add nothing).
     for (int e = tid; e < kPixels * 8; e += kThreads) {
       const int row = e / 8, v = e % 8;
-      uint4 val = make_uint4(0u, 0u, 0u, 0u);
-      if (base + row < g.m)
-        val = __ldg(reinterpret_cast<const uint4*>(dz + static_cast<int64_t>(base + row) * kK) + v);
+      const uint4 val = base + row < g.m ? dz_vector<Fold>(dz, base + row, v, bn, coef)
+                                         : make_uint4(0u, 0u, 0u, 0u);
       *reinterpret_cast<uint4*>(dzs + row * kDzPitch + v * 8) = val;
     }
     __syncthreads();  // the pixels' places
@@ -131,6 +161,8 @@ std::string first_layer_wgrad_refusal(const FirstLayerWgrad& c) {
   };
   if (misaligned(c.x, 16) || misaligned(c.dz, 16) || misaligned(c.dw, 4))
     return "needs x and dz 16-byte aligned, dw 4-byte";
+  if (c.bn.z && (!c.bn.coef || misaligned(c.bn.z, 16) || misaligned(c.bn.coef, 16)))
+    return "folds BatchNorm's backward with z 16-byte aligned and its coefficients";
   if (c.dw_channels < 1 || c.dw_channels > kC) return "takes dw of 1 to 4 channels";
   return first_layer_shape_refusal(c, kMaxK);
 }
@@ -138,8 +170,9 @@ std::string first_layer_wgrad_refusal(const FirstLayerWgrad& c) {
 cudaError_t prepare_first_layer_wgrad(const FirstLayerWgrad& c, int sm_count, unsigned* grid) {
   if (!first_layer_wgrad_refusal(c).empty()) return cudaErrorInvalidValue;
   const Geometry g = geometry(c);
-  return prepare_persistent(first_layer_wgrad_kernel, kThreads, smem_bytes(g.kp),
-                            (g.m + kPixels - 1) / kPixels, sm_count, grid);
+  return prepare_persistent(
+      c.bn.z ? first_layer_wgrad_kernel<true> : first_layer_wgrad_kernel<false>, kThreads,
+      smem_bytes(g.kp), (g.m + kPixels - 1) / kPixels, sm_count, grid);
 }
 
 size_t first_layer_wgrad_workspace(const FirstLayerWgrad& c, unsigned grid) {
@@ -150,8 +183,9 @@ cudaError_t launch_first_layer_wgrad(const FirstLayerWgrad& c, unsigned grid, cu
   if (!first_layer_wgrad_refusal(c).empty() || grid == 0 || c.partials == nullptr)
     return cudaErrorInvalidValue;
   const Geometry g = geometry(c);
-  first_layer_wgrad_kernel<<<grid, kThreads, smem_bytes(g.kp), stream>>>(c.x, c.dz, c.partials, g,
-                                                                         FastDivide(g.kp / kC));
+  const auto kernel = c.bn.z ? first_layer_wgrad_kernel<true> : first_layer_wgrad_kernel<false>;
+  kernel<<<grid, kThreads, smem_bytes(g.kp), stream>>>(c.x, c.dz, c.partials, g,
+                                                       FastDivide(g.kp / kC), c.bn);
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   const int total = kK * g.taps * c.dw_channels;
   first_layer_wgrad_sum<<<(total + 255) / 256, 256, 0, stream>>>(

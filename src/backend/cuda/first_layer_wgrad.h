@@ -6,9 +6,11 @@
 // (each a tap's 4 channels, 8 bytes) are staged in shared memory, and mma.sync takes dzᵀ as A
 // and the patches as B (both through ldmatrix.trans), so each CTA keeps its share of dw in
 // registers across its tiles; the CTAs' shares are then added in a fixed order (deterministic).
-// The step towards computing dz inside it from BatchNorm's backward (no dz written or read).
-// Not yet run on a GPU: the step uses it only under KILN_FIRST_LAYER_WGRAD (off; conv.cpp), and
-// tests/gpu/gpu_first_layer_test.cpp checks it against float64.
+// With BatchNorm's backward folded in (FirstLayerBnFold), dz is formed while a tile is staged,
+// from BatchNorm's input, the gradient g and the coefficients its finalize pass left, as that
+// backward's dx pass forms it (the same arithmetic, so the same FP16 bits): dz is then neither
+// written nor read. The step uses it under KILN_FIRST_LAYER_WGRAD and KILN_FIRST_LAYER_BN_FOLD
+// (fused.cpp, first_layer_bwd.cpp); tests/gpu/gpu_first_layer_test.cpp checks it.
 #pragma once
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -20,13 +22,22 @@
 
 namespace kiln::cuda {
 
+// dz = k.y (g - k.z - (z - k.x) k.w) with k = coef[channel] and g = dz's buffer where mask's bit
+// (ReLU's, one per element) passes it, else 0: bwd_dx_group's arithmetic (bn_kernels.cuh).
+struct FirstLayerBnFold {
+  const __half* z = nullptr;      // [n][p][q][64]: BatchNorm's input; null: no fold
+  const uint8_t* mask = nullptr;  // [n][p][q][64 / 8]; null passes every element
+  const float4* coef = nullptr;   // [64]: BatchNorm's backward finalize's coefficients
+};
+
 struct FirstLayerWgrad : FirstLayerShape {
   const __half* x = nullptr;   // [n][h][w][4]
-  const __half* dz = nullptr;  // [n][p][q][64]
+  const __half* dz = nullptr;  // [n][p][q][64]; BatchNorm's g where bn.z is set
   void* dw = nullptr;          // [64][r][s][dw_channels], FP16 or FP32 (dw_f32)
   bool dw_f32 = true;
   int dw_channels = 4;        // x's channels before padding to 4 (1..4): dw's last dimension
   float* partials = nullptr;  // first_layer_wgrad_workspace(grid) bytes
+  FirstLayerBnFold bn;
 };
 
 // "" where launch_first_layer_wgrad takes the problem, else why not.

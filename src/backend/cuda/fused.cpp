@@ -18,10 +18,12 @@
 // BatchNorm's apply pass: the full-resolution ReLU output is neither written nor read back, and
 // the backward reads the pooled gradient and the mask of the elements the pool took.
 #include "backend/cuda/cuda_kernel.h"
+#include "backend/cuda/first_layer_conv.h"
 #include "backend/cuda/fused_kernels.h"
 #include "backend/cuda/side_stream.h"
 #include "backend/cuda/sm90_layer.h"
 #include "backend/cuda/timed_form.h"
+#include "backend/dgrad_bn_rule.h"
 #include "backend/fused_nodes.h"
 
 namespace kiln::cuda {
@@ -166,6 +168,15 @@ KernelPtr make_cbr_fwd(const Node& n, Context& ctx, int stream) {
 
 namespace {
 
+// The cancelled bias's gradient: the sum of dz per channel, exactly 0 (ops.def).
+KernelPtr zero_bias_grad(const Node& n, Context& ctx, int stream, TensorId db) {
+  expect_dtype(ctx, n, db, DType::F32, "db");
+  void* dbp = ctx.ptr(db);
+  const auto bytes = static_cast<size_t>(ctx.tensor(db).bytes());
+  return make_fn(
+      stream, [=](Context&, cudaStream_t st) { CUDA_CHECK(cudaMemsetAsync(dbp, 0, bytes, st)); });
+}
+
 // The convolution gradients of cbr_bwd and cbr_pool_bwd after their BatchNorm part (which
 // wrote dz): the weight gradient on the side stream beside the data gradient (side_stream.h)
 // unless dx or db shares bytes with what it reads or writes; the first layer's form has no dx.
@@ -189,30 +200,82 @@ KernelPtr cbr_conv_backward(const Node& n, Context& ctx, int stream, KernelPtr b
     KernelPtr dgrad = make_dgrad_for_bn(n, ctx, stream, dz, w, dx, cudnn);
     parts.push_back(dgrad ? std::move(dgrad) : cudnn());
   }
-  if (db != kNoTensor) {
-    // The cancelled bias's gradient: sum of dz per channel, exactly 0 (ops.def).
-    expect_dtype(ctx, n, db, DType::F32, "db");
-    void* dbp = ctx.ptr(db);
-    const auto bytes = static_cast<size_t>(ctx.tensor(db).bytes());
-    parts.push_back(make_fn(stream, [=](Context&, cudaStream_t st) {
-      CUDA_CHECK(cudaMemsetAsync(dbp, 0, bytes, st));
-    }));
-  }
+  if (db != kNoTensor) parts.push_back(zero_bias_grad(n, ctx, stream, db));
   return std::make_unique<Sequence>(stream, std::move(parts));
+}
+
+// A first layer's CBR backward (no dx) with BatchNorm's dx pass folded into the direct weight
+// gradient (KILN_FIRST_LAYER_BN_FOLD, with KILN_FIRST_LAYER_WGRAD): bn_part(coef) is BatchNorm's
+// backward without its dx pass, leaving its coefficients in coef, and the weight gradient forms
+// dz from g (BatchNorm's gradient: dy, or where a pass wrote it), z and the mask as it loads
+// them: dz is never written (only the overlapping pool's sums pass writes g there). 1 takes it
+// wherever it can; auto keeps the faster of it and `usual` (the unfolded pair), timed per
+// layer. nullptr where it is not taken.
+KernelPtr first_layer_folded(const Node& n, Context& ctx, int stream, const CbrBwdTensors& t,
+                             TensorId g, TensorId mask,
+                             const std::function<KernelPtr(float4*)>& bn_part,
+                             const std::function<KernelPtr()>& usual) {
+  if (ctx.opts.first_layer_bn_fold == Auto::off || ctx.opts.first_layer_wgrad == Auto::off ||
+      t.dx != kNoTensor)
+    return nullptr;
+  const std::string what = std::string(op_name(n.op)) + " node '" + n.label + "'";
+  if (const std::string why = ctx.program ? unread_output_refusal(*ctx.program, n, t.dz)
+                                          : "no program to check dz's readers in";
+      !why.empty()) {
+    log_debug(what, ": BatchNorm's backward stays unfolded: ", why);
+    return nullptr;
+  }
+  const ConvGeom geom = conv_geom(ctx, n, t.x, t.w, t.z);
+  auto coef = std::make_unique<DeviceBuffer>(kFirstLayerOutputs * sizeof(float4));
+  const FirstLayerFold fold{t.z, mask, static_cast<const float4*>(coef->get())};
+  const std::shared_ptr<DeviceBuffer> x_filled = padded_copy_of(ctx, t.x);
+  KernelPtr wgrad =
+      make_first_layer_wgrad(fused_part(OpKind::conv_bwd_weight, {t.x, g}, {t.dw}, n, "wgrad"), ctx,
+                             stream, t.x, g, t.dw, x_filled, &fold);
+  if (!wgrad) return nullptr;
+  std::vector<KernelPtr> parts;
+  parts.push_back(bn_part(static_cast<float4*>(coef->get())));
+  parts.push_back(std::move(wgrad));
+  if (t.db != kNoTensor) parts.push_back(zero_bias_grad(n, ctx, stream, t.db));
+  KernelPtr folded = std::make_unique<Sequence>(stream, std::move(parts), std::move(coef));
+  const auto keep_folded = [&] {
+    ++ctx.first_layer_wgrads, ++ctx.first_layer_bn_folds;
+    if (x_filled && geom.x.c != kFirstLayerChannels) ++ctx.pad_copies_shared;
+    return std::move(folded);
+  };
+  if (ctx.opts.first_layer_bn_fold == Auto::on) return keep_folded();
+  // The unfolded pair's own choices (cuDNN's weight gradient or the direct one) count only where
+  // it is the form kept.
+  const int wgrads = ctx.first_layer_wgrads, shared = ctx.pad_copies_shared;
+  KernelPtr unfolded = usual();
+  const FormChoice c =
+      choose_faster_form(ctx, stream, timed_form_key(op_name(n.op), geom, DType::F16, "", "flbnv1"),
+                         {"folded", {folded.get()}}, {"usual", {unfolded.get()}}, {},
+                         ctx.opts.autotune || !ctx.opts.tune_path.empty());
+  log_debug(what, ": BatchNorm's backward folded into the direct weight gradient ", c.first_ms,
+            " ms, unfolded ", c.second_ms, " ms: keeps ",
+            c.found && c.first ? "the folded form" : "the unfolded one");
+  if (!(c.found && c.first)) return unfolded;
+  ctx.first_layer_wgrads = wgrads, ctx.pad_copies_shared = shared;
+  return keep_folded();
 }
 
 }  // namespace
 
 KernelPtr make_bn_bwd_part(const Node& n, Context& ctx, int stream,
-                           const Context::DgradBnSums* summed, const Node* shortcut) {
+                           const Context::DgradBnSums* summed, const Node* shortcut,
+                           float4* fold_coef) {
   if (n.op == OpKind::cbr_bwd) {
     const CbrBwdTensors t = cbr_bwd_tensors(n);
-    return summed != nullptr
-               ? make_bn_bwd_from_sums(n, ctx, stream, t.z, summed->g, t.gamma, t.saved, t.dz,
-                                       kNoTensor, t.dgamma, t.dbeta, summed->sums)
-               : make_bn_relu_mask_bwd(n, ctx, stream, t.z, t.dy, kNoTensor, t.mask, t.gamma,
-                                       t.saved, t.dz, kNoTensor, t.dgamma, t.dbeta);
+    return summed != nullptr ? make_bn_bwd_from_sums(n, ctx, stream, t.z, summed->g, t.gamma,
+                                                     t.saved, t.dz, kNoTensor, t.dgamma, t.dbeta,
+                                                     summed->sums, nullptr, fold_coef)
+                             : make_bn_relu_mask_bwd(n, ctx, stream, t.z, t.dy, kNoTensor, t.mask,
+                                                     t.gamma, t.saved, t.dz, kNoTensor, t.dgamma,
+                                                     t.dbeta, nullptr, fold_coef);
   }
+  KILN_CHECK(fold_coef == nullptr, Internal, "make_bn_bwd_part: ", op_name(n.op), " node '",
+             n.label, "': only a CBR's BatchNorm backward leaves its dx to a fold");
   KILN_CHECK(n.op == OpKind::bn_add_relu_bwd, Internal, "make_bn_bwd_part: ", op_name(n.op),
              " node '", n.label, "' has no BatchNorm backward part");
   const TensorId x = need_in(n, 0, "x"), dy = need_in(n, 1, "dy"), mask = need_in(n, 2, "mask"),
@@ -261,8 +324,18 @@ KernelPtr make_cbr_bwd(const Node& n, Context& ctx, int stream) {
   const CbrBwdTensors t = cbr_bwd_tensors(n);
   // A bottleneck's conv2: its dy is conv3's data gradient, which on the SM90 kernel
   // (KILN_CUTLASS_DGRAD) wrote g there and left g's sums.
-  KernelPtr bn = make_bn_bwd_part(n, ctx, stream, dgrad_sums_for(ctx, n));
-  return cbr_conv_backward(n, ctx, stream, std::move(bn), t.x, t.w, t.dz, t.dx, t.dw, t.db);
+  const Context::DgradBnSums* summed = dgrad_sums_for(ctx, n);
+  const auto bn = [&](float4* fold_coef) {
+    return make_bn_bwd_part(n, ctx, stream, summed, nullptr, fold_coef);
+  };
+  const auto usual = [&] {
+    return cbr_conv_backward(n, ctx, stream, bn(nullptr), t.x, t.w, t.dz, t.dx, t.dw, t.db);
+  };
+  // g: masked already where the data gradient wrote it, else dy under the mask.
+  if (KernelPtr k = first_layer_folded(n, ctx, stream, t, summed ? summed->g : t.dy,
+                                       summed ? kNoTensor : t.mask, bn, usual))
+    return k;
+  return usual();
 }
 
 // "x, w, gamma, beta, running_mean, running_var, [b] -> z, y (pooled), saved, mask (over z)":
@@ -281,10 +354,19 @@ KernelPtr make_cbr_pool_fwd(const Node& n, Context& ctx, int stream) {
 KernelPtr make_cbr_pool_bwd(const Node& n, Context& ctx, int stream) {
   reject_accumulate(ctx, n);
   const CbrBwdTensors t = cbr_bwd_tensors(n);
-  return cbr_conv_backward(n, ctx, stream,
-                           make_bn_relu_pool_bwd(n, ctx, stream, t.z, t.dy, t.mask, t.gamma,
-                                                 t.saved, t.dz, t.dgamma, t.dbeta),
-                           t.x, t.w, t.dz, t.dx, t.dw, t.db);
+  const auto bn = [&](float4* fold_coef) {
+    return make_bn_relu_pool_bwd(n, ctx, stream, t.z, t.dy, t.mask, t.gamma, t.saved, t.dz,
+                                 t.dgamma, t.dbeta, fold_coef);
+  };
+  const auto usual = [&] {
+    return cbr_conv_backward(n, ctx, stream, bn(nullptr), t.x, t.w, t.dz, t.dx, t.dw, t.db);
+  };
+  // Overlapping windows: the sums pass gathers g into dz, where the fold reads it. Windows that
+  // tile z leave g to be read through the pool's map, which the fold does not do.
+  if (!n.attrs.pool_tiles()) {
+    if (KernelPtr k = first_layer_folded(n, ctx, stream, t, t.dz, kNoTensor, bn, usual)) return k;
+  }
+  return usual();
 }
 
 KernelPtr make_bn_add_relu_fwd_part(const Node& n, Context& ctx, int stream, const float* sums,

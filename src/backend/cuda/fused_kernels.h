@@ -78,8 +78,18 @@ KernelPtr make_first_layer_conv_fwd(const Node& n, Context& ctx, int stream, Ten
 // kernel (KILN_FIRST_LAYER_WGRAD; first_layer_bwd.cpp), reading x_filled (x's 4-channel copy,
 // which its forward fills each step) where given. nullptr (with a debug line saying why) where
 // it cannot take the layer.
+// With `fold` (KILN_FIRST_LAYER_BN_FOLD), dz holds BatchNorm's gradient g, and the kernel forms
+// dz from it, z, the ReLU mask (or none) and the coefficients that BatchNorm's backward
+// finalize wrote (its fold_coef) as that backward's dx pass would.
+struct FirstLayerFold {
+  TensorId z = kNoTensor, mask = kNoTensor;
+  const float4* coef = nullptr;  // [64]
+};
 KernelPtr make_first_layer_wgrad(const Node& n, Context& ctx, int stream, TensorId x, TensorId dz,
-                                 TensorId dw, const std::shared_ptr<DeviceBuffer>& x_filled);
+                                 TensorId dw, const std::shared_ptr<DeviceBuffer>& x_filled,
+                                 const FirstLayerFold* fold = nullptr);
+// x's 4-channel copy that a forward registered (KILN_PAD_INPUT_ONCE), or null.
+std::shared_ptr<DeviceBuffer> padded_copy_of(const Context& ctx, TensorId x);
 
 // Whether this libkiln holds the SM90 CUTLASS kernels (CMake's KILN_CUTLASS_KERNELS): what
 // KILN_CUTLASS=auto asks before trying them (sm90_conv_gemm_tried).
@@ -88,10 +98,13 @@ bool cutlass_kernels_built();
 // BatchNorm's backward with the ReLU's backward taken from the mask: g = mask ? dy [+ dy2] : 0
 // (also written to dres unless that is kNoTensor), dx, dgamma, dbeta from g. dy2 (optional)
 // is bn_add_relu_bwd's second gradient contribution, summed as the add op would.
+// fold_coef, in these BatchNorm backwards: no dx pass; the finalize's per-channel coefficients
+// (float4[C]) go there for a first layer's weight gradient to form dx itself (first_layer_bwd.cpp).
+// Where the overlapping pool's sums pass gathers g, it still writes g into dx.
 KernelPtr make_bn_relu_mask_bwd(const Node& n, Context& ctx, int stream, TensorId x, TensorId dy,
                                 TensorId dy2, TensorId mask, TensorId gamma, TensorId saved,
                                 TensorId dx, TensorId dres, TensorId dgamma, TensorId dbeta,
-                                const Node* shortcut = nullptr);
+                                const Node* shortcut = nullptr, float4* fold_coef = nullptr);
 
 // The same when the data gradient before it (make_dgrad_for_bn) wrote g, the gradient at
 // BatchNorm's output with the mask applied and dy2 added, and g's FP32 sums [sum g; sum
@@ -100,7 +113,7 @@ KernelPtr make_bn_relu_mask_bwd(const Node& n, Context& ctx, int stream, TensorI
 KernelPtr make_bn_bwd_from_sums(const Node& n, Context& ctx, int stream, TensorId x, TensorId g,
                                 TensorId gamma, TensorId saved, TensorId dx, TensorId dres,
                                 TensorId dgamma, TensorId dbeta, const float* sums,
-                                const Node* shortcut = nullptr);
+                                const Node* shortcut = nullptr, float4* fold_coef = nullptr);
 
 // A data gradient dx = conv_bwd_data(dy, w) of `n` (a conv_bwd_data node, or cbr_bwd /
 // cbr_pool_bwd's part) whose dx a later cbr_bwd or bn_add_relu_bwd reads as the gradient at its
@@ -120,7 +133,8 @@ KernelPtr make_dgrad_for_bn(const Node& n, Context& ctx, int stream, TensorId dy
 // shortcut BatchNorm's backward whose sums bn_add_relu_bwd's dx pass may take
 // (KILN_RESIDUAL_BN_SUMS_IN_DX); given only for the node's own kernel, never a timed copy.
 KernelPtr make_bn_bwd_part(const Node& n, Context& ctx, int stream,
-                           const Context::DgradBnSums* summed, const Node* shortcut = nullptr);
+                           const Context::DgradBnSums* summed, const Node* shortcut = nullptr,
+                           float4* fold_coef = nullptr);
 
 // cbr_pool_fwd's epilogue (ops.def): saved and running statistics as make_bn_relu_mask_fwd,
 // then y = the max-pool of relu(bn(z)) by n.attrs.pool windows, and the mask of the elements
@@ -136,6 +150,6 @@ KernelPtr make_bn_relu_pool_fwd(const Node& n, Context& ctx, int stream, TensorI
 // that took it); dz, dgamma, dbeta from it.
 KernelPtr make_bn_relu_pool_bwd(const Node& n, Context& ctx, int stream, TensorId z, TensorId dy,
                                 TensorId mask, TensorId gamma, TensorId saved, TensorId dz,
-                                TensorId dgamma, TensorId dbeta);
+                                TensorId dgamma, TensorId dbeta, float4* fold_coef = nullptr);
 
 }  // namespace kiln::cuda
