@@ -17,112 +17,163 @@ constexpr int kWarps = 8, kThreads = 32 * kWarps;
 constexpr int kPixels = 64;       // a tile: four 16-deep MMA steps
 constexpr int kDzPitch = kK + 8;  // halves a staged dz row takes (16 bytes of pad)
 constexpr int kMaxK = 256;        // 64 taps (8x8) at most: a warp's share of dw in 64 registers
-constexpr int kMaxPairs = kMaxK / 16 / 2;  // column pairs a warp takes at most
+static_assert(kThreads == 4 * kPixels, "four threads stage each pixel of a tile");
 
-size_t smem_bytes(int kp) {
-  return kK * sizeof(float4) +
-         (static_cast<size_t>(kPixels) * kDzPitch + static_cast<size_t>(kPixels) * (kp + 8)) *
-             sizeof(__half) +
-         static_cast<size_t>(kp / kC) * sizeof(int4) + kPixels * sizeof(PixelPlace);
+// Shared memory, in order: the fold's coefficients [64], the tap table, dz's tile (two buffers;
+// one, formed from g and z, when folding), x's patches (two buffers), then when folding g's and
+// z's raw tiles and the mask's bytes (two buffers each). Every piece is 16-byte aligned.
+struct Layout {
+  int dz, xs, gs, zs, ms, bytes;  // byte offsets, then the total
+};
+__host__ __device__ inline Layout layout(int kp, bool fold) {
+  Layout l;
+  const int taps = kp / kC, xtile = kPixels * (kp + 8) * 2, dztile = kPixels * kDzPitch * 2;
+  const int raw = kPixels * kK * 2;
+  l.dz = kK * 16 + taps * 16;
+  l.xs = l.dz + (fold ? 1 : 2) * dztile;
+  l.gs = l.xs + 2 * xtile;
+  l.zs = l.gs + (fold ? 2 * raw : 0);
+  l.ms = l.zs + (fold ? 2 * raw : 0);
+  l.bytes = l.ms + (fold ? 2 * kPixels * 8 : 0);
+  return l;
 }
 
-// 8 channels of a staged dz row (16 bytes at channel 8 v of pixel `row`, zeros past the output):
-// dz itself, or (Fold) formed from g, z, the mask and the coefficients as bwd_dx_group forms it.
-template <bool Fold>
-__device__ __forceinline__ uint4 dz_vector(const __half* __restrict__ dz, int64_t row, int v,
-                                           const FirstLayerBnFold& bn, const float4* coef) {
-  const int64_t at = row * kK + 8 * v;
-  const uint4 g = __ldg(reinterpret_cast<const uint4*>(dz + at));
-  if constexpr (!Fold) {
-    return g;
-  } else {
-    const uint4 zv = __ldg(reinterpret_cast<const uint4*>(bn.z + at));
-    const unsigned bits = bn.mask ? bn.mask[row * (kK / 8) + v] : 0xFFu;
-    const auto* gh = reinterpret_cast<const __half*>(&g);
-    const auto* zh = reinterpret_cast<const __half*>(&zv);
-    uint4 out;
-    auto* oh = reinterpret_cast<__half*>(&out);
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const float4 k = coef[8 * v + j];
-      const float gj = (bits >> j) & 1u ? __half2float(gh[j]) : 0.0f;
-      oh[j] = __float2half_rn(k.y * (gj - k.z - (__half2float(zh[j]) - k.x) * k.w));
-    }
-    return out;
-  }
-}
-
-template <bool Fold>
-__global__ void __launch_bounds__(kThreads, 2)
+// Pairs: the 16-wide column pairs of dw a warp takes at most (its accumulators' size), so that
+// a small filter's kernel keeps few registers and more CTAs stay resident to hide latency.
+template <bool Fold, int Pairs>
+__global__ void __launch_bounds__(kThreads, Pairs > 2 ? 2
+                                            : Fold    ? 3
+                                                      : 4)
     first_layer_wgrad_kernel(const __half* __restrict__ x, const __half* __restrict__ dz,
-                             float* __restrict__ partials, Geometry g, FastDivide by_taps,
-                             FirstLayerBnFold bn) {
+                             float* __restrict__ partials, Geometry g, FirstLayerBnFold bn) {
   extern __shared__ __align__(16) unsigned char smem[];
   const int xpitch = g.kp + 8, ntaps = g.kp / kC;
-  auto* coef = reinterpret_cast<float4*>(smem);        // [channel]: Fold's coefficients
-  __half* dzs = reinterpret_cast<__half*>(coef + kK);  // [pixel][channel]
-  __half* xs = dzs + kPixels * kDzPitch;               // [pixel][tap x 4 + channel]
-  auto* taps = reinterpret_cast<int4*>(xs + kPixels * xpitch);
-  auto* places = reinterpret_cast<PixelPlace*>(taps + ntaps);
+  const Layout l = layout(g.kp, Fold);
+  auto* coef = reinterpret_cast<float4*>(smem);  // [channel]: Fold's coefficients
+  auto* taps = reinterpret_cast<int4*>(smem + kK * 16);
+  const auto dz_buf = [&](int b) {
+    return reinterpret_cast<__half*>(smem + l.dz) + b * kPixels * kDzPitch;
+  };
+  const auto x_buf = [&](int b) {
+    return reinterpret_cast<__half*>(smem + l.xs) + b * kPixels * xpitch;
+  };
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, gid = lane / 4, tig = lane % 4;
   for (int t = tid; t < ntaps; t += kThreads) taps[t] = tap_place(g, t);
   if (Fold && tid < kK) coef[tid] = bn.coef[tid];
+  __syncthreads();  // the tap table
 
-  const int mt = warp % 4, pairs = g.kp / 16;
-  const int pair0 = warp < 4 ? 0 : (pairs + 1) / 2, pair1 = warp < 4 ? (pairs + 1) / 2 : pairs;
-  float acc[kMaxPairs][2][4];
+  // Staging: thread tid takes pixel tid / 4 of a tile: every fourth of its taps from tid % 4, and
+  // its 16-byte vectors 2 (tid % 4) and 2 (tid % 4) + 1 of dz (or of g and z), all by cp.async
+  // (zeros outside x and past the output), so the next tile's loads fly during this one's MMAs.
+  const int srow = tid / 4, sub = tid % 4;
+  const auto* x8 = reinterpret_cast<const uint2*>(x);
+  const auto stage = [&](int tile, int b) {
+    const int pixel = tile * kPixels + srow;
+    const bool in = pixel < g.m;
+    const PixelPlace px = place_pixel(g, pixel);
+    __half* xrow = x_buf(b) + srow * xpitch;
+    for (int t = sub; t < ntaps; t += 4) {
+      const int4 tap = taps[t];
+      const int ih = px.ih0 + tap.x, iw = px.iw0 + tap.y;
+      const bool inside = static_cast<unsigned>(ih) < static_cast<unsigned>(g.h) &&
+                          static_cast<unsigned>(iw) < static_cast<unsigned>(g.w);
+      cp_async_8(xrow + t * kC, inside ? x8 + static_cast<unsigned>(px.corner + tap.z) : x8,
+                 inside);
+    }
+    const int64_t at = static_cast<int64_t>(in ? pixel : 0) * kK;
 #pragma unroll
-  for (int i = 0; i < kMaxPairs; ++i)
+    for (int h = 0; h < 2; ++h) {
+      const int v = 2 * sub + h;
+      if constexpr (Fold) {
+        cp_async_16(reinterpret_cast<__half*>(smem + l.gs) + (b * kPixels + srow) * kK + 8 * v,
+                    dz + at + 8 * v, in);
+        cp_async_16(reinterpret_cast<__half*>(smem + l.zs) + (b * kPixels + srow) * kK + 8 * v,
+                    bn.z + at + 8 * v, in);
+      } else {
+        cp_async_16(dz_buf(b) + srow * kDzPitch + 8 * v, dz + at + 8 * v, in);
+      }
+    }
+    if (Fold && bn.mask && sub == 0)
+      cp_async_8(smem + l.ms + (b * kPixels + srow) * 8, bn.mask + at / 8, in);
+    cp_async_commit();
+  };
+
+  const int pairs = g.kp / 16, mt = warp % 4;
+  const int pair0 = warp < 4 ? 0 : (pairs + 1) / 2, pair1 = warp < 4 ? (pairs + 1) / 2 : pairs;
+  float acc[Pairs][2][4];
+#pragma unroll
+  for (int i = 0; i < Pairs; ++i)
 #pragma unroll
     for (int h = 0; h < 2; ++h)
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[i][h][e] = 0.0f;
-  // ldmatrix.trans row addresses, matrix i being lanes 8i..8i+7. A = dzᵀ (channels x pixels):
+  // ldmatrix.trans row offsets, matrix i being lanes 8i..8i+7. A = dzᵀ (channels x pixels):
   // matrix i is pixels 8 (i / 2) + 0..7 at channel 16 mt + 8 (i % 2). B = X (pixels x K): matrix
   // i is pixels 8 (i % 2) + 0..7 at column 8 (i / 2) of a 16-wide pair: b0, b1 of its two tiles.
-  const __half* a_lane =
-      dzs + ((lane / 16) * 8 + lane % 8) * kDzPitch + ((lane / 8) % 2) * 8 + 16 * mt;
-  const __half* b_lane = xs + (((lane / 8) % 2) * 8 + lane % 8) * xpitch + (lane / 16) * 8;
-  const auto* x8 = reinterpret_cast<const uint2*>(x);
+  const int a_lane = ((lane / 16) * 8 + lane % 8) * kDzPitch + ((lane / 8) % 2) * 8 + 16 * mt;
+  const int b_lane = (((lane / 8) % 2) * 8 + lane % 8) * xpitch + (lane / 16) * 8;
 
   const int tiles = (g.m + kPixels - 1) / kPixels;
-  for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-    const int base = tile * kPixels;
-    __syncthreads();  // the last tile's reads are done (and the tap table is written)
-    if (tid < kPixels) places[tid] = place_pixel(g, base + tid);
-    // dz's 64 rows of 128 bytes, zeros past the output (whose dz is 0: they add nothing).
-    for (int e = tid; e < kPixels * 8; e += kThreads) {
-      const int row = e / 8, v = e % 8;
-      const uint4 val = base + row < g.m ? dz_vector<Fold>(dz, base + row, v, bn, coef)
-                                         : make_uint4(0u, 0u, 0u, 0u);
-      *reinterpret_cast<uint4*>(dzs + row * kDzPitch + v * 8) = val;
+  if (static_cast<int>(blockIdx.x) < tiles) stage(blockIdx.x, 0);
+  int b = 0;
+  for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x, b ^= 1) {
+    if (tile + static_cast<int>(gridDim.x) < tiles) {
+      stage(tile + gridDim.x, b ^ 1);  // its buffers were last read before the loop's end
+    } else {
+      cp_async_commit();  // an empty group: the wait below still means this tile's
     }
-    __syncthreads();  // the pixels' places
-    for (int e = tid; e < kPixels * ntaps; e += kThreads) {
-      const int row = by_taps.quotient(e), t = e - row * ntaps;
-      *reinterpret_cast<uint2*>(xs + row * xpitch + t * kC) = load_tap(x8, g, places[row], taps[t]);
+    cp_async_wait_1();
+    __syncthreads();  // every thread's copies of this tile
+    const __half* dzt = dz_buf(Fold ? 0 : b);
+    if constexpr (Fold) {
+      // dz = k.y (g - k.z - (z - k.x) k.w), g zero where the mask's bit is clear and every
+      // element zero past the output: bwd_dx_group's arithmetic (bn_kernels.cuh).
+      const bool in = tile * kPixels + srow < g.m;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int v = 2 * sub + h;
+        const unsigned vbits = bn.mask ? smem[l.ms + (b * kPixels + srow) * 8 + v] : 0xFFu;
+        const int off = (b * kPixels + srow) * kK + 8 * v;
+        const uint4 gv = *reinterpret_cast<const uint4*>(smem + l.gs + 2 * off);
+        const uint4 zv = *reinterpret_cast<const uint4*>(smem + l.zs + 2 * off);
+        const auto* gh = reinterpret_cast<const __half*>(&gv);
+        const auto* zh = reinterpret_cast<const __half*>(&zv);
+        uint4 out = make_uint4(0u, 0u, 0u, 0u);
+        auto* oh = reinterpret_cast<__half*>(&out);
+        if (in) {
+#pragma unroll
+          for (int j = 0; j < 8; ++j) {
+            const float4 k = coef[8 * v + j];
+            const float gj = (vbits >> j) & 1u ? __half2float(gh[j]) : 0.0f;
+            oh[j] = __float2half_rn(k.y * (gj - k.z - (__half2float(zh[j]) - k.x) * k.w));
+          }
+        }
+        *reinterpret_cast<uint4*>(dz_buf(0) + srow * kDzPitch + 8 * v) = out;
+      }
+      __syncthreads();  // the formed dz
     }
-    __syncthreads();
+    const __half* xt = x_buf(b);
 #pragma unroll
     for (int ks = 0; ks < kPixels / 16; ++ks) {
       uint32_t a[4];
-      ldmatrix_x4_trans(a, a_lane + 16 * ks * kDzPitch);
+      ldmatrix_x4_trans(a, dzt + a_lane + 16 * ks * kDzPitch);
 #pragma unroll
-      for (int i = 0; i < kMaxPairs; ++i) {
+      for (int i = 0; i < Pairs; ++i) {
         if (pair0 + i >= pair1) break;
-        uint32_t b[4];
-        ldmatrix_x4_trans(b, b_lane + 16 * ks * xpitch + 16 * (pair0 + i));
-        mma_16816(acc[i][0], a[0], a[1], a[2], a[3], b[0], b[1]);
-        mma_16816(acc[i][1], a[0], a[1], a[2], a[3], b[2], b[3]);
+        uint32_t bf[4];
+        ldmatrix_x4_trans(bf, xt + b_lane + 16 * ks * xpitch + 16 * (pair0 + i));
+        mma_16816(acc[i][0], a[0], a[1], a[2], a[3], bf[0], bf[1]);
+        mma_16816(acc[i][1], a[0], a[1], a[2], a[3], bf[2], bf[3]);
       }
     }
+    __syncthreads();  // this tile's buffers are free for the stage two tiles on
   }
 
   // This CTA's share of dw, [64][kp], for the fixed-order sum.
   float* out = partials + static_cast<size_t>(blockIdx.x) * kK * g.kp;
   const int row = 16 * mt + gid;
 #pragma unroll
-  for (int i = 0; i < kMaxPairs; ++i) {
+  for (int i = 0; i < Pairs; ++i) {
     if (pair0 + i >= pair1) break;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -132,6 +183,18 @@ __global__ void __launch_bounds__(kThreads, 2)
           make_float2(acc[i][h][2], acc[i][h][3]);
     }
   }
+}
+
+using WgradKernel = void (*)(const __half*, const __half*, float*, Geometry, FirstLayerBnFold);
+
+// The kernel for a problem: folding or not, and accumulators for the warp's share of K's pairs.
+WgradKernel kernel_for(const Geometry& g, bool fold) {
+  const int per_warp = (g.kp / 16 + 1) / 2;
+  if (per_warp <= 2)
+    return fold ? first_layer_wgrad_kernel<true, 2> : first_layer_wgrad_kernel<false, 2>;
+  if (per_warp <= 4)
+    return fold ? first_layer_wgrad_kernel<true, 4> : first_layer_wgrad_kernel<false, 4>;
+  return fold ? first_layer_wgrad_kernel<true, 8> : first_layer_wgrad_kernel<false, 8>;
 }
 
 // dw[k][tap][c] = the CTAs' shares summed in CTA order (the same bits every run), c < channels.
@@ -161,8 +224,10 @@ std::string first_layer_wgrad_refusal(const FirstLayerWgrad& c) {
   };
   if (misaligned(c.x, 16) || misaligned(c.dz, 16) || misaligned(c.dw, 4))
     return "needs x and dz 16-byte aligned, dw 4-byte";
-  if (c.bn.z && (!c.bn.coef || misaligned(c.bn.z, 16) || misaligned(c.bn.coef, 16)))
-    return "folds BatchNorm's backward with z 16-byte aligned and its coefficients";
+  if (c.bn.z && (!c.bn.coef || misaligned(c.bn.z, 16) || misaligned(c.bn.coef, 16) ||
+                 misaligned(c.bn.mask, 8)))
+    return "folds BatchNorm's backward with z 16-byte aligned, its coefficients and the mask "
+           "8-byte";
   if (c.dw_channels < 1 || c.dw_channels > kC) return "takes dw of 1 to 4 channels";
   return first_layer_shape_refusal(c, kMaxK);
 }
@@ -170,9 +235,9 @@ std::string first_layer_wgrad_refusal(const FirstLayerWgrad& c) {
 cudaError_t prepare_first_layer_wgrad(const FirstLayerWgrad& c, int sm_count, unsigned* grid) {
   if (!first_layer_wgrad_refusal(c).empty()) return cudaErrorInvalidValue;
   const Geometry g = geometry(c);
-  return prepare_persistent(
-      c.bn.z ? first_layer_wgrad_kernel<true> : first_layer_wgrad_kernel<false>, kThreads,
-      smem_bytes(g.kp), (g.m + kPixels - 1) / kPixels, sm_count, grid);
+  const bool fold = c.bn.z != nullptr;
+  return prepare_persistent(kernel_for(g, fold), kThreads, layout(g.kp, fold).bytes,
+                            (g.m + kPixels - 1) / kPixels, sm_count, grid);
 }
 
 size_t first_layer_wgrad_workspace(const FirstLayerWgrad& c, unsigned grid) {
@@ -183,9 +248,9 @@ cudaError_t launch_first_layer_wgrad(const FirstLayerWgrad& c, unsigned grid, cu
   if (!first_layer_wgrad_refusal(c).empty() || grid == 0 || c.partials == nullptr)
     return cudaErrorInvalidValue;
   const Geometry g = geometry(c);
-  const auto kernel = c.bn.z ? first_layer_wgrad_kernel<true> : first_layer_wgrad_kernel<false>;
-  kernel<<<grid, kThreads, smem_bytes(g.kp), stream>>>(c.x, c.dz, c.partials, g,
-                                                       FastDivide(g.kp / kC), c.bn);
+  const bool fold = c.bn.z != nullptr;
+  kernel_for(g, fold)<<<grid, kThreads, layout(g.kp, fold).bytes, stream>>>(c.x, c.dz, c.partials,
+                                                                            g, c.bn);
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   const int total = kK * g.taps * c.dw_channels;
   first_layer_wgrad_sum<<<(total + 255) / 256, 256, 0, stream>>>(
