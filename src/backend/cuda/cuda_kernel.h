@@ -114,10 +114,10 @@ struct Options {
   // KILN_FIRST_LAYER_CONV: a first layer's CBR forward on the direct kernel (fused.cpp).
   Auto first_layer_conv = Auto::automatic;
   // KILN_FIRST_LAYER_WGRAD: a first layer's weight gradient on the direct kernel (conv.cpp).
-  Auto first_layer_wgrad = Auto::off;
+  Auto first_layer_wgrad = Auto::automatic;
   // KILN_FIRST_LAYER_BN_FOLD: that weight gradient forming dz from BatchNorm's backward
   // (first_layer_bwd.cpp), whose dx pass then goes.
-  Auto first_layer_bn_fold = Auto::automatic;
+  Auto first_layer_bn_fold = Auto::off;
   // KILN_CBR_FORM: how the fused CBR forward takes BatchNorm's statistics. "kiln" (the
   // default): a plain cuDNN convolution, then kiln's statistics pass over z; "genstats": the
   // MLPerf-style form, one cuDNN graph conv_fprop + genstats (fused.cpp), which falls back

@@ -1,16 +1,17 @@
 // A first layer's weight gradient, written for its shape as first_layer_conv.h's forward is:
 // dw[k][tap][c] = Σ over output pixels of dz[pixel][k] · x[the tap's input pixel][c], 4 channels
-// into 64, FP16 operands, FP32 sums. cuDNN's engines for it run at a few times dz's bytes
-// (ResNet-50's stem: eng63, 0.585 ms at batch 256 on an H100, for 0.41 GB of dz). Here a
-// persistent grid walks tiles of 64 output pixels: dz's tile and the tile's input patches
-// (each a tap's 4 channels, 8 bytes) are staged in shared memory, and mma.sync takes dzᵀ as A
-// and the patches as B (both through ldmatrix.trans), so each CTA keeps its share of dw in
-// registers across its tiles; the CTAs' shares are then added in a fixed order (deterministic).
-// With BatchNorm's backward folded in (FirstLayerBnFold), dz is formed while a tile is staged,
-// from BatchNorm's input, the gradient g and the coefficients its finalize pass left, as that
-// backward's dx pass forms it (the same arithmetic, so the same FP16 bits): dz is then neither
-// written nor read. The step uses it under KILN_FIRST_LAYER_WGRAD and KILN_FIRST_LAYER_BN_FOLD
-// (fused.cpp, first_layer_bwd.cpp); tests/gpu/gpu_first_layer_test.cpp checks it.
+// into 64, FP16 operands, FP32 sums. A persistent grid walks tiles of 64 output pixels: dz's tile
+// and the tile's input patches (each a tap's 4 channels, 8 bytes) are staged in shared memory by
+// cp.async, the next tile's while this one's are multiplied (staged and then computed, it was
+// latency-bound: 2.7x the time), and mma.sync takes dzᵀ as A and the patches as B (both through
+// ldmatrix.trans), so each CTA keeps its share of dw in registers across its tiles; the CTAs'
+// shares are then added in a fixed order (deterministic). It beats cuDNN on VGG16-BN's 3x3 first
+// layer and loses on ResNet-50's 7x7 stem (bench/RESULTS.md); the step times the two per layer.
+// With BatchNorm's backward folded in (FirstLayerBnFold), dz is formed from BatchNorm's input, the
+// gradient g and the coefficients its finalize pass left, as that backward's dx pass forms it
+// (the same arithmetic, so the same FP16 bits): dz is then neither written nor read. The step uses
+// it under KILN_FIRST_LAYER_WGRAD and KILN_FIRST_LAYER_BN_FOLD (fused.cpp, first_layer_bwd.cpp);
+// tests/gpu/gpu_first_layer_test.cpp checks it.
 #pragma once
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
