@@ -20,30 +20,56 @@ constexpr int kMaxK = 256;        // 64 taps (8x8) at most: a warp's share of dw
 static_assert(kThreads == 4 * kPixels, "four threads stage each pixel of a tile");
 
 // Shared memory, in order: the fold's coefficients [64], the tap table, dz's tile (two buffers;
-// one, formed from g and z, when folding), x's patches (two buffers), then when folding g's and
-// z's raw tiles and the mask's bytes (two buffers each). Every piece is 16-byte aligned.
+// none when folding), x's patches (two buffers), then when folding g's and z's tiles (dz's pitch,
+// so ldmatrix reads them without bank conflicts) and the mask's bytes (two buffers each). Every
+// piece is 16-byte aligned.
 struct Layout {
   int dz, xs, gs, zs, ms, bytes;  // byte offsets, then the total
 };
 __host__ __device__ inline Layout layout(int kp, bool fold) {
   Layout l;
   const int taps = kp / kC, xtile = kPixels * (kp + 8) * 2, dztile = kPixels * kDzPitch * 2;
-  const int raw = kPixels * kK * 2;
   l.dz = kK * 16 + taps * 16;
-  l.xs = l.dz + (fold ? 1 : 2) * dztile;
+  l.xs = l.dz + (fold ? 0 : 2) * dztile;
   l.gs = l.xs + 2 * xtile;
-  l.zs = l.gs + (fold ? 2 * raw : 0);
-  l.ms = l.zs + (fold ? 2 * raw : 0);
+  l.zs = l.gs + (fold ? 2 * dztile : 0);
+  l.ms = l.zs + (fold ? 2 * dztile : 0);
   l.bytes = l.ms + (fold ? 2 * kPixels * 8 : 0);
   return l;
+}
+
+// The fold, on a warp's A fragment of one 16-pixel step: a holds g (as ldmatrix.trans left it:
+// register i is channel 16 mt + 8 (i % 2) + gid at pixels 8 (i / 2) + 2 tig + 0, 1 of the step),
+// zf holds z the same way, and each becomes dz = k.y (g - k.z - (z - k.x) k.w), g zero where the
+// mask's bit is clear and dz zero past the output: bwd_dx_group's arithmetic (bn_kernels.cuh), so
+// the same FP16 bits as BatchNorm's dx pass, formed in registers where the MMA takes them.
+__device__ __forceinline__ void fold_fragment(uint32_t (&a)[4], const uint32_t (&zf)[4],
+                                              const float4* coef, const unsigned char* masks,
+                                              bool has_mask, int step, int left, int mt, int gid,
+                                              int tig) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float4 k = coef[16 * mt + 8 * (i % 2) + gid];
+    const __half2 gh = *reinterpret_cast<const __half2*>(&a[i]);
+    const __half2 zh = *reinterpret_cast<const __half2*>(&zf[i]);
+    float out[2];
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int p = 16 * step + 8 * (i / 2) + 2 * tig + j;  // the pixel within the tile
+      const unsigned bits = has_mask ? masks[p * 8 + 2 * mt + i % 2] : 0xFFu;
+      const float gj =
+          (bits >> gid) & 1u ? __half2float(j ? __high2half(gh) : __low2half(gh)) : 0.0f;
+      const float zj = __half2float(j ? __high2half(zh) : __low2half(zh));
+      out[j] = p < left ? k.y * (gj - k.z - (zj - k.x) * k.w) : 0.0f;
+    }
+    a[i] = half2_bits(out[0], out[1]);
+  }
 }
 
 // Pairs: the 16-wide column pairs of dw a warp takes at most (its accumulators' size), so that
 // a small filter's kernel keeps few registers and more CTAs stay resident to hide latency.
 template <bool Fold, int Pairs>
-__global__ void __launch_bounds__(kThreads, Pairs > 2 ? 2
-                                            : Fold    ? 3
-                                                      : 4)
+__global__ void __launch_bounds__(kThreads, Pairs > 2 ? 2 : 4)
     first_layer_wgrad_kernel(const __half* __restrict__ x, const __half* __restrict__ dz,
                              float* __restrict__ partials, Geometry g, FirstLayerBnFold bn) {
   extern __shared__ __align__(16) unsigned char smem[];
@@ -56,6 +82,12 @@ __global__ void __launch_bounds__(kThreads, Pairs > 2 ? 2
   };
   const auto x_buf = [&](int b) {
     return reinterpret_cast<__half*>(smem + l.xs) + b * kPixels * xpitch;
+  };
+  const auto g_buf = [&](int b) {  // Fold's g and z tiles
+    return reinterpret_cast<__half*>(smem + l.gs) + b * kPixels * kDzPitch;
+  };
+  const auto z_buf = [&](int b) {
+    return reinterpret_cast<__half*>(smem + l.zs) + b * kPixels * kDzPitch;
   };
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, gid = lane / 4, tig = lane % 4;
   for (int t = tid; t < ntaps; t += kThreads) taps[t] = tap_place(g, t);
@@ -85,10 +117,8 @@ __global__ void __launch_bounds__(kThreads, Pairs > 2 ? 2
     for (int h = 0; h < 2; ++h) {
       const int v = 2 * sub + h;
       if constexpr (Fold) {
-        cp_async_16(reinterpret_cast<__half*>(smem + l.gs) + (b * kPixels + srow) * kK + 8 * v,
-                    dz + at + 8 * v, in);
-        cp_async_16(reinterpret_cast<__half*>(smem + l.zs) + (b * kPixels + srow) * kK + 8 * v,
-                    bn.z + at + 8 * v, in);
+        cp_async_16(g_buf(b) + srow * kDzPitch + 8 * v, dz + at + 8 * v, in);
+        cp_async_16(z_buf(b) + srow * kDzPitch + 8 * v, bn.z + at + 8 * v, in);
       } else {
         cp_async_16(dz_buf(b) + srow * kDzPitch + 8 * v, dz + at + 8 * v, in);
       }
@@ -124,39 +154,19 @@ __global__ void __launch_bounds__(kThreads, Pairs > 2 ? 2
     }
     cp_async_wait_1();
     __syncthreads();  // every thread's copies of this tile
-    const __half* dzt = dz_buf(Fold ? 0 : b);
-    if constexpr (Fold) {
-      // dz = k.y (g - k.z - (z - k.x) k.w), g zero where the mask's bit is clear and every
-      // element zero past the output: bwd_dx_group's arithmetic (bn_kernels.cuh).
-      const bool in = tile * kPixels + srow < g.m;
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int v = 2 * sub + h;
-        const unsigned vbits = bn.mask ? smem[l.ms + (b * kPixels + srow) * 8 + v] : 0xFFu;
-        const int off = (b * kPixels + srow) * kK + 8 * v;
-        const uint4 gv = *reinterpret_cast<const uint4*>(smem + l.gs + 2 * off);
-        const uint4 zv = *reinterpret_cast<const uint4*>(smem + l.zs + 2 * off);
-        const auto* gh = reinterpret_cast<const __half*>(&gv);
-        const auto* zh = reinterpret_cast<const __half*>(&zv);
-        uint4 out = make_uint4(0u, 0u, 0u, 0u);
-        auto* oh = reinterpret_cast<__half*>(&out);
-        if (in) {
-#pragma unroll
-          for (int j = 0; j < 8; ++j) {
-            const float4 k = coef[8 * v + j];
-            const float gj = (vbits >> j) & 1u ? __half2float(gh[j]) : 0.0f;
-            oh[j] = __float2half_rn(k.y * (gj - k.z - (__half2float(zh[j]) - k.x) * k.w));
-          }
-        }
-        *reinterpret_cast<uint4*>(dz_buf(0) + srow * kDzPitch + 8 * v) = out;
-      }
-      __syncthreads();  // the formed dz
-    }
+    const __half* a_tile = Fold ? g_buf(b) : dz_buf(b);
+    const int left = g.m - tile * kPixels;  // the tile's pixels inside the output
     const __half* xt = x_buf(b);
 #pragma unroll
     for (int ks = 0; ks < kPixels / 16; ++ks) {
       uint32_t a[4];
-      ldmatrix_x4_trans(a, dzt + a_lane + 16 * ks * kDzPitch);
+      ldmatrix_x4_trans(a, a_tile + a_lane + 16 * ks * kDzPitch);
+      if constexpr (Fold) {
+        uint32_t zf[4];
+        ldmatrix_x4_trans(zf, z_buf(b) + a_lane + 16 * ks * kDzPitch);
+        fold_fragment(a, zf, coef, smem + l.ms + b * kPixels * 8, bn.mask != nullptr, ks, left, mt,
+                      gid, tig);
+      }
 #pragma unroll
       for (int i = 0; i < Pairs; ++i) {
         if (pair0 + i >= pair1) break;

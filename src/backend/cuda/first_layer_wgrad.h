@@ -9,9 +9,10 @@
 // layer and loses on ResNet-50's 7x7 stem (bench/RESULTS.md); the step times the two per layer.
 // With BatchNorm's backward folded in (FirstLayerBnFold), dz is formed from BatchNorm's input, the
 // gradient g and the coefficients its finalize pass left, as that backward's dx pass forms it
-// (the same arithmetic, so the same FP16 bits): dz is then neither written nor read. The step uses
-// it under KILN_FIRST_LAYER_WGRAD and KILN_FIRST_LAYER_BN_FOLD (fused.cpp, first_layer_bwd.cpp);
-// tests/gpu/gpu_first_layer_test.cpp checks it.
+// (the same arithmetic, so the same FP16 bits), in the registers the MMA takes it from (formed in
+// shared memory first, with a pass and a barrier a tile more, it lost): dz is neither written nor
+// read. The step uses it under KILN_FIRST_LAYER_WGRAD and KILN_FIRST_LAYER_BN_FOLD (fused.cpp,
+// first_layer_bwd.cpp); tests/gpu/gpu_first_layer_test.cpp checks it.
 #pragma once
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
