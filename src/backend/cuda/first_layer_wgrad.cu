@@ -1,7 +1,10 @@
 // first_layer_wgrad.h's kernels. GEMM view: dw (64 x K, K = taps x 4 padded to 16) = dzᵀ · X,
 // summed over output pixels, X's row for a pixel being its window's taps, 4 channels each. A
-// CTA's 8 warps split dw: warp w takes output channels 16 (w % 4) + 0..15 and half of K's
-// 16-wide column pairs.
+// CTA's 8 warps split a tile's product three ways: output channels in two halves of 32, K's
+// 16-wide column pairs in `groups` runs of at most Pairs, and the tile's four 16-pixel MMA steps
+// among the 4 / groups warps left, whose sums are added once at the end. Each warp thus reads an
+// A fragment (dz) once for up to Pairs column pairs and each B fragment (x) is read by two warps:
+// shared memory's reads, not the MMAs, bound the kernel (four warps read each B fragment before).
 #include <cuda_fp16.h>
 
 #include "backend/cuda/first_layer_tiles.cuh"
@@ -68,8 +71,26 @@ __device__ __forceinline__ void fold_fragment(uint32_t (&a)[4], const uint32_t (
 
 // Pairs: the 16-wide column pairs of dw a warp takes at most (its accumulators' size), so that
 // a small filter's kernel keeps few registers and more CTAs stay resident to hide latency.
+// How a problem's K splits among the warps: column pairs in `groups` runs (1, 2 or 4), at most
+// Pairs each, the MMA steps among the 4 / groups warps of a run and channel half.
+struct WarpSplit {
+  int groups, pairs_per_warp;
+};
+__host__ __device__ inline WarpSplit warp_split(int kp) {
+  const int pairs = kp / 16, groups = pairs <= 4 ? 1 : pairs <= 8 ? 2 : 4;
+  return {groups, (pairs + groups - 1) / groups};
+}
+
+// CTAs an SM the registers must leave room for: as many as the accumulators (and the fold's
+// second fragment) allow without spilling.
 template <bool Fold, int Pairs>
-__global__ void __launch_bounds__(kThreads, Pairs > 2 ? 2 : 4)
+constexpr int kMinCtas = Fold         ? (Pairs == 1 ? 3 : 2)
+                         : Pairs > 3  ? 2
+                         : Pairs == 3 ? 3
+                                      : 4;
+
+template <bool Fold, int Pairs>
+__global__ void __launch_bounds__(kThreads, kMinCtas<Fold, Pairs>)
     first_layer_wgrad_kernel(const __half* __restrict__ x, const __half* __restrict__ dz,
                              float* __restrict__ partials, Geometry g, FirstLayerBnFold bn) {
   extern __shared__ __align__(16) unsigned char smem[];
@@ -128,19 +149,24 @@ __global__ void __launch_bounds__(kThreads, Pairs > 2 ? 2 : 4)
     cp_async_commit();
   };
 
-  const int pairs = g.kp / 16, mt = warp % 4;
-  const int pair0 = warp < 4 ? 0 : (pairs + 1) / 2, pair1 = warp < 4 ? (pairs + 1) / 2 : pairs;
-  float acc[Pairs][2][4];
+  // Warp w: channels 32 (w % 2) + 0..31 (two 16-row MMA tiles, mt0 and mt0 + 1), column pairs
+  // [pair0, pair1) of run (w / 2) % groups, and MMA steps step0, step0 + steps, ... of 4.
+  const int pairs = g.kp / 16, groups = warp_split(g.kp).groups, steps = 4 / groups;
+  const int mt0 = 2 * (warp % 2), run = (warp / 2) % groups, step0 = warp / 2 / groups;
+  const int pair0 = run * pairs / groups, pair1 = (run + 1) * pairs / groups;
+  float acc[2][Pairs][2][4];
 #pragma unroll
-  for (int i = 0; i < Pairs; ++i)
+  for (int m = 0; m < 2; ++m)
 #pragma unroll
-    for (int h = 0; h < 2; ++h)
+    for (int i = 0; i < Pairs; ++i)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) acc[i][h][e] = 0.0f;
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[m][i][h][e] = 0.0f;
   // ldmatrix.trans row offsets, matrix i being lanes 8i..8i+7. A = dzᵀ (channels x pixels):
   // matrix i is pixels 8 (i / 2) + 0..7 at channel 16 mt + 8 (i % 2). B = X (pixels x K): matrix
   // i is pixels 8 (i % 2) + 0..7 at column 8 (i / 2) of a 16-wide pair: b0, b1 of its two tiles.
-  const int a_lane = ((lane / 16) * 8 + lane % 8) * kDzPitch + ((lane / 8) % 2) * 8 + 16 * mt;
+  const int a_lane = ((lane / 16) * 8 + lane % 8) * kDzPitch + ((lane / 8) % 2) * 8 + 16 * mt0;
   const int b_lane = (((lane / 8) % 2) * 8 + lane % 8) * xpitch + (lane / 16) * 8;
 
   const int tiles = (g.m + kPixels - 1) / kPixels;
@@ -157,54 +183,86 @@ __global__ void __launch_bounds__(kThreads, Pairs > 2 ? 2 : 4)
     const __half* a_tile = Fold ? g_buf(b) : dz_buf(b);
     const int left = g.m - tile * kPixels;  // the tile's pixels inside the output
     const __half* xt = x_buf(b);
+    for (int ks = step0; ks < kPixels / 16; ks += steps) {
+      uint32_t a[2][4];
 #pragma unroll
-    for (int ks = 0; ks < kPixels / 16; ++ks) {
-      uint32_t a[4];
-      ldmatrix_x4_trans(a, a_tile + a_lane + 16 * ks * kDzPitch);
-      if constexpr (Fold) {
-        uint32_t zf[4];
-        ldmatrix_x4_trans(zf, z_buf(b) + a_lane + 16 * ks * kDzPitch);
-        fold_fragment(a, zf, coef, smem + l.ms + b * kPixels * 8, bn.mask != nullptr, ks, left, mt,
-                      gid, tig);
+      for (int m = 0; m < 2; ++m) {
+        ldmatrix_x4_trans(a[m], a_tile + a_lane + 16 * m + 16 * ks * kDzPitch);
+        if constexpr (Fold) {
+          uint32_t zf[4];
+          ldmatrix_x4_trans(zf, z_buf(b) + a_lane + 16 * m + 16 * ks * kDzPitch);
+          fold_fragment(a[m], zf, coef, smem + l.ms + b * kPixels * 8, bn.mask != nullptr, ks, left,
+                        mt0 + m, gid, tig);
+        }
       }
 #pragma unroll
       for (int i = 0; i < Pairs; ++i) {
         if (pair0 + i >= pair1) break;
         uint32_t bf[4];
         ldmatrix_x4_trans(bf, xt + b_lane + 16 * ks * xpitch + 16 * (pair0 + i));
-        mma_16816(acc[i][0], a[0], a[1], a[2], a[3], bf[0], bf[1]);
-        mma_16816(acc[i][1], a[0], a[1], a[2], a[3], bf[2], bf[3]);
+#pragma unroll
+        for (int m = 0; m < 2; ++m) {
+          mma_16816(acc[m][i][0], a[m][0], a[m][1], a[m][2], a[m][3], bf[0], bf[1]);
+          mma_16816(acc[m][i][1], a[m][0], a[m][1], a[m][2], a[m][3], bf[2], bf[3]);
+        }
       }
     }
     __syncthreads();  // this tile's buffers are free for the stage two tiles on
   }
 
-  // This CTA's share of dw, [64][kp], for the fixed-order sum.
-  float* out = partials + static_cast<size_t>(blockIdx.x) * kK * g.kp;
-  const int row = 16 * mt + gid;
+  // The MMA steps' warps' sums, added in step order through shared memory (x's buffers, free
+  // now: 4 kp floats a row fit in their 2 (kp + 8) halves), then this CTA's share of dw,
+  // [64][kp], for the fixed-order sum.
+  cp_async_wait_all();
+  auto* scratch = reinterpret_cast<float*>(smem + l.xs);
+  const auto each = [&](auto&& f) {  // f(accumulator pair, its offset in [64][kp])
 #pragma unroll
-  for (int i = 0; i < Pairs; ++i) {
-    if (pair0 + i >= pair1) break;
+    for (int m = 0; m < 2; ++m)
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int col = 16 * (pair0 + i) + 8 * h + 2 * tig;
-      *reinterpret_cast<float2*>(out + row * g.kp + col) = make_float2(acc[i][h][0], acc[i][h][1]);
-      *reinterpret_cast<float2*>(out + (row + 8) * g.kp + col) =
-          make_float2(acc[i][h][2], acc[i][h][3]);
-    }
+      for (int i = 0; i < Pairs; ++i) {
+        if (pair0 + i >= pair1) break;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int row = 16 * (mt0 + m) + gid, col = 16 * (pair0 + i) + 8 * h + 2 * tig;
+          f(acc[m][i][h][0], acc[m][i][h][1], row * g.kp + col);
+          f(acc[m][i][h][2], acc[m][i][h][3], (row + 8) * g.kp + col);
+        }
+      }
+  };
+  for (int round = 1; round < steps; ++round) {
+    __syncthreads();  // the scratch's last reader
+    if (step0 == round)
+      each([&](float& e0, float& e1, int at) {
+        *reinterpret_cast<float2*>(scratch + at) = make_float2(e0, e1);
+      });
+    __syncthreads();
+    if (step0 == 0)
+      each([&](float& e0, float& e1, int at) {
+        const float2 v = *reinterpret_cast<const float2*>(scratch + at);
+        e0 += v.x, e1 += v.y;
+      });
   }
+  float* out = partials + static_cast<size_t>(blockIdx.x) * kK * g.kp;
+  if (step0 == 0)
+    each([&](float& e0, float& e1, int at) {
+      *reinterpret_cast<float2*>(out + at) = make_float2(e0, e1);
+    });
 }
 
 using WgradKernel = void (*)(const __half*, const __half*, float*, Geometry, FirstLayerBnFold);
 
 // The kernel for a problem: folding or not, and accumulators for the warp's share of K's pairs.
 WgradKernel kernel_for(const Geometry& g, bool fold) {
-  const int per_warp = (g.kp / 16 + 1) / 2;
-  if (per_warp <= 2)
-    return fold ? first_layer_wgrad_kernel<true, 2> : first_layer_wgrad_kernel<false, 2>;
-  if (per_warp <= 4)
-    return fold ? first_layer_wgrad_kernel<true, 4> : first_layer_wgrad_kernel<false, 4>;
-  return fold ? first_layer_wgrad_kernel<true, 8> : first_layer_wgrad_kernel<false, 8>;
+  switch (warp_split(g.kp).pairs_per_warp) {
+    case 1:
+      return fold ? first_layer_wgrad_kernel<true, 1> : first_layer_wgrad_kernel<false, 1>;
+    case 2:
+      return fold ? first_layer_wgrad_kernel<true, 2> : first_layer_wgrad_kernel<false, 2>;
+    case 3:
+      return fold ? first_layer_wgrad_kernel<true, 3> : first_layer_wgrad_kernel<false, 3>;
+    default:
+      return fold ? first_layer_wgrad_kernel<true, 4> : first_layer_wgrad_kernel<false, 4>;
+  }
 }
 
 // dw[k][tap][c] = the CTAs' shares summed in CTA order (the same bits every run), c < channels.
