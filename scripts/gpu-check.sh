@@ -56,6 +56,14 @@
 #            `kiln_cutlass_probe --prologue` (BatchNorm + ReLU on the 1x1 GEMM's operand load
 #            against kiln's apply pass), DGRAD_PROBE=0 leaves the data gradient's probe out,
 #            DGRAD_TESTS=0 builds the probe alone and runs no tests
+#     first-layer  build (the SM90 kernels too), the first layer's GPU tests (FirstLayer: its
+#            direct convolution, weight gradient and BatchNorm fold against float64 and against
+#            each other, and whole steps with each form), `kiln_cutlass_probe --first-layer`
+#            (each kernel against cuDNN's at batch 256), the step's timed choices (KILN_LOG=debug
+#            lines), then `kiln bench` (AMP, batch 256) of FIRST_MODELS (default "vgg16_bn
+#            resnet50") under each of FIRST_VARIANTS (";"-separated environment settings,
+#            default: KILN_FIRST_LAYER_WGRAD=0, the defaults, KILN_FIRST_LAYER_BN_FOLD=auto),
+#            FIRST_ROUNDS rounds (default 2) (issue 20)
 #     kernels  build, then Nsight Compute over two timed AMP steps at batch 256 of each of
 #            PROFILE_MODELS (default "resnet50 vgg16_bn") and bench/kernel_breakdown.py's table
 #            of GPU time per step by kernel kind (issue 5's breakdown; no tests run)
@@ -155,9 +163,9 @@ fi
 
 echo "== configure"
 # The probe is configured only where it can build; here its absence is an error.
-case "$MODE" in cutlass|cutlass-dgrad) extra+=("-DKILN_CUTLASS_PROBE=ON") ;; esac
+case "$MODE" in cutlass|cutlass-dgrad|first-layer) extra+=("-DKILN_CUTLASS_PROBE=ON") ;; esac
 # The backend's CUTLASS kernels likewise where the GPU tests or the CUTLASS step run.
-case "$MODE" in gpu|all|cutlass-step|cutlass-dgrad) extra+=("-DKILN_CUTLASS_KERNELS=ON") ;; esac
+case "$MODE" in gpu|all|cutlass-step|cutlass-dgrad|first-layer) extra+=("-DKILN_CUTLASS_KERNELS=ON") ;; esac
 if ! cmake -S . -B "$BUILD" -G Ninja -DKILN_CUDA=ON -DCMAKE_BUILD_TYPE=Release "${extra[@]}" >"$LOGS/configure.log" 2>&1; then
   tail -30 "$LOGS/configure.log"
   note configure "FAILED ($(since))"
@@ -183,6 +191,7 @@ gpu_tests=(kiln_gpu_tests kiln_sweep_tests kiln_conv_forms)
 [ "$MODE" = cutlass ] && targets=(kiln_cutlass_probe kiln_cutlass_layout_check)
 [ "$MODE" = cutlass-step ] && targets=(kiln kiln_cli kiln_gpu_tests)
 [ "$MODE" = cutlass-dgrad ] && targets=(kiln kiln_gpu_tests kiln_cutlass_probe)
+[ "$MODE" = first-layer ] && targets=(kiln kiln_cli kiln_gpu_tests kiln_cutlass_probe)
 # DGRAD_TESTS=0: the probe alone (no library, no tests: a shorter build for a probe-only call).
 [ "$MODE" = cutlass-dgrad ] && [ "${DGRAD_TESTS:-1}" = 0 ] && targets=(kiln_cutlass_probe)
 [ "$MODE" = jpeg ] && targets=(kiln kiln_cli "${gpu_tests[@]}" kiln_cupti_trace)
@@ -495,6 +504,38 @@ print(f"SM clock median {statistics.median(busy):.0f} MHz (min {min(busy):.0f}, 
       f"power median {statistics.median(pw) if pw else float('nan'):.0f} W, max {max(pw) if pw else float('nan'):.0f} W")
 PY
 )"
+  done
+  finish
+fi
+
+if [ "$MODE" = first-layer ]; then
+  ctest --test-dir "$BUILD" -L gpu -R 'FirstLayer' -j 4 --timeout 300 --output-on-failure \
+    >"$LOGS/ctest-first.log" 2>&1 || status=1
+  grep -E '\(Failed\)|\(Timeout\)' "$LOGS/ctest-first.log" | head -20
+  grep -B3 -A12 'Failure' "$LOGS/ctest-first.log" | head -60
+  note "first tests" "$(ctest_line "$LOGS/ctest-first.log") ($(since))"
+  timeout 120 "$BUILD/kiln_cutlass_probe" --first-layer --batch 256 --reps 9 >"$LOGS/first-probe.log" 2>&1 ||
+    status=1
+  head -30 "$LOGS/first-probe.log"
+  IFS=';' read -r -a variants <<<"${FIRST_VARIANTS:-KILN_FIRST_LAYER_WGRAD=0;;KILN_FIRST_LAYER_BN_FOLD=auto}"
+  for m in ${FIRST_MODELS:-vgg16_bn resnet50}; do
+    # Which form each first layer's timing kept, and its times.
+    KILN_LOG=debug KILN_FIRST_LAYER_BN_FOLD=auto timeout 120 "$BUILD/kiln" bench --device cuda --model "$m" \
+      --batch 256 --amp --steps 2 --warmup 1 --repeats 1 >"$LOGS/first-choices-$m.log" 2>&1 || status=1
+    grep -E "direct weight gradient|folded into|stays unfolded|direct convolution" "$LOGS/first-choices-$m.log" |
+      cut -c1-300 | head -6
+  done
+  for r in $(seq "${FIRST_ROUNDS:-2}"); do
+    for m in ${FIRST_MODELS:-vgg16_bn resnet50}; do
+      for v in "${variants[@]}"; do
+        name="$m-$(echo "${v:-defaults}" | tr ' =' '_-')-$r"
+        # shellcheck disable=SC2086
+        env $v timeout 120 "$BUILD/kiln" bench --device cuda --model "$m" --batch 256 --amp --steps 20 \
+          --warmup 5 --repeats 3 >"$LOGS/first-$name.log" 2>&1 || status=1
+        ips=$(grep -o '"images_per_second":[0-9.]*' "$LOGS/first-$name.log" | tail -1 | cut -d: -f2)
+        note "$m" "${v:-defaults}: ${ips:-FAILED} img/s (round $r, $(since))"
+      done
+    done
   done
   finish
 fi
