@@ -167,7 +167,8 @@ TEST(CudaOptions, FirstLayerWgradSwitchReachesTheOptions) {
 // KILN_FIRST_LAYER_BN_FOLD reaches Options::first_layer_bn_fold (which acts only with
 // KILN_FIRST_LAYER_WGRAD on).
 TEST(CudaOptions, FirstLayerBnFoldSwitchReachesTheOptions) {
-  EXPECT_EQ(options_with({}).first_layer_bn_fold, Auto::off) << "slower than the unfolded pair";
+  EXPECT_EQ(options_with({}).first_layer_bn_fold, Auto::automatic) << "timed per layer by default";
+  EXPECT_EQ(options_with({{"KILN_FIRST_LAYER_BN_FOLD", "0"}}).first_layer_bn_fold, Auto::off);
   EXPECT_EQ(options_with({{"KILN_FIRST_LAYER_BN_FOLD", "auto"}}).first_layer_bn_fold,
             Auto::automatic);
   EXPECT_EQ(options_with({{"KILN_FIRST_LAYER_BN_FOLD", "1"}}).first_layer_bn_fold, Auto::on);

@@ -682,7 +682,7 @@ KernelPtr make_conv_bwd_weight(const Node& n, Context& ctx, int stream) {
   bool take_direct = direct && ctx.opts.first_layer_wgrad == Auto::on;
   if (direct && !take_direct) {
     const FormChoice c = choose_faster_form(
-        ctx, stream, timed_form_key(op_name(n.op), g, dt, "", "flwgv1"), {"direct", {direct.get()}},
+        ctx, stream, timed_form_key(op_name(n.op), g, dt, "", "flwgv2"), {"direct", {direct.get()}},
         {"usual", {k.get()}}, {}, ctx.opts.autotune || !ctx.opts.tune_path.empty());
     log_debug(describe(n), ": the first layer's direct weight gradient ", c.first_ms,
               " ms, cuDNN's ", c.second_ms, " ms: keeps ",

@@ -117,7 +117,7 @@ struct Options {
   Auto first_layer_wgrad = Auto::automatic;
   // KILN_FIRST_LAYER_BN_FOLD: that weight gradient forming dz from BatchNorm's backward
   // (first_layer_bwd.cpp), whose dx pass then goes.
-  Auto first_layer_bn_fold = Auto::off;
+  Auto first_layer_bn_fold = Auto::automatic;
   // KILN_CBR_FORM: how the fused CBR forward takes BatchNorm's statistics. "kiln" (the
   // default): a plain cuDNN convolution, then kiln's statistics pass over z; "genstats": the
   // MLPerf-style form, one cuDNN graph conv_fprop + genstats (fused.cpp), which falls back

@@ -249,7 +249,7 @@ KernelPtr first_layer_folded(const Node& n, Context& ctx, int stream, const CbrB
   const int wgrads = ctx.first_layer_wgrads, shared = ctx.pad_copies_shared;
   KernelPtr unfolded = usual();
   const FormChoice c =
-      choose_faster_form(ctx, stream, timed_form_key(op_name(n.op), geom, DType::F16, "", "flbnv1"),
+      choose_faster_form(ctx, stream, timed_form_key(op_name(n.op), geom, DType::F16, "", "flbnv2"),
                          {"folded", {folded.get()}}, {"usual", {unfolded.get()}}, {},
                          ctx.opts.autotune || !ctx.opts.tune_path.empty());
   log_debug(what, ": BatchNorm's backward folded into the direct weight gradient ", c.first_ms,
