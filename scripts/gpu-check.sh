@@ -4,7 +4,9 @@
 # scripts/setup.sh). Prints a short table last.
 #
 #   bash scripts/gpu-check.sh [gpu|all|bench]     (default: all)
-#     gpu    configure, build, ctest -L gpu (GPU_TESTS_REGEX: only the tests it matches)
+#     gpu    configure, build, ctest -L gpu (GPU_TESTS_REGEX: only the tests it matches;
+#            GPU_TESTS_EXCLUDE: not those it matches; GPU_TESTS_SHARD=i/n: every n-th test from
+#            the i-th, so that the suite, ~10 minutes on an H100, fits in n calls)
 #     all    gpu, then the CPU tests (ctest -LE gpu)
 #     bench  gpu, then `kiln bench` over a few models (KILN_BENCH, BENCH_TORCH=1 adds PyTorch)
 #     tune   build, then `kiln tune` (the engine table, SPEC S16) for KILN_TUNE_LIST
@@ -556,7 +558,10 @@ if [ "$MODE" = ab ]; then
 fi
 
 echo "== GPU tests"
-ctest --test-dir "$BUILD" -L gpu -R "${GPU_TESTS_REGEX:-.}" -j 8 --timeout 300 --output-on-failure \
+shard=()
+[ -n "${GPU_TESTS_SHARD:-}" ] && shard=(-I "${GPU_TESTS_SHARD%/*},,${GPU_TESTS_SHARD#*/}")
+ctest --test-dir "$BUILD" -L gpu -R "${GPU_TESTS_REGEX:-.}" ${GPU_TESTS_EXCLUDE:+-E "$GPU_TESTS_EXCLUDE"} \
+  "${shard[@]}" -j 8 --timeout 300 --output-on-failure \
   >"$LOGS/ctest-gpu.log" 2>&1 || status=1
 grep -E 'Failed|\*\*\*|Exception|Timeout' "$LOGS/ctest-gpu.log" | head -40
 grep -E 'error|Failure|Expected|Which is|differ|> ' "$LOGS/ctest-gpu.log" | head -60
