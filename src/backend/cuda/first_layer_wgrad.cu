@@ -3,8 +3,8 @@
 // CTA's 8 warps split a tile's product three ways: output channels in two halves of 32, K's
 // 16-wide column pairs in `groups` runs of at most Pairs, and the tile's four 16-pixel MMA steps
 // among the 4 / groups warps left, whose sums are added once at the end. Each warp thus reads an
-// A fragment (dz) once for up to Pairs column pairs and each B fragment (x) is read by two warps:
-// shared memory's reads, not the MMAs, bound the kernel (four warps read each B fragment before).
+// A fragment (dz) once for up to Pairs column pairs, and each B fragment (x) is read by two warps
+// rather than four: fewer shared-memory reads a tile, and the 3x3's three pairs evenly shared.
 #include <cuda_fp16.h>
 
 #include "backend/cuda/first_layer_tiles.cuh"
@@ -69,8 +69,6 @@ __device__ __forceinline__ void fold_fragment(uint32_t (&a)[4], const uint32_t (
   }
 }
 
-// Pairs: the 16-wide column pairs of dw a warp takes at most (its accumulators' size), so that
-// a small filter's kernel keeps few registers and more CTAs stay resident to hide latency.
 // How a problem's K splits among the warps: column pairs in `groups` runs (1, 2 or 4), at most
 // Pairs each, the MMA steps among the 4 / groups warps of a run and channel half.
 struct WarpSplit {
@@ -81,8 +79,10 @@ __host__ __device__ inline WarpSplit warp_split(int kp) {
   return {groups, (pairs + groups - 1) / groups};
 }
 
-// CTAs an SM the registers must leave room for: as many as the accumulators (and the fold's
-// second fragment) allow without spilling.
+// Pairs: the 16-wide column pairs of dw a warp takes at most (its accumulators' size), so that
+// a small filter's kernel keeps few registers and more CTAs stay resident to hide latency.
+// kMinCtas: the CTAs an SM the registers must leave room for: as many as the accumulators (and the
+// fold's z fragments and coefficients) allow without spilling.
 template <bool Fold, int Pairs>
 constexpr int kMinCtas = Fold         ? (Pairs == 1 ? 3 : 2)
                          : Pairs > 3  ? 2
