@@ -251,9 +251,13 @@ TEST_P(GpuFirstLayerWgrad, AgreesWithFloat64) {
 #endif
 }
 
+// With the shared cases, every warp split the kernel has: 1 to 4 column pairs a warp in one run
+// (1x1, 2x3, 3x3, 3x5), two runs (5x5: 7 pairs) and four (7x7: 13, 8x8: 16).
 INSTANTIATE_TEST_SUITE_P(Shapes, GpuFirstLayerWgrad,
-                         ::testing::ValuesIn(with_cases({Case{"largest_filter_8x8_n2_20x18", 2, 20,
-                                                              18, 8, 8, 1, 1, 3, 4}})),
+                         ::testing::ValuesIn(with_cases(
+                             {Case{"largest_filter_8x8_n2_20x18", 2, 20, 18, 8, 8, 1, 1, 3, 4},
+                              Case{"two_runs_5x5_n3_13x11", 3, 13, 11, 5, 5, 1, 1, 2, 2},
+                              Case{"two_pairs_2x3_n2_11x9", 2, 11, 9, 2, 3, 1, 1, 0, 1}})),
                          [](const auto& info) { return std::string(info.param.name); });
 
 // The weight gradient forming dz itself from BatchNorm's backward (FirstLayerWgrad::bn) against
