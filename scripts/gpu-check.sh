@@ -64,7 +64,7 @@
 #            (each kernel against cuDNN's at batch 256), the step's timed choices (KILN_LOG=debug
 #            lines), then `kiln bench` (AMP, batch 256) of FIRST_MODELS (default "vgg16_bn
 #            resnet50") under each of FIRST_VARIANTS (";"-separated environment settings,
-#            default: KILN_FIRST_LAYER_WGRAD=0, the defaults, KILN_FIRST_LAYER_BN_FOLD=auto),
+#            default: KILN_FIRST_LAYER_WGRAD=0, KILN_FIRST_LAYER_BN_FOLD=0, the defaults),
 #            FIRST_ROUNDS rounds (default 2) (issue 20)
 #     kernels  build, then Nsight Compute over two timed AMP steps at batch 256 of each of
 #            PROFILE_MODELS (default "resnet50 vgg16_bn") and bench/kernel_breakdown.py's table
@@ -510,6 +510,17 @@ PY
   finish
 fi
 
+# `kiln bench` of model $1 (AMP, batch 256) under environment settings $2 (empty: the defaults),
+# logged to $LOGS/$3.log; a summary line with its img/s and $4.
+bench_variant() {
+  # shellcheck disable=SC2086
+  env $2 timeout 300 "$BUILD/kiln" bench --device cuda --model "$1" --batch 256 --amp --steps "${STEPS:-20}" \
+    --warmup 5 --repeats 3 --stage "${STAGE:-every-step}" >"$LOGS/$3.log" 2>&1 || status=1
+  local ips
+  ips=$(grep -o '"images_per_second":[0-9.]*' "$LOGS/$3.log" | tail -1 | cut -d: -f2)
+  note "$1" "${2:-defaults}: ${ips:-FAILED} img/s ($4$(since))"
+}
+
 if [ "$MODE" = first-layer ]; then
   ctest --test-dir "$BUILD" -L gpu -R 'FirstLayer' -j 4 --timeout 300 --output-on-failure \
     >"$LOGS/ctest-first.log" 2>&1 || status=1
@@ -519,23 +530,18 @@ if [ "$MODE" = first-layer ]; then
   timeout 120 "$BUILD/kiln_cutlass_probe" --first-layer --batch 256 --reps 9 >"$LOGS/first-probe.log" 2>&1 ||
     status=1
   head -30 "$LOGS/first-probe.log"
-  IFS=';' read -r -a variants <<<"${FIRST_VARIANTS:-KILN_FIRST_LAYER_WGRAD=0;;KILN_FIRST_LAYER_BN_FOLD=auto}"
+  IFS=';' read -r -a variants <<<"${FIRST_VARIANTS:-KILN_FIRST_LAYER_WGRAD=0;KILN_FIRST_LAYER_BN_FOLD=0;}"
   for m in ${FIRST_MODELS:-vgg16_bn resnet50}; do
-    # Which form each first layer's timing kept, and its times.
-    KILN_LOG=debug KILN_FIRST_LAYER_BN_FOLD=auto timeout 120 "$BUILD/kiln" bench --device cuda --model "$m" \
-      --batch 256 --amp --steps 2 --warmup 1 --repeats 1 >"$LOGS/first-choices-$m.log" 2>&1 || status=1
-    grep -E "direct weight gradient|folded into|stays unfolded|direct convolution" "$LOGS/first-choices-$m.log" |
-      cut -c1-300 | head -6
+    # The timed choices each first layer made (lines with their times; refusals left out).
+    KILN_LOG=debug timeout 120 "$BUILD/kiln" bench --device cuda --model "$m" --batch 256 --amp --steps 2 \
+      --warmup 1 --repeats 1 >"$LOGS/first-choices-$m.log" 2>&1 || status=1
+    grep -E "(direct convolution|direct weight gradient|folded into the direct weight gradient) [0-9.]+ ms" \
+      "$LOGS/first-choices-$m.log" | cut -c1-300
   done
   for r in $(seq "${FIRST_ROUNDS:-2}"); do
     for m in ${FIRST_MODELS:-vgg16_bn resnet50}; do
       for v in "${variants[@]}"; do
-        name="$m-$(echo "${v:-defaults}" | tr ' =' '_-')-$r"
-        # shellcheck disable=SC2086
-        env $v timeout 120 "$BUILD/kiln" bench --device cuda --model "$m" --batch 256 --amp --steps 20 \
-          --warmup 5 --repeats 3 >"$LOGS/first-$name.log" 2>&1 || status=1
-        ips=$(grep -o '"images_per_second":[0-9.]*' "$LOGS/first-$name.log" | tail -1 | cut -d: -f2)
-        note "$m" "${v:-defaults}: ${ips:-FAILED} img/s (round $r, $(since))"
+        bench_variant "$m" "$v" "first-$m-$(echo "${v:-defaults}" | tr ' =' '_-')-$r" "round $r, "
       done
     done
   done
@@ -546,12 +552,7 @@ if [ "$MODE" = ab ]; then
   IFS=';' read -r -a variants <<<"${AB_VARIANTS:-;KILN_PAD_CHANNELS=0;KILN_PAD_CHANNELS=1;KILN_FUSE_GRAD_SUM=0;KILN_CBR_FORM=genstats}"
   for m in ${AB_MODELS:-resnet50 vgg16_bn}; do
     for v in "${variants[@]}"; do
-      name="$m-$(echo "${v:-defaults}" | tr ' =' '_-')"
-      # shellcheck disable=SC2086
-      env $v "$BUILD/kiln" bench --device cuda --model "$m" --batch 256 --amp --steps "${STEPS:-20}" --warmup 5 \
-        --repeats 3 --stage "${STAGE:-every-step}" >"$LOGS/ab-$name.log" 2>&1 || status=1
-      ips=$(grep -o '"images_per_second":[0-9.]*' "$LOGS/ab-$name.log" | cut -d: -f2)
-      note "$m" "${v:-defaults}: ${ips:-FAILED} img/s ($(since))"
+      bench_variant "$m" "$v" "ab-$m-$(echo "${v:-defaults}" | tr ' =' '_-')" ""
     done
   done
   finish
