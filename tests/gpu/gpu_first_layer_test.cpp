@@ -106,7 +106,7 @@ TEST_P(GpuFirstLayerConv, AgreesWithFloat64) {
   DeviceBuffer x = upload_half(in.x), w = upload_half(in.w);
   const size_t zn = static_cast<size_t>(t.rows() * kK);
   DeviceBuffer z(zn * 2), sums(2 * kK * sizeof(float));
-  // NaNs where the kernel writes nothing, and in sums it does not clear.
+  // NaNs where the kernel writes nothing, and in the sums it writes, not adds to.
   ASSERT_EQ(cudaMemset(z.p, 0xFF, zn * 2), cudaSuccess);
   ASSERT_EQ(cudaMemset(sums.p, 0xFF, 2 * kK * sizeof(float)), cudaSuccess);
   cuda::FirstLayerConv c;
@@ -122,12 +122,25 @@ TEST_P(GpuFirstLayerConv, AgreesWithFloat64) {
     SCOPED_TRACE("persistent grid over " + std::to_string(grid_sms) + " SMs");
     unsigned grid = 0;
     ASSERT_EQ(cuda::prepare_first_layer_conv(c, grid_sms, &grid), cudaSuccess);
-    ASSERT_EQ(cuda::launch_first_layer_conv(c, grid, nullptr), cudaSuccess);
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    DeviceBuffer partials(cuda::first_layer_conv_workspace(grid));
+    ASSERT_EQ(cudaMemset(partials.p, 0, cuda::first_layer_conv_workspace(grid)), cudaSuccess);
+    c.partials = static_cast<float*>(partials.p);
+    // Twice: the CTAs' shares are added in a fixed order (the last CTA's), so the same bits,
+    // and the first launch left its counter ready for the second.
+    std::vector<float> sh(2 * kK), first(2 * kK);
+    for (int run = 0; run < 2; ++run) {
+      ASSERT_EQ(cuda::launch_first_layer_conv(c, grid, nullptr), cudaSuccess);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(sh.data(), sums.p, sh.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+      if (run == 0) {
+        first = sh;
+        ASSERT_EQ(cudaMemset(sums.p, 0xFF, 2 * kK * sizeof(float)), cudaSuccess);  // NaNs again
+      }
+    }
+    EXPECT_EQ(std::memcmp(first.data(), sh.data(), sh.size() * 4), 0)
+        << "the same sums' bits twice";
     std::vector<uint16_t> zh(zn);
-    std::vector<float> sh(2 * kK);
     ASSERT_EQ(cudaMemcpy(zh.data(), z.p, zn * 2, cudaMemcpyDeviceToHost), cudaSuccess);
-    ASSERT_EQ(cudaMemcpy(sh.data(), sums.p, sh.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
     std::vector<float> got(zn);
     for (size_t e = 0; e < zn; ++e) got[e] = half_to_float(zh[e]);
     // z: the FP32 sum rounded to FP16 once (2^-11 of |z|), the FP32 accumulation's error over at
@@ -139,7 +152,7 @@ TEST_P(GpuFirstLayerConv, AgreesWithFloat64) {
     }
     EXPECT_EQ(bad, 0) << "z elements outside their FP16 bound of float64, of " << zn;
     // The sums against float64 sums of the kernel's own z: FP32 running sums over a lane's rows
-    // (~9,300 of them on the small grid), then atomics across warps and CTAs, round with the
+    // (~9,300 of them on the small grid), then across warps and CTAs, round with the
     // terms' magnitudes: ~sqrt(rows) 2^-24 of them, 1e-4 as the SM90 units' test allows.
     double worst_s = 0.0, worst_q = 0.0;
     for (int64_t k = 0; k < kK; ++k) {

@@ -4,7 +4,7 @@
 // stride 2), 3 channels padded to 4 into 64, FP16 NHWC, on the same random inputs in one process:
 //   (a) cuDNN's forward (the fastest of its first --max-engines engines), then kiln's statistics
 //       pass over z (bn_stats.cuh's, as a training step runs it);
-//   (b) the direct kernel, z and both sums in one launch (plus clearing the sums).
+//   (b) the direct kernel, z and both sums in one launch (the sums in a fixed order).
 // (b)'s z is compared with (a)'s (each rounds an FP32 sum of the same products once: an FP16 ulp
 // apart at most) and its sums with kiln's double sums of its own z. Then the weight gradient of
 // the same layer from z as dz: kiln's direct one (first_layer_wgrad.h), the same with BatchNorm's
@@ -79,6 +79,9 @@ int first_layer_probe(cudnnHandle_t handle, cudaStream_t s, const cudaDeviceProp
     }
     unsigned grid = 0;
     PROBE_CUDA(cuda::prepare_first_layer_conv(c, sms, &grid));
+    const size_t ws_bytes = cuda::first_layer_conv_workspace(grid);
+    c.partials = static_cast<float*>(device_alloc(ws_bytes));
+    PROBE_CUDA(cudaMemsetAsync(c.partials, 0, ws_bytes, s));
     const float direct_ms = median_ms(
         s, reps, [&] { return cuda::launch_first_layer_conv(c, grid, s) == cudaSuccess; });
     PROBE_CUDA(conv.run(handle) ? cudaSuccess : cudaErrorUnknown);

@@ -38,7 +38,8 @@ size_t smem_bytes(int kp) {
 // stand in registers: mma.sync's A operand would need the two halves of a load apart).
 __global__ void __launch_bounds__(kThreads, 2)
     first_layer_conv_kernel(const __half* __restrict__ x, const __half* __restrict__ w,
-                            __half* __restrict__ z, float* __restrict__ sums, Geometry g) {
+                            __half* __restrict__ z, float* __restrict__ sums,
+                            float* __restrict__ partials, Geometry g) {
   extern __shared__ __align__(16) unsigned char smem[];
   const int wpitch = g.kp + 8;
   __half* ws = reinterpret_cast<__half*>(smem);
@@ -157,12 +158,36 @@ __global__ void __launch_bounds__(kThreads, 2)
   }
 
   if (sums == nullptr) return;
+  // The CTAs' sums added in a fixed order, so the same inputs give the same bits every run
+  // (FP32 atomics would not): each CTA leaves its share in `partials`, and the last to finish
+  // (a counter after them, zero between launches) adds them up, CTA by CTA.
   __syncthreads();
+  auto* counter = reinterpret_cast<unsigned*>(partials + static_cast<size_t>(gridDim.x) * 2 * kK);
   if (tid < 2 * kK) {
     float total = 0.0f;
     for (int v = 0; v < kWarps; ++v) total += red[v * 2 * kK + tid];
-    atomicAdd(sums + tid, total);
+    partials[static_cast<size_t>(blockIdx.x) * 2 * kK + tid] = total;
   }
+  __threadfence();  // this CTA's share is visible before the counter says so
+  __syncthreads();
+  __shared__ bool last;
+  if (tid == 0) last = atomicAdd(counter, 1u) == gridDim.x - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  // Two threads a value, each over half the CTAs (loads in flight, not one after another's
+  // add), then the halves added: a fixed association.
+  static_assert(kThreads == 4 * kK, "two threads a sum");
+  const int value = tid % (2 * kK), half = tid / (2 * kK), ctas = static_cast<int>(gridDim.x);
+  const int from = half * (ctas / 2), to = half ? ctas : ctas / 2;
+  float part = 0.0f;
+#pragma unroll 8
+  for (int cta = from; cta < to; ++cta) part += __ldcg(partials + cta * 2 * kK + value);
+  __syncthreads();  // red's last readers are done
+  red[tid] = part;
+  __syncthreads();
+  if (half == 0) sums[value] = red[value] + red[2 * kK + value];
+  if (tid == 0) *counter = 0;  // for the next launch
 }
 
 }  // namespace
@@ -198,15 +223,16 @@ cudaError_t prepare_first_layer_conv(const FirstLayerConv& c, int sm_count, unsi
                             (g.m + kTileRows - 1) / kTileRows, sm_count, grid);
 }
 
+size_t first_layer_conv_workspace(unsigned grid) {
+  return (static_cast<size_t>(grid) * 2 * kK + 4) * sizeof(float);
+}
+
 cudaError_t launch_first_layer_conv(const FirstLayerConv& c, unsigned grid, cudaStream_t stream) {
   if (!first_layer_conv_refusal(c).empty() || grid == 0) return cudaErrorInvalidValue;
+  if (c.sums && !c.partials) return cudaErrorInvalidValue;
   const Geometry g = geometry(c);
-  if (c.sums) {
-    if (cudaError_t e = cudaMemsetAsync(c.sums, 0, 2 * kK * sizeof(float), stream);
-        e != cudaSuccess)
-      return e;
-  }
-  first_layer_conv_kernel<<<grid, kThreads, smem_bytes(g.kp), stream>>>(c.x, c.w, c.z, c.sums, g);
+  first_layer_conv_kernel<<<grid, kThreads, smem_bytes(g.kp), stream>>>(c.x, c.w, c.z, c.sums,
+                                                                        c.partials, g);
   return cudaGetLastError();
 }
 

@@ -35,6 +35,9 @@ struct FirstLayerConv : FirstLayerShape {
   const __half* w = nullptr;  // [64][r][s][4]
   __half* z = nullptr;        // [n][p][q][64]
   float* sums = nullptr;      // [2][64]: sum z, then sum z^2 (FP32, of the FP16 z); or none
+  // With sums: first_layer_conv_workspace(grid) bytes, zeros before the first launch (each
+  // launch leaves them so): the CTAs' shares, added in a fixed order.
+  float* partials = nullptr;
 };
 
 inline constexpr int kFirstLayerChannels = 4, kFirstLayerOutputs = 64;
@@ -74,7 +77,9 @@ std::string first_layer_conv_refusal(const FirstLayerConv& c);
 // for sm_count SMs: once, while compiling, outside a captured CUDA Graph (as the SM90 units'
 // check() does CUTLASS's).
 cudaError_t prepare_first_layer_conv(const FirstLayerConv& c, int sm_count, unsigned* grid);
-// Clears the sums (where given) and queues the kernel on the stream; the launch's error.
+// The workspace a launch on `grid` CTAs takes for its sums (FirstLayerConv::partials).
+size_t first_layer_conv_workspace(unsigned grid);
+// Queues the kernel on the stream (the sums written, not added to); the launch's error.
 cudaError_t launch_first_layer_conv(const FirstLayerConv& c, unsigned grid, cudaStream_t stream);
 
 }  // namespace kiln::cuda

@@ -1,6 +1,7 @@
 // A CBR forward's convolution on the first layer's direct kernel (first_layer_conv.h) under
 // KILN_FIRST_LAYER_CONV: x's 1-3 channels (and the filter's) copied with zero channels up to 4
-// before each run, into buffers the kernel owns, then z and BatchNorm's sums in one launch.
+// before each run, into buffers the kernel owns, then z and BatchNorm's sums in one launch (the
+// sums in a fixed order: the same bits every run).
 #include "backend/cuda/channel_ops.h"
 #include "backend/cuda/first_layer_conv.h"
 #include "backend/cuda/fused_kernels.h"
@@ -47,11 +48,21 @@ KernelPtr make_first_layer_conv_fwd(const Node& n, Context& ctx, int stream, Ten
   unsigned grid = 0;
   if (cudaError_t e = prepare_first_layer_conv(p, ctx.sm_count, &grid); e != cudaSuccess)
     return refuse(std::string("could not be set up: ") + cudaGetErrorString(e));
+  // The CTAs' shares of the sums and the counter that finds the last CTA: zeros once, here;
+  // each launch leaves them so.
+  std::shared_ptr<DeviceBuffer> partials;
+  if (sums) {
+    const size_t bytes = first_layer_conv_workspace(grid);
+    partials = std::make_shared<DeviceBuffer>(bytes);
+    CUDA_CHECK(cudaMemset(partials->get(), 0, bytes));
+    p.partials = static_cast<float*>(partials->get());
+  }
   const void* x_src = ctx.ptr(x);
   const void* w_src = ctx.ptr(w);
   const std::string what = std::string(op_name(n.op)) + " node '" + n.label + "'";
   *x_copy = xp;
   return make_fn(stream, [=](Context& cx, cudaStream_t s) {
+    static_cast<void>(partials);  // owned as long as the kernel
     if (xp) {
       launch_pad_channels(x_src, xp->get(), DType::F16, x_rows, c, kFirstLayerChannels, cx.sm_count,
                           s);
