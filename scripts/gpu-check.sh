@@ -66,6 +66,11 @@
 #            resnet50") under each of FIRST_VARIANTS (";"-separated environment settings,
 #            default: KILN_FIRST_LAYER_WGRAD=0, KILN_FIRST_LAYER_BN_FOLD=0, the defaults),
 #            FIRST_ROUNDS rounds (default 2) (issue 20)
+#     fold-dgrad  build (the SM90 kernels too), FOLD_TESTS_REGEX's GPU tests (default: GpuFoldDgrad,
+#            the first layer's and the two that want the same bits twice), the fold kernel's
+#            registers and spills, then `kiln_cutlass_probe --fold-dgrad` (BatchNorm's dx pass
+#            folded into ResNet-50's 1x1 data gradients against the dx pass then the SM90 data
+#            gradient, batch 256, FOLD_REPS runs each, default 9) (issue 20)
 #     kernels  build, then Nsight Compute over two timed AMP steps at batch 256 of each of
 #            PROFILE_MODELS (default "resnet50 vgg16_bn") and bench/kernel_breakdown.py's table
 #            of GPU time per step by kernel kind (issue 5's breakdown; no tests run)
@@ -165,9 +170,9 @@ fi
 
 echo "== configure"
 # The probe is configured only where it can build; here its absence is an error.
-case "$MODE" in cutlass|cutlass-dgrad|first-layer) extra+=("-DKILN_CUTLASS_PROBE=ON") ;; esac
+case "$MODE" in cutlass|cutlass-dgrad|first-layer|fold-dgrad) extra+=("-DKILN_CUTLASS_PROBE=ON") ;; esac
 # The backend's CUTLASS kernels likewise where the GPU tests or the CUTLASS step run.
-case "$MODE" in gpu|all|cutlass-step|cutlass-dgrad|first-layer) extra+=("-DKILN_CUTLASS_KERNELS=ON") ;; esac
+case "$MODE" in gpu|all|cutlass-step|cutlass-dgrad|first-layer|fold-dgrad) extra+=("-DKILN_CUTLASS_KERNELS=ON") ;; esac
 if ! cmake -S . -B "$BUILD" -G Ninja -DKILN_CUDA=ON -DCMAKE_BUILD_TYPE=Release "${extra[@]}" >"$LOGS/configure.log" 2>&1; then
   tail -30 "$LOGS/configure.log"
   note configure "FAILED ($(since))"
@@ -194,6 +199,7 @@ gpu_tests=(kiln_gpu_tests kiln_sweep_tests kiln_conv_forms)
 [ "$MODE" = cutlass-step ] && targets=(kiln kiln_cli kiln_gpu_tests)
 [ "$MODE" = cutlass-dgrad ] && targets=(kiln kiln_gpu_tests kiln_cutlass_probe)
 [ "$MODE" = first-layer ] && targets=(kiln kiln_cli kiln_gpu_tests kiln_cutlass_probe)
+[ "$MODE" = fold-dgrad ] && targets=(kiln kiln_cli kiln_gpu_tests kiln_cutlass_probe)
 # DGRAD_TESTS=0: the probe alone (no library, no tests: a shorter build for a probe-only call).
 [ "$MODE" = cutlass-dgrad ] && [ "${DGRAD_TESTS:-1}" = 0 ] && targets=(kiln_cutlass_probe)
 [ "$MODE" = jpeg ] && targets=(kiln kiln_cli "${gpu_tests[@]}" kiln_cupti_trace)
@@ -545,6 +551,25 @@ if [ "$MODE" = first-layer ]; then
       done
     done
   done
+  finish
+fi
+
+if [ "$MODE" = fold-dgrad ]; then
+  ctest --test-dir "$BUILD" -L gpu \
+    -R "${FOLD_TESTS_REGEX:-GpuFoldDgrad|FirstLayer|GpuAutotune.OffAndOnTrainAlike|vgg_first_20x18}" \
+    -j 4 --timeout 300 --output-on-failure >"$LOGS/ctest-fold.log" 2>&1 || status=1
+  grep -E '\(Failed\)|\(Timeout\)' "$LOGS/ctest-fold.log" | head -20
+  grep -B3 -A12 'Failure' "$LOGS/ctest-fold.log" | grep -v 'Which is: {' | head -60
+  note "fold tests" "$(ctest_line "$LOGS/ctest-fold.log") ($(since))"
+  if command -v cuobjdump >/dev/null 2>&1; then
+    o="$BUILD/CMakeFiles/kiln_cutlass_probe.dir/src/backend/cuda/fold_dgrad.cu.o"
+    note "sass fold" "$(cuobjdump --dump-resource-usage "$o" 2>&1 | grep -o 'REG:[0-9]* STACK:[0-9]* SHARED:[0-9]*' | head -1), $(
+      cuobjdump --dump-sass "$o" 2>&1 | grep -c 'LDL\|STL') LDL/STL, $(cuobjdump --dump-sass "$o" 2>&1 | grep -c HMMA) HMMA"
+  fi
+  timeout 240 "$BUILD/kiln_cutlass_probe" --fold-dgrad --batch 256 --reps "${FOLD_REPS:-9}" \
+    >"$LOGS/fold-probe.log" 2>&1 || status=1
+  cat "$LOGS/fold-probe.log" | head -30
+  note "fold probe" "$(grep '^summary' "$LOGS/fold-probe.log" | cut -c1-200) ($(since))"
   finish
 fi
 

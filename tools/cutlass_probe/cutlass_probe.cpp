@@ -17,13 +17,15 @@
 // statistics), --prologue prologue_probe.cpp's (BatchNorm + ReLU applied on the 1x1 GEMM's
 // operand load against kiln's apply pass before the GEMM), --first-layer first_layer_probe.cpp's
 // (the first layer's direct convolution with the sums against cuDNN's forward and kiln's
-// statistics pass). Needs an SM90 GPU (exit 77 without one);
-// exits 1 on a mismatch or a failed run.
+// statistics pass), --fold-dgrad fold_dgrad_probe.cpp's (BatchNorm's dx pass folded into the 1x1
+// data gradient against the dx pass then the SM90 data gradient). Needs an SM90 GPU (exit 77
+// without one); exits 1 on a mismatch or a failed run.
 //
 // --only N keeps the first N shapes, --shape TEXT those whose name holds TEXT (one shape for
 // ncu, as `scripts/gpu-check.sh cutlass-dgrad` with DGRAD_NCU does).
 //
-//   kiln_cutlass_probe [--dgrad | --conv | --prologue | --first-layer] [--batch 256] [--reps 20]
+//   kiln_cutlass_probe [--dgrad | --conv | --prologue | --first-layer | --fold-dgrad] [--batch 256]
+//   [--reps 20]
 //   [--max-engines 4]
 //   [--only N]
 //                      [--shape TEXT]
@@ -74,18 +76,21 @@ int main(int argc, char** argv) {
     const std::string a = argv[i];
     if (a == "--help" || a == "-h") {
       std::printf(
-          "usage: kiln_cutlass_probe [--dgrad | --conv | --prologue | --first-layer] [--batch 256] "
+          "usage: kiln_cutlass_probe [--dgrad | --conv | --prologue | --first-layer | "
+          "--fold-dgrad] [--batch 256] "
           "[--reps 20] "
           "[--max-engines 4] [--only N] [--shape TEXT]\n");
       return 0;
     }
-    if (a == "--dgrad" || a == "--conv" || a == "--prologue" || a == "--first-layer") continue;
+    if (a == "--dgrad" || a == "--conv" || a == "--prologue" || a == "--first-layer" ||
+        a == "--fold-dgrad")
+      continue;
     if (a != "--batch" && a != "--reps" && a != "--max-engines" && a != "--only" &&
         a != "--shape") {
       std::fprintf(
           stderr,
           "kiln_cutlass_probe: unknown flag %s; its flags are --dgrad, --conv, --prologue, "
-          "--first-layer, "
+          "--first-layer, --fold-dgrad, "
           "--batch, --reps, --max-engines, --only, --shape\n",
           a.c_str());
       return 2;
@@ -126,12 +131,19 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "kiln_cutlass_probe: cudnnCreate failed\n");
     return 1;
   }
-  bool dgrad = false, conv3 = false, prologue = false, first = false;
+  bool dgrad = false, conv3 = false, prologue = false, first = false, fold = false;
   for (int i = 1; i < argc; ++i) {
+    fold = fold || std::strcmp(argv[i], "--fold-dgrad") == 0;
     first = first || std::strcmp(argv[i], "--first-layer") == 0;
     dgrad = dgrad || std::strcmp(argv[i], "--dgrad") == 0;
     conv3 = conv3 || std::strcmp(argv[i], "--conv") == 0;
     prologue = prologue || std::strcmp(argv[i], "--prologue") == 0;
+  }
+  if (fold) {
+    const int rc = fold_dgrad_probe(s, prop, batch, reps, shape);
+    cudnnDestroy(handle);
+    PROBE_CUDA(cudaStreamDestroy(s));
+    return rc;
   }
   if (first) {
     const int rc = first_layer_probe(handle, s, prop, batch, reps, max_engines);

@@ -246,6 +246,11 @@ int conv_probe(cudnnHandle_t handle, cudaStream_t s, const cudaDeviceProp& prop,
 // prologue_probe.cpp's (kiln_cutlass_probe --prologue): BatchNorm + ReLU on the 1x1 GEMM's load.
 int prologue_probe(cudaStream_t s, const cudaDeviceProp& prop, int64_t batch, int reps,
                    int64_t only, const std::string& shape);
+// --fold-dgrad (fold_dgrad_probe.cpp): BatchNorm's dx pass folded into the 1x1 data gradient
+// (src/backend/cuda/fold_dgrad.h) against the dx pass then the SM90 data gradient.
+int fold_dgrad_probe(cudaStream_t s, const cudaDeviceProp& prop, int64_t batch, int reps,
+                     const std::string& shape);
+
 // --first-layer (first_layer_probe.cpp): the first layer's direct convolution with BatchNorm's
 // sums against cuDNN's forward and kiln's statistics pass.
 int first_layer_probe(cudnnHandle_t handle, cudaStream_t s, const cudaDeviceProp& prop,

@@ -131,6 +131,19 @@ cudaError_t kiln_apply_relu(const __half* z, const float4* coef, int64_t rows, i
   return cudaGetLastError();
 }
 
+cudaError_t kiln_bn_dx(const __half* z, const __half* g, const float4* coef, int64_t rows,
+                       int64_t c, int sm_count, __half* dz, cudaStream_t s) {
+  if (c % 8 != 0 || cuda::kVecThreads % (c / 8) != 0 || rows >= (int64_t{1} << 31))
+    return cudaErrorInvalidValue;
+  // bn.cu's group_plan, as for the apply pass above.
+  const int64_t rpb = cuda::kVecThreads / (c / 8);
+  const auto blocks = static_cast<unsigned>(
+      std::max<int64_t>(1, std::min<int64_t>((rows + 2 * rpb - 1) / (2 * rpb), sm_count * 8)));
+  cuda::bwd_dx_group<__half><<<blocks, cuda::kVecThreads, 0, s>>>(
+      z, g, nullptr, nullptr, dz, nullptr, static_cast<int>(rows), static_cast<int>(c / 8), coef);
+  return cudaGetLastError();
+}
+
 cudaError_t compare_half(const __half* a, const __half* b, int64_t count, float rel_tol,
                          float abs_tol, unsigned long long* result, cudaStream_t s) {
   if (cudaError_t e = cudaMemsetAsync(result, 0, 2 * sizeof(unsigned long long), s);

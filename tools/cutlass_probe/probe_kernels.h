@@ -43,6 +43,12 @@ cudaError_t fill_bytes(uint8_t* p, int64_t count, uint64_t seed, cudaStream_t s)
 cudaError_t kiln_apply_relu(const __half* z, const float4* coef, int64_t rows, int64_t c,
                             int sm_count, __half* y, uint8_t* mask, cudaStream_t s);
 
+// kiln's BatchNorm-backward dx pass (bn_kernels.cuh's bwd_dx_group, as a training step runs it
+// on an already-masked g): dz = round16(coef.y (g - coef.z - (z - coef.x) coef.w)), coef [c] as
+// bwd_dx_group takes it. Needs c % 8 == 0 and 256 % (c / 8) == 0.
+cudaError_t kiln_bn_dx(const __half* z, const __half* g, const float4* coef, int64_t rows,
+                       int64_t c, int sm_count, __half* dz, cudaStream_t s);
+
 // Over count elements: the largest |a - b|, and how many exceed abs_tol + rel_tol * |b|
 // (result[0] as a float's bits, result[1] the count; both zeroed here first).
 cudaError_t compare_half(const __half* a, const __half* b, int64_t count, float rel_tol,
