@@ -11,6 +11,10 @@
 // these layers are bound by bytes (ResNet-50's 1x1 data gradients do ~50 FLOP a byte, the H100
 // balances at ~300), and a transform between a TMA load and a shared-memory-sourced WGMMA is not
 // something CUTLASS 3's mainloops offer.
+//
+// The step does not use it: exact, but 3x slower than the dx pass plus the SM90 data gradient
+// on ResNet-50's 1x1 layers (kiln_cutlass_probe --fold-dgrad; bench/RESULTS.md, thirty-second
+// session), chiefly because each 64-column tile of dX reads and folds g and z again.
 #pragma once
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
