@@ -166,7 +166,6 @@ int dgrad_probe(cudnnHandle_t handle, cudaStream_t s, const cudaDeviceProp& prop
       return kiln_bwd_sums(z, dx, d2, mask, mean, m, d.n, sms, partial, s) == cudaSuccess;
     };
     PROBE_CUDA(masked_grad(dx, d2, mask, count, gref, s));
-    std::vector<double2> href(static_cast<size_t>(d.n));
     const float sums_ms = median_ms(s, reps, sums_pass);
     const float total_ms = median_ms(s, reps, [&] { return conv.run(handle) && sums_pass(); });
 
@@ -197,29 +196,13 @@ int dgrad_probe(cudnnHandle_t handle, cudaStream_t s, const cudaDeviceProp& prop
       PROBE_CUDA(compare_half(g, gref, count, 0x1p-9f, 0x1p-8f, cmp, s));
       unsigned long long hc[2];
       PROBE_CUDA(cudaMemcpyAsync(hc, cmp, sizeof hc, cudaMemcpyDeviceToHost, s));
-      std::vector<float> hs(2 * static_cast<size_t>(d.n));
-      PROBE_CUDA(
-          cudaMemcpyAsync(hs.data(), sums, hs.size() * sizeof(float), cudaMemcpyDeviceToHost, s));
-      // kiln's double sums of the kernel's own g (no mask, no dy2: g is already formed).
-      PROBE_CUDA(kiln_bwd_sums(z, g, nullptr, nullptr, mean, m, d.n, sms, partial, s));
-      PROBE_CUDA(kiln_stats_total(partial, m, d.n, sms, ref, s));
-      PROBE_CUDA(cudaMemcpyAsync(href.data(), ref, href.size() * sizeof(double2),
-                                 cudaMemcpyDeviceToHost, s));
       PROBE_CUDA(cudaStreamSynchronize(s));
-      float gerr;
-      const auto bits = static_cast<unsigned>(hc[0]);
-      std::memcpy(&gerr, &bits, sizeof gerr);
-      // The sums against kiln's double sums of the kernel's own g: relative to sqrt(m) (the
-      // size of a sum of m signed unit-scale terms that cancel; g and z - mean are O(1) here),
-      // so that a lost or doubled tile (256 of m terms) shows while FP32 rounding does not.
-      double es = 0, ex = 0;
-      const double scale = std::sqrt(static_cast<double>(m));
-      for (int64_t j = 0; j < d.n; ++j) {
-        es = std::max(es, std::fabs(hs[j] - href[j].x) / scale);
-        ex = std::max(ex, std::fabs(hs[d.n + j] - href[j].y) / scale);
-        if (!std::isfinite(hs[j]) || !std::isfinite(hs[d.n + j])) es = ex = INFINITY;
-      }
-      const bool ok = hc[1] == 0 && es <= 1e-4 && ex <= 1e-4;
+      const float gerr = worst_of(hc);
+      // The sums against kiln's double sums of the kernel's own g (no mask, no dy2: g is
+      // already formed).
+      const BwdSumsError se = bwd_sums_error(sums, z, g, mean, m, d.n, sms, partial, ref, s);
+      const double es = se.sum, ex = se.sum_gz;
+      const bool ok = hc[1] == 0 && se.ok();
       const float t = median_ms(s, reps, [&] { return kern.run(a, ws, s).empty(); });
       char line[256];
       std::snprintf(line, sizeof line,

@@ -96,9 +96,7 @@ int first_layer_probe(cudnnHandle_t handle, cudaStream_t s, const cudaDeviceProp
     PROBE_CUDA(cudaMemcpyAsync(href.data(), ref, href.size() * sizeof(double2),
                                cudaMemcpyDeviceToHost, s));
     PROBE_CUDA(cudaStreamSynchronize(s));
-    float zdiff;
-    const auto bits = static_cast<unsigned>(hc[0]);
-    std::memcpy(&zdiff, &bits, sizeof zdiff);
+    const float zdiff = worst_of(hc);
     double es = 0, eq = 0;
     for (int64_t k = 0; k < kK; ++k) {
       es = std::max(es, std::fabs(hs[k] - href[k].x) / (std::fabs(href[k].x) + 1e-30));

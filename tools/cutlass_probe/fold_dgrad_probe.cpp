@@ -176,27 +176,10 @@ int fold_dgrad_probe(cudaStream_t s, const cudaDeviceProp& prop, int64_t batch, 
     // orders differ), then add dy2 and round again: dgrad_probe.cpp's bounds.
     PROBE_CUDA(compare_half(gb, ga, zn, 0x1p-9f, 0x1p-8f, cmp, s));
     PROBE_CUDA(cudaMemcpyAsync(gc, cmp, sizeof gc, cudaMemcpyDeviceToHost, s));
-    std::vector<float> hs(2 * static_cast<size_t>(l.n));
-    PROBE_CUDA(cudaMemcpyAsync(hs.data(), sb, hs.size() * 4, cudaMemcpyDeviceToHost, s));
-    PROBE_CUDA(kiln_bwd_sums(zp, gb, nullptr, nullptr, mean, m, l.n, sms, partial, s));
-    PROBE_CUDA(kiln_stats_total(partial, m, l.n, sms, ref, s));
-    std::vector<double2> href(static_cast<size_t>(l.n));
-    PROBE_CUDA(cudaMemcpyAsync(href.data(), ref, href.size() * sizeof(double2),
-                               cudaMemcpyDeviceToHost, s));
     PROBE_CUDA(cudaStreamSynchronize(s));
-    float gerr;
-    const auto bits = static_cast<unsigned>(gc[0]);
-    std::memcpy(&gerr, &bits, sizeof gerr);
-    // The sums relative to sqrt(m) (dgrad_probe.cpp's measure: a lost tile shows, FP32
-    // rounding does not).
-    double es = 0, ex = 0;
-    const double scale = std::sqrt(static_cast<double>(m));
-    for (int64_t j = 0; j < l.n; ++j) {
-      es = std::max(es, std::fabs(hs[j] - href[j].x) / scale);
-      ex = std::max(ex, std::fabs(hs[l.n + j] - href[j].y) / scale);
-      if (!std::isfinite(hs[j]) || !std::isfinite(hs[l.n + j])) es = ex = INFINITY;
-    }
-    const bool ok = dzc[1] == 0 && gc[1] == 0 && es <= 1e-4 && ex <= 1e-4;
+    const float gerr = worst_of(gc);
+    const BwdSumsError se = bwd_sums_error(sb, zp, gb, mean, m, l.n, sms, partial, ref, s);
+    const bool ok = dzc[1] == 0 && gc[1] == 0 && se.ok();
     const float b_ms = median_ms(s, reps, [&] { return folded(f); });
     cuda::FoldDgrad no_dz = f;
     no_dz.dz = nullptr;
@@ -205,7 +188,7 @@ int fold_dgrad_probe(cudaStream_t s, const cudaDeviceProp& prop, int64_t batch, 
         "| %s | %d | %.3f | %.3f | %.3f | %.3f | %.3f | %.2fx | %llu | %.1e (%llu over) | %.1e | "
         "%.1e |%s\n",
         l.name, l.count, dx_ms, dgrad_ms, a_ms, b_ms, b_nodz_ms, b_ms > 0 ? a_ms / b_ms : 0.0,
-        dzc[1], gerr, gc[1], es, ex, ok ? "" : "  MISMATCH");
+        dzc[1], gerr, gc[1], se.sum, se.sum_gz, ok ? "" : "  MISMATCH");
     std::fflush(stdout);
     failed = failed || !ok || b_ms < 0 || a_ms < 0;
     step_a += a_ms * l.count;

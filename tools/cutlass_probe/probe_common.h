@@ -236,6 +236,44 @@ inline StatsCheck check_stats(const __half* z, const __half* zref, int64_t rows,
   return r;
 }
 
+// The largest |a - b| that compare_half left in a result copied to the host (a float's bits).
+inline float worst_of(const unsigned long long (&result)[2]) {
+  float worst;
+  const auto bits = static_cast<unsigned>(result[0]);
+  std::memcpy(&worst, &bits, sizeof worst);
+  return worst;
+}
+
+// BatchNorm-backward's sums from a kernel's epilogue (device `sums`, [2][n]: sum g, sum
+// g (z - mean)) against kiln's double sums of the kernel's own g [m][n] over z, each error
+// relative to sqrt(m) (the size of a sum of m signed unit-scale terms that cancel; g and z - mean
+// are O(1) in the probes), so that a lost or doubled tile (256 of m terms) shows while FP32
+// rounding does not. `partial` holds kiln_stats_bytes(m, n, ...), `ref` n double2s.
+struct BwdSumsError {
+  double sum = 0, sum_gz = 0;
+  bool ok() const { return sum <= 1e-4 && sum_gz <= 1e-4; }
+};
+inline BwdSumsError bwd_sums_error(const float* sums, const __half* z, const __half* g,
+                                   const float* mean, int64_t m, int64_t n, int sm_count,
+                                   void* partial, double2* ref, cudaStream_t s) {
+  std::vector<float> hs(2 * static_cast<size_t>(n));
+  PROBE_CUDA(cudaMemcpyAsync(hs.data(), sums, hs.size() * 4, cudaMemcpyDeviceToHost, s));
+  PROBE_CUDA(kiln_bwd_sums(z, g, nullptr, nullptr, mean, m, n, sm_count, partial, s));
+  PROBE_CUDA(kiln_stats_total(partial, m, n, sm_count, ref, s));
+  std::vector<double2> href(static_cast<size_t>(n));
+  PROBE_CUDA(
+      cudaMemcpyAsync(href.data(), ref, href.size() * sizeof(double2), cudaMemcpyDeviceToHost, s));
+  PROBE_CUDA(cudaStreamSynchronize(s));
+  BwdSumsError e;
+  const double scale = std::sqrt(static_cast<double>(m));
+  for (int64_t j = 0; j < n; ++j) {
+    e.sum = std::max(e.sum, std::fabs(hs[j] - href[j].x) / scale);
+    e.sum_gz = std::max(e.sum_gz, std::fabs(hs[n + j] - href[j].y) / scale);
+    if (!std::isfinite(hs[j]) || !std::isfinite(hs[n + j])) e.sum = e.sum_gz = INFINITY;
+  }
+  return e;
+}
+
 // dgrad_probe.cpp's comparison (kiln_cutlass_probe --dgrad); returns the exit code.
 int dgrad_probe(cudnnHandle_t handle, cudaStream_t s, const cudaDeviceProp& prop, int64_t batch,
                 int reps, int max_engines, int64_t only, const std::string& shape);
