@@ -527,12 +527,18 @@ bench_variant() {
   note "$1" "${2:-defaults}: ${ips:-FAILED} img/s ($4$(since))"
 }
 
+# The GPU tests matching regex $2, four at a time, logged to $LOGS/ctest-$1.log: the failures
+# (their expectations, long value lists left out) and a summary line "$1 tests".
+gpu_tests_matching() {
+  ctest --test-dir "$BUILD" -L gpu -R "$2" -j 4 --timeout 300 --output-on-failure \
+    >"$LOGS/ctest-$1.log" 2>&1 || status=1
+  grep -E '\(Failed\)|\(Timeout\)' "$LOGS/ctest-$1.log" | head -20
+  grep -B3 -A12 'Failure' "$LOGS/ctest-$1.log" | grep -v 'Which is: {' | head -60
+  note "$1 tests" "$(ctest_line "$LOGS/ctest-$1.log") ($(since))"
+}
+
 if [ "$MODE" = first-layer ]; then
-  ctest --test-dir "$BUILD" -L gpu -R 'FirstLayer' -j 4 --timeout 300 --output-on-failure \
-    >"$LOGS/ctest-first.log" 2>&1 || status=1
-  grep -E '\(Failed\)|\(Timeout\)' "$LOGS/ctest-first.log" | head -20
-  grep -B3 -A12 'Failure' "$LOGS/ctest-first.log" | head -60
-  note "first tests" "$(ctest_line "$LOGS/ctest-first.log") ($(since))"
+  gpu_tests_matching first 'FirstLayer'
   timeout 120 "$BUILD/kiln_cutlass_probe" --first-layer --batch 256 --reps 9 >"$LOGS/first-probe.log" 2>&1 ||
     status=1
   head -30 "$LOGS/first-probe.log"
@@ -555,12 +561,7 @@ if [ "$MODE" = first-layer ]; then
 fi
 
 if [ "$MODE" = fold-dgrad ]; then
-  ctest --test-dir "$BUILD" -L gpu \
-    -R "${FOLD_TESTS_REGEX:-GpuFoldDgrad|FirstLayer|GpuAutotune.OffAndOnTrainAlike|vgg_first_20x18}" \
-    -j 4 --timeout 300 --output-on-failure >"$LOGS/ctest-fold.log" 2>&1 || status=1
-  grep -E '\(Failed\)|\(Timeout\)' "$LOGS/ctest-fold.log" | head -20
-  grep -B3 -A12 'Failure' "$LOGS/ctest-fold.log" | grep -v 'Which is: {' | head -60
-  note "fold tests" "$(ctest_line "$LOGS/ctest-fold.log") ($(since))"
+  gpu_tests_matching fold "${FOLD_TESTS_REGEX:-GpuFoldDgrad|FirstLayer|GpuAutotune.OffAndOnTrainAlike|vgg_first_20x18}"
   if command -v cuobjdump >/dev/null 2>&1; then
     o="$BUILD/CMakeFiles/kiln_cutlass_probe.dir/src/backend/cuda/fold_dgrad.cu.o"
     note "sass fold" "$(cuobjdump --dump-resource-usage "$o" 2>&1 | grep -o 'REG:[0-9]* STACK:[0-9]* SHARED:[0-9]*' | head -1), $(
