@@ -3,7 +3,7 @@
 // before its one FP16 rounding), g' against float64 products of that dz and W with the
 // epilogue's roundings, and the sums against float64 sums of the kernel's own g'. Odd row counts
 // (a partial last tile), one and several column tiles, with and without dy2 and the dz output,
-// and a small grid (CTAs walking many tiles) beside the full one.
+// both chunk depths, and a small grid (CTAs walking many tiles) beside the full one.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -26,6 +26,7 @@ struct FoldCase {
   const char* name;
   int64_t m, k, n;
   bool dy2, dz;
+  int chunk = 0;  // FoldDgrad::chunk: 0 lets the kernel choose (64 where k allows)
 };
 
 void PrintTo(const FoldCase& c, std::ostream* os) {
@@ -98,7 +99,7 @@ TEST_P(GpuFoldDgrad, AgreesWithTheDxPassAndFloat64) {
   c.dy2 = t.dy2 ? static_cast<const __half*>(dy2b.p) : nullptr;
   c.mean_prev = static_cast<const float*>(meanb.p);
   c.g_prev = static_cast<__half*>(gpb.p), c.sums = static_cast<float*>(sumsb.p);
-  c.m = m, c.k = k, c.n = n;
+  c.m = m, c.k = k, c.n = n, c.chunk = t.chunk;
   ASSERT_EQ(cuda::fold_dgrad_refusal(c), "");
 
   // The reference g' from the host's dz (the kernel's, as checked below): float64 products, the
@@ -175,11 +176,16 @@ TEST_P(GpuFoldDgrad, AgreesWithTheDxPassAndFloat64) {
 
 INSTANTIATE_TEST_SUITE_P(
     Shapes, GpuFoldDgrad,
+    // 64-deep chunks (two stages) where k allows, 32-deep (three) for k = 96 and where asked;
+    // k = 64 in 64-deep chunks is one chunk a tile.
     ::testing::Values(FoldCase{"m300_k64_n64", 300, 64, 64, false, true},
+                      FoldCase{"m300_k64_n64_chunk32", 300, 64, 64, false, true, 32},
                       FoldCase{"m1000_k96_n128_dy2", 1000, 96, 128, true, true},
                       FoldCase{"m129_k256_n64_dy2_no_dz", 129, 256, 64, true, false},
                       FoldCase{"m2049_k128_n192", 2049, 128, 192, false, true},
-                      FoldCase{"m784_k512_n256_dy2", 784, 512, 256, true, true}),
+                      FoldCase{"m2049_k128_n192_chunk32", 2049, 128, 192, false, true, 32},
+                      FoldCase{"m784_k512_n256_dy2", 784, 512, 256, true, true},
+                      FoldCase{"m784_k512_n256_dy2_chunk32", 784, 512, 256, true, true, 32}),
     [](const ::testing::TestParamInfo<FoldCase>& i) { return std::string(i.param.name); });
 
 // What the kernel refuses, in words.
@@ -197,6 +203,11 @@ TEST(GpuFoldDgradRefusal, NamesWhatItCannotTake) {
   EXPECT_EQ(cuda::fold_dgrad_refusal(c), "");
   c.k = 48;
   EXPECT_NE(cuda::fold_dgrad_refusal(c).find("k a multiple of 32"), std::string::npos);
+  c.k = 96, c.chunk = 64;
+  EXPECT_NE(cuda::fold_dgrad_refusal(c).find("k a multiple of 64"), std::string::npos);
+  c.chunk = 48;
+  EXPECT_NE(cuda::fold_dgrad_refusal(c).find("chunks of 32 or 64"), std::string::npos);
+  c.chunk = 0;
   c.k = 64, c.n = 96;
   EXPECT_NE(cuda::fold_dgrad_refusal(c).find("n a multiple of 64"), std::string::npos);
   c.n = 64, c.m = int64_t{1} << 30;

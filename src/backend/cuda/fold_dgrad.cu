@@ -1,11 +1,13 @@
 // fold_dgrad.h's kernel. A CTA of 8 warps owns one 64-column tile of dX (fixed for its life, so
-// its sums stay in registers until the end) and walks 128-row tiles of it; each tile's product
-// dX = dz W runs over k in 32-deep chunks, three in flight (cp.async): per chunk, g and z land in
-// shared memory, every thread folds two 16-byte vectors into dz in place (and writes them out
-// once, from the CTAs of the first column tile), then each warp multiplies its 32 x 32 share.
+// its sums gather in shared memory until the end) and walks 128-row tiles of it; each tile's
+// product dX = dz W runs over k in chunks (32 deep, three in flight, or 64 deep, two; cp.async):
+// per chunk, g and z land in shared memory, every thread folds its 16-byte vectors into dz in
+// place (and writes them out once, from the CTAs of the first column tile), then each warp
+// multiplies its 32 x 32 share.
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <string>
 
 #include "backend/cuda/fold_dgrad.h"
 #include "backend/cuda/mma_ptx.cuh"
@@ -16,19 +18,26 @@ namespace {
 
 using namespace mma_ptx;  // NOLINT: the PTX helpers, named unqualified
 
-constexpr int kThreads = 256, kTileM = 128, kTileN = 64, kChunk = 32, kStages = 3;
-constexpr int kAPitch = kChunk + 8;  // halves a staged g / z row takes (16 bytes of pad: no
-constexpr int kWPitch = kTileN + 8;  // bank conflicts for ldmatrix's eight 16-byte rows)
-constexpr int kZPitch = kTileN + 8;
+constexpr int kThreads = 256, kTileM = 128, kTileN = 64;
+constexpr int kWPitch = kTileN + 8;  // halves a staged W / z' row takes (16 bytes of pad: no
+constexpr int kZPitch = kTileN + 8;  // bank conflicts for ldmatrix's eight 16-byte rows)
 
-// Shared memory, in bytes: per stage g (folded into dz in place), z, W's chunk and the chunk's
-// coefficients; then the tile's z' and mask bytes for the epilogue, and the CTA's sums.
-constexpr int kABytes = kTileM * kAPitch * 2, kWBytes = kChunk * kWPitch * 2, kCBytes = kChunk * 16;
-constexpr int kStageBytes = 2 * kABytes + kWBytes + kCBytes;
-constexpr int kZpOffset = kStages * kStageBytes, kMaskOffset = kZpOffset + kTileM * kZPitch * 2;
-constexpr int kSumsOffset = kMaskOffset + kTileM * kTileN / 8;
-constexpr int kSmemBytes = kSumsOffset + 2 * kTileN * 4;
-static_assert(kStageBytes % 16 == 0 && kZpOffset % 16 == 0 && kMaskOffset % 16 == 0, "alignment");
+// A variant: Chunk-deep slices of k (32: 64-byte pieces of g's and z's rows; 64: whole 128-byte
+// lines), Stages of them in flight. Shared memory, in bytes: per stage g (folded into dz in
+// place), z, W's chunk and the chunk's coefficients; then the tile's z' and mask bytes for the
+// epilogue, and the CTA's sums. Both variants fit two CTAs an SM.
+template <int Chunk, int Stages>
+struct Shape {
+  static constexpr int kAPitch = Chunk + 8;  // halves a staged g / z row takes
+  static constexpr int kABytes = kTileM * kAPitch * 2, kWBytes = Chunk * kWPitch * 2;
+  static constexpr int kStageBytes = 2 * kABytes + kWBytes + Chunk * 16;
+  static constexpr int kZpOffset = Stages * kStageBytes;
+  static constexpr int kMaskOffset = kZpOffset + kTileM * kZPitch * 2;
+  static constexpr int kSumsOffset = kMaskOffset + kTileM * kTileN / 8;
+  static constexpr int kSmemBytes = kSumsOffset + 2 * kTileN * 4;
+  static_assert(kStageBytes % 16 == 0 && kZpOffset % 16 == 0 && kMaskOffset % 16 == 0, "align");
+  static_assert(2 * (kSmemBytes + 1024) <= 228 * 1024, "two CTAs an SM");
+};
 
 // Element indices fit 32 bits (fold_dgrad_refusal): the kernel's address arithmetic is 32-bit.
 struct Params {
@@ -36,7 +45,13 @@ struct Params {
   int m, k, n, row_tiles, col_tiles, chunks;
 };
 
+template <int Chunk, int Stages>
 __global__ void __launch_bounds__(kThreads, 2) fold_dgrad_kernel(Params p) {
+  using L = Shape<Chunk, Stages>;
+  constexpr int kChunk = Chunk, kStages = Stages, kAPitch = L::kAPitch, kABytes = L::kABytes;
+  constexpr int kWBytes = L::kWBytes, kStageBytes = L::kStageBytes;
+  constexpr int kAVecs = kTileM * Chunk / 8 / kThreads;  // g's (and z's) 16-byte vectors a thread
+  constexpr int kWVecs = Chunk * kTileN / 8 / kThreads;  // W's
   extern __shared__ __align__(16) unsigned char smem[];
   const FoldDgrad& c = p.c;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, gid = lane / 4, tig = lane % 4;
@@ -58,30 +73,34 @@ __global__ void __launch_bounds__(kThreads, 2) fold_dgrad_kernel(Params p) {
   const auto coef_buf = [&](int s) {
     return reinterpret_cast<float4*>(smem + s * kStageBytes + 2 * kABytes + kWBytes);
   };
-  auto* zp_tile = reinterpret_cast<__half*>(smem + kZpOffset);
-  auto* mask_tile = smem + kMaskOffset;
-  auto* sums_tile = reinterpret_cast<float*>(smem + kSumsOffset);  // [2][kTileN]: Σ g', Σ g' z'
+  auto* zp_tile = reinterpret_cast<__half*>(smem + L::kZpOffset);
+  auto* mask_tile = smem + L::kMaskOffset;
+  auto* sums_tile = reinterpret_cast<float*>(smem + L::kSumsOffset);  // [2][kTileN]: Σ g', Σ g' z'
 
   // Iteration it is chunk it % chunks of this CTA's row tile it / chunks.
   const auto tile_row0 = [&](int t) { return (first_row_tile + t * row_tile_step) * kTileM; };
   const int total = my_tiles * p.chunks;
   // Staging of iteration it into stage it % kStages: thread tid takes g's and z's 16-byte
-  // vectors tid and tid + 256 (row v / 4, columns 8 (v % 4)...), W's vector tid (row tid / 8)
-  // and, for tid < 32, one coefficient. Rows past m read nothing and land as zeros.
+  // vectors tid + 256 j (row v / (Chunk / 8), columns 8 (v % (Chunk / 8))...), W's likewise
+  // (row v / 8) and, for tid < Chunk, one coefficient. Rows past m read nothing and land as
+  // zeros.
   const auto stage = [&](int it) {
     if (it < total) {
       const int s = it % kStages, k0 = (it % p.chunks) * kChunk;
       const int r0 = tile_row0(it / p.chunks);
 #pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        const int v = tid + j * kThreads, row = v / 4, cv = v % 4;
+      for (int j = 0; j < kAVecs; ++j) {
+        const int v = tid + j * kThreads, row = v / (Chunk / 8), cv = v % (Chunk / 8);
         const bool in = r0 + row < p.m;
         const int at = (in ? r0 + row : 0) * p.k + k0 + 8 * cv;
         cp_async_16(a_buf(s) + row * kAPitch + 8 * cv, c.g + at, in);
         cp_async_16(z_buf(s) + row * kAPitch + 8 * cv, c.z + at, in);
       }
-      const int wr = tid / 8, wc = tid % 8;
-      cp_async_16(w_buf(s) + wr * kWPitch + 8 * wc, c.w + (k0 + wr) * p.n + n0 + 8 * wc, true);
+#pragma unroll
+      for (int j = 0; j < kWVecs; ++j) {
+        const int v = tid + j * kThreads, wr = v / 8, wc = v % 8;
+        cp_async_16(w_buf(s) + wr * kWPitch + 8 * wc, c.w + (k0 + wr) * p.n + n0 + 8 * wc, true);
+      }
       if (tid < kChunk) cp_async_16(coef_buf(s) + tid, c.coef + k0 + tid, true);
     }
     cp_async_commit();  // empty past the end: the waits below count groups alike
@@ -124,18 +143,19 @@ __global__ void __launch_bounds__(kThreads, 2) fold_dgrad_kernel(Params p) {
 #pragma unroll
           for (int e = 0; e < 4; ++e) acc[mi][ni][e] = 0.0f;
     }
-    cp_async_wait_1();  // kStages - 2: this iteration's group (and any older epilogue's)
-    __syncthreads();    // every thread's copies; stage (it - 1) % kStages is free again
+    cp_async_wait<kStages - 2>();  // this iteration's group (and any older epilogue's)
+    __syncthreads();               // every thread's copies; stage (it - 1) % kStages is free again
     stage(it + kStages - 1);
 
     // The fold: dz = coef.y (g - coef.z - (z - coef.x) coef.w), bwd_dx_group's expression, so
     // the same FP16 bits as BatchNorm's dx pass; written over g, and once to global memory.
     {
-      // Both of a thread's vectors sit at columns 8 (tid % 4)...: one set of coefficients.
-      const float4* kc = coef_buf(s) + 8 * (tid % 4);
+      // All of a thread's vectors sit at the same columns (256 is a multiple of Chunk / 8): one
+      // set of coefficients.
+      const float4* kc = coef_buf(s) + 8 * (tid % (Chunk / 8));
 #pragma unroll 1  // one vector at a time: with the accumulators live, no registers to spare
-      for (int j = 0; j < 2; ++j) {
-        const int v = tid + j * kThreads, row = v / 4, cv = v % 4;
+      for (int j = 0; j < kAVecs; ++j) {
+        const int v = tid + j * kThreads, row = v / (Chunk / 8), cv = v % (Chunk / 8);
         __half* gp = a_buf(s) + row * kAPitch + 8 * cv;
         const uint4 graw = *reinterpret_cast<const uint4*>(gp);
         const uint4 zraw = *reinterpret_cast<const uint4*>(z_buf(s) + row * kAPitch + 8 * cv);
@@ -178,7 +198,9 @@ __global__ void __launch_bounds__(kThreads, 2) fold_dgrad_kernel(Params p) {
       // The epilogue: g' = mask ? round16(round16(dX) [+ dy2]) : 0 (dgrad_bn_epilogue.cuh's
       // rounding), stored; each column's sums over the warp's 32 rows added to the CTA's in shared
       // memory (registers held across the mainloop would spill). z' and the mask's group was
-      // committed before the copies of the tile's third chunk: this iteration's wait covered it.
+      // committed after the previous tile's epilogue, before the copies of this tile's third
+      // chunk (three stages, at least two chunks a tile) or its second (two stages): a wait at
+      // or before this iteration's covered it.
 #pragma unroll
     for (int ni = 0; ni < 4; ++ni) {
       const int col = 32 * wn + 8 * ni + 2 * tig;  // within the tile
@@ -237,6 +259,25 @@ __global__ void __launch_bounds__(kThreads, 2) fold_dgrad_kernel(Params p) {
 
 }  // namespace
 
+namespace {
+
+// The variant's depth: the asked one, else whole 128-byte lines where k allows.
+int chunk_of(const FoldDgrad& c) {
+  return c.chunk != 0 ? c.chunk : c.k % 64 == 0 ? 64 : 32;
+}
+
+using FoldKernel = void (*)(Params);
+struct Variant {
+  FoldKernel kernel;
+  int smem;
+};
+Variant variant_of(const FoldDgrad& c) {
+  if (chunk_of(c) == 64) return {fold_dgrad_kernel<64, 2>, Shape<64, 2>::kSmemBytes};
+  return {fold_dgrad_kernel<32, 3>, Shape<32, 3>::kSmemBytes};
+}
+
+}  // namespace
+
 std::string fold_dgrad_refusal(const FoldDgrad& c) {
   if (!c.g || !c.z || !c.coef || !c.w || !c.z_prev || !c.mask_prev || !c.mean_prev || !c.g_prev ||
       !c.sums)
@@ -249,7 +290,10 @@ std::string fold_dgrad_refusal(const FoldDgrad& c) {
       misaligned(c.dy2, 4) || misaligned(c.g_prev, 4) || misaligned(c.mask_prev, 8) ||
       misaligned(c.mean_prev, 8))
     return "needs its tensors 16-byte aligned (dy2 and g' 4-byte, the mask and mean 8-byte)";
-  if (c.k < 64 || c.k % kChunk != 0) return "takes k a multiple of 32, at least 64";
+  if (c.chunk != 0 && c.chunk != 32 && c.chunk != 64) return "takes chunks of 32 or 64 (or 0)";
+  const int chunk = chunk_of(c);
+  if (c.k < 64 || c.k % chunk != 0)
+    return "takes k a multiple of " + std::to_string(chunk) + ", at least 64";
   if (c.n < kTileN || c.n % kTileN != 0) return "takes n a multiple of 64";
   if (c.m < 1 || (c.m + kTileM) * std::max(c.k, c.n) >= (int64_t{1} << 31) ||
       (c.m + kTileM - 1) / kTileM >= (int64_t{1} << 30) / (c.n / kTileN))
@@ -265,7 +309,7 @@ Params params_of(const FoldDgrad& c) {
   p.m = static_cast<int>(c.m), p.k = static_cast<int>(c.k), p.n = static_cast<int>(c.n);
   p.row_tiles = static_cast<int>((c.m + kTileM - 1) / kTileM);
   p.col_tiles = static_cast<int>(c.n / kTileN);
-  p.chunks = static_cast<int>(c.k / kChunk);
+  p.chunks = static_cast<int>(c.k / chunk_of(c));
   return p;
 }
 
@@ -273,18 +317,19 @@ Params params_of(const FoldDgrad& c) {
 
 cudaError_t prepare_fold_dgrad(const FoldDgrad& c, int sm_count, unsigned* grid) {
   if (!fold_dgrad_refusal(c).empty()) return cudaErrorInvalidValue;
-  if (cudaError_t e = cudaFuncSetAttribute(fold_dgrad_kernel,
-                                           cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+  const Variant v = variant_of(c);
+  if (cudaError_t e =
+          cudaFuncSetAttribute(v.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, v.smem);
       e != cudaSuccess)
     return e;
   int per_sm = 0;
-  if (cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fold_dgrad_kernel,
-                                                                    kThreads, kSmemBytes);
+  if (cudaError_t e =
+          cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, v.kernel, kThreads, v.smem);
       e != cudaSuccess)
     return e;
   const Params p = params_of(c);
   // A whole number of CTAs a column tile, each column tile's CTAs walking the same row tiles
-  // side by side (neighbours in launch order), so g and z are read from DRAM about once.
+  // side by side (neighbours in launch order), so that g and z may meet in L2.
   const int64_t resident = static_cast<int64_t>(sm_count) * std::max(per_sm, 1);
   const int64_t per_col =
       std::max<int64_t>(1, std::min<int64_t>(p.row_tiles, resident / p.col_tiles));
@@ -296,7 +341,8 @@ cudaError_t launch_fold_dgrad(const FoldDgrad& c, unsigned grid, cudaStream_t st
   if (!fold_dgrad_refusal(c).empty() || grid == 0) return cudaErrorInvalidValue;
   const Params p = params_of(c);
   if (grid % static_cast<unsigned>(p.col_tiles) != 0) return cudaErrorInvalidValue;
-  fold_dgrad_kernel<<<grid, kThreads, kSmemBytes, stream>>>(p);
+  const Variant v = variant_of(c);
+  v.kernel<<<grid, kThreads, v.smem, stream>>>(p);
   return cudaGetLastError();
 }
 

@@ -40,10 +40,13 @@ struct FoldDgrad {
   __half* g_prev = nullptr;            // [m][n] out: mask ? round16(round16(dX) [+ dy2]) : 0
   float* sums = nullptr;               // [2][n] added into: Σ g', then Σ g' (z' - mean')
   int64_t m = 0, k = 0, n = 0;
+  // The depth of the k slices the kernel stages: 32 (64-byte pieces of g's and z's rows, three
+  // in flight), 64 (whole 128-byte lines, two in flight) or 0, 64 where k allows.
+  int chunk = 0;
 };
 
-// Why the kernel cannot take c ("" when it can): k a multiple of 32 and at least 64, n of 64,
-// m below 2^31, every tensor 16-byte aligned (the mask 8-byte: a 64-wide tile's row of bits).
+// Why the kernel cannot take c ("" when it can): k a multiple of the chunk and at least 64, n of
+// 64, m below 2^31, every tensor 16-byte aligned (the mask 8-byte: a 64-wide tile's row of bits).
 std::string fold_dgrad_refusal(const FoldDgrad& c);
 
 // The persistent grid for c on sm_count SMs (sets the kernel's shared memory); once, outside a
