@@ -4,11 +4,11 @@
 #pragma once
 #include <cuda_fp16.h>
 
-#include <algorithm>
 #include <cstdint>
 
 #include "backend/cuda/first_layer_conv.h"
 #include "backend/cuda/mma_ptx.cuh"
+#include "backend/cuda/persistent_grid.h"
 
 namespace kiln::cuda::first_layer {
 
@@ -69,25 +69,6 @@ __device__ __forceinline__ uint2 load_tap(const uint2* x, const Geometry& g, con
       static_cast<unsigned>(iw) >= static_cast<unsigned>(g.w))
     return make_uint2(0u, 0u);
   return __ldg(x + static_cast<unsigned>(px.corner + tap.z));
-}
-
-// A persistent kernel's grid: shared memory set to bytes, then as many CTAs as fit on sm_count
-// SMs at once, at most one per tile. Once, while compiling, outside a captured CUDA Graph.
-template <typename Kernel>
-cudaError_t prepare_persistent(Kernel kernel, int threads, size_t bytes, int64_t tiles,
-                               int sm_count, unsigned* grid) {
-  if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           static_cast<int>(bytes));
-      e != cudaSuccess)
-    return e;
-  int per_sm = 0;
-  if (cudaError_t e =
-          cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, bytes);
-      e != cudaSuccess)
-    return e;
-  *grid = static_cast<unsigned>(
-      std::min<int64_t>(tiles, static_cast<int64_t>(sm_count) * std::max(per_sm, 1)));
-  return cudaSuccess;
 }
 
 }  // namespace kiln::cuda::first_layer

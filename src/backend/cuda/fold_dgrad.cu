@@ -11,6 +11,7 @@
 
 #include "backend/cuda/fold_dgrad.h"
 #include "backend/cuda/mma_ptx.cuh"
+#include "backend/cuda/persistent_grid.h"
 
 namespace kiln::cuda {
 
@@ -318,22 +319,16 @@ Params params_of(const FoldDgrad& c) {
 cudaError_t prepare_fold_dgrad(const FoldDgrad& c, int sm_count, unsigned* grid) {
   if (!fold_dgrad_refusal(c).empty()) return cudaErrorInvalidValue;
   const Variant v = variant_of(c);
-  if (cudaError_t e =
-          cudaFuncSetAttribute(v.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, v.smem);
-      e != cudaSuccess)
-    return e;
-  int per_sm = 0;
-  if (cudaError_t e =
-          cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, v.kernel, kThreads, v.smem);
-      e != cudaSuccess)
-    return e;
   const Params p = params_of(c);
+  if (cudaError_t e =
+          prepare_persistent(v.kernel, kThreads, v.smem,
+                             static_cast<int64_t>(p.row_tiles) * p.col_tiles, sm_count, grid);
+      e != cudaSuccess)
+    return e;
   // A whole number of CTAs a column tile, each column tile's CTAs walking the same row tiles
   // side by side (neighbours in launch order), so that g and z may meet in L2.
-  const int64_t resident = static_cast<int64_t>(sm_count) * std::max(per_sm, 1);
-  const int64_t per_col =
-      std::max<int64_t>(1, std::min<int64_t>(p.row_tiles, resident / p.col_tiles));
-  *grid = static_cast<unsigned>(per_col * p.col_tiles);
+  *grid =
+      std::max(1u, *grid / static_cast<unsigned>(p.col_tiles)) * static_cast<unsigned>(p.col_tiles);
   return cudaSuccess;
 }
 
