@@ -54,10 +54,6 @@ int64_t out_size(const Conv3& c) {
   return (c.h + 2 * c.pad - c.r) / c.stride + 1;
 }
 
-__half* as_half(void* p) {
-  return static_cast<__half*>(p);
-}
-
 }  // namespace
 
 int conv_probe(cudnnHandle_t handle, cudaStream_t s, const cudaDeviceProp& prop, int64_t batch,

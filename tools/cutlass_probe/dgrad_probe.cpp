@@ -81,10 +81,6 @@ DgradBn problem(const Dgrad& d, int64_t batch, int sms) {
   return a;
 }
 
-__half* as_half(void* p) {
-  return static_cast<__half*>(p);
-}
-
 }  // namespace
 
 int dgrad_probe(cudnnHandle_t handle, cudaStream_t s, const cudaDeviceProp& prop, int64_t batch,

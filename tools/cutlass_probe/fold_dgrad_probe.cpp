@@ -45,10 +45,6 @@ const Layer kLayers[] = {
     {"conv1 7x7 512>2048", 2, 7, 512, 2048, true},
 };
 
-__half* as_half(void* p) {
-  return static_cast<__half*>(p);
-}
-
 }  // namespace
 
 int fold_dgrad_probe(cudaStream_t s, const cudaDeviceProp& prop, int64_t batch, int reps,

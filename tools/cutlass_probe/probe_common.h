@@ -3,6 +3,7 @@
 // conv_probe.cpp: 3x3 convolutions with the statistics): checked CUDA calls, event timing,
 // cuDNN's convolutions, flags.
 #pragma once
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <cudnn_frontend.h>
 
@@ -175,6 +176,10 @@ inline int64_t flag(int argc, char** argv, const char* name, int64_t fallback) {
   for (int i = 1; i + 1 < argc; ++i)
     if (std::strcmp(argv[i], name) == 0) return std::atoll(argv[i + 1]);
   return fallback;
+}
+
+inline __half* as_half(void* p) {
+  return static_cast<__half*>(p);
 }
 
 inline void* device_alloc(size_t bytes) {
