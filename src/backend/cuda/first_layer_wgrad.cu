@@ -178,7 +178,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtas<Fold, Pairs>)
     } else {
       cp_async_commit();  // an empty group: the wait below still means this tile's
     }
-    cp_async_wait_1();
+    cp_async_wait<1>();
     __syncthreads();  // every thread's copies of this tile
     const __half* a_tile = Fold ? g_buf(b) : dz_buf(b);
     const int left = g.m - tile * kPixels;  // the tile's pixels inside the output
@@ -213,7 +213,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtas<Fold, Pairs>)
   // The MMA steps' warps' sums, added in step order through shared memory (x's buffers, free
   // now: 4 kp floats a row fit in their 2 (kp + 8) halves), then this CTA's share of dw,
   // [64][kp], for the fixed-order sum.
-  cp_async_wait_all();
+  cp_async_wait<0>();
   auto* scratch = reinterpret_cast<float*>(smem + l.xs);
   const auto each = [&](auto&& f) {  // f(accumulator pair, its offset in [64][kp])
 #pragma unroll
