@@ -68,7 +68,8 @@ INSTANTIATE_TEST_SUITE_P(
 // stem's shape scaled down, a 3x3 / 1 pool, a 2x2 / 1 pool (the forward's loop over any window,
 // where 3x3 windows take its unrolled form; the backward's gather unrolled where at most two
 // windows a side cover an element, 3x3 / 2 and 2x2 / 1, with and without its eager loads, its
-// loop for 3x3 / 1); the first-layer form, FP32 and AMP.
+// loop for 3x3 / 1); 2x2 pools with 16-byte kernels on the group-per-thread form and, where
+// 256 threads do not tile the groups, the per-pixel one; the first-layer form, FP32 and AMP.
 struct PoolCase {
   CbrCase cbr;
   fused::PoolSpec pool;
@@ -82,15 +83,19 @@ TEST_P(GpuFusedCbrPool, EqualsConvBnReluMaxPoolBitForBit) {
   Switches sw = Switches::from_environment();
   sw.pad_channels = amp && c.cbr.c % 8 != 0 ? Auto::on : Auto::off;
   sw.deterministic = true;
-  // The eager gather (KILN_POOL_ROUTE_EAGER) changes only the 16-byte unrolled form.
+  // The eager gather (KILN_POOL_ROUTE_EAGER) and the group-per-thread apply
+  // (KILN_POOL_GROUP_APPLY) change only 16-byte forms: each is run off and on there (form 0:
+  // both on, 1: the eager gather off, 2: the group apply off).
   for (const char* vec : {"1", "0"}) {
-    for (const bool eager : {false, true}) {
-      if (eager && vec[0] == '0') continue;
+    for (const int form : {0, 1, 2}) {
+      if (form != 0 && vec[0] == '0') continue;
       sw.vector_kernels = vec[0] == '1';
-      sw.pool_route_eager = eager;
+      sw.pool_route_eager = form != 1;
+      sw.pool_group_apply = form != 2;
       SCOPED_TRACE(::testing::Message()
                    << c.cbr.name << (amp ? " AMP" : " FP32") << ", vector kernels " << vec
-                   << ", eager gather " << eager);
+                   << ", eager gather " << sw.pool_route_eager << ", group apply "
+                   << sw.pool_group_apply);
       fused::cbr_pool_equals_chain(c.cbr, c.pool, amp, "cuda", sw);
     }
   }
@@ -104,6 +109,13 @@ INSTANTIATE_TEST_SUITE_P(
             PoolCase{{"n3_6x4_c16_k8_1x1_pool2", 3, 6, 4, 16, 8, 1, 1, 0, false}, {2, 2, 0}},
             PoolCase{{"n1_9x9_c8_k8_3x3_pool3", 1, 9, 9, 8, 8, 3, 1, 1, false}, {3, 3, 0}},
             PoolCase{{"n8_16x16_c64_k64_3x3_pool2", 8, 16, 16, 64, 64, 3, 1, 1, false}, {2, 2, 0}},
+            // 24 channels: three groups, which 256 threads do not tile (apply_relu_pool's 2x2
+            // form rather than the group-per-thread one); 512 channels over 18,432 pooled
+            // pixels: more than two of the group-per-thread form's grid strides on 132 SMs, so
+            // its second pixel in flight and its loop run.
+            PoolCase{{"n2_6x6_c8_k24_1x1_pool2", 2, 6, 6, 8, 24, 1, 1, 0, false}, {2, 2, 0}},
+            PoolCase{{"n2_192x192_c8_k512_1x1_pool2", 2, 192, 192, 8, 512, 1, 1, 0, false},
+                     {2, 2, 0}},
             PoolCase{{"n2_8x8_c3_k8_first_layer_pool2", 2, 8, 8, 3, 8, 3, 1, 1, true}, {2, 2, 0}},
             PoolCase{{"n4_56x56_c3_k64_stem_pool3s2p1", 4, 56, 56, 3, 64, 7, 2, 3, true},
                      {3, 2, 1}},

@@ -123,6 +123,13 @@ TEST(CudaOptions, StagingSwitchesReachTheOptions) {
   EXPECT_FALSE(options_with({{"KILN_STAGE_IN_PIECES", "0"}}).stage_in_pieces);
 }
 
+// KILN_POOL_GROUP_APPLY reaches Options::pool_group_apply.
+TEST(CudaOptions, PoolGroupApplySwitchReachesTheOptions) {
+  EXPECT_TRUE(options_with({}).pool_group_apply) << "on by default";
+  EXPECT_FALSE(options_with({{"KILN_POOL_GROUP_APPLY", "0"}}).pool_group_apply);
+  expect_refused("KILN_POOL_GROUP_APPLY", "maybe", "is not a switch value");
+}
+
 // KILN_POOL_ROUTE_EAGER reaches Options::pool_route_eager.
 TEST(CudaOptions, PoolRouteEagerSwitchReachesTheOptions) {
   EXPECT_TRUE(options_with({}).pool_route_eager) << "on by default";

@@ -181,6 +181,13 @@ KernelPtr bn_forward(Context& ctx, int stream, const Nhwc& s, DType dt, const Bn
   const unsigned pgrid = a.pool ? grid_for(ctx, pooled_pixels * (C / 8), kVecThreads) : 1;
   const int hp = a.pool ? static_cast<int>(s.h / a.pool) : 0,
             wp = a.pool ? static_cast<int>(s.w / a.pool) : 0;
+  // VGG's 2x2 pools: the group-per-thread form where a block's 256 threads are whole pixels'
+  // groups and its loop's last step stays below 2^31.
+  const bool pool2_group =
+      ctx.opts.pool_group_apply && a.pool == 2 && !a.overlap && pool_vec &&
+      kVecThreads % (C / 8) == 0 &&
+      pooled_pixels + 2 * static_cast<int64_t>(pgrid) * (kVecThreads / (C / 8)) <
+          (int64_t{1} << 31);
   const int chunks = a.sums ? 1 : v.on ? v.blocks : d.gy;
   // The residual's BatchNorm (a.res): its statistics pass over the residual, in the same
   // partials, finalized into a.res_coef before x's statistics pass reuses them.
@@ -261,7 +268,10 @@ KernelPtr bn_forward(Context& ctx, int stream, const Nhwc& s, DType dt, const Bn
         KILN_LAUNCH_CHECK("bn apply + relu + overlapping max-pool + mask");
       } else if (a.pool) {
         const int cg = static_cast<int>(C / 8), total = static_cast<int>(pooled_pixels * (C / 8));
-        if (a.pool == 2 && pool_vec) {
+        if (pool2_group) {
+          apply_relu_pool2_group<T><<<pgrid, kVecThreads, 0, st>>>(
+              x, y, a.mask, static_cast<int>(pooled_pixels), cg, wp, FastDivide(wp), coef);
+        } else if (a.pool == 2 && pool_vec) {
           apply_relu_pool<T, true, 2>
               <<<pgrid, kVecThreads, 0, st>>>(x, y, a.mask, total, cg, hp, wp, 2, coef);
         } else if (a.pool == 2) {

@@ -5,6 +5,7 @@
 #include "backend/cuda/bn_stats.cuh"
 #include "backend/cuda/channel_sums.cuh"
 #include "backend/cuda/device_util.cuh"
+#include "backend/cuda/fast_divide.h"
 #include "backend/formulas.h"
 
 namespace kiln::cuda {
@@ -459,6 +460,61 @@ __global__ void __launch_bounds__(kVecThreads)
         for (int j = 0; j < 8; ++j)
           bits |= (at[j] == dh * pool + dw && bestf[j] > 0.0f ? 1u : 0u) << j;
         mask[(top + dh * drow + dw * dpix) / 8] = static_cast<uint8_t>(bits);
+      }
+    }
+  }
+}
+
+// apply_relu_pool's 2x2 form with 16-byte accesses (VGG's pools) where 256 % cg == 0, the same
+// values, mask bits and order: a thread keeps one channel group for its life (the grid is a
+// multiple of the groups), so its coefficients are loaded once rather than per pooled pixel (as
+// apply_group does); a pooled pixel is placed by a multiply and a shift rather than two divides;
+// and two pooled pixels' eight loads are in flight before either's arithmetic.
+template <typename T>
+__global__ void __launch_bounds__(kVecThreads)
+    apply_relu_pool2_group(const T* z, T* y, uint8_t* mask, int pixels, int cg, int wp,
+                           FastDivide by_wp, const float4* coef) {
+  const int gi = threadIdx.x % cg, ppb = kVecThreads / cg, pstride = gridDim.x * ppb;
+  float4 k[8];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) k[j] = coef[gi * 8 + j];
+  // Element (pixel, group) steps: one pixel of z, one row of z (2 wp pixels).
+  const int64_t dpix = static_cast<int64_t>(cg) * 8, drow = 2 * static_cast<int64_t>(wp) * dpix;
+  for (int p = blockIdx.x * ppb + threadIdx.x / cg; p < pixels; p += 2 * pstride) {
+    alignas(16) T a[2][4][8];
+    int64_t top[2];
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      const int pix = p + u * pstride;
+      if (u == 1 && pix >= pixels) break;
+      const int pq = by_wp.quotient(pix), pw = pix - pq * wp;  // pq = b hp + ph
+      top[u] = (2 * static_cast<int64_t>(pq) * 2 * wp + 2 * pw) * dpix + gi * 8;
+      load8(z + top[u], a[u][0]);
+      load8(z + top[u] + dpix, a[u][1]);
+      load8(z + top[u] + drow, a[u][2]);
+      load8(z + top[u] + drow + dpix, a[u][3]);
+    }
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      const int pix = p + u * pstride;
+      if (u == 1 && pix >= pixels) break;
+      alignas(16) T best[8];
+      float bestf[8];
+      int at[8];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        bestf[j] = -INFINITY;
+        at[j] = -1;
+      }
+#pragma unroll
+      for (int q = 0; q < 4; ++q) pool_take(a[u][q], k, q, best, bestf, at);
+      store8(y + (static_cast<int64_t>(pix) * cg + gi) * 8, best);
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        unsigned bits = 0;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) bits |= (at[j] == q && bestf[j] > 0.0f ? 1u : 0u) << j;
+        mask[(top[u] + (q / 2) * drow + (q % 2) * dpix) / 8] = static_cast<uint8_t>(bits);
       }
     }
   }

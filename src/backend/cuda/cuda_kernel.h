@@ -102,6 +102,8 @@ struct Options {
   // KILN_POOL_ROUTE_EAGER: the overlapping pool's backward gather loads dy beside the mask
   // (pool_route.cuh's routed_grad_unrolled).
   bool pool_route_eager = true;
+  // KILN_POOL_GROUP_APPLY: a 2x2 pool's apply pass on apply_relu_pool2_group (bn_kernels.cuh).
+  bool pool_group_apply = true;
   // KILN_PAD_CHANNELS: FP16/BF16 convolutions whose input channels are neither 4 nor a multiple
   // of 8 run on zero-padded copies (conv.cpp): on, off, or auto, the faster per convolution
   // (padding every such layer to 8 measured slower, bench/RESULTS.md's fourth session).

@@ -21,6 +21,8 @@
 #include <cstdint>
 #include <string>
 
+#include "backend/cuda/fast_divide.h"
+
 namespace kiln::cuda {
 
 // A first layer's convolution: n images of h x w with 4 channels, an r x s filter.
@@ -41,30 +43,6 @@ struct FirstLayerConv : FirstLayerShape {
 };
 
 inline constexpr int kFirstLayerChannels = 4, kFirstLayerOutputs = 64;
-
-// n / d for 0 <= n < 2^31 by a multiply and a shift (Granlund and Montgomery's round-up method),
-// as the kernel places each output row: a divide by a runtime value is ~20 instructions.
-struct FastDivide {
-  uint32_t multiplier = 1;
-  int shift = 0;
-  FastDivide() = default;
-  explicit FastDivide(int d) {
-    while ((int64_t{1} << shift) < d) ++shift;  // ceil(log2 d)
-    multiplier = static_cast<uint32_t>((uint64_t{1} << 32) *
-                                           ((uint64_t{1} << shift) - static_cast<uint64_t>(d)) /
-                                           static_cast<uint64_t>(d) +
-                                       1);
-  }
-  __host__ __device__ int quotient(int n) const {
-    const auto u = static_cast<uint32_t>(n);
-#ifdef __CUDA_ARCH__
-    const uint32_t hi = __umulhi(u, multiplier);
-#else
-    const auto hi = static_cast<uint32_t>((static_cast<uint64_t>(u) * multiplier) >> 32);
-#endif
-    return static_cast<int>((hi + u) >> shift);  // hi <= u < 2^31: no overflow
-  }
-};
 
 // "" where the first layer's kernels take the shape with K (taps x 4, padded to 16) up to max_k,
 // else why not (the kernels' own refusals add what they need of their operands).
