@@ -454,6 +454,20 @@ TEST(GpuFusedStep, ResidualBnFoldingOffAndOnBitForBit) {
       });
 }
 
+// BatchNorm's 16-byte apply and dx passes with four rows in flight a thread against two
+// (KILN_BN_DEEP_LOADS): the same arithmetic per element, so ResNet-50 (apply + ReLU + mask, the
+// residual's add and its BatchNorm, the dx pass with dy2) and VGG11-BN (plain CBR apply passes
+// beside the pooled ones) train three steps to the same bits. At batch 4 each thread takes one
+// trip of four rows, the last ones past the map where the rows do not fill it.
+TEST(GpuFusedStep, BnDeepLoadsOffAndOnBitForBit) {
+  KILN_REQUIRE_GPU();
+  for (const char* model : {"resnet50", "vgg11_bn_small"}) {
+    folding_bit_for_bit(
+        model, 0, [](Switches& sw, bool deep) { sw.bn_deep_loads = deep; },
+        [](const Engine&) { return 0; });
+  }
+}
+
 // ResNet-50 in AMP: its four downsampling shortcuts' BatchNorm backwards summed in their
 // BN+add+ReLU backwards' dx passes (KILN_RESIDUAL_BN_SUMS_IN_DX) against their own sums passes,
 // in kiln's form (the dx pass forms g from dy, dy2 and the mask) and with the SM90 kernels on

@@ -123,6 +123,13 @@ TEST(CudaOptions, StagingSwitchesReachTheOptions) {
   EXPECT_FALSE(options_with({{"KILN_STAGE_IN_PIECES", "0"}}).stage_in_pieces);
 }
 
+// KILN_BN_DEEP_LOADS reaches Options::bn_deep_loads.
+TEST(CudaOptions, BnDeepLoadsSwitchReachesTheOptions) {
+  EXPECT_FALSE(options_with({}).bn_deep_loads) << "off by default";
+  EXPECT_TRUE(options_with({{"KILN_BN_DEEP_LOADS", "1"}}).bn_deep_loads);
+  expect_refused("KILN_BN_DEEP_LOADS", "maybe", "is not a switch value");
+}
+
 // KILN_POOL_GROUP_APPLY reaches Options::pool_group_apply.
 TEST(CudaOptions, PoolGroupApplySwitchReachesTheOptions) {
   EXPECT_TRUE(options_with({}).pool_group_apply) << "on by default";

@@ -38,6 +38,7 @@ BnVec bn_vec(const Context& ctx, DType dt, int64_t rows, int64_t C,
 // The plan of an elementwise pass over groups of eight channels, or none.
 struct GroupPlan {
   bool on = false;
+  bool deep = false;  // four rows in flight a thread rather than two (KILN_BN_DEEP_LOADS)
   int cg = 0, blocks = 0;
 };
 
@@ -50,9 +51,13 @@ GroupPlan group_plan(const Context& ctx, int64_t rows, int64_t C,
   const int64_t rpb = kVecThreads / cg;
   p.on = true;
   p.cg = static_cast<int>(cg);
-  // Two rows per thread per trip; up to 8 blocks of 256 per multiprocessor.
-  p.blocks = static_cast<int>(
-      std::max<int64_t>(1, std::min<int64_t>((rows + 2 * rpb - 1) / (2 * rpb), ctx.sm_count * 8)));
+  // Two rows (or four) per thread per trip; up to 8 blocks of 256 per multiprocessor; the
+  // loop's last trip's rows stay below 2^31.
+  const int64_t cap = static_cast<int64_t>(ctx.sm_count) * 8;
+  p.deep = ctx.opts.bn_deep_loads && rows + 4 * cap * rpb < (int64_t{1} << 31);
+  const int64_t per_trip = (p.deep ? 4 : 2) * rpb;
+  p.blocks =
+      static_cast<int>(std::max<int64_t>(1, std::min((rows + per_trip - 1) / per_trip, cap)));
   return p;
 }
 
@@ -286,16 +291,19 @@ KernelPtr bn_forward(Context& ctx, int stream, const Nhwc& s, DType dt, const Bn
         }
         KILN_LAUNCH_CHECK("bn apply + relu + max-pool + mask");
       } else if (gp.on && res_bn) {
-        apply_group<T, true, true><<<gp.blocks, kVecThreads, 0, st>>>(
+        (gp.deep ? apply_group<T, true, true, 4>
+                 : apply_group<T, true, true>)<<<gp.blocks, kVecThreads, 0, st>>>(
             x, res, y, a.mask, static_cast<int>(d.rows), gp.cg, coef, own, a.res_coef);
         KILN_LAUNCH_CHECK("bn apply + residual bn + add + relu + mask (vec)");
       } else if (gp.on && a.mask) {
-        apply_group<T, true><<<gp.blocks, kVecThreads, 0, st>>>(
-            x, res, y, a.mask, static_cast<int>(d.rows), gp.cg, coef, own);
+        (gp.deep ? apply_group<T, true, false, 4>
+                 : apply_group<T, true>)<<<gp.blocks, kVecThreads, 0, st>>>(
+            x, res, y, a.mask, static_cast<int>(d.rows), gp.cg, coef, own, nullptr);
         KILN_LAUNCH_CHECK("bn apply + relu + mask (vec)");
       } else if (gp.on) {
-        apply_group<T, false><<<gp.blocks, kVecThreads, 0, st>>>(
-            x, nullptr, y, nullptr, static_cast<int>(d.rows), gp.cg, coef, own);
+        (gp.deep ? apply_group<T, false, false, 4>
+                 : apply_group<T, false>)<<<gp.blocks, kVecThreads, 0, st>>>(
+            x, nullptr, y, nullptr, static_cast<int>(d.rows), gp.cg, coef, own, nullptr);
         KILN_LAUNCH_CHECK("bn apply (vec)");
       } else if (a.mask) {
         apply_relu_mask_kernel<T>
@@ -396,9 +404,9 @@ KernelPtr bn_backward(Context& ctx, int stream, const Nhwc& s, DType dt, const B
         }
       }
       if (gp.on) {
-        bwd_dx_group<T><<<gp.blocks, kVecThreads, 0, st>>>(x, g, dy2, mask, dx, dres,
-                                                           static_cast<int>(d.rows), gp.cg, coef,
-                                                           pm, self_finalize ? fin : BwdFinalize{});
+        (gp.deep ? bwd_dx_group<T, false, 4> : bwd_dx_group<T>)<<<gp.blocks, kVecThreads, 0, st>>>(
+            x, g, dy2, mask, dx, dres, static_cast<int>(d.rows), gp.cg, coef, pm,
+            self_finalize ? fin : BwdFinalize{}, nullptr, nullptr, nullptr);
         KILN_LAUNCH_CHECK("bn bwd dx (vec)");
       } else {
         bwd_dx_kernel<T><<<egrid, kThreads, 0, st>>>(x, g, dy2, mask, dx, dres, count, C, coef, pm);

@@ -317,7 +317,8 @@ __device__ __forceinline__ void store8(T* p, const T (&v)[8]) {
 // saved and the running statistics.
 // ResBn: the residual is z2 and res_coef its BatchNorm's coefficients, applied on the fly
 // (bn_add_relu_fwd's gamma2 ...).
-template <typename T, bool Relu, bool ResBn = false>
+// U: rows a thread has in flight (2, or 4 with KILN_BN_DEEP_LOADS).
+template <typename T, bool Relu, bool ResBn = false, int U = 2>
 __global__ void __launch_bounds__(kVecThreads)
     apply_group(const T* x, const T* residual, T* y, uint8_t* mask, int rows, int cg,
                 const float4* coef, FwdFinalize fin = {}, const float4* res_coef = nullptr) {
@@ -331,20 +332,20 @@ __global__ void __launch_bounds__(kVecThreads)
         fin.sums ? fwd_finalize_channel(fin, c, fin.sums[c], fin.sums[fin.C + c], writer) : coef[c];
     if constexpr (ResBn) k2[j] = res_coef[c];
   }
-  for (int r = blockIdx.x * rpb + threadIdx.x / cg; r < rows; r += 2 * rstride) {
-    alignas(16) T a[2][8], b[2][8];
-    int64_t g[2];
+  for (int r = blockIdx.x * rpb + threadIdx.x / cg; r < rows; r += U * rstride) {
+    alignas(16) T a[U][8], b[U][8];
+    int64_t g[U];
 #pragma unroll
-    for (int u = 0; u < 2; ++u) {
+    for (int u = 0; u < U; ++u) {
       g[u] = static_cast<int64_t>(r + u * rstride) * cg + gi;
-      if (u == 0 || r + rstride < rows) {
+      if (r + u * rstride < rows) {
         load8(x + g[u] * 8, a[u]);
         if (Relu && residual) load8(residual + g[u] * 8, b[u]);
       }
     }
 #pragma unroll
-    for (int u = 0; u < 2; ++u) {
-      if (u == 1 && r + rstride >= rows) break;
+    for (int u = 0; u < U; ++u) {
+      if (r + u * rstride >= rows) break;
       alignas(16) T o[8];
       if constexpr (Relu) {
         unsigned bits = 0;
@@ -528,7 +529,8 @@ __global__ void __launch_bounds__(kVecThreads)
 // shortcut's own sums grid, each thread takes bwd_partial_vec's rows in its order, so the sums
 // are the bits its sums pass would have left (out-of-range rows add nothing instead of zeros,
 // which can differ only in the sign of an all-zero sum).
-template <typename T, bool ResSums = false>
+// Rows: rows a thread has in flight without ResSums (2, or 4 with KILN_BN_DEEP_LOADS).
+template <typename T, bool ResSums = false, int Rows = 2>
 __global__ void __launch_bounds__(kVecThreads)
     bwd_dx_group(const T* x, const T* dy, const T* dy2, const uint8_t* mask, T* dx, T* dres,
                  int rows, int cg, const float4* coef, PoolMap pm = {}, BwdFinalize fin = {},
@@ -554,8 +556,8 @@ __global__ void __launch_bounds__(kVecThreads)
       mu[j] = res_mean[gi * 8 + j];
     }
   }
-  // Two rows in flight; one where the sums' registers leave room for no more (no spills).
-  constexpr int U = ResSums ? 1 : 2;
+  // Rows rows in flight; one where the sums' registers leave room for no more (no spills).
+  constexpr int U = ResSums ? 1 : Rows;
   for (int r = blockIdx.x * rpb + threadIdx.x / cg; r < rows; r += U * rstride) {
     alignas(16) T a[U][8], d[U][8], rx[ResSums ? U : 1][8];
     unsigned m[U];

@@ -39,6 +39,7 @@ Options options_from_switches(const Switches& sw) {
   o.residual_bn_sums_in_dx = sw.residual_bn_sums_in_dx;
   o.pool_route_eager = sw.pool_route_eager;
   o.pool_group_apply = sw.pool_group_apply;
+  o.bn_deep_loads = sw.bn_deep_loads;
   o.pad_channels = sw.pad_channels;
   o.pad_input_once = sw.pad_input_once;
   o.fixed_channels_conv = sw.fixed_channels_conv;
