@@ -132,8 +132,8 @@ TEST(CudaOptions, BnDeepLoadsSwitchReachesTheOptions) {
 
 // KILN_POOL_GROUP_APPLY reaches Options::pool_group_apply.
 TEST(CudaOptions, PoolGroupApplySwitchReachesTheOptions) {
-  EXPECT_TRUE(options_with({}).pool_group_apply) << "on by default";
-  EXPECT_FALSE(options_with({{"KILN_POOL_GROUP_APPLY", "0"}}).pool_group_apply);
+  EXPECT_FALSE(options_with({}).pool_group_apply) << "off by default";
+  EXPECT_TRUE(options_with({{"KILN_POOL_GROUP_APPLY", "1"}}).pool_group_apply);
   expect_refused("KILN_POOL_GROUP_APPLY", "maybe", "is not a switch value");
 }
 

@@ -103,7 +103,7 @@ struct Options {
   // (pool_route.cuh's routed_grad_unrolled).
   bool pool_route_eager = true;
   // KILN_POOL_GROUP_APPLY: a 2x2 pool's apply pass on apply_relu_pool2_group (bn_kernels.cuh).
-  bool pool_group_apply = true;
+  bool pool_group_apply = false;
   // KILN_BN_DEEP_LOADS: apply_group and bwd_dx_group with four rows in flight (bn.cu's group_plan).
   bool bn_deep_loads = false;
   // KILN_PAD_CHANNELS: FP16/BF16 convolutions whose input channels are neither 4 nor a multiple
