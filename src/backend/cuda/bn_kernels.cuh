@@ -467,10 +467,11 @@ __global__ void __launch_bounds__(kVecThreads)
 }
 
 // apply_relu_pool's 2x2 form with 16-byte accesses (VGG's pools) where 256 % cg == 0, the same
-// values, mask bits and order: a thread keeps one channel group for its life (the grid is a
-// multiple of the groups), so its coefficients are loaded once rather than per pooled pixel (as
-// apply_group does); a pooled pixel is placed by a multiply and a shift rather than two divides;
-// and two pooled pixels' eight loads are in flight before either's arithmetic.
+// values, mask bits and order: a thread keeps one channel group for its life (a block's 256
+// threads are whole pooled pixels' groups, and every trip moves them by whole pixels), so its
+// coefficients are loaded once rather than per pooled pixel (as apply_group does); a pooled pixel
+// is placed by a multiply and a shift rather than two divides; and two pooled pixels' eight loads
+// are in flight before either's arithmetic.
 template <typename T>
 __global__ void __launch_bounds__(kVecThreads)
     apply_relu_pool2_group(const T* z, T* y, uint8_t* mask, int pixels, int cg, int wp,
