@@ -26,10 +26,10 @@ inline Node fused_part(OpKind op, std::vector<TensorId> in, std::vector<TensorId
 }
 
 // The tensors of cbr_fwd and cbr_pool_fwd (ops.def: "x, w, gamma, beta, running_mean,
-// running_var, [b] -> z, y, saved, mask"; y pooled and the mask over z for cbr_pool_fwd),
-// unpacked with need_in / need_out (which name the missing role).
+// running_var, [b] -> z, y, saved, mask"; y pooled and the mask over z for cbr_pool_fwd, which
+// may also write zp and mp), unpacked with need_in / need_out (which name the missing role).
 struct CbrFwdTensors {
-  TensorId x, w, gamma, beta, rm, rv, b, z, y, saved, mask;
+  TensorId x, w, gamma, beta, rm, rv, b, z, y, saved, mask, zp, mp;
 };
 inline CbrFwdTensors cbr_fwd_tensors(const Node& n) {
   return {need_in(n, 0, "x"),
@@ -42,13 +42,16 @@ inline CbrFwdTensors cbr_fwd_tensors(const Node& n) {
           need_out(n, 0, "z"),
           need_out(n, 1, "y"),
           need_out(n, 2, "saved"),
-          need_out(n, 3, "mask")};
+          need_out(n, 3, "mask"),
+          out_at(n, 4),
+          out_at(n, 5)};
 }
 
 // The tensors of cbr_bwd and cbr_pool_bwd ("x, w, z, dy, mask, gamma, saved -> [dx], dw,
-// dgamma, dbeta, dz, [db]"; dy pooled and the mask over z for cbr_pool_bwd).
+// dgamma, dbeta, dz, [db]"; dy pooled and the mask over z for cbr_pool_bwd, which may also
+// read the forward's zp and mp).
 struct CbrBwdTensors {
-  TensorId x, w, z, dy, mask, gamma, saved, dx, dw, dgamma, dbeta, dz, db;
+  TensorId x, w, z, dy, mask, gamma, saved, zp, mp, dx, dw, dgamma, dbeta, dz, db;
 };
 inline CbrBwdTensors cbr_bwd_tensors(const Node& n) {
   return {need_in(n, 0, "x"),
@@ -58,12 +61,26 @@ inline CbrBwdTensors cbr_bwd_tensors(const Node& n) {
           need_in(n, 4, "mask"),
           need_in(n, 5, "gamma"),
           need_in(n, 6, "saved"),
+          in_at(n, 7),
+          in_at(n, 8),
           n.out.size() > 0 ? n.out[0] : kNoTensor,
           need_out(n, 1, "dw"),
           need_out(n, 2, "dgamma"),
           need_out(n, 3, "dbeta"),
           need_out(n, 4, "dz"),
           n.out.size() > 5 ? n.out[5] : kNoTensor};
+}
+
+// cbr_pool_*'s zp and mp (ops.def), where given: both or neither, over windows that tile z
+// (`tiles`), zp of the pooled map y's shape and dtype, mp a bit a pooled element.
+inline void expect_pooled_pick(const ProgramView& v, const Node& n, bool tiles, TensorId y,
+                               TensorId zp, TensorId mp) {
+  if (zp == kNoTensor && mp == kNoTensor) return;
+  KILN_CHECK(zp != kNoTensor && mp != kNoTensor && tiles, Internal, op_name(n.op), " node '",
+             n.label, "': zp and mp come together, for windows that tile z");
+  expect_same_dtype(v, n, y, zp);
+  expect_same_size(v, n, y, zp);
+  expect_mask(v, n, mp, y);
 }
 
 // The tensors of bn_add_relu_fwd ("x, gamma, beta, running_mean, running_var, residual,

@@ -69,6 +69,7 @@ PlanOptions fusion_options(const BackendCaps& caps, EngineOptions& o) {
   po.backend_fuses_fp32 = caps.fused_fp32 && resolve(sw.fuse_fp32, caps.fp32_fusion_default);
   // Only the fused BN+add+ReLU takes a second gradient, so this changes nothing without fusion.
   o.compile.fuse_grad_sum = caps.fused_grad_sum && sw.fusion && sw.fuse_grad_sum;
+  o.compile.pool_pooled_sums = po.backend_fuses_cbr_pool && sw.pool_pooled_sums;
   return po;
 }
 

@@ -314,6 +314,38 @@ TEST(Switches, PoolFoldingOffAndOnAgree) {
   }
 }
 
+// The pooled picks (KILN_POOL_POOLED_SUMS) off and on with the pools folded: the program's
+// pooled CBRs then write zp and mp and their backwards read them (the cnn's two, VGG11-BN's
+// five; the CPU checks them and takes its sums from dz, so nothing else changes), and three
+// steps and an evaluation give the same bits.
+TEST(Switches, PoolPooledSumsOffAndOnAgree) {
+  for (const auto& [model, pools] :
+       {std::pair{std::string("cnn"), 2}, std::pair{std::string("vgg11_bn_small"), 5}}) {
+    const BluePrint bp = make_model(model);
+    const Batch b = learnable_batch(bp, 4, 9);
+    std::vector<std::map<std::string, std::vector<float>>> results(2);
+    std::vector<int> picks;
+    for (const bool on : {false, true}) {
+      EngineOptions o = cpu_options(4);
+      o.switches.pool_pooled_sums = on;
+      o.switches.fuse_fp32 = Auto::on;
+      results[on ? 1 : 0] = three_steps_then_eval(bp, b, o, [&](const Engine& e) {
+        int n = 0;
+        for (const Phase& ph : e.program().train) {
+          for (const Node& node : ph.nodes) {
+            n += (node.op == OpKind::cbr_pool_fwd && node.out.size() == 6) +
+                 (node.op == OpKind::cbr_pool_bwd && node.in.size() == 9);
+          }
+        }
+        picks.push_back(n);
+      });
+    }
+    EXPECT_EQ(picks[0], 0) << model;
+    EXPECT_EQ(picks[1], 2 * pools) << model;
+    EXPECT_EQ(results[0], results[1]) << model;
+  }
+}
+
 // ResNet's stem - a 7x7 / 2 CBR, then a 3x3 / 2 max-pool with padding 1, whose windows overlap -
 // folded into the CBR (KILN_FUSE_OVERLAPPING_POOL, the byte-per-pooled-element mask of ops.def)
 // and kept apart: on odd and even maps (17x17 and 32x32 inputs: 9x9 and 16x16 before the pool,

@@ -85,18 +85,20 @@ TEST_P(GpuFusedCbrPool, EqualsConvBnReluMaxPoolBitForBit) {
   sw.deterministic = true;
   // The eager gather (KILN_POOL_ROUTE_EAGER) and the group-per-thread apply
   // (KILN_POOL_GROUP_APPLY) change only 16-byte forms: each is run off and on there (form 0:
-  // both on, 1: the eager gather off, 2: the group apply off).
+  // both on, 1: the eager gather off, 2: the group apply off). Form 3, windows that tile z:
+  // with zp and mp (KILN_POOL_POOLED_SUMS), with and without 16-byte kernels.
   for (const char* vec : {"1", "0"}) {
-    for (const int form : {0, 1, 2}) {
-      if (form != 0 && vec[0] == '0') continue;
+    for (const int form : {0, 1, 2, 3}) {
+      if ((form == 1 || form == 2) && vec[0] == '0') continue;
+      if (form == 3 && !c.pool.tiles()) continue;
       sw.vector_kernels = vec[0] == '1';
       sw.pool_route_eager = form != 1;
       sw.pool_group_apply = form != 2;
       SCOPED_TRACE(::testing::Message()
                    << c.cbr.name << (amp ? " AMP" : " FP32") << ", vector kernels " << vec
                    << ", eager gather " << sw.pool_route_eager << ", group apply "
-                   << sw.pool_group_apply);
-      fused::cbr_pool_equals_chain(c.cbr, c.pool, amp, "cuda", sw);
+                   << sw.pool_group_apply << ", pooled picks " << (form == 3));
+      fused::cbr_pool_equals_chain(c.cbr, c.pool, amp, "cuda", sw, form == 3);
     }
   }
 }
@@ -465,6 +467,32 @@ TEST(GpuFusedStep, BnDeepLoadsOffAndOnBitForBit) {
     folding_bit_for_bit(
         model, 0, [](Switches& sw, bool deep) { sw.bn_deep_loads = deep; },
         [](const Engine&) { return 0; });
+  }
+}
+
+// VGG11-BN (small): its five 2x2 pools' CBRs writing zp and mp and their backwards' sums passes
+// reading those rather than z (KILN_POOL_POOLED_SUMS): the same nonzero terms in double in
+// another order, whose float roundings agree (fused_checks.h's cbr_pool_equals_chain), so three
+// steps agree bit for bit; with the group-per-thread apply pass (the form that writes them on
+// 16-byte maps where it applies) off and on.
+TEST(GpuFusedStep, PoolPooledSumsOffAndOnBitForBit) {
+  KILN_REQUIRE_GPU();
+  for (const bool group : {false, true}) {
+    SCOPED_TRACE(group ? "group apply on" : "group apply off");
+    folding_bit_for_bit(
+        "vgg11_bn_small", 5,
+        [group](Switches& sw, bool picks) {
+          sw.pool_group_apply = group;
+          sw.pool_pooled_sums = picks;
+        },
+        [](const Engine& e) {
+          int n = 0;
+          for (const Phase& ph : e.program().train) {
+            for (const Node& node : ph.nodes)
+              n += node.op == OpKind::cbr_pool_fwd && node.out.size() == 6;
+          }
+          return n;
+        });
   }
 }
 

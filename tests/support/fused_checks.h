@@ -240,8 +240,14 @@ struct PoolSpec {
 // windows that tile it (the map's height and width after the convolution must then be
 // multiples of the window), else each pooled element's window position, 255 where the ReLU
 // did not pass it.
+// picks (tiled windows): the forward also writes zp and mp (ops.def), which must hold z and the
+// ReLU's bit at the element each pooled element took, and the backward reads them. CUDA's sums
+// pass then adds the same nonzero terms in another order, in double: a float it rounds to moves
+// only where the two double sums straddle a float rounding boundary (~2^-29 a value), so the
+// gradients are still held bit for bit on these fixed inputs.
 inline void cbr_pool_equals_chain(const CbrCase& t, PoolSpec pool, bool amp, const char* backend,
-                                  const Switches& switches = Switches::from_environment()) {
+                                  const Switches& switches = Switches::from_environment(),
+                                  bool picks = false) {
   const int64_t p = (t.h + 2 * t.pad - t.r) / t.st + 1, q = (t.w + 2 * t.pad - t.r) / t.st + 1;
   const bool tiles = pool.tiles();
   ASSERT_TRUE(!tiles || (p % pool.k == 0 && q % pool.k == 0))
@@ -270,6 +276,10 @@ inline void cbr_pool_equals_chain(const CbrCase& t, PoolSpec pool, bool amp, con
                  dz_f = m.feature("dz_f", zs), dx_f = m.feature("dx_f", xs);
   const TensorId mask =
       h.tensor("mask", {tiles ? (zs.numel() + 7) / 8 : ys.numel()}, Region::aux, DType::U8);
+  ASSERT_TRUE(!picks || tiles) << "zp and mp are for windows that tile z";
+  const TensorId zp = picks ? m.feature("zp", ys) : kNoTensor;
+  const TensorId mp =
+      picks ? h.tensor("mp", {(ys.numel() + 7) / 8}, Region::aux, DType::U8) : kNoTensor;
   const TensorId dw_u = m.weight_grad("dw_u", ws), dw_f = m.weight_grad("dw_f", ws);
   const TensorId dg_u = m.channels("dg_u", t.k, Region::grads_f32),
                  db_u = m.channels("db_u", t.k, Region::grads_f32);
@@ -294,9 +304,15 @@ inline void cbr_pool_equals_chain(const CbrCase& t, PoolSpec pool, bool amp, con
   fa.pool = pool.k;
   fa.pool_stride = tiles ? 0 : pool.s;
   fa.pool_pad = tiles ? 0 : pool.p;
-  h.node(OpKind::cbr_pool_fwd, {x, w, gamma, beta, rm_f, rv_f}, {z_f, y_f, saved_f, mask}, fa);
-  h.node(OpKind::cbr_pool_bwd, {x, w, z_f, dy, mask, gamma, saved_f},
-         {t.first_layer ? kNoTensor : dx_f, dw_f, dg_f, db_f, dz_f}, fa);
+  std::vector<TensorId> fwd_out{z_f, y_f, saved_f, mask};
+  std::vector<TensorId> bwd_in{x, w, z_f, dy, mask, gamma, saved_f};
+  if (picks) {
+    fwd_out.insert(fwd_out.end(), {zp, mp});
+    bwd_in.insert(bwd_in.end(), {zp, mp});
+  }
+  h.node(OpKind::cbr_pool_fwd, {x, w, gamma, beta, rm_f, rv_f}, fwd_out, fa);
+  h.node(OpKind::cbr_pool_bwd, bwd_in, {t.first_layer ? kNoTensor : dx_f, dw_f, dg_f, db_f, dz_f},
+         fa);
   h.compile(make_backend(backend, kilns_form(switches)));
   h.write(x, random_values(static_cast<size_t>(xs.numel()), 41));
   h.write(w, random_values(static_cast<size_t>(ws.numel()), 42, -0.5f, 0.5f));
@@ -349,6 +365,28 @@ inline void cbr_pool_equals_chain(const CbrCase& t, PoolSpec pool, bool amp, con
     EXPECT_GT(set, 0);
     for (size_t i = relu.size(); i < 8 * bits.size(); ++i)
       EXPECT_FALSE((bits[i / 8] >> (i % 8)) & 1u) << "padding bit " << i;
+  }
+  if (picks) {
+    // zp and mp: z and the ReLU's bit at the element each pooled element took.
+    const std::vector<float> zv = h.read(z_u), zpv = h.read(zp);
+    const std::vector<uint8_t> mpv = h.read_u8(mp);
+    ASSERT_EQ(zpv.size(), took.size());
+    ASSERT_EQ(mpv.size(), (took.size() + 7) / 8);
+    int64_t wrong_z = 0, wrong_bit = 0, set = 0;
+    for (int64_t o = 0; o < static_cast<int64_t>(took.size()); ++o) {
+      const int64_t c = o % C, pix = o / C, b = pix / (Hp * Wp), hw = took[static_cast<size_t>(o)];
+      const auto i = static_cast<size_t>(((b * p + hw / q) * q + hw % q) * C + c);
+      const auto uo = static_cast<size_t>(o);
+      wrong_z += !(zpv[uo] == zv[i]);
+      const bool bit = (mpv[uo / 8] >> (uo % 8)) & 1u;
+      wrong_bit += bit != (relu[i] > 0.0f);
+      set += bit;
+    }
+    EXPECT_EQ(wrong_z, 0) << "zp values that are not z where the unfused pool took it";
+    EXPECT_EQ(wrong_bit, 0) << "mp bits that disagree with the unfused ReLU where the pool took";
+    EXPECT_GT(set, 0);
+    for (size_t i = took.size(); i < 8 * mpv.size(); ++i)
+      EXPECT_FALSE((mpv[i / 8] >> (i % 8)) & 1u) << "mp's padding bit " << i;
   }
   expect_equal(h, saved_f, saved_u, "saved statistics");
   expect_equal(h, rm_f, rm_u, "running mean");

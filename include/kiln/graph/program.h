@@ -114,6 +114,9 @@ struct CompileOptions {
   // (bn_add_relu_bwd's dy2) instead of an add node summing them first; set by the Engine
   // from the backend's caps and KILN_FUSE_GRAD_SUM.
   bool fuse_grad_sum = false;
+  // cbr_pool_fwd over windows that tile z also writes zp and mp (ops.def); the Engine sets it
+  // from Switches::pool_pooled_sums.
+  bool pool_pooled_sums = false;
   bool ema = false;
   float ema_decay = 0.9999f;
   // Optimizer: "sgd", "adamw", "lars".

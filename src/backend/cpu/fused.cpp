@@ -157,8 +157,10 @@ KernelPtr cbr_backward(const Node& n, Context& ctx, const CbrBwdTensors& t, Kern
 // "x, w, gamma, beta, running_mean, running_var, [b] -> z, y, saved, mask"
 KernelPtr make_cbr_fwd(const Node& n, Context& ctx) {
   reject_accumulate(ctx, n);
-  const auto [x, w, gamma, beta, rm, rv, b, z, y, saved, mask] = cbr_fwd_tensors(n);
+  const auto [x, w, gamma, beta, rm, rv, b, z, y, saved, mask, zp, mp] = cbr_fwd_tensors(n);
   expect_mask(ctx, n, mask, y);
+  KILN_CHECK(zp == kNoTensor && mp == kNoTensor, Internal, "cbr_fwd node '", n.label,
+             "' has outputs past its mask (zp and mp are cbr_pool_fwd's)");
   std::vector<KernelPtr> parts;
   parts.push_back(make_conv_fwd(fused_part(OpKind::conv_fwd, {x, w}, {z}, n, "conv"), ctx));
   parts.push_back(make_bn_fwd_train(
@@ -237,7 +239,8 @@ PoolGeom pool_geom(const Context& ctx, const Node& n, TensorId z, TensorId y) {
 // KILN_FUSE_FP32=1), and sharing it would cost a rebinding per run.
 KernelPtr make_cbr_pool_fwd(const Node& n, Context& ctx) {
   reject_accumulate(ctx, n);
-  const auto [x, w, gamma, beta, rm, rv, b, z, y, saved, mask] = cbr_fwd_tensors(n);
+  const auto [x, w, gamma, beta, rm, rv, b, z, y, saved, mask, zp, picked_bits] =
+      cbr_fwd_tensors(n);
   const PoolGeom t = pool_geom(ctx, n, z, y);
   expect_dtype(ctx, n, y, DType::F32, "y");
   if (t.tiles) {
@@ -246,6 +249,7 @@ KernelPtr make_cbr_pool_fwd(const Node& n, Context& ctx) {
     expect_dtype(ctx, n, mask, DType::U8, "mask");
     expect_numel(ctx, n, mask, ctx.tensor(y).numel(), "mask (a byte per pooled element)");
   }
+  expect_pooled_pick(ctx, n, t.tiles, y, zp, picked_bits);
   std::vector<float> relu(static_cast<size_t>(t.z.numel()));
   float* a = relu.data();
   std::vector<KernelPtr> parts;
@@ -254,7 +258,10 @@ KernelPtr make_cbr_pool_fwd(const Node& n, Context& ctx) {
       fused_part(OpKind::bn_fwd_train, {z, gamma, beta, rm, rv}, {z, saved}, n, "bn"), ctx, a));
   float* yp = ctx.ptr<float>(y);
   uint8_t* mp = ctx.ptr<uint8_t>(mask);
-  const int64_t count = t.z.numel();
+  const float* zv = ctx.ptr<float>(z);
+  float* zpp = zp != kNoTensor ? ctx.ptr<float>(zp) : nullptr;
+  uint8_t* mpp = zp != kNoTensor ? ctx.ptr<uint8_t>(picked_bits) : nullptr;
+  const int64_t count = t.z.numel(), pooled = t.y.numel();
   // The z element each pooled element took, allocated here: run() allocates nothing.
   auto took = std::make_shared<std::vector<int64_t>>(static_cast<size_t>(t.y.numel()));
   parts.push_back(make_loop([=](Context&) {
@@ -294,6 +301,19 @@ KernelPtr make_cbr_pool_fwd(const Node& n, Context& ctx) {
       }
     }
     if (!t.tiles) return;
+    if (zpp != nullptr) {
+      // zp and mp (ops.def): z at the element each pooled element took, and the ReLU's bit there.
+#pragma omp parallel for schedule(static)
+      for (int64_t by = 0; by < (pooled + 7) / 8; ++by) {
+        unsigned bits = 0;
+        for (int64_t j = 0; j < 8 && 8 * by + j < pooled; ++j) {
+          const int64_t o = 8 * by + j;
+          zpp[o] = zv[arg[o]];
+          bits |= (a[arg[o]] > 0.0f ? 1u : 0u) << j;
+        }
+        mpp[by] = static_cast<uint8_t>(bits);
+      }
+    }
     // The routing mask: the element the pool took, where the ReLU passed it.
     const int64_t bytes = (count + 7) / 8;
 #pragma omp parallel for schedule(static)
@@ -325,6 +345,9 @@ KernelPtr make_cbr_pool_bwd(const Node& n, Context& ctx) {
     expect_dtype(ctx, n, io.mask, DType::U8, "mask");
     expect_numel(ctx, n, io.mask, ctx.tensor(io.dy).numel(), "mask (a byte per pooled element)");
   }
+  // zp and mp are checked but not read: oneDNN's BatchNorm backward below takes its sums from
+  // dz itself, in one pass with its dx.
+  expect_pooled_pick(ctx, n, t.tiles, io.dy, io.zp, io.mp);
   const float* dyp = ctx.ptr<float>(io.dy);
   const uint8_t* mp = ctx.ptr<uint8_t>(io.mask);
   float* g = ctx.ptr<float>(io.dz);

@@ -120,6 +120,9 @@ struct BnFwd {
   // byte an element (pool_route.cuh).
   bool overlap = false;
   OverlapPool op;
+  // cbr_pool_fwd's zp and mp (tiled windows, KILN_POOL_POOLED_SUMS), or none.
+  void* zp = nullptr;
+  uint8_t* mp = nullptr;
   // bn_add_relu_fwd with the residual's BatchNorm: its statistics and finalize (res->x is the
   // residual) run first, into res_coef (the kernel's own), which the apply pass reads.
   const BnFwd* res = nullptr;
@@ -137,6 +140,10 @@ struct BnBwd {
   const float *saved = nullptr, *gamma = nullptr;
   float *dgamma = nullptr, *dbeta = nullptr;
   PoolMap pm;  // cbr_pool_bwd: dy is the max-pooled map's gradient
+  // ... and where the forward wrote them (KILN_POOL_POOLED_SUMS), z where the pool took it and
+  // the ReLU's bit there, a pooled element each: the sums pass reads those and dy alone.
+  const void* zp = nullptr;
+  const uint8_t* mp = nullptr;
   // cbr_pool_bwd with overlapping windows (op): dy is the pooled map's gradient and mask a byte
   // per pooled element; the sums pass gathers g into dx, and the dx pass reads it there.
   bool overlap = false;
@@ -176,7 +183,7 @@ KernelPtr bn_forward(Context& ctx, int stream, const Nhwc& s, DType dt, const Bn
       "BatchNorm with a merged max-pool needs C % 8 == 0 and windows that tile the map or "
       "the overlapping form (C ",
       C, ", ", s.h, "x", s.w, ", pool ", a.pool, ")");
-  const bool pool_vec = a.pool && vec_fits(ctx.opts, d.rows * C, 8, {a.x, a.y});
+  const bool pool_vec = a.pool && vec_fits(ctx.opts, d.rows * C, 8, {a.x, a.y, a.zp});
   const int64_t pooled_pixels = !a.pool     ? 0
                                 : a.overlap ? s.n * a.op.yh * a.op.yw
                                             : d.rows / (a.pool * a.pool);
@@ -273,21 +280,32 @@ KernelPtr bn_forward(Context& ctx, int stream, const Nhwc& s, DType dt, const Bn
         KILN_LAUNCH_CHECK("bn apply + relu + overlapping max-pool + mask");
       } else if (a.pool) {
         const int cg = static_cast<int>(C / 8), total = static_cast<int>(pooled_pixels * (C / 8));
-        if (pool2_group) {
-          apply_relu_pool2_group<T><<<pgrid, kVecThreads, 0, st>>>(
-              x, y, a.mask, static_cast<int>(pooled_pixels), cg, wp, FastDivide(wp), coef);
-        } else if (a.pool == 2 && pool_vec) {
-          apply_relu_pool<T, true, 2>
-              <<<pgrid, kVecThreads, 0, st>>>(x, y, a.mask, total, cg, hp, wp, 2, coef);
-        } else if (a.pool == 2) {
-          apply_relu_pool<T, false, 2>
-              <<<pgrid, kVecThreads, 0, st>>>(x, y, a.mask, total, cg, hp, wp, 2, coef);
-        } else if (pool_vec) {
-          apply_relu_pool<T, true, 0>
-              <<<pgrid, kVecThreads, 0, st>>>(x, y, a.mask, total, cg, hp, wp, a.pool, coef);
+        T* zp = static_cast<T*>(a.zp);
+        // Z: the pass also writes zp and mp (KILN_POOL_POOLED_SUMS).
+        const auto launch = [&](auto z) {
+          constexpr bool Z = decltype(z)::value;
+          if (pool2_group) {
+            apply_relu_pool2_group<T, Z>
+                <<<pgrid, kVecThreads, 0, st>>>(x, y, a.mask, static_cast<int>(pooled_pixels), cg,
+                                                wp, FastDivide(wp), coef, zp, a.mp);
+          } else if (a.pool == 2 && pool_vec) {
+            apply_relu_pool<T, true, 2, Z>
+                <<<pgrid, kVecThreads, 0, st>>>(x, y, a.mask, total, cg, hp, wp, 2, coef, zp, a.mp);
+          } else if (a.pool == 2) {
+            apply_relu_pool<T, false, 2, Z>
+                <<<pgrid, kVecThreads, 0, st>>>(x, y, a.mask, total, cg, hp, wp, 2, coef, zp, a.mp);
+          } else if (pool_vec) {
+            apply_relu_pool<T, true, 0, Z><<<pgrid, kVecThreads, 0, st>>>(
+                x, y, a.mask, total, cg, hp, wp, a.pool, coef, zp, a.mp);
+          } else {
+            apply_relu_pool<T, false, 0, Z><<<pgrid, kVecThreads, 0, st>>>(
+                x, y, a.mask, total, cg, hp, wp, a.pool, coef, zp, a.mp);
+          }
+        };
+        if (zp != nullptr) {
+          launch(std::true_type{});
         } else {
-          apply_relu_pool<T, false, 0>
-              <<<pgrid, kVecThreads, 0, st>>>(x, y, a.mask, total, cg, hp, wp, a.pool, coef);
+          launch(std::false_type{});
         }
         KILN_LAUNCH_CHECK("bn apply + relu + max-pool + mask");
       } else if (gp.on && res_bn) {
@@ -332,7 +350,18 @@ KernelPtr bn_backward(Context& ctx, int stream, const Nhwc& s, DType dt, const B
   KILN_CHECK(!a.overlap || (!a.sums && !a.dy2 && !a.dres && a.mask), Internal,
              "BatchNorm backward with an overlapping max-pool takes no sums, second gradient or "
              "residual gradient");
-  const int chunks = a.sums ? 1 : a.partial ? a.partial_blocks : v.on ? v.blocks : d.gy;
+  KILN_CHECK(!a.zp || (a.pm.pool > 0 && !a.dy2 && !a.partial && a.mp), Internal,
+             "BatchNorm backward from the pooled picks takes a tiled pool's dy and mp, no second "
+             "gradient and no sums left by another pass");
+  // The pooled picks' sums pass: over the pooled map's rows.
+  const ChannelDims dp =
+      a.zp ? channel_dims(ctx, Nhwc{s.n, s.h / a.pm.pool, s.w / a.pm.pool, C}) : ChannelDims{};
+  const BnVec vp = a.zp ? bn_vec(ctx, dt, dp.rows, C, {a.zp, a.dy}) : BnVec{};
+  const int chunks = a.sums      ? 1
+                     : a.partial ? a.partial_blocks
+                     : a.zp      ? (vp.on ? vp.blocks : dp.gy)
+                     : v.on      ? v.blocks
+                                 : d.gy;
   KILN_CHECK(!a.partial || (v.on && a.partial_blocks == v.blocks), Internal,
              "BatchNorm backward: sums left by another pass in a layout that is not its own");
   KILN_CHECK(!a.res_partial || (gp.on && (dt == DType::F16 || dt == DType::BF16)), Internal,
@@ -373,6 +402,16 @@ KernelPtr bn_backward(Context& ctx, int stream, const Nhwc& s, DType dt, const B
         KILN_LAUNCH_CHECK("bn bwd overlapping max-pool route + sums");
       } else if (a.partial) {
         // The BN+add+ReLU backward before it summed g in its dx pass.
+      } else if (!a.sums && a.zp && vp.on) {
+        bwd_partial_vec<T><<<vp.blocks, kVecThreads, 0, st>>>(
+            static_cast<const T*>(a.zp), dy, nullptr, a.mp, a.saved, static_cast<int>(dp.rows),
+            static_cast<int>(C), partial);
+        KILN_LAUNCH_CHECK("bn bwd sums from the pooled picks (vec)");
+      } else if (!a.sums && a.zp) {
+        const dim3 pgrid(static_cast<unsigned>((C + kCx - 1) / kCx), static_cast<unsigned>(dp.gy));
+        bwd_partial_kernel<T><<<pgrid, dim3(kCx, kCy), 0, st>>>(
+            static_cast<const T*>(a.zp), dy, nullptr, a.mp, a.saved, dp.rows, C, partial);
+        KILN_LAUNCH_CHECK("bn bwd sums from the pooled picks");
       } else if (!a.sums && v.on) {
         bwd_partial_vec<T><<<v.blocks, kVecThreads, 0, st>>>(x, dy, dy2, a.mask, a.saved,
                                                              static_cast<int>(d.rows),
@@ -621,7 +660,8 @@ void expect_pool_mask(const Context& ctx, const Node& n, TensorId mask, TensorId
 // running_var, [b] -> y (pooled), saved, mask".
 KernelPtr make_bn_relu_pool_fwd(const Node& n, Context& ctx, int stream, TensorId z, TensorId gamma,
                                 TensorId beta, TensorId rm, TensorId rv, TensorId conv_bias,
-                                TensorId y, TensorId saved, TensorId mask, const float* conv_sums) {
+                                TensorId y, TensorId saved, TensorId mask, const float* conv_sums,
+                                TensorId zp, TensorId mp) {
   Nhwc s;
   BnFwd a = bn_fwd_args(ctx, n, z, gamma, beta, rm, rv, kNoTensor, saved, &s);
   const Nhwc ys = nhwc_of(ctx, n, y, "y (pooled)");
@@ -632,7 +672,10 @@ KernelPtr make_bn_relu_pool_fwd(const Node& n, Context& ctx, int stream, TensorI
     expect_numel(ctx, n, conv_bias, s.c, "b (one per output channel)");
   }
   expect_pool_mask(ctx, n, mask, z, y);
+  expect_pooled_pick(ctx, n, n.attrs.pool_tiles(), y, zp, mp);
   a.y = ctx.ptr(y);
+  a.zp = ctx.ptr(zp);
+  a.mp = ctx.ptr<uint8_t>(mp);
   a.sums = conv_sums;
   a.conv_bias = ctx.ptr<float>(conv_bias);
   a.mask = ctx.ptr<uint8_t>(mask);
@@ -646,7 +689,8 @@ KernelPtr make_bn_relu_pool_fwd(const Node& n, Context& ctx, int stream, TensorI
 // dgamma, dbeta", the gradient at BatchNorm's output read from the pooled dy.
 KernelPtr make_bn_relu_pool_bwd(const Node& n, Context& ctx, int stream, TensorId z, TensorId dy,
                                 TensorId mask, TensorId gamma, TensorId saved, TensorId dz,
-                                TensorId dgamma, TensorId dbeta, float4* fold_coef) {
+                                TensorId dgamma, TensorId dbeta, float4* fold_coef, TensorId zp,
+                                TensorId mp) {
   Nhwc s;
   BnBwd a = bn_bwd_args(ctx, n, z, dz, gamma, saved, dz, dgamma, dbeta, &s);
   a.fold_coef = fold_coef;
@@ -654,8 +698,11 @@ KernelPtr make_bn_relu_pool_bwd(const Node& n, Context& ctx, int stream, TensorI
   expect_same_dtype(ctx, n, z, dy);
   const OverlapPool op = merged_pool(ctx, n, z, s, dy, ds, "dy");
   expect_pool_mask(ctx, n, mask, z, dy);
+  expect_pooled_pick(ctx, n, n.attrs.pool_tiles(), dy, zp, mp);
   a.dy = ctx.ptr(dy);
   a.mask = ctx.ptr<uint8_t>(mask);
+  a.zp = ctx.ptr(zp);
+  a.mp = ctx.ptr<uint8_t>(mp);
   if (n.attrs.pool_tiles()) {
     a.pm = PoolMap{n.attrs.pool, static_cast<int>(s.w)};
   } else {

@@ -375,9 +375,12 @@ __global__ void __launch_bounds__(kVecThreads)
 // (first maximum in window order, NaN wins), so the unfused chain's bits; a mask bit is set
 // where the pool took the element and the ReLU passed it. Vec: 16-byte loads and stores
 // (aligned maps). Thread indices are 32-bit (the host checks pixels x groups < 2^31).
-template <typename T>
+// Z (KILN_POOL_POOLED_SUMS): also zp, z where the pool took it, and mp, the ReLU's bit there,
+// a byte a pooled pixel's group (ops.def), for the backward's sums; bestz keeps that z.
+template <bool Z = false, typename T>
 __device__ __forceinline__ void pool_take(const T (&a)[8], const float4 (&k)[8], int pos,
-                                          T (&best)[8], float (&bestf)[8], int (&at)[8]) {
+                                          T (&best)[8], float (&bestf)[8], int (&at)[8],
+                                          T* bestz = nullptr) {
   unsigned unused = 0;
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
@@ -387,7 +390,26 @@ __device__ __forceinline__ void pool_take(const T (&a)[8], const float4 (&k)[8],
       bestf[j] = f;
       best[j] = v;
       at[j] = pos;
+      if constexpr (Z) bestz[j] = a[j];
     }
+  }
+}
+
+// A pooled pixel's group's zp (eight values) and mp byte, where Z.
+template <bool Z, bool Vec, typename T>
+__device__ __forceinline__ void store_pick(const T (&bestz)[8], const float (&bestf)[8], T* zp,
+                                           uint8_t* mp, int64_t group) {
+  if constexpr (Z) {
+    if constexpr (Vec) {
+      store8(zp + group * 8, bestz);
+    } else {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) zp[group * 8 + j] = bestz[j];
+    }
+    unsigned bits = 0;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) bits |= (bestf[j] > 0.0f ? 1u : 0u) << j;
+    mp[group] = static_cast<uint8_t>(bits);
   }
 }
 
@@ -412,10 +434,10 @@ __device__ __forceinline__ void load_group(const T* p, T (&v)[8]) {
   }
 }
 
-template <typename T, bool Vec, int P>
+template <typename T, bool Vec, int P, bool Z = false>
 __global__ void __launch_bounds__(kVecThreads)
     apply_relu_pool(const T* z, T* y, uint8_t* mask, int total, int cg, int hp, int wp, int pool_rt,
-                    const float4* coef) {
+                    const float4* coef, T* zp = nullptr, uint8_t* mp = nullptr) {
   const int pool = P ? P : pool_rt;
   const int zw = wp * pool;
   for (int t = blockIdx.x * blockDim.x + threadIdx.x; t < total; t += gridDim.x * blockDim.x) {
@@ -423,7 +445,7 @@ __global__ void __launch_bounds__(kVecThreads)
     const int pq = pix / wp,
               pw = pix - pq * wp;  // pq = b hp + ph: z's image row of the window's top is pq * pool
     float4 k[8];
-    alignas(16) T best[8];
+    alignas(16) T best[8], bestz[8];
     float bestf[8];
     int at[8];
     pool_start(coef, gi, k, bestf, at);
@@ -438,13 +460,13 @@ __global__ void __launch_bounds__(kVecThreads)
       load_group<T, Vec>(z + top + drow, a[2]);
       load_group<T, Vec>(z + top + drow + dpix, a[3]);
 #pragma unroll
-      for (int q = 0; q < 4; ++q) pool_take(a[q], k, q, best, bestf, at);
+      for (int q = 0; q < 4; ++q) pool_take<Z>(a[q], k, q, best, bestf, at, bestz);
     } else {
       for (int dh = 0; dh < pool; ++dh) {
         for (int dw = 0; dw < pool; ++dw) {
           alignas(16) T a[8];
           load_group<T, Vec>(z + top + dh * drow + dw * dpix, a);
-          pool_take(a, k, dh * pool + dw, best, bestf, at);
+          pool_take<Z>(a, k, dh * pool + dw, best, bestf, at, bestz);
         }
       }
     }
@@ -454,6 +476,7 @@ __global__ void __launch_bounds__(kVecThreads)
 #pragma unroll
       for (int j = 0; j < 8; ++j) y[static_cast<int64_t>(t) * 8 + j] = best[j];
     }
+    store_pick<Z, Vec>(bestz, bestf, zp, mp, t);
     for (int dh = 0; dh < pool; ++dh) {
       for (int dw = 0; dw < pool; ++dw) {
         unsigned bits = 0;
@@ -472,10 +495,11 @@ __global__ void __launch_bounds__(kVecThreads)
 // coefficients are loaded once rather than per pooled pixel (as apply_group does); a pooled pixel
 // is placed by a multiply and a shift rather than two divides; and two pooled pixels' eight loads
 // are in flight before either's arithmetic.
-template <typename T>
+template <typename T, bool Z = false>
 __global__ void __launch_bounds__(kVecThreads)
     apply_relu_pool2_group(const T* z, T* y, uint8_t* mask, int pixels, int cg, int wp,
-                           FastDivide by_wp, const float4* coef) {
+                           FastDivide by_wp, const float4* coef, T* zp = nullptr,
+                           uint8_t* mp = nullptr) {
   const int gi = threadIdx.x % cg, ppb = kVecThreads / cg, pstride = gridDim.x * ppb;
   float4 k[8];
 #pragma unroll
@@ -500,7 +524,7 @@ __global__ void __launch_bounds__(kVecThreads)
     for (int u = 0; u < 2; ++u) {
       const int pix = p + u * pstride;
       if (u == 1 && pix >= pixels) break;
-      alignas(16) T best[8];
+      alignas(16) T best[8], bestz[8];
       float bestf[8];
       int at[8];
 #pragma unroll
@@ -509,8 +533,9 @@ __global__ void __launch_bounds__(kVecThreads)
         at[j] = -1;
       }
 #pragma unroll
-      for (int q = 0; q < 4; ++q) pool_take(a[u][q], k, q, best, bestf, at);
+      for (int q = 0; q < 4; ++q) pool_take<Z>(a[u][q], k, q, best, bestf, at, bestz);
       store8(y + (static_cast<int64_t>(pix) * cg + gi) * 8, best);
+      store_pick<Z, true>(bestz, bestf, zp, mp, static_cast<int64_t>(pix) * cg + gi);
 #pragma unroll
       for (int q = 0; q < 4; ++q) {
         unsigned bits = 0;

@@ -160,6 +160,8 @@ KernelPtr cbr_forward(const Node& n, Context& ctx, int stream, TensorId x, Tenso
 KernelPtr make_cbr_fwd(const Node& n, Context& ctx, int stream) {
   reject_accumulate(ctx, n);
   const CbrFwdTensors t = cbr_fwd_tensors(n);
+  KILN_CHECK(t.zp == kNoTensor && t.mp == kNoTensor, Internal, "cbr_fwd node '", n.label,
+             "' has outputs past its mask (zp and mp are cbr_pool_fwd's)");
   return cbr_forward(n, ctx, stream, t.x, t.w, t.z, {t.rm, t.rv}, [&](const float* sums) {
     return make_bn_relu_mask_fwd(n, ctx, stream, t.z, t.gamma, t.beta, t.rm, t.rv, kNoTensor, t.b,
                                  t.y, t.saved, t.mask, sums);
@@ -346,7 +348,7 @@ KernelPtr make_cbr_pool_fwd(const Node& n, Context& ctx, int stream) {
   const CbrFwdTensors t = cbr_fwd_tensors(n);
   return cbr_forward(n, ctx, stream, t.x, t.w, t.z, {t.rm, t.rv}, [&](const float* sums) {
     return make_bn_relu_pool_fwd(n, ctx, stream, t.z, t.gamma, t.beta, t.rm, t.rv, t.b, t.y,
-                                 t.saved, t.mask, sums);
+                                 t.saved, t.mask, sums, t.zp, t.mp);
   });
 }
 
@@ -356,7 +358,7 @@ KernelPtr make_cbr_pool_bwd(const Node& n, Context& ctx, int stream) {
   const CbrBwdTensors t = cbr_bwd_tensors(n);
   const auto bn = [&](float4* fold_coef) {
     return make_bn_relu_pool_bwd(n, ctx, stream, t.z, t.dy, t.mask, t.gamma, t.saved, t.dz,
-                                 t.dgamma, t.dbeta, fold_coef);
+                                 t.dgamma, t.dbeta, fold_coef, t.zp, t.mp);
   };
   const auto usual = [&] {
     return cbr_conv_backward(n, ctx, stream, bn(nullptr), t.x, t.w, t.dz, t.dx, t.dw, t.db);

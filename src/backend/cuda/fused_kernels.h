@@ -139,17 +139,20 @@ KernelPtr make_bn_bwd_part(const Node& n, Context& ctx, int stream,
 // cbr_pool_fwd's epilogue (ops.def): saved and running statistics as make_bn_relu_mask_fwd,
 // then y = the max-pool of relu(bn(z)) by n.attrs.pool windows, and the mask of the elements
 // the pool took where the ReLU passed them (over z for windows that tile it, else a byte per
-// pooled element: pool_route.cuh).
+// pooled element: pool_route.cuh); zp and mp too where given (tiled windows).
 KernelPtr make_bn_relu_pool_fwd(const Node& n, Context& ctx, int stream, TensorId z, TensorId gamma,
                                 TensorId beta, TensorId rm, TensorId rv, TensorId conv_bias,
                                 TensorId y, TensorId saved, TensorId mask,
-                                const float* conv_sums = nullptr);
+                                const float* conv_sums = nullptr, TensorId zp = kNoTensor,
+                                TensorId mp = kNoTensor);
 
 // cbr_pool_bwd's BatchNorm backward: the gradient at BatchNorm's output is the pooled dy of the
 // element's window where the mask is set, 0 elsewhere (overlapping windows: the sum over those
-// that took it); dz, dgamma, dbeta from it.
+// that took it); dz, dgamma, dbeta from it. Given the forward's zp and mp, its sums pass reads
+// them and dy (pooled maps) instead of z.
 KernelPtr make_bn_relu_pool_bwd(const Node& n, Context& ctx, int stream, TensorId z, TensorId dy,
                                 TensorId mask, TensorId gamma, TensorId saved, TensorId dz,
-                                TensorId dgamma, TensorId dbeta, float4* fold_coef = nullptr);
+                                TensorId dgamma, TensorId dbeta, float4* fold_coef = nullptr,
+                                TensorId zp = kNoTensor, TensorId mp = kNoTensor);
 
 }  // namespace kiln::cuda

@@ -90,10 +90,17 @@ void cbr_forward(Context& c, const PlanNode& n, Forward& f, Pass& pass) {
                            rv};
   // The bias is folded into the running mean (ops.def).
   if (n.bias) in.push_back(c.param_in(n.name + ".bias", pass.master));
-  pass.nodes.push_back(make_node(n.pool ? OpKind::cbr_pool_fwd : OpKind::cbr_fwd, in,
-                                 {z, y, saved, mask}, a,
-                                 n.name + (n.pool ? " cbr+" + n.pool_name + " fwd" : " cbr fwd")));
+  std::vector<TensorId> out{z, y, saved, mask};
   f.saved[n.id] = {saved, mask, z};
+  if (n.pool && a.pool_tiles() && c.p.options.pool_pooled_sums) {
+    // z where the pool took it and the ReLU's bit there, for the backward's sums (ops.def).
+    const TensorId zp = c.feature(n.name + ":zp" + pass.tag, n.shape);
+    const TensorId mp = c.aux(n.name + ":mp", (c.p.tensor(y).numel() + 7) / 8, DType::U8);
+    out.insert(out.end(), {zp, mp});
+    f.saved[n.id].insert(f.saved[n.id].end(), {zp, mp});
+  }
+  pass.nodes.push_back(make_node(n.pool ? OpKind::cbr_pool_fwd : OpKind::cbr_fwd, in, out, a,
+                                 n.name + (n.pool ? " cbr+" + n.pool_name + " fwd" : " cbr fwd")));
   f.out[n.id] = y;
 }
 
@@ -113,11 +120,16 @@ void cbr_backward(Context& c, const PlanNode& n, const Forward& f, Backward& b,
       c.feature(n.name + ":dz", n.conv_shape())};
   if (n.bias) outs.push_back(c.param_in(n.name + ".bias", Region::grads_f32));
   set_pool_attrs(n, a);  // dy is then the pooled map's gradient (ops.def's cbr_pool_bwd)
-  nodes.push_back(
-      make_node(n.pool ? OpKind::cbr_pool_bwd : OpKind::cbr_bwd,
-                {f.out.at(n.inputs[0]), c.compute_weight(n.name + ".weight"), saved[2], dy,
-                 saved[1], c.param_in(n.bn_name + ".weight", Region::params_f32), saved[0]},
-                outs, a, n.name + (n.pool ? " cbr+" + n.pool_name + " bwd" : " cbr bwd")));
+  std::vector<TensorId> in{f.out.at(n.inputs[0]),
+                           c.compute_weight(n.name + ".weight"),
+                           saved[2],
+                           dy,
+                           saved[1],
+                           c.param_in(n.bn_name + ".weight", Region::params_f32),
+                           saved[0]};
+  if (saved.size() > 3) in.insert(in.end(), {saved[3], saved[4]});  // zp, mp
+  nodes.push_back(make_node(n.pool ? OpKind::cbr_pool_bwd : OpKind::cbr_bwd, in, outs, a,
+                            n.name + (n.pool ? " cbr+" + n.pool_name + " bwd" : " cbr bwd")));
 }
 
 void bn_add_relu_params(Context& c, const PlanNode& n, std::vector<ParamSpec>& specs) {
