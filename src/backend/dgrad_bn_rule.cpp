@@ -35,6 +35,14 @@ bool read_as_bn_gradient(const Node& m, TensorId dx, DgradBnUse& u) {
     u.g = dx;
     return true;
   }
+  // "x, w, z, dy (pooled), mask, gamma, saved, [zp, mp]": with the forward's pooled picks, the
+  // sums' terms are dy's against zp under mp, a map of dx's shape (ops.def), so the kernel
+  // reads those as a CBR's z and mask, and writes g = mp ? dy : 0 for the dx pass to route.
+  if (m.op == OpKind::cbr_pool_bwd && in_at(m, 3) == dx && in_at(m, 7) != kNoTensor) {
+    u.z = in_at(m, 7), u.mask = in_at(m, 8), u.saved = in_at(m, 6);
+    u.g = dx;
+    return true;
+  }
   // "x, dy, mask, gamma, saved, [dy2] -> dx, dresidual, ...": g = mask ? dy + dy2 : 0 in FP16,
   // whose sum rounds the same either way round, so dx may be either contribution.
   if (m.op == OpKind::bn_add_relu_bwd && (in_at(m, 1) == dx || in_at(m, 5) == dx)) {

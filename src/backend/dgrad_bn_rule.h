@@ -1,7 +1,8 @@
 // Where a convolution's data gradient dx can run as the SM90 data gradient with BatchNorm-
 // backward's sums (cuda/cutlass_dgrad.cpp, KILN_CUTLASS_DGRAD): dx is the gradient at the output
-// of a later relu(bn(z)) (cbr_bwd's dy) or relu(bn(z) + residual) (bn_add_relu_bwd's dy or dy2),
-// so the kernel can write that BatchNorm's masked gradient g and its two sums at dx's step, and
+// of a later relu(bn(z)) (cbr_bwd's dy; cbr_pool_bwd's pooled dy where its forward wrote zp and
+// mp) or relu(bn(z) + residual) (bn_add_relu_bwd's dy or dy2), so the kernel can write that
+// BatchNorm's masked gradient g and its two sums at dx's step, and
 // the BatchNorm backward then skips its sums pass. This file is the schedule's and the memory
 // plan's side of that, in plain C++ so that the CPU tests check it on whole programs; the shape
 // and precision rule is the forward's (sm90_conv_rule.h).
@@ -14,8 +15,10 @@ namespace kiln {
 
 // How a data gradient's output is used by a BatchNorm backward.
 struct DgradBnUse {
-  const Node* consumer = nullptr;  // cbr_bwd or bn_add_relu_bwd; null: no such use (not tried)
-  // The consumer's BatchNorm input, ReLU mask and saved [mean; invstd].
+  // cbr_bwd, cbr_pool_bwd (with zp and mp) or bn_add_relu_bwd; null: no such use (not tried)
+  const Node* consumer = nullptr;
+  // The consumer's BatchNorm input, ReLU mask and saved [mean; invstd] (cbr_pool_bwd's zp and
+  // mp: the input and the ReLU's bit where its pool took, over the pooled map).
   TensorId z = kNoTensor, mask = kNoTensor, saved = kNoTensor;
   // bn_add_relu_bwd's other gradient contribution (the kernel's dy2: the residual path's, or
   // the block's main path's when dx is the residual's), or none.

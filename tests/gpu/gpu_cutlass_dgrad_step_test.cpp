@@ -346,5 +346,25 @@ TEST(GpuCutlassDgradStep, Vgg16BnStepsAgreeImplicitDataGradientOffAndOn) {
   EXPECT_EQ(r.dgrad_cutlass_fallbacks, 0);
 }
 
+// VGG16-BN with the pooled picks (KILN_POOL_POOLED_SUMS): the first layer of blocks 2 to 5 feeds
+// a pooled CBR's backward, whose sums the implicit-GEMM data gradient then takes from zp and mp
+// (dgrad_bn_rule.h), writing g = mp ? dy : 0 for the dx pass to route: 8 + 4 layers, held to
+// cuDNN's form (with the picks' own sums pass) by genstats' noise, as above.
+TEST(GpuCutlassDgradStep, Vgg16BnStepsAgreePooledPicksIntoTheDataGradient) {
+  KILN_REQUIRE_SM90_CUTLASS();
+  enum Form { kCudnn, kConvDgrad, kGenstats };
+  std::vector<StepForm> forms = {
+      {"cuDNN's form, pooled picks", "kiln", Auto::off, Auto::off},
+      {"KILN_CUTLASS_CONV_DGRAD, pooled picks", "kiln", Auto::on, Auto::on, Auto::off, Auto::on},
+      {"genstats", "genstats", Auto::off, Auto::off}};
+  forms[kCudnn].pool_pooled_sums = forms[kConvDgrad].pool_pooled_sums = true;
+  const std::vector<FormSteps> runs = three_steps("vgg16_bn", forms);
+  const CompileReport& r = runs[kConvDgrad].report;
+  EXPECT_EQ(r.dgrad_cutlass_conv, 12) << "the 3x3 data gradients that feed a CBR or pooled CBR";
+  EXPECT_EQ(r.dgrad_cutlass_fallbacks, 0);
+  EXPECT_GT(runs[kGenstats].report.cbr_genstats, 0) << "no noise floor";
+  expect_within_noise(runs, forms, {kCudnn, kConvDgrad, kGenstats});
+}
+
 }  // namespace
 }  // namespace kiln::test

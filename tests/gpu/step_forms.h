@@ -48,6 +48,7 @@ struct StepForm {
   Auto first_layer_conv = Auto::off;
   Auto first_layer_wgrad = Auto::off;    // KILN_FIRST_LAYER_WGRAD
   Auto first_layer_bn_fold = Auto::off;  // KILN_FIRST_LAYER_BN_FOLD
+  bool pool_pooled_sums = false;         // KILN_POOL_POOLED_SUMS
 };
 
 using NamedTensors = std::map<std::string, std::vector<float>>;
@@ -103,6 +104,7 @@ inline std::vector<FormSteps> three_steps(const std::string& model,
     o.switches.first_layer_conv = f.first_layer_conv;
     o.switches.first_layer_wgrad = f.first_layer_wgrad;
     o.switches.first_layer_bn_fold = f.first_layer_bn_fold;
+    o.switches.pool_pooled_sums = f.pool_pooled_sums;
     Engine e(bp, o);
     e.lock_memory();
     e.compile(5);

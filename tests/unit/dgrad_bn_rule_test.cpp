@@ -24,13 +24,14 @@ namespace {
 // The program the CUDA backend compiles under AMP (task/engine.cpp's fusion_options with its
 // caps: every fused form, the gradient-sum fusion).
 Program cuda_program(const std::string& model, bool reuse, int64_t batch = 4,
-                     bool dresidual_from_dgrad = true) {
+                     bool dresidual_from_dgrad = true, bool pool_pooled_sums = false) {
   CompileOptions o;
   o.batch = batch;
   o.amp = true;
   o.memory_reuse = reuse;
   o.dresidual_from_dgrad = dresidual_from_dgrad;
   o.fuse_grad_sum = true;
+  o.pool_pooled_sums = pool_pooled_sums;
   PlanOptions po;
   po.amp = true;
   po.backend_fuses_cbr = po.backend_fuses_cbr_pool = po.backend_fuses_bn_add_relu =
@@ -44,6 +45,7 @@ Program cuda_program(const std::string& model, bool reuse, int64_t batch = 4,
 // with a dx (as the CUDA factories ask the rule).
 struct Tally {
   int to_cbr = 0, to_bn_add_relu = 0;  // uses the schedule and the plan allow, by consumer
+  int to_cbr_pool = 0;                 // ... a pooled CBR's, from its forward's pooled picks
   int into_dresidual = 0, copied = 0;  // of to_bn_add_relu: where g goes
   int refused = 0;                     // uses they do not
   int one_by_one = 0;  // of the allowed: the producer's convolution is 1x1 stride 1 (eligible)
@@ -70,7 +72,13 @@ Tally tally(const Program& p) {
         t.refusals.emplace_back(n.label, u.refusal);
         continue;
       }
-      (u.consumer->op == OpKind::cbr_bwd ? t.to_cbr : t.to_bn_add_relu) += 1;
+      (u.consumer->op == OpKind::cbr_bwd        ? t.to_cbr
+       : u.consumer->op == OpKind::cbr_pool_bwd ? t.to_cbr_pool
+                                                : t.to_bn_add_relu) += 1;
+      if (u.consumer->op == OpKind::cbr_pool_bwd) {
+        EXPECT_EQ(u.z, u.consumer->in.at(7)) << n.label << ": z is the forward's zp";
+        EXPECT_EQ(u.mask, u.consumer->in.at(8)) << n.label << ": the mask is the forward's mp";
+      }
       EXPECT_EQ(u.g, u.copy_to == kNoTensor && u.consumer->op == OpKind::bn_add_relu_bwd
                          ? u.consumer->out.at(1)
                          : dx)
@@ -167,6 +175,21 @@ TEST(DgradBnRule, Vgg16BnHasEightStrideOneDataGradientsIntoACbr) {
     EXPECT_EQ(t.refused, 0) << t.listed();
     EXPECT_EQ(t.one_by_one, 0);
     EXPECT_EQ(t.keeps_size, 8);
+  }
+}
+
+// With the pooled picks (KILN_POOL_POOLED_SUMS), the first layer of blocks 2 to 5 feeds the
+// pooled CBR before it as well: 8 + 4, all keeping their size. Without them the pooled CBR's
+// backward is no use (above).
+TEST(DgradBnRule, Vgg16BnPooledPicksAddFourDataGradientsIntoAPooledCbr) {
+  for (const bool reuse : {true, false}) {
+    SCOPED_TRACE(reuse ? "memory reuse" : "no reuse");
+    const Tally t = tally(cuda_program("vgg16_bn", reuse, 4, true, true));
+    EXPECT_EQ(t.to_cbr, 8) << t.listed();
+    EXPECT_EQ(t.to_cbr_pool, 4) << t.listed();
+    EXPECT_EQ(t.to_bn_add_relu, 0);
+    EXPECT_EQ(t.refused, 0) << t.listed();
+    EXPECT_EQ(t.keeps_size, 12);
   }
 }
 

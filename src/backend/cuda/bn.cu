@@ -690,7 +690,7 @@ KernelPtr make_bn_relu_pool_fwd(const Node& n, Context& ctx, int stream, TensorI
 KernelPtr make_bn_relu_pool_bwd(const Node& n, Context& ctx, int stream, TensorId z, TensorId dy,
                                 TensorId mask, TensorId gamma, TensorId saved, TensorId dz,
                                 TensorId dgamma, TensorId dbeta, float4* fold_coef, TensorId zp,
-                                TensorId mp) {
+                                TensorId mp, const float* sums) {
   Nhwc s;
   BnBwd a = bn_bwd_args(ctx, n, z, dz, gamma, saved, dz, dgamma, dbeta, &s);
   a.fold_coef = fold_coef;
@@ -701,8 +701,14 @@ KernelPtr make_bn_relu_pool_bwd(const Node& n, Context& ctx, int stream, TensorI
   expect_pooled_pick(ctx, n, n.attrs.pool_tiles(), dy, zp, mp);
   a.dy = ctx.ptr(dy);
   a.mask = ctx.ptr<uint8_t>(mask);
-  a.zp = ctx.ptr(zp);
-  a.mp = ctx.ptr<uint8_t>(mp);
+  KILN_CHECK(sums == nullptr || zp != kNoTensor, Internal, op_name(n.op), " node '", n.label,
+             "': sums from a data gradient need the forward's pooled picks");
+  if (sums != nullptr) {
+    a.sums = sums;  // g is in dy already, masked by mp; the dx pass routes it
+  } else {
+    a.zp = ctx.ptr(zp);
+    a.mp = ctx.ptr<uint8_t>(mp);
+  }
   if (n.attrs.pool_tiles()) {
     a.pm = PoolMap{n.attrs.pool, static_cast<int>(s.w)};
   } else {

@@ -276,6 +276,14 @@ KernelPtr make_bn_bwd_part(const Node& n, Context& ctx, int stream,
                                                      t.gamma, t.saved, t.dz, kNoTensor, t.dgamma,
                                                      t.dbeta, nullptr, fold_coef);
   }
+  if (n.op == OpKind::cbr_pool_bwd) {
+    // The data gradient before it wrote g = mp ? dy : 0 into dy itself (dgrad_bn_rule.h), which
+    // the dx pass routes through the pool's mask as it would dy.
+    const CbrBwdTensors t = cbr_bwd_tensors(n);
+    return make_bn_relu_pool_bwd(n, ctx, stream, t.z, t.dy, t.mask, t.gamma, t.saved, t.dz,
+                                 t.dgamma, t.dbeta, fold_coef, t.zp, t.mp,
+                                 summed != nullptr ? summed->sums : nullptr);
+  }
   KILN_CHECK(fold_coef == nullptr, Internal, "make_bn_bwd_part: ", op_name(n.op), " node '",
              n.label, "': only a CBR's BatchNorm backward leaves its dx to a fold");
   KILN_CHECK(n.op == OpKind::bn_add_relu_bwd, Internal, "make_bn_bwd_part: ", op_name(n.op),
@@ -356,9 +364,13 @@ KernelPtr make_cbr_pool_fwd(const Node& n, Context& ctx, int stream) {
 KernelPtr make_cbr_pool_bwd(const Node& n, Context& ctx, int stream) {
   reject_accumulate(ctx, n);
   const CbrBwdTensors t = cbr_bwd_tensors(n);
+  // With the forward's pooled picks, the next layer's data gradient on the SM90 kernel may have
+  // written g into dy and left its sums (KILN_POOL_POOLED_SUMS, KILN_CUTLASS_CONV_DGRAD).
+  const Context::DgradBnSums* summed = dgrad_sums_for(ctx, n);
+  KILN_CHECK(summed == nullptr || summed->g == t.dy, Internal, "cbr_pool_bwd node '", n.label,
+             "': a data gradient left its g elsewhere than dy");
   const auto bn = [&](float4* fold_coef) {
-    return make_bn_relu_pool_bwd(n, ctx, stream, t.z, t.dy, t.mask, t.gamma, t.saved, t.dz,
-                                 t.dgamma, t.dbeta, fold_coef, t.zp, t.mp);
+    return make_bn_bwd_part(n, ctx, stream, summed, nullptr, fold_coef);
   };
   const auto usual = [&] {
     return cbr_conv_backward(n, ctx, stream, bn(nullptr), t.x, t.w, t.dz, t.dx, t.dw, t.db);

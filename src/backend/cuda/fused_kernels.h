@@ -149,10 +149,12 @@ KernelPtr make_bn_relu_pool_fwd(const Node& n, Context& ctx, int stream, TensorI
 // cbr_pool_bwd's BatchNorm backward: the gradient at BatchNorm's output is the pooled dy of the
 // element's window where the mask is set, 0 elsewhere (overlapping windows: the sum over those
 // that took it); dz, dgamma, dbeta from it. Given the forward's zp and mp, its sums pass reads
-// them and dy (pooled maps) instead of z.
+// them and dy (pooled maps) instead of z; given `sums` (FP32 [sum g; sum g (z - mean)]), which a
+// data gradient before it took from zp and mp while writing g = mp ? dy : 0 into dy, none.
 KernelPtr make_bn_relu_pool_bwd(const Node& n, Context& ctx, int stream, TensorId z, TensorId dy,
                                 TensorId mask, TensorId gamma, TensorId saved, TensorId dz,
                                 TensorId dgamma, TensorId dbeta, float4* fold_coef = nullptr,
-                                TensorId zp = kNoTensor, TensorId mp = kNoTensor);
+                                TensorId zp = kNoTensor, TensorId mp = kNoTensor,
+                                const float* sums = nullptr);
 
 }  // namespace kiln::cuda
