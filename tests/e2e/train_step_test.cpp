@@ -25,6 +25,7 @@ using test::fused_node_count;
 using test::learnable_batch;
 using test::params_and_buffers;
 using test::pooled_cbr_count;
+using test::pooled_picks_count;
 
 EngineOptions cpu_options(int64_t batch) {
   EngineOptions o;
@@ -329,16 +330,8 @@ TEST(Switches, PoolPooledSumsOffAndOnAgree) {
       EngineOptions o = cpu_options(4);
       o.switches.pool_pooled_sums = on;
       o.switches.fuse_fp32 = Auto::on;
-      results[on ? 1 : 0] = three_steps_then_eval(bp, b, o, [&](const Engine& e) {
-        int n = 0;
-        for (const Phase& ph : e.program().train) {
-          for (const Node& node : ph.nodes) {
-            n += (node.op == OpKind::cbr_pool_fwd && node.out.size() == 6) +
-                 (node.op == OpKind::cbr_pool_bwd && node.in.size() == 9);
-          }
-        }
-        picks.push_back(n);
-      });
+      results[on ? 1 : 0] = three_steps_then_eval(
+          bp, b, o, [&](const Engine& e) { picks.push_back(pooled_picks_count(e)); });
     }
     EXPECT_EQ(picks[0], 0) << model;
     EXPECT_EQ(picks[1], 2 * pools) << model;

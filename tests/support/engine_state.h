@@ -42,6 +42,19 @@ inline int pooled_cbr_count(const Engine& e) {
   return pooled;
 }
 
+// The pooled CBR nodes that write or read the pooled picks (ops.def's zp and mp on cbr_pool_fwd
+// and cbr_pool_bwd; KILN_POOL_POOLED_SUMS).
+inline int pooled_picks_count(const Engine& e) {
+  int picks = 0;
+  for (const Phase& ph : e.program().train) {
+    for (const Node& n : ph.nodes) {
+      picks += (n.op == OpKind::cbr_pool_fwd && n.out.size() > 4 && n.out[4] != kNoTensor) ||
+               (n.op == OpKind::cbr_pool_bwd && n.in.size() > 7 && n.in[7] != kNoTensor);
+    }
+  }
+  return picks;
+}
+
 // The BN+add+ReLU backwards that take a second gradient (ops.def's dy2): the gradient sums
 // folded into them (CompileOptions::fuse_grad_sum).
 inline int folded_grad_sum_count(const Engine& e) {
