@@ -32,6 +32,8 @@ struct CbrFwdTensors {
   TensorId x, w, gamma, beta, rm, rv, b, z, y, saved, mask, zp, mp;
 };
 inline CbrFwdTensors cbr_fwd_tensors(const Node& n) {
+  KILN_CHECK(n.op != OpKind::cbr_fwd || n.out.size() <= 4, Internal, "cbr_fwd node '", n.label,
+             "' has outputs past its mask (zp and mp are cbr_pool_fwd's)");
   return {need_in(n, 0, "x"),
           need_in(n, 1, "w"),
           need_in(n, 2, "gamma"),

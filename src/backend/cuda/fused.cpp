@@ -160,8 +160,6 @@ KernelPtr cbr_forward(const Node& n, Context& ctx, int stream, TensorId x, Tenso
 KernelPtr make_cbr_fwd(const Node& n, Context& ctx, int stream) {
   reject_accumulate(ctx, n);
   const CbrFwdTensors t = cbr_fwd_tensors(n);
-  KILN_CHECK(t.zp == kNoTensor && t.mp == kNoTensor, Internal, "cbr_fwd node '", n.label,
-             "' has outputs past its mask (zp and mp are cbr_pool_fwd's)");
   return cbr_forward(n, ctx, stream, t.x, t.w, t.z, {t.rm, t.rv}, [&](const float* sums) {
     return make_bn_relu_mask_fwd(n, ctx, stream, t.z, t.gamma, t.beta, t.rm, t.rv, kNoTensor, t.b,
                                  t.y, t.saved, t.mask, sums);
