@@ -254,7 +254,7 @@ class Compiler {
       }
       p_.train.push_back(std::move(ph));
     }
-    if (o.amp && !decay_range_.empty()) {
+    if (o.amp && !decay_range_.empty() && !o.fuse_weight_cast) {  // else the optimizer casts
       Phase ph{PhaseKind::weight_cast, "weight_cast", 1, {}};
       ph.nodes.push_back(compute_copy(Region::params_f32, Region::params_f16, "compute weights"));
       p_.train.push_back(std::move(ph));

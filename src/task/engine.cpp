@@ -70,6 +70,7 @@ PlanOptions fusion_options(const BackendCaps& caps, EngineOptions& o) {
   // Only the fused BN+add+ReLU takes a second gradient, so this changes nothing without fusion.
   o.compile.fuse_grad_sum = caps.fused_grad_sum && sw.fusion && sw.fuse_grad_sum;
   o.compile.pool_pooled_sums = po.backend_fuses_cbr_pool && sw.pool_pooled_sums;
+  o.compile.fuse_weight_cast = sw.fuse_weight_cast;
   return po;
 }
 

@@ -489,6 +489,27 @@ TEST(GpuFusedStep, PoolPooledSumsOffAndOnBitForBit) {
   }
 }
 
+// The optimizer writing the FP16 compute copy of the weights it updates (KILN_FUSE_WEIGHT_CAST)
+// in place of the weight_cast phase: the same rounding of the same weights, so VGG11-BN (its
+// conv and fc weights, one SGD node over them) trains three AMP steps to the same bits.
+TEST(GpuFusedStep, WeightCastInTheOptimizerOffAndOnBitForBit) {
+  KILN_REQUIRE_GPU();
+  folding_bit_for_bit(
+      "vgg11_bn_small", 1, [](Switches& sw, bool on) { sw.fuse_weight_cast = on; },
+      [](const Engine& e) {
+        int n = 0;
+        for (const Phase& ph : e.program().train) {
+          for (const Node& node : ph.nodes) {
+            for (TensorId id : node.out)
+              n += ph.kind == PhaseKind::optimizer && id != kNoTensor &&
+                   e.program().tensor(id).region == Region::params_f16;
+          }
+        }
+        return n;
+      },
+      {true});
+}
+
 // ResNet-50 in AMP: its four downsampling shortcuts' BatchNorm backwards summed in their
 // BN+add+ReLU backwards' dx passes (KILN_RESIDUAL_BN_SUMS_IN_DX) against their own sums passes,
 // in kiln's form (the dx pass forms g from dy, dy2 and the mask) and with the SM90 kernels on

@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "gpu/gpu_test_util.h"
+#include "support/compute_copy_check.h"
 
 namespace kiln::test {
 namespace {
@@ -144,6 +145,13 @@ TEST(GpuRegion, GradNormAndStepCount) {
   EXPECT_LE(max_ulp(t.gpu().read(w), t.cpu().read(w)), 2) << "weights";
   EXPECT_EQ(t.gpu().read_i32(count), (std::vector<int32_t>{2}));
   EXPECT_EQ(t.cpu().read_i32(count), (std::vector<int32_t>{2}));
+}
+
+// The optimizers' FP16 / BF16 compute copy written by the update (KILN_FUSE_WEIGHT_CAST): the
+// cast op's bits of the new weights, the weights unchanged by it (as on the CPU, op tests).
+TEST(GpuRegion, OptimizersWriteTheCastOfTheirNewWeights) {
+  KILN_REQUIRE_GPU();
+  expect_optimizers_write_compute_copy("cuda");
 }
 
 struct OptCase {

@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "op/cpu_op_test_util.h"
+#include "support/compute_copy_check.h"
 
 namespace kiln::test {
 namespace {
@@ -371,6 +372,14 @@ TEST(CpuOpLars, MatchesReferencePerParameterAndSkipsOnOverflow) {
   p.s.set(p.h, 0.5f, scale, true);
   p.h.run();
   EXPECT_EQ(p.h.read(p.w[2]), before);
+}
+
+// ---- The compute copy ([w16], KILN_FUSE_WEIGHT_CAST) ------------------------------------------
+
+// SGD, AdamW and LARS with their FP16 and BF16 compute copies (support/compute_copy_check.h;
+// the GPU test runs the same check on CUDA).
+TEST(CpuOpComputeCopy, EveryOptimizerWritesTheCastOfItsNewWeights) {
+  expect_optimizers_write_compute_copy("cpu");
 }
 
 // ---- EMA -------------------------------------------------------------------------------------

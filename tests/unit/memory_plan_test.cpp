@@ -331,6 +331,64 @@ TEST(Program, PhasesComeInScheduleOrder) {
   EXPECT_NE(describe_program(p, true).find("phase optimizer"), std::string::npos);
 }
 
+// KILN_FUSE_WEIGHT_CAST: under AMP each optimizer writes the compute copy of the weights it
+// updates (ops.def's [w16]) over exactly the bytes the weight_cast phase's cast wrote, and that
+// phase is gone; SGD and AdamW as one range node, LARS per weight; validate_program passes.
+TEST(Program, WeightCastFusedIntoTheOptimizerCoversTheCastsRange) {
+  for (const std::string opt : {"sgd", "adamw", "lars"}) {
+    SCOPED_TRACE(opt);
+    auto build = [&](bool fused) {
+      CompileOptions o;
+      o.batch = 4;
+      o.amp = true;
+      o.ema = true;
+      o.optimizer = opt;
+      o.fuse_weight_cast = fused;
+      PlanOptions po;
+      po.amp = true;
+      Program p = lower_program(make_plan(make_model("resnet18_small"), po), o);
+      plan_memory(p);
+      validate_program(p);
+      return p;
+    };
+    // [begin, end) bytes of params_f16 written by the phases of `kind`.
+    auto f16_written = [](const Program& p, PhaseKind kind) {
+      std::vector<std::pair<int64_t, int64_t>> spans;
+      for (const Phase& ph : p.train) {
+        if (ph.kind != kind) continue;
+        for (const Node& n : ph.nodes) {
+          for (TensorId id : n.out) {
+            if (id == kNoTensor || p.tensor(id).region != Region::params_f16) continue;
+            spans.push_back({p.tensor(id).offset, p.tensor(id).offset + p.tensor(id).bytes()});
+          }
+        }
+      }
+      std::sort(spans.begin(), spans.end());
+      return spans;
+    };
+    const Program plain = build(false), fused = build(true);
+    const auto cast = f16_written(plain, PhaseKind::weight_cast);
+    ASSERT_EQ(cast.size(), 1u) << "one cast over the decayed range";
+    EXPECT_TRUE(f16_written(plain, PhaseKind::optimizer).empty());
+    const auto by_update = f16_written(fused, PhaseKind::optimizer);
+    ASSERT_FALSE(by_update.empty());
+    for (const Phase& ph : fused.train) EXPECT_NE(ph.kind, PhaseKind::weight_cast);
+    // LARS writes a piece a weight: the slots' padding between them keeps init's zeros, which
+    // is all the range cast would write there.
+    EXPECT_EQ(by_update.front().first, cast[0].first);
+    int64_t covered = 0;
+    for (const auto& [b, e] : by_update) covered += e - b;
+    if (opt == "lars") {
+      EXPECT_GT(by_update.size(), 1u);
+      EXPECT_LE(by_update.back().second, cast[0].second);
+      EXPECT_LE(covered, cast[0].second - cast[0].first);
+    } else {
+      ASSERT_EQ(by_update.size(), 1u);
+      EXPECT_EQ(by_update[0], cast[0]);
+    }
+  }
+}
+
 TEST(Program, OptimizerSkipsDecayForBatchNormAndBiases) {
   CompileOptions o;
   o.batch = 2;

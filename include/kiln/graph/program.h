@@ -117,6 +117,9 @@ struct CompileOptions {
   // cbr_pool_fwd over windows that tile z also writes zp and mp (ops.def); the Engine sets it
   // from Switches::pool_pooled_sums.
   bool pool_pooled_sums = false;
+  // Under AMP the optimizer nodes write the compute copy of the weights they update (ops.def's
+  // [w16]) and no weight_cast phase follows; the Engine sets it from Switches::fuse_weight_cast.
+  bool fuse_weight_cast = false;
   bool ema = false;
   float ema_decay = 0.9999f;
   // Optimizer: "sgd", "adamw", "lars".

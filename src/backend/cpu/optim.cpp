@@ -37,9 +37,27 @@ bool step_scalars(const Context& c, TensorId lr, TensorId scale, TensorId overfl
   return true;
 }
 
+// An optimizer's [w16] output (ops.def): w's FP16 or BF16 compute copy, absent or of w's count.
+struct ComputeCopy {
+  uint16_t* p = nullptr;
+  bool bf16 = false;
+  void put(int64_t i, float w) const {
+    if (p) p[i] = bf16 ? float_to_bf16(w) : float_to_half(w);
+  }
+};
+ComputeCopy compute_copy(Context& ctx, const Node& n, size_t index, int64_t count) {
+  const TensorId id = out_at(n, index);
+  if (id == kNoTensor) return {};
+  const DType dt = expect_float(ctx, n, id, "w16");
+  KILN_CHECK(dt != DType::F32, InvalidArgument, op_name(n.op), " node '", n.label,
+             "': its compute copy w16 is f16 or bf16, not f32");
+  expect_numel(ctx, n, id, count, "w16");
+  return {ctx.ptr<uint16_t>(id), dt == DType::BF16};
+}
+
 }  // namespace
 
-// "w, g, m, lr, loss_scale, overflow -> w, m" -- torch.optim.SGD (dampening 0):
+// "w, g, m, lr, loss_scale, overflow -> w, m, [w16]" -- torch.optim.SGD (dampening 0):
 //   g' = g / scale + wd * w;  m = momentum * m + g';  u = nesterov ? g' + momentum * m : m;
 //   w -= lr * u.
 // PyTorch sets m = g' on the first step; kiln's m starts at 0, and momentum * 0 + g' = g'.
@@ -58,6 +76,7 @@ KernelPtr make_sgd(const Node& n, Context& ctx) {
   float* mp = m != kNoTensor ? region_f32(ctx, n, m, count, "m") : nullptr;
   float* wo = region_f32(ctx, n, out_or(n, 0, w), count, "w (out)");
   float* mo = m != kNoTensor ? region_f32(ctx, n, out_or(n, 1, m), count, "m (out)") : nullptr;
+  const ComputeCopy w16 = compute_copy(ctx, n, 2, count);
   for (TensorId id : {lr, scale, overflow, coef}) expect_scalar(ctx, n, id, "scalar");
   const float mom = a.momentum, wd = a.weight_decay;
   const bool nesterov = a.nesterov;
@@ -69,11 +88,12 @@ KernelPtr make_sgd(const Node& n, Context& ctx) {
       const formula::WeightMoment r = formula::sgd_update(wp[i], gp[i], mp ? &mp[i] : nullptr, p);
       if (mp) mo[i] = r.m;
       wo[i] = r.w;
+      w16.put(i, r.w);
     }
   });
 }
 
-// "w, g, m, v, lr, loss_scale, overflow, step -> w, m, v" -- torch.optim.AdamW:
+// "w, g, m, v, lr, loss_scale, overflow, step -> w, m, v, [w16]" -- torch.optim.AdamW:
 //   w *= 1 - lr * wd  (decoupled decay);  m += (1 - b1) (g' - m)  (PyTorch's lerp);
 //   v = b2 v + (1 - b2) g'^2;  t = step + 1;
 //   w -= (lr / (1 - b1^t)) * m / (sqrt(v) / sqrt(1 - b2^t) + eps).
@@ -93,6 +113,7 @@ KernelPtr make_adamw(const Node& n, Context& ctx) {
   float* wo = region_f32(ctx, n, out_or(n, 0, w), count, "w (out)");
   float* mo = region_f32(ctx, n, out_or(n, 1, m), count, "m (out)");
   float* vo = region_f32(ctx, n, out_or(n, 2, v), count, "v (out)");
+  const ComputeCopy w16 = compute_copy(ctx, n, 3, count);
   for (TensorId id : {lr, scale, overflow, step, coef}) expect_scalar(ctx, n, id, "scalar");
   const Attrs a = n.attrs;
   return make_loop([=](Context& c) {
@@ -106,11 +127,12 @@ KernelPtr make_adamw(const Node& n, Context& ctx) {
       mo[i] = r.m;
       vo[i] = r.v;
       wo[i] = r.w;
+      w16.put(i, r.w);
     }
   });
 }
 
-// "w, g, m, lr, loss_scale, overflow -> w, m" -- LARS (You et al. 2017), in the form of
+// "w, g, m, lr, loss_scale, overflow -> w, m, [w16]" -- LARS (You et al. 2017), in the form of
 // torchvision's / Lightning's LARS wrapper around SGD:
 //   g' = g / scale;  trust = eta ||w|| / (||g'|| + wd ||w||)  (1 when either norm is 0);
 //   d = trust (g' + wd w);  m = momentum m + d;  u = nesterov ? d + momentum m : m;
@@ -130,6 +152,7 @@ KernelPtr make_lars(const Node& n, Context& ctx) {
   float* mp = region_f32(ctx, n, m, count, "m");
   float* wo = region_f32(ctx, n, out_or(n, 0, w), count, "w (out)");
   float* mo = region_f32(ctx, n, out_or(n, 1, m), count, "m (out)");
+  const ComputeCopy w16 = compute_copy(ctx, n, 2, count);
   for (TensorId id : {lr, scale, overflow, coef}) expect_scalar(ctx, n, id, "scalar");
   const Attrs a = n.attrs;
   return make_loop([=](Context& c) {
@@ -148,6 +171,7 @@ KernelPtr make_lars(const Node& n, Context& ctx) {
       const formula::WeightMoment r = formula::lars_update(wp[i], gp[i], mp[i], p);
       mo[i] = r.m;
       wo[i] = r.w;
+      w16.put(i, r.w);
     }
   });
 }

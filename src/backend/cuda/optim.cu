@@ -28,8 +28,23 @@ __device__ __forceinline__ float inv_scale(const StepScalars& s) {
                                  static_cast<float>(load_scalar(s.coef, 1.0)));
 }
 
+// An optimizer's [w16] output (ops.def): w's compute copy, rounded as the cast op rounds.
+struct ComputeCopy {
+  void* p = nullptr;
+  bool bf16 = false;
+  __device__ __forceinline__ void put(int64_t i, float w) const {
+    if (!p) return;
+    if (bf16) {
+      static_cast<__nv_bfloat16*>(p)[i] = from_f<__nv_bfloat16>(w);
+    } else {
+      static_cast<__half*>(p)[i] = from_f<__half>(w);
+    }
+  }
+};
+
 __global__ void sgd_kernel(const float* w, const float* g, const float* m, float* wo, float* mo,
-                           int64_t count, float mom, float wd, bool nesterov, StepScalars sc) {
+                           ComputeCopy w16, int64_t count, float mom, float wd, bool nesterov,
+                           StepScalars sc) {
   if (skipped(sc)) return;
   const float lr = static_cast<float>(load_scalar(sc.lr, 0.0));
   const float inv = inv_scale(sc);
@@ -38,6 +53,7 @@ __global__ void sgd_kernel(const float* w, const float* g, const float* m, float
     const formula::WeightMoment r = formula::sgd_update(w[i], g[i], m ? &m[i] : nullptr, p);
     if (m) mo[i] = r.m;
     wo[i] = r.w;
+    w16.put(i, r.w);
   }
 }
 
@@ -46,8 +62,8 @@ struct AdamAttrs {
 };
 
 __global__ void adamw_kernel(const float* w, const float* g, const float* m, const float* v,
-                             float* wo, float* mo, float* vo, int64_t count, AdamAttrs a,
-                             StepScalars sc, DevScalar step) {
+                             float* wo, float* mo, float* vo, ComputeCopy w16, int64_t count,
+                             AdamAttrs a, StepScalars sc, DevScalar step) {
   if (skipped(sc)) return;
   const float lr = static_cast<float>(load_scalar(sc.lr, 0.0));
   const float inv = inv_scale(sc);
@@ -58,6 +74,7 @@ __global__ void adamw_kernel(const float* w, const float* g, const float* m, con
     mo[i] = r.m;
     vo[i] = r.v;
     wo[i] = r.w;
+    w16.put(i, r.w);
   }
 }
 
@@ -93,8 +110,8 @@ __global__ void lars_norms_kernel(const float* w, const float* g, int64_t count,
 }
 
 __global__ void lars_update_kernel(const float* w, const float* g, const float* m, float* wo,
-                                   float* mo, int64_t count, float mom, float wd, float eta,
-                                   bool nesterov, StepScalars sc, const double2* partial,
+                                   float* mo, ComputeCopy w16, int64_t count, float mom, float wd,
+                                   float eta, bool nesterov, StepScalars sc, const double2* partial,
                                    int blocks) {
   if (skipped(sc)) return;
   __shared__ float trust_s;
@@ -113,6 +130,7 @@ __global__ void lars_update_kernel(const float* w, const float* g, const float* 
     const formula::WeightMoment r = formula::lars_update(w[i], g[i], m[i], p);
     mo[i] = r.m;
     wo[i] = r.w;
+    w16.put(i, r.w);
   }
 }
 
@@ -169,9 +187,20 @@ StepScalars step_scalars(Context& ctx, const Node& n, TensorId lr, TensorId scal
           dev_scalar(ctx, n, coef, "clip_coef")};
 }
 
+// The [w16] output at `index`: absent, or f16 / bf16 of w's count.
+ComputeCopy compute_copy(Context& ctx, const Node& n, size_t index, int64_t count) {
+  const TensorId id = out_at(n, index);
+  if (id == kNoTensor) return {};
+  const DType dt = expect_float(ctx, n, id, "w16");
+  KILN_CHECK(dt != DType::F32, InvalidArgument, op_name(n.op), " node '", n.label,
+             "': its compute copy w16 is f16 or bf16, not f32");
+  expect_numel(ctx, n, id, count, "w16");
+  return {ctx.ptr(id), dt == DType::BF16};
+}
+
 }  // namespace
 
-// "w, g, m, lr, loss_scale, overflow, [clip_coef] -> w, m"
+// "w, g, m, lr, loss_scale, overflow, [clip_coef] -> w, m, [w16]"
 KernelPtr make_sgd(const Node& n, Context& ctx, int stream) {
   reject_accumulate(ctx, n);
   const TensorId w = need_in(n, 0, "w"), g = need_in(n, 1, "g"), m = in_at(n, 2),
@@ -185,17 +214,18 @@ KernelPtr make_sgd(const Node& n, Context& ctx, int stream) {
   const float* mp = m != kNoTensor ? region_f32(ctx, n, m, count, "m") : nullptr;
   float* wo = region_f32(ctx, n, out_or(n, 0, w), count, "w (out)");
   float* mo = m != kNoTensor ? region_f32(ctx, n, out_or(n, 1, m), count, "m (out)") : nullptr;
+  const ComputeCopy w16 = compute_copy(ctx, n, 2, count);
   const StepScalars sc = step_scalars(ctx, n, lr, in_at(n, 4), in_at(n, 5), in_at(n, 6));
   const float mom = a.momentum, wd = a.weight_decay;
   const bool nesterov = a.nesterov;
   const unsigned grid = grid_for(ctx, count, kThreads);
   return make_fn(stream, [=](Context&, cudaStream_t s) {
-    sgd_kernel<<<grid, kThreads, 0, s>>>(wp, gp, mp, wo, mo, count, mom, wd, nesterov, sc);
+    sgd_kernel<<<grid, kThreads, 0, s>>>(wp, gp, mp, wo, mo, w16, count, mom, wd, nesterov, sc);
     KILN_LAUNCH_CHECK("sgd");
   });
 }
 
-// "w, g, m, v, lr, loss_scale, overflow, step, [clip_coef] -> w, m, v"
+// "w, g, m, v, lr, loss_scale, overflow, step, [clip_coef] -> w, m, v, [w16]"
 KernelPtr make_adamw(const Node& n, Context& ctx, int stream) {
   reject_accumulate(ctx, n);
   const TensorId w = need_in(n, 0, "w"), g = need_in(n, 1, "g"), m = need_in(n, 2, "m"),
@@ -208,17 +238,18 @@ KernelPtr make_adamw(const Node& n, Context& ctx, int stream) {
   float* wo = region_f32(ctx, n, out_or(n, 0, w), count, "w (out)");
   float* mo = region_f32(ctx, n, out_or(n, 1, m), count, "m (out)");
   float* vo = region_f32(ctx, n, out_or(n, 2, v), count, "v (out)");
+  const ComputeCopy w16 = compute_copy(ctx, n, 3, count);
   const StepScalars sc = step_scalars(ctx, n, lr, in_at(n, 5), in_at(n, 6), in_at(n, 8));
   const DevScalar st = dev_scalar(ctx, n, step, "step");
   const AdamAttrs a{n.attrs.beta1, n.attrs.beta2, n.attrs.adam_eps, n.attrs.weight_decay};
   const unsigned grid = grid_for(ctx, count, kThreads);
   return make_fn(stream, [=](Context&, cudaStream_t s) {
-    adamw_kernel<<<grid, kThreads, 0, s>>>(wp, gp, mp, vp, wo, mo, vo, count, a, sc, st);
+    adamw_kernel<<<grid, kThreads, 0, s>>>(wp, gp, mp, vp, wo, mo, vo, w16, count, a, sc, st);
     KILN_LAUNCH_CHECK("adamw");
   });
 }
 
-// "w, g, m, lr, loss_scale, overflow -> w, m": one parameter per node (see cpu/optim.cpp).
+// "w, g, m, lr, loss_scale, overflow -> w, m, [w16]": one parameter per node (cpu/optim.cpp).
 KernelPtr make_lars(const Node& n, Context& ctx, int stream) {
   reject_accumulate(ctx, n);
   const TensorId w = need_in(n, 0, "w"), g = need_in(n, 1, "g"), m = need_in(n, 2, "m"),
@@ -229,6 +260,7 @@ KernelPtr make_lars(const Node& n, Context& ctx, int stream) {
   const float* mp = region_f32(ctx, n, m, count, "m");
   float* wo = region_f32(ctx, n, out_or(n, 0, w), count, "w (out)");
   float* mo = region_f32(ctx, n, out_or(n, 1, m), count, "m (out)");
+  const ComputeCopy w16 = compute_copy(ctx, n, 2, count);
   const StepScalars sc = step_scalars(ctx, n, lr, in_at(n, 4), in_at(n, 5), in_at(n, 6));
   const Attrs a = n.attrs;
   const unsigned grid = std::min<unsigned>(grid_for(ctx, count, kThreads), 1024u);
@@ -237,7 +269,7 @@ KernelPtr make_lars(const Node& n, Context& ctx, int stream) {
     auto* partial = static_cast<double2*>(c.streams[static_cast<size_t>(stream)].workspace);
     lars_norms_kernel<<<grid, kThreads, 0, s>>>(wp, gp, count, sc, partial);
     KILN_LAUNCH_CHECK("lars norms");
-    lars_update_kernel<<<grid, kThreads, 0, s>>>(wp, gp, mp, wo, mo, count, a.momentum,
+    lars_update_kernel<<<grid, kThreads, 0, s>>>(wp, gp, mp, wo, mo, w16, count, a.momentum,
                                                  a.weight_decay, a.lars_eta, a.nesterov, sc,
                                                  partial, static_cast<int>(grid));
     KILN_LAUNCH_CHECK("lars update");

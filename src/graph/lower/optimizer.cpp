@@ -15,25 +15,28 @@ Phase optimizer_phase(Context& c, Range decay, Range no_decay) {
   base.adam_eps = o.adam_eps;
   base.lars_eta = o.lars_eta;
   const ProgramIO& io = c.p.io;
-  auto emit = [&](Range r, float wd, const std::string& what) {
+  // The decayed weights are those with an AMP compute copy: their update writes it too.
+  const bool cast = o.amp && o.fuse_weight_cast;
+  auto emit = [&](Range r, float wd, const std::string& what, bool copy) {
     if (r.empty()) return;
     Attrs a = base;
     a.weight_decay = wd;
     const TensorId w = c.range_tensor(Region::params_f32, r, what);
     const TensorId g = c.range_tensor(Region::grads_f32, r, what);
+    const TensorId w16 = cast && copy ? c.range_tensor(Region::params_f16, r, what) : kNoTensor;
     if (o.optimizer != "adamw") {  // sgd, or LARS's plain SGD over the ranges it does not adapt
       const TensorId m =
           c.has_region(Region::moment1) ? c.range_tensor(Region::moment1, r, what) : kNoTensor;
       ph.nodes.push_back(make_node(OpKind::sgd,
                                    {w, g, m, io.lr, io.loss_scale, io.overflow, io.clip_coef},
-                                   {w, m}, a, "sgd " + what));
+                                   {w, m, w16}, a, "sgd " + what));
     } else {
       const TensorId m = c.range_tensor(Region::moment1, r, what);
       const TensorId v = c.range_tensor(Region::moment2, r, what);
       ph.nodes.push_back(make_node(
           OpKind::adamw,
           {w, g, m, v, io.lr, io.loss_scale, io.overflow, io.optimizer_steps, io.clip_coef},
-          {w, m, v}, a, "adamw " + what));
+          {w, m, v, w16}, a, "adamw " + what));
     }
   };
   if (o.optimizer == "lars") {
@@ -47,14 +50,16 @@ Phase optimizer_phase(Context& c, Range decay, Range no_decay) {
       const TensorId w = d.tensor[static_cast<size_t>(Region::params_f32)];
       const TensorId g = d.tensor[static_cast<size_t>(Region::grads_f32)];
       const TensorId m = d.tensor[static_cast<size_t>(Region::moment1)];
+      const TensorId w16 =
+          cast && d.compute_copy ? d.tensor[static_cast<size_t>(Region::params_f16)] : kNoTensor;
       ph.nodes.push_back(make_node(OpKind::lars,
                                    {w, g, m, io.lr, io.loss_scale, io.overflow, io.clip_coef},
-                                   {w, m}, a, "lars " + d.name));
+                                   {w, m, w16}, a, "lars " + d.name));
     }
-    emit(no_decay, 0.0f, "no_decay");
+    emit(no_decay, 0.0f, "no_decay", false);
   } else {
-    emit(decay, o.weight_decay, "decay");
-    emit(no_decay, 0.0f, "no_decay");
+    emit(decay, o.weight_decay, "decay", true);
+    emit(no_decay, 0.0f, "no_decay", false);
   }
   // After every adamw node has read it: AdamW's t counts applied updates only, as PyTorch's
   // state['step'] under GradScaler, which skips optimizer.step() on overflow.
