@@ -291,52 +291,41 @@ TEST(Switches, GradientSumFoldingOffAndOnAgree) {
   EXPECT_EQ(results[0], results[1]);
 }
 
-// The max-pool folded into CBR (cbr_pool_*, KILN_FUSE_POOL) off and on, fusion on: the cnn's
-// two and vgg11_bn_small's five 2x2 pools fold (forward and backward nodes), and three steps
-// and an evaluation give the same losses, weights and running statistics bit for bit - the
-// folded kernels are the unfused pool's and ReLU's arithmetic.
-TEST(Switches, PoolFoldingOffAndOnAgree) {
+// A pool switch off and on, fusion on in FP32: three steps and an evaluation of the cnn (two
+// 2x2 pools) and vgg11_bn_small (five), `count` nodes it touches (none off, a forward and a
+// backward a pool on), and the same losses, weights and running statistics bit for bit.
+template <typename Set, typename Count>
+void pool_switch_agrees(Set set, Count count) {
   for (const auto& [model, pools] :
        {std::pair{std::string("cnn"), 2}, std::pair{std::string("vgg11_bn_small"), 5}}) {
     const BluePrint bp = make_model(model);
     const Batch b = learnable_batch(bp, 4, 9);
     std::vector<std::map<std::string, std::vector<float>>> results(2);
-    std::vector<int> pooled;
-    for (const bool fold : {false, true}) {
+    std::vector<int> counts;
+    for (const bool on : {false, true}) {
       EngineOptions o = cpu_options(4);
-      o.switches.fuse_pool = fold;
+      set(o.switches, on);
       o.switches.fuse_fp32 = Auto::on;
-      results[fold ? 1 : 0] = three_steps_then_eval(
-          bp, b, o, [&](const Engine& e) { pooled.push_back(pooled_cbr_count(e)); });
+      results[on ? 1 : 0] =
+          three_steps_then_eval(bp, b, o, [&](const Engine& e) { counts.push_back(count(e)); });
     }
-    EXPECT_EQ(pooled[0], 0) << model;
-    EXPECT_EQ(pooled[1], 2 * pools) << model;
+    EXPECT_EQ(counts[0], 0) << model;
+    EXPECT_EQ(counts[1], 2 * pools) << model;
     EXPECT_EQ(results[0], results[1]) << model;
   }
 }
 
-// The pooled picks (KILN_POOL_POOLED_SUMS) off and on with the pools folded: the program's
-// pooled CBRs then write zp and mp and their backwards read them (the cnn's two, VGG11-BN's
-// five; the CPU checks them and takes its sums from dz, so nothing else changes), and three
-// steps and an evaluation give the same bits.
+// The max-pool folded into CBR (cbr_pool_*, KILN_FUSE_POOL): the folded kernels are the
+// unfused pool's and ReLU's arithmetic.
+TEST(Switches, PoolFoldingOffAndOnAgree) {
+  pool_switch_agrees([](Switches& sw, bool on) { sw.fuse_pool = on; }, pooled_cbr_count);
+}
+
+// The pooled picks (KILN_POOL_POOLED_SUMS) with the pools folded: the pooled CBRs write zp and
+// mp and their backwards read them; the CPU checks them and takes its sums from dz, so nothing
+// else changes.
 TEST(Switches, PoolPooledSumsOffAndOnAgree) {
-  for (const auto& [model, pools] :
-       {std::pair{std::string("cnn"), 2}, std::pair{std::string("vgg11_bn_small"), 5}}) {
-    const BluePrint bp = make_model(model);
-    const Batch b = learnable_batch(bp, 4, 9);
-    std::vector<std::map<std::string, std::vector<float>>> results(2);
-    std::vector<int> picks;
-    for (const bool on : {false, true}) {
-      EngineOptions o = cpu_options(4);
-      o.switches.pool_pooled_sums = on;
-      o.switches.fuse_fp32 = Auto::on;
-      results[on ? 1 : 0] = three_steps_then_eval(
-          bp, b, o, [&](const Engine& e) { picks.push_back(pooled_picks_count(e)); });
-    }
-    EXPECT_EQ(picks[0], 0) << model;
-    EXPECT_EQ(picks[1], 2 * pools) << model;
-    EXPECT_EQ(results[0], results[1]) << model;
-  }
+  pool_switch_agrees([](Switches& sw, bool on) { sw.pool_pooled_sums = on; }, pooled_picks_count);
 }
 
 // ResNet's stem - a 7x7 / 2 CBR, then a 3x3 / 2 max-pool with padding 1, whose windows overlap -
