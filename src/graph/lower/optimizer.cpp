@@ -17,6 +17,11 @@ Phase optimizer_phase(Context& c, Range decay, Range no_decay) {
   const ProgramIO& io = c.p.io;
   // The decayed weights are those with an AMP compute copy: their update writes it too.
   const bool cast = o.amp && o.fuse_weight_cast;
+  // An update's outputs, then the compute copy where it writes one (none: the program of old).
+  auto outs = [](std::vector<TensorId> out, TensorId w16) {
+    if (w16 != kNoTensor) out.push_back(w16);
+    return out;
+  };
   auto emit = [&](Range r, float wd, const std::string& what, bool copy) {
     if (r.empty()) return;
     Attrs a = base;
@@ -29,14 +34,14 @@ Phase optimizer_phase(Context& c, Range decay, Range no_decay) {
           c.has_region(Region::moment1) ? c.range_tensor(Region::moment1, r, what) : kNoTensor;
       ph.nodes.push_back(make_node(OpKind::sgd,
                                    {w, g, m, io.lr, io.loss_scale, io.overflow, io.clip_coef},
-                                   {w, m, w16}, a, "sgd " + what));
+                                   outs({w, m}, w16), a, "sgd " + what));
     } else {
       const TensorId m = c.range_tensor(Region::moment1, r, what);
       const TensorId v = c.range_tensor(Region::moment2, r, what);
       ph.nodes.push_back(make_node(
           OpKind::adamw,
           {w, g, m, v, io.lr, io.loss_scale, io.overflow, io.optimizer_steps, io.clip_coef},
-          {w, m, v, w16}, a, "adamw " + what));
+          outs({w, m, v}, w16), a, "adamw " + what));
     }
   };
   if (o.optimizer == "lars") {
@@ -54,7 +59,7 @@ Phase optimizer_phase(Context& c, Range decay, Range no_decay) {
           cast && d.compute_copy ? d.tensor[static_cast<size_t>(Region::params_f16)] : kNoTensor;
       ph.nodes.push_back(make_node(OpKind::lars,
                                    {w, g, m, io.lr, io.loss_scale, io.overflow, io.clip_coef},
-                                   {w, m, w16}, a, "lars " + d.name));
+                                   outs({w, m}, w16), a, "lars " + d.name));
     }
     emit(no_decay, 0.0f, "no_decay", false);
   } else {
