@@ -49,6 +49,14 @@ DType expect_float(const ProgramView& v, const Node& n, TensorId id, const char*
   return t.dtype;
 }
 
+DType expect_compute_copy(const ProgramView& v, const Node& n, TensorId id, int64_t count) {
+  const DType dt = expect_float(v, n, id, "w16");
+  KILN_CHECK(dt != DType::F32, InvalidArgument, op_name(n.op), " node '", n.label,
+             "': its compute copy w16 is f16 or bf16, not f32");
+  expect_numel(v, n, id, count, "w16");
+  return dt;
+}
+
 void expect_same_dtype(const ProgramView& v, const Node& n, TensorId a, TensorId b) {
   const DTensor &ta = v.tensor(a), &tb = v.tensor(b);
   KILN_CHECK(ta.dtype == tb.dtype, Unsupported, op_name(n.op), " node '", n.label, "': '", ta.name,

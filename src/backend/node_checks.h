@@ -44,6 +44,8 @@ void expect_numel(const ProgramView& v, const Node& n, TensorId id, int64_t nume
 // f32 / f16 / bf16 (a feature tensor); returns its dtype.
 DType expect_float(const ProgramView& v, const Node& n, TensorId id, const char* role);
 void expect_same_dtype(const ProgramView& v, const Node& n, TensorId a, TensorId b);
+// An optimizer's [w16] output (ops.def): f16 or bf16, of the weights' `count`; its dtype.
+DType expect_compute_copy(const ProgramView& v, const Node& n, TensorId id, int64_t count);
 // Two tensors of the same element count (elementwise ops read them as flat arrays).
 void expect_same_size(const ProgramView& v, const Node& n, TensorId a, TensorId b);
 // Only `add` and `check_clip` accumulate; any other op with attrs.accumulate is a compiler

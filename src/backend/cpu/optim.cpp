@@ -48,11 +48,7 @@ struct ComputeCopy {
 ComputeCopy compute_copy(Context& ctx, const Node& n, size_t index, int64_t count) {
   const TensorId id = out_at(n, index);
   if (id == kNoTensor) return {};
-  const DType dt = expect_float(ctx, n, id, "w16");
-  KILN_CHECK(dt != DType::F32, InvalidArgument, op_name(n.op), " node '", n.label,
-             "': its compute copy w16 is f16 or bf16, not f32");
-  expect_numel(ctx, n, id, count, "w16");
-  return {ctx.ptr<uint16_t>(id), dt == DType::BF16};
+  return {ctx.ptr<uint16_t>(id), expect_compute_copy(ctx, n, id, count) == DType::BF16};
 }
 
 }  // namespace
