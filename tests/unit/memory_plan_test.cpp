@@ -18,10 +18,11 @@ namespace {
 
 Program compiled(const std::string& model, bool amp, bool reuse = true, int64_t batch = 4,
                  bool ema = false, const std::string& opt = "sgd", bool fuse = false,
-                 bool fuse_grad_sum = false) {
+                 bool fuse_grad_sum = false, bool fuse_weight_cast = false) {
   CompileOptions o;
   o.batch = batch;
   o.fuse_grad_sum = fuse_grad_sum;
+  o.fuse_weight_cast = fuse_weight_cast;
   o.amp = amp;
   o.memory_reuse = reuse;
   o.ema = ema;
@@ -338,18 +339,7 @@ TEST(Program, WeightCastFusedIntoTheOptimizerCoversTheCastsRange) {
   for (const std::string opt : {"sgd", "adamw", "lars"}) {
     SCOPED_TRACE(opt);
     auto build = [&](bool fused) {
-      CompileOptions o;
-      o.batch = 4;
-      o.amp = true;
-      o.ema = true;
-      o.optimizer = opt;
-      o.fuse_weight_cast = fused;
-      PlanOptions po;
-      po.amp = true;
-      Program p = lower_program(make_plan(make_model("resnet18_small"), po), o);
-      plan_memory(p);
-      validate_program(p);
-      return p;
+      return compiled("resnet18_small", true, true, 4, true, opt, false, false, fused);
     };
     // [begin, end) bytes of params_f16 written by the phases of `kind`.
     auto f16_written = [](const Program& p, PhaseKind kind) {
