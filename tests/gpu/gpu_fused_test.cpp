@@ -446,14 +446,7 @@ TEST(GpuFusedStep, ResidualBnFoldingOffAndOnBitForBit) {
   KILN_REQUIRE_GPU();
   folding_bit_for_bit(
       "resnet50", 4, [](Switches& sw, bool fold) { sw.fuse_residual_bn = fold; },
-      [](const Engine& e) {
-        int n = 0;
-        for (const Phase& ph : e.program().train) {
-          for (const Node& node : ph.nodes)
-            n += node.op == OpKind::bn_add_relu_fwd && node.in.size() > 6;
-        }
-        return n;
-      });
+      residual_bn_folded_count);
 }
 
 // BatchNorm's 16-byte apply and dx passes with four rows in flight a thread against two
@@ -494,20 +487,8 @@ TEST(GpuFusedStep, PoolPooledSumsOffAndOnBitForBit) {
 // conv and fc weights, one SGD node over them) trains three AMP steps to the same bits.
 TEST(GpuFusedStep, WeightCastInTheOptimizerOffAndOnBitForBit) {
   KILN_REQUIRE_GPU();
-  folding_bit_for_bit(
-      "vgg11_bn_small", 1, [](Switches& sw, bool on) { sw.fuse_weight_cast = on; },
-      [](const Engine& e) {
-        int n = 0;
-        for (const Phase& ph : e.program().train) {
-          for (const Node& node : ph.nodes) {
-            for (TensorId id : node.out)
-              n += ph.kind == PhaseKind::optimizer && id != kNoTensor &&
-                   e.program().tensor(id).region == Region::params_f16;
-          }
-        }
-        return n;
-      },
-      {true});
+  folding_bit_for_bit("vgg11_bn_small", 1, [](Switches& sw, bool on) { sw.fuse_weight_cast = on; },
+                      optimizer_compute_copy_count, {true});
 }
 
 // ResNet-50 in AMP: its four downsampling shortcuts' BatchNorm backwards summed in their
