@@ -90,7 +90,7 @@ TEST(CudaOptions, ConvDgradAndFusedFinalizeSwitchesReachTheOptions) {
   EXPECT_EQ(options_with({{"KILN_CUTLASS_CONV_DGRAD", "0"}}).cutlass_conv_dgrad, Auto::off);
   EXPECT_EQ(options_with({{"KILN_CUTLASS_CONV_DGRAD", "1"}}).cutlass_conv, Auto::automatic);
   expect_refused("KILN_CUTLASS_CONV_DGRAD", "maybe", "use auto or");
-  EXPECT_FALSE(options_with({}).bn_fused_finalize) << "off until it has run on a GPU";
+  EXPECT_FALSE(options_with({}).bn_fused_finalize) << "off: measured neutral";
   EXPECT_TRUE(options_with({{"KILN_BN_FUSED_FINALIZE", "1"}}).bn_fused_finalize);
   EXPECT_FALSE(options_with({{"KILN_BN_FUSED_FINALIZE", "0"}}).bn_fused_finalize);
 }
@@ -125,15 +125,15 @@ TEST(CudaOptions, StagingSwitchesReachTheOptions) {
 
 // KILN_BN_DEEP_LOADS reaches Options::bn_deep_loads.
 TEST(CudaOptions, BnDeepLoadsSwitchReachesTheOptions) {
-  EXPECT_FALSE(options_with({}).bn_deep_loads) << "off by default";
-  EXPECT_TRUE(options_with({{"KILN_BN_DEEP_LOADS", "1"}}).bn_deep_loads);
+  EXPECT_TRUE(options_with({}).bn_deep_loads) << "on by default since it ran on a GPU";
+  EXPECT_FALSE(options_with({{"KILN_BN_DEEP_LOADS", "0"}}).bn_deep_loads);
   expect_refused("KILN_BN_DEEP_LOADS", "maybe", "is not a switch value");
 }
 
 // KILN_POOL_GROUP_APPLY reaches Options::pool_group_apply.
 TEST(CudaOptions, PoolGroupApplySwitchReachesTheOptions) {
-  EXPECT_FALSE(options_with({}).pool_group_apply) << "off by default";
-  EXPECT_TRUE(options_with({{"KILN_POOL_GROUP_APPLY", "1"}}).pool_group_apply);
+  EXPECT_TRUE(options_with({}).pool_group_apply) << "on by default since it ran on a GPU";
+  EXPECT_FALSE(options_with({{"KILN_POOL_GROUP_APPLY", "0"}}).pool_group_apply);
   expect_refused("KILN_POOL_GROUP_APPLY", "maybe", "is not a switch value");
 }
 

@@ -103,9 +103,9 @@ struct Options {
   // (pool_route.cuh's routed_grad_unrolled).
   bool pool_route_eager = true;
   // KILN_POOL_GROUP_APPLY: a 2x2 pool's apply pass on apply_relu_pool2_group (bn_kernels.cuh).
-  bool pool_group_apply = false;
+  bool pool_group_apply = true;
   // KILN_BN_DEEP_LOADS: apply_group and bwd_dx_group with four rows in flight (bn.cu's group_plan).
-  bool bn_deep_loads = false;
+  bool bn_deep_loads = true;
   // KILN_PAD_CHANNELS: FP16/BF16 convolutions whose input channels are neither 4 nor a multiple
   // of 8 run on zero-padded copies (conv.cpp): on, off, or auto, the faster per convolution
   // (padding every such layer to 8 measured slower, bench/RESULTS.md's fourth session).
