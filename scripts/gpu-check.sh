@@ -23,7 +23,8 @@
 #            under each of AB_VARIANTS, environment settings separated by ";" (default: the
 #            defaults, then KILN_PAD_CHANNELS=0, KILN_PAD_CHANNELS=1, KILN_FUSE_GRAD_SUM=0 and
 #            KILN_CBR_FORM=genstats), in one call: an optimisation's gain measured against its
-#            absence, no tests run (STAGE=once: kiln bench --stage once)
+#            absence, no tests run (STAGE=once: kiln bench --stage once; AB_ROUNDS=n: the
+#            variants n times over, alternating, since a machine drifts by ~0.5% within a call)
 #     forms  build, then tools/conv_forms.cpp's probe at batch 256: cuDNN's fused convolution
 #            graphs (genstats, the MLPerf-style prologue, dgrad+drelu+dbn_weight) timed beside
 #            the plain ones for ResNet-50's layers (issue 5; FORMS_ENGINES engines each, default 3)
@@ -577,8 +578,10 @@ fi
 if [ "$MODE" = ab ]; then
   IFS=';' read -r -a variants <<<"${AB_VARIANTS:-;KILN_PAD_CHANNELS=0;KILN_PAD_CHANNELS=1;KILN_FUSE_GRAD_SUM=0;KILN_CBR_FORM=genstats}"
   for m in ${AB_MODELS:-resnet50 vgg16_bn}; do
-    for v in "${variants[@]}"; do
-      bench_variant "$m" "$v" "ab-$m-$(echo "${v:-defaults}" | tr ' =' '_-')" ""
+    for r in $(seq 1 "${AB_ROUNDS:-1}"); do
+      for v in "${variants[@]}"; do
+        bench_variant "$m" "$v" "ab-$m-$(echo "${v:-defaults}" | tr ' =' '_-')-$r" "round $r, "
+      done
     done
   done
   finish
