@@ -346,6 +346,28 @@ TEST(GpuCutlassDgradStep, Vgg16BnStepsAgreeImplicitDataGradientOffAndOn) {
   EXPECT_EQ(r.dgrad_cutlass_fallbacks, 0);
 }
 
+// KILN_CONV_DGRAD_WIDE_TILE: VGG16-BN's 3x3 data gradients of 128 channels or more on the
+// 256x128 unit. It has atomic sums only, so both SM90 forms run without KILN_DETERMINISTIC; the
+// wide one is held to cuDNN's form by the 128-row form's noise (and genstats').
+TEST(GpuCutlassDgradStep, Vgg16BnStepsAgreeWideDataGradientTile) {
+  KILN_REQUIRE_SM90_CUTLASS();
+  enum Form { kCudnn, kNarrow, kWide, kGenstats };
+  std::vector<StepForm> forms = {
+      {"cuDNN's form", "kiln", Auto::off, Auto::off},
+      {"KILN_CUTLASS_CONV_DGRAD, 128-row tiles", "kiln", Auto::on, Auto::on, Auto::off, Auto::on},
+      {"KILN_CONV_DGRAD_WIDE_TILE", "kiln", Auto::on, Auto::on, Auto::off, Auto::on},
+      {"genstats", "genstats", Auto::off, Auto::off}};
+  forms[kNarrow].autotuned = forms[kWide].autotuned = true;
+  forms[kWide].conv_dgrad_wide_tile = true;
+  const std::vector<FormSteps> runs = three_steps("vgg16_bn", forms);
+  EXPECT_EQ(runs[kNarrow].report.dgrad_cutlass_conv, 8);
+  EXPECT_EQ(runs[kNarrow].report.dgrad_cutlass_wide, 0) << "switch off";
+  EXPECT_EQ(runs[kWide].report.dgrad_cutlass_conv, 8);
+  EXPECT_EQ(runs[kWide].report.dgrad_cutlass_wide, 7) << "all but block 1's 64-channel layer";
+  EXPECT_GT(runs[kGenstats].report.cbr_genstats, 0) << "no noise floor";
+  expect_within_noise(runs, forms, {kCudnn, kWide, kNarrow, kGenstats});
+}
+
 // VGG16-BN with the pooled picks (KILN_POOL_POOLED_SUMS): the first layer of blocks 2 to 5 feeds
 // a pooled CBR's backward, whose sums the implicit-GEMM data gradient then takes from zp and mp
 // (dgrad_bn_rule.h), writing g = mp ? dy : 0 for the dx pass to route: 8 + 4 layers, held to

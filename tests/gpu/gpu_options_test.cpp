@@ -196,6 +196,13 @@ TEST(CudaOptions, DgradNoDy2SwitchReachesTheOptions) {
   expect_refused("KILN_DGRAD_NO_DY2", "maybe", "is not a switch value");
 }
 
+// KILN_CONV_DGRAD_WIDE_TILE reaches Options::conv_dgrad_wide_tile.
+TEST(CudaOptions, ConvDgradWideTileSwitchReachesTheOptions) {
+  EXPECT_FALSE(options_with({}).conv_dgrad_wide_tile) << "off by default";
+  EXPECT_TRUE(options_with({{"KILN_CONV_DGRAD_WIDE_TILE", "1"}}).conv_dgrad_wide_tile);
+  expect_refused("KILN_CONV_DGRAD_WIDE_TILE", "maybe", "is not a switch value");
+}
+
 }  // namespace
 }  // namespace kiln::cuda
 #endif  // KILN_HAVE_CUDA

@@ -381,6 +381,10 @@ int cmd_bench(int argc, char** argv) {
           "  of those, %d on the SM90 implicit-GEMM data gradient (KILN_CUTLASS_CONV_DGRAD=%s)\n",
           use.dgrad_cutlass_conv, auto_text(eo.switches.cutlass_conv_dgrad));
     }
+    if (use.dgrad_cutlass_wide > 0) {
+      std::printf("  of those, %d on the 256x128 unit (KILN_CONV_DGRAD_WIDE_TILE=1)\n",
+                  use.dgrad_cutlass_wide);
+    }
     if (use.sm90_timed > 0) {
       std::printf(
           "SM90 or cuDNN timed per layer (KILN_CUTLASS_TIMED=1): %d layers, %d kept cuDNN with "

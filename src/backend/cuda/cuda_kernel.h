@@ -99,6 +99,9 @@ struct Options {
   // KILN_DGRAD_NO_DY2: a CBR's SM90 data gradient on the units without dy2's staging
   // (cutlass/dgrad_bn.h's *_NODY2 lists).
   bool dgrad_no_dy2 = true;
+  // KILN_CONV_DGRAD_WIDE_TILE: a CBR's implicit-GEMM data gradient with >= 128 channels on the
+  // 256x128 unit (cutlass/dgrad_bn.h's conv_dgrad_bn_kernel_for).
+  bool conv_dgrad_wide_tile = false;
   // KILN_POOL_ROUTE_EAGER: the overlapping pool's backward gather loads dy beside the mask
   // (pool_route.cuh's routed_grad_unrolled).
   bool pool_route_eager = true;
@@ -266,6 +269,7 @@ struct Context : ProgramView {
   // resolved by prepare()), and how many of dgrad_cutlass took it.
   bool cutlass_conv_dgrad = false;
   int dgrad_cutlass_conv = 0;
+  int dgrad_cutlass_wide = 0;  // of dgrad_cutlass, on the 256x128 unit (KILN_CONV_DGRAD_WIDE_TILE)
   // Which of the four families above choose per layer by timing (KILN_CUTLASS_TIMED), and of
   // the layers that did, how many kept today's form.
   bool cutlass_timed = false, cutlass_dgrad_timed = false, cutlass_conv_timed = false,

@@ -98,7 +98,8 @@ KernelPtr make_dgrad_for_bn(const Node& n, Context& ctx, int stream, TensorId dy
   // off keeps the one unit for both).
   const bool dy2 = d.dy2 != nullptr || !ctx.opts.dgrad_no_dy2;
   const sm90::DgradBnKernel kern =
-      implicit ? sm90::conv_dgrad_bn_kernel_for(d.n, ctx.opts.deterministic, dy2)
+      implicit ? sm90::conv_dgrad_bn_kernel_for(d.n, ctx.opts.deterministic, dy2,
+                                                ctx.opts.conv_dgrad_wide_tile)
                : sm90::dgrad_bn_kernel_for(d.n, ctx.opts.deterministic, dy2);
   if (why.empty()) {
     if (std::string err = kern.check(d); !err.empty()) why = "refuses it: CUTLASS " + err;
@@ -125,7 +126,8 @@ KernelPtr make_dgrad_for_bn(const Node& n, Context& ctx, int stream, TensorId dy
     // The unit without room for dy2 is timed under a key of its own (tables hold the other's).
     const std::string extra = std::string(op_name(u.consumer->op)) +
                               (u.other != kNoTensor ? ",dy2" : "") + (u.g != dx ? ",g" : "") +
-                              (dy2 || ctx.opts.deterministic ? "" : ",nody2");
+                              (dy2 || ctx.opts.deterministic ? "" : ",nody2") +
+                              (kern.tile_m == 256 ? ",wide" : "");
     const TimedChoice c = time_sm90_against_today(
         n, ctx, stream,
         timed_form_key(implicit ? "dgrad.conv" : "dgrad.gemm", q.g, ctx.tensor(dy).dtype, extra),
@@ -140,6 +142,7 @@ KernelPtr make_dgrad_for_bn(const Node& n, Context& ctx, int stream, TensorId dy
   ctx.dgrad_bn_sums[u.consumer] = {d.sums, u.g};
   ++ctx.dgrad_cutlass;
   if (implicit) ++ctx.dgrad_cutlass_conv;
+  if (kern.tile_m == 256) ++ctx.dgrad_cutlass_wide;
   // What this node now reads and writes beyond its own tensors, for the side stream's joins.
   Context::ExtraBytes& extra = ctx.extra_bytes[&n];
   extra.reads = byte_ranges(ctx, {u.z, u.mask, u.saved, u.other});

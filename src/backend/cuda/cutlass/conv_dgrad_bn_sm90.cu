@@ -42,8 +42,11 @@ static_assert(kMode == StatsMode::reg_atomic || kMode == StatsMode::reg_partials
               "the data gradient's sums are the register epilogue's: reg_atomic or reg_partials");
 constexpr bool kPartials = kMode == StatsMode::reg_partials;
 
-// A convolution's tile names its K mode as a shape (CUTLASS folds K, S and R into it).
-using ConvTileShape = Shape<Int<kTileM>, Int<kTileN>, Shape<_64>>;
+// A convolution's tile names its K mode as a shape (CUTLASS folds K, S and R into it). The
+// 256-row tile's epilogue stages 68 KB of z: a K step of 32 leaves it ~5 pipeline stages of
+// 24 KB, where 64 left 2 of 48 KB.
+constexpr int kTileK = kTileM == 256 ? 32 : 64;
+using ConvTileShape = Shape<Int<kTileM>, Int<kTileN>, Shape<Int<kTileK>>>;
 
 using TmaEpilogue = StoreHalfEpilogue<ConvTileShape>;
 using Epilogue = DgradBnEpilogue<TmaEpilogue, kTileM, kTileN, kPartials, kDy2>;

@@ -115,7 +115,8 @@ KILN_CONV_DGRAD_BN_BACKEND_VARIANTS(KILN_CONV_DGRAD_BN_DECLARE)
 // 256x128 unit is the forward's winning tile (conv_stats.h) for VGG's 3x3 data gradients, where
 // the 128-row ones run at 0.88-0.96x cuDNN + the sums pass: two 128-row warpgroups, its mainloop
 // free of spills (its epilogue spills ~230 bytes at 232 registers). The probe and the GPU test
-// run it; conv_dgrad_bn_kernel_for takes it only once the probe says it wins.
+// run it; conv_dgrad_bn_kernel_for takes it under KILN_CONV_DGRAD_WIDE_TILE (off until a GPU
+// says it wins).
 #define KILN_CONV_DGRAD_BN_NODY2_BACKEND_VARIANTS(X) \
   X(128, 64, reg_atomic, 1, 1)                       \
   X(128, 128, reg_atomic, 1, 1)                      \
@@ -141,14 +142,18 @@ inline std::vector<DgradBnKernel> conv_dgrad_bn_backend_kernels(bool dy2) {
 #undef KILN_CONV_DGRAD_BN_NODY2_ENTRY
 }
 
-// As dgrad_bn_kernel_for, for the stride-1 convolution's data gradient.
-inline DgradBnKernel conv_dgrad_bn_kernel_for(int64_t n, bool deterministic, bool dy2) {
+// As dgrad_bn_kernel_for, for the stride-1 convolution's data gradient; wide: the 256x128 unit
+// where its tile fits (KILN_CONV_DGRAD_WIDE_TILE: atomic sums and no dy2 only).
+inline DgradBnKernel conv_dgrad_bn_kernel_for(int64_t n, bool deterministic, bool dy2,
+                                              bool wide = false) {
   if (deterministic)
     return n <= 64 ? conv_dgrad_bn_128x64_reg_partials_1x1()
                    : conv_dgrad_bn_128x128_reg_partials_1x1();
-  if (!dy2)
+  if (!dy2) {
+    if (wide && n >= 128) return conv_dgrad_bn_nody2_256x128_reg_atomic_1x1();
     return n <= 64 ? conv_dgrad_bn_nody2_128x64_reg_atomic_1x1()
                    : conv_dgrad_bn_nody2_128x128_reg_atomic_1x1();
+  }
   return n <= 64 ? conv_dgrad_bn_128x64_reg_atomic_1x1() : conv_dgrad_bn_128x128_reg_atomic_1x1();
 }
 
