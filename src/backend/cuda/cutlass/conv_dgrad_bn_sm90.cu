@@ -43,10 +43,9 @@ static_assert(kMode == StatsMode::reg_atomic || kMode == StatsMode::reg_partials
 constexpr bool kPartials = kMode == StatsMode::reg_partials;
 
 // A convolution's tile names its K mode as a shape (CUTLASS folds K, S and R into it). The
-// 256-row tile's epilogue stages 68 KB of z: a K step of 32 leaves it ~5 pipeline stages of
-// 24 KB, where 64 left 2 of 48 KB.
-constexpr int kTileK = kTileM == 256 ? 32 : 64;
-using ConvTileShape = Shape<Int<kTileM>, Int<kTileN>, Shape<Int<kTileK>>>;
+// 256-row tile's epilogue stages its z rows in two 34 KB halves (dgrad_bn_epilogue.cuh), which
+// leaves a K step of 64 three pipeline stages of 48 KB (the whole tile's z left it two).
+using ConvTileShape = Shape<Int<kTileM>, Int<kTileN>, Shape<_64>>;
 
 using TmaEpilogue = StoreHalfEpilogue<ConvTileShape>;
 using Epilogue = DgradBnEpilogue<TmaEpilogue, kTileM, kTileN, kPartials, kDy2>;

@@ -14,10 +14,12 @@
 // the next mainloop run. Per-thread loads at the accumulators' own coordinates left a DRAM
 // latency per tile exposed; a second buffer cost the mainloop stages and won nothing
 // (bench/RESULTS.md). The mask (1/16 of the bytes, at byte alignment) is read per thread, all
-// of a tile's bytes before the first use. Rows are padded by 16 bytes so the accumulator
+// of a staged piece's bytes before their first use. Rows are padded by 16 bytes so the accumulator
 // layout's reads (8 rows x 4 column pairs a warp) fall in 32 distinct banks. Dy2 = false: no
 // second gradient and no room staged for one (a CBR's g), so the mainloop keeps that shared
-// memory for its stages.
+// memory for its stages. A 256-row tile stages its rows in two 128-row halves through one
+// buffer (the second half's copies start once the first is read): the whole tile's 68 KB of z
+// left its mainloop two stages of a K step of 64.
 #pragma once
 #include <cuda_fp16.h>
 
@@ -31,12 +33,14 @@ class DgradBnEpilogue : public RegisterStatsEpilogue<Base, TileM, TileN, Partial
   static constexpr int kPitch = TileN + 8;   // halves a staged row takes (16 bytes of pad)
   static constexpr int kChunks = TileN / 8;  // 16-byte copies a staged row takes
   static constexpr int kThreads = Stats::kThreads;
+  static constexpr int kParts = TileM > 128 ? 2 : 1;  // staged pieces of a tile
+  static constexpr int kPartRows = TileM / kParts;
 
  public:
   struct TensorStorage : Stats::TensorStorage {
-    alignas(16) __half z[TileM * kPitch];
-    alignas(16) __half dy2[Dy2 ? TileM * kPitch : 8];
-    alignas(8) uint64_t staged;  // mbarrier: every consumer thread's copies of one tile landed
+    alignas(16) __half z[kPartRows * kPitch];
+    alignas(16) __half dy2[Dy2 ? kPartRows * kPitch : 8];
+    alignas(8) uint64_t staged;  // mbarrier: every consumer thread's copies of one piece landed
   };
   using PipelineStorage = typename Stats::PipelineStorage;
   struct SharedStorage {
@@ -100,15 +104,13 @@ class DgradBnEpilogue : public RegisterStatsEpilogue<Base, TileM, TileN, Partial
     this->begin_tile(problem, coord, thread_idx);
     const int64_t nb = (bn_.cols + TileN - 1) / TileN;
     const int64_t tile = static_cast<int64_t>(cute::get<0>(coord)) * nb + cute::get<1>(coord);
-    if (staged_ != tile) {  // the first tile, or the guess below was wrong: stage it now
+    if (staged_ != tile * kParts) {  // the first tile, or the guess below was wrong: stage it now
       drain();
-      stage(tile, thread_idx);
+      stage(tile, 0, thread_idx);
     }
-    form_gradient(accumulators, tiled_mma, problem, coord, thread_idx);
-    // Every consumer thread has read the staged rows: the next tile's may overwrite them.
-    cutlass::arch::NamedBarrier::sync(kThreads, kStageBarrier);
+    form_gradient(accumulators, tiled_mma, problem, coord, thread_idx, tile);
     if (const int64_t next = next_tile(tile); next >= 0) {
-      stage(next, thread_idx);
+      stage(next, 0, thread_idx);
       prefetch_mask_l2(next, thread_idx);
     }
     return Base::store(load_pipeline, load_state, store_pipeline, store_state, problem, tile_shape,
@@ -138,23 +140,24 @@ class DgradBnEpilogue : public RegisterStatsEpilogue<Base, TileM, TileN, Partial
     return nb > mb || next >= mb * nb ? -1 : next;
   }
 
-  // Starts the copies of tile t's z and dy2 rows into shared memory (rows past M and columns
-  // past N zero-filled); this thread arrives on the mbarrier when its copies land.
-  CUTLASS_DEVICE void stage(int64_t t, int thread_idx) {
+  // Starts the copies of piece `part` of tile t's z and dy2 rows into shared memory (rows past M
+  // and columns past N zero-filled); this thread arrives on the mbarrier when its copies land.
+  CUTLASS_DEVICE void stage(int64_t t, int part, int thread_idx) {
     static_assert(kThreads % kChunks == 0, "each thread copies one column chunk of every row");
     constexpr int kRowStep = kThreads / kChunks;
     const int64_t nb = (bn_.cols + TileN - 1) / TileN;
-    const int64_t m1 = t / nb * TileM, n1 = t % nb * TileN;
+    const int64_t m1 = t / nb * TileM + part * kPartRows, n1 = t % nb * TileN;
     const int chunk = thread_idx % kChunks, row0 = thread_idx / kChunks;
     const bool col_in = n1 + 8 * chunk < bn_.cols;  // N % 8 == 0: whole chunks
-    const int rows_in = static_cast<int>(cute::min(bn_.rows - m1, static_cast<int64_t>(TileM)));
+    // Negative where the piece starts past M: every copy zero-fills.
+    const int rows_in = static_cast<int>(cute::min(bn_.rows - m1, static_cast<int64_t>(kPartRows)));
     const int64_t first = (m1 + row0) * bn_.cols + n1 + 8 * chunk, step = kRowStep * bn_.cols;
     const uint32_t dst = static_cast<uint32_t>((row0 * kPitch + 8 * chunk) * sizeof(__half));
     const uint32_t z_s = cute::cast_smem_ptr_to_uint(smem_->z) + dst;
     const uint32_t dy2_s = cute::cast_smem_ptr_to_uint(smem_->dy2) + dst;
     constexpr uint32_t kDstStep = kRowStep * kPitch * sizeof(__half);
     CUTLASS_PRAGMA_UNROLL
-    for (int k = 0; k < TileM / kRowStep; ++k) {
+    for (int k = 0; k < kPartRows / kRowStep; ++k) {
       const bool in = col_in && row0 + k * kRowStep < rows_in;
       const int64_t e = in ? first + k * step : 0;
       copy16(z_s + k * kDstStep, bn_.z + e, in);
@@ -163,7 +166,7 @@ class DgradBnEpilogue : public RegisterStatsEpilogue<Base, TileM, TileN, Partial
     asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(
                      cute::cast_smem_ptr_to_uint(&smem_->staged))
                  : "memory");
-    staged_ = t;
+    staged_ = t * kParts + part;
   }
 
   // 16 bytes global -> shared, or 16 zero bytes (src-size 0 reads nothing).
@@ -206,7 +209,7 @@ class DgradBnEpilogue : public RegisterStatsEpilogue<Base, TileM, TileN, Partial
             class TileCoordMNKL>
   CUTLASS_DEVICE void form_gradient(cute::Tensor<AccEngine, AccLayout>& acc,
                                     TiledMma const& tiled_mma, ProblemShapeMNKL problem,
-                                    TileCoordMNKL coord, int thread_idx) {
+                                    TileCoordMNKL coord, int thread_idx, int64_t tile) {
     using namespace cute;
     using L = AccLayout;
     static_assert(
@@ -215,8 +218,9 @@ class DgradBnEpilogue : public RegisterStatsEpilogue<Base, TileM, TileN, Partial
     static_assert(size<0, 2>(L{}) == Stats::kGroups && size<2>(L{}) == 1,
                   "one GMMA atom TileN wide");
     constexpr int kAtomsM = size<1>(L{});
-    constexpr int kGroups = Stats::kGroups;
-    constexpr int kWords = (kGroups + 3) / 4;  // mask bytes of a row's groups, four a word
+    // The two consumer warpgroups' atoms cover 128 rows; the next atom along M the next 128, so
+    // a piece of the staged rows is a run of atoms.
+    static_assert(kAtomsM * 128 == TileM && kAtomsM % kParts == 0, "128 rows per atom along M");
     const auto coords =
         tiled_mma.get_thread_slice(thread_idx)
             .partition_C(make_identity_tensor(make_shape(Int<TileM>{}, Int<TileN>{})));
@@ -227,28 +231,45 @@ class DgradBnEpilogue : public RegisterStatsEpilogue<Base, TileM, TileN, Partial
     const int rows_left = static_cast<int>(
         cute::min(static_cast<int64_t>(get<0>(problem)) - m0, static_cast<int64_t>(TileM)));
     const uint8_t* mask = bn_.mask + (m0 * cols + n0) / 8;  // whole bytes: (m0 N + n0) % 8 == 0
-    // This thread's mask bytes first, all loads in flight together while the staged rows land.
+    const int bit0 = get<1>(coords(make_coord(make_coord(0, 0, 0), 0, 0))) & 7;
+    const bool full = rows_left == TileM && n0 + TileN <= cols;
+    form_piece<0>(acc, coords, mask, bit0, cols, n0, rows_left, full, tile, thread_idx);
+    if constexpr (kParts > 1)
+      form_piece<1>(acc, coords, mask, bit0, cols, n0, rows_left, full, tile, thread_idx);
+  }
+
+  // Piece Part of the tile: its rows' mask bytes (in flight together while the staged rows
+  // land; a second piece's loads start only after the first's are used, which keeps the 256-row
+  // tile's registers within the consumers' budget), then its accumulators, then the next
+  // piece's copies once every consumer thread has read these rows.
+  template <int Part, class Acc, class Coords>
+  CUTLASS_DEVICE void form_piece(Acc& acc, Coords const& coords, const uint8_t* mask, int bit0,
+                                 int cols, int n0, int rows_left, bool full, int64_t tile,
+                                 int thread_idx) {
+    using namespace cute;
+    constexpr int kGroups = Stats::kGroups;
+    constexpr int kWords = (kGroups + 3) / 4;  // mask bytes of a row's groups, four a word
+    constexpr int kPartAtoms = size<1>(typename Acc::layout_type{}) / kParts;
     // Group g's column pair (col0 + 8 g, + 1) has its two bits in byte g of the row's bytes from
     // n0, at bit col0 % 8 (row N + n0 is a multiple of 8).
-    const int bit0 = get<1>(coords(make_coord(make_coord(0, 0, 0), 0, 0))) & 7;
-    uint32_t words[kAtomsM][2][kWords];
+    uint32_t words[kPartAtoms][2][kWords];
     CUTLASS_PRAGMA_UNROLL
-    for (int am = 0; am < kAtomsM; ++am) {
+    for (int pa = 0; pa < kPartAtoms; ++pa) {
       CUTLASS_PRAGMA_UNROLL
       for (int r = 0; r < 2; ++r) {
-        const int row = get<0>(coords(make_coord(make_coord(0, r, 0), am, 0)));
+        const int row = get<0>(coords(make_coord(make_coord(0, r, 0), Part * kPartAtoms + pa, 0)));
         const uint8_t* bytes = mask + row * (cols / 8);
         CUTLASS_PRAGMA_UNROLL
-        for (int w = 0; w < kWords; ++w) words[am][r][w] = 0;
+        for (int w = 0; w < kWords; ++w) words[pa][r][w] = 0;
         if (row >= rows_left) continue;
         if (bn_.mask_rows_aligned) {  // TileN / 8 bytes at a TileN / 8 aligned address
           if constexpr (kWords == 4) {
             const uint4 v = __ldg(reinterpret_cast<const uint4*>(bytes));
-            words[am][r][0] = v.x, words[am][r][1] = v.y, words[am][r][2] = v.z,
-            words[am][r][3] = v.w;
+            words[pa][r][0] = v.x, words[pa][r][1] = v.y, words[pa][r][2] = v.z,
+            words[pa][r][3] = v.w;
           } else if constexpr (kWords == 2) {
             const uint2 v = __ldg(reinterpret_cast<const uint2*>(bytes));
-            words[am][r][0] = v.x, words[am][r][1] = v.y;
+            words[pa][r][0] = v.x, words[pa][r][1] = v.y;
           } else {
             static_assert(kWords == 4 || kWords == 2, "TileN 64 or 128");
           }
@@ -256,25 +277,28 @@ class DgradBnEpilogue : public RegisterStatsEpilogue<Base, TileM, TileN, Partial
           CUTLASS_PRAGMA_UNROLL
           for (int g = 0; g < kGroups; ++g) {
             if (n0 + 8 * g < cols)
-              words[am][r][g / 4] |= static_cast<uint32_t>(__ldg(bytes + g)) << (8 * (g % 4));
+              words[pa][r][g / 4] |= static_cast<uint32_t>(__ldg(bytes + g)) << (8 * (g % 4));
           }
         }
       }
     }
     wait_staged();
-    const bool full = rows_left == TileM && n0 + TileN <= cols;
     if (full) {
-      form_pairs<false>(acc, coords, words, bit0, cols, n0, rows_left);
+      form_pairs<false, Part>(acc, coords, words, bit0, cols, n0, rows_left);
     } else {
-      form_pairs<true>(acc, coords, words, bit0, cols, n0, rows_left);
+      form_pairs<true, Part>(acc, coords, words, bit0, cols, n0, rows_left);
     }
+    cutlass::arch::NamedBarrier::sync(kThreads, kStageBarrier);
+    if constexpr (Part + 1 < kParts) stage(tile, Part + 1, thread_idx);
   }
 
-  template <bool Checked, class Acc, class Coords, int kAtomsM, int kWords>
+  // The accumulator atoms of one staged piece: rows [Part kPartRows, (Part + 1) kPartRows).
+  template <bool Checked, int Part, class Acc, class Coords, int kPartAtoms, int kWords>
   CUTLASS_DEVICE void form_pairs(Acc& acc, Coords const& coords,
-                                 uint32_t const (&words)[kAtomsM][2][kWords], int bit0, int cols,
+                                 uint32_t const (&words)[kPartAtoms][2][kWords], int bit0, int cols,
                                  int n0, int rows_left) {
     using namespace cute;
+    constexpr int first_row = Part * kPartRows;
     const __half* z = smem_->z;
     const __half* dy2 = smem_->dy2;
     const bool has_dy2 = Dy2 && bn_.dy2 != nullptr;
@@ -285,7 +309,8 @@ class DgradBnEpilogue : public RegisterStatsEpilogue<Base, TileM, TileN, Partial
       const float mu0 = col_in ? __ldg(bn_.mean + n0 + col) : 0.0f;
       const float mu1 = col_in ? __ldg(bn_.mean + n0 + col + 1) : 0.0f;
       CUTLASS_PRAGMA_UNROLL
-      for (int am = 0; am < kAtomsM; ++am) {
+      for (int pa = 0; pa < kPartAtoms; ++pa) {
+        const int am = Part * kPartAtoms + pa;
         CUTLASS_PRAGMA_UNROLL
         for (int r = 0; r < 2; ++r) {
           const auto i0 = make_coord(make_coord(0, r, g), am, 0);
@@ -293,11 +318,11 @@ class DgradBnEpilogue : public RegisterStatsEpilogue<Base, TileM, TileN, Partial
           const int row = get<0>(coords(i0));
           float2 gv = make_float2(0.0f, 0.0f);
           if (!Checked || (col_in && row < rows_left)) {
-            const int s = row * kPitch + col;
+            const int s = (row - first_row) * kPitch + col;
             // dX as kiln's dgrad stores it, then grad_sum's rounding of dX + dy2.
             __half2 d = __float22half2_rn(make_float2(acc(i0), acc(i1)));
             if (has_dy2) d = __hadd2(d, *reinterpret_cast<const __half2*>(dy2 + s));
-            const uint32_t two = words[am][r][g / 4] >> (8 * (g % 4) + bit0);
+            const uint32_t two = words[pa][r][g / 4] >> (8 * (g % 4) + bit0);
             const uint32_t keep = ((0u - (two & 1u)) & 0xffffu) | ((0u - (two >> 1 & 1u)) << 16);
             uint32_t gbits;
             memcpy(&gbits, &d, sizeof gbits);
