@@ -113,9 +113,9 @@ KILN_CONV_DGRAD_BN_BACKEND_VARIANTS(KILN_CONV_DGRAD_BN_DECLARE)
 
 // As KILN_DGRAD_BN_NODY2_BACKEND_VARIANTS: VGG's layers and ResNet-50's conv2 feed CBRs. The
 // 256x128 unit tries the forward's winning tile (conv_stats.h) on VGG's 3x3 data gradients: two
-// 128-row warpgroups on a K step of 64, its z staged in halves. On a K step of 32 with the whole
-// tile staged it ran 1.05-1.09x the 128x128 unit (bench/RESULTS.md), so conv_dgrad_bn_kernel_for
-// takes it only under KILN_CONV_DGRAD_WIDE_TILE, off; the probe and the GPU test run it.
+// 128-row warpgroups on a K step of 64, its z staged in halves. It runs level with the 128x128
+// unit and behind cuDNN + the sums pass (bench/RESULTS.md), so conv_dgrad_bn_kernel_for takes it
+// only under KILN_CONV_DGRAD_WIDE_TILE, off; the probe and the GPU test run it.
 #define KILN_CONV_DGRAD_BN_NODY2_BACKEND_VARIANTS(X) \
   X(128, 64, reg_atomic, 1, 1)                       \
   X(128, 128, reg_atomic, 1, 1)                      \
