@@ -368,6 +368,26 @@ TEST(GpuCutlassDgradStep, Vgg16BnStepsAgreeWideDataGradientTile) {
   expect_within_noise(runs, forms, {kCudnn, kWide, kNarrow, kGenstats});
 }
 
+// KILN_CONV_DGRAD_PINGPONG: VGG16-BN's 3x3 data gradients that feed a CBR on the ping-pong units
+// (both widths), held to cuDNN's form as the wide tile is above.
+TEST(GpuCutlassDgradStep, Vgg16BnStepsAgreePingpongDataGradient) {
+  KILN_REQUIRE_SM90_CUTLASS();
+  enum Form { kCudnn, kCooperative, kPingpong, kGenstats };
+  std::vector<StepForm> forms = {
+      {"cuDNN's form", "kiln", Auto::off, Auto::off},
+      {"KILN_CUTLASS_CONV_DGRAD, cooperative", "kiln", Auto::on, Auto::on, Auto::off, Auto::on},
+      {"KILN_CONV_DGRAD_PINGPONG", "kiln", Auto::on, Auto::on, Auto::off, Auto::on},
+      {"genstats", "genstats", Auto::off, Auto::off}};
+  forms[kCooperative].autotuned = forms[kPingpong].autotuned = true;
+  forms[kPingpong].conv_dgrad_pingpong = true;
+  const std::vector<FormSteps> runs = three_steps("vgg16_bn", forms);
+  EXPECT_EQ(runs[kCooperative].report.dgrad_cutlass_pingpong, 0) << "switch off";
+  EXPECT_EQ(runs[kPingpong].report.dgrad_cutlass_conv, 8);
+  EXPECT_EQ(runs[kPingpong].report.dgrad_cutlass_pingpong, 8) << "both widths";
+  EXPECT_GT(runs[kGenstats].report.cbr_genstats, 0) << "no noise floor";
+  expect_within_noise(runs, forms, {kCudnn, kPingpong, kCooperative, kGenstats});
+}
+
 // VGG16-BN with the pooled picks (KILN_POOL_POOLED_SUMS): the first layer of blocks 2 to 5 feeds
 // a pooled CBR's backward, whose sums the implicit-GEMM data gradient then takes from zp and mp
 // (dgrad_bn_rule.h), writing g = mp ? dy : 0 for the dx pass to route: 8 + 4 layers, held to

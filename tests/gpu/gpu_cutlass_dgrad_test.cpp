@@ -335,9 +335,9 @@ INSTANTIATE_TEST_SUITE_P(
         DgradCase{"n5_40x100_k32_c840_dy2", 5, 40, 100, 32, 840, true}),
     [](const auto& info) { return std::string(info.param.name); });
 
-// The stride-1 convolution units (conv_dgrad_bn_sm90.cu): VGG's 3x3 data gradients that feed
-// the previous CBR's BatchNorm, at small batches, and odd sizes (rows and channels ending inside
-// a tile, a 5x5 filter, the residual path's gradient).
+// The stride-1 convolution units (conv_dgrad_bn_sm90.cu, cooperative and ping-pong): VGG's 3x3
+// data gradients that feed the previous CBR's BatchNorm, at small batches, and odd sizes (rows
+// and channels ending inside a tile, a 5x5 filter, the residual path's gradient).
 class GpuCutlassConvDgradBn : public ::testing::TestWithParam<DgradCase> {};
 
 TEST_P(GpuCutlassConvDgradBn, AgreesWithFloat64AndKilnsChain) {
@@ -353,6 +353,9 @@ INSTANTIATE_TEST_SUITE_P(
                       DgradCase{"vgg_14_k256_c128", 2, 14, 14, 256, 128, false, 3},
                       DgradCase{"vgg_7_k512_c512", 2, 7, 7, 512, 512, false, 3},
                       DgradCase{"n3_9x11_k72_c136", 3, 9, 11, 72, 136, false, 3},
+                      // Several tiles a warpgroup (the ping-pong units' sums flushed as their
+                      // column block changes, and after the last tile), a partial last M tile.
+                      DgradCase{"n14_28x28_k16_c840", 14, 28, 28, 16, 840, false, 3},
                       DgradCase{"n2_10x6_k40_c24_5x5_dy2", 2, 10, 6, 40, 24, true, 5},
                       DgradCase{"n1_3x3_k16_c8_dy2", 1, 3, 3, 16, 8, true, 3}),
     [](const auto& info) { return std::string(info.param.name); });

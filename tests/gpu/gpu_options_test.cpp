@@ -203,6 +203,13 @@ TEST(CudaOptions, ConvDgradWideTileSwitchReachesTheOptions) {
   expect_refused("KILN_CONV_DGRAD_WIDE_TILE", "maybe", "is not a switch value");
 }
 
+// KILN_CONV_DGRAD_PINGPONG reaches Options::conv_dgrad_pingpong.
+TEST(CudaOptions, ConvDgradPingpongSwitchReachesTheOptions) {
+  EXPECT_FALSE(options_with({}).conv_dgrad_pingpong) << "off by default";
+  EXPECT_TRUE(options_with({{"KILN_CONV_DGRAD_PINGPONG", "1"}}).conv_dgrad_pingpong);
+  expect_refused("KILN_CONV_DGRAD_PINGPONG", "maybe", "is not a switch value");
+}
+
 }  // namespace
 }  // namespace kiln::cuda
 #endif  // KILN_HAVE_CUDA

@@ -50,6 +50,7 @@ struct StepForm {
   Auto first_layer_bn_fold = Auto::off;  // KILN_FIRST_LAYER_BN_FOLD
   bool pool_pooled_sums = false;         // KILN_POOL_POOLED_SUMS
   bool conv_dgrad_wide_tile = false;     // KILN_CONV_DGRAD_WIDE_TILE
+  bool conv_dgrad_pingpong = false;      // KILN_CONV_DGRAD_PINGPONG
 };
 
 using NamedTensors = std::map<std::string, std::vector<float>>;
@@ -107,6 +108,7 @@ inline std::vector<FormSteps> three_steps(const std::string& model,
     o.switches.first_layer_bn_fold = f.first_layer_bn_fold;
     o.switches.pool_pooled_sums = f.pool_pooled_sums;
     o.switches.conv_dgrad_wide_tile = f.conv_dgrad_wide_tile;
+    o.switches.conv_dgrad_pingpong = f.conv_dgrad_pingpong;
     Engine e(bp, o);
     e.lock_memory();
     e.compile(5);

@@ -385,6 +385,10 @@ int cmd_bench(int argc, char** argv) {
       std::printf("  of those, %d on the 256x128 unit (KILN_CONV_DGRAD_WIDE_TILE=1)\n",
                   use.dgrad_cutlass_wide);
     }
+    if (use.dgrad_cutlass_pingpong > 0) {
+      std::printf("  of those, %d on a ping-pong unit (KILN_CONV_DGRAD_PINGPONG=1)\n",
+                  use.dgrad_cutlass_pingpong);
+    }
     if (use.sm90_timed > 0) {
       std::printf(
           "SM90 or cuDNN timed per layer (KILN_CUTLASS_TIMED=1): %d layers, %d kept cuDNN with "

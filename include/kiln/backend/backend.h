@@ -45,8 +45,9 @@ struct CompileReport {
   int cbr_cutlass_conv = 0;  // of those two, on the implicit-GEMM convolution (3x3 layers ...)
   int conv_cutlass = 0, conv_cutlass_fallbacks = 0;    // conv before BN+add+ReLU, likewise
   int dgrad_cutlass = 0, dgrad_cutlass_fallbacks = 0;  // KILN_CUTLASS_DGRAD: data gradients
-  int dgrad_cutlass_conv = 0;  // of dgrad_cutlass, on the implicit-GEMM data gradient (3x3 ...)
-  int dgrad_cutlass_wide = 0;  // of those, on the 256x128 unit (KILN_CONV_DGRAD_WIDE_TILE)
+  int dgrad_cutlass_conv = 0;      // of dgrad_cutlass, on the implicit-GEMM data gradient (3x3 ...)
+  int dgrad_cutlass_wide = 0;      // of those, on the 256x128 unit (KILN_CONV_DGRAD_WIDE_TILE)
+  int dgrad_cutlass_pingpong = 0;  // of those, on a ping-pong unit (KILN_CONV_DGRAD_PINGPONG)
   // KILN_CUTLASS_TIMED: layers whose SM90-or-cuDNN choice was timed (or found timed), and of
   // those how many kept cuDNN with kiln's pass (counted in the *_fallbacks above too).
   int sm90_timed = 0, sm90_timed_today = 0;

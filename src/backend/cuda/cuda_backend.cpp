@@ -394,6 +394,7 @@ class CudaBackend final : public CudaBackendApi {
     r.conv_cutlass = ctx_.conv_cutlass, r.conv_cutlass_fallbacks = ctx_.conv_cutlass_fallbacks;
     r.dgrad_cutlass = ctx_.dgrad_cutlass, r.dgrad_cutlass_fallbacks = ctx_.dgrad_cutlass_fallbacks;
     r.dgrad_cutlass_conv = ctx_.dgrad_cutlass_conv, r.dgrad_cutlass_wide = ctx_.dgrad_cutlass_wide;
+    r.dgrad_cutlass_pingpong = ctx_.dgrad_cutlass_pingpong;
     r.sm90_timed = ctx_.sm90_timed, r.sm90_timed_today = ctx_.sm90_timed_today;
     r.sm90_timed_now = ctx_.sm90_timed_now;
     r.convs_padded = ctx_.convs_padded, r.pad_timed = ctx_.pad_timed;
@@ -445,7 +446,7 @@ class CudaBackend final : public CudaBackendApi {
     ctx_.bn_add_relu_sums.clear();
     ctx_.bn_add_relu_residual_sums.clear();
     ctx_.dgrad_cutlass = ctx_.dgrad_cutlass_fallbacks = ctx_.dgrad_cutlass_conv = 0;
-    ctx_.dgrad_cutlass_wide = 0;
+    ctx_.dgrad_cutlass_wide = ctx_.dgrad_cutlass_pingpong = 0;
     ctx_.sm90_timed = ctx_.sm90_timed_today = ctx_.sm90_timed_now = 0;
     ctx_.convs_padded = ctx_.pad_timed = ctx_.pad_copies_shared = ctx_.fixed_channels_convs = 0;
     ctx_.first_layer_convs = ctx_.first_layer_wgrads = ctx_.first_layer_bn_folds = 0;

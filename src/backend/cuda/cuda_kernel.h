@@ -102,6 +102,9 @@ struct Options {
   // KILN_CONV_DGRAD_WIDE_TILE: a CBR's implicit-GEMM data gradient with >= 128 channels on the
   // 256x128 unit (cutlass/dgrad_bn.h's conv_dgrad_bn_kernel_for).
   bool conv_dgrad_wide_tile = false;
+  // KILN_CONV_DGRAD_PINGPONG: a CBR's implicit-GEMM data gradient on the ping-pong units
+  // (likewise).
+  bool conv_dgrad_pingpong = false;
   // KILN_POOL_ROUTE_EAGER: the overlapping pool's backward gather loads dy beside the mask
   // (pool_route.cuh's routed_grad_unrolled).
   bool pool_route_eager = true;
@@ -270,6 +273,7 @@ struct Context : ProgramView {
   bool cutlass_conv_dgrad = false;
   int dgrad_cutlass_conv = 0;
   int dgrad_cutlass_wide = 0;  // of dgrad_cutlass, on the 256x128 unit (KILN_CONV_DGRAD_WIDE_TILE)
+  int dgrad_cutlass_pingpong = 0;  // likewise on a ping-pong unit (KILN_CONV_DGRAD_PINGPONG)
   // Which of the four families above choose per layer by timing (KILN_CUTLASS_TIMED), and of
   // the layers that did, how many kept today's form.
   bool cutlass_timed = false, cutlass_dgrad_timed = false, cutlass_conv_timed = false,

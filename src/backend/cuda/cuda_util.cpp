@@ -48,6 +48,7 @@ Options options_from_switches(const Switches& sw) {
   o.first_layer_bn_fold = sw.first_layer_bn_fold;
   o.dgrad_no_dy2 = sw.dgrad_no_dy2;
   o.conv_dgrad_wide_tile = sw.conv_dgrad_wide_tile;
+  o.conv_dgrad_pingpong = sw.conv_dgrad_pingpong;
   o.cbr_genstats = sw.cbr_form == "genstats";
   o.cutlass = sw.cutlass;                        // resolved per device and program in prepare()
   o.cutlass_dgrad = sw.cutlass_dgrad;            // likewise, after cutlass

@@ -99,7 +99,8 @@ KernelPtr make_dgrad_for_bn(const Node& n, Context& ctx, int stream, TensorId dy
   const bool dy2 = d.dy2 != nullptr || !ctx.opts.dgrad_no_dy2;
   const sm90::DgradBnKernel kern =
       implicit ? sm90::conv_dgrad_bn_kernel_for(d.n, ctx.opts.deterministic, dy2,
-                                                ctx.opts.conv_dgrad_wide_tile)
+                                                ctx.opts.conv_dgrad_wide_tile,
+                                                ctx.opts.conv_dgrad_pingpong)
                : sm90::dgrad_bn_kernel_for(d.n, ctx.opts.deterministic, dy2);
   if (why.empty()) {
     if (std::string err = kern.check(d); !err.empty()) why = "refuses it: CUTLASS " + err;
@@ -124,10 +125,10 @@ KernelPtr make_dgrad_for_bn(const Node& n, Context& ctx, int stream, TensorId dy
     const KernelPtr bn_sm90 = make_bn_bwd_part(*u.consumer, ctx, stream, &summed);
     const KernelPtr bn_today = make_bn_bwd_part(*u.consumer, ctx, stream, nullptr);
     // The unit without room for dy2 is timed under a key of its own (tables hold the other's).
-    const std::string extra = std::string(op_name(u.consumer->op)) +
-                              (u.other != kNoTensor ? ",dy2" : "") + (u.g != dx ? ",g" : "") +
-                              (dy2 || ctx.opts.deterministic ? "" : ",nody2") +
-                              (kern.tile_m == 256 ? ",wide" : "");
+    const std::string extra =
+        std::string(op_name(u.consumer->op)) + (u.other != kNoTensor ? ",dy2" : "") +
+        (u.g != dx ? ",g" : "") + (dy2 || ctx.opts.deterministic ? "" : ",nody2") +
+        (kern.tile_m == 256 ? ",wide" : "") + (sm90::is_pingpong_unit(kern) ? ",pingpong" : "");
     const TimedChoice c = time_sm90_against_today(
         n, ctx, stream,
         timed_form_key(implicit ? "dgrad.conv" : "dgrad.gemm", q.g, ctx.tensor(dy).dtype, extra),
@@ -143,6 +144,7 @@ KernelPtr make_dgrad_for_bn(const Node& n, Context& ctx, int stream, TensorId dy
   ++ctx.dgrad_cutlass;
   if (implicit) ++ctx.dgrad_cutlass_conv;
   if (kern.tile_m == 256) ++ctx.dgrad_cutlass_wide;
+  if (sm90::is_pingpong_unit(kern)) ++ctx.dgrad_cutlass_pingpong;
   // What this node now reads and writes beyond its own tensors, for the side stream's joins.
   Context::ExtraBytes& extra = ctx.extra_bytes[&n];
   extra.reads = byte_ranges(ctx, {u.z, u.mask, u.saved, u.other});

@@ -8,6 +8,8 @@
 // [N*H*W] x [C] with K = K*R*S, run by CUTLASS's persistent cooperative kernel
 // (persistent_conv.cuh); stride 1 keeps dX's rows NHWC's pixels, so the 1x1 units' epilogue
 // (dgrad_bn_epilogue.cuh: g instead of dX, and the two sums) applies unchanged.
+// KILN_DGRAD_PINGPONG=1: CUTLASS's ping-pong kernel instead (a warpgroup a tile, one warpgroup's
+// epilogue under the other's MMAs) with pingpong_dgrad_bn_epilogue.cuh's epilogue.
 
 // The order: CUTLASS's convolution headers use cute, cutlass's core and its hardware info
 // without including them, so those come first.
@@ -32,6 +34,11 @@
 #include "backend/cuda/cutlass/dgrad_bn_epilogue.cuh"
 #include "backend/cuda/cutlass/dgrad_bn_unit.cuh"
 #include "backend/cuda/cutlass/persistent_conv.cuh"
+#include "backend/cuda/cutlass/pingpong_dgrad_bn_epilogue.cuh"
+
+#ifndef KILN_DGRAD_PINGPONG
+#define KILN_DGRAD_PINGPONG 0
+#endif
 
 namespace kiln::sm90 {
 namespace {
@@ -47,8 +54,14 @@ constexpr bool kPartials = kMode == StatsMode::reg_partials;
 // leaves a K step of 64 three pipeline stages of 48 KB (the whole tile's z left it two).
 using ConvTileShape = Shape<Int<kTileM>, Int<kTileN>, Shape<_64>>;
 
+#if KILN_DGRAD_PINGPONG
+static_assert(kMode == StatsMode::reg_atomic && !kDy2, "the ping-pong unit: atomic sums, no dy2");
+using TmaEpilogue = StoreHalfEpilogue<ConvTileShape, cutlass::epilogue::TmaWarpSpecialized>;
+using Epilogue = PingpongDgradBnEpilogue<TmaEpilogue, kTileM, kTileN>;
+#else
 using TmaEpilogue = StoreHalfEpilogue<ConvTileShape>;
 using Epilogue = DgradBnEpilogue<TmaEpilogue, kTileM, kTileN, kPartials, kDy2>;
+#endif
 
 using ConvMainloop = typename cutlass::conv::collective::CollectiveBuilder<
     cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, cutlass::conv::Operator::kDgrad,
@@ -57,12 +70,18 @@ using ConvMainloop = typename cutlass::conv::collective::CollectiveBuilder<
     cutlass::conv::collective::StageCountAutoCarveout<static_cast<int>(
         sizeof(typename Epilogue::SharedStorage))>,
     cutlass::conv::KernelImplicitTmaWarpSpecializedSm90>::CollectiveOp;
+#if KILN_DGRAD_PINGPONG
+// The builder's own TiledMma: one warpgroup over the whole tile.
+using Mainloop =
+    PersistentConvMainloop<ConvMainloop, cutlass::gemm::KernelTmaWarpSpecializedPingpong>;
+#else
 // Two warpgroups along M (64 rows each at 128), B (the filter) read C-major as dgrad's is.
 using CooperativeMma =
     decltype(make_tiled_mma(GMMA::ss_op_selector<cutlass::half_t, cutlass::half_t, float,
                                                  ConvTileShape, GMMA::Major::K, GMMA::Major::MN>(),
                             Layout<Shape<_2, _1, _1>>{}));
 using Mainloop = PersistentConvMainloop<typename WithTiledMma<ConvMainloop, CooperativeMma>::type>;
+#endif
 using Kernel =
     cutlass::gemm::kernel::GemmUniversal<typename Mainloop::GemmProblem, Mainloop, Epilogue>;
 using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
@@ -142,15 +161,19 @@ std::string run(const DgradBn& d, void* workspace, cudaStream_t stream) {
 
 }  // namespace
 
-#if KILN_DGRAD_DY2
+#if KILN_DGRAD_PINGPONG
+DgradBnKernel KILN_CONV_DGRAD_BN_PINGPONG_FN(KILN_TILE_M, KILN_TILE_N, KILN_STATS_MODE,
+                                             KILN_CLUSTER_M, KILN_CLUSTER_N)() {
+#elif KILN_DGRAD_DY2
 DgradBnKernel KILN_CONV_DGRAD_BN_FN(KILN_TILE_M, KILN_TILE_N, KILN_STATS_MODE, KILN_CLUSTER_M,
                                     KILN_CLUSTER_N)() {
 #else
 DgradBnKernel KILN_CONV_DGRAD_BN_NODY2_FN(KILN_TILE_M, KILN_TILE_N, KILN_STATS_MODE, KILN_CLUSTER_M,
                                           KILN_CLUSTER_N)() {
 #endif
-  return unit_kernel<DgradBn>("conv dgrad+bn " KILN_VARIANT_NAME KILN_DGRAD_NAME_TAIL,
-                              workspace_bytes, check, run);
+  return unit_kernel<DgradBn>(
+      "conv dgrad+bn " KILN_VARIANT_NAME KILN_DGRAD_NAME_TAIL KILN_DGRAD_SCHEDULE_TAIL,
+      workspace_bytes, check, run);
 }
 
 }  // namespace kiln::sm90

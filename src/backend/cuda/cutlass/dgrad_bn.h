@@ -127,28 +127,60 @@ KILN_CONV_DGRAD_BN_BACKEND_VARIANTS(KILN_CONV_DGRAD_BN_DECLARE)
   DgradBnKernel KILN_CONV_DGRAD_BN_NODY2_FN(tm, tn, mode, cm, cn)();
 KILN_CONV_DGRAD_BN_NODY2_BACKEND_VARIANTS(KILN_CONV_DGRAD_BN_NODY2_DECLARE)
 
+// The ping-pong units (KILN_DGRAD_PINGPONG=1: pingpong_dgrad_bn_epilogue.cuh), for a CBR's g with
+// atomic sums: each consumer warpgroup takes whole tiles, so one's epilogue runs under the
+// other's MMAs, where the cooperative kernel stops both for it. conv_dgrad_bn_kernel_for takes
+// them under KILN_CONV_DGRAD_PINGPONG.
+#define KILN_CONV_DGRAD_BN_PINGPONG_BACKEND_VARIANTS(X) \
+  X(128, 64, reg_atomic, 1, 1)                          \
+  X(128, 128, reg_atomic, 1, 1)
+
+#define KILN_CONV_DGRAD_BN_PINGPONG_FN(tm, tn, mode, cm, cn) \
+  KILN_SM90_FN(conv_dgrad_bn_pingpong, tm, tn, mode, cm, cn)
+#define KILN_CONV_DGRAD_BN_PINGPONG_DECLARE(tm, tn, mode, cm, cn) \
+  DgradBnKernel KILN_CONV_DGRAD_BN_PINGPONG_FN(tm, tn, mode, cm, cn)();
+KILN_CONV_DGRAD_BN_PINGPONG_BACKEND_VARIANTS(KILN_CONV_DGRAD_BN_PINGPONG_DECLARE)
+
+// Whether k is one of the ping-pong units.
+inline bool is_pingpong_unit(const DgradBnKernel& k) {
+#define KILN_CONV_DGRAD_BN_PINGPONG_IS(tm, tn, mode, cm, cn) \
+  k.run == KILN_CONV_DGRAD_BN_PINGPONG_FN(tm, tn, mode, cm, cn)().run ||
+  return KILN_CONV_DGRAD_BN_PINGPONG_BACKEND_VARIANTS(KILN_CONV_DGRAD_BN_PINGPONG_IS) false;
+#undef KILN_CONV_DGRAD_BN_PINGPONG_IS
+}
+
 inline std::vector<DgradBnKernel> conv_dgrad_bn_backend_kernels(bool dy2) {
 #define KILN_CONV_DGRAD_BN_ENTRY(tm, tn, mode, cm, cn) \
   KILN_CONV_DGRAD_BN_FN(tm, tn, mode, cm, cn)(),
 #define KILN_CONV_DGRAD_BN_NODY2_ENTRY(tm, tn, mode, cm, cn) \
   KILN_CONV_DGRAD_BN_NODY2_FN(tm, tn, mode, cm, cn)(),
+#define KILN_CONV_DGRAD_BN_PINGPONG_ENTRY(tm, tn, mode, cm, cn) \
+  KILN_CONV_DGRAD_BN_PINGPONG_FN(tm, tn, mode, cm, cn)(),
   std::vector<DgradBnKernel> all{KILN_CONV_DGRAD_BN_BACKEND_VARIANTS(KILN_CONV_DGRAD_BN_ENTRY)};
-  if (!dy2)
+  if (!dy2) {
     all.insert(all.end(),
                {KILN_CONV_DGRAD_BN_NODY2_BACKEND_VARIANTS(KILN_CONV_DGRAD_BN_NODY2_ENTRY)});
+    all.insert(all.end(),
+               {KILN_CONV_DGRAD_BN_PINGPONG_BACKEND_VARIANTS(KILN_CONV_DGRAD_BN_PINGPONG_ENTRY)});
+  }
   return all;
 #undef KILN_CONV_DGRAD_BN_ENTRY
 #undef KILN_CONV_DGRAD_BN_NODY2_ENTRY
+#undef KILN_CONV_DGRAD_BN_PINGPONG_ENTRY
 }
 
 // As dgrad_bn_kernel_for, for the stride-1 convolution's data gradient; wide: the 256x128 unit
-// where its tile fits (KILN_CONV_DGRAD_WIDE_TILE: atomic sums and no dy2 only).
+// where its tile fits (KILN_CONV_DGRAD_WIDE_TILE), pingpong: the ping-pong units
+// (KILN_CONV_DGRAD_PINGPONG, first where both are on); atomic sums and no dy2 only.
 inline DgradBnKernel conv_dgrad_bn_kernel_for(int64_t n, bool deterministic, bool dy2,
-                                              bool wide = false) {
+                                              bool wide = false, bool pingpong = false) {
   if (deterministic)
     return n <= 64 ? conv_dgrad_bn_128x64_reg_partials_1x1()
                    : conv_dgrad_bn_128x128_reg_partials_1x1();
   if (!dy2) {
+    if (pingpong)
+      return n <= 64 ? conv_dgrad_bn_pingpong_128x64_reg_atomic_1x1()
+                     : conv_dgrad_bn_pingpong_128x128_reg_atomic_1x1();
     if (wide && n >= 128) return conv_dgrad_bn_nody2_256x128_reg_atomic_1x1();
     return n <= 64 ? conv_dgrad_bn_nody2_128x64_reg_atomic_1x1()
                    : conv_dgrad_bn_nody2_128x128_reg_atomic_1x1();

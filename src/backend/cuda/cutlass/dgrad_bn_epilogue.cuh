@@ -23,6 +23,7 @@
 #pragma once
 #include <cuda_fp16.h>
 
+#include "backend/cuda/cutlass/dgrad_bn_pair.cuh"
 #include "backend/cuda/cutlass/register_stats_epilogue.cuh"
 
 namespace kiln::sm90 {
@@ -50,16 +51,7 @@ class DgradBnEpilogue : public RegisterStatsEpilogue<Base, TileM, TileN, Partial
 
   // BatchNorm's side of the epilogue; the sums go to Stats::Arguments' stats (sum: sum g,
   // sumsq: sum g (z - mean)).
-  struct BnArguments {
-    const __half* z = nullptr;      // [M][N] BatchNorm's input, saved by the forward
-    const uint8_t* mask = nullptr;  // bit e % 8 of byte e / 8: element e = row N + col
-    const __half* dy2 = nullptr;    // [M][N] or none: BN+add+ReLU's second gradient
-    const float* mean = nullptr;    // [N] BatchNorm's saved batch mean
-    int64_t rows = 0, cols = 0;     // M and N
-    // Each tile row's TileN / 8 mask bytes sit at a TileN / 8 aligned address (N % TileN == 0
-    // and an aligned mask): one vector load a row.
-    bool mask_rows_aligned = false;
-  };
+  using BnArguments = DgradBnInputs;
   struct Arguments : Stats::Arguments {
     BnArguments bn;
   };
@@ -258,28 +250,12 @@ class DgradBnEpilogue : public RegisterStatsEpilogue<Base, TileM, TileN, Partial
       CUTLASS_PRAGMA_UNROLL
       for (int r = 0; r < 2; ++r) {
         const int row = get<0>(coords(make_coord(make_coord(0, r, 0), Part * kPartAtoms + pa, 0)));
-        const uint8_t* bytes = mask + row * (cols / 8);
-        CUTLASS_PRAGMA_UNROLL
-        for (int w = 0; w < kWords; ++w) words[pa][r][w] = 0;
-        if (row >= rows_left) continue;
-        if (bn_.mask_rows_aligned) {  // TileN / 8 bytes at a TileN / 8 aligned address
-          if constexpr (kWords == 4) {
-            const uint4 v = __ldg(reinterpret_cast<const uint4*>(bytes));
-            words[pa][r][0] = v.x, words[pa][r][1] = v.y, words[pa][r][2] = v.z,
-            words[pa][r][3] = v.w;
-          } else if constexpr (kWords == 2) {
-            const uint2 v = __ldg(reinterpret_cast<const uint2*>(bytes));
-            words[pa][r][0] = v.x, words[pa][r][1] = v.y;
-          } else {
-            static_assert(kWords == 4 || kWords == 2, "TileN 64 or 128");
-          }
-        } else {
+        if (row >= rows_left) {
           CUTLASS_PRAGMA_UNROLL
-          for (int g = 0; g < kGroups; ++g) {
-            if (n0 + 8 * g < cols)
-              words[pa][r][g / 4] |= static_cast<uint32_t>(__ldg(bytes + g)) << (8 * (g % 4));
-          }
+          for (int w = 0; w < kWords; ++w) words[pa][r][w] = 0;
+          continue;
         }
+        load_mask_words(mask + row * (cols / 8), bn_.mask_rows_aligned, n0, cols, words[pa][r]);
       }
     }
     wait_staged();
@@ -319,17 +295,9 @@ class DgradBnEpilogue : public RegisterStatsEpilogue<Base, TileM, TileN, Partial
           float2 gv = make_float2(0.0f, 0.0f);
           if (!Checked || (col_in && row < rows_left)) {
             const int s = (row - first_row) * kPitch + col;
-            // dX as kiln's dgrad stores it, then grad_sum's rounding of dX + dy2.
-            __half2 d = __float22half2_rn(make_float2(acc(i0), acc(i1)));
-            if (has_dy2) d = __hadd2(d, *reinterpret_cast<const __half2*>(dy2 + s));
             const uint32_t two = words[pa][r][g / 4] >> (8 * (g % 4) + bit0);
-            const uint32_t keep = ((0u - (two & 1u)) & 0xffffu) | ((0u - (two >> 1 & 1u)) << 16);
-            uint32_t gbits;
-            memcpy(&gbits, &d, sizeof gbits);
-            gbits &= keep;
-            __half2 gh;
-            memcpy(&gh, &gbits, sizeof gh);
-            gv = __half22float2(gh);
+            gv = masked_gradient(acc(i0), acc(i1), two,
+                                 has_dy2 ? reinterpret_cast<const __half2*>(dy2 + s) : nullptr);
             const float2 zf = __half22float2(*reinterpret_cast<const __half2*>(z + s));
             this->sum_[2 * g] += gv.x;
             this->sum_[2 * g + 1] += gv.y;

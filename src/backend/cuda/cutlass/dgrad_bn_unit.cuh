@@ -20,6 +20,12 @@
 #else
 #define KILN_DGRAD_NAME_TAIL " no dy2"
 #endif
+// KILN_DGRAD_PINGPONG=1 (conv_dgrad_bn_sm90.cu): CUTLASS's ping-pong kernel.
+#if defined(KILN_DGRAD_PINGPONG) && KILN_DGRAD_PINGPONG
+#define KILN_DGRAD_SCHEDULE_TAIL " ping-pong"
+#else
+#define KILN_DGRAD_SCHEDULE_TAIL ""
+#endif
 
 namespace kiln::sm90 {
 namespace {
@@ -33,12 +39,12 @@ using StoreHalf = cutlass::epilogue::fusion::Sm90EVT<
     cutlass::epilogue::fusion::Sm90Compute<cutlass::epilogue::thread::Identity, cutlass::half_t,
                                            float, cutlass::FloatRoundStyle::round_to_nearest>,
     cutlass::epilogue::fusion::Sm90AccFetch>;
-template <class Tile>
+// (Schedule: the ping-pong kernel's is TmaWarpSpecialized, one warpgroup a tile.)
+template <class Tile, class Schedule = cutlass::epilogue::TmaWarpSpecializedCooperative>
 using StoreHalfEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
     cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Tile, ClusterShape,
     cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, cutlass::layout::RowMajor,
-    8, cutlass::half_t, cutlass::layout::RowMajor, 8,
-    cutlass::epilogue::TmaWarpSpecializedCooperative, StoreHalf>::CollectiveOp;
+    8, cutlass::half_t, cutlass::layout::RowMajor, 8, Schedule, StoreHalf>::CollectiveOp;
 
 // What the epilogue reads per element (half2 and byte loads at each accumulator pair) and the
 // mask's byte per 8 channels need; CUTLASS's TMA checks the rest.

@@ -31,14 +31,16 @@ struct WithTiledMma<
   using type = cutlass::conv::collective::CollectiveConv<Policy, Tile, A, B, Mma, TraitsA, TraitsB>;
 };
 
-template <class Conv>
+// Schedule: what the GEMM kernel dispatches on, the cooperative persistent schedule (two
+// warpgroups a tile) or the ping-pong one (a warpgroup a tile, each warpgroup's epilogue under
+// the other's MMAs: the conv builder's own one-warpgroup TiledMma).
+template <class Conv, class Schedule_ = cutlass::gemm::KernelTmaWarpSpecializedCooperative>
 struct PersistentConvMainloop : Conv {
-  // What the GEMM kernel dispatches on: the cooperative persistent schedule.
   struct DispatchPolicy {
     static constexpr int Stages = Conv::DispatchPolicy::Stages;
     using ClusterShape = typename Conv::DispatchPolicy::ClusterShape;
     using ArchTag = typename Conv::DispatchPolicy::ArchTag;
-    using Schedule = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
+    using Schedule = Schedule_;
   };
   // The GEMM kernel asserts rank-3 (M|N, K, L) operand strides; the convolution's own strides
   // live in its TMA descriptors, built by Conv::to_underlying_arguments.
