@@ -237,12 +237,21 @@ int dgrad_probe(cudnnHandle_t handle, cudaStream_t s, const cudaDeviceProp& prop
   for (const auto& [name, t] : groups)
     std::printf("| **%s per step** | | | | %.2f | | %.2f | %.2fx | | | |\n", name.c_str(), t.first,
                 t.second, t.second > 0 ? t.first / t.second : 0.0);
-  std::printf("| **per step** | | %.2f | | %.2f | | %.2f | %.2fx | | | |\n", step_dgrad, step_a,
-              step_b, step_b > 0 ? step_a / step_b : 0.0);
+  // The 1x1 layers' totals only where --only or --shape left some (zeros are no measurement).
+  const bool gemm_layers = step_b > 0;
+  if (gemm_layers) {
+    std::printf("| **per step** | | %.2f | | %.2f | | %.2f | %.2fx | | | |\n", step_dgrad, step_a,
+                step_b, step_a / step_b);
+  }
   std::printf("\nvariants ((b) best: the atomic form; reg_partials is the deterministic one):\n");
   for (const std::string& n : notes) std::printf("  %s\n", n.c_str());
-  std::printf("summary: dgrad per step (a) %.2f ms, (b) %.2f ms, speedup %.2fx%s\n", step_a, step_b,
-              step_b > 0 ? step_a / step_b : 0.0, failed ? ", FAILED (see above)" : "");
+  if (gemm_layers) {
+    std::printf("summary: dgrad per step (a) %.2f ms, (b) %.2f ms, speedup %.2fx%s\n", step_a,
+                step_b, step_a / step_b, failed ? ", FAILED (see above)" : "");
+  } else {
+    std::printf("summary: no 1x1 layer run (--only, --shape); the groups' rows above%s\n",
+                failed ? ", FAILED (see above)" : "");
+  }
   for (void* p :
        {static_cast<void*>(dy), static_cast<void*>(w), static_cast<void*>(z),
         static_cast<void*>(dy2), static_cast<void*>(dx), static_cast<void*>(gref),
