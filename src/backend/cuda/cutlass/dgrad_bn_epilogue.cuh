@@ -250,12 +250,8 @@ class DgradBnEpilogue : public RegisterStatsEpilogue<Base, TileM, TileN, Partial
       CUTLASS_PRAGMA_UNROLL
       for (int r = 0; r < 2; ++r) {
         const int row = get<0>(coords(make_coord(make_coord(0, r, 0), Part * kPartAtoms + pa, 0)));
-        if (row >= rows_left) {
-          CUTLASS_PRAGMA_UNROLL
-          for (int w = 0; w < kWords; ++w) words[pa][r][w] = 0;
-          continue;
-        }
-        load_mask_words(mask + row * (cols / 8), bn_.mask_rows_aligned, n0, cols, words[pa][r]);
+        load_mask_words(mask + row * (cols / 8), row < rows_left, bn_.mask_rows_aligned, n0, cols,
+                        words[pa][r]);
       }
     }
     wait_staged();

@@ -25,10 +25,16 @@ struct DgradBnInputs {
 };
 
 // A tile row's mask bytes from `bytes` (the row's byte of column n0), four to a word: column
-// group g (8 columns from n0 + 8 g) is byte g. Words = TileN / 32.
+// group g (8 columns from n0 + 8 g) is byte g; zeros for a row past M (in_rows false, nothing
+// read). Words = TileN / 32.
 template <int Words>
-__device__ __forceinline__ void load_mask_words(const uint8_t* bytes, bool aligned, int n0,
-                                                int cols, uint32_t (&words)[Words]) {
+__device__ __forceinline__ void load_mask_words(const uint8_t* bytes, bool in_rows, bool aligned,
+                                                int n0, int cols, uint32_t (&words)[Words]) {
+  if (!in_rows) {
+#pragma unroll
+    for (int w = 0; w < Words; ++w) words[w] = 0;
+    return;
+  }
   if (aligned) {  // TileN / 8 bytes at a TileN / 8 aligned address
     if constexpr (Words == 4) {
       const uint4 v = __ldg(reinterpret_cast<const uint4*>(bytes));

@@ -245,12 +245,8 @@ class PingpongDgradBnEpilogue : public Base {
       CUTLASS_PRAGMA_UNROLL
       for (int r = 0; r < 2; ++r) {
         const int row = get<0>(coords(make_coord(make_coord(0, r, 0), am, 0)));
-        if (row >= rows_left) {
-          CUTLASS_PRAGMA_UNROLL
-          for (int w = 0; w < kWords; ++w) words[am][r][w] = 0;
-          continue;
-        }
-        load_mask_words(mask + row * (cols / 8), bn_.mask_rows_aligned, n0, cols, words[am][r]);
+        load_mask_words(mask + row * (cols / 8), row < rows_left, bn_.mask_rows_aligned, n0, cols,
+                        words[am][r]);
       }
     }
     const int lane = thread_idx % 32, warp = thread_idx / 32 % kWarps;
