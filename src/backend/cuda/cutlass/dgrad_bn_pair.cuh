@@ -1,9 +1,8 @@
-// What the data gradient's two epilogues (dgrad_bn_epilogue.cuh: the cooperative kernel's, z
-// staged in shared memory; pingpong_dgrad_bn_epilogue.cuh: the ping-pong kernel's, z read at the
-// accumulators' own coordinates) share: BatchNorm's inputs, a row's mask bits, and one
-// accumulator pair made BatchNorm's masked gradient g exactly as kiln's BatchNorm backward forms
-// it from the stored dX, dy2 and the mask (bn_kernels.cuh's grad_sum: the FP16 sum of the FP16
-// values).
+// What the data gradient's two epilogues (dgrad_bn_epilogue.cuh: the cooperative kernel's;
+// pingpong_dgrad_bn_epilogue.cuh: the ping-pong kernel's, a staging buffer per warpgroup) share:
+// BatchNorm's inputs, a row's mask bits, and one accumulator pair made BatchNorm's masked
+// gradient g exactly as kiln's BatchNorm backward forms it from the stored dX, dy2 and the mask
+// (bn_kernels.cuh's grad_sum: the FP16 sum of the FP16 values).
 #pragma once
 #include <cuda_fp16.h>
 

@@ -249,13 +249,31 @@ class PingpongDgradBnEpilogue : public Base {
                         words[am][r]);
       }
     }
-    const int lane = thread_idx % 32, warp = thread_idx / 32 % kWarps;
+    // A whole tile skips the bounds checks (as the cooperative epilogue's form_pairs): its
+    // element loop then has no branches, and the groups' shared-memory and shuffle latencies
+    // overlap one another.
+    const bool full = rows_left == TileM && n0 + TileN <= cols;
     wait_staged();
+    if (full) {
+      form_groups<false>(acc, coords, words, bit0, cols, n0, rows_left, thread_idx);
+    } else {
+      form_groups<true>(acc, coords, words, bit0, cols, n0, rows_left, thread_idx);
+    }
+  }
+
+  // form_gradient's accumulators, column group by column group; Checked: the tile ends inside
+  // M or N, and elements past them stay out of the sums.
+  template <bool Checked, class Acc, class Coords, int kAtomsM>
+  CUTLASS_DEVICE void form_groups(Acc& acc, Coords const& coords,
+                                  uint32_t const (&words)[kAtomsM][2][kWords], int bit0, int cols,
+                                  int n0, int rows_left, int thread_idx) {
+    using namespace cute;
+    const int lane = thread_idx % 32, warp = thread_idx / 32 % kWarps;
     const __half* z = smem_->z[warp_group_];
     CUTLASS_PRAGMA_UNROLL
     for (int g = 0; g < kGroups; ++g) {
       const int col = get<1>(coords(make_coord(make_coord(0, 0, g), 0, 0)));  // even: col, col + 1
-      const bool col_in = n0 + col < cols;  // N % 8 == 0: both or neither
+      const bool col_in = !Checked || n0 + col < cols;  // N % 8 == 0: both or neither
       const float mu0 = col_in ? __ldg(bn_.mean + n0 + col) : 0.0f;
       const float mu1 = col_in ? __ldg(bn_.mean + n0 + col + 1) : 0.0f;
       float s0 = 0.0f, s1 = 0.0f, q0 = 0.0f, q1 = 0.0f;
@@ -267,7 +285,7 @@ class PingpongDgradBnEpilogue : public Base {
           const auto i1 = make_coord(make_coord(1, r, g), am, 0);
           const int row = get<0>(coords(i0));
           float2 gv = make_float2(0.0f, 0.0f);
-          if (col_in && row < rows_left) {
+          if (!Checked || (col_in && row < rows_left)) {
             const uint32_t two = words[am][r][g / 4] >> (8 * (g % 4) + bit0);
             gv = masked_gradient(acc(i0), acc(i1), two, nullptr);
             const float2 zf =
