@@ -10,14 +10,14 @@
 //
 // z and dy2 reach the epilogue through shared memory: each tile's epilogue, once it has read
 // them, starts asynchronous copies (cp.async, 16 bytes a thread at a time, completion counted on
-// an mbarrier) of the rows its CTA's next tile reads, so they land while this tile's stores and
-// the next mainloop run. Per-thread loads at the accumulators' own coordinates left a DRAM
-// latency per tile exposed; a second buffer cost the mainloop stages and won nothing
-// (bench/RESULTS.md). The mask (1/16 of the bytes, at byte alignment) is read per thread, all
-// of a staged piece's bytes before their first use. Rows are padded by 16 bytes so the accumulator
-// layout's reads (8 rows x 4 column pairs a warp) fall in 32 distinct banks. Dy2 = false: no
-// second gradient and no room staged for one (a CBR's g), so the mainloop keeps that shared
-// memory for its stages. A 256-row tile stages its rows in two 128-row halves through one
+// an mbarrier: dgrad_bn_pair.cuh's StagedRows) of the rows its CTA's next tile reads, so they land
+// while this tile's stores and the next mainloop run. Per-thread loads at the accumulators' own
+// coordinates left a DRAM latency per tile exposed; a second buffer cost the mainloop stages and
+// won nothing (bench/RESULTS.md). The mask (1/16 of the bytes, at byte alignment) is read per
+// thread, all of a staged piece's bytes before their first use. Rows are padded by 16 bytes so the
+// accumulator layout's reads (8 rows x 4 column pairs a warp) fall in 32 distinct banks. Dy2 =
+// false: no second gradient and no room staged for one (a CBR's g), so the mainloop keeps that
+// shared memory for its stages. A 256-row tile stages its rows in two 128-row halves through one
 // buffer (the second half's copies start once the first is read): the whole tile's 68 KB of z
 // left its mainloop two stages of a K step of 64.
 #pragma once
@@ -31,16 +31,16 @@ namespace kiln::sm90 {
 template <class Base, int TileM, int TileN, bool Partials, bool Dy2 = true>
 class DgradBnEpilogue : public RegisterStatsEpilogue<Base, TileM, TileN, Partials> {
   using Stats = RegisterStatsEpilogue<Base, TileM, TileN, Partials>;
-  static constexpr int kPitch = TileN + 8;   // halves a staged row takes (16 bytes of pad)
-  static constexpr int kChunks = TileN / 8;  // 16-byte copies a staged row takes
   static constexpr int kThreads = Stats::kThreads;
   static constexpr int kParts = TileM > 128 ? 2 : 1;  // staged pieces of a tile
   static constexpr int kPartRows = TileM / kParts;
+  using Staging = StagedRows<kThreads, kPartRows, TileN>;
+  static constexpr int kPitch = Staging::kPitch;
 
  public:
   struct TensorStorage : Stats::TensorStorage {
-    alignas(16) __half z[kPartRows * kPitch];
-    alignas(16) __half dy2[Dy2 ? kPartRows * kPitch : 8];
+    alignas(16) __half z[Staging::kHalves];
+    alignas(16) __half dy2[Dy2 ? Staging::kHalves : 8];
     alignas(8) uint64_t staged;  // mbarrier: every consumer thread's copies of one piece landed
   };
   using PipelineStorage = typename Stats::PipelineStorage;
@@ -96,14 +96,14 @@ class DgradBnEpilogue : public RegisterStatsEpilogue<Base, TileM, TileN, Partial
     this->begin_tile(problem, coord, thread_idx);
     const int64_t nb = (bn_.cols + TileN - 1) / TileN;
     const int64_t tile = static_cast<int64_t>(cute::get<0>(coord)) * nb + cute::get<1>(coord);
-    if (staged_ != tile * kParts) {  // the first tile, or the guess below was wrong: stage it now
-      drain();
+    if (staging_.staged() != tile * kParts) {  // the first tile, or the guess below was wrong
+      staging_.drain(&smem_->staged);
       stage(tile, 0, thread_idx);
     }
     form_gradient(accumulators, tiled_mma, problem, coord, thread_idx, tile);
     if (const int64_t next = next_tile(tile); next >= 0) {
       stage(next, 0, thread_idx);
-      prefetch_mask_l2(next, thread_idx);
+      prefetch_mask_l2<kThreads, TileM, TileN>(bn_, next, thread_idx);
     }
     return Base::store(load_pipeline, load_state, store_pipeline, store_state, problem, tile_shape,
                        coord, accumulators, tiled_mma, thread_idx, shared, subtile_idx);
@@ -115,7 +115,7 @@ class DgradBnEpilogue : public RegisterStatsEpilogue<Base, TileM, TileN, Partial
                                  typename Base::LoadPipelineState load_state,
                                  typename Base::StorePipeline store_pipeline,
                                  typename Base::StorePipelineState store_state) {
-    drain();
+    staging_.drain(&smem_->staged);
     return Stats::store_tail(load_pipeline, load_state, store_pipeline, store_state);
   }
 
@@ -132,63 +132,13 @@ class DgradBnEpilogue : public RegisterStatsEpilogue<Base, TileM, TileN, Partial
     return nb > mb || next >= mb * nb ? -1 : next;
   }
 
-  // Starts the copies of piece `part` of tile t's z and dy2 rows into shared memory (rows past M
-  // and columns past N zero-filled); this thread arrives on the mbarrier when its copies land.
+  // Starts the copies of piece `part` of tile t's z and dy2 rows into shared memory; this
+  // thread arrives on the mbarrier when its copies land.
   CUTLASS_DEVICE void stage(int64_t t, int part, int thread_idx) {
-    static_assert(kThreads % kChunks == 0, "each thread copies one column chunk of every row");
-    constexpr int kRowStep = kThreads / kChunks;
     const int64_t nb = (bn_.cols + TileN - 1) / TileN;
-    const int64_t m1 = t / nb * TileM + part * kPartRows, n1 = t % nb * TileN;
-    const int chunk = thread_idx % kChunks, row0 = thread_idx / kChunks;
-    const bool col_in = n1 + 8 * chunk < bn_.cols;  // N % 8 == 0: whole chunks
-    // Negative where the piece starts past M: every copy zero-fills.
-    const int rows_in = static_cast<int>(cute::min(bn_.rows - m1, static_cast<int64_t>(kPartRows)));
-    const int64_t first = (m1 + row0) * bn_.cols + n1 + 8 * chunk, step = kRowStep * bn_.cols;
-    const uint32_t dst = static_cast<uint32_t>((row0 * kPitch + 8 * chunk) * sizeof(__half));
-    const uint32_t z_s = cute::cast_smem_ptr_to_uint(smem_->z) + dst;
-    const uint32_t dy2_s = cute::cast_smem_ptr_to_uint(smem_->dy2) + dst;
-    constexpr uint32_t kDstStep = kRowStep * kPitch * sizeof(__half);
-    CUTLASS_PRAGMA_UNROLL
-    for (int k = 0; k < kPartRows / kRowStep; ++k) {
-      const bool in = col_in && row0 + k * kRowStep < rows_in;
-      const int64_t e = in ? first + k * step : 0;
-      copy16(z_s + k * kDstStep, bn_.z + e, in);
-      if (Dy2 && bn_.dy2) copy16(dy2_s + k * kDstStep, bn_.dy2 + e, in);
-    }
-    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(
-                     cute::cast_smem_ptr_to_uint(&smem_->staged))
-                 : "memory");
-    staged_ = t * kParts + part;
-  }
-
-  // 16 bytes global -> shared, or 16 zero bytes (src-size 0 reads nothing).
-  static CUTLASS_DEVICE void copy16(uint32_t dst, const void* src, bool in) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src),
-                 "r"(in ? 16 : 0)
-                 : "memory");
-  }
-
-  // Waits for the staged rows (the mbarrier's current phase).
-  CUTLASS_DEVICE void wait_staged() {
-    cutlass::arch::ClusterBarrier::wait(&smem_->staged, phase_);
-    phase_ ^= 1u;
-    staged_ = -1;
-  }
-
-  // Waits for copies in flight (a wrong guess's, or the last guess at the CTA's end).
-  CUTLASS_DEVICE void drain() {
-    if (staged_ >= 0) wait_staged();
-  }
-
-  // The next tile's mask rows into L2 (a hint: one prefetch per row).
-  CUTLASS_DEVICE void prefetch_mask_l2(int64_t t, int thread_idx) const {
-    const int64_t nb = (bn_.cols + TileN - 1) / TileN;
-    const int64_t m1 = t / nb * TileM, n1 = t % nb * TileN;
-    for (int row = thread_idx; row < TileM; row += kThreads) {
-      if (m1 + row >= bn_.rows) break;
-      asm volatile("prefetch.global.L2 [%0];" ::"l"(bn_.mask + ((m1 + row) * bn_.cols + n1) / 8)
-                   : "memory");
-    }
+    staging_.template start<Dy2>(t * kParts + part, t / nb * TileM + part * kPartRows,
+                                 t % nb * TileN, bn_, smem_->z, smem_->dy2, &smem_->staged,
+                                 thread_idx);
   }
 
   // acc -> g in place, and g's two sums into the column slots of register_stats_epilogue.cuh
@@ -254,7 +204,7 @@ class DgradBnEpilogue : public RegisterStatsEpilogue<Base, TileM, TileN, Partial
                         words[pa][r]);
       }
     }
-    wait_staged();
+    staging_.wait(&smem_->staged);
     if (full) {
       form_pairs<false, Part>(acc, coords, words, bit0, cols, n0, rows_left);
     } else {
@@ -309,8 +259,7 @@ class DgradBnEpilogue : public RegisterStatsEpilogue<Base, TileM, TileN, Partial
 
   BnArguments bn_;
   TensorStorage* smem_;
-  int64_t staged_ = -1;  // the tile whose rows are landing, -1 for none
-  uint32_t phase_ = 0;   // the mbarrier phase the next wait_staged() waits for
+  Staging staging_;  // piece t kParts + part of tile t
 };
 
 }  // namespace kiln::sm90

@@ -39,17 +39,16 @@ class PingpongDgradBnEpilogue : public Base {
   static constexpr int kThreads = 128, kWarps = 4, kWarpGroups = 2;
   static constexpr int kGroups = TileN / 8;  // a thread's column pairs, 8 columns apart
   static constexpr int kWords = TileN / 32;  // a row's mask bytes, four to a word
-  static constexpr int kPitch = TileN + 8;   // halves a staged row takes (16 bytes of pad)
-  static constexpr int kChunks = TileN / 8;  // 16-byte copies a staged row takes
+  using Staging = StagedRows<kThreads, TileM, TileN>;
+  static constexpr int kPitch = Staging::kPitch;
 
  public:
   struct TensorStorage : Base::TensorStorage {
     // [warpgroup][sum, sum of g (z - mean)][warp][column]: each slot written by one lane.
     alignas(16) float sums[kWarpGroups][2][kWarps][TileN];
     // Each warpgroup's staged z rows of one tile, and its mbarrier: all its threads' copies
-    // landed. Rows padded by 16 bytes: the accumulator layout's reads (8 rows x 4 column pairs
-    // a warp) fall in 32 distinct banks.
-    alignas(16) __half z[kWarpGroups][TileM * kPitch];
+    // landed.
+    alignas(16) __half z[kWarpGroups][Staging::kHalves];
     alignas(8) uint64_t staged[kWarpGroups];
   };
   using PipelineStorage = typename Base::PipelineStorage;
@@ -126,15 +125,15 @@ class PingpongDgradBnEpilogue : public Base {
     last_ = linear + kWarpGroups * grid >= mb * nb;
     ++done_;
     const int64_t tile = static_cast<int64_t>(cute::get<0>(coord)) * nb + n_block;
-    if (staged_ != tile) {  // the first tile, or the guess below was wrong: stage it now
-      drain();
+    if (staging_.staged() != tile) {  // the first tile, or the guess below was wrong
+      staging_.drain(landed());
       stage(tile, thread_idx);
     }
     // The warpgroup's next tile: where the M tiles are at least as many as the N tiles, the
     // scheduler rasters along N (tile t = m nb + n) and the warpgroup moves on by two grids;
     // elsewhere nothing is staged ahead.
     const int64_t next = last_ || nb > mb ? -1 : tile + kWarpGroups * grid;
-    if (next >= 0) prefetch_mask_l2(next, thread_idx);
+    if (next >= 0) prefetch_mask_l2<kThreads, TileM, TileN>(bn_, next, thread_idx);
     form_gradient(accumulators, tiled_mma, problem, coord, thread_idx);
     // Every thread of the warpgroup has read the staged rows: the next tile's may land on them.
     cutlass::arch::NamedBarrier::sync(kThreads, barrier_id());
@@ -149,7 +148,7 @@ class PingpongDgradBnEpilogue : public Base {
                                  typename Base::StorePipeline store_pipeline,
                                  typename Base::StorePipelineState store_state) {
     if (last_) {
-      drain();
+      staging_.drain(landed());
       flush(static_cast<int>(threadIdx.x) % kThreads);
     }
     return Base::store_tail(load_pipeline, load_state, store_pipeline, store_state);
@@ -161,54 +160,17 @@ class PingpongDgradBnEpilogue : public Base {
     return static_cast<uint32_t>(warp_group_);
   }
 
-  // Starts the copies of tile t's z rows into the warpgroup's buffer (rows past M and columns
-  // past N zero-filled); this thread arrives on the warpgroup's mbarrier when its copies land.
+  // The warpgroup's mbarrier: its staged rows landed.
+  CUTLASS_DEVICE uint64_t* landed() const {
+    return &smem_->staged[warp_group_];
+  }
+
+  // Starts the copies of tile t's z rows into the warpgroup's buffer; this thread arrives on the
+  // warpgroup's mbarrier when its copies land.
   CUTLASS_DEVICE void stage(int64_t t, int thread_idx) {
-    static_assert(kThreads % kChunks == 0, "each thread copies one column chunk of every row");
-    constexpr int kRowStep = kThreads / kChunks;
     const int64_t nb = (bn_.cols + TileN - 1) / TileN;
-    const int64_t m1 = t / nb * TileM, n1 = t % nb * TileN;
-    const int chunk = thread_idx % kChunks, row0 = thread_idx / kChunks;
-    const bool col_in = n1 + 8 * chunk < bn_.cols;  // N % 8 == 0: whole chunks
-    const int rows_in = static_cast<int>(cute::min(bn_.rows - m1, static_cast<int64_t>(TileM)));
-    const int64_t first = (m1 + row0) * bn_.cols + n1 + 8 * chunk, step = kRowStep * bn_.cols;
-    const uint32_t dst = cute::cast_smem_ptr_to_uint(smem_->z[warp_group_]) +
-                         static_cast<uint32_t>((row0 * kPitch + 8 * chunk) * sizeof(__half));
-    constexpr uint32_t kDstStep = kRowStep * kPitch * sizeof(__half);
-    CUTLASS_PRAGMA_UNROLL
-    for (int k = 0; k < TileM / kRowStep; ++k) {
-      const bool in = col_in && row0 + k * kRowStep < rows_in;
-      const __half* src = bn_.z + (in ? first + k * step : 0);
-      // 16 bytes global -> shared, or 16 zero bytes (src-size 0 reads nothing).
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst + k * kDstStep),
-                   "l"(src), "r"(in ? 16 : 0)
-                   : "memory");
-    }
-    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(
-                     cute::cast_smem_ptr_to_uint(&smem_->staged[warp_group_]))
-                 : "memory");
-    staged_ = t;
-  }
-
-  // Waits for the staged rows (the mbarrier's current phase).
-  CUTLASS_DEVICE void wait_staged() {
-    cutlass::arch::ClusterBarrier::wait(&smem_->staged[warp_group_], phase_);
-    phase_ ^= 1u;
-    staged_ = -1;
-  }
-
-  // Waits for copies in flight (a wrong guess's).
-  CUTLASS_DEVICE void drain() {
-    if (staged_ >= 0) wait_staged();
-  }
-
-  // Tile t's mask rows into L2 (a hint: one prefetch per row).
-  CUTLASS_DEVICE void prefetch_mask_l2(int64_t t, int thread_idx) const {
-    const int64_t nb = (bn_.cols + TileN - 1) / TileN;
-    const int64_t row = t / nb * TileM + thread_idx * TileM / kThreads;
-    if (row >= bn_.rows) return;
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(bn_.mask + (row * bn_.cols + t % nb * TileN) / 8)
-                 : "memory");
+    staging_.template start<false>(t, t / nb * TileM, t % nb * TileN, bn_, smem_->z[warp_group_],
+                                   nullptr, landed(), thread_idx);
   }
 
   // acc -> g in place, and each column's two sums over the tile's rows into the warp's shared
@@ -253,7 +215,7 @@ class PingpongDgradBnEpilogue : public Base {
     // element loop then has no branches, and the groups' shared-memory and shuffle latencies
     // overlap one another.
     const bool full = rows_left == TileM && n0 + TileN <= cols;
-    wait_staged();
+    staging_.wait(landed());
     if (full) {
       form_groups<false>(acc, coords, words, bit0, cols, n0, rows_left, thread_idx);
     } else {
@@ -341,10 +303,9 @@ class PingpongDgradBnEpilogue : public Base {
   StatsArguments stats_;
   BnArguments bn_;
   TensorStorage* smem_;
-  int64_t staged_ = -1;  // the tile whose rows are landing, -1 for none
-  uint32_t phase_ = 0;   // the mbarrier phase the next wait_staged() waits for
-  int warp_group_ = 0;   // the consumer warpgroup, 0 or 1
-  int n_block_ = -1;     // the column block the shared sums hold, -1 before the first tile
+  Staging staging_;     // the warpgroup's tile whose rows are landing
+  int warp_group_ = 0;  // the consumer warpgroup, 0 or 1
+  int n_block_ = -1;    // the column block the shared sums hold, -1 before the first tile
   int n_total_ = 0;
   int64_t done_ = 0;  // the warpgroup's tiles so far
   bool last_ = false;
