@@ -10,10 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
-#include <map>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -23,6 +20,7 @@
 #include "kiln/task/engine.h"
 #include "kiln/task/trainer.h"
 #include "support/learnable_batch.h"
+#include "support/metrics_csv.h"
 
 namespace kiln {
 namespace {
@@ -220,27 +218,6 @@ TEST(Mixup, ResumeEqualsAnUninterruptedRun) {
   expect_same_weights(straight, split, true);
 }
 
-std::vector<std::map<std::string, std::string>> rows(const std::string& path) {
-  std::ifstream in(path);
-  std::string header, line;
-  std::getline(in, header);
-  auto split = [](const std::string& l) {
-    std::vector<std::string> v;
-    std::stringstream ss(l);
-    for (std::string cell; std::getline(ss, cell, ',');) v.push_back(cell);
-    return v;
-  };
-  const std::vector<std::string> names = split(header);
-  std::vector<std::map<std::string, std::string>> out;
-  while (std::getline(in, line)) {
-    const std::vector<std::string> cells = split(line);
-    std::map<std::string, std::string> r;
-    for (size_t i = 0; i < names.size() && i < cells.size(); ++i) r[names[i]] = cells[i];
-    out.push_back(r);
-  }
-  return out;
-}
-
 // Real data with torchvision's recipe values (mixup 0.2, cutmix 1.0, RandomChoice 0.5) and
 // label smoothing 0.1: two epochs of 40 steps of the default CNN. The mixed training loss
 // falls from the first epoch to the second and the (unmixed) test top-1 is above chance (10%
@@ -267,7 +244,7 @@ TEST(Mixup, FashionMnistTrainsWithMixupAndCutmix) {
   c.mix.mixup_alpha = 0.2;
   c.mix.cutmix_alpha = 1.0;
   const TrainSummary s = train(c);
-  const auto r = rows(out + "/metrics.csv");
+  const auto r = metrics_rows(out + "/metrics.csv");
   ASSERT_EQ(r.size(), 2u);
   const double loss1 = std::stod(r[0].at("train_loss")), loss2 = std::stod(r[1].at("train_loss"));
   EXPECT_TRUE(std::isfinite(loss1) && std::isfinite(loss2));

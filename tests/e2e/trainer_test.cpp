@@ -16,6 +16,7 @@
 #include "kiln/io/json.h"
 #include "kiln/io/safetensors.h"
 #include "kiln/task/checkpoint.h"
+#include "support/metrics_csv.h"
 #include "task/progress.h"
 
 namespace kiln {
@@ -54,24 +55,6 @@ int count_lines(const std::string& path) {
   return n;
 }
 
-// The last row of a metrics CSV, by column name.
-std::map<std::string, std::string> last_row(const std::string& path) {
-  std::ifstream in(path);
-  std::string header, line, row;
-  std::getline(in, header);
-  while (std::getline(in, line)) row = line;
-  auto split = [](const std::string& l) {
-    std::vector<std::string> v;
-    std::stringstream ss(l);
-    for (std::string cell; std::getline(ss, cell, ',');) v.push_back(cell);
-    return v;
-  };
-  const std::vector<std::string> names = split(header), cells = split(row);
-  std::map<std::string, std::string> out;
-  for (size_t i = 0; i < names.size() && i < cells.size(); ++i) out[names[i]] = cells[i];
-  return out;
-}
-
 TEST(Trainer, WritesMetricsCheckpointAndSummary) {
   const std::string out = fresh_dir("outputs");
   const TrainSummary s = train(small_run(out, 2));
@@ -84,7 +67,7 @@ TEST(Trainer, WritesMetricsCheckpointAndSummary) {
   // Random pixels and labels teach nothing, so accuracy is not the check: what the run reports
   // is. The test split is 96 / 5 = 19 images, so top-1 is a whole number of them, top-5 holds
   // top-1, and the summary, the last metrics row and summary.json give the same numbers.
-  const std::map<std::string, std::string> last = last_row(out + "/metrics.csv");
+  const std::map<std::string, std::string> last = last_metrics_row(out + "/metrics.csv");
   for (const char* col :
        {"epoch", "step", "lr", "train_loss", "test_top1", "test_top5", "ema_test_top1"}) {
     ASSERT_TRUE(last.count(col)) << col << " missing from metrics.csv";
@@ -118,28 +101,6 @@ TEST(Trainer, WritesMetricsCheckpointAndSummary) {
   }
 }
 
-// Every row of a metrics CSV, by column name.
-std::vector<std::map<std::string, std::string>> all_rows(const std::string& path) {
-  std::ifstream in(path);
-  std::string header, line;
-  std::getline(in, header);
-  auto split = [](const std::string& l) {
-    std::vector<std::string> v;
-    std::stringstream ss(l);
-    for (std::string cell; std::getline(ss, cell, ',');) v.push_back(cell);
-    return v;
-  };
-  const std::vector<std::string> names = split(header);
-  std::vector<std::map<std::string, std::string>> rows;
-  while (std::getline(in, line)) {
-    const std::vector<std::string> cells = split(line);
-    std::map<std::string, std::string> r;
-    for (size_t i = 0; i < names.size() && i < cells.size(); ++i) r[names[i]] = cells[i];
-    rows.push_back(r);
-  }
-  return rows;
-}
-
 // best.safetensors is the checkpoint of the first epoch with the run's best test top-1 (its
 // metadata says which epoch and which top-1, the metrics rows say which epoch that is);
 // --keep-last 2 leaves epoch-3 and epoch-4 of 4 epochs, each equal to last.safetensors as it
@@ -164,7 +125,7 @@ TEST(Trainer, KeepsBestAndTheLastKEpochCheckpoints) {
   };
   EXPECT_EQ(bytes(out + "/epoch-4.safetensors"), bytes(out + "/last.safetensors"));
   EXPECT_EQ(read_safetensors(out + "/epoch-3.safetensors").metadata.at("epoch"), "3");
-  const auto rows = all_rows(out + "/metrics.csv");
+  const auto rows = metrics_rows(out + "/metrics.csv");
   ASSERT_EQ(rows.size(), 4u);
   int best_epoch = 0;
   double best = -1;
