@@ -18,7 +18,8 @@
 //   bench/RESULTS.md). The mask (1/16 of the bytes) is read per thread, the next tile's rows
 //   prefetched into L2.
 // - The kernel calls store_tail after every tile; the warpgroup's last tile is known from the
-//   static persistent scheduler's order (a CTA's warpgroups take its tiles alternately).
+//   static persistent scheduler's order (a CTA's warpgroups take its tiles alternately), which
+//   each tile's coordinates confirm (else the sums are flushed after every tile).
 // Atomic sums only (a deterministic form would need a fixed order of the two warpgroups' adds)
 // and no second gradient (a CBR's g: VGG's layers).
 #pragma once
@@ -122,9 +123,15 @@ class PingpongDgradBnEpilogue : public Base {
     const int64_t cta = blockIdx.x + static_cast<int64_t>(blockIdx.y) * gridDim.x;
     const int64_t mb = (bn_.rows + TileM - 1) / TileM, nb = (bn_.cols + TileN - 1) / TileN;
     const int64_t linear = cta + (kWarpGroups * done_ + warp_group_) * grid;
-    last_ = linear + kWarpGroups * grid >= mb * nb;
     ++done_;
-    const int64_t tile = static_cast<int64_t>(cute::get<0>(coord)) * nb + n_block;
+    // The scheduler's number for the tile it gave, under its raster order (along N where the M
+    // tiles are at least as many, else along M): should it ever differ from the order assumed
+    // here, the warpgroup could not tell its last tile, so from then on it flushes its sums
+    // after every tile (slower, still right).
+    const int64_t m_block = cute::get<0>(coord);
+    in_order_ = in_order_ && (nb > mb ? m_block + n_block * mb : m_block * nb + n_block) == linear;
+    last_ = !in_order_ || linear + kWarpGroups * grid >= mb * nb;
+    const int64_t tile = m_block * nb + n_block;
     if (staging_.staged() != tile) {  // the first tile, or the guess below was wrong
       staging_.drain(landed());
       stage(tile, thread_idx);
@@ -307,8 +314,9 @@ class PingpongDgradBnEpilogue : public Base {
   int warp_group_ = 0;  // the consumer warpgroup, 0 or 1
   int n_block_ = -1;    // the column block the shared sums hold, -1 before the first tile
   int n_total_ = 0;
-  int64_t done_ = 0;  // the warpgroup's tiles so far
-  bool last_ = false;
+  int64_t done_ = 0;      // the warpgroup's tiles so far
+  bool in_order_ = true;  // every tile so far the one the static order gave
+  bool last_ = false;     // this tile is the warpgroup's last, or the order is not known
 };
 
 }  // namespace kiln::sm90
