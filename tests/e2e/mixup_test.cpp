@@ -244,7 +244,7 @@ TEST(Mixup, FashionMnistTrainsWithMixupAndCutmix) {
   c.mix.mixup_alpha = 0.2;
   c.mix.cutmix_alpha = 1.0;
   const TrainSummary s = train(c);
-  const auto r = metrics_rows(out + "/metrics.csv");
+  const auto r = test::metrics_rows(out + "/metrics.csv");
   ASSERT_EQ(r.size(), 2u);
   const double loss1 = std::stod(r[0].at("train_loss")), loss2 = std::stod(r[1].at("train_loss"));
   EXPECT_TRUE(std::isfinite(loss1) && std::isfinite(loss2));

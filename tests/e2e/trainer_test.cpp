@@ -67,7 +67,7 @@ TEST(Trainer, WritesMetricsCheckpointAndSummary) {
   // Random pixels and labels teach nothing, so accuracy is not the check: what the run reports
   // is. The test split is 96 / 5 = 19 images, so top-1 is a whole number of them, top-5 holds
   // top-1, and the summary, the last metrics row and summary.json give the same numbers.
-  const std::map<std::string, std::string> last = last_metrics_row(out + "/metrics.csv");
+  const std::map<std::string, std::string> last = test::last_metrics_row(out + "/metrics.csv");
   for (const char* col :
        {"epoch", "step", "lr", "train_loss", "test_top1", "test_top5", "ema_test_top1"}) {
     ASSERT_TRUE(last.count(col)) << col << " missing from metrics.csv";
@@ -125,7 +125,7 @@ TEST(Trainer, KeepsBestAndTheLastKEpochCheckpoints) {
   };
   EXPECT_EQ(bytes(out + "/epoch-4.safetensors"), bytes(out + "/last.safetensors"));
   EXPECT_EQ(read_safetensors(out + "/epoch-3.safetensors").metadata.at("epoch"), "3");
-  const auto rows = metrics_rows(out + "/metrics.csv");
+  const auto rows = test::metrics_rows(out + "/metrics.csv");
   ASSERT_EQ(rows.size(), 4u);
   int best_epoch = 0;
   double best = -1;
