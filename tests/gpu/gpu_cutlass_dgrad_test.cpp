@@ -356,6 +356,12 @@ INSTANTIATE_TEST_SUITE_P(
                       // Several tiles a warpgroup (the ping-pong units' sums flushed as their
                       // column block changes, and after the last tile), a partial last M tile.
                       DgradCase{"n14_28x28_k16_c840", 14, 28, 28, 16, 840, false, 3},
+                      // Far more column blocks than row blocks (2 of 128 rows, 267 of 64
+                      // columns, 134 of 128): the scheduler rasters along M, so a ping-pong
+                      // warpgroup's tiles change column block every time and its order check
+                      // reads the other raster; the last column block ends inside N (the
+                      // checked loop beside whole tiles) and the mask rows are not aligned.
+                      DgradCase{"n4_8x8_k16_c17032", 4, 8, 8, 16, 17032, false, 3},
                       DgradCase{"n2_10x6_k40_c24_5x5_dy2", 2, 10, 6, 40, 24, true, 5},
                       DgradCase{"n1_3x3_k16_c8_dy2", 1, 3, 3, 16, 8, true, 3}),
     [](const auto& info) { return std::string(info.param.name); });
