@@ -55,6 +55,7 @@
 #            `kiln_cutlass_probe --dgrad`: ResNet-50's 1x1 and 3x3 and VGG16-BN's 3x3 data
 #            gradients that feed BatchNorm at batch 256, cuDNN's dgrad + kiln's sums pass against the SM90 kernel (CUTLASS_REPS
 #            runs each), and the units' registers, stack and LDL/STL (issue 20 stage 2, backward);
+#            DGRAD_PROBE_SHAPE=TEXT times only the probe's shapes named TEXT (e.g. vgg);
 #            DGRAD_NCU=TEXT adds ncu over the kernels of the probe's shapes named TEXT;
 #            CONV_PROBE=1 adds `kiln_cutlass_probe --conv` (3x3 convolutions with the statistics),
 #            CONV_NCU=TEXT ncu over its kernels for the shapes named TEXT; PROLOGUE_PROBE=1
@@ -372,9 +373,12 @@ if [ "$MODE" = cutlass-dgrad ]; then
     sass_notes kiln_probe_gemm_bn_folded gemm_stats_sm90.cu
     note "prologue probe" "$(grep '^summary:' "$LOGS/cutlass-prologue-probe.txt" || tail -1 "$LOGS/cutlass-prologue-probe.txt")"
   fi
-  # DGRAD_PROBE=0 skips the data gradient's probe.
+  # DGRAD_PROBE=0 skips the data gradient's probe; DGRAD_PROBE_SHAPE=TEXT times only the shapes
+  # it names (the probe's --shape, e.g. "vgg"), to leave a call time for more.
   if [ "${DGRAD_PROBE:-1}" = 1 ]; then
-    "$BUILD/kiln_cutlass_probe" --dgrad --batch 256 --reps "${CUTLASS_REPS:-20}" \
+    shape=()
+    [ -n "${DGRAD_PROBE_SHAPE:-}" ] && shape=(--shape "$DGRAD_PROBE_SHAPE")
+    "$BUILD/kiln_cutlass_probe" --dgrad --batch 256 --reps "${CUTLASS_REPS:-20}" "${shape[@]}" \
       >"$LOGS/cutlass-dgrad-probe.txt" 2>&1 || status=1
     cat "$LOGS/cutlass-dgrad-probe.txt"
     sass_notes kiln_dgrad_bn dgrad_bn_sm90.cu  # the data-gradient units (dgrad_bn.h's lists)
